@@ -1,0 +1,106 @@
+// Counter-based RNG: Philox4x32-10 (Salmon et al., SC'11).
+//
+// A draw is a pure function of (seed, offset, element index), so the CPU and
+// CUDA backends produce the same numbers for the same arguments, and any
+// rank can reproduce any slice of a stream without generating the prefix.
+//
+// Stream layout: element i of a draw at `offset` comes from the Philox block
+// with counter (lo32(offset + i/4), hi32(offset + i/4), 0, 0) and key
+// (lo32(seed), hi32(seed)), word i % 4. A draw of n elements consumes
+// ceil(n / 4) counter values; Generator advances its offset by that much.
+//
+// Uniform: (word >> 8) * 2^-24, in [0, 1).
+// Normal: Box-Muller on word pairs (0,1) and (2,3) of the block, computed in
+// double: words (a, b) give r = sqrt(-2 ln u1), u1 = (a + 1) * 2^-32 in
+// (0, 1], and the two normals r cos(2 pi u2), r sin(2 pi u2), u2 = b * 2^-32.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ZT_HOST_DEVICE __host__ __device__
+#else
+#define ZT_HOST_DEVICE
+#endif
+
+namespace zt {
+
+struct PhiloxBlock {
+  uint32_t w[4];
+};
+
+ZT_HOST_DEVICE inline PhiloxBlock philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                                uint32_t k1) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(kMul0) * c0;
+    const uint64_t p1 = uint64_t(kMul1) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(p1);
+    c3 = uint32_t(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  return PhiloxBlock{{c0, c1, c2, c3}};
+}
+
+ZT_HOST_DEVICE inline PhiloxBlock philox_block_at(uint64_t seed, uint64_t counter) {
+  return philox4x32_10(uint32_t(counter), uint32_t(counter >> 32), 0u, 0u, uint32_t(seed), uint32_t(seed >> 32));
+}
+
+ZT_HOST_DEVICE inline float philox_uniform(uint32_t word) { return float(word >> 8) * 0x1p-24f; }
+
+// The two normals of the word pair (a, b).
+ZT_HOST_DEVICE inline void philox_box_muller(uint32_t a, uint32_t b, float* n0, float* n1) {
+  const double u1 = (double(a) + 1.0) * 0x1p-32;
+  const double u2 = double(b) * 0x1p-32;
+  const double r = sqrt(-2.0 * log(u1));
+  const double angle = 6.283185307179586476925286766559 * u2;
+  *n0 = float(r * cos(angle));
+  *n1 = float(r * sin(angle));
+}
+
+// Element i of a draw (see the layout above).
+ZT_HOST_DEVICE inline float philox_uniform_at(uint64_t seed, uint64_t offset, uint64_t i) {
+  const PhiloxBlock b = philox_block_at(seed, offset + i / 4);
+  return philox_uniform(b.w[i % 4]);
+}
+ZT_HOST_DEVICE inline float philox_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
+  const PhiloxBlock b = philox_block_at(seed, offset + i / 4);
+  float n[4];
+  philox_box_muller(b.w[0], b.w[1], &n[0], &n[1]);
+  philox_box_muller(b.w[2], b.w[3], &n[2], &n[3]);
+  return n[i % 4];
+}
+
+// Host fills of float buffers (threaded). out[i] = the i-th element of the draw.
+void philox_fill_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, float lo, float hi);
+void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t offset, float mean, float std);
+
+// A (seed, offset) cursor: each draw of n elements takes the next ceil(n/4)
+// counters, so consecutive draws never overlap. Its state is two integers,
+// which a checkpoint stores.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0, uint64_t offset = 0) : seed_(seed), offset_(offset) {}
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+  // Reserves the counters of an n-element draw; returns the draw's offset.
+  uint64_t reserve(int64_t n) {
+    const uint64_t at = offset_;
+    offset_ += (uint64_t(n) + 3) / 4;
+    return at;
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t offset_;
+};
+
+}  // namespace zt

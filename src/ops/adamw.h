@@ -1,0 +1,32 @@
+// AdamW (Loshchilov & Hutter) with decoupled weight decay, one fused pass.
+//
+//   g  = grad * grad_scale            (clipping and loss-scale unscaling)
+//   m  = beta1 m + (1 - beta1) g
+//   v  = beta2 v + (1 - beta2) g^2
+//   p -= lr * ( (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps) + weight_decay * p )
+//   model_copy = round(p)  when defined (the low-precision weights the model computes with)
+//
+// master, m, v: (n) f32; grad: (n) f32 or bf16; model_copy: (n) bf16, f16 or
+// f32, or undefined. Any shapes of equal numel are accepted.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based step number, for bias correction
+  float grad_scale = 1.0f;
+};
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const Tensor& model_copy, const AdamWParams& p);
+
+}  // namespace zt::ops

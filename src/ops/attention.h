@@ -1,0 +1,26 @@
+// Causal scaled-dot-product attention with grouped-query heads, computed
+// flash-style: tiles of queries against tiles of keys with an online softmax,
+// so memory is O(T) per head (no T x T matrix is ever stored).
+//
+//   q: (B, T, Hq, D)   k, v: (B, T, Hkv, D)   Hq % Hkv == 0
+//   query head h attends with kv head h / (Hq / Hkv)
+//   out: (B, T, Hq, D)
+//   lse: (B, Hq, T) f32: logsumexp over keys s <= t of scale * q_t . k_s
+//   scale: 1/sqrt(D) when scale <= 0
+// Dtypes: q, k, v, out (and the grads) all f32 or all bf16; math in f32.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale = 0.0f);
+
+// Recomputes the probabilities from lse (nothing T x T is saved):
+//   dq (B, T, Hq, D), dk and dv (B, T, Hkv, D): overwritten.
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        float scale = 0.0f);
+
+}  // namespace zt::ops

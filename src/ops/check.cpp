@@ -1,0 +1,47 @@
+#include "ops/check.h"
+
+namespace zt::ops {
+
+void check_defined(const char* op, const char* name, const Tensor& t) {
+  ZT_CHECK(t.defined(), op, ": argument '", name, "' is required but undefined");
+}
+
+void check_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
+  check_defined(op, name, t);
+  ZT_CHECK(t.shape() == shape, op, ": '", name, "' has shape ", t.shape().str(), " but ", shape.str(),
+           " is required");
+}
+
+void check_ndim(const char* op, const char* name, const Tensor& t, int ndim) {
+  check_defined(op, name, t);
+  ZT_CHECK(t.ndim() == ndim, op, ": '", name, "' has shape ", t.shape().str(), " but a ", ndim,
+           "-dimensional tensor is required");
+}
+
+void check_dtype(const char* op, const char* name, const Tensor& t, std::initializer_list<DType> allowed) {
+  check_defined(op, name, t);
+  for (DType d : allowed)
+    if (t.dtype() == d) return;
+  std::string list;
+  for (DType d : allowed) list += std::string(list.empty() ? "" : ", ") + std::string(dtype_name(d));
+  ZT_FAIL(op, ": '", name, "' has dtype ", dtype_name(t.dtype()), " but one of {", list, "} is required");
+}
+
+void check_device(const char* op, Device device, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
+  for (auto& [name, t] : ts) {
+    if (t->defined())
+      ZT_CHECK(t->device() == device, op, ": '", name, "' is on ", t->device().str(), " but the op runs on ",
+               device.str(), "; move all arguments to one device");
+  }
+}
+
+void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
+  ZT_CHECK(a.dtype() == b.dtype(), op, ": '", name_a, "' is ", dtype_name(a.dtype()), " but '", name_b, "' is ",
+           dtype_name(b.dtype()), "; they must match");
+}
+
+void no_backend(const char* op, Device device) {
+  ZT_FAIL(op, ": no kernel for device ", device.str(), " in this build");
+}
+
+}  // namespace zt::ops

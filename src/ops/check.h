@@ -1,0 +1,27 @@
+// Argument validation shared by every op: each failed check throws zt::Error
+// naming the op, the argument, and the shapes/dtypes/devices involved.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+// `t` must be defined.
+void check_defined(const char* op, const char* name, const Tensor& t);
+// `t` must have exactly `shape`.
+void check_shape(const char* op, const char* name, const Tensor& t, const Shape& shape);
+// `t` must have `ndim` dimensions.
+void check_ndim(const char* op, const char* name, const Tensor& t, int ndim);
+// `t`'s dtype must be one of `allowed`.
+void check_dtype(const char* op, const char* name, const Tensor& t, std::initializer_list<DType> allowed);
+// Every defined tensor in `ts` must be on `device`.
+void check_device(const char* op, Device device, std::initializer_list<std::pair<const char*, const Tensor*>> ts);
+// Two tensors must have the same dtype.
+void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b);
+// The op has no kernel for this device in this build.
+[[noreturn]] void no_backend(const char* op, Device device);
+
+}  // namespace zt::ops

@@ -1,0 +1,22 @@
+// Token (+ learned position) embedding.
+//   tokens: (B, T) i32, each in [0, V)
+//   wte: (V, C)   wpe: (T_max, C) or undefined   out: (B, T, C)
+// Dtypes: wte, wpe, out f32 or bf16 (equal); grads f32 or the table's dtype.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+// out[b, t] = wte[tokens[b, t]] + wpe[t + pos_offset]  (wpe term only if defined)
+// A token id outside [0, V) is an error naming the id and its position.
+void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                       int64_t pos_offset = 0);
+
+// dwte[v] += sum of dout[b, t] over positions with tokens[b, t] == v
+// dwpe[t + pos_offset] += sum_b dout[b, t]      (either may be undefined)
+// Deterministic: the summation order does not depend on the thread count.
+void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                        int64_t pos_offset = 0);
+
+}  // namespace zt::ops

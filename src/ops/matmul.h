@@ -1,0 +1,32 @@
+// Matrix multiplication and the linear layer.
+//
+// Dtypes: a and b share a dtype, f32 or bf16. out is f32, or the inputs' dtype.
+// bf16 operands are widened to f32 and accumulated in f32 (OpenBLAS sgemm on
+// the CPU; cuBLASLt with f32 compute on CUDA).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+// out = alpha * op(a) @ op(b) + beta * out   (+ bias broadcast over rows)
+//   a:   (..., M, K), or (..., K, M) when trans_a
+//   b:   (..., K, N), or (..., N, K) when trans_b; or 2-D, shared by every batch
+//   out: (..., M, N)   batch dims ("...") of a and out are equal
+//   bias: (N) or undefined; f32 or out's dtype
+// beta = 0 never reads out (it may hold NaN); beta = 1 accumulates (grads).
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+            float alpha = 1.0f, float beta = 0.0f, const Tensor& bias = {});
+
+// Linear layer y = x W^T + b, PyTorch's weight layout.
+//   x: (..., C)   w: (OC, C)   b: (OC) or undefined   y: (..., OC)
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+
+// Backward of linear_forward. Each output may be undefined to skip it.
+//   dx  = dy W          (overwritten)            (..., C)
+//   dw += dy^T x        (accumulated; f32 or w's dtype)   (OC, C)
+//   db += sum_rows(dy)  (accumulated; f32 or b's dtype)   (OC)
+void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& w);
+
+}  // namespace zt::ops

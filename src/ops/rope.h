@@ -1,0 +1,33 @@
+// Rotary position embedding (RoPE), Meta's interleaved-pair convention:
+// channel pairs (2i, 2i+1) of each head are rotated by angle pos * freq_i,
+//   freq_i = theta^(-2i / D),  i = 0 .. D/2-1
+// optionally rescaled by Llama 3's long-context rule (RopeScaling). Hugging
+// Face checkpoints use the "rotate half" layout; the HF converter permutes
+// q/k weights between the two.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+struct RopeScaling {
+  bool enabled = false;
+  float factor = 8.0f;            // Llama 3.1: 8
+  float low_freq_factor = 1.0f;   // Llama 3.1: 1
+  float high_freq_factor = 4.0f;  // Llama 3.1: 4
+  int64_t original_max_position = 8192;
+};
+
+// The frequency of pair i (with Llama 3 scaling applied when enabled), in f64.
+double rope_frequency(int64_t i, int64_t head_dim, double theta, const RopeScaling& scaling);
+
+// table: (T_max, D/2, 2) f32, table[t][i] = (cos(t freq_i), sin(t freq_i)).
+void rope_table(const Tensor& table, int64_t head_dim, double theta, const RopeScaling& scaling);
+
+// x, y: (B, T, H, D), f32 or bf16; position of token t is t + pos_offset
+// (pos_offset + T <= T_max). y may alias x.
+void rope_forward(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset = 0);
+// The inverse rotation applied to the gradient; dx may alias dy.
+void rope_backward(const Tensor& dx, const Tensor& dy, const Tensor& table, int64_t pos_offset = 0);
+
+}  // namespace zt::ops
