@@ -1,20 +1,18 @@
-// zettatron: the command-line front door.
-#include <CLI/CLI.hpp>
-
+// zettatron: the command-line front door. Subcommands live in *_cmd.cpp.
 #include <cstdio>
 #include <iostream>
+#include <vector>
 
+#include "cli/commands.h"
 #include "core/error.h"
-#ifdef ZT_WITH_CUDA
-#include "backend/cuda/device_probe.h"
-#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"Zettatron: trains transformer language models, from one CPU to thousands of GPUs"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", "zettatron 0.1.0");
 
-  auto* devices = app.add_subcommand("devices", "List the compute devices this build can use");
+  std::vector<zt::cli::Command> commands;
+  commands.push_back(zt::cli::add_devices_command(app));
 
   try {
     app.parse(argc, argv);
@@ -23,15 +21,8 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*devices) {
-      std::cout << "cpu: available\n";
-#ifdef ZT_WITH_CUDA
-      std::cout << zt::cuda::describe_devices() << "\n";
-#else
-      std::cout << "CUDA: not built (no nvcc at configure time)\n";
-#endif
-      return 0;
-    }
+    for (auto& c : commands)
+      if (c.app->parsed()) return c.run();
     std::cout << app.help() << std::flush;
     return 0;
   } catch (const zt::Error& e) {
