@@ -1,0 +1,67 @@
+// ModelConfig: the shape of a decoder-only transformer, GPT-2 or Llama 3 style.
+//
+//   gpt2:   learned positions, LayerNorm, GeLU(tanh) MLP of width d_ff, biases,
+//           tied input/output embeddings.
+//   llama3: RoPE (theta, optional Llama 3 scaling), RMSNorm, SwiGLU MLP of width
+//           d_ff, grouped-query attention (n_kv_head <= n_head), no biases; the
+//           output head is tied or not per preset (Llama 3.2 1B/3B tie, 8B does not).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/rope.h"
+
+namespace zt::nn {
+
+enum class Arch { gpt2, llama3 };
+std::string_view arch_name(Arch a);
+Arch parse_arch(std::string_view s);
+
+struct ModelConfig {
+  Arch arch = Arch::gpt2;
+  int64_t vocab_size = 50257;     // real vocabulary (token ids < vocab_size)
+  int64_t vocab_multiple = 128;   // embedding rows are padded up to a multiple of this
+  int64_t n_layer = 12;
+  int64_t d_model = 768;          // C
+  int64_t n_head = 12;            // query heads
+  int64_t n_kv_head = 12;         // key/value heads (GQA); == n_head for GPT-2
+  int64_t d_ff = 3072;            // MLP hidden width (SwiGLU: width of gate and of up)
+  int64_t max_seq_len = 1024;     // T_max: positions (GPT-2) / RoPE table length
+  float norm_eps = 1e-5f;
+  double rope_theta = 500000.0;   // llama3 only
+  ops::RopeScaling rope_scaling;  // llama3 only
+  bool tied_embeddings = true;    // lm_head shares wte
+  float init_std = 0.02f;         // N(0, init_std); residual projections / sqrt(2 n_layer)
+
+  int64_t head_dim() const { return d_model / n_head; }
+  int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  bool has_bias() const { return arch == Arch::gpt2; }
+  bool learned_positions() const { return arch == Arch::gpt2; }
+  // Output width of the first MLP matmul: d_ff (GeLU) or 2 d_ff (SwiGLU gate|up).
+  int64_t mlp_in_width() const { return arch == Arch::llama3 ? 2 * d_ff : d_ff; }
+  // Output width of the fused q|k|v projection.
+  int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
+
+  // Throws zt::Error naming the first inconsistent setting and the fix.
+  void validate() const;
+
+  // Parameter counts (real vocabulary rows, not padding).
+  int64_t params_per_block() const;
+  int64_t embedding_params() const;  // wte (+ wpe) (+ lm_head when untied)
+  int64_t non_embedding_params() const;
+  int64_t total_params() const { return embedding_params() + non_embedding_params(); }
+  // Training FLOPs per token at sequence length T: 6 N + 12 L d T, with N the
+  // non-embedding parameters (PaLM, appendix B). The LM-head matmul is not in it.
+  double train_flops_per_token(int64_t T) const;
+};
+
+// Named shapes: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama3-1b, llama3-3b,
+// llama3-8b, and the tiny test models gpt2-tiny, llama3-tiny. Unknown names
+// throw zt::Error listing the valid ones.
+ModelConfig model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+
+}  // namespace zt::nn

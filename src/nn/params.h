@@ -1,0 +1,68 @@
+// Parameters and gradients of one layer in two flat buffers.
+//
+// Each layer (the embeddings, each transformer block, the head) owns one
+// contiguous parameter buffer in the compute dtype and one contiguous f32
+// gradient buffer; every named parameter is a view into them. Data
+// parallelism buckets and ZeRO shards are then views too, and the optimizer
+// walks flat memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace zt::nn {
+
+enum class Init {
+  normal,           // N(0, std)
+  zeros,
+  ones,
+};
+
+struct ParamSpec {
+  std::string name;  // global name, e.g. "layers.3.attn.qkv.weight"
+  Shape shape;
+  Init init = Init::normal;
+  float std = 0.0f;   // for Init::normal
+  bool decay = true;  // AdamW weight decay applies (false for norms, biases, embeddings)
+};
+
+class ParamSet {
+ public:
+  ParamSet() = default;
+  ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device);
+
+  size_t size() const { return specs_.size(); }
+  const ParamSpec& spec(size_t i) const { return specs_[i]; }
+  int64_t offset(size_t i) const { return offsets_[i]; }  // elements into the flat buffers
+  int64_t numel() const { return numel_; }
+
+  const Tensor& flat() const { return params_; }      // (numel) compute dtype, MemCategory::params
+  const Tensor& grad_flat() const { return grads_; }  // (numel) f32, MemCategory::grads
+  Tensor param(size_t i) const { return params_.flat_view(offsets_[i], specs_[i].shape); }
+  Tensor grad(size_t i) const { return grads_.flat_view(offsets_[i], specs_[i].shape); }
+  // Index of a parameter by name; throws zt::Error if absent.
+  size_t index(std::string_view name) const;
+
+  void zero_grads();
+  // Fills every parameter per its Init; tensor `name` draws from a Philox
+  // stream seeded by (seed, hash(name)), so values do not depend on the
+  // layout or on which other tensors exist.
+  void init(uint64_t seed);
+
+ private:
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> offsets_;
+  int64_t numel_ = 0;
+  Tensor params_;
+  Tensor grads_;
+};
+
+// The per-tensor seed used by ParamSet::init (exposed for tests and for
+// sharded initialisation later).
+uint64_t param_seed(uint64_t seed, std::string_view name);
+
+}  // namespace zt::nn

@@ -1,0 +1,127 @@
+// The decoder-only transformer with explicit forward and backward passes.
+//
+// Layers: embeddings (wte (Vp, C) [+ wpe (T_max, C)]) -> n_layer pre-norm
+// blocks -> final norm -> LM head (wte when tied). Each layer's parameters are
+// one ParamSet (flat buffers). Linear layers are written as the column- and
+// row-parallel halves of a Megatron block (qkv and mlp_in column-parallel;
+// attn proj and mlp_out row-parallel) with a tensor-parallel group of size 1.
+//
+// Activations of one micro-batch live in a ForwardContext, so several
+// micro-batches can be in flight (pipeline schedules need that). What a block
+// keeps for its backward pass is set by the recompute policy:
+//   none       everything the backward reads
+//   selective  the block input, the matmul outputs (q, k, v, mlp_in) and the
+//              mid residual; norms, attention and the activation function are
+//              recomputed in backward
+//   full       only the block input; the block's forward is rerun in backward
+// All three give bitwise-identical gradients (deterministic kernels, same inputs).
+//
+// The loss is the sum of per-token cross-entropies times grad_scale (the
+// trainer passes 1 / tokens in the global batch, so gradient accumulation over
+// micro-batches equals one large batch). The LM head is evaluated in row
+// chunks fused with the loss and, when training, its backward: the full
+// (B*T, Vp) logits matrix is never stored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/model_config.h"
+#include "nn/params.h"
+#include "ops/norm.h"
+
+namespace zt::nn {
+
+enum class Recompute { none, selective, full };
+std::string_view recompute_name(Recompute r);
+Recompute parse_recompute(std::string_view s);
+
+// What one block saves for backward (undefined tensors are not kept).
+struct BlockActivations {
+  Tensor x_in;                   // (B, T, C)  residual stream into the block
+  Tensor ln1;                    // (B, T, C)  attention norm output
+  Tensor ln1_mean, ln1_rstd;     // (B*T) f32
+  Tensor q;                      // (B, T, Hq, D)  after RoPE
+  Tensor k, v;                   // (B, T, Hkv, D) k after RoPE
+  Tensor att;                    // (B, T, Hq, D)  attention output
+  Tensor lse;                    // (B, Hq, T) f32
+  Tensor res_mid;                // (B, T, C)  x_in + attention branch
+  Tensor ln2;                    // (B, T, C)  MLP norm output
+  Tensor ln2_mean, ln2_rstd;     // (B*T) f32
+  Tensor mlp_in;                 // (B, T, F) GeLU input, or (B, T, 2F) SwiGLU [gate | up]
+  Tensor act;                    // (B, T, F)  activation output
+};
+
+struct ForwardContext {
+  int64_t B = 0, T = 0;
+  bool train = false;
+  float grad_scale = 0.0f;
+  Tensor tokens;                          // (B, T) i32
+  std::vector<BlockActivations> blocks;   // n_layer
+  Tensor x_final;                         // (B, T, C) residual after the last block
+  Tensor lnf_mean, lnf_rstd;              // (B*T) f32
+  Tensor d_lnf;                           // (B, T, C) gradient at the final norm output (train)
+  double loss_sum = 0.0;                  // sum of token losses (f64)
+  int64_t loss_tokens = 0;                // tokens with a target >= 0
+};
+
+class Transformer {
+ public:
+  // compute_dtype: f32 or bf16 for parameters and activations (grads are f32).
+  Transformer(const ModelConfig& cfg, DType compute_dtype, Device device = Device::cpu());
+
+  const ModelConfig& config() const { return cfg_; }
+  DType compute_dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  Recompute recompute = Recompute::none;
+
+  // Layers in order: embeddings, blocks 0..L-1, head (final norm [+ lm_head]).
+  std::vector<ParamSet*> param_sets();
+  std::vector<const ParamSet*> param_sets() const;
+  int64_t num_params() const;  // elements in all parameter buffers (padding rows included)
+  void init_weights(uint64_t seed);
+  void zero_grads();
+  // The parameter/gradient view with this global name (e.g. "embed.wte").
+  Tensor param(std::string_view name) const;
+  Tensor grad(std::string_view name) const;
+
+  // Forward of one micro-batch: tokens, targets (B, T) i32 (targets < 0 are
+  // ignored). When train, activations are kept in ctx per the recompute
+  // policy and the head's backward runs fused with the loss, scaled by
+  // grad_scale. Returns the summed token loss (also in ctx.loss_sum).
+  double forward(ForwardContext& ctx, const Tensor& tokens, const Tensor& targets, bool train, float grad_scale);
+  // Backward of a training forward: parameter gradients accumulate (+=).
+  // Releases ctx's activations.
+  void backward(ForwardContext& ctx);
+  // Full logits (B, T, Vp) in f32 (padding columns included) - for tests,
+  // evaluation tools and generation; uses no gradient state.
+  void logits(const Tensor& out, const Tensor& tokens);
+
+ private:
+  struct BlockParams {  // views into one ParamSet; undefined where the arch has none
+    Tensor ln1_w, ln1_b, wq, wk, wv, bq, bk, bv, proj_w, proj_b, ln2_w, ln2_b, mlp_in_w, mlp_in_b, mlp_out_w,
+        mlp_out_b;
+  };
+  BlockParams block_views(size_t layer, bool grads) const;
+  ops::NormKind norm_kind() const;
+  void check_batch(const Tensor& tokens, const Tensor& targets) const;
+  Tensor embed(const Tensor& tokens) const;                                  // (B, T, C)
+  Tensor block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T) const;
+  void release_for_policy(BlockActivations& a) const;
+  void recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T) const;
+  void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T);
+  Tensor head_weight() const;
+  Tensor head_grad() const;
+
+  ModelConfig cfg_;
+  DType dtype_;
+  Device device_;
+  ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
+  std::vector<ParamSet> blocks_;
+  ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]
+  Tensor rope_table_;            // (T_max, D/2, 2) f32 (llama3)
+};
+
+}  // namespace zt::nn

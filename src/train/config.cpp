@@ -1,0 +1,367 @@
+#include "train/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "core/device.h"
+#include "core/error.h"
+
+namespace zt::train {
+
+namespace {
+
+// A pointer to the storage of one config value.
+using Ref = std::variant<int64_t*, double*, float*, bool*, std::string*, nn::Arch*>;
+
+struct Field {
+  const char* section;
+  const char* key;
+  Ref (*ref)(Config&);
+  const char* doc;
+  std::string name() const { return std::string(section) + "." + key; }
+};
+
+#define ZT_F(sec, key, expr, doc) Field{sec, key, [](Config& c) -> Ref { return &c.expr; }, doc}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      ZT_F("model", "arch", model.arch, "gpt2 | llama3"),
+      ZT_F("model", "vocab_size", model.vocab_size, "real vocabulary size"),
+      ZT_F("model", "vocab_multiple", model.vocab_multiple, "embedding rows padded to a multiple of this"),
+      ZT_F("model", "n_layer", model.n_layer, "transformer blocks"),
+      ZT_F("model", "d_model", model.d_model, "width C"),
+      ZT_F("model", "n_head", model.n_head, "query heads"),
+      ZT_F("model", "n_kv_head", model.n_kv_head, "key/value heads (grouped-query attention)"),
+      ZT_F("model", "d_ff", model.d_ff, "MLP hidden width"),
+      ZT_F("model", "max_seq_len", model.max_seq_len, "context length (positions / RoPE table)"),
+      ZT_F("model", "norm_eps", model.norm_eps, "LayerNorm/RMSNorm epsilon"),
+      ZT_F("model", "rope_theta", model.rope_theta, "RoPE base (llama3)"),
+      ZT_F("model", "rope_scaling", model.rope_scaling.enabled, "Llama 3 RoPE frequency scaling"),
+      ZT_F("model", "rope_scaling_factor", model.rope_scaling.factor, "Llama 3 scaling factor"),
+      ZT_F("model", "rope_low_freq_factor", model.rope_scaling.low_freq_factor, "Llama 3 scaling"),
+      ZT_F("model", "rope_high_freq_factor", model.rope_scaling.high_freq_factor, "Llama 3 scaling"),
+      ZT_F("model", "rope_original_max_position", model.rope_scaling.original_max_position, "Llama 3 scaling"),
+      ZT_F("model", "tied_embeddings", model.tied_embeddings, "LM head shares the token embedding"),
+      ZT_F("model", "init_std", model.init_std, "init N(0, std); residual projections / sqrt(2 L)"),
+      ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
+      ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
+      ZT_F("train", "device", train.device, "cpu | cuda[:N]"),
+      ZT_F("train", "dtype", train.dtype, "f32 | bf16 (master weights stay f32)"),
+      ZT_F("train", "seq_len", train.seq_len, "tokens per sequence T"),
+      ZT_F("train", "global_batch", train.global_batch, "sequences per optimizer step"),
+      ZT_F("train", "micro_batch", train.micro_batch, "sequences per forward/backward"),
+      ZT_F("train", "steps", train.steps, "optimizer steps"),
+      ZT_F("train", "seed", train.seed, "initialisation and data order"),
+      ZT_F("train", "recompute", train.recompute, "none | selective | full"),
+      ZT_F("train", "eval_every", train.eval_every, "steps between evaluations (0: never)"),
+      ZT_F("train", "eval_batches", train.eval_batches, "validation micro-batches per evaluation"),
+      ZT_F("train", "sample_every", train.sample_every, "steps between samples (0: at the end only)"),
+      ZT_F("train", "log_every", train.log_every, "steps between console lines"),
+      ZT_F("train", "run_dir", train.run_dir, "output directory"),
+      ZT_F("train", "max_bad_steps", train.max_bad_steps, "consecutive non-finite losses before stopping"),
+      ZT_F("optim", "lr", optim.lr, "peak learning rate"),
+      ZT_F("optim", "min_lr", optim.min_lr, "learning-rate floor"),
+      ZT_F("optim", "schedule", optim.schedule, "cosine | wsd | constant"),
+      ZT_F("optim", "warmup_steps", optim.warmup_steps, "linear warmup steps"),
+      ZT_F("optim", "decay_steps", optim.decay_steps, "wsd: final decay steps"),
+      ZT_F("optim", "beta1", optim.beta1, "AdamW beta1"),
+      ZT_F("optim", "beta2", optim.beta2, "AdamW beta2"),
+      ZT_F("optim", "eps", optim.eps, "AdamW epsilon"),
+      ZT_F("optim", "weight_decay", optim.weight_decay, "decoupled weight decay"),
+      ZT_F("optim", "decay_embeddings", optim.decay_embeddings, "apply weight decay to embeddings too"),
+      ZT_F("optim", "grad_clip", optim.grad_clip, "max global gradient norm (0: off)"),
+      ZT_F("sample", "prompt", sample.prompt, "prompt text (empty: end-of-text token)"),
+      ZT_F("sample", "tokens", sample.tokens, "tokens per sample"),
+      ZT_F("sample", "temperature", sample.temperature, "softmax temperature"),
+      ZT_F("sample", "top_k", sample.top_k, "keep the k most likely tokens (0: all)"),
+      ZT_F("sample", "count", sample.count, "samples per sampling point"),
+      ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
+  };
+  return f;
+}
+#undef ZT_F
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The valid name closest to `name` (by edit distance; ties: the first).
+std::string closest(const std::string& name, const std::vector<std::string>& valid) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& v : valid) {
+    // Compare against both the full name and the bare key, so a key put in
+    // the wrong section still finds its home.
+    const size_t dot = v.find('.');
+    const std::string bare = dot == std::string::npos ? v : v.substr(dot + 1);
+    const size_t name_dot = name.find('.');
+    const std::string name_bare = name_dot == std::string::npos ? name : name.substr(name_dot + 1);
+    const size_t d = std::min(edit_distance(name, v), edit_distance(name_bare, bare));
+    if (d < best_d) {
+      best_d = d;
+      best = v;
+    }
+  }
+  return best;
+}
+
+std::string node_desc(const toml::node& n) {
+  std::ostringstream os;
+  os << n.type();
+  n.visit([&](auto&& v) {
+    if constexpr (toml::is_value<decltype(v)>) os << " " << v;
+  });
+  return os.str();
+}
+
+void assign(const Field& f, Config& c, const toml::node& n, const std::string& origin) {
+  const std::string where = origin + ": " + f.name();
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          ZT_CHECK(n.is_integer(), where, " must be an integer, got ", node_desc(n));
+          *p = n.value<int64_t>().value();
+        } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
+          ZT_CHECK(n.is_number(), where, " must be a number, got ", node_desc(n));
+          *p = T(n.value<double>().value());
+        } else if constexpr (std::is_same_v<T, bool>) {
+          ZT_CHECK(n.is_boolean(), where, " must be true or false, got ", node_desc(n));
+          *p = n.value<bool>().value();
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          ZT_CHECK(n.is_string(), where, " must be a string, got ", node_desc(n));
+          *p = n.value<std::string>().value();
+        } else {
+          ZT_CHECK(n.is_string(), where, " must be a string, got ", node_desc(n));
+          *p = nn::parse_arch(n.value<std::string>().value());
+        }
+      },
+      f.ref(c));
+}
+
+const Field* find_field(const std::string& section, const std::string& key) {
+  for (const Field& f : fields())
+    if (section == f.section && key == f.key) return &f;
+  return nullptr;
+}
+
+// "section.key=value" -> inserted into the table (value as TOML, else a string).
+void apply_override(toml::table& tbl, const std::string& ov) {
+  const size_t eq = ov.find('=');
+  ZT_CHECK(eq != std::string::npos, "--set '", ov, "' must look like section.key=value");
+  const std::string name = ov.substr(0, eq), value = ov.substr(eq + 1);
+  const size_t dot = name.find('.');
+  ZT_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < name.size(), "--set '", ov,
+           "': the key must be section.key (e.g. train.steps)");
+  const std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+  if (!find_field(section, key) && !(section == "model" && key == "preset"))
+    ZT_FAIL("--set: unknown config key '", name, "'; did you mean '", closest(name, config_keys()), "'?");
+  if (!tbl.contains(section)) tbl.insert(section, toml::table{});
+  toml::table* sec = tbl[section].as_table();
+  ZT_CHECK(sec != nullptr, "--set '", ov, "': '", section, "' is not a table in the config file");
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    sec->insert_or_assign(key, value);  // a bare string, e.g. --set data.dir=runs/x
+    return;
+  }
+  const toml::node& v = *parsed.get("v");
+  if (v.is_integer())
+    sec->insert_or_assign(key, v.value<int64_t>().value());
+  else if (v.is_floating_point())
+    sec->insert_or_assign(key, v.value<double>().value());
+  else if (v.is_boolean())
+    sec->insert_or_assign(key, v.value<bool>().value());
+  else if (v.is_string())
+    sec->insert_or_assign(key, v.value<std::string>().value());
+  else
+    ZT_FAIL("--set '", ov, "': only integers, numbers, booleans and strings can be set");
+}
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys{"model.preset"};
+  for (const Field& f : fields()) keys.push_back(f.name());
+  return keys;
+}
+
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << e.description() << " (line " << e.source().begin.line << ", column " << e.source().begin.column << ")";
+    ZT_FAIL(origin, ": not valid TOML: ", os.str());
+  }
+  for (const std::string& ov : overrides) apply_override(tbl, ov);
+
+  Config c;
+  // The preset first: it sets every model field, the keys below override it.
+  if (const toml::table* model = tbl["model"].as_table()) {
+    if (const toml::node* preset = model->get("preset")) {
+      ZT_CHECK(preset->is_string(), origin, ": model.preset must be a string, got ", node_desc(*preset));
+      c.model_preset = preset->value<std::string>().value();
+      c.model = nn::model_preset(c.model_preset);
+    }
+  }
+  std::vector<std::string> sections;
+  for (const Field& f : fields())
+    if (std::find(sections.begin(), sections.end(), f.section) == sections.end()) sections.push_back(f.section);
+  for (auto&& [sec_key, sec_node] : tbl) {
+    const std::string section(sec_key.str());
+    if (std::find(sections.begin(), sections.end(), section) == sections.end())
+      ZT_FAIL(origin, ": unknown config section [", section, "]; valid sections: model, data, train, optim, sample, metrics");
+    const toml::table* sec = sec_node.as_table();
+    ZT_CHECK(sec != nullptr, origin, ": '", section, "' must be a table ([", section, "])");
+    for (auto&& [key_node, value] : *sec) {
+      const std::string key(key_node.str());
+      if (section == "model" && key == "preset") continue;
+      const Field* f = find_field(section, key);
+      if (!f) {
+        const std::string name = section + "." + key;
+        ZT_FAIL(origin, ": unknown config key '", name, "'; did you mean '", closest(name, config_keys()), "'?");
+      }
+      assign(*f, c, value, origin);
+    }
+  }
+  c.validate();
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  ZT_CHECK(in.good(), "cannot open config file '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+std::string to_toml(const Config& c_in) {
+  Config c = c_in;
+  std::ostringstream os;
+  const char* section = "";
+  for (const Field& f : fields()) {
+    if (std::string(section) != f.section) {
+      section = f.section;
+      os << (os.tellp() > 0 ? "\n" : "") << "[" << section << "]\n";
+      if (std::string(section) == "model" && !c.model_preset.empty())
+        os << "preset = " << toml_string(c.model_preset) << "\n";
+    }
+    os << f.key << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            os << toml_string(*p);
+          } else if constexpr (std::is_same_v<T, bool>) {
+            os << (*p ? "true" : "false");
+          } else if constexpr (std::is_same_v<T, nn::Arch>) {
+            os << toml_string(std::string(nn::arch_name(*p)));
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            os << *p;
+          } else {
+            std::ostringstream num;
+            num.precision(17);
+            num << double(*p);
+            std::string s = num.str();
+            if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+            os << s;
+          }
+        },
+        f.ref(c));
+    os << "  # " << f.doc << "\n";
+  }
+  return os.str();
+}
+
+DType Config::compute_dtype() const {
+  const DType d = parse_dtype(train.dtype);
+  ZT_CHECK(d == DType::f32 || d == DType::bf16, "train.dtype = \"", train.dtype,
+           "\" is not supported; use \"f32\" or \"bf16\"");
+  return d;
+}
+
+nn::Recompute Config::recompute() const { return nn::parse_recompute(train.recompute); }
+
+optim::LrSchedule Config::lr_schedule() const {
+  optim::LrSchedule s;
+  s.kind = optim::parse_lr_schedule(optim.schedule);
+  s.lr = optim.lr;
+  s.min_lr = optim.min_lr;
+  s.warmup_steps = optim.warmup_steps;
+  s.total_steps = train.steps;
+  s.decay_steps = optim.decay_steps;
+  return s;
+}
+
+optim::AdamWConfig Config::adamw() const {
+  optim::AdamWConfig a;
+  a.beta1 = optim.beta1;
+  a.beta2 = optim.beta2;
+  a.eps = optim.eps;
+  a.weight_decay = optim.weight_decay;
+  a.decay_embeddings = optim.decay_embeddings;
+  return a;
+}
+
+void Config::validate() const {
+  model.validate();
+  parse_device(train.device);
+  compute_dtype();
+  recompute();
+  lr_schedule().validate();
+  ZT_CHECK(train.seq_len > 0, "train.seq_len must be positive, got ", train.seq_len);
+  ZT_CHECK(train.seq_len <= model.max_seq_len, "train.seq_len = ", train.seq_len,
+           " is longer than the model's context model.max_seq_len = ", model.max_seq_len,
+           "; lower train.seq_len or raise model.max_seq_len");
+  ZT_CHECK(train.micro_batch > 0 && train.global_batch > 0, "train.micro_batch and train.global_batch must be positive");
+  ZT_CHECK(train.global_batch % train.micro_batch == 0, "train.global_batch = ", train.global_batch,
+           " is not divisible by train.micro_batch = ", train.micro_batch,
+           "; make global_batch a multiple of micro_batch (gradient accumulation steps = global / micro)");
+  ZT_CHECK(train.steps > 0, "train.steps must be positive, got ", train.steps);
+  ZT_CHECK(train.eval_every >= 0 && train.sample_every >= 0 && train.log_every > 0,
+           "train.eval_every and train.sample_every must be >= 0 and train.log_every > 0");
+  ZT_CHECK(train.eval_batches > 0, "train.eval_batches must be positive");
+  ZT_CHECK(train.max_bad_steps > 0, "train.max_bad_steps must be positive");
+  ZT_CHECK(!data.dir.empty(), "data.dir is empty: point it at a prepared dataset (zettatron prepare --output DIR)");
+  ZT_CHECK(optim.beta1 >= 0 && optim.beta1 < 1 && optim.beta2 >= 0 && optim.beta2 < 1,
+           "optim.beta1 and optim.beta2 must be in [0, 1)");
+  ZT_CHECK(optim.eps > 0, "optim.eps must be positive");
+  ZT_CHECK(optim.weight_decay >= 0, "optim.weight_decay must be >= 0");
+  ZT_CHECK(optim.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 disables clipping)");
+  ZT_CHECK(sample.temperature > 0, "sample.temperature must be positive");
+  ZT_CHECK(sample.top_k >= 0 && sample.tokens >= 0 && sample.count >= 0,
+           "sample.top_k, sample.tokens and sample.count must be >= 0");
+  ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
+}
+
+}  // namespace zt::train

@@ -1,0 +1,105 @@
+// The training configuration: typed structs bound to a TOML file.
+//
+// Every key lives in exactly one section and has a type and a comment; the
+// binder (config.cpp) is one table of fields, used both to read a TOML file
+// (rejecting unknown keys with the closest valid one, and wrong types) and to
+// write the resolved configuration back out (run_dir/config.toml).
+//
+//   [model]     preset = "gpt2-124m" | ... and any ModelConfig field to override
+//   [data]      where the token shards are and how to tokenize samples
+//   [train]     batch geometry, steps, precision, recompute, eval/sample cadence
+//   [optim]     AdamW and the LR schedule, clipping
+//   [sample]    text generation during training
+//   [metrics]   MFU reference
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/model_config.h"
+#include "nn/transformer.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+
+namespace zt::train {
+
+struct DataSettings {
+  std::string dir;                    // prepared shards (`zettatron prepare` output)
+  std::string tokenizer = "gpt2";     // for samples: gpt2, llama3, or a path
+};
+
+struct TrainSettings {
+  std::string device = "cpu";         // cpu | cuda[:N]
+  std::string dtype = "f32";          // f32 | bf16 (weights and activations; master weights are f32)
+  int64_t seq_len = 1024;             // T
+  int64_t global_batch = 8;           // sequences per optimizer step (all ranks)
+  int64_t micro_batch = 8;            // sequences per forward/backward pass on one rank
+  int64_t steps = 100;                // optimizer steps
+  int64_t seed = 1337;                // initialisation and data order
+  std::string recompute = "none";     // none | selective | full
+  int64_t eval_every = 0;             // steps between evaluations (0: never)
+  int64_t eval_batches = 4;           // validation micro-batches per evaluation
+  int64_t sample_every = 0;           // steps between text samples (0: only at the end)
+  int64_t log_every = 1;              // steps between console lines
+  std::string run_dir = "runs/run";   // where config, metrics.jsonl and checkpoints go
+  int64_t max_bad_steps = 3;          // consecutive non-finite losses before stopping
+};
+
+struct OptimSettings {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  std::string schedule = "cosine";    // cosine | wsd | constant
+  int64_t warmup_steps = 0;
+  int64_t decay_steps = 0;            // wsd: length of the final decay
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  bool decay_embeddings = false;
+  double grad_clip = 1.0;             // max global grad norm (0: off)
+};
+
+struct SampleSettings {
+  std::string prompt = "";            // empty: start from the end-of-text token
+  int64_t tokens = 64;                // tokens to generate per sample
+  double temperature = 1.0;
+  int64_t top_k = 40;                 // 0: no top-k filtering
+  int64_t count = 2;                  // samples per sampling point
+};
+
+struct MetricsSettings {
+  double peak_gflops = 0;             // device peak for MFU; 0 = measure sgemm at startup (CPU)
+};
+
+struct Config {
+  std::string model_preset;           // the preset the model section started from
+  nn::ModelConfig model;
+  DataSettings data;
+  TrainSettings train;
+  OptimSettings optim;
+  SampleSettings sample;
+  MetricsSettings metrics;
+
+  // Cross-field checks (batch divisibility, seq_len vs context, ...);
+  // throws zt::Error with the fix.
+  void validate() const;
+  int64_t grad_accum_steps() const { return train.global_batch / train.micro_batch; }
+  DType compute_dtype() const;
+  nn::Recompute recompute() const;
+  optim::LrSchedule lr_schedule() const;
+  optim::AdamWConfig adamw() const;
+};
+
+// Reads a TOML file and applies `overrides` ("section.key=value", value in
+// TOML syntax or a bare string). Throws zt::Error naming the file and key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Parses TOML text (`origin` names it in errors).
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+// The resolved configuration as TOML (every key, with the values in force).
+std::string to_toml(const Config& c);
+// All valid "section.key" names (for help and suggestions).
+std::vector<std::string> config_keys();
+
+}  // namespace zt::train

@@ -1,0 +1,24 @@
+// Autoregressive sampling from a Transformer (temperature, top-k).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/transformer.h"
+
+namespace zt::train {
+
+struct SamplingOptions {
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;
+  int64_t top_k = 40;        // 0: sample from the whole vocabulary
+  uint64_t seed = 0;         // sampling RNG (Philox stream)
+  int64_t stop_token = -1;   // stop after emitting this token (-1: never)
+};
+
+// Returns prompt + generated tokens. Each step recomputes the logits of the
+// last max_seq_len tokens (no KV cache: simple and exact; fine for samples).
+std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
+                               const SamplingOptions& opt);
+
+}  // namespace zt::train

@@ -1,0 +1,78 @@
+#include "train/metrics.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace zt::train {
+
+MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::out | std::ios::trunc) {
+  ZT_CHECK(out_.good(), "cannot write metrics file '", path, "'");
+}
+
+void MetricsLog::write_step(const StepMetrics& m) {
+  nlohmann::json j;
+  j["step"] = m.step;
+  j["loss"] = m.loss;
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  j["skipped"] = m.skipped;
+  j["tokens"] = m.tokens;
+  j["tokens_seen"] = m.tokens_seen;
+  j["tokens_per_s"] = m.tokens_per_second;
+  j["mfu"] = m.mfu;
+  j["time_s"] = {{"step", m.step_seconds},
+                 {"forward", m.forward_seconds},
+                 {"backward", m.backward_seconds},
+                 {"optimizer", m.optimizer_seconds},
+                 {"data", m.data_seconds}};
+  nlohmann::json mem, peak;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const std::string name(mem_category_name(MemCategory(c)));
+    mem[name] = m.memory.current_bytes[size_t(c)];
+    peak[name] = m.memory.peak_bytes[size_t(c)];
+  }
+  mem["total"] = m.memory.total_current_bytes;
+  peak["total"] = m.memory.total_peak_bytes;
+  j["memory_bytes"] = mem;
+  j["peak_memory_bytes"] = peak;
+  out_ << j.dump() << "\n";
+  out_.flush();
+}
+
+void MetricsLog::write_eval(int64_t step, double val_loss, int64_t val_tokens) {
+  nlohmann::json j{{"step", step}, {"val_loss", val_loss}, {"val_tokens", val_tokens}};
+  out_ << j.dump() << "\n";
+  out_.flush();
+}
+
+namespace {
+std::string format_duration(double s) {
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s) / 60, int(s) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s) / 3600, (int(s) % 3600) / 60);
+  return buf;
+}
+}  // namespace
+
+std::string format_step_line(const StepMetrics& m) {
+  const double step_s = m.step_seconds > 0 ? m.step_seconds : 1e-9;
+  const double eta = m.elapsed_seconds / double(std::max<int64_t>(1, m.step)) * double(m.total_steps - m.step);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | "
+                "fwd %.0f%% bwd %.0f%% opt %.0f%% data %.0f%% | mem %.0f MiB | ETA %s",
+                (long long)m.step, (long long)m.total_steps, m.loss, m.skipped ? " (skipped)" : "", m.lr,
+                m.grad_norm, m.tokens_per_second, 100.0 * m.mfu, 100.0 * m.forward_seconds / step_s,
+                100.0 * m.backward_seconds / step_s, 100.0 * m.optimizer_seconds / step_s,
+                100.0 * m.data_seconds / step_s, double(m.memory.total_peak_bytes) / (1 << 20),
+                format_duration(eta).c_str());
+  return buf;
+}
+
+}  // namespace zt::train

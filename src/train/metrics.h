@@ -1,0 +1,43 @@
+// Per-step metrics: what the console line, metrics.jsonl and hooks see.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "core/allocator.h"
+
+namespace zt::train {
+
+struct StepMetrics {
+  int64_t step = 0;            // 1-based optimizer step just taken
+  int64_t total_steps = 0;
+  double loss = 0;             // mean token loss of the global batch
+  double lr = 0;
+  double grad_norm = 0;        // before clipping
+  bool skipped = false;        // non-finite loss or gradient: no update
+  int64_t tokens = 0;          // tokens in this step's global batch
+  int64_t tokens_seen = 0;     // cumulative
+  double step_seconds = 0;
+  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, data_seconds = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;              // model FLOPs utilisation, 0..1
+  double elapsed_seconds = 0;  // since training started
+  MemStats memory;             // peaks are over this step
+};
+
+// Appends one JSON object per line to run_dir/metrics.jsonl.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);
+  void write_step(const StepMetrics& m);
+  void write_eval(int64_t step, double val_loss, int64_t val_tokens);
+
+ private:
+  std::ofstream out_;
+};
+
+// "step 12/300 | loss 5.4321 | lr 3.00e-04 | ..." with an ETA.
+std::string format_step_line(const StepMetrics& m);
+
+}  // namespace zt::train

@@ -1,0 +1,200 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "backend/cpu/peak_rate.h"
+#include "core/error.h"
+#include "train/generate.h"
+
+namespace zt::train {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
+                 std::unique_ptr<TextCodec> codec)
+    : cfg_(cfg), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)) {
+  cfg_.validate();
+  ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
+  const Device device = parse_device(cfg_.train.device);
+  ZT_CHECK(device.is_cpu(), "train.device = \"", cfg_.train.device,
+           "\": this build trains on the CPU only so far; use device = \"cpu\"");
+  schedule_ = cfg_.lr_schedule();
+  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device);
+  model_->recompute = cfg_.recompute();
+  model_->init_weights(uint64_t(cfg_.train.seed));
+  optimizer_ = std::make_unique<optim::AdamW>(model_->param_sets(), cfg_.adamw());
+  inputs_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
+  targets_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
+  peak_gflops_ = cfg_.metrics.peak_gflops > 0 ? cfg_.metrics.peak_gflops : cpu::measure_sgemm_gflops();
+  log = [](const std::string& line) { std::cout << line << std::endl; };
+}
+
+StepMetrics Trainer::train_step(int64_t step) {
+  const auto t_step = Clock::now();
+  StepMetrics m;
+  m.step = step + 1;
+  m.total_steps = cfg_.train.steps;
+  const int64_t accum = cfg_.grad_accum_steps(), T = cfg_.train.seq_len;
+  m.tokens = cfg_.train.global_batch * T;
+  // Loss is the mean over every token of the global batch, so each
+  // micro-batch's gradient is scaled by 1 / (tokens in the global batch).
+  const float grad_scale = float(1.0 / double(m.tokens));
+  allocator_for(model_->device()).reset_peak();
+  model_->zero_grads();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    auto t0 = Clock::now();
+    train_->next(inputs_, targets_);
+    m.data_seconds += seconds_since(t0);
+    t0 = Clock::now();
+    nn::ForwardContext ctx;
+    loss_sum += model_->forward(ctx, inputs_, targets_, true, grad_scale);
+    m.forward_seconds += seconds_since(t0);
+    t0 = Clock::now();
+    model_->backward(ctx);
+    m.backward_seconds += seconds_since(t0);
+  }
+  m.loss = loss_sum / double(m.tokens);
+  const auto t_opt = Clock::now();
+  m.grad_norm = optim::grad_norm(model_->param_sets());
+  m.lr = schedule_.at(step);
+  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+    m.skipped = true;
+    ++bad_steps_;
+    if (bad_steps_ >= cfg_.train.max_bad_steps) {
+      ZT_FAIL("training stopped at step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " (not finite) for ",
+              bad_steps_, " consecutive step(s); last good values: step ", last_good_step_ + 1, ", loss ",
+              last_good_loss_, "; lower optim.lr, keep optim.grad_clip on, or check the data (train.max_bad_steps "
+              "sets how many such steps are skipped before stopping)");
+    }
+  } else {
+    bad_steps_ = 0;
+    last_good_loss_ = m.loss;
+    last_good_step_ = step;
+    optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip));
+  }
+  m.optimizer_seconds = seconds_since(t_opt);
+  m.step_seconds = seconds_since(t_step);
+  tokens_seen_ += m.tokens;
+  m.tokens_seen = tokens_seen_;
+  m.tokens_per_second = double(m.tokens) / m.step_seconds;
+  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9);
+  m.memory = allocator_for(model_->device()).stats();
+  return m;
+}
+
+double Trainer::evaluate(int64_t* tokens_out) {
+  ZT_CHECK(val_ != nullptr, "evaluate: no validation data");
+  val_->reset();
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+    val_->next(inputs_, targets_);
+    nn::ForwardContext ctx;
+    loss_sum += model_->forward(ctx, inputs_, targets_, false, 0.0f);
+    tokens += ctx.loss_tokens;
+  }
+  if (tokens_out) *tokens_out = tokens;
+  return loss_sum / double(std::max<int64_t>(1, tokens));
+}
+
+std::string Trainer::sample(uint64_t seed) {
+  ZT_CHECK(codec_ != nullptr, "sample: no tokenizer");
+  std::vector<uint32_t> prompt =
+      cfg_.sample.prompt.empty() ? std::vector<uint32_t>{codec_->eot_token} : codec_->encode(cfg_.sample.prompt);
+  SamplingOptions opt;
+  opt.max_new_tokens = cfg_.sample.tokens;
+  opt.temperature = cfg_.sample.temperature;
+  opt.top_k = cfg_.sample.top_k;
+  opt.seed = seed;
+  opt.stop_token = int64_t(codec_->eot_token);
+  std::vector<uint32_t> out = generate(*model_, prompt, opt);
+  if (cfg_.sample.prompt.empty()) out.erase(out.begin());
+  if (!out.empty() && out.back() == codec_->eot_token) out.pop_back();
+  return codec_->decode(out);
+}
+
+TrainResult Trainer::run() {
+  namespace fs = std::filesystem;
+  const fs::path run_dir(cfg_.train.run_dir);
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  ZT_CHECK(!ec, "cannot create run directory '", run_dir.string(), "': ", ec.message());
+  {
+    std::ofstream cfg_out(run_dir / "config.toml");
+    ZT_CHECK(cfg_out.good(), "cannot write ", (run_dir / "config.toml").string());
+    cfg_out << "# Resolved configuration of this run (every key, with the values in force).\n" << to_toml(cfg_);
+  }
+  std::ofstream log_file(run_dir / "train.log", std::ios::trunc);
+  auto console = log;
+  auto say = [&](const std::string& line) {
+    console(line);
+    log_file << line << "\n";
+    log_file.flush();
+  };
+  MetricsLog metrics((run_dir / "metrics.jsonl").string());
+
+  const nn::ModelConfig& mc = cfg_.model;
+  char head[512];
+  std::snprintf(head, sizeof head,
+                "model %s (%s): %lld layers, d_model %lld, %lld heads (%lld kv), %.2fM parameters (%.2fM "
+                "non-embedding), %s, recompute %s",
+                cfg_.model_preset.empty() ? "custom" : cfg_.model_preset.c_str(), std::string(nn::arch_name(mc.arch)).c_str(),
+                (long long)mc.n_layer, (long long)mc.d_model, (long long)mc.n_head, (long long)mc.n_kv_head,
+                double(mc.total_params()) / 1e6, double(mc.non_embedding_params()) / 1e6, cfg_.train.dtype.c_str(),
+                cfg_.train.recompute.c_str());
+  say(head);
+  std::snprintf(head, sizeof head,
+                "batch: %lld sequences x %lld tokens = %lld tokens/step (micro-batch %lld, %lld accumulation steps); "
+                "%lld steps; MFU peak %.1f GFLOP/s%s",
+                (long long)cfg_.train.global_batch, (long long)cfg_.train.seq_len,
+                (long long)(cfg_.train.global_batch * cfg_.train.seq_len), (long long)cfg_.train.micro_batch,
+                (long long)cfg_.grad_accum_steps(), (long long)cfg_.train.steps, peak_gflops_,
+                cfg_.metrics.peak_gflops > 0 ? " (configured)" : " (measured sgemm)");
+  say(head);
+  say("run directory: " + run_dir.string());
+
+  TrainResult result;
+  const auto t_start = Clock::now();
+  for (int64_t step = 0; step < cfg_.train.steps; ++step) {
+    StepMetrics m = train_step(step);
+    m.elapsed_seconds = seconds_since(t_start);
+    metrics.write_step(m);
+    result.losses.push_back(m.loss);
+    result.final_loss = m.loss;
+    result.steps = m.step;
+    if (m.step % cfg_.train.log_every == 0 || m.step == cfg_.train.steps || m.skipped) say(format_step_line(m));
+    for (auto& hook : step_hooks) hook(m);
+    const bool last = m.step == cfg_.train.steps;
+    if (val_ && cfg_.train.eval_every > 0 && (m.step % cfg_.train.eval_every == 0 || last)) {
+      int64_t val_tokens = 0;
+      const double val = evaluate(&val_tokens);
+      result.final_val_loss = val;
+      metrics.write_eval(m.step, val, val_tokens);
+      char line[128];
+      std::snprintf(line, sizeof line, "eval  step %lld | val loss %.4f (%lld tokens)", (long long)m.step, val,
+                    (long long)val_tokens);
+      say(line);
+    }
+    if (codec_ && cfg_.sample.count > 0 &&
+        ((cfg_.train.sample_every > 0 && m.step % cfg_.train.sample_every == 0) || last)) {
+      for (int64_t s = 0; s < cfg_.sample.count; ++s) {
+        say("sample (step " + std::to_string(m.step) + "): " +
+            sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s)));
+      }
+    }
+  }
+  say("done: " + std::to_string(result.steps) + " steps in " + std::to_string(int(seconds_since(t_start))) +
+      "s; run directory: " + run_dir.string());
+  say("memory by category (this process):\n" + format_mem_stats(allocator_for(model_->device()).stats()));
+  return result;
+}
+
+}  // namespace zt::train
