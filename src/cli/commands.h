@@ -15,5 +15,8 @@ struct Command {
 };
 
 Command add_devices_command(CLI::App& app);
+Command add_info_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
 
 }  // namespace zt::cli

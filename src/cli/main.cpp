@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
 
   std::vector<zt::cli::Command> commands;
   commands.push_back(zt::cli::add_devices_command(app));
+  commands.push_back(zt::cli::add_train_command(app));
+  commands.push_back(zt::cli::add_generate_command(app));
+  commands.push_back(zt::cli::add_info_command(app));
 
   try {
     app.parse(argc, argv);

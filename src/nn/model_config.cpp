@@ -54,7 +54,7 @@ int64_t ModelConfig::non_embedding_params() const {
 }
 
 double ModelConfig::train_flops_per_token(int64_t T) const {
-  return 6.0 * double(non_embedding_params()) + 12.0 * double(n_layer) * double(d_model) * double(T);
+  return 6.0 * double(matmul_params()) + 12.0 * double(n_layer) * double(d_model) * double(T);
 }
 
 namespace {

@@ -53,8 +53,12 @@ struct ModelConfig {
   int64_t embedding_params() const;  // wte (+ wpe) (+ lm_head when untied)
   int64_t non_embedding_params() const;
   int64_t total_params() const { return embedding_params() + non_embedding_params(); }
-  // Training FLOPs per token at sequence length T: 6 N + 12 L d T, with N the
-  // non-embedding parameters (PaLM, appendix B). The LM-head matmul is not in it.
+  // Parameters that take part in a matmul: the blocks and the LM head (tied
+  // or not); lookup-only tables (wpe, and wte as input when untied) are not.
+  int64_t matmul_params() const { return non_embedding_params() + vocab_size * d_model; }
+  // Training FLOPs per token at sequence length T: 6 N + 12 L d T (PaLM,
+  // appendix B) with N = matmul_params(). Counting the LM head matters for
+  // small models, where it is most of the work (nanoGPT and llm.c count it too).
   double train_flops_per_token(int64_t T) const;
 };
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Training throughput: Zettatron vs PyTorch (Debian's 1.13, CPU) on the same
+# model (configs/bench.toml), same machine, same run. Prints tokens/s of both,
+# the ratio, and Zettatron's model FLOP rate against this machine's sgemm.
+# Usage: bench/train/run.sh [steps]   (needs `make build` and the demo data)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+steps=${1:-8}
+threads=$(nproc)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+OMP_NUM_THREADS=$threads ./build/bin/zettatron train configs/bench.toml \
+  --set train.steps=$((steps + 2)) --set train.run_dir="$out/run" --set train.log_every=100 > "$out/zt.log"
+# Median over the steps after the first two (allocation and warm-up).
+zt=$(/usr/bin/python3 - "$out/run/metrics.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][2:]
+print(json.dumps({"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+                  "mfu": statistics.median(r["mfu"] for r in rows)}))
+PY
+)
+pt=$(/usr/bin/python3 bench/train/pytorch_peer.py --steps "$steps" --threads "$threads")
+peak=$(grep -o "MFU peak [0-9.]* GFLOP/s" "$out/zt.log" | awk '{print $3}')
+/usr/bin/python3 - "$zt" "$pt" "$peak" <<'PY'
+import json, sys
+zt, pt, peak = json.loads(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
+ratio = zt["tokens_per_s"] / pt["tokens_per_s"]
+print(f"model: configs/bench.toml (GPT-2 style, 6 x 384, T=256, B=8, vocab 50257, fp32)")
+print(f"{'':24}{'tokens/s':>12}")
+print(f"{'zettatron':24}{zt['tokens_per_s']:12.0f}")
+print(f"{'pytorch ' + pt['version']:24}{pt['tokens_per_s']:12.0f}   ({pt['threads']} threads)")
+print(f"ratio zettatron / pytorch: {ratio:.2f}x")
+print(f"zettatron MFU (6N + 12 L d T, N incl. LM head, over sgemm {peak:.0f} GFLOP/s): {100 * zt['mfu']:.1f}%")
+PY

@@ -1,0 +1,53 @@
+// `zettatron generate --checkpoint DIR --prompt TEXT`
+#include <iostream>
+
+#include "cli/commands.h"
+#include "train/data_source.h"
+#include "train/generate.h"
+#include "train/model_file.h"
+
+namespace zt::cli {
+
+Command add_generate_command(CLI::App& app) {
+  struct Opts {
+    std::string checkpoint;
+    std::string prompt;
+    int64_t tokens = 64;
+    double temperature = 0.8;
+    int64_t top_k = 40;
+    uint64_t seed = 0;
+    int64_t count = 1;
+  };
+  auto opts = std::make_shared<Opts>();
+  Command c;
+  c.app = app.add_subcommand("generate", "Sample text from a trained model");
+  c.app->add_option("--checkpoint", opts->checkpoint, "Run directory (holds config.toml and model.safetensors)")
+      ->required();
+  c.app->add_option("--prompt", opts->prompt, "Prompt text (default: the end-of-text token)");
+  c.app->add_option("--tokens", opts->tokens, "Tokens to generate")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  c.app->add_option("--temperature", opts->temperature, "Softmax temperature")->check(CLI::PositiveNumber);
+  c.app->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens (0: all)");
+  c.app->add_option("--seed", opts->seed, "Sampling seed");
+  c.app->add_option("--count", opts->count, "Number of samples");
+  c.run = [opts] {
+    train::LoadedModel loaded = train::load_model_file(opts->checkpoint);
+    std::unique_ptr<train::TextCodec> codec = train::open_codec(loaded.config.data.tokenizer);
+    std::vector<uint32_t> prompt =
+        opts->prompt.empty() ? std::vector<uint32_t>{codec->eot_token} : codec->encode(opts->prompt);
+    for (int64_t i = 0; i < opts->count; ++i) {
+      train::SamplingOptions so;
+      so.max_new_tokens = opts->tokens;
+      so.temperature = opts->temperature;
+      so.top_k = opts->top_k;
+      so.seed = opts->seed + uint64_t(i);
+      so.stop_token = int64_t(codec->eot_token);
+      std::vector<uint32_t> out = train::generate(*loaded.model, prompt, so);
+      if (opts->prompt.empty()) out.erase(out.begin());
+      std::cout << codec->decode(out) << "\n---" << std::endl;
+    }
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,29 @@
+// `zettatron info CONFIG`: parameters, FLOPs per token, memory estimate vs measured.
+#include <iostream>
+
+#include "cli/commands.h"
+#include "train/info.h"
+
+namespace zt::cli {
+
+Command add_info_command(CLI::App& app) {
+  struct Opts {
+    std::string config;
+    std::vector<std::string> overrides;
+    bool no_measure = false;
+  };
+  auto opts = std::make_shared<Opts>();
+  Command c;
+  c.app = app.add_subcommand("info", "Parameter count, FLOPs per token and memory (estimated and measured)");
+  c.app->add_option("config", opts->config, "TOML config")->required()->check(CLI::ExistingFile);
+  c.app->add_option("--set", opts->overrides, "Override a config value: section.key=value");
+  c.app->add_flag("--no-measure", opts->no_measure, "Skip the measured step (estimates only)");
+  c.run = [opts] {
+    const train::Config cfg = train::load_config(opts->config, opts->overrides);
+    std::cout << train::format_info(cfg, train::make_info(cfg, !opts->no_measure));
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,27 @@
+// The final weights of a run: RUN_DIR/model.safetensors next to
+// RUN_DIR/config.toml (written by the trainer). Enough to generate text from
+// a finished run; resumable checkpoints (optimizer, data position, RNG) are
+// the checkpoint layer's job.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nn/transformer.h"
+#include "train/config.h"
+
+namespace zt::train {
+
+// Writes the model's parameters (global names, compute dtype) into
+// cfg.train.run_dir/model.safetensors; returns the path.
+std::string save_model_file(const nn::Transformer& model, const Config& cfg);
+
+struct LoadedModel {
+  Config config;
+  std::unique_ptr<nn::Transformer> model;
+};
+// Reads DIR/config.toml and DIR/model.safetensors; errors name the missing
+// file or the tensors whose shapes do not match the config.
+LoadedModel load_model_file(const std::string& run_dir);
+
+}  // namespace zt::train

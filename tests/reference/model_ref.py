@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""PyTorch reference for Zettatron's model parity tests.
+
+Written independently of the C++ code: plain PyTorch modules and autograd,
+torch.optim.AdamW and clip_grad_norm_. The C++ test writes into DIR:
+  config.json        model + optimisation settings
+  weights.safetensors initial parameters under Zettatron's names
+  batches.safetensors "tokens" and "targets", (steps, B, T) int32
+and this script writes DIR/ref.safetensors with
+  logits (B, T, Vp) of batch 0, loss (scalar), grad.<name> for every parameter
+  (on batch 0, before any update), losses (steps) of the training run and
+  final.<name>, the weights after the last step.
+
+Conventions shared with Zettatron (they are the model's definition):
+  qkv weight rows = [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]; SwiGLU mlp.in rows =
+  [gate (F) | up (F)]; RoPE rotates interleaved channel pairs (2i, 2i+1)
+  (Meta's layout); embeddings are padded to Vp rows, logits beyond the real
+  vocabulary V are excluded from the loss.
+"""
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import st_io
+
+torch.set_num_threads(1)
+
+
+def rope_freqs(cfg):
+    D = cfg["d_model"] // cfg["n_head"]
+    theta = cfg["rope_theta"]
+    freqs = []
+    for i in range(D // 2):
+        f = theta ** (-2.0 * i / D)
+        if cfg["rope_scaling"]:
+            factor, lo, hi = cfg["rope_scaling_factor"], cfg["rope_low_freq_factor"], cfg["rope_high_freq_factor"]
+            orig = cfg["rope_original_max_position"]
+            wavelen = 2 * math.pi / f
+            if wavelen < orig / hi:
+                pass
+            elif wavelen > orig / lo:
+                f = f / factor
+            else:
+                smooth = (orig / wavelen - lo) / (hi - lo)
+                f = (1 - smooth) * f / factor + smooth * f
+        freqs.append(f)
+    return torch.tensor(freqs, dtype=torch.float64)
+
+
+def apply_rope(x, cos, sin):
+    # x (B, T, H, D); rotate pairs (2i, 2i+1) by angle t * freq_i.
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack([xe * c - xo * s, xe * s + xo * c], dim=-1)
+    return out.flatten(-2)
+
+
+class Reference(torch.nn.Module):
+    def __init__(self, cfg, weights):
+        super().__init__()
+        self.cfg = cfg
+        self.p = torch.nn.ParameterDict()
+        for name, t in weights.items():
+            self.p[name.replace(".", "__")] = torch.nn.Parameter(t.to(torch.float32).clone())
+        if cfg["arch"] == "llama3":
+            T = cfg["max_seq_len"]
+            ang = torch.arange(T, dtype=torch.float64)[:, None] * rope_freqs(cfg)[None, :]
+            self.cos, self.sin = ang.cos().float(), ang.sin().float()
+
+    def w(self, name):
+        return self.p[name.replace(".", "__")]
+
+    def norm(self, x, prefix):
+        eps = self.cfg["norm_eps"]
+        if self.cfg["arch"] == "gpt2":
+            return F.layer_norm(x, (x.shape[-1],), self.w(prefix + ".weight"), self.w(prefix + ".bias"), eps)
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return x * rstd * self.w(prefix + ".weight")
+
+    def linear(self, x, prefix, bias=True):
+        b = self.w(prefix + ".bias") if (bias and self.cfg["arch"] == "gpt2") else None
+        return F.linear(x, self.w(prefix + ".weight"), b)
+
+    def forward(self, tokens):
+        cfg = self.cfg
+        B, T = tokens.shape
+        C, Hq, Hkv = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"]
+        D = C // Hq
+        x = self.w("embed.wte")[tokens.long()]
+        if cfg["arch"] == "gpt2":
+            x = x + self.w("embed.wpe")[:T][None]
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        for i in range(cfg["n_layer"]):
+            p = f"layers.{i}."
+            h = self.norm(x, p + "attn_norm")
+            qkv = self.linear(h, p + "attn.qkv")
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+            q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+            if cfg["arch"] == "llama3":
+                q, k = apply_rope(q, self.cos[:T], self.sin[:T]), apply_rope(k, self.cos[:T], self.sin[:T])
+            k = k.repeat_interleave(Hq // Hkv, dim=2)
+            v = v.repeat_interleave(Hq // Hkv, dim=2)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, dim=-1) @ v
+            att = att.transpose(1, 2).reshape(B, T, C)
+            x = x + self.linear(att, p + "attn.proj")
+            h = self.norm(x, p + "mlp_norm")
+            u = self.linear(h, p + "mlp.in")
+            if cfg["arch"] == "gpt2":
+                a = F.gelu(u, approximate="tanh")
+            else:
+                g, up = u.split([cfg["d_ff"], cfg["d_ff"]], dim=-1)
+                a = F.silu(g) * up
+            x = x + self.linear(a, p + "mlp.out")
+        x = self.norm(x, "final_norm")
+        head = self.w("embed.wte") if cfg["tied_embeddings"] else self.w("lm_head.weight")
+        return x @ head.t()
+
+    def loss(self, tokens, targets):
+        V = self.cfg["vocab_size"]
+        logits = self.forward(tokens)
+        return F.cross_entropy(logits[..., :V].reshape(-1, V), targets.reshape(-1).long()), logits
+
+
+def lr_at(o, step):
+    if step < o["warmup_steps"]:
+        return o["lr"] * (step + 1) / o["warmup_steps"]
+    span = max(1, o["steps"] - o["warmup_steps"])
+    progress = min(1.0, max(0.0, (step - o["warmup_steps"]) / span))
+    return o["min_lr"] + 0.5 * (o["lr"] - o["min_lr"]) * (1 + math.cos(math.pi * progress))
+
+
+def main(d):
+    with open(f"{d}/config.json") as f:
+        cfg = json.load(f)
+    weights, _ = st_io.load(f"{d}/weights.safetensors")
+    batches, _ = st_io.load(f"{d}/batches.safetensors")
+    names = list(weights.keys())
+    model = Reference(cfg, weights)
+    out = {}
+    # Gradients on batch 0 at the initial weights.
+    loss, logits = model.loss(batches["tokens"][0], batches["targets"][0])
+    loss.backward()
+    out["logits"] = logits.detach()
+    out["loss"] = loss.detach().reshape(1)
+    for n in names:
+        out["grad." + n] = model.w(n).grad.detach().clone()
+    # Training run with AdamW, the cosine schedule and clipping.
+    o = cfg["optim"]
+    no_decay = set(cfg["no_decay"])
+    decay_params = [model.w(n) for n in names if n not in no_decay]
+    plain_params = [model.w(n) for n in names if n in no_decay]
+    opt = torch.optim.AdamW(
+        [{"params": decay_params, "weight_decay": o["weight_decay"]}, {"params": plain_params, "weight_decay": 0.0}],
+        lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+    losses = []
+    accum = cfg["grad_accum"]
+    for step in range(o["steps"]):
+        opt.zero_grad()
+        tokens, targets = batches["tokens"][step], batches["targets"][step]
+        total = 0.0
+        for mb_tokens, mb_targets in zip(tokens.chunk(accum), targets.chunk(accum)):
+            mb_loss, _ = model.loss(mb_tokens, mb_targets)
+            (mb_loss / accum).backward()
+            total += mb_loss.item() / accum
+        losses.append(total)
+        if o["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), o["grad_clip"])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(o, step)
+        opt.step()
+    out["losses"] = torch.tensor(losses, dtype=torch.float64)
+    for n in names:
+        out["final." + n] = model.w(n).detach().clone()
+    st_io.save(f"{d}/ref.safetensors", out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

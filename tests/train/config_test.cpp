@@ -1,0 +1,99 @@
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "train/config.h"
+
+namespace zt::train {
+namespace {
+
+const char* kBase = R"(
+[model]
+preset = "gpt2-tiny"
+[data]
+dir = "somewhere"
+[train]
+seq_len = 32
+global_batch = 8
+micro_batch = 4
+steps = 3
+)";
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(toml, "test.toml", overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+::testing::AssertionResult has(const std::string& msg, const std::string& part) {
+  if (msg.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "message '" << msg << "' lacks '" << part << "'";
+}
+
+TEST(Config, PresetThenOverrides) {
+  Config c = parse_config(std::string(kBase) + "", "t", {"model.n_layer=3", "train.steps=7", "data.dir=a/b c"});
+  EXPECT_EQ(c.model_preset, "gpt2-tiny");
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.d_model, 64);  // from the preset
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.data.dir, "a/b c");
+  EXPECT_EQ(c.grad_accum_steps(), 2);
+}
+
+TEST(Config, UnknownKeyNamesTheClosestValidOne) {
+  std::string msg = error_of(std::string(kBase) + "stpes = 4\n");
+  EXPECT_TRUE(has(msg, "unknown config key 'train.stpes'"));
+  EXPECT_TRUE(has(msg, "did you mean 'train.steps'"));
+  EXPECT_TRUE(has(msg, "test.toml"));
+  // A key in the wrong section finds its home.
+  msg = error_of(std::string(kBase) + "lr = 0.1\n");
+  EXPECT_TRUE(has(msg, "did you mean 'optim.lr'"));
+  msg = error_of(std::string(kBase) + "[optimizer]\nlr = 1\n");
+  EXPECT_TRUE(has(msg, "unknown config section [optimizer]"));
+  msg = error_of(kBase, {"train.setps=3"});
+  EXPECT_TRUE(has(msg, "did you mean 'train.steps'"));
+}
+
+TEST(Config, WrongTypesAreNamed) {
+  EXPECT_TRUE(has(error_of(std::string(kBase) + "seed = \"7\"\n"), "train.seed must be an integer, got string"));
+  EXPECT_TRUE(has(error_of(std::string(kBase) + "[optim]\nlr = \"fast\"\n"), "optim.lr must be a number"));
+  EXPECT_TRUE(has(error_of(std::string(kBase) + "[optim]\ndecay_embeddings = 1\n"), "must be true or false"));
+  EXPECT_TRUE(has(error_of("[train\nsteps = 1"), "not valid TOML"));
+}
+
+TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
+  EXPECT_TRUE(has(error_of(kBase, {"model.n_head=5"}), "model.n_head = 5 does not divide model.d_model = 64"));
+  EXPECT_TRUE(has(error_of(kBase, {"model.arch=\"llama3\"", "model.n_kv_head=3"}),
+                  "model.n_kv_head = 3 does not divide model.n_head = 4"));
+  EXPECT_TRUE(has(error_of(kBase, {"train.seq_len=65"}), "longer than the model's context"));
+  EXPECT_TRUE(has(error_of(kBase, {"train.micro_batch=3"}),
+                  "train.global_batch = 8 is not divisible by train.micro_batch = 3"));
+  EXPECT_TRUE(has(error_of(kBase, {"train.dtype=\"f16\""}), "train.dtype"));
+  EXPECT_TRUE(has(error_of(kBase, {"train.recompute=\"most\""}), "valid: none, selective, full"));
+  EXPECT_TRUE(has(error_of(kBase, {"model.preset=\"gpt5\""}), "unknown model preset 'gpt5'"));
+  EXPECT_TRUE(has(error_of(kBase, {"optim.min_lr=1.0"}), "optim.min_lr"));
+  EXPECT_TRUE(has(error_of(kBase, {"data.dir=\"\""}), "data.dir is empty"));
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  Config c = parse_config(kBase, "t", {"optim.lr=0.00123", "model.rope_theta=12345.5", "sample.prompt=\"a \\\"q\\\"\""});
+  const std::string once = to_toml(c);
+  Config again = parse_config(once, "resolved");
+  EXPECT_EQ(to_toml(again), once);
+  EXPECT_DOUBLE_EQ(again.optim.lr, 0.00123);
+  EXPECT_EQ(again.sample.prompt, "a \"q\"");
+  EXPECT_EQ(again.model.n_layer, c.model.n_layer);
+}
+
+TEST(Config, ShippedConfigsLoad) {
+  for (const char* name : {"demo", "bench", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama3-1b",
+                           "llama3-3b", "llama3-8b"}) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(load_config(std::string(ZT_SOURCE_DIR) + "/configs/" + name + ".toml"));
+  }
+}
+
+}  // namespace
+}  // namespace zt::train
