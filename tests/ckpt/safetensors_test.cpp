@@ -687,6 +687,26 @@ TEST(SafetensorsRejectControls, NearbyValidFilesAreAccepted) {
   EXPECT_EQ(parse_error(build("{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,0],\"data_offsets\":[0,0]}}")), "");
 }
 
+// The fuzz seed corpus (tests/ckpt/fuzz/make_corpus.py) is what its names say.
+TEST(SafetensorsCorpus, SeedsAreValidOrInvalidAsNamed) {
+  const fs::path dir = fs::path(ZT_SOURCE_DIR) / "tests/ckpt/fuzz/corpus";
+  int valid = 0, bad = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const std::string msg = parse_error(read_file(e.path().string()), name);
+    if (name.rfind("valid_", 0) == 0) {
+      EXPECT_EQ(msg, "") << name;
+      ++valid;
+    } else {
+      EXPECT_EQ(name.rfind("bad_", 0), 0u) << "corpus files are named valid_* or bad_*: " << name;
+      EXPECT_EQ(msg.rfind(name + ": ", 0), 0u) << name << " was accepted or gave: " << msg;
+      ++bad;
+    }
+  }
+  EXPECT_GE(valid, 5);
+  EXPECT_GE(bad, 5);
+}
+
 // ---------------------------------------------------------------------------
 // randomized corruption: parse either succeeds or throws zt::Error
 
