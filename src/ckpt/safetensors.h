@@ -100,7 +100,8 @@ struct SafetensorsWriteOptions {
 };
 
 // A validated safetensors file (or byte buffer). Copies are cheap and share
-// the mapping, which lives until the last copy is destroyed.
+// the mapping, which lives until the last copy is destroyed. It is immutable
+// once open() or parse() returns, so concurrent use from several threads is safe.
 //
 // LIFETIME: tensor() returns a Tensor that borrows the mapped bytes
 // (Tensor::wrap); it does not keep the mapping alive. Keep a SafetensorsFile
