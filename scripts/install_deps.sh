@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin      # comm/mpi and multi-rank tests
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  clang libclang-rt-14-dev        # libFuzzer + sanitizers for scripts/fuzz_safetensors.sh
   python3 python3-torch python3-numpy   # /usr/bin/python3 reference computations (PyTorch CPU)
   fortunes                        # default demo corpus (English text, no download)
 )
