@@ -312,9 +312,10 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   ops::matmul(d_ln2d, dq2, p.wq, false, false, 1.0f, 0.0f);
   ops::matmul(d_ln2d, dk2, p.wk, false, false, 1.0f, 1.0f);
   ops::matmul(d_ln2d, dv2, p.wv, false, false, 1.0f, 1.0f);
-  ops::linear_backward(Tensor(), g.wq, g.bq, dq2, a.ln1, p.wq);
-  ops::linear_backward(Tensor(), g.wk, g.bk, dk2, a.ln1, p.wk);
-  ops::linear_backward(Tensor(), g.wv, g.bv, dv2, a.ln1, p.wv);
+  const Tensor ln1_2d = a.ln1.view(Shape{B * T, C});
+  ops::linear_backward(Tensor(), g.wq, g.bq, dq2, ln1_2d, p.wq);
+  ops::linear_backward(Tensor(), g.wk, g.bk, dk2, ln1_2d, p.wk);
+  ops::linear_backward(Tensor(), g.wv, g.bv, dv2, ln1_2d, p.wv);
   // dres <- dL/d x_in = norm1 backward + the residual path.
   ops::norm_backward(norm_kind(), dres, g.ln1_w, g.ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres);
 }
