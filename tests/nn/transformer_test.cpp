@@ -88,7 +88,7 @@ TEST(Transformer, AccumulatingMicroBatchesEqualsOneBatch) {
       l4 += parts.forward(ctx, b.tokens.slice(2 * k, 2 * k + 2), b.targets.slice(2 * k, 2 * k + 2), true, scale);
       parts.backward(ctx);
     }
-    EXPECT_NEAR(l1, l4, 1e-9 * std::fabs(l1) + 1e-6);
+    EXPECT_NEAR(l1, l4, 1e-6 * std::fabs(l1));  // f32 sums over different row blockings
     const auto pw = whole.param_sets(), pp = parts.param_sets();
     for (size_t s = 0; s < pw.size(); ++s)
       EXPECT_LT(test::max_rel_error(pp[s]->grad_flat(), test::to_f64(pw[s]->grad_flat())), 1e-5)
