@@ -253,6 +253,11 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
       assign(*f, c, value, origin);
     }
   }
+  // GPT-2 has no grouped-query attention: unless the file sets n_kv_head, it
+  // follows n_head (so `n_head = 6` on a gpt2 preset just works).
+  const toml::table* model_tbl = tbl["model"].as_table();
+  if (c.model.arch == nn::Arch::gpt2 && !(model_tbl && model_tbl->contains("n_kv_head")))
+    c.model.n_kv_head = c.model.n_head;
   c.validate();
   return c;
 }

@@ -77,6 +77,13 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"data.dir=\"\""}), "data.dir is empty"));
 }
 
+TEST(Config, Gpt2KvHeadsFollowHeads) {
+  Config c = parse_config(kBase, "t", {"model.n_head=2"});
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  c = parse_config(kBase, "t", {"model.arch=\"llama3\"", "model.n_head=8", "model.n_kv_head=2"});
+  EXPECT_EQ(c.model.n_kv_head, 2);
+}
+
 TEST(Config, ResolvedTomlRoundTrips) {
   Config c = parse_config(kBase, "t", {"optim.lr=0.00123", "model.rope_theta=12345.5", "sample.prompt=\"a \\\"q\\\"\""});
   const std::string once = to_toml(c);

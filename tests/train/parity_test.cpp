@@ -64,10 +64,6 @@ void run_case(const ParityCase& pc) {
   const std::string base = R"(
 [data]
 dir = "unused"
-[train]
-steps = 10
-seq_len = 16
-seed = 7
 [optim]
 lr = 3e-3
 min_lr = 3e-4
@@ -77,7 +73,7 @@ grad_clip = 0.5
 [metrics]
 peak_gflops = 1.0
 )";
-  Config cfg = parse_config(pc.toml + base, pc.name);
+  Config cfg = parse_config(pc.toml + base, pc.name, {"train.steps=10", "train.seq_len=16", "train.seed=7"});
   const int64_t B = cfg.train.global_batch, T = cfg.train.seq_len, V = cfg.model.vocab_size;
 
   auto rng = test::make_rng(std::hash<std::string>{}(pc.name));
