@@ -172,7 +172,7 @@ def main(d):
         for g in opt.param_groups:
             g["lr"] = lr_at(o, step)
         opt.step()
-    out["losses"] = torch.tensor(losses, dtype=torch.float64)
+    out["losses"] = torch.tensor(losses, dtype=torch.float32)
     for n in names:
         out["final." + n] = model.w(n).detach().clone()
     st_io.save(f"{d}/ref.safetensors", out)
