@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/attention.h"
 #include "ops/attention.h"
 #include "test_util.h"
 
@@ -179,6 +180,19 @@ void check_case(const Dims& d, DType dtype, float scale, uint64_t salt) {
   EXPECT_TRUE(close(dq, g.dq, t_grad)) << "dq";
   EXPECT_TRUE(close(dk, g.dk, t_grad)) << "dk";
   EXPECT_TRUE(close(dv, g.dv, t_grad)) << "dv";
+
+  // Both backward schedules of the CPU kernel give the same bits as the call above.
+  for (auto schedule : {cpu::BackwardSchedule::fused, cpu::BackwardSchedule::split}) {
+    Tensor dq2 = Tensor::empty(d.q(), dtype), dk2 = Tensor::empty(d.kv(), dtype), dv2 = Tensor::empty(d.kv(), dtype);
+    poison(dq2);
+    poison(dk2);
+    poison(dv2);
+    cpu::attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, float(s), schedule);
+    const char* name = schedule == cpu::BackwardSchedule::fused ? "fused" : "split";
+    EXPECT_EQ(std::memcmp(dq2.data_ptr(), dq.data_ptr(), dq.nbytes()), 0) << "dq, " << name << " schedule";
+    EXPECT_EQ(std::memcmp(dk2.data_ptr(), dk.data_ptr(), dk.nbytes()), 0) << "dk, " << name << " schedule";
+    EXPECT_EQ(std::memcmp(dv2.data_ptr(), dv.data_ptr(), dv.nbytes()), 0) << "dv, " << name << " schedule";
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -252,28 +266,36 @@ TEST(Attention, Bf16MatchesReference) {
   for (const Dims& d : shapes) check_case(d, DType::bf16, 0.0f, salt++);
 }
 
+// Same bits with 1, 2 and 3 threads. With B * Hkv = 4 tasks, 3 threads (and
+// with B * Hkv = 1, 2 or 3 threads) switch the backward to the split
+// schedule, which must agree with the fused one.
 TEST(Attention, DeterministicAcrossThreadCounts) {
   ZT_TEST_TRACE_SEED();
   auto rng = test::make_rng(50);
   const int saved = omp_get_max_threads();
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    const Dims d{2, 100, 4, 2, 24};
-    Tensor q = random_tensor(d.q(), dtype, rng), k = random_tensor(d.kv(), dtype, rng),
-           v = random_tensor(d.kv(), dtype, rng), dout = random_tensor(d.q(), dtype, rng);
-    std::vector<Tensor> results[2];
-    for (int run = 0; run < 2; ++run) {
-      omp_set_num_threads(run + 1);
-      Tensor out = Tensor::empty(d.q(), dtype), lse = Tensor::empty(d.lse(), DType::f32);
-      Tensor dq = Tensor::empty(d.q(), dtype), dk = Tensor::empty(d.kv(), dtype), dv = Tensor::empty(d.kv(), dtype);
-      ops::attention_forward(out, lse, q, k, v);
-      ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
-      results[run] = {out, lse, dq, dk, dv};
+  const Dims shapes[] = {{2, 100, 4, 2, 24}, {1, 150, 3, 1, 16}};
+  for (const Dims& d : shapes) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(d.str() + " " + std::string(dtype_name(dtype)));
+      Tensor q = random_tensor(d.q(), dtype, rng), k = random_tensor(d.kv(), dtype, rng),
+             v = random_tensor(d.kv(), dtype, rng), dout = random_tensor(d.q(), dtype, rng);
+      std::vector<Tensor> results[3];
+      for (int run = 0; run < 3; ++run) {
+        omp_set_num_threads(run + 1);
+        Tensor out = Tensor::empty(d.q(), dtype), lse = Tensor::empty(d.lse(), DType::f32);
+        Tensor dq = Tensor::empty(d.q(), dtype), dk = Tensor::empty(d.kv(), dtype),
+               dv = Tensor::empty(d.kv(), dtype);
+        ops::attention_forward(out, lse, q, k, v);
+        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+        results[run] = {out, lse, dq, dk, dv};
+      }
+      omp_set_num_threads(saved);
+      const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+      for (int run = 1; run < 3; ++run)
+        for (size_t i = 0; i < 5; ++i)
+          EXPECT_EQ(std::memcmp(results[0][i].data_ptr(), results[run][i].data_ptr(), results[0][i].nbytes()), 0)
+              << names[i] << " differs between 1 and " << run + 1 << " threads";
     }
-    omp_set_num_threads(saved);
-    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
-    for (size_t i = 0; i < 5; ++i)
-      EXPECT_EQ(std::memcmp(results[0][i].data_ptr(), results[1][i].data_ptr(), results[0][i].nbytes()), 0)
-          << names[i] << " differs between 1 and 2 threads (" << dtype_name(dtype) << ")";
   }
 }
 

@@ -29,11 +29,18 @@
 // Parallelism:
 //   forward:  one task per (query tile, batch, query head), heaviest (last)
 //             query tiles first, dynamic schedule.
-//   backward: one task per (batch, kv head): it owns dk and dv of that kv
-//             head and dq of its query heads, so no two threads write the same
-//             rows and every sum runs in a fixed order. The result does not
-//             depend on the thread count. Per task (O(T) scratch): K, V, dK,
-//             dV of the kv head; Q, Q^T, dout, dout^T, dQ of one query head.
+//   backward, fused schedule: one task per (batch, kv head): it owns dk and
+//             dv of that kv head and dq of its query heads, so no two threads
+//             write the same rows and every sum runs in a fixed order. Per
+//             task (O(T) scratch): K, V, dK, dV of the kv head; Q, Q^T, dout,
+//             dout^T, dQ of one query head. 5 tile products per tile pair.
+//   backward, split schedule (when B * Hkv tasks would leave threads idle):
+//             pass 1, one task per (batch, kv head, key tile) for dk, dv;
+//             pass 2, one task per (batch, query head, query tile) for dq,
+//             recomputing P and dS (7 tile products per tile pair).
+//   Both schedules run the same tile steps in the same order for each output
+//   row, so they agree to the bit: the result does not depend on the thread
+//   count (which picks the schedule).
 #include "backend/cpu/attention.h"
 
 #include <algorithm>
@@ -41,6 +48,8 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+
+#include <omp.h>
 
 #include "backend/cpu/scratch.h"
 
@@ -322,117 +331,224 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
   }
 }
 
+// ---------------------------------------------------------------------------
+// Backward.
+
+// Inputs and outputs of one backward call, and its per-thread f32 workspace
+// (rows indexed by absolute position t, so every schedule addresses a tile
+// the same way):
+//   kv head:    K, V, dK, dV             (Tp, Dp) each
+//   query head: Q (scaled), dO, dQ       (Tp, Dp) each
+//               Q^T (scaled), dO^T       (Dp, Tp) each
+//               lse, D_t                 (Tp) each
+//   tiles:      S^T -> P^T, dP^T -> dS^T (kTile, kTile) each
 template <typename T>
-void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
-  const int64_t B = q.size(0), T_ = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
-  if (B == 0 || T_ == 0) return;
-  const int64_t G = Hq / Hkv, Dp = round_up(D, kLanes), nt = (T_ + kTile - 1) / kTile, Tp = nt * kTile;
-  const T* qp = q.data<T>();
-  const T* kp = k.data<T>();
-  const T* vp = v.data<T>();
-  const T* op = out.data<T>();
-  const T* dop = dout.data<T>();
-  const float* lp = lse.data<float>();
-  T* dqp = dq.data<T>();
-  T* dkp = dk.data<T>();
-  T* dvp = dv.data<T>();
+struct Backward {
+  const T *q, *k, *v, *out, *dout;
+  const float* lse;
+  T *dq, *dk, *dv;
+  int64_t B, T_, Hq, Hkv, D, G, Dp, nt, Tp;
+  float scale;
 
-  // Per-thread scratch, f32:
-  //   kv head:    K, V, dK, dV             (Tp, Dp) each
-  //   query head: Q (scaled), dO, dQ       (Tp, Dp) each
-  //               Q^T (scaled), dO^T       (Dp, Tp) each
-  //               lse, D_t                 (Tp) each
-  //   tiles:      S^T -> P^T, dP^T -> dS^T (kTile, kTile) each
-  const size_t n_row = size_t(Tp * Dp), n_col = size_t(Dp * Tp), n_tile = size_t(kTile * kTile);
-  const size_t total = 7 * n_row + 2 * n_col + 2 * size_t(Tp) + 2 * n_tile;
-  const int64_t ntasks = B * Hkv;
+  size_t workspace_floats() const {
+    return 7 * size_t(Tp * Dp) + 2 * size_t(Dp * Tp) + 2 * size_t(Tp) + 2 * size_t(kTile * kTile);
+  }
 
-#pragma omp parallel
-  {
-    float* Kw = thread_scratch(total, 0);
-    float* Vw = Kw + n_row;
-    float* dKa = Vw + n_row;
-    float* dVa = dKa + n_row;
-    float* Qw = dVa + n_row;
-    float* dOw = Qw + n_row;
-    float* dQa = dOw + n_row;
-    float* QTw = dQa + n_row;
-    float* dOTw = QTw + n_col;
-    float* Lw = dOTw + n_col;
-    float* Dw = Lw + Tp;
-    float* ST = Dw + Tp;
-    float* dPT = ST + n_tile;
+  struct Work {
+    float *K, *V, *dK, *dV, *Q, *dO, *dQ, *QT, *dOT, *L, *Dt, *ST, *dPT;
+  };
+  Work carve(float* p) const {
+    Work w;
+    const size_t row = size_t(Tp * Dp), col = size_t(Dp * Tp), tile = size_t(kTile * kTile);
+    for (float** f : {&w.K, &w.V, &w.dK, &w.dV, &w.Q, &w.dO, &w.dQ}) {
+      *f = p;
+      p += row;
+    }
+    w.QT = p;
+    w.dOT = p + col;
+    w.L = p + 2 * col;
+    w.Dt = w.L + Tp;
+    w.ST = w.Dt + Tp;
+    w.dPT = w.ST + tile;
+    return w;
+  }
 
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < ntasks; ++task) {
-      const int64_t b = task / Hkv, g = task % Hkv;
-      for (int64_t t = 0; t < T_; ++t) {
-        const int64_t off = ((b * T_ + t) * Hkv + g) * D;
-        widen_row(Kw + t * Dp, kp + off, D, Dp);
-        widen_row(Vw + t * Dp, vp + off, D, Dp);
-      }
-      std::fill(dKa, dKa + T_ * Dp, 0.0f);
-      std::fill(dVa, dVa + T_ * Dp, 0.0f);
+  // Widen rows [t0, t1) of kv head (b, g) into K, V.
+  void load_kv(const Work& w, int64_t b, int64_t g, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t off = ((b * T_ + t) * Hkv + g) * D;
+      widen_row(w.K + t * Dp, k + off, D, Dp);
+      widen_row(w.V + t * Dp, v + off, D, Dp);
+    }
+  }
 
-      for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-        // Widen this query head; padded columns t >= T of the transposed
-        // copies are zero (they feed only score columns that are never used).
-        for (int64_t t = 0; t < T_; ++t) {
-          const int64_t off = ((b * T_ + t) * Hq + h) * D;
-          widen_row(Qw + t * Dp, qp + off, D, Dp, scale);
-          widen_row(dOw + t * Dp, dop + off, D, Dp);
-          const float* g = dOw + t * Dp;
-          const T* o = op + off;
-          float dot = 0.0f;
+  // Widen rows [t0, t1) of query head (b, h) (t0 a tile start): Q (scaled),
+  // dO, lse, D_t = dO . out, and the transposes of Q and dO. Rows T..Tp are
+  // zero when t1 = T (they feed only score columns that are never used).
+  void load_q(const Work& w, int64_t b, int64_t h, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t off = ((b * T_ + t) * Hq + h) * D;
+      widen_row(w.Q + t * Dp, q + off, D, Dp, scale);
+      widen_row(w.dO + t * Dp, dout + off, D, Dp);
+      const float* g = w.dO + t * Dp;
+      const T* o = out + off;
+      float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += g[d] * to_float(o[d]);
-          Dw[t] = dot;
-          Lw[t] = lp[(b * Hq + h) * T_ + t];
-        }
-        std::fill(Qw + T_ * Dp, Qw + Tp * Dp, 0.0f);
-        std::fill(dOw + T_ * Dp, dOw + Tp * Dp, 0.0f);
-        for (int64_t t = T_; t < Tp; ++t) Lw[t] = Dw[t] = 0.0f;
-        transpose(Qw, Dp, QTw, Tp, Tp, Dp);
-        transpose(dOw, Dp, dOTw, Tp, Tp, Dp);
-        std::fill(dQa, dQa + T_ * Dp, 0.0f);
+      for (int64_t d = 0; d < D; ++d) dot += g[d] * to_float(o[d]);
+      w.Dt[t] = dot;
+      w.L[t] = lse[(b * Hq + h) * T_ + t];
+    }
+    int64_t t_end = t1;
+    if (t1 == T_) {
+      std::fill(w.Q + T_ * Dp, w.Q + Tp * Dp, 0.0f);
+      std::fill(w.dO + T_ * Dp, w.dO + Tp * Dp, 0.0f);
+      std::fill(w.L + T_, w.L + Tp, 0.0f);
+      std::fill(w.Dt + T_, w.Dt + Tp, 0.0f);
+      t_end = Tp;
+    }
+    transpose(w.Q + t0 * Dp, Dp, w.QT + t0, Tp, t_end - t0, Dp);
+    transpose(w.dO + t0 * Dp, Dp, w.dOT + t0, Tp, t_end - t0, Dp);
+  }
 
-        for (int64_t j = 0; j < nt; ++j) {
-          const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
-          const float* Kj = Kw + j0 * Dp;
-          for (int64_t i = j; i < nt; ++i) {
-            const int64_t i0 = i * kTile, nq = std::min(kTile, T_ - i0), ncol = round_up(nq, kLanes);
-            // S^T = K_j Q_i^T, dP^T = V_j dO_i^T   (nk, ncol)
-            gemm<false>(nk, ncol, D, Kj, Dp, 1, QTw + i0, Tp, ST, kTile);
-            gemm<false>(nk, ncol, D, Vw + j0 * Dp, Dp, 1, dOTw + i0, Tp, dPT, kTile);
-            // P^T = exp(S^T - lse), dS^T = P^T (dP^T - D); key s > query i masked on the diagonal.
-            for (int64_t s = 0; s < nk; ++s) {
-              for (int64_t c = 0; c < ncol; c += kLanes) {
-                vf p = vexp(vload(ST + s * kTile + c) - vload(Lw + i0 + c));
-                if (i == j) {
-                  vi col = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-                  col += int32_t(c);
-                  p = col < (vi{} + int32_t(s)) ? vf{} : p;
-                }
-                vstore(ST + s * kTile + c, p);
-                vstore(dPT + s * kTile + c, p * (vload(dPT + s * kTile + c) - vload(Dw + i0 + c)));
-              }
-            }
-            // dV_j += P^T dO_i, dK_j += dS^T (scale Q_i)   (nk, Dp)
-            gemm<true>(nk, Dp, nq, ST, kTile, 1, dOw + i0 * Dp, Dp, dVa + j0 * Dp, Dp);
-            gemm<true>(nk, Dp, nq, dPT, kTile, 1, Qw + i0 * Dp, Dp, dKa + j0 * Dp, Dp);
-            // dQ_i += dS K_j, dS(i, s) = dS^T[s][i]   (nq, Dp)
-            gemm<true>(nq, Dp, nk, dPT, 1, kTile, Kj, Dp, dQa + i0 * Dp, Dp);
-          }
+  // Query tile i against key tile j (j <= i) of the loaded heads:
+  //   S^T = K_j Q_i^T, P^T = exp(S^T - lse), dP^T = V_j dO_i^T, dS^T = P^T (dP^T - D)
+  //   kDKV: dV_j += P^T dO_i, dK_j += dS^T Q_i     kDQ: dQ_i += dS K_j
+  // Every schedule runs the same calls in the same order per output tile, so
+  // the results agree to the bit.
+  template <bool kDQ, bool kDKV>
+  void tile_step(const Work& w, int64_t i, int64_t j) const {
+    const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
+    const int64_t i0 = i * kTile, nq = std::min(kTile, T_ - i0), ncol = round_up(nq, kLanes);
+    const float* Kj = w.K + j0 * Dp;
+    gemm<false>(nk, ncol, D, Kj, Dp, 1, w.QT + i0, Tp, w.ST, kTile);
+    gemm<false>(nk, ncol, D, w.V + j0 * Dp, Dp, 1, w.dOT + i0, Tp, w.dPT, kTile);
+    for (int64_t s = 0; s < nk; ++s) {
+      for (int64_t c = 0; c < ncol; c += kLanes) {
+        vf p = vexp(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
+        if (i == j) {  // diagonal tile: key s > query c + lane is masked
+          vi col = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+          col += int32_t(c);
+          p = col < (vi{} + int32_t(s)) ? vf{} : p;
         }
-        for (int64_t t = 0; t < T_; ++t) narrow_row(dqp + ((b * T_ + t) * Hq + h) * D, dQa + t * Dp, D, scale);
-      }
-      for (int64_t t = 0; t < T_; ++t) {
-        const int64_t off = ((b * T_ + t) * Hkv + g) * D;
-        narrow_row(dkp + off, dKa + t * Dp, D, 1.0f);
-        narrow_row(dvp + off, dVa + t * Dp, D, 1.0f);
+        vstore(w.ST + s * kTile + c, p);
+        vstore(w.dPT + s * kTile + c, p * (vload(w.dPT + s * kTile + c) - vload(w.Dt + i0 + c)));
       }
     }
+    if constexpr (kDKV) {
+      gemm<true>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
+      gemm<true>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+    }
+    if constexpr (kDQ) gemm<true>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+  }
+
+  void store_dq(const Work& w, int64_t b, int64_t h, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) narrow_row(dq + ((b * T_ + t) * Hq + h) * D, w.dQ + t * Dp, D, scale);
+  }
+  void store_dkv(const Work& w, int64_t b, int64_t g, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t off = ((b * T_ + t) * Hkv + g) * D;
+      narrow_row(dk + off, w.dK + t * Dp, D, 1.0f);
+      narrow_row(dv + off, w.dV + t * Dp, D, 1.0f);
+    }
+  }
+
+  // Fused: one task per (b, kv head) computes its dk, dv and the dq of its
+  // query heads (5 tile products per tile pair).
+  void run_fused() const {
+#pragma omp parallel
+    {
+      const Work w = carve(thread_scratch(workspace_floats(), 0));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < B * Hkv; ++task) {
+        const int64_t b = task / Hkv, g = task % Hkv;
+        load_kv(w, b, g, 0, T_);
+        std::fill(w.dK, w.dK + T_ * Dp, 0.0f);
+        std::fill(w.dV, w.dV + T_ * Dp, 0.0f);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+          load_q(w, b, h, 0, T_);
+          std::fill(w.dQ, w.dQ + T_ * Dp, 0.0f);
+          for (int64_t j = 0; j < nt; ++j)
+            for (int64_t i = j; i < nt; ++i) tile_step<true, true>(w, i, j);
+          store_dq(w, b, h, 0, T_);
+        }
+        store_dkv(w, b, g, 0, T_);
+      }
+    }
+  }
+
+  // Split: pass 1, one task per (b, kv head, key tile j) for dk, dv; pass 2,
+  // one task per (b, query head, query tile i) for dq (recomputing S, P, dP:
+  // 7 tile products per tile pair instead of 5, but nt times the tasks).
+  void run_split() const {
+#pragma omp parallel
+    {
+      const Work w = carve(thread_scratch(workspace_floats(), 0));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < nt * B * Hkv; ++task) {
+        const int64_t j = task / (B * Hkv);  // heaviest (first) key tiles first
+        const int64_t b = task % (B * Hkv) / Hkv, g = task % Hkv;
+        const int64_t j0 = j * kTile, j1 = std::min(T_, j0 + kTile);
+        load_kv(w, b, g, j0, j1);
+        std::fill(w.dK + j0 * Dp, w.dK + j1 * Dp, 0.0f);
+        std::fill(w.dV + j0 * Dp, w.dV + j1 * Dp, 0.0f);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+          load_q(w, b, h, j0, T_);
+          for (int64_t i = j; i < nt; ++i) tile_step<false, true>(w, i, j);
+        }
+        store_dkv(w, b, g, j0, j1);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < nt * B * Hq; ++task) {
+        const int64_t i = nt - 1 - task / (B * Hq);  // heaviest (last) query tiles first
+        const int64_t b = task % (B * Hq) / Hq, h = task % Hq;
+        const int64_t i0 = i * kTile, i1 = std::min(T_, i0 + kTile);
+        load_kv(w, b, h / G, 0, i1);
+        load_q(w, b, h, i0, i1);
+        std::fill(w.dQ + i0 * Dp, w.dQ + i1 * Dp, 0.0f);
+        for (int64_t j = 0; j <= i; ++j) tile_step<true, false>(w, i, j);
+        store_dq(w, b, h, i0, i1);
+      }
+    }
+  }
+};
+
+template <typename T>
+void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                   BackwardSchedule schedule) {
+  Backward<T> a;
+  a.q = q.data<T>();
+  a.k = k.data<T>();
+  a.v = v.data<T>();
+  a.out = out.data<T>();
+  a.dout = dout.data<T>();
+  a.lse = lse.data<float>();
+  a.dq = dq.data<T>();
+  a.dk = dk.data<T>();
+  a.dv = dv.data<T>();
+  a.B = q.size(0);
+  a.T_ = q.size(1);
+  a.Hq = q.size(2);
+  a.Hkv = k.size(2);
+  a.D = q.size(3);
+  if (a.B == 0 || a.T_ == 0) return;
+  a.G = a.Hq / a.Hkv;
+  a.Dp = round_up(a.D, kLanes);
+  a.nt = (a.T_ + kTile - 1) / kTile;
+  a.Tp = a.nt * kTile;
+  a.scale = scale;
+  if (schedule == BackwardSchedule::automatic) {
+    // Fused unless its B * Hkv equal tasks would leave over a quarter of the
+    // threads idle and there is more than one key tile to split over.
+    const int64_t threads = omp_get_max_threads(), tasks = a.B * a.Hkv;
+    const int64_t rounds = (tasks + threads - 1) / threads;
+    const bool busy = 4 * tasks >= 3 * rounds * threads;
+    schedule = busy || a.nt == 1 ? BackwardSchedule::fused : BackwardSchedule::split;
+  }
+  if (schedule == BackwardSchedule::split) {
+    a.run_split();
+  } else {
+    a.run_fused();
   }
 }
 
@@ -448,11 +564,12 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                        BackwardSchedule schedule) {
   if (q.dtype() == DType::bf16) {
-    backward_impl<bf16>(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    backward_impl<bf16>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
   } else {
-    backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
   }
 }
 

@@ -15,9 +15,17 @@ namespace zt::cpu {
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale);
 
+// How the backward is split into parallel tasks. `fused`: one task per
+// (batch, kv head), 5 tile products per (query tile, key tile) pair. `split`:
+// dk/dv per (batch, kv head, key tile), then dq per (batch, query head, query
+// tile), 7 products per pair but more tasks. `automatic` picks split when
+// B * Hkv tasks would leave threads idle. All give bit-identical results.
+enum class BackwardSchedule { automatic, fused, split };
+
 // dq, dk, dv overwritten. Deterministic: the result does not depend on the
-// number of OpenMP threads.
+// number of OpenMP threads or the schedule.
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale);
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                        BackwardSchedule schedule = BackwardSchedule::automatic);
 
 }  // namespace zt::cpu
