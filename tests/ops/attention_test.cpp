@@ -299,6 +299,28 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
   }
 }
 
+// Zero-sized batch or sequence: nothing to compute, no error; with B * T > 0
+// but no query heads, dk and dv are zero (nothing attends to the keys).
+TEST(Attention, EmptyShapes) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(55);
+  for (const Dims& d : {Dims{0, 5, 2, 1, 8}, Dims{2, 0, 2, 1, 8}, Dims{2, 3, 0, 1, 8}}) {
+    SCOPED_TRACE(d.str());
+    Tensor q = random_tensor(d.q(), DType::f32, rng), k = random_tensor(d.kv(), DType::f32, rng),
+           v = random_tensor(d.kv(), DType::f32, rng), dout = random_tensor(d.q(), DType::f32, rng);
+    Tensor out = Tensor::empty(d.q(), DType::f32), lse = Tensor::empty(d.lse(), DType::f32);
+    Tensor dq = Tensor::empty(d.q(), DType::f32), dk = Tensor::empty(d.kv(), DType::f32),
+           dv = Tensor::empty(d.kv(), DType::f32);
+    poison(dk);
+    poison(dv);
+    ops::attention_forward(out, lse, q, k, v);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+    const std::vector<double> zeros(size_t(d.kv().numel()), 0.0);
+    EXPECT_TRUE(all_close(dk, zeros, 0.0, 0.0));
+    EXPECT_TRUE(all_close(dv, zeros, 0.0, 0.0));
+  }
+}
+
 TEST(Attention, BadArguments) {
   ZT_TEST_TRACE_SEED();
   auto rng = test::make_rng(60);

@@ -98,16 +98,31 @@ inline vf vexp(vf x) {
 }
 
 // ---------------------------------------------------------------------------
-// Tile products: C[M x N] (+)= A[M x K] B[K x N], A(m, k) = A[m*rs + k*cs],
-// B rows contiguous (ldb), N a multiple of 16; C must not overlap A or B.
+// Tile products: C[M x N] = A[M x K] B[K x N]            (kSet)
+//                C[M x N] += A B                         (kAdd)
+//                C[M x N] = diag(row_scale) C + A B      (kScaleAdd)
+// with A(m, k) = A[m*rs + k*cs], B rows contiguous (ldb), N a multiple of 16;
+// C must not overlap A or B.
 
-template <int MR, int NV, bool ACC>
+enum class Update { kSet, kAdd, kScaleAdd };
+
+template <int MR, int NV, Update U>
 inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* __restrict A, int64_t rs,
                                                         int64_t cs, const float* __restrict B, int64_t ldb,
-                                                        float* __restrict C, int64_t ldc) {
+                                                        float* __restrict C, int64_t ldc,
+                                                        const float* __restrict row_scale) {
   vf c[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) c[r][v] = ACC ? vload(C + r * ldc + v * kLanes) : vf{};
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (U == Update::kSet) {
+        c[r][v] = vf{};
+      } else if constexpr (U == Update::kAdd) {
+        c[r][v] = vload(C + r * ldc + v * kLanes);
+      } else {
+        c[r][v] = vload(C + r * ldc + v * kLanes) * row_scale[r];
+      }
+    }
+  }
   for (int64_t k = 0; k < K; ++k) {
     vf b[NV];
     for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * kLanes);
@@ -126,36 +141,38 @@ template <int NV>
 constexpr int kRows = NV >= 3 ? 6 : 8;
 
 // The last M % MR rows (R counts down to 1).
-template <int R, int NV, bool ACC>
+template <int R, int NV, Update U>
 void gemm_tail(int64_t rem, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
-               float* C, int64_t ldc) {
+               float* C, int64_t ldc, const float* row_scale) {
   if constexpr (R > 0) {
     if (rem == R) {
-      micro_kernel<R, NV, ACC>(K, A, rs, cs, B, ldb, C, ldc);
+      micro_kernel<R, NV, U>(K, A, rs, cs, B, ldb, C, ldc, row_scale);
     } else {
-      gemm_tail<R - 1, NV, ACC>(rem, K, A, rs, cs, B, ldb, C, ldc);
+      gemm_tail<R - 1, NV, U>(rem, K, A, rs, cs, B, ldb, C, ldc, row_scale);
     }
   }
 }
 
-template <int NV, bool ACC>
+template <int NV, Update U>
 void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
-                float* C, int64_t ldc) {
+                float* C, int64_t ldc, const float* row_scale) {
   constexpr int MR = kRows<NV>;
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) micro_kernel<MR, NV, ACC>(K, A + m * rs, rs, cs, B, ldb, C + m * ldc, ldc);
-  gemm_tail<MR - 1, NV, ACC>(M - m, K, A + m * rs, rs, cs, B, ldb, C + m * ldc, ldc);
+  for (; m + MR <= M; m += MR)
+    micro_kernel<MR, NV, U>(K, A + m * rs, rs, cs, B, ldb, C + m * ldc, ldc, row_scale + (row_scale ? m : 0));
+  gemm_tail<MR - 1, NV, U>(M - m, K, A + m * rs, rs, cs, B, ldb, C + m * ldc, ldc,
+                           row_scale + (row_scale ? m : 0));
 }
 
-template <bool ACC>
+template <Update U>
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
-          float* C, int64_t ldc) {
+          float* C, int64_t ldc, const float* row_scale = nullptr) {
   for (int64_t n = 0; n < N; n += 4 * kLanes) {
     switch (std::min<int64_t>(4, (N - n) / kLanes)) {
-      case 4: gemm_panel<4, ACC>(M, K, A, rs, cs, B + n, ldb, C + n, ldc); break;
-      case 3: gemm_panel<3, ACC>(M, K, A, rs, cs, B + n, ldb, C + n, ldc); break;
-      case 2: gemm_panel<2, ACC>(M, K, A, rs, cs, B + n, ldb, C + n, ldc); break;
-      default: gemm_panel<1, ACC>(M, K, A, rs, cs, B + n, ldb, C + n, ldc); break;
+      case 4: gemm_panel<4, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      case 3: gemm_panel<3, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      case 2: gemm_panel<2, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      default: gemm_panel<1, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
     }
   }
 }
@@ -271,7 +288,6 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
         m[i] = -INFINITY;
         l[i] = 0.0f;
       }
-      std::fill(O, O + nq * Dp, 0.0f);
 
       for (int64_t j = 0; j <= qi; ++j) {
         const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
@@ -292,7 +308,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
         }
 
         // S^T (nk, ncol) = K_j Q_i^T (already scaled).
-        gemm<false>(nk, ncol, D, Kb, k_rs, 1, QT, kTile, ST, kTile);
+        gemm<Update::kSet>(nk, ncol, D, Kb, k_rs, 1, QT, kTile, ST, kTile);
         if (j == qi) {  // diagonal tile (same start): key s > query i is masked
           for (int64_t s = 1; s < nk; ++s)
             for (int64_t i = 0; i < s; ++i) ST[s * kTile + i] = -INFINITY;
@@ -313,14 +329,12 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
           vstore(l + c, a * vload(l + c) + sum);
           vstore(m + c, m_new);
         }
-        if (j > 0) {
-          for (int64_t i = 0; i < nq; ++i) {
-            const vf a = vsplat(alpha[i]);
-            for (int64_t d = 0; d < Dp; d += kLanes) vstore(O + i * Dp + d, a * vload(O + i * Dp + d));
-          }
+        // O (nq, Dp) = diag(alpha) O + P V_j, P(i, s) = P^T[s][i].
+        if (j == 0) {
+          gemm<Update::kSet>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
+        } else {
+          gemm<Update::kScaleAdd>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
         }
-        // O (nq, Dp) += P V_j, P(i, s) = P^T[s][i].
-        gemm<true>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
       }
 
       for (int64_t i = 0; i < nq; ++i) {
@@ -420,8 +434,8 @@ struct Backward {
     const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
     const int64_t i0 = i * kTile, nq = std::min(kTile, T_ - i0), ncol = round_up(nq, kLanes);
     const float* Kj = w.K + j0 * Dp;
-    gemm<false>(nk, ncol, D, Kj, Dp, 1, w.QT + i0, Tp, w.ST, kTile);
-    gemm<false>(nk, ncol, D, w.V + j0 * Dp, Dp, 1, w.dOT + i0, Tp, w.dPT, kTile);
+    gemm<Update::kSet>(nk, ncol, D, Kj, Dp, 1, w.QT + i0, Tp, w.ST, kTile);
+    gemm<Update::kSet>(nk, ncol, D, w.V + j0 * Dp, Dp, 1, w.dOT + i0, Tp, w.dPT, kTile);
     for (int64_t s = 0; s < nk; ++s) {
       for (int64_t c = 0; c < ncol; c += kLanes) {
         vf p = vexp(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
@@ -435,10 +449,10 @@ struct Backward {
       }
     }
     if constexpr (kDKV) {
-      gemm<true>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
-      gemm<true>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+      gemm<Update::kAdd>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
+      gemm<Update::kAdd>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
     }
-    if constexpr (kDQ) gemm<true>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+    if constexpr (kDQ) gemm<Update::kAdd>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
   }
 
   void store_dq(const Work& w, int64_t b, int64_t h, int64_t t0, int64_t t1) const {
