@@ -140,39 +140,56 @@ inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* 
 template <int NV>
 constexpr int kRows = NV >= 3 ? 6 : 8;
 
-// The last M % MR rows (R counts down to 1).
-template <int R, int NV, Update U>
-void gemm_tail(int64_t rem, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
-               float* C, int64_t ldc, const float* row_scale) {
+// Which k of a row block contribute on a diagonal tile, where row m and
+// column k index the same positions (the terms outside are exactly zero, so
+// skipping them leaves the sums unchanged):
+//   kAll:  every k
+//   kUpTo: k <= m   (rows are queries, k keys: P V, dS K)
+//   kFrom: k >= m   (rows are keys, k queries: P^T dO, dS^T Q)
+enum class Band { kAll, kUpTo, kFrom };
+
+template <int R, int NV, Update U, Band W>
+inline __attribute__((always_inline)) void micro_kernel_band(int64_t m, int64_t K, const float* A, int64_t rs,
+                                                             int64_t cs, const float* B, int64_t ldb, float* C,
+                                                             int64_t ldc, const float* row_scale) {
+  int64_t k0 = 0, k1 = K;
+  if constexpr (W == Band::kUpTo) k1 = std::min(K, m + R);
+  if constexpr (W == Band::kFrom) k0 = std::min(K, m);
+  micro_kernel<R, NV, U>(k1 - k0, A + m * rs + k0 * cs, rs, cs, B + k0 * ldb, ldb, C + m * ldc, ldc,
+                         row_scale ? row_scale + m : nullptr);
+}
+
+// The last M % MR rows, from row m (R counts down to 1).
+template <int R, int NV, Update U, Band W>
+void gemm_tail(int64_t rem, int64_t m, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B,
+               int64_t ldb, float* C, int64_t ldc, const float* row_scale) {
   if constexpr (R > 0) {
     if (rem == R) {
-      micro_kernel<R, NV, U>(K, A, rs, cs, B, ldb, C, ldc, row_scale);
+      micro_kernel_band<R, NV, U, W>(m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
     } else {
-      gemm_tail<R - 1, NV, U>(rem, K, A, rs, cs, B, ldb, C, ldc, row_scale);
+      gemm_tail<R - 1, NV, U, W>(rem, m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
     }
   }
 }
 
-template <int NV, Update U>
+template <int NV, Update U, Band W>
 void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
                 float* C, int64_t ldc, const float* row_scale) {
   constexpr int MR = kRows<NV>;
   int64_t m = 0;
-  for (; m + MR <= M; m += MR)
-    micro_kernel<MR, NV, U>(K, A + m * rs, rs, cs, B, ldb, C + m * ldc, ldc, row_scale + (row_scale ? m : 0));
-  gemm_tail<MR - 1, NV, U>(M - m, K, A + m * rs, rs, cs, B, ldb, C + m * ldc, ldc,
-                           row_scale + (row_scale ? m : 0));
+  for (; m + MR <= M; m += MR) micro_kernel_band<MR, NV, U, W>(m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
+  gemm_tail<MR - 1, NV, U, W>(M - m, m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
 }
 
-template <Update U>
+template <Update U, Band W = Band::kAll>
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
           float* C, int64_t ldc, const float* row_scale = nullptr) {
   for (int64_t n = 0; n < N; n += 4 * kLanes) {
     switch (std::min<int64_t>(4, (N - n) / kLanes)) {
-      case 4: gemm_panel<4, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
-      case 3: gemm_panel<3, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
-      case 2: gemm_panel<2, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
-      default: gemm_panel<1, U>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      case 4: gemm_panel<4, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      case 3: gemm_panel<3, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      case 2: gemm_panel<2, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      default: gemm_panel<1, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
     }
   }
 }
@@ -329,9 +346,14 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
           vstore(l + c, a * vload(l + c) + sum);
           vstore(m + c, m_new);
         }
-        // O (nq, Dp) = diag(alpha) O + P V_j, P(i, s) = P^T[s][i].
-        if (j == 0) {
+        // O (nq, Dp) = diag(alpha) O + P V_j, P(i, s) = P^T[s][i]; on the
+        // diagonal tile only keys s <= i contribute.
+        if (j == 0 && j == qi) {
+          gemm<Update::kSet, Band::kUpTo>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
+        } else if (j == 0) {
           gemm<Update::kSet>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
+        } else if (j == qi) {
+          gemm<Update::kScaleAdd, Band::kUpTo>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
         } else {
           gemm<Update::kScaleAdd>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
         }
@@ -448,11 +470,23 @@ struct Backward {
         vstore(w.dPT + s * kTile + c, p * (vload(w.dPT + s * kTile + c) - vload(w.Dt + i0 + c)));
       }
     }
+    // On the diagonal tile only pairs with key s <= query i contribute.
     if constexpr (kDKV) {
-      gemm<Update::kAdd>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
-      gemm<Update::kAdd>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+      if (i == j) {
+        gemm<Update::kAdd, Band::kFrom>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
+        gemm<Update::kAdd, Band::kFrom>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+      } else {
+        gemm<Update::kAdd>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
+        gemm<Update::kAdd>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+      }
     }
-    if constexpr (kDQ) gemm<Update::kAdd>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+    if constexpr (kDQ) {
+      if (i == j) {
+        gemm<Update::kAdd, Band::kUpTo>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+      } else {
+        gemm<Update::kAdd>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+      }
+    }
   }
 
   void store_dq(const Work& w, int64_t b, int64_t h, int64_t t0, int64_t t1) const {
