@@ -85,13 +85,21 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   check_shape(op, "dv", dv, v.shape());
   check_same_dtype(op, "dv", dv, "q", q);
   check_device(op, q.device(),
-               {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}, {"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v},
-                {"out", &out}, {"lse", &lse}});
+               {{"dq", &dq},
+                {"dk", &dk},
+                {"dv", &dv},
+                {"dout", &dout},
+                {"q", &q},
+                {"k", &k},
+                {"v", &v},
+                {"out", &out},
+                {"lse", &lse}});
   using Named = std::pair<const char*, const Tensor*>;
   const Named grads[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   const Named inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}};
   for (size_t a = 0; a < 3; ++a) {
-    for (size_t b = a + 1; b < 3; ++b) check_no_overlap(op, grads[a].first, *grads[a].second, grads[b].first, *grads[b].second);
+    for (size_t b = a + 1; b < 3; ++b)
+      check_no_overlap(op, grads[a].first, *grads[a].second, grads[b].first, *grads[b].second);
     for (const Named& in : inputs) check_no_overlap(op, grads[a].first, *grads[a].second, in.first, *in.second);
   }
   const float s = resolve_scale(op, scale, d.D);

@@ -32,9 +32,9 @@ void check_scaling(const char* op, const RopeScaling& s) {
   if (!s.enabled) return;
   ZT_CHECK(std::isfinite(s.factor) && s.factor > 0.0f, op, ": scaling.factor is ", s.factor,
            " but it must be positive");
-  ZT_CHECK(s.low_freq_factor > 0.0f && s.high_freq_factor > s.low_freq_factor, op,
-           ": scaling.low_freq_factor is ", s.low_freq_factor, " and scaling.high_freq_factor is ",
-           s.high_freq_factor, " but 0 < low_freq_factor < high_freq_factor is required");
+  ZT_CHECK(s.low_freq_factor > 0.0f && s.high_freq_factor > s.low_freq_factor, op, ": scaling.low_freq_factor is ",
+           s.low_freq_factor, " and scaling.high_freq_factor is ", s.high_freq_factor,
+           " but 0 < low_freq_factor < high_freq_factor is required");
   ZT_CHECK(s.original_max_position > 0, op, ": scaling.original_max_position is ", s.original_max_position,
            " but it must be positive");
 }
@@ -65,9 +65,9 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
   check_shape(op, "table", table, Shape{table.size(0), D / 2, 2});
   check_dtype(op, "table", table, {DType::f32});
   check_device(op, x.device(), {{x_name, &x}, {y_name, &y}, {"table", &table}});
-  ZT_CHECK(pos_offset >= 0 && pos_offset + T <= table.size(0), op, ": positions ", pos_offset, "..",
-           pos_offset + T - 1, " (pos_offset ", pos_offset, ", T ", T, ") are outside 'table' ",
-           table.shape().str(), "; build the table with T_max >= pos_offset + T");
+  ZT_CHECK(pos_offset >= 0 && pos_offset + T <= table.size(0), op, ": positions ", pos_offset, "..", pos_offset + T - 1,
+           " (pos_offset ", pos_offset, ", T ", T, ") are outside 'table' ", table.shape().str(),
+           "; build the table with T_max >= pos_offset + T");
   ZT_CHECK(!y.overlaps(x) || y.same_as(x), op, ": '", y_name, "' partially overlaps '", x_name,
            "'; pass the same tensor (in place) or separate buffers");
   ZT_CHECK(!y.overlaps(table), op, ": '", y_name, "' overlaps 'table'");
@@ -83,8 +83,8 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
 double rope_frequency(int64_t i, int64_t head_dim, double theta, const RopeScaling& scaling) {
   const char* op = "rope_frequency";
   check_head_dim(op, head_dim);
-  ZT_CHECK(i >= 0 && i < head_dim / 2, op, ": pair index ", i, " is outside 0..", head_dim / 2 - 1,
-           " for head_dim ", head_dim);
+  ZT_CHECK(i >= 0 && i < head_dim / 2, op, ": pair index ", i, " is outside 0..", head_dim / 2 - 1, " for head_dim ",
+           head_dim);
   check_theta(op, theta);
   check_scaling(op, scaling);
   return frequency(i, head_dim, theta, scaling);

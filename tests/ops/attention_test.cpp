@@ -1,5 +1,7 @@
 // Tests of causal grouped-query attention (ops/attention.h) against a float64
 // reference that builds the full softmax with the causal mask, row by row.
+#include "backend/cpu/attention.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/attention.h"
 #include "ops/attention.h"
 #include "test_util.h"
 
@@ -207,8 +208,7 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
     for (double& e : x) e = u(rng);
     return x;
   };
-  std::vector<double> q = rnd(d.q().numel()), k = rnd(d.kv().numel()), v = rnd(d.kv().numel()),
-                      w = rnd(d.q().numel());
+  std::vector<double> q = rnd(d.q().numel()), k = rnd(d.kv().numel()), v = rnd(d.kv().numel()), w = rnd(d.q().numel());
   const double scale = 0.7;
   const RefGrad g = ref_backward(d, q, k, v, w, scale);
   auto loss = [&] {
@@ -240,14 +240,14 @@ TEST(Attention, ReferenceBackwardMatchesFiniteDifferences) {
 TEST(Attention, F32MatchesReference) {
   ZT_TEST_TRACE_SEED();
   const Dims shapes[] = {
-      {1, 1, 1, 1, 8},    // T = 1: one key
-      {1, 7, 2, 2, 16},   // T = 7, Hq = Hkv
-      {2, 65, 4, 1, 24},  // B = 2, T not a tile multiple, GQA (Hq = 4 Hkv), D not a multiple of 16
-      {1, 65, 1, 1, 1},   // D = 1, one head
-      {2, 33, 4, 2, 64},  // GQA 2:1, D = 64 (K and V read in place)
-      {1, 130, 3, 3, 32}, // three tiles, the last of 2 rows
-      {1, 128, 2, 1, 17}, // exact tile multiple, odd D
-      {1, 64, 1, 1, 80},  // D > 64: two column panels
+      {1, 1, 1, 1, 8},     // T = 1: one key
+      {1, 7, 2, 2, 16},    // T = 7, Hq = Hkv
+      {2, 65, 4, 1, 24},   // B = 2, T not a tile multiple, GQA (Hq = 4 Hkv), D not a multiple of 16
+      {1, 65, 1, 1, 1},    // D = 1, one head
+      {2, 33, 4, 2, 64},   // GQA 2:1, D = 64 (K and V read in place)
+      {1, 130, 3, 3, 32},  // three tiles, the last of 2 rows
+      {1, 128, 2, 1, 17},  // exact tile multiple, odd D
+      {1, 64, 1, 1, 80},   // D > 64: two column panels
   };
   uint64_t salt = 10;
   for (const Dims& d : shapes) check_case(d, DType::f32, 0.0f, salt++);
@@ -283,8 +283,7 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
       for (int run = 0; run < 3; ++run) {
         omp_set_num_threads(run + 1);
         Tensor out = Tensor::empty(d.q(), dtype), lse = Tensor::empty(d.lse(), DType::f32);
-        Tensor dq = Tensor::empty(d.q(), dtype), dk = Tensor::empty(d.kv(), dtype),
-               dv = Tensor::empty(d.kv(), dtype);
+        Tensor dq = Tensor::empty(d.q(), dtype), dk = Tensor::empty(d.kv(), dtype), dv = Tensor::empty(d.kv(), dtype);
         ops::attention_forward(out, lse, q, k, v);
         ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
         results[run] = {out, lse, dq, dk, dv};
@@ -376,8 +375,10 @@ TEST(Attention, BadArguments) {
   Tensor lse_cuda = Tensor::wrap(lse.data_ptr(), d.lse(), f, Device::cuda(0));
   expect_error([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse_cuda); }, {bw, "'lse'", "cuda:0"});
   // All on CUDA: no kernel in this build.
-  Tensor qc = Tensor::wrap(q.data_ptr(), d.q(), f, Device::cuda(0)), kc = Tensor::wrap(k.data_ptr(), d.kv(), f, Device::cuda(0)),
-         vc = Tensor::wrap(v.data_ptr(), d.kv(), f, Device::cuda(0)), oc = Tensor::wrap(out.data_ptr(), d.q(), f, Device::cuda(0));
+  Tensor qc = Tensor::wrap(q.data_ptr(), d.q(), f, Device::cuda(0)),
+         kc = Tensor::wrap(k.data_ptr(), d.kv(), f, Device::cuda(0)),
+         vc = Tensor::wrap(v.data_ptr(), d.kv(), f, Device::cuda(0)),
+         oc = Tensor::wrap(out.data_ptr(), d.q(), f, Device::cuda(0));
   expect_error([&] { ops::attention_forward(oc, lse_cuda, qc, kc, vc); }, {fw, "cuda"});
   // Overlapping outputs and inputs.
   expect_error([&] { ops::attention_forward(q, lse, q, k, v); }, {fw, "'out'", "'q'"});

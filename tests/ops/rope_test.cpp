@@ -1,6 +1,8 @@
 // Tests of rotary position embedding (ops/rope.h) against float64 references:
 // frequencies (Llama 3 scaling written independently here), the cos/sin
 // table, the rotation and its gradient.
+#include "ops/rope.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "ops/rope.h"
 #include "test_util.h"
 
 namespace zt {
@@ -138,8 +139,12 @@ TEST(Rope, FrequencyLlama3Scaling) {
     EXPECT_NEAR(got, want, 1e-13 * want) << "pair " << i;
     const double unscaled = ops::rope_frequency(i, D, theta, RopeScaling{});
     switch (band) {
-      case Band::high: EXPECT_EQ(got, unscaled) << "pair " << i; break;
-      case Band::low: EXPECT_NEAR(got, unscaled / 8.0, 1e-15 * unscaled) << "pair " << i; break;
+      case Band::high:
+        EXPECT_EQ(got, unscaled) << "pair " << i;
+        break;
+      case Band::low:
+        EXPECT_NEAR(got, unscaled / 8.0, 1e-15 * unscaled) << "pair " << i;
+        break;
       case Band::smooth:
         EXPECT_GT(got, unscaled / 8.0) << "pair " << i;
         EXPECT_LT(got, unscaled) << "pair " << i;

@@ -43,20 +43,20 @@
 //   count (which picks the schedule).
 #include "backend/cpu/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
-#include <omp.h>
-
 #include "backend/cpu/scratch.h"
 
 namespace zt::cpu {
 namespace {
 
-constexpr int64_t kTile = 64;  // rows of a query tile and of a key tile
+constexpr int64_t kTile = 64;   // rows of a query tile and of a key tile
 constexpr int64_t kLanes = 16;  // floats per vector
 
 using vf = float __attribute__((vector_size(64)));
@@ -82,7 +82,7 @@ inline vf vexp(vf x) {
   const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   vf n = x * 1.44269504088896341f + magic;
   n = n - magic;
-  vf r = x - n * 0.693359375f;  // ln2_hi (9 significant bits)
+  vf r = x - n * 0.693359375f;          // ln2_hi (9 significant bits)
   r = r + n * 2.12194440054690583e-4f;  // -ln2_lo
   vf p = vsplat(1.0f / 5040.0f);
   p = p * r + 1.0f / 720.0f;
@@ -107,10 +107,9 @@ inline vf vexp(vf x) {
 enum class Update { kSet, kAdd, kScaleAdd };
 
 template <int MR, int NV, Update U>
-inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* __restrict A, int64_t rs,
-                                                        int64_t cs, const float* __restrict B, int64_t ldb,
-                                                        float* __restrict C, int64_t ldc,
-                                                        const float* __restrict row_scale) {
+inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* __restrict A, int64_t rs, int64_t cs,
+                                                        const float* __restrict B, int64_t ldb, float* __restrict C,
+                                                        int64_t ldc, const float* __restrict row_scale) {
   vf c[MR][NV];
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NV; ++v) {
@@ -161,8 +160,8 @@ inline __attribute__((always_inline)) void micro_kernel_band(int64_t m, int64_t 
 
 // The last M % MR rows, from row m (R counts down to 1).
 template <int R, int NV, Update U, Band W>
-void gemm_tail(int64_t rem, int64_t m, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B,
-               int64_t ldb, float* C, int64_t ldc, const float* row_scale) {
+void gemm_tail(int64_t rem, int64_t m, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
+               float* C, int64_t ldc, const float* row_scale) {
   if constexpr (R > 0) {
     if (rem == R) {
       micro_kernel_band<R, NV, U, W>(m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
@@ -173,8 +172,8 @@ void gemm_tail(int64_t rem, int64_t m, int64_t K, const float* A, int64_t rs, in
 }
 
 template <int NV, Update U, Band W>
-void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
-                float* C, int64_t ldc, const float* row_scale) {
+void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb, float* C,
+                int64_t ldc, const float* row_scale) {
   constexpr int MR = kRows<NV>;
   int64_t m = 0;
   for (; m + MR <= M; m += MR) micro_kernel_band<MR, NV, U, W>(m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
@@ -186,10 +185,18 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t rs, int64_t c
           float* C, int64_t ldc, const float* row_scale = nullptr) {
   for (int64_t n = 0; n < N; n += 4 * kLanes) {
     switch (std::min<int64_t>(4, (N - n) / kLanes)) {
-      case 4: gemm_panel<4, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
-      case 3: gemm_panel<3, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
-      case 2: gemm_panel<2, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
-      default: gemm_panel<1, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale); break;
+      case 4:
+        gemm_panel<4, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+      case 3:
+        gemm_panel<3, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+      case 2:
+        gemm_panel<2, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+      default:
+        gemm_panel<1, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
     }
   }
 }
@@ -202,8 +209,10 @@ constexpr std::array<int32_t, kLanes> swap_mask() {
   std::array<int32_t, kLanes> m{};
   for (int l = 0; l < int(kLanes); ++l) {
     // Lanes 0..15 pick from the upper row a, 16..31 from the lower row b.
-    if (!kHigh) m[size_t(l)] = (l & W) ? int32_t(kLanes) + l - W : l;
-    else m[size_t(l)] = (l & W) ? int32_t(kLanes) + l : l + W;
+    if (!kHigh)
+      m[size_t(l)] = (l & W) ? int32_t(kLanes) + l - W : l;
+    else
+      m[size_t(l)] = (l & W) ? int32_t(kLanes) + l : l + W;
   }
   return m;
 }
@@ -211,8 +220,8 @@ constexpr std::array<int32_t, kLanes> swap_mask() {
 template <int W, bool kHigh>
 inline vf swap_blocks(vf a, vf b) {
   constexpr std::array<int32_t, kLanes> m = swap_mask<W, kHigh>();
-  return __builtin_shuffle(a, b, vi{m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11],
-                                    m[12], m[13], m[14], m[15]});
+  return __builtin_shuffle(
+      a, b, vi{m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]});
 }
 
 template <int W>
