@@ -248,6 +248,7 @@ TEST(Attention, F32MatchesReference) {
       {1, 130, 3, 3, 32},  // three tiles, the last of 2 rows
       {1, 128, 2, 1, 17},  // exact tile multiple, odd D
       {1, 64, 1, 1, 80},   // D > 64: two column panels
+      {1, 70, 4, 2, 128},  // D = 128 read in place: two full column panels
   };
   uint64_t salt = 10;
   for (const Dims& d : shapes) check_case(d, DType::f32, 0.0f, salt++);
