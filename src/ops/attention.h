@@ -6,8 +6,10 @@
 //   query head h attends with kv head h / (Hq / Hkv)
 //   out: (B, T, Hq, D)
 //   lse: (B, Hq, T) f32: logsumexp over keys s <= t of scale * q_t . k_s
-//   scale: 1/sqrt(D) when scale <= 0
+//   scale: 1/sqrt(D) when scale <= 0 (must be finite)
 // Dtypes: q, k, v, out (and the grads) all f32 or all bf16; math in f32.
+// Aliasing: no output may overlap an input or another output.
+// Deterministic: results do not depend on the number of threads.
 #pragma once
 
 #include "core/tensor.h"

@@ -25,9 +25,10 @@ double rope_frequency(int64_t i, int64_t head_dim, double theta, const RopeScali
 void rope_table(const Tensor& table, int64_t head_dim, double theta, const RopeScaling& scaling);
 
 // x, y: (B, T, H, D), f32 or bf16; position of token t is t + pos_offset
-// (pos_offset + T <= T_max). y may alias x.
+// (pos_offset + T <= T_max). y may alias x (be the same tensor, in place;
+// a partial overlap is an error).
 void rope_forward(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset = 0);
-// The inverse rotation applied to the gradient; dx may alias dy.
+// The inverse rotation applied to the gradient; dx may alias dy (same rule).
 void rope_backward(const Tensor& dx, const Tensor& dy, const Tensor& table, int64_t pos_offset = 0);
 
 }  // namespace zt::ops

@@ -1,0 +1,633 @@
+// Causal grouped-query attention on the CPU, FlashAttention-2 style.
+//
+// Math, per batch b and query head h (kv head g = h / (Hq / Hkv)), with
+// S_ts = scale * q_t . k_s for keys s <= t (the causal mask):
+//   forward:  lse_t = log sum_{s<=t} exp(S_ts)      P_ts = exp(S_ts - lse_t)
+//             out_t = sum_s P_ts v_s
+//   backward: D_t   = dout_t . out_t
+//             dP_ts = dout_t . v_s                  dS_ts = P_ts (dP_ts - D_t)
+//             dq_t  = scale sum_s dS_ts k_s
+//             dk_s  = scale sum_{h in group g} sum_t dS_ts q_t
+//             dv_s  =       sum_{h in group g} sum_t P_ts dout_t
+//
+// Tiling: queries and keys are cut into tiles of kTile rows. Nothing T x T is
+// ever stored: the forward keeps, per query tile, a running max m, running sum
+// l and an unnormalised accumulator O, updated key tile by key tile (online
+// softmax: m' = max(m, rowmax S), O = exp(m - m') O + exp(S - m') V); the
+// backward recomputes P from lse. Score tiles are kept transposed (keys down,
+// queries across), S^T = K Q^T, so the softmax reductions over keys are
+// vertical and run along vectors of queries.
+//
+// Every tile product is C (+)= A B with B's rows contiguous and padded to a
+// multiple of 16 floats, computed by a register-blocked micro-kernel (MR rows
+// x up to 64 columns of accumulators, A broadcast element by element, so A
+// may be read transposed through its strides). On AVX-512 this runs near the
+// FMA peak for 64-wide tiles, well above single-threaded sgemm calls on
+// tiles that small. bf16 inputs are widened to f32 into contiguous scratch;
+// outputs are rounded once.
+//
+// Parallelism:
+//   forward:  one task per (query tile, batch, query head), heaviest (last)
+//             query tiles first, dynamic schedule.
+//   backward, fused schedule: one task per (batch, kv head): it owns dk and
+//             dv of that kv head and dq of its query heads, so no two threads
+//             write the same rows and every sum runs in a fixed order. Per
+//             task (O(T) scratch): K, V, dK, dV of the kv head; Q, Q^T, dout,
+//             dout^T, dQ of one query head. 5 tile products per tile pair.
+//   backward, split schedule (when B * Hkv tasks would leave threads idle):
+//             pass 1, one task per (batch, kv head, key tile) for dk, dv;
+//             pass 2, one task per (batch, query head, query tile) for dq,
+//             recomputing P and dS (7 tile products per tile pair).
+//   Both schedules run the same tile steps in the same order for each output
+//   row, so they agree to the bit: the result does not depend on the thread
+//   count (which picks the schedule).
+#include "backend/cpu/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cpu/scratch.h"
+
+namespace zt::cpu {
+namespace {
+
+constexpr int64_t kTile = 64;   // rows of a query tile and of a key tile
+constexpr int64_t kLanes = 16;  // floats per vector
+
+using vf = float __attribute__((vector_size(64)));
+using vi = int32_t __attribute__((vector_size(64)));
+using vf_unaligned = float __attribute__((vector_size(64), aligned(4), may_alias));
+
+inline vf vload(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+inline void vstore(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
+inline vf vsplat(float x) { return vf{} + x; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// exp(x) per lane, relative error ~1e-7 (a few ulp). x < -87.3 (including -inf)
+// gives exactly 0; x is clamped to <= 88. exp(x) = 2^n exp(r), n = round(x /
+// ln 2), r = x - n ln 2 (ln 2 split in two so n ln2_hi is exact), exp(r) by
+// its Taylor series to r^7 (|r| <= 0.347: truncation error < 6e-9).
+inline vf vexp(vf x) {
+  const vf lo = vsplat(-87.33654f), hi = vsplat(88.0f);
+  const vi underflow = x < lo;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf n = x * 1.44269504088896341f + magic;
+  n = n - magic;
+  vf r = x - n * 0.693359375f;          // ln2_hi (9 significant bits)
+  r = r + n * 2.12194440054690583e-4f;  // -ln2_lo
+  vf p = vsplat(1.0f / 5040.0f);
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  const vf result = p * __builtin_bit_cast(vf, bits);
+  return underflow ? vf{} : result;
+}
+
+// ---------------------------------------------------------------------------
+// Tile products: C[M x N] = A[M x K] B[K x N]            (kSet)
+//                C[M x N] += A B                         (kAdd)
+//                C[M x N] = diag(row_scale) C + A B      (kScaleAdd)
+// with A(m, k) = A[m*rs + k*cs], B rows contiguous (ldb), N a multiple of 16;
+// C must not overlap A or B.
+
+enum class Update { kSet, kAdd, kScaleAdd };
+
+template <int MR, int NV, Update U>
+inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* __restrict A, int64_t rs, int64_t cs,
+                                                        const float* __restrict B, int64_t ldb, float* __restrict C,
+                                                        int64_t ldc, const float* __restrict row_scale) {
+  vf c[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (U == Update::kSet) {
+        c[r][v] = vf{};
+      } else if constexpr (U == Update::kAdd) {
+        c[r][v] = vload(C + r * ldc + v * kLanes);
+      } else {
+        c[r][v] = vload(C + r * ldc + v * kLanes) * row_scale[r];
+      }
+    }
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const vf a = vsplat(A[r * rs + k * cs]);
+      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * kLanes, c[r][v]);
+}
+
+// Rows of one micro-kernel call for NV vectors of columns: 24 accumulators
+// for NV = 3, 4 (plus NV loads and one broadcast: within 32 registers).
+template <int NV>
+constexpr int kRows = NV >= 3 ? 6 : 8;
+
+// Which k of a row block contribute on a diagonal tile, where row m and
+// column k index the same positions (the terms outside are exactly zero, so
+// skipping them leaves the sums unchanged):
+//   kAll:  every k
+//   kUpTo: k <= m   (rows are queries, k keys: P V, dS K)
+//   kFrom: k >= m   (rows are keys, k queries: P^T dO, dS^T Q)
+enum class Band { kAll, kUpTo, kFrom };
+
+template <int R, int NV, Update U, Band W>
+inline __attribute__((always_inline)) void micro_kernel_band(int64_t m, int64_t K, const float* A, int64_t rs,
+                                                             int64_t cs, const float* B, int64_t ldb, float* C,
+                                                             int64_t ldc, const float* row_scale) {
+  int64_t k0 = 0, k1 = K;
+  if constexpr (W == Band::kUpTo) k1 = std::min(K, m + R);
+  if constexpr (W == Band::kFrom) k0 = std::min(K, m);
+  micro_kernel<R, NV, U>(k1 - k0, A + m * rs + k0 * cs, rs, cs, B + k0 * ldb, ldb, C + m * ldc, ldc,
+                         row_scale ? row_scale + m : nullptr);
+}
+
+// The last M % MR rows, from row m (R counts down to 1).
+template <int R, int NV, Update U, Band W>
+void gemm_tail(int64_t rem, int64_t m, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
+               float* C, int64_t ldc, const float* row_scale) {
+  if constexpr (R > 0) {
+    if (rem == R) {
+      micro_kernel_band<R, NV, U, W>(m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
+    } else {
+      gemm_tail<R - 1, NV, U, W>(rem, m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
+    }
+  }
+}
+
+template <int NV, Update U, Band W>
+void gemm_panel(int64_t M, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb, float* C,
+                int64_t ldc, const float* row_scale) {
+  constexpr int MR = kRows<NV>;
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) micro_kernel_band<MR, NV, U, W>(m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
+  gemm_tail<MR - 1, NV, U, W>(M - m, m, K, A, rs, cs, B, ldb, C, ldc, row_scale);
+}
+
+template <Update U, Band W = Band::kAll>
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t rs, int64_t cs, const float* B, int64_t ldb,
+          float* C, int64_t ldc, const float* row_scale = nullptr) {
+  for (int64_t n = 0; n < N; n += 4 * kLanes) {
+    switch (std::min<int64_t>(4, (N - n) / kLanes)) {
+      case 4:
+        gemm_panel<4, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+      case 3:
+        gemm_panel<3, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+      case 2:
+        gemm_panel<2, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+      default:
+        gemm_panel<1, U, W>(M, K, A, rs, cs, B + n, ldb, C + n, ldc, row_scale);
+        break;
+    }
+  }
+}
+
+// In-register transpose of a 16 x 16 block held as 16 row vectors: at each
+// level W (8, 4, 2, 1) rows r and r + W (r & W == 0) swap their off-diagonal
+// W x W blocks; after all four levels x[c][r] holds the old x[r][c].
+template <int W, bool kHigh>
+constexpr std::array<int32_t, kLanes> swap_mask() {
+  std::array<int32_t, kLanes> m{};
+  for (int l = 0; l < int(kLanes); ++l) {
+    // Lanes 0..15 pick from the upper row a, 16..31 from the lower row b.
+    if (!kHigh)
+      m[size_t(l)] = (l & W) ? int32_t(kLanes) + l - W : l;
+    else
+      m[size_t(l)] = (l & W) ? int32_t(kLanes) + l : l + W;
+  }
+  return m;
+}
+
+template <int W, bool kHigh>
+inline vf swap_blocks(vf a, vf b) {
+  constexpr std::array<int32_t, kLanes> m = swap_mask<W, kHigh>();
+  return __builtin_shuffle(
+      a, b, vi{m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]});
+}
+
+template <int W>
+inline void transpose_level(vf* x) {
+  for (int r = 0; r < int(kLanes); ++r) {
+    if (r & W) continue;
+    const vf a = x[r], b = x[r + W];
+    x[r] = swap_blocks<W, false>(a, b);
+    x[r + W] = swap_blocks<W, true>(a, b);
+  }
+}
+
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (both multiples of 16).
+void transpose(const float* __restrict src, int64_t lds, float* __restrict dst, int64_t ldd, int64_t rows,
+               int64_t cols) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      vf x[kLanes];
+      for (int r = 0; r < int(kLanes); ++r) x[r] = vload(src + (r0 + r) * lds + c0);
+      transpose_level<8>(x);
+      transpose_level<4>(x);
+      transpose_level<2>(x);
+      transpose_level<1>(x);
+      for (int c = 0; c < int(kLanes); ++c) vstore(dst + (c0 + c) * ldd + r0, x[c]);
+    }
+  }
+}
+
+// dst[0..n) = scale * src[0..n) widened to f32; dst[n..n_pad) = 0.
+template <typename T>
+inline void widen_row(float* __restrict dst, const T* __restrict src, int64_t n, int64_t n_pad, float scale = 1.0f) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * scale;
+  for (int64_t i = n; i < n_pad; ++i) dst[i] = 0.0f;
+}
+
+template <typename T>
+inline void narrow_row(T* __restrict dst, const float* __restrict src, int64_t n, float scale) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_float<T>(src[i] * scale);
+}
+
+// ---------------------------------------------------------------------------
+
+template <typename T>
+void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                  float scale) {
+  const int64_t B = q.size(0), T_ = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
+  if (B == 0 || T_ == 0 || Hq == 0) return;
+  const int64_t G = Hq / Hkv, Dp = round_up(D, kLanes), nt = (T_ + kTile - 1) / kTile;
+  const T* qp = q.data<T>();
+  const T* kp = k.data<T>();
+  const T* vp = v.data<T>();
+  T* op = out.data<T>();
+  float* lp = lse.data<float>();
+  // f32 with whole vectors per row: K and V tiles are read in place.
+  const bool in_place_kv = std::is_same_v<T, float> && D % kLanes == 0;
+
+  // Per-thread scratch: Q tile (kTile, Dp) and its transpose QT (Dp, kTile),
+  // K tile (kTile, D), V tile (kTile, Dp), S^T / P^T tile (kTile, kTile),
+  // O (kTile, Dp), m, l, alpha (kTile each).
+  const size_t n_qt = size_t(Dp * kTile), n_kt = size_t(kTile * D), n_vt = size_t(kTile * Dp),
+               n_st = size_t(kTile * kTile), n_o = size_t(kTile * Dp);
+  const size_t total = 2 * n_qt + n_kt + n_vt + n_st + n_o + 3 * kTile;
+  const int64_t ntasks = nt * B * Hq;
+
+#pragma omp parallel
+  {
+    float* Qt = thread_scratch(total, 0);
+    float* QT = Qt + n_qt;
+    float* Kt = QT + n_qt;
+    float* Vt = Kt + n_kt;
+    float* ST = Vt + n_vt;
+    float* O = ST + n_st;
+    float* m = O + n_o;
+    float* l = m + kTile;
+    float* alpha = l + kTile;
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntasks; ++task) {
+      const int64_t qi = nt - 1 - task / (B * Hq);  // heaviest tiles first
+      const int64_t bh = task % (B * Hq), b = bh / Hq, h = bh % Hq, g = h / G;
+      const int64_t i0 = qi * kTile, nq = std::min(kTile, T_ - i0), ncol = round_up(nq, kLanes);
+
+      // QT[d][i] = scale * q[b, i0 + i, h, d]; columns nq..ncol zero.
+      for (int64_t i = 0; i < nq; ++i) widen_row(Qt + i * Dp, qp + ((b * T_ + i0 + i) * Hq + h) * D, D, Dp, scale);
+      std::fill(Qt + nq * Dp, Qt + ncol * Dp, 0.0f);
+      transpose(Qt, Dp, QT, kTile, ncol, Dp);
+      for (int64_t i = 0; i < kTile; ++i) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+      }
+
+      for (int64_t j = 0; j <= qi; ++j) {
+        const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
+        const T* ksrc = kp + ((b * T_ + j0) * Hkv + g) * D;  // row s at + s * Hkv * D
+        const T* vsrc = vp + ((b * T_ + j0) * Hkv + g) * D;
+        const float* Kb = Kt;
+        const float* Vb = Vt;
+        int64_t k_rs = D, v_rs = Dp;
+        if (in_place_kv) {
+          Kb = reinterpret_cast<const float*>(ksrc);
+          Vb = reinterpret_cast<const float*>(vsrc);
+          k_rs = v_rs = Hkv * D;
+        } else {
+          for (int64_t s = 0; s < nk; ++s) {
+            widen_row(Kt + s * D, ksrc + s * Hkv * D, D, D);
+            widen_row(Vt + s * Dp, vsrc + s * Hkv * D, D, Dp);
+          }
+        }
+
+        // S^T (nk, ncol) = K_j Q_i^T (already scaled).
+        gemm<Update::kSet>(nk, ncol, D, Kb, k_rs, 1, QT, kTile, ST, kTile);
+        if (j == qi) {  // diagonal tile (same start): key s > query i is masked
+          for (int64_t s = 1; s < nk; ++s)
+            for (int64_t i = 0; i < s; ++i) ST[s * kTile + i] = -INFINITY;
+        }
+        // Online softmax, vertical over keys, 16 queries at a time.
+        for (int64_t c = 0; c < ncol; c += kLanes) {
+          const vf m_old = vload(m + c);
+          vf m_new = m_old;
+          for (int64_t s = 0; s < nk; ++s) m_new = vmax(m_new, vload(ST + s * kTile + c));
+          vf sum = vf{};
+          for (int64_t s = 0; s < nk; ++s) {
+            const vf p = vexp(vload(ST + s * kTile + c) - m_new);
+            vstore(ST + s * kTile + c, p);
+            sum += p;
+          }
+          const vf a = vexp(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+          vstore(alpha + c, a);
+          vstore(l + c, a * vload(l + c) + sum);
+          vstore(m + c, m_new);
+        }
+        // O (nq, Dp) = diag(alpha) O + P V_j, P(i, s) = P^T[s][i]; on the
+        // diagonal tile only keys s <= i contribute.
+        if (j == 0 && j == qi) {
+          gemm<Update::kSet, Band::kUpTo>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
+        } else if (j == 0) {
+          gemm<Update::kSet>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
+        } else if (j == qi) {
+          gemm<Update::kScaleAdd, Band::kUpTo>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
+        } else {
+          gemm<Update::kScaleAdd>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
+        }
+      }
+
+      for (int64_t i = 0; i < nq; ++i) {
+        narrow_row(op + ((b * T_ + i0 + i) * Hq + h) * D, O + i * Dp, D, 1.0f / l[i]);
+        lp[(b * Hq + h) * T_ + i0 + i] = m[i] + std::log(l[i]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward.
+
+// Inputs and outputs of one backward call, and its per-thread f32 workspace
+// (rows indexed by absolute position t, so every schedule addresses a tile
+// the same way):
+//   kv head:    K, V, dK, dV             (Tp, Dp) each
+//   query head: Q (scaled), dO, dQ       (Tp, Dp) each
+//               Q^T (scaled), dO^T       (Dp, Tp) each
+//               lse, D_t                 (Tp) each
+//   tiles:      S^T -> P^T, dP^T -> dS^T (kTile, kTile) each
+template <typename T>
+struct Backward {
+  const T *q, *k, *v, *out, *dout;
+  const float* lse;
+  T *dq, *dk, *dv;
+  int64_t B, T_, Hq, Hkv, D, G, Dp, nt, Tp;
+  float scale;
+
+  size_t workspace_floats() const {
+    return 7 * size_t(Tp * Dp) + 2 * size_t(Dp * Tp) + 2 * size_t(Tp) + 2 * size_t(kTile * kTile);
+  }
+
+  struct Work {
+    float *K, *V, *dK, *dV, *Q, *dO, *dQ, *QT, *dOT, *L, *Dt, *ST, *dPT;
+  };
+  Work carve(float* p) const {
+    Work w;
+    const size_t row = size_t(Tp * Dp), col = size_t(Dp * Tp), tile = size_t(kTile * kTile);
+    for (float** f : {&w.K, &w.V, &w.dK, &w.dV, &w.Q, &w.dO, &w.dQ}) {
+      *f = p;
+      p += row;
+    }
+    w.QT = p;
+    w.dOT = p + col;
+    w.L = p + 2 * col;
+    w.Dt = w.L + Tp;
+    w.ST = w.Dt + Tp;
+    w.dPT = w.ST + tile;
+    return w;
+  }
+
+  // Widen rows [t0, t1) of kv head (b, g) into K, V.
+  void load_kv(const Work& w, int64_t b, int64_t g, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t off = ((b * T_ + t) * Hkv + g) * D;
+      widen_row(w.K + t * Dp, k + off, D, Dp);
+      widen_row(w.V + t * Dp, v + off, D, Dp);
+    }
+  }
+
+  // Widen rows [t0, t1) of query head (b, h) (t0 a tile start): Q (scaled),
+  // dO, lse, D_t = dO . out, and the transposes of Q and dO. Rows T..Tp are
+  // zero when t1 = T (they feed only score columns that are never used).
+  void load_q(const Work& w, int64_t b, int64_t h, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t off = ((b * T_ + t) * Hq + h) * D;
+      widen_row(w.Q + t * Dp, q + off, D, Dp, scale);
+      widen_row(w.dO + t * Dp, dout + off, D, Dp);
+      const float* g = w.dO + t * Dp;
+      const T* o = out + off;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += g[d] * to_float(o[d]);
+      w.Dt[t] = dot;
+      w.L[t] = lse[(b * Hq + h) * T_ + t];
+    }
+    int64_t t_end = t1;
+    if (t1 == T_) {
+      std::fill(w.Q + T_ * Dp, w.Q + Tp * Dp, 0.0f);
+      std::fill(w.dO + T_ * Dp, w.dO + Tp * Dp, 0.0f);
+      std::fill(w.L + T_, w.L + Tp, 0.0f);
+      std::fill(w.Dt + T_, w.Dt + Tp, 0.0f);
+      t_end = Tp;
+    }
+    transpose(w.Q + t0 * Dp, Dp, w.QT + t0, Tp, t_end - t0, Dp);
+    transpose(w.dO + t0 * Dp, Dp, w.dOT + t0, Tp, t_end - t0, Dp);
+  }
+
+  // Query tile i against key tile j (j <= i) of the loaded heads:
+  //   S^T = K_j Q_i^T, P^T = exp(S^T - lse), dP^T = V_j dO_i^T, dS^T = P^T (dP^T - D)
+  //   kDKV: dV_j += P^T dO_i, dK_j += dS^T Q_i     kDQ: dQ_i += dS K_j
+  // Every schedule runs the same calls in the same order per output tile, so
+  // the results agree to the bit.
+  template <bool kDQ, bool kDKV>
+  void tile_step(const Work& w, int64_t i, int64_t j) const {
+    const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
+    const int64_t i0 = i * kTile, nq = std::min(kTile, T_ - i0), ncol = round_up(nq, kLanes);
+    const float* Kj = w.K + j0 * Dp;
+    gemm<Update::kSet>(nk, ncol, D, Kj, Dp, 1, w.QT + i0, Tp, w.ST, kTile);
+    gemm<Update::kSet>(nk, ncol, D, w.V + j0 * Dp, Dp, 1, w.dOT + i0, Tp, w.dPT, kTile);
+    for (int64_t s = 0; s < nk; ++s) {
+      for (int64_t c = 0; c < ncol; c += kLanes) {
+        vf p = vexp(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
+        if (i == j) {  // diagonal tile: key s > query c + lane is masked
+          vi col = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+          col += int32_t(c);
+          p = col < (vi{} + int32_t(s)) ? vf{} : p;
+        }
+        vstore(w.ST + s * kTile + c, p);
+        vstore(w.dPT + s * kTile + c, p * (vload(w.dPT + s * kTile + c) - vload(w.Dt + i0 + c)));
+      }
+    }
+    // On the diagonal tile only pairs with key s <= query i contribute.
+    if constexpr (kDKV) {
+      if (i == j) {
+        gemm<Update::kAdd, Band::kFrom>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
+        gemm<Update::kAdd, Band::kFrom>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+      } else {
+        gemm<Update::kAdd>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
+        gemm<Update::kAdd>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
+      }
+    }
+    if constexpr (kDQ) {
+      if (i == j) {
+        gemm<Update::kAdd, Band::kUpTo>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+      } else {
+        gemm<Update::kAdd>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
+      }
+    }
+  }
+
+  void store_dq(const Work& w, int64_t b, int64_t h, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) narrow_row(dq + ((b * T_ + t) * Hq + h) * D, w.dQ + t * Dp, D, scale);
+  }
+  void store_dkv(const Work& w, int64_t b, int64_t g, int64_t t0, int64_t t1) const {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t off = ((b * T_ + t) * Hkv + g) * D;
+      narrow_row(dk + off, w.dK + t * Dp, D, 1.0f);
+      narrow_row(dv + off, w.dV + t * Dp, D, 1.0f);
+    }
+  }
+
+  // Fused: one task per (b, kv head) computes its dk, dv and the dq of its
+  // query heads (5 tile products per tile pair).
+  void run_fused() const {
+#pragma omp parallel
+    {
+      const Work w = carve(thread_scratch(workspace_floats(), 0));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < B * Hkv; ++task) {
+        const int64_t b = task / Hkv, g = task % Hkv;
+        load_kv(w, b, g, 0, T_);
+        std::fill(w.dK, w.dK + T_ * Dp, 0.0f);
+        std::fill(w.dV, w.dV + T_ * Dp, 0.0f);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+          load_q(w, b, h, 0, T_);
+          std::fill(w.dQ, w.dQ + T_ * Dp, 0.0f);
+          for (int64_t j = 0; j < nt; ++j)
+            for (int64_t i = j; i < nt; ++i) tile_step<true, true>(w, i, j);
+          store_dq(w, b, h, 0, T_);
+        }
+        store_dkv(w, b, g, 0, T_);
+      }
+    }
+  }
+
+  // Split: pass 1, one task per (b, kv head, key tile j) for dk, dv; pass 2,
+  // one task per (b, query head, query tile i) for dq (recomputing S, P, dP:
+  // 7 tile products per tile pair instead of 5, but nt times the tasks).
+  void run_split() const {
+#pragma omp parallel
+    {
+      const Work w = carve(thread_scratch(workspace_floats(), 0));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < nt * B * Hkv; ++task) {
+        const int64_t j = task / (B * Hkv);  // heaviest (first) key tiles first
+        const int64_t b = task % (B * Hkv) / Hkv, g = task % Hkv;
+        const int64_t j0 = j * kTile, j1 = std::min(T_, j0 + kTile);
+        load_kv(w, b, g, j0, j1);
+        std::fill(w.dK + j0 * Dp, w.dK + j1 * Dp, 0.0f);
+        std::fill(w.dV + j0 * Dp, w.dV + j1 * Dp, 0.0f);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+          load_q(w, b, h, j0, T_);
+          for (int64_t i = j; i < nt; ++i) tile_step<false, true>(w, i, j);
+        }
+        store_dkv(w, b, g, j0, j1);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < nt * B * Hq; ++task) {
+        const int64_t i = nt - 1 - task / (B * Hq);  // heaviest (last) query tiles first
+        const int64_t b = task % (B * Hq) / Hq, h = task % Hq;
+        const int64_t i0 = i * kTile, i1 = std::min(T_, i0 + kTile);
+        load_kv(w, b, h / G, 0, i1);
+        load_q(w, b, h, i0, i1);
+        std::fill(w.dQ + i0 * Dp, w.dQ + i1 * Dp, 0.0f);
+        for (int64_t j = 0; j <= i; ++j) tile_step<true, false>(w, i, j);
+        store_dq(w, b, h, i0, i1);
+      }
+    }
+  }
+};
+
+template <typename T>
+void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                   BackwardSchedule schedule) {
+  Backward<T> a;
+  a.q = q.data<T>();
+  a.k = k.data<T>();
+  a.v = v.data<T>();
+  a.out = out.data<T>();
+  a.dout = dout.data<T>();
+  a.lse = lse.data<float>();
+  a.dq = dq.data<T>();
+  a.dk = dk.data<T>();
+  a.dv = dv.data<T>();
+  a.B = q.size(0);
+  a.T_ = q.size(1);
+  a.Hq = q.size(2);
+  a.Hkv = k.size(2);
+  a.D = q.size(3);
+  if (a.B == 0 || a.T_ == 0) return;
+  a.G = a.Hq / a.Hkv;
+  a.Dp = round_up(a.D, kLanes);
+  a.nt = (a.T_ + kTile - 1) / kTile;
+  a.Tp = a.nt * kTile;
+  a.scale = scale;
+  if (schedule == BackwardSchedule::automatic) {
+    // Fused unless its B * Hkv equal tasks would leave over a quarter of the
+    // threads idle and there is more than one key tile to split over.
+    const int64_t threads = omp_get_max_threads(), tasks = a.B * a.Hkv;
+    const int64_t rounds = (tasks + threads - 1) / threads;
+    const bool busy = 4 * tasks >= 3 * rounds * threads;
+    schedule = busy || a.nt == 1 ? BackwardSchedule::fused : BackwardSchedule::split;
+  }
+  if (schedule == BackwardSchedule::split) {
+    a.run_split();
+  } else {
+    a.run_fused();
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale) {
+  if (q.dtype() == DType::bf16) {
+    forward_impl<bf16>(out, lse, q, k, v, scale);
+  } else {
+    forward_impl<float>(out, lse, q, k, v, scale);
+  }
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                        BackwardSchedule schedule) {
+  if (q.dtype() == DType::bf16) {
+    backward_impl<bf16>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
+  } else {
+    backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
+  }
+}
+
+}  // namespace zt::cpu

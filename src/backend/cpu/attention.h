@@ -1,0 +1,31 @@
+// CPU kernels of causal grouped-query attention (see ops/attention.h for the
+// contract). Arguments are validated by zt::ops; `scale` is already resolved
+// (> 0).
+//
+//   q, dq, out, dout: (B, T, Hq, D)   k, v, dk, dv: (B, T, Hkv, D)   lse: (B, Hq, T) f32
+//   All of q, k, v, out, dout, dq, dk, dv share one dtype: f32 or bf16.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace zt::cpu {
+
+// out = softmax(scale q k^T + causal mask) v per (batch, query head);
+// lse = logsumexp of the masked scaled scores.
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale);
+
+// How the backward is split into parallel tasks. `fused`: one task per
+// (batch, kv head), 5 tile products per (query tile, key tile) pair. `split`:
+// dk/dv per (batch, kv head, key tile), then dq per (batch, query head, query
+// tile), 7 products per pair but more tasks. `automatic` picks split when
+// B * Hkv tasks would leave threads idle. All give bit-identical results.
+enum class BackwardSchedule { automatic, fused, split };
+
+// dq, dk, dv overwritten. Deterministic: the result does not depend on the
+// number of OpenMP threads or the schedule.
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                        BackwardSchedule schedule = BackwardSchedule::automatic);
+
+}  // namespace zt::cpu

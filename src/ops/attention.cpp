@@ -1,0 +1,113 @@
+// Causal grouped-query attention: argument validation and device dispatch.
+// The math (forward, and the gradient rule of the backward) is in
+// backend/cpu/attention.cpp; the contract in ops/attention.h.
+#include "ops/attention.h"
+
+#include <cmath>
+
+#include "backend/cpu/attention.h"
+#include "ops/check.h"
+
+namespace zt::ops {
+namespace {
+
+void check_no_overlap(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
+  ZT_CHECK(!a.overlaps(b), op, ": '", name_a, "' overlaps '", name_b, "'; pass separate buffers");
+}
+
+struct Dims {
+  int64_t B, T, Hq, Hkv, D;
+};
+
+// Checks q, k, v (and returns their dims): q (B, T, Hq, D), k = v (B, T, Hkv, D),
+// Hq % Hkv == 0, one float dtype (f32 or bf16) and one device.
+Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_ndim(op, "q", q, 4);
+  check_ndim(op, "k", k, 4);
+  check_ndim(op, "v", v, 4);
+  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  ZT_CHECK(d.D > 0, op, ": 'q' has shape ", q.shape().str(), "; the head dim (last) must be positive");
+  check_shape(op, "k", k, Shape{d.B, d.T, d.Hkv, d.D});
+  check_shape(op, "v", v, k.shape());
+  ZT_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, op, ": 'q' has ", d.Hq, " heads but 'k' and 'v' have ", d.Hkv,
+           "; the query heads must be a positive multiple of the kv heads (q ", q.shape().str(), ", k ",
+           k.shape().str(), ")");
+  check_dtype(op, "q", q, {DType::f32, DType::bf16});
+  check_same_dtype(op, "k", k, "q", q);
+  check_same_dtype(op, "v", v, "q", q);
+  return d;
+}
+
+float resolve_scale(const char* op, float scale, int64_t D) {
+  ZT_CHECK(!std::isnan(scale) && std::isfinite(scale), op, ": 'scale' is ", scale,
+           "; pass a finite value (<= 0 selects 1/sqrt(D))");
+  return scale > 0.0f ? scale : float(1.0 / std::sqrt(double(D)));
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale) {
+  const char* op = "attention_forward";
+  const Dims d = check_qkv(op, q, k, v);
+  check_shape(op, "out", out, q.shape());
+  check_same_dtype(op, "out", out, "q", q);
+  check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
+  check_dtype(op, "lse", lse, {DType::f32});
+  check_device(op, q.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  for (auto& [name, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    check_no_overlap(op, "out", out, name, *t);
+    check_no_overlap(op, "lse", lse, name, *t);
+  }
+  check_no_overlap(op, "out", out, "lse", lse);
+  const float s = resolve_scale(op, scale, d.D);
+  if (q.device().is_cpu()) {
+    cpu::attention_forward(out, lse, q, k, v, s);
+  } else {
+    no_backend(op, q.device());
+  }
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
+  const char* op = "attention_backward";
+  const Dims d = check_qkv(op, q, k, v);
+  check_shape(op, "out", out, q.shape());
+  check_same_dtype(op, "out", out, "q", q);
+  check_shape(op, "dout", dout, q.shape());
+  check_same_dtype(op, "dout", dout, "q", q);
+  check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
+  check_dtype(op, "lse", lse, {DType::f32});
+  check_shape(op, "dq", dq, q.shape());
+  check_same_dtype(op, "dq", dq, "q", q);
+  check_shape(op, "dk", dk, k.shape());
+  check_same_dtype(op, "dk", dk, "q", q);
+  check_shape(op, "dv", dv, v.shape());
+  check_same_dtype(op, "dv", dv, "q", q);
+  check_device(op, q.device(),
+               {{"dq", &dq},
+                {"dk", &dk},
+                {"dv", &dv},
+                {"dout", &dout},
+                {"q", &q},
+                {"k", &k},
+                {"v", &v},
+                {"out", &out},
+                {"lse", &lse}});
+  using Named = std::pair<const char*, const Tensor*>;
+  const Named grads[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  const Named inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}};
+  for (size_t a = 0; a < 3; ++a) {
+    for (size_t b = a + 1; b < 3; ++b)
+      check_no_overlap(op, grads[a].first, *grads[a].second, grads[b].first, *grads[b].second);
+    for (const Named& in : inputs) check_no_overlap(op, grads[a].first, *grads[a].second, in.first, *in.second);
+  }
+  const float s = resolve_scale(op, scale, d.D);
+  if (q.device().is_cpu()) {
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+  } else {
+    no_backend(op, q.device());
+  }
+}
+
+}  // namespace zt::ops
