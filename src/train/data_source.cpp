@@ -1,0 +1,61 @@
+#include "train/data_source.h"
+
+#include "core/error.h"
+#include "data/dataset_index.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+
+namespace zt::train {
+
+namespace {
+
+class LoaderSource : public BatchSource {
+ public:
+  LoaderSource(std::unique_ptr<data::DataLoader> loader) : loader_(std::move(loader)) {}
+  void next(const Tensor& inputs, const Tensor& targets) override { loader_->next_batch(inputs, targets); }
+  void reset() override { loader_->reset(); }
+
+ private:
+  std::unique_ptr<data::DataLoader> loader_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextCodec> open_codec(const std::string& tokenizer) {
+  std::shared_ptr<data::Tokenizer> tok = data::load_tokenizer(tokenizer);
+  auto codec = std::make_unique<TextCodec>();
+  codec->encode = [tok](std::string_view text) { return tok->encode(text); };
+  codec->decode = [tok](std::span<const uint32_t> ids) { return tok->decode(ids); };
+  codec->eot_token = tok->eot_token();
+  return codec;
+}
+
+TrainingData open_training_data(const Config& cfg) {
+  const data::DatasetIndex index = data::DatasetIndex::load(cfg.data.dir);
+  ZT_CHECK(int64_t(index.vocab_size) <= cfg.model.vocab_size, "the dataset in '", cfg.data.dir, "' uses ",
+           index.vocab_size, " token ids (tokenizer ", index.tokenizer_name, ") but model.vocab_size = ",
+           cfg.model.vocab_size, "; set model.vocab_size >= ", index.vocab_size, " or prepare the data with the "
+           "model's tokenizer");
+  const int64_t T = cfg.train.seq_len;
+  const uint64_t seed = uint64_t(cfg.train.seed);
+  TrainingData out;
+  auto train = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::train, T, seed, 0, 1);
+  train->set_global_batch(cfg.train.global_batch);
+  out.train = std::make_unique<LoaderSource>(std::move(train));
+  if (index.val.tokens > uint64_t(T)) {
+    // Validation is read in order from the start at every evaluation.
+    auto val = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::val, T, seed, 0, 1);
+    const int64_t needed = cfg.train.micro_batch * cfg.train.eval_batches;
+    ZT_CHECK(val->samples_per_epoch() >= cfg.train.micro_batch,
+             "the validation split of '", cfg.data.dir, "' has ", val->samples_per_epoch(), " samples of ", T + 1,
+             " tokens, fewer than one micro-batch (", cfg.train.micro_batch,
+             "); prepare with a larger --val-fraction or set train.eval_every = 0");
+    val->set_global_batch(std::min<int64_t>(needed, val->samples_per_epoch() / cfg.train.micro_batch *
+                                                        cfg.train.micro_batch));
+    out.val = std::make_unique<LoaderSource>(std::move(val));
+  }
+  if (!cfg.data.tokenizer.empty()) out.codec = open_codec(cfg.data.tokenizer);
+  return out;
+}
+
+}  // namespace zt::train
