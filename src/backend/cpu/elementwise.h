@@ -1,0 +1,132 @@
+// CPU elementwise kernels (casts, add/scale/axpy, fill, sum of squares,
+// random fills) and the vectorisable scalar primitives the other CPU kernels
+// of this family share (bf16/f16 load/store, exp).
+//
+// Load/store primitives: `load_f32(x)` widens any floating storage type to
+// float; `store_as<T>(f)` narrows a float with the rounding of core/dtype.h
+// (round to nearest even; bf16/f16 overflow -> inf, NaN -> quiet NaN with the
+// sign and top payload bits kept; fp8 saturating). For f32, bf16 and f16 they
+// are branch-free bit manipulation, bitwise identical to core/dtype.h's
+// scalar conversions, written so that loops calling them vectorise; the fp8
+// formats go through core/dtype.h (scalar).
+//
+// exp_f32(x): e^x to ~2 ulp for every float x (Cody-Waite reduction
+// x = k ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial of e^r, then the
+// scale 2^k applied as two exact power-of-two factors so that subnormal
+// results round once and overflow gives inf). NaN in -> NaN out.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace zt::cpu {
+
+// ---------------------------------------------------------------------------
+// Scalar primitives (inline, branch-free for f32/bf16/f16).
+
+inline float load_f32(float x) { return x; }
+inline float load_f32(bf16 x) { return std::bit_cast<float>(uint32_t(x.bits) << 16); }
+inline float load_f32(f16 x) {
+  const uint32_t h = x.bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = (h & 0x7fffu) << 13;  // exponent and mantissa moved to their f32 positions
+  const uint32_t e = em & 0x0f800000u;
+  const uint32_t normal = em + (112u << 23);  // rebias 15 -> 127
+  const uint32_t infnan = em + (224u << 23);  // exponent 31 -> 255, payload kept
+  // Zero/subnormal: 2^-14 * (1 + man/1024) - 2^-14 = man * 2^-24, exact.
+  const float sub = std::bit_cast<float>(em + (113u << 23)) - 0x1p-14f;
+  uint32_t r = e == 0x0f800000u ? infnan : normal;
+  r = e == 0 ? std::bit_cast<uint32_t>(sub) : r;
+  return std::bit_cast<float>(r | sign);
+}
+inline float load_f32(f8e4m3 x) { return f8e4m3_to_float(x); }
+inline float load_f32(f8e5m2 x) { return f8e5m2_to_float(x); }
+
+inline uint16_t f32_to_bf16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+inline uint16_t f32_to_f16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t x = u & 0x7fffffffu;
+  const uint32_t nan = sign | 0x7e00u | ((x >> 13) & 0x1ffu);
+  const uint32_t inf = sign | 0x7c00u;
+  // Subnormal/zero result: adding 0.5f (ulp 2^-24 = f16 subnormal spacing)
+  // makes the FPU round to nearest even.
+  const uint32_t sub = sign | (std::bit_cast<uint32_t>(std::bit_cast<float>(x) + 0.5f) - 0x3f000000u);
+  const uint32_t normal = sign | ((x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13);  // rebias by -112, RNE
+  const uint32_t r = x > 0x7f800000u ? nan : (x >= 0x477ff000u ? inf : (x < 0x38800000u ? sub : normal));
+  return uint16_t(r);
+}
+
+template <typename T>
+T store_as(float f);
+template <>
+inline float store_as<float>(float f) { return f; }
+template <>
+inline bf16 store_as<bf16>(float f) { return bf16{f32_to_bf16_bits(f)}; }
+template <>
+inline f16 store_as<f16>(float f) { return f16{f32_to_f16_bits(f)}; }
+template <>
+inline f8e4m3 store_as<f8e4m3>(float f) { return float_to_f8e4m3(f); }
+template <>
+inline f8e5m2 store_as<f8e5m2>(float f) { return float_to_f8e5m2(f); }
+
+inline float exp_f32(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693145751953125f;         // 12 significant bits: k * kLn2Hi is exact
+  constexpr float kLn2Lo = 1.428606820309417232e-6f;  // ln 2 - kLn2Hi
+  constexpr float kRound = 12582912.0f;                // 1.5 * 2^23: adding it rounds to an integer
+  x = x < -104.0f ? -104.0f : x;  // e^-104 < 2^-150: rounds to 0
+  x = x > 89.0f ? 89.0f : x;      // e^89 > FLT_MAX: inf
+  const float t = x * kLog2e + kRound;
+  const int32_t k = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  const float kf = t - kRound;
+  float r = std::fma(kf, -kLn2Hi, x);
+  r = std::fma(kf, -kLn2Lo, r);
+  float p = 1.0f / 5040;
+  p = std::fma(p, r, 1.0f / 720);
+  p = std::fma(p, r, 1.0f / 120);
+  p = std::fma(p, r, 1.0f / 24);
+  p = std::fma(p, r, 1.0f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  // 2^k = 2^a * 2^b with a, b in [-75, 64]: both factors are normal floats,
+  // p * 2^a is exact and the last product rounds once.
+  const int32_t a = k >> 1, b = k - a;
+  const float sa = std::bit_cast<float>(uint32_t(a + 127) << 23);
+  const float sb = std::bit_cast<float>(uint32_t(b + 127) << 23);
+  return p * sa * sb;
+}
+
+// ---------------------------------------------------------------------------
+// Kernels on validated CPU tensors (see ops/elementwise.h for the contracts).
+
+// out = in converted (equal numel; any dtype pair).
+void cast(const Tensor& out, const Tensor& in);
+// out = a + b (one floating dtype).
+void add(const Tensor& out, const Tensor& a, const Tensor& b);
+// out = alpha * x (one floating dtype).
+void scale(const Tensor& out, const Tensor& x, float alpha);
+// y += alpha * x (floating dtypes, may differ).
+void axpy(const Tensor& y, float alpha, const Tensor& x);
+// out[:] = value, converted to out's dtype like cast does (integers: value
+// must be integral and in range, checked by the caller).
+void fill(const Tensor& out, double value);
+// sum of x^2 in f64 with a fixed chunking: independent of the thread count.
+double sum_squares(const Tensor& x);
+// Element i = mean + std * philox_normal_at(seed, offset, i) (resp. lo + (hi -
+// lo) * uniform), generated in f32 and cast to out's dtype.
+void fill_normal(const Tensor& out, uint64_t seed, uint64_t offset, float mean, float std);
+void fill_uniform(const Tensor& out, uint64_t seed, uint64_t offset, float lo, float hi);
+
+}  // namespace zt::cpu
