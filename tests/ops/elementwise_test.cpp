@@ -13,6 +13,8 @@
 //   int -> int       clamped to the range.
 #include "ops/elementwise.h"
 
+#include "backend/cpu/elementwise.h"  // exp_f32, used by the cross-entropy kernel
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -681,6 +683,38 @@ TEST(ElementwiseTest, RandomFillBadArguments) {
   EXPECT_THAT(msg, HasSubstr("fill_uniform"));
   EXPECT_THAT(msg, HasSubstr("cuda"));
   EXPECT_EQ(gen.offset(), 0u);  // failed calls reserve nothing
+}
+
+// --- the vectorised exp shared by the CPU kernels ---------------------------------
+
+TEST(ElementwiseTest, ExpF32WithinTwoUlp) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(8);
+  std::uniform_real_distribution<float> u(-105.0f, 90.0f);
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 88.72f, 88.73f, -87.33f, -87.34f, -103.0f, -103.3f, -104.5f,
+                           1e-8f, -1e-8f, 0.34657359f, -0.34657359f, 0.3465736f, 89.0f, -200.0f};
+  for (int k = 0; k < 1000000; ++k) xs.push_back(u(rng));
+  std::vector<float> got(xs.size());
+#pragma omp simd
+  for (size_t i = 0; i < xs.size(); ++i) got[i] = cpu::exp_f32(xs[i]);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double want = std::exp(double(xs[i]));
+    const float wf = float(want);
+    if (std::isinf(wf) || wf == 0.0f || std::fabs(wf) < 0x1p-126f) {
+      // Overflow, underflow and subnormal results: within one subnormal step.
+      if (std::isinf(wf)) {
+        ASSERT_TRUE(std::isinf(got[i])) << "x = " << xs[i];
+      } else {
+        ASSERT_LE(std::fabs(double(got[i]) - want), 0x1p-149) << "x = " << xs[i];
+      }
+      continue;
+    }
+    const double ulp = std::ldexp(1.0, std::ilogb(wf) - 23);
+    ASSERT_LE(std::fabs(double(got[i]) - want), 2.0 * ulp) << "x = " << xs[i] << " got " << got[i] << " want " << want;
+  }
+  EXPECT_TRUE(std::isnan(cpu::exp_f32(NAN)));
+  EXPECT_EQ(cpu::exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(cpu::exp_f32(INFINITY), INFINITY);
 }
 
 }  // namespace
