@@ -5,10 +5,10 @@
 // Load/store primitives: `load_f32(x)` widens any floating storage type to
 // float; `store_as<T>(f)` narrows a float with the rounding of core/dtype.h
 // (round to nearest even; bf16/f16 overflow -> inf, NaN -> quiet NaN with the
-// sign and top payload bits kept; fp8 saturating). For f32, bf16 and f16 they
-// are branch-free bit manipulation, bitwise identical to core/dtype.h's
-// scalar conversions, written so that loops calling them vectorise; the fp8
-// formats go through core/dtype.h (scalar).
+// sign and top payload bits kept; fp8 saturating). They are branch-free bit
+// manipulation, bitwise identical to core/dtype.h's scalar conversions
+// (tests/ops/elementwise_test.cpp checks every 8/16-bit encoding and random
+// f32 bit patterns), written so that loops calling them vectorise.
 //
 // exp_f32(x): e^x to ~2 ulp for every float x (Cody-Waite reduction
 // x = k ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial of e^r, then the
@@ -43,8 +43,53 @@ inline float load_f32(f16 x) {
   r = e == 0 ? std::bit_cast<uint32_t>(sub) : r;
   return std::bit_cast<float>(r | sign);
 }
-inline float load_f32(f8e4m3 x) { return f8e4m3_to_float(x); }
-inline float load_f32(f8e5m2 x) { return f8e5m2_to_float(x); }
+
+namespace detail {
+
+// fp8 with E exponent and M mantissa bits (bias 2^(E-1) - 1) -> float.
+// NaN encodings give the quiet NaN 0x7fc00000 with the sign, as core does.
+template <int E, int M, bool kHasInf>
+inline float fp8_to_f32(uint8_t b) {
+  constexpr uint32_t bias = (1u << (E - 1)) - 1;
+  const uint32_t sign = uint32_t(b & 0x80u) << 24;
+  const uint32_t em = uint32_t(b & 0x7fu) << (23 - M);
+  const uint32_t e = uint32_t(b & 0x7fu) >> M;
+  const uint32_t normal = em + ((127u - bias) << 23);
+  // Zero/subnormal: 2^(1-bias) * (1 + man/2^M) - 2^(1-bias), exact.
+  constexpr float min_normal = std::bit_cast<float>((127u - bias + 1) << 23);
+  const float sub = std::bit_cast<float>(em + ((127u - bias + 1) << 23)) - min_normal;
+  uint32_t r = e == 0 ? std::bit_cast<uint32_t>(sub) : normal;
+  if constexpr (kHasInf)
+    r = e == (1u << E) - 1 ? ((b & ((1u << M) - 1)) ? 0x7fc00000u : 0x7f800000u) : r;
+  else
+    r = (b & 0x7fu) == 0x7fu ? 0x7fc00000u : r;
+  return std::bit_cast<float>(r | sign);
+}
+
+// float -> fp8, round to nearest even, saturating: |x| > max (and +-inf) ->
+// +-max; NaN -> kNanEnc with the sign. kMaxF32Bits: the f32 bits of max.
+template <int E, int M, uint32_t kMaxF32Bits, uint8_t kMaxEnc, uint8_t kNanEnc>
+inline uint8_t f32_to_fp8(float f) {
+  constexpr uint32_t bias = (1u << (E - 1)) - 1;
+  constexpr uint32_t shift = 23 - M;
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t normal = ((a + ((1u << (shift - 1)) - 1) + ((a >> shift) & 1u)) >> shift) - ((127u - bias) << M);
+  // Below the smallest normal 2^(1-bias): adding 2^(1-bias+shift), whose ulp
+  // is the subnormal spacing, makes the FPU round to nearest even.
+  constexpr float magic = std::bit_cast<float>((127u + 1 - bias + shift) << 23);
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + magic) - std::bit_cast<uint32_t>(magic);
+  uint32_t r = a < ((127u + 1 - bias) << 23) ? sub : normal;
+  r = a > kMaxF32Bits ? uint32_t(kMaxEnc) : r;
+  r = a > 0x7f800000u ? uint32_t(kNanEnc) : r;
+  return uint8_t(r | sign);
+}
+
+}  // namespace detail
+
+inline float load_f32(f8e4m3 x) { return detail::fp8_to_f32<4, 3, false>(x.bits); }
+inline float load_f32(f8e5m2 x) { return detail::fp8_to_f32<5, 2, true>(x.bits); }
 
 inline uint16_t f32_to_bf16_bits(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
@@ -75,10 +120,12 @@ template <>
 inline bf16 store_as<bf16>(float f) { return bf16{f32_to_bf16_bits(f)}; }
 template <>
 inline f16 store_as<f16>(float f) { return f16{f32_to_f16_bits(f)}; }
+// E4M3: max 448 (f32 0x43e00000, encoding 0x7e), NaN 0x7f.
 template <>
-inline f8e4m3 store_as<f8e4m3>(float f) { return float_to_f8e4m3(f); }
+inline f8e4m3 store_as<f8e4m3>(float f) { return f8e4m3{detail::f32_to_fp8<4, 3, 0x43e00000u, 0x7e, 0x7f>(f)}; }
+// E5M2: max 57344 (f32 0x47600000, encoding 0x7b), NaN 0x7e.
 template <>
-inline f8e5m2 store_as<f8e5m2>(float f) { return float_to_f8e5m2(f); }
+inline f8e5m2 store_as<f8e5m2>(float f) { return f8e5m2{detail::f32_to_fp8<5, 2, 0x47600000u, 0x7b, 0x7e>(f)}; }
 
 inline float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
