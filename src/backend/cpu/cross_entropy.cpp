@@ -14,7 +14,7 @@
 // written once; in-place (dlogits == logits) works because x_t is read first
 // and every later pass reads only what the previous pass wrote.
 //
-// Accuracy: exp_f32 is ~2 ulp; S is summed in f32 over blocks of kSumBlock
+// Accuracy: exp_nonpos_f32 is <= 1 ulp (exp of values below -87 flushed to 0); S is summed in f32 over blocks of kSumBlock
 // elements (vector lanes), block sums in f64; the loss is assembled in f64.
 #include "backend/cpu/cross_entropy.h"
 
@@ -60,7 +60,7 @@ inline double exp_sum(const float* x, float* e, float m, int64_t V) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = j0; j < j1; ++j) {
-      const float ej = exp_f32(x[j] - m);
+      const float ej = exp_nonpos_f32(x[j] - m);
       if constexpr (kStore) e[j] = ej;
       s += ej;
     }

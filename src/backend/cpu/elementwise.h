@@ -10,10 +10,11 @@
 // (tests/ops/elementwise_test.cpp checks every 8/16-bit encoding and random
 // f32 bit patterns), written so that loops calling them vectorise.
 //
-// exp_f32(x): e^x to ~2 ulp for every float x (Cody-Waite reduction
-// x = k ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial of e^r, then the
-// scale 2^k applied as two exact power-of-two factors so that subnormal
-// results round once and overflow gives inf). NaN in -> NaN out.
+// exp_nonpos_f32(x): e^x for x <= 0, the softmax case (arguments x - max).
+// Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, degree-7 Taylor
+// polynomial of e^r (truncation error < 0.1 ulp), exact scaling by 2^k:
+// within 1 ulp of e^x for x in [-87, 0]; 0 for x < -87, where e^x < 1.7e-38
+// (results that would be subnormal are flushed); -inf -> 0; NaN -> NaN.
 #pragma once
 
 #include <bit>
@@ -127,18 +128,19 @@ inline f8e4m3 store_as<f8e4m3>(float f) { return f8e4m3{detail::f32_to_fp8<4, 3,
 template <>
 inline f8e5m2 store_as<f8e5m2>(float f) { return f8e5m2{detail::f32_to_fp8<5, 2, 0x47600000u, 0x7b, 0x7e>(f)}; }
 
-inline float exp_f32(float x) {
+inline float exp_nonpos_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;         // 12 significant bits: k * kLn2Hi is exact
   constexpr float kLn2Lo = 1.428606820309417232e-6f;  // ln 2 - kLn2Hi
   constexpr float kRound = 12582912.0f;                // 1.5 * 2^23: adding it rounds to an integer
-  x = x < -104.0f ? -104.0f : x;  // e^-104 < 2^-150: rounds to 0
-  x = x > 89.0f ? 89.0f : x;      // e^89 > FLT_MAX: inf
-  const float t = x * kLog2e + kRound;
+  constexpr float kMin = -87.0f;                       // e^-87 = 1.6e-38 is still a normal float
+  // No clamping (it defeats the vectoriser): for x < kMin the lanes compute
+  // garbage that the final select discards.
+  const float t = std::fma(x, kLog2e, kRound);
+  const float kf = t - kRound;  // round(x / ln 2)
   const int32_t k = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
-  const float kf = t - kRound;
   float r = std::fma(kf, -kLn2Hi, x);
-  r = std::fma(kf, -kLn2Lo, r);
+  r = std::fma(kf, -kLn2Lo, r);  // |r| <= ln2 / 2
   float p = 1.0f / 5040;
   p = std::fma(p, r, 1.0f / 720);
   p = std::fma(p, r, 1.0f / 120);
@@ -147,12 +149,8 @@ inline float exp_f32(float x) {
   p = std::fma(p, r, 0.5f);
   p = std::fma(p, r, 1.0f);
   p = std::fma(p, r, 1.0f);
-  // 2^k = 2^a * 2^b with a, b in [-75, 64]: both factors are normal floats,
-  // p * 2^a is exact and the last product rounds once.
-  const int32_t a = k >> 1, b = k - a;
-  const float sa = std::bit_cast<float>(uint32_t(a + 127) << 23);
-  const float sb = std::bit_cast<float>(uint32_t(b + 127) << 23);
-  return p * sa * sb;
+  const float e = p * std::bit_cast<float>(uint32_t(k + 127) << 23);  // k in [-126, 0]: exact 2^k
+  return x < kMin ? 0.0f : e;  // NaN compares false: NaN -> NaN
 }
 
 // ---------------------------------------------------------------------------
