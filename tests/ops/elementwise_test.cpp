@@ -13,7 +13,7 @@
 //   int -> int       clamped to the range.
 #include "ops/elementwise.h"
 
-#include "backend/cpu/elementwise.h"  // exp_nonpos_f32, used by the cross-entropy kernel
+#include "backend/cpu/elementwise.h"  // exp_nonpos_f32, sqrt_inplace: shared CPU primitives
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -710,6 +710,27 @@ TEST(ElementwiseTest, ExpNonposWithinOneUlp) {
   EXPECT_TRUE(std::isnan(cpu::exp_nonpos_f32(NAN)));
   EXPECT_EQ(cpu::exp_nonpos_f32(-INFINITY), 0.0f);
   EXPECT_EQ(cpu::exp_nonpos_f32(0.0f), 1.0f);
+}
+
+TEST(ElementwiseTest, SqrtInplaceMatchesStdSqrt) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(9);
+  for (int64_t n : {0, 1, 15, 16, 17, 100, 1027}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = std::bit_cast<float>(uint32_t(rng()) & 0x7fffffffu);  // every non-negative class
+    const float specials[] = {0.0f, -0.0f, INFINITY, NAN, -1.0f, 0x1p-149f, 2.0f};
+    for (size_t i = 0; i < std::min<size_t>(x.size(), 7); ++i) x[i * x.size() / 7] = specials[i];
+    std::vector<float> y = x;
+    cpu::sqrt_inplace(y.data(), n);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = std::sqrt(x[i]);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(y[i])) << x[i];
+      } else {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want)) << x[i];
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed in f64 once per call.
 #include "backend/cpu/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -24,20 +25,39 @@ struct Consts {
 
 struct NoCopy {};
 
+// Blocks of kBlock elements: pass 1 updates m and v and stages v for the
+// square root, sqrt_inplace takes the roots (see elementwise.h for why), pass
+// 2 updates p and writes the copy. Everything a block touches twice is in L1.
+constexpr int64_t kBlock = 512;
+
 template <typename G, typename C>
 void adamw_kernel(float* __restrict p, const G* __restrict g, float* __restrict m, float* __restrict v,
                   C* __restrict copy, int64_t n, const Consts k) {
-#pragma omp parallel for simd schedule(static) if (n >= 4096)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = load_f32(g[i]) * k.grad_scale;
-    const float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
-    const float vi = k.beta2 * v[i] + k.one_minus_beta2 * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    const float update = (mi * k.inv_bc1) / (std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
-    const float pi = p[i] - k.lr * (update + k.weight_decay * p[i]);
-    p[i] = pi;
-    if constexpr (!std::is_same_v<C, NoCopy>) copy[i] = store_as<C>(pi);
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks >= 8)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    alignas(64) float root[kBlock];
+    const int64_t b0 = blk * kBlock, len = std::min(kBlock, n - b0);
+    float* __restrict pb = p + b0;
+    const G* __restrict gb = g + b0;
+    float* __restrict mb = m + b0;
+    float* __restrict vb = v + b0;
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) {
+      const float gi = load_f32(gb[i]) * k.grad_scale;
+      mb[i] = k.beta1 * mb[i] + k.one_minus_beta1 * gi;
+      const float vi = k.beta2 * vb[i] + k.one_minus_beta2 * (gi * gi);
+      vb[i] = vi;
+      root[i] = vi;
+    }
+    sqrt_inplace(root, len);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) {
+      const float update = (mb[i] * k.inv_bc1) / (root[i] * k.inv_sqrt_bc2 + k.eps);
+      const float pi = pb[i] - k.lr * (update + k.weight_decay * pb[i]);
+      pb[i] = pi;
+      if constexpr (!std::is_same_v<C, NoCopy>) copy[b0 + i] = store_as<C>(pi);
+    }
   }
 }
 

@@ -27,6 +27,10 @@
 #include "backend/cpu/scratch.h"
 #include "core/rng.h"
 
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace zt::cpu {
 
 namespace {
@@ -105,7 +109,7 @@ template <typename S, typename D>
 void cast_kernel(D* out, const S* in, int64_t n) {
   // out may be exactly in (equal element sizes): each element is read before
   // it is written, at the same index.
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = convert<S, D>(in[i]);
 }
 
@@ -136,19 +140,19 @@ void parallel_copy(void* dst, const void* src, size_t bytes) {
 
 template <typename T>
 void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(load_f32(a[i]) + load_f32(b[i]));
 }
 
 template <typename T>
 void scale_kernel(T* out, const T* x, float alpha, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(alpha * load_f32(x[i]));
 }
 
 template <typename Y, typename X>
 void axpy_kernel(Y* y, float alpha, const X* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = store_as<Y>(std::fma(alpha, load_f32(x[i]), load_f32(y[i])));
 }
 
@@ -176,7 +180,7 @@ T fill_value(double v) {
 
 template <typename T>
 void fill_kernel(T* out, T value, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = value;
 }
 
@@ -249,6 +253,21 @@ void fill_random(const Tensor& out, uint64_t seed, uint64_t offset, float a, flo
 }
 
 }  // namespace
+
+void sqrt_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = _mm512_loadu_ps(x + i);
+    // The masked form with every lane set: _mm512_sqrt_ps trips a GCC 12
+    // false -Wmaybe-uninitialized inside its header.
+    _mm512_storeu_ps(x + i, _mm512_mask_sqrt_ps(a, __mmask16(0xffff), a));
+  }
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
 
 void cast(const Tensor& out, const Tensor& in) {
   const int64_t n = in.numel();

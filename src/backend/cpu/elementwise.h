@@ -153,6 +153,13 @@ inline float exp_nonpos_f32(float x) {
   return x < kMin ? 0.0f : e;  // NaN compares false: NaN -> NaN
 }
 
+// x[i] = sqrt(x[i]) (IEEE, correctly rounded: bitwise the same as std::sqrt).
+// GCC cannot vectorise std::sqrt without -fno-math-errno (it keeps a branch
+// that sets errno for negative inputs), so kernels that need square roots in
+// a hot loop stage them in a small block and call this, which uses the
+// AVX-512/AVX sqrt instructions when the build targets them.
+void sqrt_inplace(float* x, int64_t n);
+
 // ---------------------------------------------------------------------------
 // Kernels on validated CPU tensors (see ops/elementwise.h for the contracts).
 
