@@ -78,7 +78,14 @@ void wte_backward(G* dwte, const D* dout, const int32_t* tok, int64_t BT, int64_
     for (int64_t r = 0; r < runs; ++r) {
       const int64_t k0 = run_start[r], k1 = run_start[r + 1];
       const int64_t v = int64_t(keys[k0] >> 32);
-      row_set(acc, dout + int64_t(keys[k0] & 0xffffffffu) * C, C);
+      const D* first = dout + int64_t(keys[k0] & 0xffffffffu) * C;
+      if (k1 == k0 + 1) {  // a token seen once: add its row directly
+        G* gv = dwte + v * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) gv[c] = store_as<G>(load_f32(gv[c]) + load_f32(first[c]));
+        continue;
+      }
+      row_set(acc, first, C);
       for (int64_t k = k0 + 1; k < k1; ++k) row_add(acc, dout + int64_t(keys[k] & 0xffffffffu) * C, C);
       row_accumulate(dwte + v * C, acc, C);
     }
