@@ -416,6 +416,12 @@ TEST(ElementwiseTest, AddScaleAxpyMatchFloat64) {
         EXPECT_TRUE(test::all_close(y, ref, rt, at))
             << "x " << dtype_name(xdt);
       }
+      // y += alpha * y (exact alias).
+      Tensor y = random_tensor(Shape{n}, dt, rng, -4, 4);
+      const auto yv = to_f64(y);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] = yv[i] * (1.0 + double(alpha));
+      ops::axpy(y, alpha, y);
+      EXPECT_TRUE(test::all_close(y, ref, rt, at)) << "y aliased";
     }
   }
 }
