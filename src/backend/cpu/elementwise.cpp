@@ -109,7 +109,7 @@ template <typename S, typename D>
 void cast_kernel(D* out, const S* in, int64_t n) {
   // out may be exactly in (equal element sizes): each element is read before
   // it is written, at the same index.
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+#pragma omp parallel for simd schedule(simd : static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = convert<S, D>(in[i]);
 }
 
@@ -140,19 +140,19 @@ void parallel_copy(void* dst, const void* src, size_t bytes) {
 
 template <typename T>
 void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+#pragma omp parallel for simd schedule(simd : static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(load_f32(a[i]) + load_f32(b[i]));
 }
 
 template <typename T>
 void scale_kernel(T* out, const T* x, float alpha, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+#pragma omp parallel for simd schedule(simd : static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = store_as<T>(alpha * load_f32(x[i]));
 }
 
 template <typename Y, typename X>
 void axpy_kernel(Y* y, float alpha, const X* x, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+#pragma omp parallel for simd schedule(simd : static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = store_as<Y>(std::fma(alpha, load_f32(x[i]), load_f32(y[i])));
 }
 
@@ -180,7 +180,7 @@ T fill_value(double v) {
 
 template <typename T>
 void fill_kernel(T* out, T value, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMin)
+#pragma omp parallel for simd schedule(simd : static) if (parallel : n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = value;
 }
 
