@@ -1,4 +1,4 @@
-// CPU fused AdamW: one vectorised, OpenMP-parallel pass that reads
+// CPU fused AdamW: one vectorised, OpenMP-parallel pass over memory that reads
 // (master, m, v, grad) and writes (master, m, v[, model_copy]) once each:
 //   g  = grad * grad_scale
 //   m  = beta1 m + (1 - beta1) g
