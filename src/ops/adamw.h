@@ -7,7 +7,10 @@
 //   model_copy = round(p)  when defined (the low-precision weights the model computes with)
 //
 // master, m, v: (n) f32; grad: (n) f32 or bf16; model_copy: (n) bf16, f16 or
-// f32, or undefined. Any shapes of equal numel are accepted.
+// f32, or undefined. Any shapes of equal numel are accepted; the buffers must
+// not overlap. The model copy is the updated master rounded to nearest even
+// (bitwise core/dtype.h's conversion). Requires step >= 1, beta1 and beta2 in
+// [0, 1), eps >= 0, lr >= 0, weight_decay >= 0, all finite.
 #pragma once
 
 #include <cstdint>

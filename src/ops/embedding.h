@@ -1,7 +1,8 @@
 // Token (+ learned position) embedding.
 //   tokens: (B, T) i32, each in [0, V)
 //   wte: (V, C)   wpe: (T_max, C) or undefined   out: (B, T, C)
-// Dtypes: wte, wpe, out f32 or bf16 (equal); grads f32 or the table's dtype.
+// Dtypes: wte, wpe, out f32 or bf16 (equal); grads f32 or dout's dtype.
+// pos_offset >= 0 and pos_offset + T <= T_max. Outputs must not overlap inputs.
 #pragma once
 
 #include "core/tensor.h"
@@ -15,7 +16,9 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 
 // dwte[v] += sum of dout[b, t] over positions with tokens[b, t] == v
 // dwpe[t + pos_offset] += sum_b dout[b, t]      (either may be undefined)
-// Deterministic: the summation order does not depend on the thread count.
+// Deterministic: the summation order does not depend on the thread count
+// (each row of dwte/dwpe is summed in f32 in position order, then added with
+// one rounding). Token ids are validated (against dwte's V) before writing.
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
                         int64_t pos_offset = 0);
 

@@ -1,0 +1,63 @@
+// AdamW: argument validation, then dispatch by device.
+// Math: ops/adamw.h and backend/cpu/adamw.cpp.
+#include "ops/adamw.h"
+
+#include <cmath>
+
+#include "backend/cpu/adamw.h"
+#include "ops/check.h"
+
+namespace zt::ops {
+
+namespace {
+
+// True if the byte ranges of two defined tensors on one device intersect
+// (by address, so views of separately wrapped memory are caught too).
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.device() != b.device() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* pa = static_cast<const char*>(a.data_ptr());
+  const auto* pb = static_cast<const char*>(b.data_ptr());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const Tensor& model_copy, const AdamWParams& p) {
+  const char* op = "adamw_step";
+  check_dtype(op, "master", master, {DType::f32});
+  check_dtype(op, "m", m, {DType::f32});
+  check_dtype(op, "v", v, {DType::f32});
+  check_dtype(op, "grad", grad, {DType::f32, DType::bf16});
+  if (model_copy.defined()) check_dtype(op, "model_copy", model_copy, {DType::bf16, DType::f16, DType::f32});
+  const int64_t n = master.numel();
+  auto check_numel = [&](const char* name, const Tensor& t) {
+    ZT_CHECK(t.numel() == n, op, ": '", name, "' has shape ", t.shape().str(), " (", t.numel(),
+             " elements) but 'master' has shape ", master.shape().str(), " (", n, " elements); they must match");
+  };
+  check_numel("grad", grad);
+  check_numel("m", m);
+  check_numel("v", v);
+  if (model_copy.defined()) check_numel("model_copy", model_copy);
+  check_device(op, master.device(),
+               {{"master", &master}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"model_copy", &model_copy}});
+  const std::pair<const char*, const Tensor*> all[] = {
+      {"master", &master}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"model_copy", &model_copy}};
+  for (size_t i = 0; i < 5; ++i)
+    for (size_t j = i + 1; j < 5; ++j)
+      ZT_CHECK(!bytes_overlap(*all[i].second, *all[j].second), op, ": '", all[i].first, "' and '", all[j].first,
+               "' overlap; every buffer must be distinct");
+  ZT_CHECK(p.step >= 1, op, ": step is ", p.step, " but must be >= 1 (1-based, for bias correction)");
+  ZT_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f, op, ": beta1 is ", p.beta1, " but must be in [0, 1)");
+  ZT_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f, op, ": beta2 is ", p.beta2, " but must be in [0, 1)");
+  ZT_CHECK(p.eps >= 0.0f && std::isfinite(p.eps), op, ": eps is ", p.eps, " but must be finite and >= 0");
+  ZT_CHECK(std::isfinite(p.lr) && p.lr >= 0.0f, op, ": lr is ", p.lr, " but must be finite and >= 0");
+  ZT_CHECK(std::isfinite(p.weight_decay) && p.weight_decay >= 0.0f, op, ": weight_decay is ", p.weight_decay,
+           " but must be finite and >= 0");
+  ZT_CHECK(std::isfinite(p.grad_scale), op, ": grad_scale is ", p.grad_scale, " but must be finite");
+  if (!master.device().is_cpu()) no_backend(op, master.device());
+  cpu::adamw_step(master, grad, m, v, model_copy,
+                  cpu::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale});
+}
+
+}  // namespace zt::ops

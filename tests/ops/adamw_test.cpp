@@ -1,0 +1,208 @@
+// Fused AdamW against a float64 reference over several steps.
+//
+// Tolerances: the kernel works in f32, so each step rounds p, m and v once
+// (plus a few ulp inside the update). Over 5 steps with |p| ~ 1 and updates
+// ~lr: master rtol 2e-6 (~30 f32 ulp). Where p crosses zero its error is
+// absolute: lr * (error of the O(1) update, ~1e-6 after m's cancellation) per
+// step, so atol 5e-6 * lr over 5 steps (seen: ~0.4e-6 * lr). v = sum of positive terms: rtol 1e-5.
+// m can cancel (beta1 m + (1 - beta1) g with opposite signs), so its error is
+// absolute, ~ulp of max|g|: atol 1e-6 * max|g|. bf16 grads are compared with
+// the reference of the bf16 values (exact in f32).
+#include "ops/adamw.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "test_util.h"
+
+namespace zt {
+namespace {
+
+using ::testing::HasSubstr;
+using test::make_rng;
+using test::poison;
+using test::random_tensor;
+using test::to_f64;
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no zt::Error thrown>";
+}
+
+Tensor fake_cuda(const Shape& s, DType dt) {
+  static std::array<char, 64> dummy;
+  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
+}
+
+void set_all(const Tensor& t, double value) {
+  for (int64_t i = 0; i < t.numel(); ++i) test::store_f64(t, i, value);
+}
+
+struct State {
+  std::vector<double> p, m, v;
+};
+
+// One AdamW step in float64, exactly as the contract writes it.
+void reference_step(State& s, const std::vector<double>& grad, const ops::AdamWParams& hp) {
+  const double b1 = hp.beta1, b2 = hp.beta2;
+  const double bc1 = 1.0 - std::pow(b1, double(hp.step)), bc2 = 1.0 - std::pow(b2, double(hp.step));
+  for (size_t i = 0; i < s.p.size(); ++i) {
+    const double g = grad[i] * double(hp.grad_scale);
+    s.m[i] = b1 * s.m[i] + (1.0 - b1) * g;
+    s.v[i] = b2 * s.v[i] + (1.0 - b2) * g * g;
+    const double update = (s.m[i] / bc1) / (std::sqrt(s.v[i] / bc2) + double(hp.eps));
+    s.p[i] -= double(hp.lr) * (update + double(hp.weight_decay) * s.p[i]);
+  }
+}
+
+// The copy must be the master rounded by core/dtype.h, bit for bit.
+void expect_copy_is_rounded_master(const Tensor& copy, const Tensor& master) {
+  const float* p = master.data<float>();
+  for (int64_t i = 0; i < master.numel(); ++i) {
+    switch (copy.dtype()) {
+      case DType::bf16: ASSERT_EQ(copy.data<bf16>()[i].bits, float_to_bf16(p[i]).bits) << i; break;
+      case DType::f16: ASSERT_EQ(copy.data<f16>()[i].bits, float_to_f16(p[i]).bits) << i; break;
+      case DType::f32:
+        ASSERT_EQ(std::bit_cast<uint32_t>(copy.data<float>()[i]), std::bit_cast<uint32_t>(p[i])) << i;
+        break;
+      default: FAIL();
+    }
+  }
+}
+
+TEST(AdamWTest, SeveralStepsMatchFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(21);
+  for (DType gdt : {DType::f32, DType::bf16}) {
+    for (int copy_kind = 0; copy_kind < 4; ++copy_kind) {  // none, bf16, f16, f32
+      for (int64_t n : {1, 7, 1000, 70001}) {
+        const DType copy_dt[] = {DType::f32, DType::bf16, DType::f16, DType::f32};
+        SCOPED_TRACE("grad " + std::string(dtype_name(gdt)) + " copy " +
+                     (copy_kind == 0 ? std::string("none") : std::string(dtype_name(copy_dt[copy_kind]))) +
+                     " n=" + std::to_string(n));
+        Tensor p = random_tensor(Shape{n}, DType::f32, rng, -1, 1);
+        Tensor m = Tensor::empty(Shape{n}, DType::f32), v = Tensor::empty(Shape{n}, DType::f32);
+        set_all(m, 0.0);
+        set_all(v, 0.0);
+        Tensor copy = copy_kind ? Tensor::empty(Shape{n}, copy_dt[copy_kind]) : Tensor();
+        State ref{to_f64(p), std::vector<double>(size_t(n), 0.0), std::vector<double>(size_t(n), 0.0)};
+        ops::AdamWParams hp;
+        hp.lr = 1e-2f;
+        hp.beta1 = 0.9f;
+        hp.beta2 = 0.95f;
+        hp.eps = 1e-8f;
+        hp.weight_decay = 0.1f;
+        hp.grad_scale = 0.5f;
+        double gmax = 0;
+        for (int64_t step = 1; step <= 5; ++step) {
+          hp.step = step;
+          // Gradients of varied magnitude, some exactly zero.
+          Tensor g = random_tensor(Shape{n}, gdt, rng, -1, 1);
+          for (int64_t i = 0; i < n; i += 13) test::store_f64(g, i, 0.0);
+          for (int64_t i = 5; i < n; i += 17) test::store_f64(g, i, test::load_f64(g, i) * 1e-4);
+          const auto gv = to_f64(g);
+          for (double x : gv) gmax = std::max(gmax, std::fabs(x) * hp.grad_scale);
+          if (copy.defined()) poison(copy);
+          ops::adamw_step(p, g, m, v, copy, hp);
+          reference_step(ref, gv, hp);
+          if (copy.defined()) expect_copy_is_rounded_master(copy, p);
+        }
+        EXPECT_TRUE(test::all_close(p, ref.p, 2e-6, 5e-6 * double(hp.lr)));
+        EXPECT_TRUE(test::all_close(m, ref.m, 1e-5, 1e-6 * gmax));
+        EXPECT_TRUE(test::all_close(v, ref.v, 1e-5, 1e-12 * gmax * gmax));
+      }
+    }
+  }
+}
+
+TEST(AdamWTest, BiasCorrectionAndWeightDecayAtLateStep) {
+  ZT_TEST_TRACE_SEED();
+  // Step 1000 (bias correction ~1 for beta1, not for beta2 = 0.999), big
+  // weight decay, non-trivial state: exercises every term of the update.
+  auto rng = make_rng(22);
+  const int64_t n = 513;
+  Tensor p = random_tensor(Shape{n}, DType::f32, rng, -2, 2);
+  Tensor m = random_tensor(Shape{n}, DType::f32, rng, -0.1, 0.1);
+  Tensor v = random_tensor(Shape{n}, DType::f32, rng, 1e-6, 1e-2);
+  Tensor g = random_tensor(Shape{n}, DType::f32, rng, -0.3, 0.3);
+  State ref{to_f64(p), to_f64(m), to_f64(v)};
+  ops::AdamWParams hp;
+  hp.lr = 3e-3f;
+  hp.beta1 = 0.8f;
+  hp.beta2 = 0.999f;
+  hp.eps = 1e-6f;
+  hp.weight_decay = 0.5f;
+  hp.step = 1000;
+  hp.grad_scale = 2.0f;
+  ops::adamw_step(p, g, m, v, Tensor(), hp);
+  reference_step(ref, to_f64(g), hp);
+  EXPECT_TRUE(test::all_close(p, ref.p, 1e-6, 1e-6 * double(hp.lr)));
+  EXPECT_TRUE(test::all_close(m, ref.m, 1e-5, 1e-7));
+  EXPECT_TRUE(test::all_close(v, ref.v, 1e-5, 1e-12));
+
+  // Zero gradient and zero state: only decoupled weight decay acts.
+  set_all(m, 0.0);
+  set_all(v, 0.0);
+  set_all(g, 0.0);
+  const auto before = to_f64(p);
+  hp.step = 1;
+  ops::adamw_step(p, g, m, v, Tensor(), hp);
+  std::vector<double> want(before.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = before[i] * (1.0 - double(hp.lr) * double(hp.weight_decay));
+  EXPECT_TRUE(test::all_close(p, want, 1e-6, 0));
+}
+
+TEST(AdamWTest, BadArguments) {
+  ZT_TEST_TRACE_SEED();
+  const int64_t n = 12;
+  Tensor p = Tensor::empty(Shape{3, 4}, DType::f32), g = Tensor::empty(Shape{n}, DType::bf16);
+  Tensor m = Tensor::empty(Shape{n}, DType::f32), v = Tensor::empty(Shape{4, 3}, DType::f32);
+  Tensor copy = Tensor::empty(Shape{n}, DType::bf16);
+  set_all(p, 1.0);
+  set_all(g, 1.0);
+  set_all(m, 0.0);
+  set_all(v, 0.0);
+  ops::AdamWParams hp;
+  auto expect_msg = [](const std::string& msg, const char* what) {
+    EXPECT_THAT(msg, HasSubstr("adamw_step"));
+    EXPECT_THAT(msg, HasSubstr(what));
+  };
+  // Shapes of equal numel are fine.
+  EXPECT_NO_THROW(ops::adamw_step(p, g, m, v, copy, hp));
+  expect_msg(error_of([&] { ops::adamw_step(copy, g, m, v, Tensor(), hp); }), "'master'");
+  expect_msg(error_of([&] { ops::adamw_step(p, Tensor::empty(Shape{n}, DType::f16), m, v, copy, hp); }), "'grad'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, Tensor::empty(Shape{n + 1}, DType::f32), v, copy, hp); }), "'m'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, Tensor::empty(Shape{n}, DType::bf16), copy, hp); }), "'v'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, Tensor::empty(Shape{n}, DType::i32), hp); }),
+             "'model_copy'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, Tensor::empty(Shape{n - 1}, DType::bf16), hp); }),
+             "'model_copy'");
+  expect_msg(error_of([&] { ops::adamw_step(p, fake_cuda(Shape{n}, DType::bf16), m, v, copy, hp); }), "'grad'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, m, copy, hp); }), "overlap");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, p, hp); }), "'master' and 'model_copy'");
+  ops::AdamWParams bad = hp;
+  bad.step = 0;
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "step");
+  bad = hp;
+  bad.beta1 = 1.0f;
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "beta1");
+  bad = hp;
+  bad.beta2 = -0.1f;
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "beta2");
+  bad = hp;
+  bad.lr = NAN;
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "lr");
+}
+
+}  // namespace
+}  // namespace zt

@@ -1,0 +1,307 @@
+// Fused softmax + cross-entropy against a float64 reference.
+//
+// Tolerances (f32 logits): the kernel's exp is ~2 ulp, x - max is rounded in
+// f32 (relative error of e^(x-m) up to |x - m| * 2^-24, <= 6e-7 for the
+// logit ranges used), and the row sum is f32 within blocks, so softmax values
+// are good to ~1e-6 relative: rtol 1e-5. The loss is assembled in f64 from
+// f32 pieces (log S good to ~1e-7 absolute): rtol 1e-5, atol 1e-6. The target
+// column p_t - 1 cancels when p_t ~ 1, leaving ~1e-7 absolute: dlogits atol
+// 1e-6 * |grad_scale|. bf16 logits are compared with the float64 reference
+// of the bf16 values; bf16 dlogits get rtol 1e-2 (bf16 has 8 significant bits).
+#include "ops/cross_entropy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "test_util.h"
+
+namespace zt {
+namespace {
+
+using ::testing::HasSubstr;
+using test::make_rng;
+using test::poison;
+using test::random_tensor;
+using test::to_f64;
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no zt::Error thrown>";
+}
+
+Tensor fake_cuda(const Shape& s, DType dt) {
+  static std::array<char, 64> dummy;
+  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
+}
+
+struct Ref {
+  std::vector<double> loss;     // (N)
+  std::vector<double> dlogits;  // (N, Vp)
+};
+
+// Forward loss of one row in float64.
+double ref_row_loss(const double* x, int64_t V, int32_t t) {
+  if (t < 0) return 0.0;
+  double m = -INFINITY;
+  for (int64_t j = 0; j < V; ++j) m = std::max(m, x[j]);
+  double s = 0.0;
+  for (int64_t j = 0; j < V; ++j) s += std::exp(x[j] - m);
+  return m + std::log(s) - x[t];
+}
+
+Ref reference(const std::vector<double>& x, const std::vector<int32_t>& tg, int64_t N, int64_t Vp, int64_t V,
+              double scale) {
+  Ref r{std::vector<double>(size_t(N)), std::vector<double>(size_t(N * Vp), 0.0)};
+  for (int64_t n = 0; n < N; ++n) {
+    const double* row = x.data() + n * Vp;
+    const int32_t t = tg[size_t(n)];
+    r.loss[size_t(n)] = ref_row_loss(row, V, t);
+    if (t < 0) continue;
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, row[j]);
+    double s = 0.0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(row[j] - m);
+    for (int64_t j = 0; j < V; ++j)
+      r.dlogits[size_t(n * Vp + j)] = (std::exp(row[j] - m) / s - (j == t ? 1.0 : 0.0)) * scale;
+  }
+  return r;
+}
+
+Tensor make_targets(int64_t N, int64_t V, std::mt19937_64& rng, double ignore_frac) {
+  Tensor t = Tensor::empty(Shape{N}, DType::i32);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(V - 1));
+  std::bernoulli_distribution ign(ignore_frac);
+  for (int64_t n = 0; n < N; ++n) t.data<int32_t>()[n] = ign(rng) ? -1 - int32_t(rng() % 100) : d(rng);
+  return t;
+}
+
+std::vector<int32_t> targets_vec(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+// Padding columns and ignored rows of dlogits must be exactly zero.
+void expect_exact_zeros(const Tensor& dlogits, const std::vector<int32_t>& tg, int64_t V) {
+  const int64_t N = dlogits.size(0), Vp = dlogits.size(1);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < Vp; ++j)
+      if (j >= V || tg[size_t(n)] < 0) {
+        ASSERT_EQ(test::load_f64(dlogits, n * Vp + j), 0.0) << "row " << n << " column " << j;
+      }
+}
+
+struct Case {
+  int64_t N, Vp, V;
+};
+
+TEST(CrossEntropyTest, MatchesFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(11);
+  const Case cases[] = {{1, 1, 1}, {1, 7, 5}, {3, 50, 50}, {5, 1000, 997}, {2, 4099, 4097}, {17, 64, 33}, {4, 3000, 1}};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N=" + std::to_string(c.N) + " Vp=" + std::to_string(c.Vp) +
+                   " V=" + std::to_string(c.V));
+      Tensor logits = random_tensor(Shape{c.N, c.Vp}, dt, rng, -6, 6);
+      Tensor targets = make_targets(c.N, c.V, rng, 0.2);
+      const auto tg = targets_vec(targets);
+      const float scale = 0.37f;
+      const Ref ref = reference(to_f64(logits), tg, c.N, c.Vp, c.V, scale);
+      Tensor losses = Tensor::empty(Shape{c.N}, DType::f32), dlogits = Tensor::empty(Shape{c.N, c.Vp}, dt);
+      poison(losses);
+      poison(dlogits);
+      ops::softmax_cross_entropy(losses, dlogits, logits, targets, c.V, scale);
+      EXPECT_TRUE(test::all_close(losses, ref.loss, 1e-5, 1e-6));
+      if (dt == DType::f32)
+        EXPECT_TRUE(test::all_close(dlogits, ref.dlogits, 1e-5, 1e-6 * scale));
+      else
+        EXPECT_TRUE(test::all_close(dlogits, ref.dlogits, 1e-2, 1e-6 * scale));
+      expect_exact_zeros(dlogits, tg, c.V);
+      for (int64_t n = 0; n < c.N; ++n)
+        if (tg[size_t(n)] < 0) {
+          EXPECT_EQ(losses.data<float>()[n], 0.0f);
+        }
+
+      // Forward only: same losses, bit for bit.
+      Tensor losses2 = Tensor::empty(Shape{c.N}, DType::f32);
+      poison(losses2);
+      ops::softmax_cross_entropy(losses2, Tensor(), logits, targets, c.V, scale);
+      EXPECT_EQ(std::memcmp(losses.data_ptr(), losses2.data_ptr(), losses.nbytes()), 0);
+
+      // In place: the same results, bit for bit.
+      Tensor inplace = Tensor::empty(logits.shape(), dt);
+      std::memcpy(inplace.data_ptr(), logits.data_ptr(), logits.nbytes());
+      poison(losses2);
+      ops::softmax_cross_entropy(losses2, inplace, inplace, targets, c.V, scale);
+      EXPECT_EQ(std::memcmp(losses.data_ptr(), losses2.data_ptr(), losses.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(dlogits.data_ptr(), inplace.data_ptr(), dlogits.nbytes()), 0);
+    }
+  }
+}
+
+TEST(CrossEntropyTest, ReferenceGradientMatchesFiniteDifferences) {
+  ZT_TEST_TRACE_SEED();
+  // Verifies the float64 analytic reference itself: d(scale * sum_n loss_n)/dx.
+  auto rng = make_rng(12);
+  const int64_t N = 3, Vp = 7, V = 5;
+  std::vector<double> x(size_t(N * Vp));
+  std::uniform_real_distribution<double> u(-3, 3);
+  for (double& v : x) v = u(rng);
+  const std::vector<int32_t> tg = {2, -1, 4};
+  const double scale = 0.7, h = 1e-5;
+  const Ref ref = reference(x, tg, N, Vp, V, scale);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t j = 0; j < Vp; ++j) {
+      std::vector<double> xp = x, xm = x;
+      xp[size_t(n * Vp + j)] += h;
+      xm[size_t(n * Vp + j)] -= h;
+      const double fd = scale * (ref_row_loss(xp.data() + n * Vp, V, tg[size_t(n)]) -
+                                 ref_row_loss(xm.data() + n * Vp, V, tg[size_t(n)])) /
+                        (2 * h);
+      EXPECT_NEAR(ref.dlogits[size_t(n * Vp + j)], fd, 1e-8) << "row " << n << " column " << j;
+    }
+  }
+}
+
+TEST(CrossEntropyTest, PaddingDoesNotChangeTheResult) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(13);
+  const int64_t N = 6, V = 300, Vp = 320;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor unpadded = random_tensor(Shape{N, V}, dt, rng, -4, 4);
+    Tensor padded = Tensor::empty(Shape{N, Vp}, dt);
+    const double pad_values[] = {1e30, -1e30, 3e38, INFINITY, NAN, 1e4};
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t j = 0; j < Vp; ++j)
+        test::store_f64(padded, n * Vp + j,
+                        j < V ? test::load_f64(unpadded, n * V + j) : pad_values[size_t(n + j) % 6]);
+    }
+    Tensor targets = make_targets(N, V, rng, 0.0);
+    targets.data<int32_t>()[0] = int32_t(V - 1);  // the last real column
+    const auto tg = targets_vec(targets);
+    Tensor l0 = Tensor::empty(Shape{N}, DType::f32), l1 = Tensor::empty(Shape{N}, DType::f32);
+    Tensor d0 = Tensor::empty(Shape{N, V}, dt), d1 = Tensor::empty(Shape{N, Vp}, dt);
+    poison(d1);
+    ops::softmax_cross_entropy(l0, d0, unpadded, targets, V, 1.0f);
+    ops::softmax_cross_entropy(l1, d1, padded, targets, V, 1.0f);
+    EXPECT_EQ(std::memcmp(l0.data_ptr(), l1.data_ptr(), l0.nbytes()), 0);
+    for (int64_t n = 0; n < N; ++n)
+      EXPECT_EQ(std::memcmp(static_cast<char*>(d0.data_ptr()) + n * V * dtype_size(dt),
+                            static_cast<char*>(d1.data_ptr()) + n * Vp * dtype_size(dt), size_t(V) * dtype_size(dt)),
+                0)
+          << "row " << n;
+    expect_exact_zeros(d1, tg, V);
+    const Ref ref = reference(to_f64(unpadded), tg, N, V, V, 1.0);
+    EXPECT_TRUE(test::all_close(l1, ref.loss, 1e-5, 1e-6));
+  }
+}
+
+TEST(CrossEntropyTest, LargeLogitsAreStable) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(14);
+  const int64_t N = 8, V = 513;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor logits = random_tensor(Shape{N, V}, dt, rng, -1e4, 1e4);
+    // Rows 0/1: every logit huge and nearly equal; row 2: two tied maxima.
+    for (int64_t j = 0; j < V; ++j) {
+      test::store_f64(logits, j, 1e4 - double(j % 7));
+      test::store_f64(logits, V + j, -1e4 + double(j % 5));
+      test::store_f64(logits, 2 * V + j, j == 3 || j == 9 ? 5e3 : -5e3);
+    }
+    Tensor targets = make_targets(N, V, rng, 0.0);
+    targets.data<int32_t>()[2] = 3;
+    const auto tg = targets_vec(targets);
+    const Ref ref = reference(to_f64(logits), tg, N, V, V, 1.0 / double(N));
+    Tensor losses = Tensor::empty(Shape{N}, DType::f32), dlogits = Tensor::empty(Shape{N, V}, dt);
+    poison(losses);
+    poison(dlogits);
+    ops::softmax_cross_entropy(losses, dlogits, logits, targets, V, 1.0f / float(N));
+    EXPECT_TRUE(test::all_close(losses, ref.loss, 1e-5, 1e-6));
+    EXPECT_TRUE(test::all_close(dlogits, ref.dlogits, dt == DType::f32 ? 1e-5 : 1e-2, 1e-6 / double(N)));
+    EXPECT_NEAR(losses.data<float>()[2], std::log(2.0), 1e-6);
+  }
+}
+
+TEST(CrossEntropyTest, SingleClassAndSingleRow) {
+  ZT_TEST_TRACE_SEED();
+  // V = 1: softmax is 1, loss 0, gradient 0 whatever the logit; padding ignored.
+  float x[3] = {123.0f, 1e30f, -7.0f};
+  Tensor logits = Tensor::wrap(x, Shape{1, 3}, DType::f32);
+  int32_t t = 0;
+  Tensor targets = Tensor::wrap(&t, Shape{1}, DType::i32);
+  Tensor losses = Tensor::empty(Shape{1}, DType::f32), d = Tensor::empty(Shape{1, 3}, DType::f32);
+  poison(d);
+  ops::softmax_cross_entropy(losses, d, logits, targets, 1, 2.0f);
+  EXPECT_EQ(losses.data<float>()[0], 0.0f);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(d.data<float>()[j], 0.0f);
+}
+
+TEST(CrossEntropyTest, BadArguments) {
+  ZT_TEST_TRACE_SEED();
+  const int64_t N = 4, Vp = 10;
+  Tensor logits = Tensor::empty(Shape{N, Vp}, DType::f32), targets = Tensor::empty(Shape{N}, DType::i32);
+  for (int64_t n = 0; n < N; ++n) targets.data<int32_t>()[n] = int32_t(n);
+  Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, DType::f32);
+  auto expect_msg = [](const std::string& msg, const char* arg) {
+    EXPECT_THAT(msg, HasSubstr("softmax_cross_entropy"));
+    EXPECT_THAT(msg, HasSubstr(arg));
+  };
+  expect_msg(error_of([&] { ops::softmax_cross_entropy(losses, d, logits.view(Shape{N * Vp}), targets, Vp, 1); }),
+             "'logits'");
+  expect_msg(error_of([&] {
+               ops::softmax_cross_entropy(losses, d, Tensor::empty(Shape{N, Vp}, DType::f16), targets, Vp, 1);
+             }),
+             "'logits'");
+  expect_msg(error_of([&] { ops::softmax_cross_entropy(losses, d, logits, targets.slice(0, 3), Vp, 1); }), "'targets'");
+  expect_msg(error_of([&] {
+               ops::softmax_cross_entropy(losses, d, logits, Tensor::empty(Shape{N}, DType::i64), Vp, 1);
+             }),
+             "'targets'");
+  expect_msg(error_of([&] {
+               ops::softmax_cross_entropy(Tensor::empty(Shape{N}, DType::bf16), d, logits, targets, Vp, 1);
+             }),
+             "'losses'");
+  expect_msg(error_of([&] {
+               ops::softmax_cross_entropy(losses, Tensor::empty(Shape{N, Vp + 1}, DType::f32), logits, targets, Vp, 1);
+             }),
+             "'dlogits'");
+  expect_msg(error_of([&] {
+               ops::softmax_cross_entropy(losses, Tensor::empty(Shape{N, Vp}, DType::bf16), logits, targets, Vp, 1);
+             }),
+             "'dlogits'");
+  expect_msg(error_of([&] { ops::softmax_cross_entropy(losses, d, logits, targets, 0, 1); }), "vocab");
+  expect_msg(error_of([&] { ops::softmax_cross_entropy(losses, d, logits, targets, Vp + 1, 1); }), "vocab");
+  expect_msg(error_of([&] {
+               ops::softmax_cross_entropy(losses, d, logits, fake_cuda(Shape{N}, DType::i32), Vp, 1);
+             }),
+             "'targets'");
+  // dlogits partially overlapping logits.
+  Tensor big = Tensor::empty(Shape{N + 1, Vp}, DType::f32);
+  expect_msg(error_of([&] { ops::softmax_cross_entropy(losses, big.slice(1, N + 1), big.slice(0, N), targets, Vp, 1); }),
+             "'dlogits'");
+  // A target >= vocab: named with its row, and nothing is written.
+  poison(losses);
+  poison(d);
+  test::store_f64(logits, 0, 0.0);
+  targets.data<int32_t>()[2] = 7;
+  const std::string msg = error_of([&] { ops::softmax_cross_entropy(losses, d, logits, targets, 7, 1); });
+  expect_msg(msg, "target 7");
+  EXPECT_THAT(msg, HasSubstr("row 2"));
+  EXPECT_THAT(msg, HasSubstr("vocab (7)"));
+  for (int64_t n = 0; n < N; ++n) EXPECT_TRUE(std::isnan(losses.data<float>()[n]));
+  for (int64_t i = 0; i < N * Vp; ++i) EXPECT_TRUE(std::isnan(d.data<float>()[i]));
+}
+
+}  // namespace
+}  // namespace zt
