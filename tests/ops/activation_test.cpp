@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -266,6 +267,79 @@ TEST(Swiglu, FarTails) {
     test::store_f64(dx, 15, 0.0);
     EXPECT_TRUE(test::all_close(y, ry, out_rtol(dt), kFwdAtol));
     EXPECT_TRUE(test::all_close(dx, rdx, out_rtol(dt), kBwdAtol));
+  }
+}
+
+// The bf16 kernels do the f32 kernels' math on the widened inputs and round
+// once on store: bitwise equal to from_float<bf16> of the f32 result (checks
+// the vectorised bf16 rounding: nearest-even, NaN kept quiet).
+TEST(Activation, Bf16IsTheRoundedF32Result) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(16);
+  const Shape xs{37, 2 * 53}, ys{37, 53};  // odd sizes: vector body and padded tail
+  Tensor xb = random_tensor(xs, DType::bf16, rng, -6.0, 6.0);
+  Tensor dyb = random_tensor(ys, DType::bf16, rng, -1.0, 1.0);
+  test::store_f64(xb, 5, NAN);
+  test::store_f64(xb, 6, INFINITY);
+  test::store_f64(xb, 7, -INFINITY);
+  test::store_f64(xb, 60, NAN);  // row 0 (H = 53): gates 0..52, up values 53..105
+  for (int64_t i = 70; i < 90; ++i) test::store_f64(xb, i, 1e-39 * double(i - 69));  // subnormal up values
+  for (int64_t i = 120; i < 124; ++i) test::store_f64(xb, i, -1e-38);  // subnormal gelu outputs
+  const Tensor xf = tensor_from(to_f64(xb), xs, DType::f32), dyf = tensor_from(to_f64(dyb), ys, DType::f32);
+  auto check = [](const char* what, const Tensor& got_bf16, const Tensor& f32, bool expect_subnormal = true) {
+    SCOPED_TRACE(what);
+    const bf16* g = got_bf16.data<bf16>();
+    const float* f = f32.data<float>();
+    int64_t bad = 0, subnormal = 0;
+    for (int64_t i = 0; i < f32.numel(); ++i) subnormal += std::fpclassify(f[i]) == FP_SUBNORMAL;
+    if (expect_subnormal) {
+      EXPECT_GT(subnormal, 0) << "the inputs should produce some subnormal results";
+    }
+    for (int64_t i = 0; i < f32.numel(); ++i)
+      if (g[i].bits != from_float<bf16>(f[i]).bits && ++bad <= 3)
+        ADD_FAILURE() << "element " << i << ": bf16 kernel " << g[i].bits << ", rounded f32 kernel "
+                      << from_float<bf16>(f[i]).bits << " (f32 value " << f[i] << ")";
+    EXPECT_EQ(bad, 0);
+  };
+  {
+    Tensor yb = Tensor::empty(xs, DType::bf16), yf = Tensor::empty(xs, DType::f32);
+    ops::gelu_forward(yb, xb);
+    ops::gelu_forward(yf, xf);
+    check("gelu_forward", yb, yf);
+    Tensor gb = Tensor::empty(xs, DType::bf16), gf = Tensor::empty(xs, DType::f32);
+    ops::gelu_backward(gb, xb, xb);  // dy = x: any values will do
+    ops::gelu_backward(gf, xf, xf);
+    check("gelu_backward", gb, gf);
+  }
+  {
+    // Exact rounding ties: for gates g >= 88 silu(g) = g exactly, so y = g u is
+    // the exact product of two 8-bit significands, often halfway between two
+    // bf16 values (ties go to even).
+    Vec tie_x;
+    for (int g = 88; g < 120; ++g) {
+      for (int m = 0; m < 128; ++m) tie_x.push_back(g);
+      for (int m = 0; m < 128; ++m) tie_x.push_back(1.0 + m / 128.0);
+    }
+    const int64_t rows = 120 - 88;
+    const Tensor tb = tensor_from(tie_x, Shape{rows, 256}, DType::bf16);
+    const Tensor tf = tensor_from(tie_x, Shape{rows, 256}, DType::f32);
+    Tensor yb = Tensor::empty(Shape{rows, 128}, DType::bf16), yf = Tensor::empty(Shape{rows, 128}, DType::f32);
+    ops::swiglu_forward(yb, tb);
+    ops::swiglu_forward(yf, tf);
+    int64_t ties = 0;
+    for (int64_t i = 0; i < yf.numel(); ++i) ties += (std::bit_cast<uint32_t>(yf.data<float>()[i]) & 0xffffu) == 0x8000u;
+    EXPECT_GT(ties, 100);
+    check("swiglu_forward ties", yb, yf, false);
+  }
+  {
+    Tensor yb = Tensor::empty(ys, DType::bf16), yf = Tensor::empty(ys, DType::f32);
+    ops::swiglu_forward(yb, xb);
+    ops::swiglu_forward(yf, xf);
+    check("swiglu_forward", yb, yf);
+    Tensor gb = Tensor::empty(xs, DType::bf16), gf = Tensor::empty(xs, DType::f32);
+    ops::swiglu_backward(gb, dyb, xb);
+    ops::swiglu_backward(gf, dyf, xf);
+    check("swiglu_backward", gb, gf);
   }
 }
 

@@ -1,84 +1,220 @@
 // CPU GeLU / SwiGLU kernels. Math and gradient rules: see activation.h.
 //
-// Every kernel is one contiguous, vectorised loop per tile of elements (or of
-// a row's columns for SwiGLU), tiles spread over OpenMP threads. bf16 is
-// widened on load and rounded on store inside the same loop; all math is f32.
+// The math is written once on 16-lane f32 vectors (GCC/Clang vector
+// extensions, lowered to AVX-512 here and to narrower ISAs elsewhere): the
+// compiler's auto-vectoriser turns the clamps below into masked, branchy code
+// and cannot keep exp's integer steps in vector registers, while these lower
+// to straight-line vector instructions. Every element, including a tile's
+// tail (widened into a padded 16-lane block), goes through the same vector
+// code, so a result never depends on its position. Tiles of elements (rows of
+// columns for SwiGLU) are spread over OpenMP threads.
+//
+// Loads widen bf16 exactly (bits << 16); stores round f32 -> bf16 with the
+// bits of core/dtype.h's float_to_bf16 (round to nearest even, NaN -> quiet
+// NaN keeping sign and payload top bits; with AVX512-BF16 one VCVTNEPS2BF16),
+// checked bitwise by the tests.
 #include "backend/cpu/activation.h"
 
 #include <algorithm>
-#include <bit>
-#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace zt::cpu {
 
 namespace {
 
-// Elements per tile: big enough to amortise the loop set-up, small enough to
+// --- 16-lane vectors ------------------------------------------------------------
+
+using f32x16 = float __attribute__((vector_size(64)));
+using i32x16 = int32_t __attribute__((vector_size(64)));
+using u32x16 = uint32_t __attribute__((vector_size(64)));
+using u16x16 = uint16_t __attribute__((vector_size(32)));
+using u16x32 = uint16_t __attribute__((vector_size(64)));
+constexpr int64_t kV = 16;
+
+inline f32x16 splat(float s) { return f32x16{} + s; }
+inline f32x16 vmax(f32x16 a, f32x16 b) { return a < b ? b : a; }  // NaN in a passes through
+inline f32x16 vmin(f32x16 a, f32x16 b) { return a > b ? b : a; }  // NaN in a passes through
+
+// bf16 -> f32 is exact: the bf16 bits become the high half of each f32 lane
+// (interleaving with zeros, one shuffle).
+template <typename T>
+inline f32x16 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    f32x16 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else {
+    static_assert(std::is_same_v<T, bf16>);
+    u16x16 h;
+    std::memcpy(&h, p, sizeof h);
+    const u16x32 w = __builtin_shufflevector(u16x16{}, h, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    return (f32x16)w;
+  }
+}
+
+// f32 -> bf16 with core/dtype.h's float_to_bf16 bits, in integer vector ops.
+inline u16x16 to_bf16_bits(f32x16 v) {
+  const u32x16 u = (u32x16)v;
+  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest, ties to even
+  const u32x16 qnan = (u >> 16) | 0x0040u;
+  const u32x16 bits = (u & 0x7fffffffu) > 0x7f800000u ? qnan : rounded;
+  return __builtin_convertvector(bits, u16x16);
+}
+
+template <typename T>
+inline void store16(T* p, f32x16 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    static_assert(std::is_same_v<T, bf16>);
+#if defined(__AVX512BF16__)
+    // VCVTNEPS2BF16 rounds exactly like float_to_bf16 (nearest even; NaN ->
+    // (bits >> 16) | 0x40) except that it flushes subnormal inputs to zero:
+    // vectors holding a subnormal take the integer path instead.
+    const __m512 f = (__m512)v;
+    if (__builtin_expect(_mm512_fpclass_ps_mask(f, 0x20) == 0, 1)) {  // 0x20: subnormal
+      const __m256bh h = _mm512_cvtneps_pbh(f);
+      std::memcpy(p, &h, sizeof h);
+      return;
+    }
+#endif
+    const u16x16 h = to_bf16_bits(v);
+    std::memcpy(p, &h, sizeof h);
+  }
+}
+
+// The first n (< 16) elements, zero-padded to a full vector.
+template <typename T>
+inline f32x16 load_partial(const T* p, int64_t n) {
+  T tmp[kV] = {};
+  std::memcpy(tmp, p, size_t(n) * sizeof(T));
+  return load16(tmp);
+}
+
+template <typename T>
+inline void store_partial(T* p, f32x16 v, int64_t n) {
+  T tmp[kV];
+  store16(tmp, v);
+  std::memcpy(p, tmp, size_t(n) * sizeof(T));
+}
+
+// Polynomials (fitted here: Chebyshev fits, coefficients rounded to f32; max
+// relative error over the reduced range with the f32 coefficients ~2e-8, i.e.
+// 0.35 ulp, before the rounding of the evaluation itself):
+//   e^r on |r| <= ln2/2 and 2^f on |f| <= 1/2, both degree 6.
+inline f32x16 exp_poly(f32x16 r) {
+  f32x16 p = splat(1.394110848e-03f);
+  p = p * r + 8.375125937e-03f;
+  p = p * r + 4.166635126e-02f;
+  p = p * r + 1.666641533e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+
+inline f32x16 exp2_poly(f32x16 f) {
+  f32x16 p = splat(1.546144485e-04f);
+  p = p * f + 1.340042800e-03f;
+  p = p * f + 9.618056938e-03f;
+  p = p * f + 5.550327152e-02f;
+  p = p * f + 2.402265072e-01f;
+  p = p * f + 6.931471825e-01f;
+  return p * f + 1.0f;
+}
+
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+constexpr int32_t kRoundBits = 0x4B400000;
+
+// 2^n for the integer-valued n held in t = n + kRound (|n| <= 126): built
+// directly in the exponent field, a normal float.
+inline f32x16 pow2_from_rounded(f32x16 t) { return (f32x16)((((i32x16)t - kRoundBits) + 127) << 23); }
+
+// e^z for |z| <= 87.3 (callers clamp), ~1 ulp: z = n ln2 + r with |r| <= ln2/2
+// (n ln2_hi is exact: ln2_hi has 16 significant bits and |n| <= 126).
+inline f32x16 vexp(f32x16 z) {
+  const f32x16 t = z * 1.44269504088896341f + kRound;
+  const f32x16 n = t - kRound;
+  f32x16 r = z - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723212e-6f;
+  return exp_poly(r) * pow2_from_rounded(t);
+}
+
+// 2^z for |z| <= 126 (callers clamp), ~1 ulp: z = n + f, |f| <= 1/2 (exact).
+inline f32x16 vexp2(f32x16 z) {
+  const f32x16 t = z + kRound;
+  const f32x16 n = t - kRound;
+  return exp2_poly(z - n) * pow2_from_rounded(t);
+}
+
+// --- GeLU -----------------------------------------------------------------------
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluC = 0.044715f;
+// Beyond |x| = 10, GeLU is x or 0 and gelu' is 1 or 0 far below f32
+// resolution (the tail terms are < 1e-35); the math runs on x clamped to
+// [-10, 10], which keeps exp's argument within +-87.3 and x^3 finite.
+constexpr float kGeluClamp = 10.0f;
+
+// exp(-2u) = 2^z with z = -2 log2(e) u = xc (kA + kB xc^2).
+constexpr float kA = -2.302208185f;  // -2 sqrt(2/pi) log2(e)
+constexpr float kB = -0.1029432416f;  // -2 sqrt(2/pi) 0.044715 log2(e)
+
+inline f32x16 gelu_v(f32x16 x) {
+  const f32x16 xl = vmax(x, splat(-kGeluClamp));  // y(x < -10) = y(-10) ~ -1e-37
+  const f32x16 xc = vmin(xl, splat(kGeluClamp));
+  const f32x16 e = vexp2(xc * (kA + kB * (xc * xc)));
+  return xl / (1.0f + e);
+}
+
+inline f32x16 gelu_grad_v(f32x16 x) {
+  const f32x16 xc = vmin(vmax(x, splat(-kGeluClamp)), splat(kGeluClamp));
+  const f32x16 x2 = xc * xc;
+  const f32x16 du = kGeluK + (3.0f * kGeluK * kGeluC) * x2;
+  const f32x16 e = vexp2(xc * (kA + kB * x2));
+  const f32x16 s = 1.0f / (1.0f + e);
+  return s * (1.0f + 2.0f * xc * du * (e * s));
+}
+
+// --- SiLU pieces for SwiGLU -------------------------------------------------------
+
+// Beyond |g| = 87, silu is g or 0 and silu' 1 or 0 in f32 (tails < 2e-36); the
+// math runs on g clamped to [-87, 87] (and silu's factor g only from below).
+constexpr float kSiluClamp = 87.0f;
+
+struct Silu {
+  f32x16 silu, dsilu;
+};
+
+inline f32x16 silu_v(f32x16 g) {
+  const f32x16 gl = vmax(g, splat(-kSiluClamp));
+  const f32x16 gc = vmin(gl, splat(kSiluClamp));
+  return gl / (1.0f + vexp(-gc));
+}
+
+inline Silu silu_and_grad_v(f32x16 g) {
+  const f32x16 gl = vmax(g, splat(-kSiluClamp));
+  const f32x16 gc = vmin(gl, splat(kSiluClamp));
+  const f32x16 e = vexp(-gc);
+  const f32x16 s = 1.0f / (1.0f + e);
+  return {gl * s, s * (1.0f + gc * (e * s))};
+}
+
+// --- tiling -----------------------------------------------------------------------
+
+// Elements per tile: enough to amortise the loop set-up, small enough to
 // balance threads on the tensors a model step sees.
 constexpr int64_t kTile = 4096;
 // Below this many elements the OpenMP fork/join costs more than it saves.
 constexpr int64_t kParallelMinElems = int64_t(1) << 15;
-
-// e^z for z clamped to [-87, 88] (so 2^n below is a normal float), ~1-2 ulp.
-// z = n ln2 + r with |r| <= ln2/2 (n*ln2_hi exact: ln2_hi has 16 significant
-// bits and |n| <= 127); e^r by its Taylor series to r^7 (truncation < 6e-9
-// relative); the scale 2^n built directly in the exponent field.
-inline float exp_clamped(float z) {
-  z = z < -87.0f ? -87.0f : z;
-  z = z > 88.0f ? 88.0f : z;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = z * 1.44269504088896341f + kRound;
-  const float n = t - kRound;
-  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
-  float r = std::fma(n, -0.693145751953125f, z);
-  r = std::fma(n, -1.42860682030941723212e-6f, r);
-  float p = 1.0f / 5040.0f;
-  p = std::fma(p, r, 1.0f / 720.0f);
-  p = std::fma(p, r, 1.0f / 120.0f);
-  p = std::fma(p, r, 1.0f / 24.0f);
-  p = std::fma(p, r, 1.0f / 6.0f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  return p * std::bit_cast<float>((ni + 127) << 23);
-}
-
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluC = 0.044715f;
-
-// Beyond |x| = 10 GeLU is x or 0 and gelu' is 1 or 0 to far below f32
-// resolution (the tail terms are < 1e-35); the math runs on x clamped to
-// [-10, 10], which keeps exp's argument in range and x^3 finite.
-constexpr float kGeluClamp = 10.0f;
-
-inline float clamp(float v, float lo, float hi) {
-  v = v < lo ? lo : v;  // comparisons are false for NaN: NaN passes through
-  return v > hi ? hi : v;
-}
-
-inline float gelu_f(float x) {
-  const float xc = clamp(x, -kGeluClamp, kGeluClamp);
-  const float xl = x < -kGeluClamp ? -kGeluClamp : x;  // y(x < -10) = y(-10) ~ -1e-37
-  const float u = xc * (kGeluK + (kGeluK * kGeluC) * (xc * xc));
-  return xl / (1.0f + exp_clamped(-2.0f * u));
-}
-
-inline float gelu_grad_f(float x) {
-  const float xc = clamp(x, -kGeluClamp, kGeluClamp);
-  const float x2 = xc * xc;
-  const float u = xc * (kGeluK + (kGeluK * kGeluC) * x2);
-  const float du = kGeluK + (3.0f * kGeluK * kGeluC) * x2;
-  const float e = exp_clamped(-2.0f * u);
-  const float s = 1.0f / (1.0f + e);
-  return s * (1.0f + 2.0f * xc * du * (e * s));
-}
-
-// SiLU pieces for a gate value g: beyond |g| = 87 silu is g or 0 and silu' 1
-// or 0 in f32 (tails < 2e-36), so the math runs on g clamped to [-87, 87].
-constexpr float kSiluClamp = 87.0f;
 
 // Runs body(begin, end) over [0, n) in tiles of kTile, on threads when n is large.
 template <typename Body>
@@ -86,24 +222,6 @@ void for_tiles(int64_t n, Body&& body) {
   const int64_t tiles = (n + kTile - 1) / kTile;
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElems)
   for (int64_t t = 0; t < tiles; ++t) body(t * kTile, std::min(n, (t + 1) * kTile));
-}
-
-template <typename T>
-void gelu_forward_impl(T* y, const T* x, int64_t n) {
-  // y may alias x: each element is read, then written at the same index.
-  for_tiles(n, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) y[i] = from_float<T>(gelu_f(to_float(x[i])));
-  });
-}
-
-template <typename T>
-void gelu_backward_impl(T* dx, const T* dy, const T* __restrict x, int64_t n) {
-  // dx may alias dy (same index read-then-write).
-  for_tiles(n, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) dx[i] = from_float<T>(to_float(dy[i]) * gelu_grad_f(to_float(x[i])));
-  });
 }
 
 // Runs body(row, j0, j1) over the (N, H) index space in tiles of columns.
@@ -118,41 +236,71 @@ void for_row_tiles(int64_t N, int64_t H, Body&& body) {
   }
 }
 
+// out[i] = f(a[i]) for i in [i0, i1). out may alias a (same index read, then write).
+template <typename T, typename F>
+inline void map1(T* out, const T* a, int64_t i0, int64_t i1, F f) {
+  int64_t i = i0;
+  for (; i + kV <= i1; i += kV) store16(out + i, f(load16(a + i)));
+  if (i < i1) store_partial(out + i, f(load_partial(a + i, i1 - i)), i1 - i);
+}
+
+// out[i] = f(a[i], b[i]) for i in [i0, i1). out may alias a or b (same index).
+template <typename T, typename F>
+inline void map2(T* out, const T* a, const T* b, int64_t i0, int64_t i1, F f) {
+  int64_t i = i0;
+  for (; i + kV <= i1; i += kV) store16(out + i, f(load16(a + i), load16(b + i)));
+  if (i < i1) {
+    const int64_t n = i1 - i;
+    store_partial(out + i, f(load_partial(a + i, n), load_partial(b + i, n)), n);
+  }
+}
+
 template <typename T>
-void swiglu_forward_impl(T* __restrict y, const T* __restrict x, int64_t N, int64_t H) {
-  for_row_tiles(N, H, [=](int64_t row, int64_t j0, int64_t j1) {
-    const T* __restrict gate = x + row * 2 * H;
-    const T* __restrict up = gate + H;
-    T* __restrict out = y + row * H;
-#pragma omp simd
-    for (int64_t j = j0; j < j1; ++j) {
-      const float g = to_float(gate[j]);
-      const float gc = clamp(g, -kSiluClamp, kSiluClamp);
-      const float gl = g < -kSiluClamp ? -kSiluClamp : g;
-      out[j] = from_float<T>(gl / (1.0f + exp_clamped(-gc)) * to_float(up[j]));
-    }
+void gelu_forward_impl(T* y, const T* x, int64_t n) {
+  for_tiles(n, [=](int64_t i0, int64_t i1) { map1(y, x, i0, i1, [](f32x16 v) { return gelu_v(v); }); });
+}
+
+template <typename T>
+void gelu_backward_impl(T* dx, const T* dy, const T* x, int64_t n) {
+  for_tiles(n, [=](int64_t i0, int64_t i1) {
+    map2(dx, dy, x, i0, i1, [](f32x16 d, f32x16 v) { return d * gelu_grad_v(v); });
   });
 }
 
 template <typename T>
-void swiglu_backward_impl(T* __restrict dx, const T* __restrict dy, const T* __restrict x, int64_t N, int64_t H) {
+void swiglu_forward_impl(T* y, const T* x, int64_t N, int64_t H) {
   for_row_tiles(N, H, [=](int64_t row, int64_t j0, int64_t j1) {
-    const T* __restrict gate = x + row * 2 * H;
-    const T* __restrict up = gate + H;
-    const T* __restrict d = dy + row * H;
-    T* __restrict dgate = dx + row * 2 * H;
-    T* __restrict dup = dgate + H;
-#pragma omp simd
-    for (int64_t j = j0; j < j1; ++j) {
-      const float g = to_float(gate[j]), u = to_float(up[j]), dyj = to_float(d[j]);
-      const float gc = clamp(g, -kSiluClamp, kSiluClamp);
-      const float gl = g < -kSiluClamp ? -kSiluClamp : g;
-      const float e = exp_clamped(-gc);
-      const float s = 1.0f / (1.0f + e);
-      const float silu = gl * s;
-      const float dsilu = s * (1.0f + gc * (e * s));
-      dgate[j] = from_float<T>(dyj * u * dsilu);
-      dup[j] = from_float<T>(dyj * silu);
+    const T* gate = x + row * 2 * H;
+    map2(y + row * H, gate, gate + H, j0, j1, [](f32x16 g, f32x16 u) { return silu_v(g) * u; });
+  });
+}
+
+template <typename T>
+void swiglu_backward_impl(T* dx, const T* dy, const T* x, int64_t N, int64_t H) {
+  for_row_tiles(N, H, [=](int64_t row, int64_t j0, int64_t j1) {
+    const T* gate = x + row * 2 * H;
+    const T* up = gate + H;
+    const T* d = dy + row * H;
+    T* dgate = dx + row * 2 * H;
+    T* dup = dgate + H;
+    auto step = [](f32x16 g, f32x16 u, f32x16 dyv, f32x16& dg, f32x16& du) {
+      const Silu s = silu_and_grad_v(g);
+      dg = dyv * u * s.dsilu;
+      du = dyv * s.silu;
+    };
+    int64_t j = j0;
+    for (; j + kV <= j1; j += kV) {
+      f32x16 dg, du;
+      step(load16(gate + j), load16(up + j), load16(d + j), dg, du);
+      store16(dgate + j, dg);
+      store16(dup + j, du);
+    }
+    if (j < j1) {
+      const int64_t n = j1 - j;
+      f32x16 dg, du;
+      step(load_partial(gate + j, n), load_partial(up + j, n), load_partial(d + j, n), dg, du);
+      store_partial(dgate + j, dg, n);
+      store_partial(dup + j, du, n);
     }
   });
 }

@@ -14,10 +14,11 @@
 //   dgate = dy u silu'(g),  silu'(g) = s (1 + g (1 - s)) = s (1 + g e s)
 //   dup   = dy silu(g)
 //
-// exp is a vectorisable f32 routine (Cody-Waite reduction, degree-7
-// polynomial, ~1-2 ulp) with its argument clamped to [-87, 88]: inside every
-// use above it appears as 1 / (1 + exp(.)), where the clamp only changes
-// results that are below 1e-37 in magnitude. NaN inputs propagate.
+// exp is an f32 vector routine (Cody-Waite reduction, degree-7 polynomial,
+// ~1-2 ulp). Its argument stays within +-87.3 because the math runs on x
+// clamped to [-10, 10] for GeLU and g clamped to [-87, 87] for SiLU: beyond
+// those the functions and derivatives equal their limits (x or 0, 1 or 0) to
+// within 1e-35. NaN inputs propagate.
 #pragma once
 
 #include <cstdint>
