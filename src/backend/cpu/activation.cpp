@@ -9,10 +9,8 @@
 // code, so a result never depends on its position. Tiles of elements (rows of
 // columns for SwiGLU) are spread over OpenMP threads.
 //
-// Loads widen bf16 exactly (bits << 16); stores round f32 -> bf16 with the
-// bits of core/dtype.h's float_to_bf16 (round to nearest even, NaN -> quiet
-// NaN keeping sign and payload top bits; with AVX512-BF16 one VCVTNEPS2BF16),
-// checked bitwise by the tests.
+// Loads and stores: the simd16 primitives in activation.h (bf16 widened
+// exactly; stored with float_to_bf16's rounding, checked bitwise by the tests).
 #include "backend/cpu/activation.h"
 
 #include <algorithm>
@@ -22,90 +20,11 @@
 
 #include "core/dtype.h"
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
-
 namespace zt::cpu {
 
 namespace {
 
-// --- 16-lane vectors ------------------------------------------------------------
-
-using f32x16 = float __attribute__((vector_size(64)));
-using i32x16 = int32_t __attribute__((vector_size(64)));
-using u32x16 = uint32_t __attribute__((vector_size(64)));
-using u16x16 = uint16_t __attribute__((vector_size(32)));
-using u16x32 = uint16_t __attribute__((vector_size(64)));
-constexpr int64_t kV = 16;
-
-inline f32x16 splat(float s) { return f32x16{} + s; }
-inline f32x16 vmax(f32x16 a, f32x16 b) { return a < b ? b : a; }  // NaN in a passes through
-inline f32x16 vmin(f32x16 a, f32x16 b) { return a > b ? b : a; }  // NaN in a passes through
-
-// bf16 -> f32 is exact: the bf16 bits become the high half of each f32 lane
-// (interleaving with zeros, one shuffle).
-template <typename T>
-inline f32x16 load16(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    f32x16 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  } else {
-    static_assert(std::is_same_v<T, bf16>);
-    u16x16 h;
-    std::memcpy(&h, p, sizeof h);
-    const u16x32 w = __builtin_shufflevector(u16x16{}, h, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    return (f32x16)w;
-  }
-}
-
-// f32 -> bf16 with core/dtype.h's float_to_bf16 bits, in integer vector ops.
-inline u16x16 to_bf16_bits(f32x16 v) {
-  const u32x16 u = (u32x16)v;
-  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest, ties to even
-  const u32x16 qnan = (u >> 16) | 0x0040u;
-  const u32x16 bits = (u & 0x7fffffffu) > 0x7f800000u ? qnan : rounded;
-  return __builtin_convertvector(bits, u16x16);
-}
-
-template <typename T>
-inline void store16(T* p, f32x16 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(p, &v, sizeof v);
-  } else {
-    static_assert(std::is_same_v<T, bf16>);
-#if defined(__AVX512BF16__)
-    // VCVTNEPS2BF16 rounds exactly like float_to_bf16 (nearest even; NaN ->
-    // (bits >> 16) | 0x40) except that it flushes subnormal inputs to zero:
-    // vectors holding a subnormal take the integer path instead.
-    const __m512 f = (__m512)v;
-    if (__builtin_expect(_mm512_fpclass_ps_mask(f, 0x20) == 0, 1)) {  // 0x20: subnormal
-      const __m256bh h = _mm512_cvtneps_pbh(f);
-      std::memcpy(p, &h, sizeof h);
-      return;
-    }
-#endif
-    const u16x16 h = to_bf16_bits(v);
-    std::memcpy(p, &h, sizeof h);
-  }
-}
-
-// The first n (< 16) elements, zero-padded to a full vector.
-template <typename T>
-inline f32x16 load_partial(const T* p, int64_t n) {
-  T tmp[kV] = {};
-  std::memcpy(tmp, p, size_t(n) * sizeof(T));
-  return load16(tmp);
-}
-
-template <typename T>
-inline void store_partial(T* p, f32x16 v, int64_t n) {
-  T tmp[kV];
-  store16(tmp, v);
-  std::memcpy(p, tmp, size_t(n) * sizeof(T));
-}
+using namespace simd16;
 
 // Polynomials (fitted here: Chebyshev fits, coefficients rounded to f32; max
 // relative error over the reduced range with the f32 coefficients ~2e-8, i.e.

@@ -3,13 +3,13 @@
 // Layout of the work:
 //   forward   one row per iteration of an OpenMP loop over rows; three short
 //             passes over the row while it sits in L1 (shifted sum, centred
-//             sum of squares, output), each a contiguous vectorised loop. bf16
-//             rows are widened once into a per-thread f32 row buffer.
+//             sum of squares, output), on 16-lane vectors (simd16 in
+//             activation.h: bf16 widened on load, rounded on store).
 //   backward  rows are split into a fixed number of chunks (a function of N
 //             only); each chunk accumulates dw/db into its own f32 partial
 //             buffer, and the partials are summed in chunk order afterwards, so
 //             dw/db do not depend on the thread count. dx is two passes per row
-//             (the two row sums, then the output; bf16 dy/x rows widened once).
+//             (the two row sums, then the output).
 // RMSNorm is LayerNorm with mean fixed at 0 and without the mean(g) term, so
 // both share the kernels below.
 #include "backend/cpu/norm.h"
@@ -21,6 +21,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backend/cpu/activation.h"  // simd16 vector primitives
 #include "backend/cpu/scratch.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -31,8 +32,10 @@ namespace {
 
 // Below this many elements the OpenMP fork/join costs more than it saves.
 constexpr int64_t kParallelMinElems = int64_t(1) << 15;
-// Row chunks of the deterministic dw/db reduction (upper bound; min(N, this)).
+// Row chunks of the deterministic dw/db reduction: about one per kGradRows rows,
+// at most kGradChunks (a function of N only, never of the thread count).
 constexpr int64_t kGradChunks = 64;
+constexpr int64_t kGradRows = 16;
 
 // w (and b) as f32: the tensor's own memory when it is f32, otherwise widened
 // into the calling thread's scratch `slot` (read-only by the workers).
@@ -47,29 +50,14 @@ const float* weights_f32(const Tensor& t, int slot) {
   return buf;
 }
 
-// --- row reductions -----------------------------------------------------------
-// Row sums use GCC/Clang vector extensions with four independent 16-lane
-// accumulators (the compiler's own simd reductions keep one accumulator and
-// run at the latency of one add per vector), then a fixed-order horizontal sum:
-// deterministic, and the same on every ISA the extensions lower to.
-using f32x16 = float __attribute__((vector_size(64)));
-constexpr int64_t kV = 16;
+using namespace simd16;
 
-inline f32x16 load16(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline float hsum(f32x16 v) {
-  float s = 0.0f;
-  for (int i = 0; i < kV; ++i) s += v[i];
-  return s;
-}
-
-// sum_c vf(c) over 16-wide blocks, then sf(c) over the last C % 16 elements.
-template <typename VF, typename SF>
-inline float row_sum(int64_t C, VF&& vf, SF&& sf) {
+// Row sums keep four independent 16-lane accumulators (one accumulator runs at
+// the latency of one add per vector) and finish with a fixed-order horizontal
+// sum: deterministic. vf(c) gives the 16 terms at c; the last C % 16 terms come
+// from tail(), zero in the lanes past the end.
+template <typename VF, typename TF>
+inline float row_sum(int64_t C, VF&& vf, TF&& tail) {
   f32x16 a0{}, a1{}, a2{}, a3{};
   int64_t c = 0;
   for (; c + 4 * kV <= C; c += 4 * kV) {
@@ -79,51 +67,55 @@ inline float row_sum(int64_t C, VF&& vf, SF&& sf) {
     a3 += vf(c + 3 * kV);
   }
   for (; c + kV <= C; c += kV) a0 += vf(c);
-  float s = hsum((a0 + a1) + (a2 + a3));
-  for (; c < C; ++c) s += sf(c);
-  return s;
+  if (c < C) a1 += tail(c, C - c);
+  return hsum((a0 + a1) + (a2 + a3));
 }
 
 // --- forward ----------------------------------------------------------------------
 
-// Normalises one f32 row xf (C) into y (C); returns mean (0 for RMSNorm), rstd.
+// Normalises one row x (C) into y (C); returns mean (0 for RMSNorm) and rstd.
 //
-// The mean is sum(x - x0) / C + x0 with x0 = xf[0] (the shifted sum does not
+// The mean is sum(x - x0) / C + x0 with x0 = x[0] (the shifted sum does not
 // grow with |mean|), formed in f64 and kept as mean_hi + mean_lo (two floats),
 // so d = (x - mean_hi) - mean_lo is x - mean to a few ulp of |x - mean| even
 // when |mean| >> std or x ~ mean. The variance is the two-pass sum of d^2
 // (positive terms, no cancellation). The saved mean is mean_hi.
-template <typename T>
-inline void norm_row(bool rms, T* y, const float* xf, const float* __restrict w, const float* __restrict b,
-                     int64_t C, float eps, float& mean_out, float& rstd_out) {
+template <typename T, bool HasBias>
+inline void norm_row(bool rms, T* y, const T* x, const float* w, const float* b, int64_t C, float eps,
+                     float& mean_out, float& rstd_out) {
   float mh = 0.0f, ml = 0.0f;
   if (!rms) {
-    const float x0 = xf[0];
-    const f32x16 vx0 = f32x16{} + x0;
+    const float x0 = to_float(x[0]);
+    const f32x16 vx0 = splat(x0);
     const float s = row_sum(
-        C, [&](int64_t c) { return load16(xf + c) - vx0; }, [&](int64_t c) { return xf[c] - x0; });
+        C, [&](int64_t c) { return load16(x + c) - vx0; },
+        [&](int64_t c, int64_t n) { return lanes_below(n) ? load_partial(x + c, n) - vx0 : f32x16{}; });
     const double mean = double(x0) + double(s) / double(C);
     mh = float(mean);
     ml = float(mean - double(mh));
   }
-  const f32x16 vmh = f32x16{} + mh, vml = f32x16{} + ml;
+  const f32x16 vmh = splat(mh), vml = splat(ml);
+  auto sq = [&](f32x16 v) {
+    const f32x16 d = (v - vmh) - vml;
+    return d * d;
+  };
   const float v = row_sum(
-      C,
-      [&](int64_t c) {
-        const f32x16 d = (load16(xf + c) - vmh) - vml;
-        return d * d;
-      },
-      [&](int64_t c) {
-        const float d = (xf[c] - mh) - ml;
-        return d * d;
-      });
+      C, [&](int64_t c) { return sq(load16(x + c)); },
+      [&](int64_t c, int64_t n) { return lanes_below(n) ? sq(load_partial(x + c, n)) : f32x16{}; });
   const float r = 1.0f / std::sqrt(v / float(C) + eps);
-  if (b) {
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) y[c] = from_float<T>(((xf[c] - mh) - ml) * (r * w[c]) + b[c]);
-  } else {
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) y[c] = from_float<T>(((xf[c] - mh) - ml) * (r * w[c]));
+  const f32x16 vr = splat(r);
+  auto out = [&](f32x16 xv, f32x16 wv, f32x16 bv) {
+    const f32x16 yv = ((xv - vmh) - vml) * (vr * wv);
+    if constexpr (HasBias) return yv + bv;
+    return yv;
+  };
+  int64_t c = 0;
+  for (; c + kV <= C; c += kV)
+    store16(y + c, out(load16(x + c), load16(w + c), HasBias ? load16(b + c) : f32x16{}));
+  if (c < C) {
+    const int64_t n = C - c;
+    store_partial(y + c, out(load_partial(x + c, n), load_partial(w + c, n), HasBias ? load_partial(b + c, n) : f32x16{}),
+                  n);
   }
   mean_out = mh;
   rstd_out = r;
@@ -133,7 +125,6 @@ template <typename T>
 void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const Tensor& mean_t,
                        const Tensor& rstd_t, const Tensor& r_in_t, const Tensor& x_t, const Tensor& w_t,
                        const Tensor& b_t, float eps) {
-  constexpr bool kF32 = std::is_same_v<T, float>;
   const int64_t C = w_t.numel();
   const int64_t N = C > 0 ? x_t.numel() / C : 0;
   if (N == 0 || C == 0) return;
@@ -147,87 +138,84 @@ void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const
   T* r_out = residual ? r_out_t.data<T>() : nullptr;
   const T* r_in = residual ? r_in_t.data<T>() : nullptr;
 
-#pragma omp parallel if (N * C >= kParallelMinElems)
-  {
-    // bf16 rows are widened once into this thread's f32 row buffer.
-    float* buf = kF32 ? nullptr : thread_scratch(size_t(C), 2);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const T* src = x + i * C;
-      const float* xf;
-      if (residual) {
-        // r_out = r_in + x, rounded to T; the norm reads the rounded sum (what
-        // the backward sees). r_out may alias r_in (same-index read, write).
-        T* ro = r_out + i * C;
-        const T* ri = r_in + i * C;
-        if constexpr (kF32) {
-#pragma omp simd
-          for (int64_t c = 0; c < C; ++c) ro[c] = ri[c] + src[c];
-          xf = ro;
-        } else {
-#pragma omp simd
-          for (int64_t c = 0; c < C; ++c) {
-            // (via the raw bits: GCC does not vectorise the bf16 struct round trip)
-            const uint16_t bits = from_float<bf16>(to_float(ri[c]) + to_float(src[c])).bits;
-            ro[c].bits = bits;
-            buf[c] = std::bit_cast<float>(uint32_t(bits) << 16);
-          }
-          xf = buf;
-        }
-      } else if constexpr (kF32) {
-        xf = src;
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) buf[c] = to_float(src[c]);
-        xf = buf;
-      }
-      float mu, rs;
-      norm_row<T>(rms, y + i * C, xf, w, b, C, eps, mu, rs);
-      if (mean) mean[i] = mu;
-      rstd[i] = rs;
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* src = x + i * C;
+    if (residual) {
+      // r_out = r_in + x, rounded to T; the norm reads the rounded sum back
+      // (what the backward sees) while it is in L1. r_out may alias r_in: each
+      // block is loaded before it is stored.
+      T* ro = r_out + i * C;
+      const T* ri = r_in + i * C;
+      int64_t c = 0;
+      for (; c + kV <= C; c += kV) store16(ro + c, load16(ri + c) + load16(src + c));
+      if (c < C) store_partial(ro + c, load_partial(ri + c, C - c) + load_partial(src + c, C - c), C - c);
+      src = ro;
     }
+    float mu, rs;
+    if (b)
+      norm_row<T, true>(rms, y + i * C, src, w, b, C, eps, mu, rs);
+    else
+      norm_row<T, false>(rms, y + i * C, src, w, b, C, eps, mu, rs);
+    if (mean) mean[i] = mu;
+    rstd[i] = rs;
   }
 }
 
 // --- backward ---------------------------------------------------------------------
 
-// dx for one row (f32 views dyf, xf of dy, x), and the row's contribution to
-// the chunk partials pdw/pdb. dx may alias dy (and dyf, for f32) or dx_add:
-// every element is read before it is written, at the same index.
+// dx for one row, and the row's contribution to the chunk partials pdw/pdb.
+// dx may alias dy or dx_add: each 16-element block is loaded before it is
+// stored.
 template <typename T, bool HasDb, bool HasAdd>
-inline void norm_backward_row(bool rms, T* dx, const float* dyf, const float* __restrict xf,
-                              const float* __restrict w, float mean, float rstd, const T* dx_add,
-                              float* __restrict pdw, float* __restrict pdb, int64_t C) {
-  const f32x16 vmean = f32x16{} + mean, vrstd = f32x16{} + rstd;
-  f32x16 g0{}, g1{}, h0{}, h1{};  // sum(g), sum(g xhat), two accumulators each
-  int64_t c = 0;
-  auto step = [&](int64_t k, f32x16& sg, f32x16& sgx) {
-    const f32x16 g = load16(dyf + k) * load16(w + k);
+inline void norm_backward_row(bool rms, T* dx, const T* dy, const T* x, const float* w, float mean, float rstd,
+                              const T* dx_add, float* pdw, float* pdb, int64_t C) {
+  const f32x16 vmean = splat(mean), vrstd = splat(rstd);
+  // Row sums of g = dy w and g xhat (zero-padded tail lanes have g = 0).
+  f32x16 g0{}, g1{}, h0{}, h1{};
+  auto step = [&](f32x16 d, f32x16 wv, f32x16 xv, f32x16& sg, f32x16& sgx) {
+    const f32x16 g = d * wv;
     sg += g;
-    sgx += g * ((load16(xf + k) - vmean) * vrstd);
+    sgx += g * ((xv - vmean) * vrstd);
   };
+  int64_t c = 0;
   for (; c + 2 * kV <= C; c += 2 * kV) {
-    step(c, g0, h0);
-    step(c + kV, g1, h1);
+    step(load16(dy + c), load16(w + c), load16(x + c), g0, h0);
+    step(load16(dy + c + kV), load16(w + c + kV), load16(x + c + kV), g1, h1);
   }
-  for (; c + kV <= C; c += kV) step(c, g0, h0);
-  float sg = hsum(g0 + g1), sgx = hsum(h0 + h1);
-  for (; c < C; ++c) {
-    const float g = dyf[c] * w[c];
-    sg += g;
-    sgx += g * ((xf[c] - mean) * rstd);
+  for (; c + kV <= C; c += kV) step(load16(dy + c), load16(w + c), load16(x + c), g0, h0);
+  if (c < C) {
+    const int64_t n = C - c;
+    step(load_partial(dy + c, n), load_partial(w + c, n), load_partial(x + c, n), g1, h1);
   }
-  const float mg = rms ? 0.0f : sg / float(C);
-  const float mgx = sgx / float(C);
-#pragma omp simd
-  for (int64_t k = 0; k < C; ++k) {
-    const float d = dyf[k];
-    const float xh = (xf[k] - mean) * rstd;
-    float v = rstd * ((d * w[k] - mg) - xh * mgx);
-    if constexpr (HasAdd) v += to_float(dx_add[k]);
-    pdw[k] += d * xh;
-    if constexpr (HasDb) pdb[k] += d;
-    dx[k] = from_float<T>(v);
+  const float sg = hsum(g0 + g1), sgx = hsum(h0 + h1);
+  const f32x16 vmg = splat(rms ? 0.0f : sg / float(C)), vmgx = splat(sgx / float(C));
+
+  // dx = rstd (g - mean(g) - xhat mean(g xhat)) (+ dx_add); pdw += dy xhat; pdb += dy.
+  auto block = [&](f32x16 d, f32x16 xv, f32x16 wv, f32x16 add, f32x16& dw_acc, f32x16& db_acc) {
+    const f32x16 xh = (xv - vmean) * vrstd;
+    f32x16 v = vrstd * ((d * wv - vmg) - xh * vmgx);
+    if constexpr (HasAdd) v += add;
+    dw_acc += d * xh;
+    if constexpr (HasDb) db_acc += d;
+    return v;
+  };
+  for (c = 0; c + kV <= C; c += kV) {
+    f32x16 pw = load16(pdw + c), pb = HasDb ? load16(pdb + c) : f32x16{};
+    const f32x16 v = block(load16(dy + c), load16(x + c), load16(w + c), HasAdd ? load16(dx_add + c) : f32x16{},
+                           pw, pb);
+    store16(pdw + c, pw);
+    if constexpr (HasDb) store16(pdb + c, pb);
+    store16(dx + c, v);
+  }
+  if (c < C) {
+    const int64_t n = C - c;
+    f32x16 pw = load_partial(pdw + c, n), pb = HasDb ? load_partial(pdb + c, n) : f32x16{};
+    const f32x16 v = block(load_partial(dy + c, n), load_partial(x + c, n), load_partial(w + c, n),
+                           HasAdd ? load_partial(dx_add + c, n) : f32x16{}, pw, pb);
+    store_partial(pdw + c, pw, n);
+    if constexpr (HasDb) store_partial(pdb + c, pb, n);
+    store_partial(dx + c, v, n);
   }
 }
 
@@ -235,52 +223,38 @@ template <typename T, bool HasDb, bool HasAdd>
 void norm_backward_rows(bool rms, T* dx, const T* dy, const T* x, const float* w, const float* mean,
                         const float* rstd, const T* dx_add, float* partials, int64_t N, int64_t C,
                         int64_t chunks) {
-  constexpr bool kF32 = std::is_same_v<T, float>;
   const int64_t stride = HasDb ? 2 * C : C;  // per-chunk partials: [dw (C) | db (C)]
-#pragma omp parallel if (N * C >= kParallelMinElems)
-  {
-    // bf16 rows of dy and x are widened once into this thread's buffer.
-    float* buf = kF32 ? nullptr : thread_scratch(size_t(2 * C), 2);
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < chunks; ++k) {
-      float* pdw = partials + k * stride;
-      float* pdb = HasDb ? pdw + C : nullptr;
-      std::fill(pdw, pdw + stride, 0.0f);
-      const int64_t r0 = N * k / chunks, r1 = N * (k + 1) / chunks;
-      for (int64_t i = r0; i < r1; ++i) {
-        const float *dyf, *xf;
-        if constexpr (kF32) {
-          dyf = dy + i * C;
-          xf = x + i * C;
-        } else {
-          float* dyb = buf;
-          float* xb = buf + C;
-          const T* dyr = dy + i * C;
-          const T* xr = x + i * C;
-#pragma omp simd
-          for (int64_t c = 0; c < C; ++c) {
-            dyb[c] = to_float(dyr[c]);
-            xb[c] = to_float(xr[c]);
-          }
-          dyf = dyb;
-          xf = xb;
-        }
-        norm_backward_row<T, HasDb, HasAdd>(rms, dx + i * C, dyf, xf, w, mean ? mean[i] : 0.0f, rstd[i],
-                                            HasAdd ? dx_add + i * C : nullptr, pdw, pdb, C);
-      }
-    }
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
+  for (int64_t k = 0; k < chunks; ++k) {
+    float* pdw = partials + k * stride;
+    float* pdb = HasDb ? pdw + C : nullptr;
+    std::fill(pdw, pdw + stride, 0.0f);
+    const int64_t r0 = N * k / chunks, r1 = N * (k + 1) / chunks;
+    for (int64_t i = r0; i < r1; ++i)
+      norm_backward_row<T, HasDb, HasAdd>(rms, dx + i * C, dy + i * C, x + i * C, w, mean ? mean[i] : 0.0f,
+                                          rstd[i], HasAdd ? dx_add + i * C : nullptr, pdw, pdb, C);
   }
 }
 
-// out (C) += sum over chunks k of partials[k * stride + c], in chunk order.
+// out (C) += sum over chunks k of partials[k * stride + c], summed in chunk
+// order for every c (16 columns per vector lane group; columns are independent,
+// so the split of columns over threads does not change any result).
 template <typename G>
 void add_partials(const Tensor& out_t, const float* partials, int64_t chunks, int64_t stride, int64_t C) {
   G* out = out_t.data<G>();
+  const int64_t blocks = (C + kV - 1) / kV;
 #pragma omp parallel for schedule(static) if (chunks * C >= kParallelMinElems)
-  for (int64_t c = 0; c < C; ++c) {
-    double s = to_float(out[c]);
-    for (int64_t k = 0; k < chunks; ++k) s += partials[k * stride + c];
-    out[c] = from_float<G>(float(s));
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c = blk * kV, n = std::min(kV, C - c);
+    if (n == kV) {
+      f32x16 s = load16(partials + c);
+      for (int64_t k = 1; k < chunks; ++k) s += load16(partials + k * stride + c);
+      store16(out + c, load16(out + c) + s);
+    } else {
+      f32x16 s = load_partial(partials + c, n);
+      for (int64_t k = 1; k < chunks; ++k) s += load_partial(partials + k * stride + c, n);
+      store_partial(out + c, load_partial(out + c, n) + s, n);
+    }
   }
 }
 
@@ -299,7 +273,7 @@ void norm_backward_impl(bool rms, const Tensor& dx_t, const Tensor& dw_t, const 
   const int64_t N = C > 0 ? x_t.numel() / C : 0;
   if (N == 0 || C == 0) return;
   const float* w = weights_f32(w_t, 0);
-  const int64_t chunks = std::min(N, kGradChunks);
+  const int64_t chunks = std::clamp<int64_t>(N / kGradRows, 1, kGradChunks);
   const bool has_db = db_t.defined(), has_add = dx_add_t.defined();
   const int64_t stride = has_db ? 2 * C : C;
   float* partials = thread_scratch(size_t(chunks * stride), 1);
