@@ -15,7 +15,6 @@
 #include "backend/cpu/norm.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
