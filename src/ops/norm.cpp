@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <initializer_list>
-#include <string>
 #include <utility>
 
 #include "backend/cpu/norm.h"
@@ -19,12 +18,16 @@ namespace zt::ops {
 
 namespace {
 
-const char* op_name(NormKind kind, const char* what) {
+enum class Entry { forward, backward, residual_forward };
+
+const char* op_name(NormKind kind, Entry e) {
   const bool ln = kind == NormKind::layernorm;
-  const std::string w = what;
-  if (w == "forward") return ln ? "layernorm_forward" : "rmsnorm_forward";
-  if (w == "backward") return ln ? "layernorm_backward" : "rmsnorm_backward";
-  return ln ? "residual_layernorm_forward" : "residual_rmsnorm_forward";
+  switch (e) {
+    case Entry::forward: return ln ? "layernorm_forward" : "rmsnorm_forward";
+    case Entry::backward: return ln ? "layernorm_backward" : "rmsnorm_backward";
+    case Entry::residual_forward: return ln ? "residual_layernorm_forward" : "residual_rmsnorm_forward";
+  }
+  return "norm";
 }
 
 // a and b (when both defined) must not share any bytes.
@@ -95,7 +98,7 @@ void check_eps(const char* op, float eps) {
 
 void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                   const Tensor& w, const Tensor& b, float eps) {
-  const char* op = op_name(kind, "forward");
+  const char* op = op_name(kind, Entry::forward);
   const int64_t C = check_input(op, "x", x);
   const int64_t N = x.numel() / C;
   check_like(op, "y", y, "x", x);
@@ -112,7 +115,7 @@ void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tens
 
 void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
-  const char* op = op_name(kind, "backward");
+  const char* op = op_name(kind, Entry::backward);
   const int64_t C = check_input(op, "x", x);
   const int64_t N = x.numel() / C;
   check_like(op, "dy", dy, "x", x);
@@ -149,7 +152,7 @@ void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tens
 void residual_norm_forward(NormKind kind, const Tensor& r_out, const Tensor& y, const Tensor& mean,
                            const Tensor& rstd, const Tensor& r_in, const Tensor& x, const Tensor& w,
                            const Tensor& b, float eps) {
-  const char* op = op_name(kind, "residual");
+  const char* op = op_name(kind, Entry::residual_forward);
   const int64_t C = check_input(op, "x", x);
   const int64_t N = x.numel() / C;
   check_like(op, "r_in", r_in, "x", x);
