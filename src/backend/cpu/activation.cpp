@@ -5,12 +5,16 @@
 // compiler's auto-vectoriser turns the clamps below into masked, branchy code
 // and cannot keep exp's integer steps in vector registers, while these lower
 // to straight-line vector instructions. Every element, including a tile's
-// tail (widened into a padded 16-lane block), goes through the same vector
-// code, so a result never depends on its position. Tiles of elements (rows of
+// tail (copied into a padded block), goes through the same vector code, so a
+// result never depends on its position. Tiles of elements (rows of
 // columns for SwiGLU) are spread over OpenMP threads.
 //
 // Loads and stores: the simd16 primitives in activation.h (bf16 widened
 // exactly; stored with float_to_bf16's rounding, checked bitwise by the tests).
+// 64-byte vectors by value (simd16 in activation.h) without AVX-512 make GCC
+// warn about an ABI change; everything here is internal to one build.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include "backend/cpu/activation.h"
 
 #include <algorithm>
@@ -155,22 +159,26 @@ void for_row_tiles(int64_t N, int64_t H, Body&& body) {
   }
 }
 
-// out[i] = f(a[i]) for i in [i0, i1). out may alias a (same index read, then write).
+// out[i] = f(a[i]) for i in [i0, i1), on 32-element blocks (each half of a
+// block through the same 16-lane f). out may alias a (same index read, then
+// write).
 template <typename T, typename F>
 inline void map1(T* out, const T* a, int64_t i0, int64_t i1, F f) {
+  auto g = [&](F32x32 x) __attribute__((always_inline)) { return F32x32{f(x.v0), f(x.v1)}; };
   int64_t i = i0;
-  for (; i + kV <= i1; i += kV) store16(out + i, f(load16(a + i)));
-  if (i < i1) store_partial(out + i, f(load_partial(a + i, i1 - i)), i1 - i);
+  for (; i + kV2 <= i1; i += kV2) store32(out + i, g(load32(a + i)));
+  if (i < i1) store32_partial(out + i, g(load32_partial(a + i, i1 - i)), i1 - i);
 }
 
 // out[i] = f(a[i], b[i]) for i in [i0, i1). out may alias a or b (same index).
 template <typename T, typename F>
 inline void map2(T* out, const T* a, const T* b, int64_t i0, int64_t i1, F f) {
+  auto g = [&](F32x32 x, F32x32 y) __attribute__((always_inline)) { return F32x32{f(x.v0, y.v0), f(x.v1, y.v1)}; };
   int64_t i = i0;
-  for (; i + kV <= i1; i += kV) store16(out + i, f(load16(a + i), load16(b + i)));
+  for (; i + kV2 <= i1; i += kV2) store32(out + i, g(load32(a + i), load32(b + i)));
   if (i < i1) {
     const int64_t n = i1 - i;
-    store_partial(out + i, f(load_partial(a + i, n), load_partial(b + i, n)), n);
+    store32_partial(out + i, g(load32_partial(a + i, n), load32_partial(b + i, n)), n);
   }
 }
 
@@ -202,24 +210,25 @@ void swiglu_backward_impl(T* dx, const T* dy, const T* x, int64_t N, int64_t H) 
     const T* d = dy + row * H;
     T* dgate = dx + row * 2 * H;
     T* dup = dgate + H;
-    auto step = [](f32x16 g, f32x16 u, f32x16 dyv, f32x16& dg, f32x16& du) {
-      const Silu s = silu_and_grad_v(g);
-      dg = dyv * u * s.dsilu;
-      du = dyv * s.silu;
+    // (dgate, dup) for one 32-element block of (gate, up, dy).
+    auto step = [](F32x32 g, F32x32 u, F32x32 dyv, F32x32& dg, F32x32& du) {
+      const Silu s0 = silu_and_grad_v(g.v0), s1 = silu_and_grad_v(g.v1);
+      dg = {dyv.v0 * u.v0 * s0.dsilu, dyv.v1 * u.v1 * s1.dsilu};
+      du = {dyv.v0 * s0.silu, dyv.v1 * s1.silu};
     };
     int64_t j = j0;
-    for (; j + kV <= j1; j += kV) {
-      f32x16 dg, du;
-      step(load16(gate + j), load16(up + j), load16(d + j), dg, du);
-      store16(dgate + j, dg);
-      store16(dup + j, du);
+    for (; j + kV2 <= j1; j += kV2) {
+      F32x32 dg, du;
+      step(load32(gate + j), load32(up + j), load32(d + j), dg, du);
+      store32(dgate + j, dg);
+      store32(dup + j, du);
     }
     if (j < j1) {
       const int64_t n = j1 - j;
-      f32x16 dg, du;
-      step(load_partial(gate + j, n), load_partial(up + j, n), load_partial(d + j, n), dg, du);
-      store_partial(dgate + j, dg, n);
-      store_partial(dup + j, du, n);
+      F32x32 dg, du;
+      step(load32_partial(gate + j, n), load32_partial(up + j, n), load32_partial(d + j, n), dg, du);
+      store32_partial(dgate + j, dg, n);
+      store32_partial(dup + j, du, n);
     }
   });
 }

@@ -49,6 +49,11 @@ namespace zt::cpu {
 //                           (nearest even; NaN -> quiet NaN), bitwise
 //   load_partial / store_partial   the same for the first n < 16 elements
 //                           (loads zero-pad the missing lanes)
+// (Without AVX-512, GCC warns that passing 64-byte vectors by value changes
+// the ABI; these are inline helpers used within one build, so it does not
+// matter.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 namespace simd16 {
 
 using f32x16 = float __attribute__((vector_size(64)));
@@ -126,6 +131,81 @@ inline void store_partial(T* p, f32x16 v, int64_t n) {
   std::memcpy(p, tmp, size_t(n) * sizeof(T));
 }
 
+// --- 32-element blocks for elementwise kernels ---------------------------------
+// A block of 32 consecutive elements of T as two f32 vectors, in a lane order
+// private to load32/store32: f32: v0 = elements 0..15, v1 = 16..31; bf16:
+// v0 = the even elements, v1 = the odd ones, split with two integer ops (each
+// u32 lane of the raw load holds an even/odd bf16 pair), because 512-bit
+// lane-crossing shuffles are slow on this CPU (Zen 4/5: ~3x an f32 load).
+// Elementwise code that reads every input and writes every output of the same
+// element type through these is unaffected by the order. store32 inverts
+// load32: with AVX512-BF16 one VCVTNE2PS2BF16 plus one in-register word
+// interleave; otherwise (and for blocks holding a subnormal, which that
+// instruction flushes) integer rounding into the two halves of each lane.
+constexpr int64_t kV2 = 2 * kV;
+
+struct F32x32 {
+  f32x16 v0, v1;
+};
+
+template <typename T>
+inline F32x32 load32(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {load16(p), load16(p + kV)};
+  } else {
+    static_assert(std::is_same_v<T, bf16>);
+    u32x16 r;
+    std::memcpy(&r, p, sizeof r);
+    return {(f32x16)(r << 16), (f32x16)(r & 0xffff0000u)};
+  }
+}
+
+// float_to_bf16's bits in the high half of each lane (low half zero).
+inline u32x16 bf16_bits_high(f32x16 v) {
+  const u32x16 u = (u32x16)v;
+  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;  // nearest, ties to even
+  const u32x16 qnan = (u | 0x00400000u) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? qnan : rounded;
+}
+
+template <typename T>
+inline void store32(T* p, F32x32 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    store16(p, v.v0);
+    store16(p + kV, v.v1);
+  } else {
+    static_assert(std::is_same_v<T, bf16>);
+#if defined(__AVX512BF16__)
+    const __m512 e = (__m512)v.v0, o = (__m512)v.v1;
+    if (__builtin_expect((_mm512_fpclass_ps_mask(e, 0x20) | _mm512_fpclass_ps_mask(o, 0x20)) == 0, 1)) {
+      // words 0..15: even elements, 16..31: odd ones -> interleave.
+      const u16x32 h = (u16x32)_mm512_cvtne2ps_pbh(o, e);
+      const u16x32 w = __builtin_shufflevector(h, h, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24,
+                                               9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+      std::memcpy(p, &w, sizeof w);
+      return;
+    }
+#endif
+    const u32x16 bits = (bf16_bits_high(v.v0) >> 16) | bf16_bits_high(v.v1);
+    std::memcpy(p, &bits, sizeof bits);
+  }
+}
+
+// The first n (< 32) elements, zero-padded.
+template <typename T>
+inline F32x32 load32_partial(const T* p, int64_t n) {
+  T tmp[kV2] = {};
+  std::memcpy(tmp, p, size_t(n) * sizeof(T));
+  return load32(tmp);
+}
+
+template <typename T>
+inline void store32_partial(T* p, F32x32 v, int64_t n) {
+  T tmp[kV2];
+  store32(tmp, v);
+  std::memcpy(p, tmp, size_t(n) * sizeof(T));
+}
+
 // All-ones in lanes [0, n), zero elsewhere (n <= 16).
 inline i32x16 lanes_below(int64_t n) {
   const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -143,6 +223,7 @@ inline float hsum(f32x16 v) {
 }
 
 }  // namespace simd16
+#pragma GCC diagnostic pop
 
 // y = gelu(x), elementwise over all elements; y may alias x.
 void gelu_forward(const Tensor& y, const Tensor& x);

@@ -12,6 +12,10 @@
 //             (the two row sums, then the output).
 // RMSNorm is LayerNorm with mean fixed at 0 and without the mean(g) term, so
 // both share the kernels below.
+// 64-byte vectors by value (simd16 in activation.h) without AVX-512 make GCC
+// warn about an ABI change; everything here is internal to one build.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include "backend/cpu/norm.h"
 
 #include <algorithm>
@@ -87,23 +91,23 @@ inline void norm_row(bool rms, T* y, const T* x, const float* w, const float* b,
     const float x0 = to_float(x[0]);
     const f32x16 vx0 = splat(x0);
     const float s = row_sum(
-        C, [&](int64_t c) { return load16(x + c) - vx0; },
-        [&](int64_t c, int64_t n) { return lanes_below(n) ? load_partial(x + c, n) - vx0 : f32x16{}; });
+        C, [&](int64_t c) __attribute__((always_inline)) { return load16(x + c) - vx0; },
+        [&](int64_t c, int64_t n) __attribute__((always_inline)) { return lanes_below(n) ? load_partial(x + c, n) - vx0 : f32x16{}; });
     const double mean = double(x0) + double(s) / double(C);
     mh = float(mean);
     ml = float(mean - double(mh));
   }
   const f32x16 vmh = splat(mh), vml = splat(ml);
-  auto sq = [&](f32x16 v) {
+  auto sq = [&](f32x16 v) __attribute__((always_inline)) {
     const f32x16 d = (v - vmh) - vml;
     return d * d;
   };
   const float v = row_sum(
-      C, [&](int64_t c) { return sq(load16(x + c)); },
-      [&](int64_t c, int64_t n) { return lanes_below(n) ? sq(load_partial(x + c, n)) : f32x16{}; });
+      C, [&](int64_t c) __attribute__((always_inline)) { return sq(load16(x + c)); },
+      [&](int64_t c, int64_t n) __attribute__((always_inline)) { return lanes_below(n) ? sq(load_partial(x + c, n)) : f32x16{}; });
   const float r = 1.0f / std::sqrt(v / float(C) + eps);
   const f32x16 vr = splat(r);
-  auto out = [&](f32x16 xv, f32x16 wv, f32x16 bv) {
+  auto out = [&](f32x16 xv, f32x16 wv, f32x16 bv) __attribute__((always_inline)) {
     const f32x16 yv = ((xv - vmh) - vml) * (vr * wv);
     if constexpr (HasBias) return yv + bv;
     return yv;
@@ -172,7 +176,7 @@ inline void norm_backward_row(bool rms, T* dx, const T* dy, const T* x, const fl
   const f32x16 vmean = splat(mean), vrstd = splat(rstd);
   // Row sums of g = dy w and g xhat (zero-padded tail lanes have g = 0).
   f32x16 g0{}, g1{}, h0{}, h1{};
-  auto step = [&](f32x16 d, f32x16 wv, f32x16 xv, f32x16& sg, f32x16& sgx) {
+  auto step = [&](f32x16 d, f32x16 wv, f32x16 xv, f32x16& sg, f32x16& sgx) __attribute__((always_inline)) {
     const f32x16 g = d * wv;
     sg += g;
     sgx += g * ((xv - vmean) * vrstd);
@@ -191,7 +195,7 @@ inline void norm_backward_row(bool rms, T* dx, const T* dy, const T* x, const fl
   const f32x16 vmg = splat(rms ? 0.0f : sg / float(C)), vmgx = splat(sgx / float(C));
 
   // dx = rstd (g - mean(g) - xhat mean(g xhat)) (+ dx_add); pdw += dy xhat; pdb += dy.
-  auto block = [&](f32x16 d, f32x16 xv, f32x16 wv, f32x16 add, f32x16& dw_acc, f32x16& db_acc) {
+  auto block = [&](f32x16 d, f32x16 xv, f32x16 wv, f32x16 add, f32x16& dw_acc, f32x16& db_acc) __attribute__((always_inline)) {
     const f32x16 xh = (xv - vmean) * vrstd;
     f32x16 v = vrstd * ((d * wv - vmg) - xh * vmgx);
     if constexpr (HasAdd) v += add;
