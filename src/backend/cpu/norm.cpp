@@ -3,13 +3,17 @@
 // Layout of the work:
 //   forward   one row per iteration of an OpenMP loop over rows; three short
 //             passes over the row while it sits in L1 (shifted sum, centred
-//             sum of squares, output), on 16-lane vectors (simd16 in
-//             activation.h: bf16 widened on load, rounded on store).
+//             sum of squares, output).
 //   backward  rows are split into a fixed number of chunks (a function of N
 //             only); each chunk accumulates dw/db into its own f32 partial
 //             buffer, and the partials are summed in chunk order afterwards, so
 //             dw/db do not depend on the thread count. dx is two passes per row
 //             (the two row sums, then the output).
+// Rows are processed in 32-element blocks with simd16's load32/store32 (see
+// activation.h): for bf16 the two vectors of a block hold the even and the odd
+// elements. Row sums do not care about that order; the per-column f32 arrays
+// (w, b and the dw/db partials) are kept in the same block order ("column
+// layout", padded to a multiple of 32 columns) so that lanes line up.
 // RMSNorm is LayerNorm with mean fixed at 0 and without the mean(g) term, so
 // both share the kernels below.
 // 64-byte vectors by value (simd16 in activation.h) without AVX-512 make GCC
@@ -40,43 +44,86 @@ constexpr int64_t kParallelMinElems = int64_t(1) << 15;
 constexpr int64_t kGradChunks = 64;
 constexpr int64_t kGradRows = 16;
 
-// w (and b) as f32: the tensor's own memory when it is f32, otherwise widened
-// into the calling thread's scratch `slot` (read-only by the workers).
-const float* weights_f32(const Tensor& t, int slot) {
+using namespace simd16;
+
+// --- column layout ------------------------------------------------------------------
+
+// C rounded up to whole 32-element blocks.
+inline int64_t padded_cols(int64_t C) { return (C + kV2 - 1) / kV2 * kV2; }
+
+// Where column c lives in the column layout of T: within its 32-block, lane
+// order of load32<T> (f32: natural; bf16: 16 even columns, then 16 odd ones).
+template <typename T>
+inline int64_t col_pos(int64_t c) {
+  const int64_t blk = c - c % kV2, k = c % kV2;
+  if constexpr (std::is_same_v<T, float>) return c;
+  return blk + (k % 2) * kV + k / 2;
+}
+
+// The element index (within a 32-block) held by each lane of v0 / v1.
+template <typename T>
+inline i32x16 lane_elems(int half) {
+  const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  if constexpr (std::is_same_v<T, float>) return iota + int32_t(half * kV);
+  return iota * 2 + half;
+}
+
+// w or b (C, f32 or bf16) in T's column layout, zero-padded, in the calling
+// thread's scratch `slot` (read-only for the workers). Undefined -> nullptr.
+template <typename T>
+const float* columns_f32(const Tensor& t, int slot) {
   if (!t.defined()) return nullptr;
-  if (t.dtype() == DType::f32) return t.data<float>();
-  const int64_t n = t.numel();
-  float* buf = thread_scratch(size_t(n), slot);
-  const bf16* src = t.data<bf16>();
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) buf[i] = to_float(src[i]);
+  const int64_t C = t.numel(), Cp = padded_cols(C);
+  float* buf = thread_scratch(size_t(Cp), slot);
+  std::fill(buf + C, buf + Cp, 0.0f);
+  if (t.dtype() == DType::f32) {
+    const float* src = t.data<float>();
+    for (int64_t c = 0; c < C; ++c) buf[col_pos<T>(c)] = src[c];
+  } else {
+    const bf16* src = t.data<bf16>();
+    for (int64_t c = 0; c < C; ++c) buf[col_pos<T>(c)] = to_float(src[c]);
+  }
   return buf;
 }
 
-using namespace simd16;
+inline F32x32 load_cols(const float* p) { return {load16(p), load16(p + kV)}; }
+inline void store_cols(float* p, F32x32 v) {
+  store16(p, v.v0);
+  store16(p + kV, v.v1);
+}
 
-// Row sums keep four independent 16-lane accumulators (one accumulator runs at
-// the latency of one add per vector) and finish with a fixed-order horizontal
-// sum: deterministic. vf(c) gives the 16 terms at c; the last C % 16 terms come
-// from tail(), zero in the lanes past the end.
-template <typename VF, typename TF>
-inline float row_sum(int64_t C, VF&& vf, TF&& tail) {
+// Sum over the row of f applied to the blocks of x (both halves; lanes past
+// the end of the row masked off). Four independent accumulators (one would run
+// at the latency of one add per vector), then a fixed-order horizontal sum.
+template <typename T, typename F>
+inline float row_sum(const T* x, int64_t C, F&& f) {
   f32x16 a0{}, a1{}, a2{}, a3{};
   int64_t c = 0;
-  for (; c + 4 * kV <= C; c += 4 * kV) {
-    a0 += vf(c);
-    a1 += vf(c + kV);
-    a2 += vf(c + 2 * kV);
-    a3 += vf(c + 3 * kV);
+  for (; c + 2 * kV2 <= C; c += 2 * kV2) {
+    const F32x32 p = load32(x + c), q = load32(x + c + kV2);
+    a0 += f(p.v0);
+    a1 += f(p.v1);
+    a2 += f(q.v0);
+    a3 += f(q.v1);
   }
-  for (; c + kV <= C; c += kV) a0 += vf(c);
-  if (c < C) a1 += tail(c, C - c);
+  for (; c + kV2 <= C; c += kV2) {
+    const F32x32 p = load32(x + c);
+    a0 += f(p.v0);
+    a1 += f(p.v1);
+  }
+  if (c < C) {
+    const int64_t n = C - c;
+    const F32x32 p = load32_partial(x + c, n);
+    a2 += lane_elems<T>(0) < int32_t(n) ? f(p.v0) : f32x16{};
+    a3 += lane_elems<T>(1) < int32_t(n) ? f(p.v1) : f32x16{};
+  }
   return hsum((a0 + a1) + (a2 + a3));
 }
 
 // --- forward ----------------------------------------------------------------------
 
-// Normalises one row x (C) into y (C); returns mean (0 for RMSNorm) and rstd.
+// Normalises one row x (C) into y (C) (w, b in column layout); returns mean (0
+// for RMSNorm) and rstd.
 //
 // The mean is sum(x - x0) / C + x0 with x0 = x[0] (the shifted sum does not
 // grow with |mean|), formed in f64 and kept as mean_hi + mean_lo (two floats),
@@ -90,36 +137,31 @@ inline void norm_row(bool rms, T* y, const T* x, const float* w, const float* b,
   if (!rms) {
     const float x0 = to_float(x[0]);
     const f32x16 vx0 = splat(x0);
-    const float s = row_sum(
-        C, [&](int64_t c) __attribute__((always_inline)) { return load16(x + c) - vx0; },
-        [&](int64_t c, int64_t n) __attribute__((always_inline)) { return lanes_below(n) ? load_partial(x + c, n) - vx0 : f32x16{}; });
+    const float s = row_sum(x, C, [&](f32x16 v) __attribute__((always_inline)) { return v - vx0; });
     const double mean = double(x0) + double(s) / double(C);
     mh = float(mean);
     ml = float(mean - double(mh));
   }
   const f32x16 vmh = splat(mh), vml = splat(ml);
-  auto sq = [&](f32x16 v) __attribute__((always_inline)) {
-    const f32x16 d = (v - vmh) - vml;
+  const float v = row_sum(x, C, [&](f32x16 xv) __attribute__((always_inline)) {
+    const f32x16 d = (xv - vmh) - vml;
     return d * d;
-  };
-  const float v = row_sum(
-      C, [&](int64_t c) __attribute__((always_inline)) { return sq(load16(x + c)); },
-      [&](int64_t c, int64_t n) __attribute__((always_inline)) { return lanes_below(n) ? sq(load_partial(x + c, n)) : f32x16{}; });
+  });
   const float r = 1.0f / std::sqrt(v / float(C) + eps);
   const f32x16 vr = splat(r);
-  auto out = [&](f32x16 xv, f32x16 wv, f32x16 bv) __attribute__((always_inline)) {
-    const f32x16 yv = ((xv - vmh) - vml) * (vr * wv);
-    if constexpr (HasBias) return yv + bv;
+  auto out = [&](F32x32 xv, int64_t c) __attribute__((always_inline)) {
+    const F32x32 wv = load_cols(w + c);
+    F32x32 yv{((xv.v0 - vmh) - vml) * (vr * wv.v0), ((xv.v1 - vmh) - vml) * (vr * wv.v1)};
+    if constexpr (HasBias) {
+      const F32x32 bv = load_cols(b + c);
+      yv.v0 += bv.v0;
+      yv.v1 += bv.v1;
+    }
     return yv;
   };
   int64_t c = 0;
-  for (; c + kV <= C; c += kV)
-    store16(y + c, out(load16(x + c), load16(w + c), HasBias ? load16(b + c) : f32x16{}));
-  if (c < C) {
-    const int64_t n = C - c;
-    store_partial(y + c, out(load_partial(x + c, n), load_partial(w + c, n), HasBias ? load_partial(b + c, n) : f32x16{}),
-                  n);
-  }
+  for (; c + kV2 <= C; c += kV2) store32(y + c, out(load32(x + c), c));
+  if (c < C) store32_partial(y + c, out(load32_partial(x + c, C - c), c), C - c);
   mean_out = mh;
   rstd_out = r;
 }
@@ -131,8 +173,8 @@ void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const
   const int64_t C = w_t.numel();
   const int64_t N = C > 0 ? x_t.numel() / C : 0;
   if (N == 0 || C == 0) return;
-  const float* w = weights_f32(w_t, 0);
-  const float* b = weights_f32(b_t, 1);
+  const float* w = columns_f32<T>(w_t, 0);
+  const float* b = columns_f32<T>(b_t, 1);
   T* y = y_t.data<T>();
   const T* x = x_t.data<T>();
   float* mean = mean_t.defined() ? mean_t.data<float>() : nullptr;
@@ -150,9 +192,10 @@ void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const
       // block is loaded before it is stored.
       T* ro = r_out + i * C;
       const T* ri = r_in + i * C;
+      auto add = [](F32x32 a, F32x32 c) { return F32x32{a.v0 + c.v0, a.v1 + c.v1}; };
       int64_t c = 0;
-      for (; c + kV <= C; c += kV) store16(ro + c, load16(ri + c) + load16(src + c));
-      if (c < C) store_partial(ro + c, load_partial(ri + c, C - c) + load_partial(src + c, C - c), C - c);
+      for (; c + kV2 <= C; c += kV2) store32(ro + c, add(load32(ri + c), load32(src + c)));
+      if (c < C) store32_partial(ro + c, add(load32_partial(ri + c, C - c), load32_partial(src + c, C - c)), C - c);
       src = ro;
     }
     float mu, rs;
@@ -167,58 +210,56 @@ void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const
 
 // --- backward ---------------------------------------------------------------------
 
-// dx for one row, and the row's contribution to the chunk partials pdw/pdb.
-// dx may alias dy or dx_add: each 16-element block is loaded before it is
-// stored.
+// dx for one row, and the row's contribution to the chunk partials pdw/pdb
+// (column layout, like w). dx may alias dy or dx_add: each block is loaded
+// before it is stored. Zero-padded tail lanes have dy = 0, so they add nothing
+// to the sums or the partials.
 template <typename T, bool HasDb, bool HasAdd>
 inline void norm_backward_row(bool rms, T* dx, const T* dy, const T* x, const float* w, float mean, float rstd,
                               const T* dx_add, float* pdw, float* pdb, int64_t C) {
   const f32x16 vmean = splat(mean), vrstd = splat(rstd);
-  // Row sums of g = dy w and g xhat (zero-padded tail lanes have g = 0).
+  // Row sums of g = dy w and g xhat.
   f32x16 g0{}, g1{}, h0{}, h1{};
-  auto step = [&](f32x16 d, f32x16 wv, f32x16 xv, f32x16& sg, f32x16& sgx) __attribute__((always_inline)) {
-    const f32x16 g = d * wv;
-    sg += g;
-    sgx += g * ((xv - vmean) * vrstd);
+  auto sums = [&](F32x32 d, F32x32 xv, int64_t c) __attribute__((always_inline)) {
+    const F32x32 wv = load_cols(w + c);
+    const f32x16 ga = d.v0 * wv.v0, gb = d.v1 * wv.v1;
+    g0 += ga;
+    g1 += gb;
+    h0 += ga * ((xv.v0 - vmean) * vrstd);
+    h1 += gb * ((xv.v1 - vmean) * vrstd);
   };
   int64_t c = 0;
-  for (; c + 2 * kV <= C; c += 2 * kV) {
-    step(load16(dy + c), load16(w + c), load16(x + c), g0, h0);
-    step(load16(dy + c + kV), load16(w + c + kV), load16(x + c + kV), g1, h1);
-  }
-  for (; c + kV <= C; c += kV) step(load16(dy + c), load16(w + c), load16(x + c), g0, h0);
-  if (c < C) {
-    const int64_t n = C - c;
-    step(load_partial(dy + c, n), load_partial(w + c, n), load_partial(x + c, n), g1, h1);
-  }
+  for (; c + kV2 <= C; c += kV2) sums(load32(dy + c), load32(x + c), c);
+  if (c < C) sums(load32_partial(dy + c, C - c), load32_partial(x + c, C - c), c);
   const float sg = hsum(g0 + g1), sgx = hsum(h0 + h1);
   const f32x16 vmg = splat(rms ? 0.0f : sg / float(C)), vmgx = splat(sgx / float(C));
 
   // dx = rstd (g - mean(g) - xhat mean(g xhat)) (+ dx_add); pdw += dy xhat; pdb += dy.
-  auto block = [&](f32x16 d, f32x16 xv, f32x16 wv, f32x16 add, f32x16& dw_acc, f32x16& db_acc) __attribute__((always_inline)) {
+  auto half = [&](f32x16 d, f32x16 xv, f32x16 wv, f32x16 add, f32x16& pw, f32x16& pb)
+      __attribute__((always_inline)) {
     const f32x16 xh = (xv - vmean) * vrstd;
     f32x16 v = vrstd * ((d * wv - vmg) - xh * vmgx);
     if constexpr (HasAdd) v += add;
-    dw_acc += d * xh;
-    if constexpr (HasDb) db_acc += d;
+    pw += d * xh;
+    if constexpr (HasDb) pb += d;
     return v;
   };
-  for (c = 0; c + kV <= C; c += kV) {
-    f32x16 pw = load16(pdw + c), pb = HasDb ? load16(pdb + c) : f32x16{};
-    const f32x16 v = block(load16(dy + c), load16(x + c), load16(w + c), HasAdd ? load16(dx_add + c) : f32x16{},
-                           pw, pb);
-    store16(pdw + c, pw);
-    if constexpr (HasDb) store16(pdb + c, pb);
-    store16(dx + c, v);
-  }
+  auto block = [&](F32x32 d, F32x32 xv, F32x32 add, int64_t c) __attribute__((always_inline)) {
+    const F32x32 wv = load_cols(w + c);
+    F32x32 pw = load_cols(pdw + c), pb = HasDb ? load_cols(pdb + c) : F32x32{};
+    const F32x32 v{half(d.v0, xv.v0, wv.v0, add.v0, pw.v0, pb.v0), half(d.v1, xv.v1, wv.v1, add.v1, pw.v1, pb.v1)};
+    store_cols(pdw + c, pw);
+    if constexpr (HasDb) store_cols(pdb + c, pb);
+    return v;
+  };
+  for (c = 0; c + kV2 <= C; c += kV2)
+    store32(dx + c, block(load32(dy + c), load32(x + c), HasAdd ? load32(dx_add + c) : F32x32{}, c));
   if (c < C) {
     const int64_t n = C - c;
-    f32x16 pw = load_partial(pdw + c, n), pb = HasDb ? load_partial(pdb + c, n) : f32x16{};
-    const f32x16 v = block(load_partial(dy + c, n), load_partial(x + c, n), load_partial(w + c, n),
-                           HasAdd ? load_partial(dx_add + c, n) : f32x16{}, pw, pb);
-    store_partial(pdw + c, pw, n);
-    if constexpr (HasDb) store_partial(pdb + c, pb, n);
-    store_partial(dx + c, v, n);
+    store32_partial(dx + c,
+                    block(load32_partial(dy + c, n), load32_partial(x + c, n),
+                          HasAdd ? load32_partial(dx_add + c, n) : F32x32{}, c),
+                    n);
   }
 }
 
@@ -226,11 +267,12 @@ template <typename T, bool HasDb, bool HasAdd>
 void norm_backward_rows(bool rms, T* dx, const T* dy, const T* x, const float* w, const float* mean,
                         const float* rstd, const T* dx_add, float* partials, int64_t N, int64_t C,
                         int64_t chunks) {
-  const int64_t stride = HasDb ? 2 * C : C;  // per-chunk partials: [dw (C) | db (C)]
+  const int64_t Cp = padded_cols(C);
+  const int64_t stride = HasDb ? 2 * Cp : Cp;  // per-chunk partials: [dw (Cp) | db (Cp)]
 #pragma omp parallel for schedule(static) if (N * C >= kParallelMinElems)
   for (int64_t k = 0; k < chunks; ++k) {
     float* pdw = partials + k * stride;
-    float* pdb = HasDb ? pdw + C : nullptr;
+    float* pdb = HasDb ? pdw + Cp : nullptr;
     std::fill(pdw, pdw + stride, 0.0f);
     const int64_t r0 = N * k / chunks, r1 = N * (k + 1) / chunks;
     for (int64_t i = r0; i < r1; ++i)
@@ -239,33 +281,33 @@ void norm_backward_rows(bool rms, T* dx, const T* dy, const T* x, const float* w
   }
 }
 
-// out (C) += sum over chunks k of partials[k * stride + c], summed in chunk
-// order for every c (16 columns per vector lane group; columns are independent,
-// so the split of columns over threads does not change any result).
-template <typename G>
-void add_partials(const Tensor& out_t, const float* partials, int64_t chunks, int64_t stride, int64_t C) {
-  G* out = out_t.data<G>();
-  const int64_t blocks = (C + kV - 1) / kV;
-#pragma omp parallel for schedule(static) if (chunks * C >= kParallelMinElems)
+// Sums the chunk partials (column layout, stride floats apart) into chunk 0's,
+// in chunk order for every column (columns are independent, so splitting them
+// over threads changes no result).
+void sum_partials(float* partials, int64_t chunks, int64_t stride, int64_t width) {
+  const int64_t blocks = width / kV;
+#pragma omp parallel for schedule(static) if (chunks * width >= kParallelMinElems)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c = blk * kV, n = std::min(kV, C - c);
-    if (n == kV) {
-      f32x16 s = load16(partials + c);
-      for (int64_t k = 1; k < chunks; ++k) s += load16(partials + k * stride + c);
-      store16(out + c, load16(out + c) + s);
-    } else {
-      f32x16 s = load_partial(partials + c, n);
-      for (int64_t k = 1; k < chunks; ++k) s += load_partial(partials + k * stride + c, n);
-      store_partial(out + c, load_partial(out + c, n) + s, n);
-    }
+    float* acc = partials + blk * kV;
+    f32x16 s = load16(acc);
+    for (int64_t k = 1; k < chunks; ++k) s += load16(acc + k * stride);
+    store16(acc, s);
   }
 }
 
-void add_partials_any(const Tensor& out_t, const float* partials, int64_t chunks, int64_t stride, int64_t C) {
+// out (C) += sums (column layout of T).
+template <typename T, typename G>
+void add_columns(const Tensor& out_t, const float* sums, int64_t C) {
+  G* out = out_t.data<G>();
+  for (int64_t c = 0; c < C; ++c) out[c] = from_float<G>(to_float(out[c]) + sums[col_pos<T>(c)]);
+}
+
+template <typename T>
+void add_columns_any(const Tensor& out_t, const float* sums, int64_t C) {
   if (out_t.dtype() == DType::f32)
-    add_partials<float>(out_t, partials, chunks, stride, C);
+    add_columns<T, float>(out_t, sums, C);
   else
-    add_partials<bf16>(out_t, partials, chunks, stride, C);
+    add_columns<T, bf16>(out_t, sums, C);
 }
 
 template <typename T>
@@ -275,10 +317,11 @@ void norm_backward_impl(bool rms, const Tensor& dx_t, const Tensor& dw_t, const 
   const int64_t C = w_t.numel();
   const int64_t N = C > 0 ? x_t.numel() / C : 0;
   if (N == 0 || C == 0) return;
-  const float* w = weights_f32(w_t, 0);
+  const float* w = columns_f32<T>(w_t, 0);
   const int64_t chunks = std::clamp<int64_t>(N / kGradRows, 1, kGradChunks);
   const bool has_db = db_t.defined(), has_add = dx_add_t.defined();
-  const int64_t stride = has_db ? 2 * C : C;
+  const int64_t Cp = padded_cols(C);
+  const int64_t stride = has_db ? 2 * Cp : Cp;
   float* partials = thread_scratch(size_t(chunks * stride), 1);
 
   T* dx = dx_t.data<T>();
@@ -298,8 +341,9 @@ void norm_backward_impl(bool rms, const Tensor& dx_t, const Tensor& dw_t, const 
     else
       norm_backward_rows<T, false, false>(rms, dx, dy, x, w, mean, rstd, dx_add, partials, N, C, chunks);
   }
-  add_partials_any(dw_t, partials, chunks, stride, C);
-  if (has_db) add_partials_any(db_t, partials + C, chunks, stride, C);
+  sum_partials(partials, chunks, stride, stride);
+  add_columns_any<T>(dw_t, partials, C);
+  if (has_db) add_columns_any<T>(db_t, partials + Cp, C);
 }
 
 }  // namespace
