@@ -11,6 +11,7 @@
 //
 // Loads and stores: the simd16 primitives in activation.h (bf16 widened
 // exactly; stored with float_to_bf16's rounding, checked bitwise by the tests).
+
 // 64-byte vectors by value (simd16 in activation.h) without AVX-512 make GCC
 // warn about an ABI change; everything here is internal to one build.
 #pragma GCC diagnostic ignored "-Wpsabi"

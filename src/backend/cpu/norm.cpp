@@ -16,6 +16,7 @@
 // layout", padded to a multiple of 32 columns) so that lanes line up.
 // RMSNorm is LayerNorm with mean fixed at 0 and without the mean(g) term, so
 // both share the kernels below.
+
 // 64-byte vectors by value (simd16 in activation.h) without AVX-512 make GCC
 // warn about an ABI change; everything here is internal to one build.
 #pragma GCC diagnostic ignored "-Wpsabi"
