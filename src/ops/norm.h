@@ -4,9 +4,12 @@
 //   RMSNorm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
 // (var is the biased variance, as in PyTorch.) Statistics are computed in f32.
 //
-// Shapes: x, y (..., C) seen as (N, C); w, b (C); mean, rstd (N) f32, saved
-// for the backward pass (mean is undefined for RMSNorm).
-// Dtypes: x, y, w, b f32 or bf16 (x and y equal); grads dw/db f32 or w's dtype.
+// Shapes: x, y (..., C) seen as (N, C), C >= 1; w, b (C); mean, rstd (N) f32,
+// saved for the backward pass (mean is undefined for RMSNorm).
+// Dtypes: x, y, w, b f32 or bf16 (x and y equal; b has w's dtype); grads
+// dw/db f32 or w's dtype. eps finite and >= 0.
+// Aliasing: only the in-place forms named below; otherwise outputs must not
+// overlap any other argument.
 #pragma once
 
 #include "core/tensor.h"
@@ -16,12 +19,15 @@ namespace zt::ops {
 enum class NormKind { layernorm, rmsnorm };
 
 // b may be undefined (no bias); for RMSNorm b and mean must be undefined.
+// y must not overlap x (no in-place form).
 void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                   const Tensor& w, const Tensor& b, float eps);
 
 // dx  = d(norm)/dx . dy  (+ dx_add when defined: fused residual gradient)
 //       dx is overwritten and may alias dx_add or dy.
-// dw += sum_rows(dy * xhat);  db += sum_rows(dy)  (db undefined to skip)
+// dw += sum_rows(dy * xhat);  db += sum_rows(dy)  (db undefined to skip; must
+//       be undefined for RMSNorm). dw/db are bitwise deterministic: the
+//       result does not depend on the number of threads.
 void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                    const Tensor& dx_add = {});
