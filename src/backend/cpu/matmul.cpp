@@ -62,15 +62,18 @@ inline uint16_t narrow1(float f) {
 
 // Calls f(r, c0, c1) for every row r of a rows x cols block, cut into pieces
 // of at most kPieceCols columns; on all threads when `par` and the block is big.
+// (Small or non-par blocks run without opening a parallel region at all: even
+// an if(false) region costs microseconds, too much per tiny batch entry.)
 template <typename F>
 void for_pieces(int64_t rows, int64_t cols, bool par, const F& f) {
-  const bool threaded = par && rows * cols >= kParallelMin;
-  if (cols <= kPieceCols) {
-#pragma omp parallel for schedule(static) if (threaded)
+  if (!par || rows * cols < kParallelMin) {
+    for (int64_t r = 0; r < rows; ++r) f(r, int64_t(0), cols);
+  } else if (cols <= kPieceCols) {
+#pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) f(r, int64_t(0), cols);
   } else {
     const int64_t pieces = (cols + kPieceCols - 1) / kPieceCols;
-#pragma omp parallel for schedule(static) if (threaded)
+#pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * pieces; ++t) {
       const int64_t r = t / pieces, c0 = (t % pieces) * kPieceCols;
       f(r, c0, std::min(cols, c0 + kPieceCols));
