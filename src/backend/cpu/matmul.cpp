@@ -44,6 +44,7 @@ namespace {
 std::atomic<size_t> g_scratch_budget{size_t(16) << 20};  // floats
 
 constexpr int64_t kPieceCols = 8192;             // columns per task of an elementwise pass
+constexpr int64_t kTaskElems = 16384;            // elements per task of an elementwise pass
 constexpr int64_t kParallelMin = int64_t(1) << 16;  // smaller passes stay on one thread
 constexpr int64_t kPanelAlign = 16;              // panel extents are multiples of this
 constexpr int64_t kColBlock = 256;               // column block of the db reduction
@@ -61,19 +62,26 @@ inline uint16_t narrow1(float f) {
 }
 
 // Calls f(r, c0, c1) for every row r of a rows x cols block, cut into pieces
-// of at most kPieceCols columns; on all threads when `par` and the block is big.
-// (Small or non-par blocks run without opening a parallel region at all: even
-// an if(false) region costs microseconds, too much per tiny batch entry.)
+// of at most kPieceCols columns; on all threads when `par` and the block is
+// big. Tasks of ~kTaskElems elements are handed out dynamically, so a thread
+// that the OS delays does not hold the others at the closing barrier with a
+// fixed half of the work. Small or non-par blocks open no parallel region at
+// all: even an if(false) region costs microseconds per tiny batch entry.
 template <typename F>
 void for_pieces(int64_t rows, int64_t cols, bool par, const F& f) {
   if (!par || rows * cols < kParallelMin) {
     for (int64_t r = 0; r < rows; ++r) f(r, int64_t(0), cols);
   } else if (cols <= kPieceCols) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) f(r, int64_t(0), cols);
+    const int64_t rows_per_task = std::max<int64_t>(1, kTaskElems / cols);
+    const int64_t tasks = (rows + rows_per_task - 1) / rows_per_task;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t r1 = std::min(rows, (t + 1) * rows_per_task);
+      for (int64_t r = t * rows_per_task; r < r1; ++r) f(r, int64_t(0), cols);
+    }
   } else {
     const int64_t pieces = (cols + kPieceCols - 1) / kPieceCols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t t = 0; t < rows * pieces; ++t) {
       const int64_t r = t / pieces, c0 = (t % pieces) * kPieceCols;
       f(r, c0, std::min(cols, c0 + kPieceCols));
