@@ -15,17 +15,23 @@ namespace zt::ops {
 //   out: (..., M, N)   batch dims ("...") of a and out are equal
 //   bias: (N) or undefined; f32 or out's dtype
 // beta = 0 never reads out (it may hold NaN); beta = 1 accumulates (grads).
+// out must not share memory with a, b or bias (no in-place matmul).
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
             float alpha = 1.0f, float beta = 0.0f, const Tensor& bias = {});
 
 // Linear layer y = x W^T + b, PyTorch's weight layout.
 //   x: (..., C)   w: (OC, C)   b: (OC) or undefined   y: (..., OC)
+// x and w share a dtype (f32 or bf16); y is f32 or x's dtype; b is f32 or y's.
+// y must not share memory with x, w or b.
 void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
 
 // Backward of linear_forward. Each output may be undefined to skip it.
 //   dx  = dy W          (overwritten)            (..., C)
 //   dw += dy^T x        (accumulated; f32 or w's dtype)   (OC, C)
-//   db += sum_rows(dy)  (accumulated; f32 or b's dtype)   (OC)
+//   db += sum_rows(dy)  (accumulated; f32 or w's dtype)   (OC)
+// dy, x and w share a dtype; dx is f32 or that dtype. No output may share
+// memory with an input or another output. db's summation order depends only
+// on the shape (the same bits for every thread count).
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w);
 

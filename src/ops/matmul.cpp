@@ -1,0 +1,171 @@
+// matmul, linear_forward, linear_backward: argument validation and dispatch.
+//
+//   matmul:          out = alpha * op(a) @ op(b) + beta * out (+ bias over rows)
+//   linear_forward:  y (N, OC) = x (N, C) @ W^T + b        (x (..., C) flattened to N rows)
+//   linear_backward: dx = dy @ W (overwritten), dW += dy^T @ x, db += sum_rows(dy)
+// (gradient of y = x W^T + b: dL/dx = dL/dy W, dL/dW = dL/dy^T x, dL/db = column sums of dL/dy).
+// No output may overlap an input: sgemm cannot run in place.
+#include "ops/matmul.h"
+
+#include <climits>
+
+#include "backend/cpu/matmul.h"
+#include "ops/check.h"
+
+namespace zt::ops {
+
+namespace {
+
+// {f32} for f32 inputs, {f32, bf16} for bf16 ones: out (and grads) may be f32
+// or the inputs' dtype.
+void check_out_dtype(const char* op, const char* name, const Tensor& t, DType in) {
+  if (in == DType::f32) {
+    check_dtype(op, name, t, {DType::f32});
+  } else {
+    check_dtype(op, name, t, {DType::f32, in});
+  }
+}
+
+void check_no_overlap(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                      const Tensor& in) {
+  if (!out.defined() || !in.defined()) return;
+  ZT_CHECK(!out.overlaps(in), op, ": '", out_name, "' ", out.shape().str(), " overlaps '", in_name, "' ",
+           in.shape().str(), " in memory; outputs must not share memory with inputs");
+}
+
+void check_blas_dim(const char* op, const char* what, int64_t v) {
+  ZT_CHECK(v <= int64_t(INT_MAX), op, ": ", what, " = ", v, " exceeds the BLAS limit of ", INT_MAX);
+}
+
+// Shape with the last dim replaced.
+Shape with_last(const Shape& s, int64_t last) {
+  Shape r = s;
+  r[-1] = last;
+  return r;
+}
+
+}  // namespace
+
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha, float beta,
+            const Tensor& bias) {
+  const char* op = "matmul";
+  check_defined(op, "out", out);
+  check_defined(op, "a", a);
+  check_defined(op, "b", b);
+  check_device(op, out.device(), {{"out", &out}, {"a", &a}, {"b", &b}, {"bias", &bias}});
+  ZT_CHECK(a.ndim() >= 2, op, ": 'a' has shape ", a.shape().str(),
+           " but at least 2 dimensions (..., M, K) are required");
+  ZT_CHECK(b.ndim() >= 2, op, ": 'b' has shape ", b.shape().str(),
+           " but at least 2 dimensions (..., K, N) are required");
+  check_dtype(op, "a", a, {DType::f32, DType::bf16});
+  check_same_dtype(op, "a", a, "b", b);
+  check_out_dtype(op, "out", out, a.dtype());
+  if (bias.defined()) check_out_dtype(op, "bias", bias, out.dtype());
+
+  const int64_t M = trans_a ? a.size(-1) : a.size(-2);
+  const int64_t K = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t Kb = trans_b ? b.size(-1) : b.size(-2);
+  const int64_t N = trans_b ? b.size(-2) : b.size(-1);
+  ZT_CHECK(K == Kb, op, ": inner dimensions do not match: op(a) is (", M, ", ", K, ") from 'a' ", a.shape().str(),
+           trans_a ? " transposed" : "", " but op(b) is (", Kb, ", ", N, ") from 'b' ", b.shape().str(),
+           trans_b ? " transposed" : "", "; need op(a) (M, K) and op(b) (K, N)");
+
+  const int nbatch = a.ndim() - 2;
+  const bool b_shared = b.ndim() == 2;
+  if (!b_shared) {
+    bool same = b.ndim() == a.ndim();
+    for (int i = 0; same && i < nbatch; ++i) same = a.size(i) == b.size(i);
+    ZT_CHECK(same, op, ": 'b' has shape ", b.shape().str(), " but its batch dims must equal those of 'a' ",
+             a.shape().str(), ", or 'b' must be 2-D (shared by every batch entry)");
+  }
+  Shape expect(a.shape().begin(), a.shape().begin() + nbatch);
+  expect.push_back(M);
+  expect.push_back(N);
+  check_shape(op, "out", out, expect);
+  if (bias.defined()) check_shape(op, "bias", bias, Shape{N});
+  check_no_overlap(op, "out", out, "a", a);
+  check_no_overlap(op, "out", out, "b", b);
+  check_no_overlap(op, "out", out, "bias", bias);
+  check_blas_dim(op, "M", M);
+  check_blas_dim(op, "N", N);
+  check_blas_dim(op, "K", K);
+
+  if (!out.device().is_cpu()) no_backend(op, out.device());
+  cpu::GemmDesc d;
+  d.batch = a.shape().prod(0, nbatch);
+  d.M = M, d.N = N, d.K = K;
+  d.trans_a = trans_a, d.trans_b = trans_b, d.b_shared = b_shared;
+  d.alpha = alpha, d.beta = beta;
+  cpu::matmul(out, a, b, bias, d);
+}
+
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const char* op = "linear_forward";
+  check_defined(op, "y", y);
+  check_defined(op, "x", x);
+  check_ndim(op, "w", w, 2);
+  check_device(op, y.device(), {{"y", &y}, {"x", &x}, {"w", &w}, {"b", &b}});
+  ZT_CHECK(x.ndim() >= 1, op, ": 'x' has shape ", x.shape().str(), " but (..., C) is required");
+  check_dtype(op, "x", x, {DType::f32, DType::bf16});
+  check_same_dtype(op, "x", x, "w", w);
+  check_out_dtype(op, "y", y, x.dtype());
+  if (b.defined()) check_out_dtype(op, "b", b, y.dtype());
+  const int64_t C = x.size(-1), OC = w.size(0);
+  ZT_CHECK(w.size(1) == C, op, ": 'w' has shape ", w.shape().str(), " but (OC, ", C,
+           ") is required: its second dim must equal the last dim of 'x' ", x.shape().str());
+  check_shape(op, "y", y, with_last(x.shape(), OC));
+  if (b.defined()) check_shape(op, "b", b, Shape{OC});
+  check_no_overlap(op, "y", y, "x", x);
+  check_no_overlap(op, "y", y, "w", w);
+  check_no_overlap(op, "y", y, "b", b);
+  const int64_t N = x.shape().prod(0, x.ndim() - 1);
+  check_blas_dim(op, "rows of x", N);
+  check_blas_dim(op, "C", C);
+  check_blas_dim(op, "OC", OC);
+
+  if (!y.device().is_cpu()) no_backend(op, y.device());
+  cpu::GemmDesc d;
+  d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
+  cpu::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
+}
+
+void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& w) {
+  const char* op = "linear_backward";
+  check_defined(op, "dy", dy);
+  check_defined(op, "x", x);
+  check_ndim(op, "w", w, 2);
+  const Device dev = dy.device();
+  check_device(op, dev, {{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"dy", &dy}, {"x", &x}, {"w", &w}});
+  ZT_CHECK(x.ndim() >= 1, op, ": 'x' has shape ", x.shape().str(), " but (..., C) is required");
+  check_dtype(op, "dy", dy, {DType::f32, DType::bf16});
+  check_same_dtype(op, "dy", dy, "x", x);
+  check_same_dtype(op, "dy", dy, "w", w);
+  if (dx.defined()) check_out_dtype(op, "dx", dx, dy.dtype());
+  if (dw.defined()) check_out_dtype(op, "dw", dw, w.dtype());
+  if (db.defined()) check_out_dtype(op, "db", db, w.dtype());
+  const int64_t C = x.size(-1), OC = w.size(0);
+  ZT_CHECK(w.size(1) == C, op, ": 'w' has shape ", w.shape().str(), " but (OC, ", C,
+           ") is required: its second dim must equal the last dim of 'x' ", x.shape().str());
+  check_shape(op, "dy", dy, with_last(x.shape(), OC));
+  if (dx.defined()) check_shape(op, "dx", dx, x.shape());
+  if (dw.defined()) check_shape(op, "dw", dw, w.shape());
+  if (db.defined()) check_shape(op, "db", db, Shape{OC});
+  const std::pair<const char*, const Tensor*> outs[] = {{"dx", &dx}, {"dw", &dw}, {"db", &db}};
+  const std::pair<const char*, const Tensor*> ins[] = {{"dy", &dy}, {"x", &x}, {"w", &w}};
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& [in_name, in] : ins) check_no_overlap(op, outs[i].first, *outs[i].second, in_name, *in);
+    for (int j = i + 1; j < 3; ++j)
+      check_no_overlap(op, outs[i].first, *outs[i].second, outs[j].first, *outs[j].second);
+  }
+  const int64_t N = x.shape().prod(0, x.ndim() - 1);
+  check_blas_dim(op, "rows of x", N);
+  check_blas_dim(op, "C", C);
+  check_blas_dim(op, "OC", OC);
+
+  if (!dev.is_cpu()) no_backend(op, dev);
+  cpu::linear_backward(dx.defined() ? dx.view(Shape{N, C}) : Tensor(), dw, db, dy.view(Shape{N, OC}),
+                       x.view(Shape{N, C}), w);
+}
+
+}  // namespace zt::ops
