@@ -15,5 +15,6 @@ struct Command {
 };
 
 Command add_devices_command(CLI::App& app);
+Command add_prepare_command(CLI::App& app);
 
 }  // namespace zt::cli

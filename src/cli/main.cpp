@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
 
   std::vector<zt::cli::Command> commands;
   commands.push_back(zt::cli::add_devices_command(app));
+  commands.push_back(zt::cli::add_prepare_command(app));
 
   try {
     app.parse(argc, argv);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -20,6 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "data/dataset_index.h"
+#include "data/shard.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
 
@@ -117,7 +121,8 @@ inline NodeResult run_reference(const std::string& impl, const std::vector<std::
 inline const char* kFortunesDir = "/usr/share/games/fortunes";
 
 // The fortunes corpus as documents: every regular (non-symlink) file except
-// the binary .dat indexes, split at lines holding only '%'.
+// the binary .dat indexes, split at lines holding only '%' (empty documents
+// included).
 inline std::vector<std::string> fortune_documents() {
   std::vector<std::string> docs;
   if (!fs::is_directory(kFortunesDir)) return docs;
@@ -126,17 +131,18 @@ inline std::vector<std::string> fortune_documents() {
     if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat") files.push_back(e.path());
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
-    const std::string text = read_all(f.string());
-    size_t start = 0;
-    while (start < text.size()) {
-      size_t e = text.find("\n%\n", start);
-      if (e == std::string::npos) {
-        docs.push_back(text.substr(start));
-        break;
+    std::ifstream in(f);
+    std::string line, doc;
+    while (std::getline(in, line)) {
+      if (line == "%") {
+        docs.push_back(doc);
+        doc.clear();
+      } else {
+        doc += line;
+        if (!in.eof()) doc += '\n';
       }
-      docs.push_back(text.substr(start, e + 1 - start));
-      start = e + 3;
     }
+    docs.push_back(doc);
   }
   return docs;
 }
@@ -226,6 +232,45 @@ inline const data::Tokenizer* cached_tokenizer(const std::string& name) {
   }
   ADD_FAILURE() << "cannot load tokenizer '" << name << "': " << errors[name];
   return nullptr;
+}
+
+// Writes a dataset folder directly (shards of `shard_tokens` tokens per split
+// + index.json), as prepare would, from given token streams.
+inline void write_dataset(const std::string& dir, const std::vector<uint32_t>& train,
+                          const std::vector<uint32_t>& val, uint64_t vocab, uint64_t shard_tokens) {
+  fs::create_directories(dir);
+  data::DatasetIndex index;
+  index.tokenizer_name = "test";
+  index.tokenizer_fingerprint = "0123456789abcdef";
+  index.vocab_size = vocab;
+  index.eot_token = 0;
+  index.token_bytes = data::token_bytes_for_vocab(vocab);
+  for (data::Split split : {data::Split::train, data::Split::val}) {
+    const auto& tokens = split == data::Split::train ? train : val;
+    data::SplitInfo& info = index.split(split);
+    for (uint64_t first = 0, k = 0; first < tokens.size(); first += shard_tokens, ++k) {
+      const uint64_t n = std::min<uint64_t>(shard_tokens, tokens.size() - first);
+      const std::string name = std::string(data::split_name(split)) + "-" + std::to_string(k) + ".bin";
+      data::ShardWriter w(dir + "/" + name, index.token_bytes, uint32_t(vocab));
+      w.append(tokens.data() + first, n);
+      const data::ShardHeader h = w.finish();
+      info.shards.push_back({name, h.token_count, 0, h.checksum});
+      info.tokens += n;
+    }
+  }
+  std::ofstream(dir + "/index.json") << index.to_json().dump(2);
+}
+
+// The message of the zt::Error that f throws ("" and a test failure if none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const zt::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a zt::Error";
+  return "";
 }
 
 }  // namespace zt::test
