@@ -16,6 +16,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -100,33 +101,36 @@ class MappedFile {
 struct InputFile {
   std::string path;
   uint64_t bytes = 0;
+  int folder = -1;  // index of the input folder it was found in; -1: named directly
 };
 
 struct InputScan {
   std::vector<InputFile> files;
-  uint64_t skipped = 0;
+  std::vector<std::string> folders;  // the folder inputs, by index
   nlohmann::json skipped_counts = {{"hidden", 0}, {"symlink", 0}, {"empty", 0}, {"binary", 0}};
+  void skip(const char* why) { skipped_counts[why] = skipped_counts[why].get<uint64_t>() + 1; }
+  uint64_t skipped() const {
+    uint64_t n = 0;
+    for (const auto& [k, v] : skipped_counts.items()) n += v.get<uint64_t>();
+    return n;
+  }
 };
 
-// Offset of the first NUL byte in the first 64 KiB, or -1.
-int64_t first_nul(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<char> buf(65536);
-  f.read(buf.data(), std::streamsize(buf.size()));
-  const auto n = size_t(f.gcount());
-  const void* p = std::memchr(buf.data(), 0, n);
-  return p ? static_cast<const char*>(p) - buf.data() : -1;
+// Offset of the first NUL byte in the first 64 KiB, or -1 (a NUL means binary).
+int64_t first_nul(std::string_view text) {
+  const void* p = std::memchr(text.data(), 0, std::min<size_t>(text.size(), 65536));
+  return p ? static_cast<const char*>(p) - text.data() : -1;
 }
 
+// Lists the input files. Binary files inside folders are recognised later,
+// when they are read (reading them twice would cost more than the scan).
 InputScan scan_inputs(const std::vector<std::string>& inputs) {
   InputScan scan;
-  std::vector<std::string> seen;
-  auto add = [&](const fs::path& p, uint64_t bytes) {
-    std::error_code ec;
-    const std::string canon = fs::weakly_canonical(p, ec).string();
-    if (std::find(seen.begin(), seen.end(), canon) != seen.end()) return;
-    seen.push_back(canon);
-    scan.files.push_back({p.string(), bytes});
+  std::set<std::pair<uint64_t, uint64_t>> seen;  // (device, inode): a file named twice is read once
+  auto add = [&](const fs::path& p, uint64_t bytes, int folder) {
+    struct stat st;
+    if (::stat(p.c_str(), &st) == 0 && !seen.insert({uint64_t(st.st_dev), uint64_t(st.st_ino)}).second) return;
+    scan.files.push_back({p.string(), bytes, folder});
   };
   for (const std::string& in : inputs) {
     std::error_code ec;
@@ -135,26 +139,24 @@ InputScan scan_inputs(const std::vector<std::string>& inputs) {
     if (fs::is_regular_file(st)) {
       const uint64_t bytes = fs::file_size(in);
       ZT_CHECK(bytes > 0, "input file '", in, "' is empty");
-      const int64_t nul = first_nul(in);
-      ZT_CHECK(nul < 0, "input file '", in, "' looks binary (a NUL byte at offset ", nul,
-               "): prepare reads text files");
-      add(in, bytes);
+      add(in, bytes, -1);
       continue;
     }
     ZT_CHECK(fs::is_directory(st), "input '", in, "' is neither a file nor a folder");
+    const int folder = int(scan.folders.size());
+    scan.folders.push_back(in);
     std::vector<fs::path> found;
-    const size_t before = scan.files.size();
     for (auto it = fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied);
          it != fs::recursive_directory_iterator(); ++it) {
       const fs::path& p = it->path();
       const std::string name = p.filename().string();
       if (!name.empty() && name[0] == '.') {
-        scan.skipped_counts["hidden"] = scan.skipped_counts["hidden"].get<uint64_t>() + 1;
+        scan.skip("hidden");
         if (it->is_directory()) it.disable_recursion_pending();
         continue;
       }
       if (it->is_symlink()) {  // not followed: avoids duplicates (fortunes' *.u8) and loops
-        scan.skipped_counts["symlink"] = scan.skipped_counts["symlink"].get<uint64_t>() + 1;
+        scan.skip("symlink");
         continue;
       }
       if (it->is_regular_file()) found.push_back(p);
@@ -163,21 +165,44 @@ InputScan scan_inputs(const std::vector<std::string>& inputs) {
     for (const fs::path& p : found) {
       const uint64_t bytes = fs::file_size(p);
       if (bytes == 0) {
-        scan.skipped_counts["empty"] = scan.skipped_counts["empty"].get<uint64_t>() + 1;
+        scan.skip("empty");
         continue;
       }
-      if (first_nul(p.string()) >= 0) {
-        scan.skipped_counts["binary"] = scan.skipped_counts["binary"].get<uint64_t>() + 1;
-        continue;
-      }
-      add(p, bytes);
+      add(p, bytes, folder);
     }
-    ZT_CHECK(scan.files.size() > before, "input folder '", in, "' has no text files (skipped: ",
-             scan.skipped_counts.dump(), ")");
   }
-  for (const auto& [k, v] : scan.skipped_counts.items()) scan.skipped += v.get<uint64_t>();
   return scan;
 }
+
+// A whole input file in memory: read into a reusable buffer, or memory-mapped
+// when large (so that memory stays bounded by the batch size).
+class FileText {
+ public:
+  static constexpr uint64_t kMapAbove = uint64_t(64) << 20;
+  void load(const InputFile& f) {
+    map_.reset();
+    if (f.bytes > kMapAbove) {
+      map_ = std::make_unique<MappedFile>(f.path);
+      text_ = map_->text();
+      return;
+    }
+    std::FILE* fp = std::fopen(f.path.c_str(), "rb");
+    ZT_CHECK(fp, "input file '", f.path, "' cannot be opened: ", std::strerror(errno));
+    buf_.resize(f.bytes);
+    const size_t n = std::fread(buf_.data(), 1, buf_.size(), fp);
+    const bool err = std::ferror(fp);
+    std::fclose(fp);
+    ZT_CHECK(!err, "input file '", f.path, "' cannot be read");
+    buf_.resize(n);  // a file that shrank since the scan
+    text_ = buf_;
+  }
+  std::string_view text() const { return text_; }
+
+ private:
+  std::string buf_;
+  std::unique_ptr<MappedFile> map_;
+  std::string_view text_;
+};
 
 // Progress on the log stream: a bar redrawn in place on a terminal, a line
 // every 10% otherwise.
@@ -227,20 +252,20 @@ class SplitWriter {
   SplitWriter(std::string dir, Split split, uint32_t token_bytes, uint32_t vocab, uint64_t shard_tokens)
       : dir_(std::move(dir)), split_(split), token_bytes_(token_bytes), vocab_(vocab), shard_tokens_(shard_tokens) {}
 
-  void append_document(const std::vector<uint32_t>& ids) {
+  void append_document(const uint32_t* ids, size_t n) {
     size_t off = 0;
-    while (off < ids.size()) {
+    while (off < n) {
       if (!cur_) open();
-      const size_t take = size_t(std::min<uint64_t>(ids.size() - off, shard_tokens_ - cur_->tokens()));
-      cur_->append(ids.data() + off, take);
+      const size_t take = size_t(std::min<uint64_t>(n - off, shard_tokens_ - cur_->tokens()));
+      cur_->append(ids + off, take);
       off += take;
-      if (off == ids.size()) {
+      if (off == n) {
         cur_->add_documents(1);
         ++info_.documents;
       }
       if (cur_->tokens() == shard_tokens_) close();
     }
-    info_.tokens += ids.size();
+    info_.tokens += n;
   }
 
   SplitInfo finish() {
@@ -391,66 +416,113 @@ PrepareSummary prepare(const PrepareOptions& opt, const Tokenizer& tok, std::ost
 
   PrepareSummary sum;
   sum.output = out.string();
-  sum.files = scan.files.size();
-  sum.bytes = total_bytes;
-  sum.skipped_files = scan.skipped;
+  nlohmann::json skipped = scan.skipped_counts;
   Progress progress(log, opt.progress, total_bytes);
 
-  // Documents are gathered across files into batches of about 8 MB, then
-  // tokenised in parallel and written in order.
+  // Documents are gathered across files into batches of about 8 MB (the file
+  // buffers are kept until their batch is written), tokenised in parallel
+  // into per-thread buffers that are reused from batch to batch, then
+  // appended to the shards in document order.
   constexpr uint64_t kBatchBytes = uint64_t(8) << 20;
   struct Held {
-    std::unique_ptr<MappedFile> map;
-    std::deque<std::string> storage;
+    FileText text;
+    std::deque<std::string> storage;  // jsonl documents
   };
-  std::vector<std::shared_ptr<Held>> held;
+  std::vector<std::unique_ptr<Held>> held, spare;
   std::vector<std::string_view> batch;
-  std::vector<std::vector<uint32_t>> ids;
-  std::vector<uint8_t> invalid;
+  struct Span {
+    int thread;
+    size_t offset, count;
+    bool invalid_utf8;
+  };
+  std::vector<Span> spans;
+  std::vector<std::vector<uint32_t>> thread_tokens(static_cast<size_t>(threads));
+  std::vector<uint64_t> folder_files(scan.folders.size(), 0);
   uint64_t batch_bytes = 0, doc_index = 0, done_bytes = 0, tokens = 0;
   const double f = opt.val_fraction;
 
   auto flush = [&] {
     const size_t n = batch.size();
-    if (ids.size() < n) ids.resize(n);
-    invalid.assign(n, 0);
-#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
-    for (size_t k = 0; k < n; ++k) {
-      ids[k].clear();
-      tok.encode_append(batch[k], ids[k]);
-      ids[k].push_back(eot);
-      invalid[k] = !is_valid_utf8(batch[k].data(), batch[k].size());
+    spans.resize(n);
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      std::vector<uint32_t>& buf = thread_tokens[size_t(t)];
+      buf.clear();
+      buf.reserve(size_t(batch_bytes / 2 / uint64_t(threads)) + 1024);  // ~4 bytes per token: rarely regrows
+#pragma omp for schedule(dynamic, 4)
+      for (size_t k = 0; k < n; ++k) {
+        const size_t off = buf.size();
+        tok.encode_append(batch[k], buf);
+        buf.push_back(eot);
+        spans[k] = {t, off, buf.size() - off, !is_valid_utf8(batch[k].data(), batch[k].size())};
+      }
     }
     for (size_t k = 0; k < n; ++k) {
+      const Span& sp = spans[k];
       const bool to_val = std::floor(double(doc_index + 1) * f) > std::floor(double(doc_index) * f);
-      (to_val ? val : train).append_document(ids[k]);
-      tokens += ids[k].size();
-      sum.invalid_utf8_documents += invalid[k];
+      (to_val ? val : train).append_document(thread_tokens[size_t(sp.thread)].data() + sp.offset, sp.count);
+      tokens += sp.count;
+      sum.invalid_utf8_documents += sp.invalid_utf8;
       ++doc_index;
     }
     sum.documents += n;
     batch.clear();
+    for (auto& h : held) {
+      h->storage.clear();
+      spare.push_back(std::move(h));
+    }
     held.clear();
     batch_bytes = 0;
     progress.update(done_bytes, tokens);
   };
 
   for (const InputFile& in : scan.files) {
-    auto h = std::make_shared<Held>();
-    h->map = std::make_unique<MappedFile>(in.path);
-    const std::string_view text = h->map->text();
+    std::unique_ptr<Held> h;
+    if (!spare.empty()) {
+      h = std::move(spare.back());
+      spare.pop_back();
+    } else {
+      h = std::make_unique<Held>();
+    }
+    h->text.load(in);
+    const std::string_view text = h->text.text();
+    const int64_t nul = first_nul(text);
+    if (nul >= 0) {
+      ZT_CHECK(in.folder >= 0, "input file '", in.path, "' looks binary (a NUL byte at offset ", nul,
+               "): prepare reads text files");
+      skipped["binary"] = skipped["binary"].get<uint64_t>() + 1;
+      ++sum.skipped_files;
+      spare.push_back(std::move(h));
+      done_bytes += in.bytes;
+      continue;
+    }
+    ++sum.files;
+    sum.bytes += in.bytes;
+    if (in.folder >= 0) ++folder_files[size_t(in.folder)];
     const auto docs = split_documents(text, opt.doc_split, in.path, h->storage);
+    held.push_back(std::move(h));  // the batch's views need the file until it is written
     for (std::string_view d : docs) {
-      if (held.empty() || held.back() != h) held.push_back(h);  // the batch's views need the file
       batch.push_back(d);
       batch_bytes += d.size();
-      if (batch_bytes >= kBatchBytes) flush();
+      if (batch_bytes >= kBatchBytes) {
+        // The current file must outlive this flush for its remaining documents.
+        std::unique_ptr<Held> cur = std::move(held.back());
+        held.pop_back();
+        flush();
+        held.push_back(std::move(cur));
+      }
     }
     done_bytes += in.bytes;
   }
   if (!batch.empty()) flush();
+  for (size_t i = 0; i < scan.folders.size(); ++i)
+    ZT_CHECK(folder_files[i] > 0, "input folder '", scan.folders[i], "' has no text files (skipped: ", skipped.dump(),
+             ")");
   ZT_CHECK(sum.documents > 0, "prepare: the inputs hold no documents (every one is empty or white space): ",
            nlohmann::json(opt.inputs).dump());
+  sum.skipped_files = 0;
+  for (const auto& [k, v] : skipped.items()) sum.skipped_files += v.get<uint64_t>();
 
   sum.train = train.finish();
   sum.val = val.finish();
@@ -471,7 +543,7 @@ PrepareSummary prepare(const PrepareOptions& opt, const Tokenizer& tok, std::ost
                   {"doc_split", doc_split_name(opt.doc_split)},
                   {"val_fraction", opt.val_fraction},
                   {"shard_tokens", opt.shard_tokens},
-                  {"skipped_files", scan.skipped_counts},
+                  {"skipped_files", skipped},
                   {"invalid_utf8_documents", sum.invalid_utf8_documents}};
   {
     const std::string path = tmp + "/index.json";

@@ -53,6 +53,14 @@ const ByteAlphabet& alphabet() {
   return a;
 }
 
+// memcmp for the short keys of the caches (a libc call costs more than the compare).
+inline bool same_bytes(const char* a, const char* b, size_t n) {
+  if (n > 16) return std::memcmp(a, b, n) == 0;
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
 // bytes -> id for the mergeable tokens (ids index `tokens`).
 class BytesIndex {
  public:
@@ -75,7 +83,7 @@ class BytesIndex {
       const uint32_t id = slots_[i];
       if (id == kEmpty) return std::nullopt;
       const std::string& t = (*tokens_)[id];
-      if (t.size() == n && std::memcmp(t.data(), p, n) == 0) return id;
+      if (t.size() == n && same_bytes(t.data(), p, n)) return id;
     }
   }
 
@@ -97,7 +105,7 @@ class WordCache {
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.hash == 0) return nullptr;
-      if (s.hash == h && s.key_len == n && std::memcmp(keys_.data() + s.key_off, p, n) == 0) {
+      if (s.hash == h && s.key_len == n && same_bytes(keys_.data() + s.key_off, p, n)) {
         *count = s.val_len;
         return vals_.data() + s.val_off;
       }
@@ -137,6 +145,8 @@ class WordCache {
     old.swap(slots_);
     slots_.assign(cap, Slot{});
     mask_ = cap - 1;
+    keys_.reserve(cap * 4);  // about the average piece length at the largest fill
+    vals_.reserve(cap);
     for (const Slot& s : old)
       if (s.hash) place(s);
   }
