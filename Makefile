@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo demo-data bench clean
 
 all: build
 
@@ -19,7 +19,11 @@ build: configure
 test: deps build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
-demo: deps build
+# The demo corpus (fortunes, GPT-2 tokens) in data/fortunes-gpt2; prepared once.
+demo-data: build
+	@test -f data/fortunes-gpt2/index.json || ./$(BUILD_DIR)/bin/zettatron prepare --config configs/data/fortunes-gpt2.toml
+
+demo: deps build demo-data
 	@./$(BUILD_DIR)/bin/zettatron --help
 
 bench: deps build
