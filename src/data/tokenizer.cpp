@@ -1,6 +1,5 @@
 #include "data/tokenizer.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <array>

@@ -205,6 +205,10 @@ TEST_P(BothTokenizers, ParallelEncodeEqualsSerial) {
   for (const auto& d : test::adversarial_strings()) text += d;
   const auto serial = t->encode(text);
   for (int threads : {2, 3, 7}) EXPECT_EQ(t->encode_parallel(text, threads), serial) << threads << " threads";
+  // No position where a cut is known to be safe: encoded in one piece.
+  std::string cjk;
+  while (cjk.size() < 200000) cjk += "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x80\x82";
+  EXPECT_EQ(t->encode_parallel(cjk, 2), t->encode(cjk));
 }
 
 // Encoding from several threads at once (per-thread caches) gives the same ids.
