@@ -79,6 +79,17 @@ TEST(Unicode, InvalidUtf8IsOneOtherByte) {
     EXPECT_FALSE(is_valid_utf8(s.data(), s.size()));
   }
   EXPECT_TRUE(is_valid_utf8("", 0));
+  // Long ASCII runs (checked eight bytes at a time) around the bad or good byte.
+  for (size_t pre : {0, 7, 8, 9, 20}) {
+    for (size_t post : {0, 1, 8, 21}) {
+      const std::string bad = std::string(pre, 'a') + "\xff" + std::string(post, 'b');
+      EXPECT_FALSE(is_valid_utf8(bad.data(), bad.size())) << pre << " " << post;
+      const std::string cut = std::string(pre, 'a') + "\xe4\xb8";
+      EXPECT_FALSE(is_valid_utf8(cut.data(), cut.size())) << pre;
+      const std::string good = std::string(pre, 'a') + "\xe4\xb8\xad" + std::string(post, 'b');
+      EXPECT_TRUE(is_valid_utf8(good.data(), good.size())) << pre << " " << post;
+    }
+  }
   const std::string ok = "a\xc3\xa9\xe4\xb8\xad\xf0\x9f\xa6\x99";
   EXPECT_TRUE(is_valid_utf8(ok.data(), ok.size()));
 }
