@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo demo-data bench clean
 
 all: build
 
@@ -19,8 +19,13 @@ build: configure
 test: deps build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
-demo: deps build
-	@./$(BUILD_DIR)/bin/zettatron --help
+# The demo corpus (fortunes, GPT-2 tokens) in data/fortunes-gpt2; prepared once.
+demo-data: build
+	@test -f data/fortunes-gpt2/index.json || ./$(BUILD_DIR)/bin/zettatron prepare --config configs/data/fortunes-gpt2.toml
+
+# The main job: train configs/demo.toml on the fortunes corpus, then show samples.
+demo: deps build demo-data
+	@./$(BUILD_DIR)/bin/zettatron train configs/demo.toml
 
 bench: deps build
 	@bash bench/run_ops.sh
