@@ -43,7 +43,7 @@ struct TrainSettings {
   int64_t sample_every = 0;           // steps between text samples (0: only at the end)
   int64_t log_every = 1;              // steps between console lines
   std::string run_dir = "runs/run";   // where config, metrics.jsonl and checkpoints go
-  int64_t max_bad_steps = 3;          // consecutive non-finite losses before stopping
+  int64_t max_bad_steps = 1;          // consecutive non-finite steps before stopping (1: stop at the first)
 };
 
 struct OptimSettings {
