@@ -495,7 +495,6 @@ PrepareSummary prepare(const PrepareOptions& opt, const Tokenizer& tok, std::ost
       ZT_CHECK(in.folder >= 0, "input file '", in.path, "' looks binary (a NUL byte at offset ", nul,
                "): prepare reads text files");
       skipped["binary"] = skipped["binary"].get<uint64_t>() + 1;
-      ++sum.skipped_files;
       spare.push_back(std::move(h));
       done_bytes += in.bytes;
       continue;
