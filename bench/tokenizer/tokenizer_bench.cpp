@@ -2,11 +2,12 @@
 // (the npm package: WASM build of OpenAI's Rust tokenizer) in the same run,
 // and `prepare` end to end against the tokenizer alone.
 //
-//   zt_bench_tokenizer [--corpus DIR] [--copies N] [--reps R]
+//   zt_bench_tokenizer [--corpus DIR] [--copies 16] [--reps 5]
 //
 // Corpora: the fortunes files concatenated (as they are on disk), and that
 // text repeated N times. Rates are MB of input text per second, best of R
-// runs. Every Zettatron run starts with a freshly loaded tokenizer (an empty
+// runs (Zettatron's measurements interleaved, so that load changes on a
+// shared machine hit them alike). Every Zettatron run starts with a freshly loaded tokenizer (an empty
 // piece cache; loading is not timed), so repeated text in the large corpus
 // helps only as much as it would within one run. Zettatron's ids are checked
 // equal to tiktoken's (count and a checksum) before anything is reported.
@@ -68,25 +69,21 @@ struct Rate {
   uint32_t checksum = 0;
 };
 
-// Best of `reps` runs of encode on `threads` threads, each with a fresh tokenizer.
-Rate zt_encode(const std::string& text, int threads, int reps) {
-  Rate r;
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto tok = zt::data::load_tokenizer("gpt2");
-    const double c0 = cpu_seconds();
-    const auto t0 = Clock::now();
-    const auto ids = threads == 1 ? tok->encode(text) : tok->encode_parallel(text, threads);
-    const double wall = seconds_since(t0);
-    if (wall < best) {
-      best = wall;
-      r.cpu_s = cpu_seconds() - c0;
-    }
-    r.tokens = ids.size();
-    r.checksum = id_checksum(ids);
+// One run of encode on `threads` threads with a freshly loaded tokenizer;
+// keeps the best (fastest) run in `r`.
+void zt_encode(const std::string& text, int threads, Rate& r) {
+  auto tok = zt::data::load_tokenizer("gpt2");
+  const double c0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  const auto ids = threads == 1 ? tok->encode(text) : tok->encode_parallel(text, threads);
+  const double wall = seconds_since(t0), cpu = cpu_seconds() - c0;
+  const double rate = double(text.size()) / 1e6 / wall;
+  if (rate > r.mb_per_s) {
+    r.mb_per_s = rate;
+    r.cpu_s = cpu;
   }
-  r.mb_per_s = double(text.size()) / 1e6 / best;
-  return r;
+  r.tokens = ids.size();
+  r.checksum = id_checksum(ids);
 }
 
 Rate tiktoken_encode(const std::string& file, int reps) {
@@ -108,26 +105,20 @@ Rate tiktoken_encode(const std::string& file, int reps) {
   return r;
 }
 
-// Best of `reps` prepare runs (fresh tokenizer each, loading not timed).
-double zt_prepare(const fs::path& input, const fs::path& out, int threads, int reps) {
-  double best = 1e30;
-  uint64_t bytes = 0;
-  for (int i = 0; i < reps; ++i) {
-    auto tok = zt::data::load_tokenizer("gpt2");
-    zt::data::PrepareOptions o;
-    o.inputs = {input.string()};
-    o.output = out.string();
-    o.doc_split = zt::data::DocSplit::percent;
-    o.val_fraction = 0.01;
-    o.threads = threads;
-    o.force = true;
-    o.progress = false;
-    const auto t0 = Clock::now();
-    const auto s = zt::data::prepare(o, *tok, nullptr);
-    best = std::min(best, seconds_since(t0));
-    bytes = s.bytes;
-  }
-  return double(bytes) / 1e6 / best;
+// One prepare run (fresh tokenizer, loading not timed); keeps the best rate.
+void zt_prepare(const fs::path& input, const fs::path& out, int threads, double& best_mb_per_s) {
+  auto tok = zt::data::load_tokenizer("gpt2");
+  zt::data::PrepareOptions o;
+  o.inputs = {input.string()};
+  o.output = out.string();
+  o.doc_split = zt::data::DocSplit::percent;
+  o.val_fraction = 0.01;
+  o.threads = threads;
+  o.force = true;
+  o.progress = false;
+  const auto t0 = Clock::now();
+  const auto s = zt::data::prepare(o, *tok, nullptr);
+  best_mb_per_s = std::max(best_mb_per_s, double(s.bytes) / 1e6 / seconds_since(t0));
 }
 
 std::string cpu_model() {
@@ -148,7 +139,7 @@ std::string fmt(double v, int prec = 1) {
 
 int main(int argc, char** argv) try {
   std::string corpus = "/usr/share/games/fortunes";
-  int copies = 8, reps = 3;
+  int copies = 16, reps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--corpus") corpus = argv[i + 1];
@@ -195,12 +186,15 @@ int main(int argc, char** argv) try {
     r.mb = double(body->size()) / 1e6;
     std::cerr << "bench: " << name << " (" << fmt(r.mb) << " MB): tiktoken..." << std::flush;
     r.tik = tiktoken_encode((name == "fortunes" ? tmp / "small.txt" : tmp / "large.txt").string(), reps);
-    std::cerr << " zettatron..." << std::flush;
-    r.one = zt_encode(*body, 1, reps);
-    r.two = zt_encode(*body, 2, reps);
-    std::cerr << " prepare..." << std::flush;
-    r.prep1 = zt_prepare(dir, tmp / "out", 1, reps);
-    r.prep2 = zt_prepare(dir, tmp / "out", 2, reps);
+    std::cerr << " zettatron and prepare..." << std::flush;
+    // Interleaved, so that a change in the machine's load hits every measurement alike.
+    r.prep1 = r.prep2 = 0;
+    for (int i = 0; i < reps; ++i) {
+      zt_encode(*body, 1, r.one);
+      zt_prepare(dir, tmp / "out", 1, r.prep1);
+      zt_encode(*body, 2, r.two);
+      zt_prepare(dir, tmp / "out", 2, r.prep2);
+    }
     std::cerr << " done\n";
     ZT_CHECK(r.one.tokens == r.tik.tokens && r.one.checksum == r.tik.checksum && r.two.checksum == r.one.checksum,
              "token ids differ from tiktoken's on ", name, ": ", r.one.tokens, " vs ", r.tik.tokens, " tokens");

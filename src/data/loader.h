@@ -29,6 +29,8 @@
 // out to each rank, plus the seed, G, T and the dataset's fingerprint.
 // restore() continues with identical batches; it may change dp_size (or G)
 // only at a global-batch boundary (row == 0), and adopts the saved seed.
+// Every rank has the same state (ranks take rows in lockstep): save it from
+// one rank, restore it on all.
 #pragma once
 
 #include <condition_variable>

@@ -188,18 +188,21 @@ class FileText {
     }
     std::FILE* fp = std::fopen(f.path.c_str(), "rb");
     ZT_CHECK(fp, "input file '", f.path, "' cannot be opened: ", std::strerror(errno));
-    buf_.resize(f.bytes);
-    const size_t n = std::fread(buf_.data(), 1, buf_.size(), fp);
+    if (capacity_ < f.bytes) {  // grown, never zero-filled
+      capacity_ = size_t(f.bytes);
+      buf_ = std::make_unique_for_overwrite<char[]>(capacity_);
+    }
+    const size_t n = std::fread(buf_.get(), 1, size_t(f.bytes), fp);
     const bool err = std::ferror(fp);
     std::fclose(fp);
     ZT_CHECK(!err, "input file '", f.path, "' cannot be read");
-    buf_.resize(n);  // a file that shrank since the scan
-    text_ = buf_;
+    text_ = std::string_view(buf_.get(), n);  // n < bytes: the file shrank since the scan
   }
   std::string_view text() const { return text_; }
 
  private:
-  std::string buf_;
+  std::unique_ptr<char[]> buf_;
+  size_t capacity_ = 0;
   std::unique_ptr<MappedFile> map_;
   std::string_view text_;
 };
@@ -419,11 +422,11 @@ PrepareSummary prepare(const PrepareOptions& opt, const Tokenizer& tok, std::ost
   nlohmann::json skipped = scan.skipped_counts;
   Progress progress(log, opt.progress, total_bytes);
 
-  // Documents are gathered across files into batches of about 8 MB (the file
+  // Documents are gathered across files into batches of about 2 MB (the file
   // buffers are kept until their batch is written), tokenised in parallel
   // into per-thread buffers that are reused from batch to batch, then
   // appended to the shards in document order.
-  constexpr uint64_t kBatchBytes = uint64_t(8) << 20;
+  constexpr uint64_t kBatchBytes = uint64_t(2) << 20;
   struct Held {
     FileText text;
     std::deque<std::string> storage;  // jsonl documents
@@ -492,7 +495,6 @@ PrepareSummary prepare(const PrepareOptions& opt, const Tokenizer& tok, std::ost
       ZT_CHECK(in.folder >= 0, "input file '", in.path, "' looks binary (a NUL byte at offset ", nul,
                "): prepare reads text files");
       skipped["binary"] = skipped["binary"].get<uint64_t>() + 1;
-      ++sum.skipped_files;
       spare.push_back(std::move(h));
       done_bytes += in.bytes;
       continue;

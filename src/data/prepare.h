@@ -56,7 +56,6 @@ struct PrepareSummary {
   uint64_t files = 0, bytes = 0;    // input files read and their size
   uint64_t documents = 0;           // documents tokenised (empty ones are skipped)
   uint64_t skipped_files = 0;       // hidden, linked, empty or binary files in input folders
-  uint64_t skipped_documents = 0;   // empty or white-space-only documents
   uint64_t invalid_utf8_documents = 0;  // documents that are not valid UTF-8 (encoded byte by byte)
   SplitInfo train, val;
   double seconds = 0;

@@ -214,6 +214,45 @@ inline std::vector<std::string> random_strings(std::mt19937_64& rng, int count, 
   return out;
 }
 
+// Random valid UTF-8 strings of code points drawn from many scripts and
+// symbol blocks (Latin, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai,
+// Hangul, CJK, kana, full-width forms, emoji, mathematical letters), with
+// plenty of ASCII, spaces, apostrophes and digits between them.
+inline std::vector<std::string> random_multiscript_strings(std::mt19937_64& rng, int count, int max_chars) {
+  static const std::vector<std::pair<uint32_t, uint32_t>> blocks = {
+      {0x20, 0x7e},     {0x20, 0x7e},     {0x20, 0x7e},     {0xa0, 0x17f},    {0x370, 0x3ff},   {0x400, 0x4ff},
+      {0x590, 0x6ff},   {0x900, 0x97f},   {0xe00, 0xe7f},   {0x1100, 0x11ff}, {0x2000, 0x206f}, {0x2100, 0x218f},
+      {0x3000, 0x30ff}, {0x4e00, 0x4fff}, {0xac00, 0xad00}, {0xff00, 0xffef}, {0x1f300, 0x1f6ff},
+      {0x1d400, 0x1d4ff}, {0x9, 0xd},     {0x20, 0x20},     {0x20, 0x20},     {0x27, 0x27},     {0x30, 0x39}};
+  std::uniform_int_distribution<int> len(0, max_chars);
+  std::uniform_int_distribution<size_t> pick(0, blocks.size() - 1);
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) {
+    std::string s;
+    for (int k = len(rng); k > 0; --k) {
+      const auto [lo, hi] = blocks[pick(rng)];
+      const uint32_t cp = lo + uint32_t(rng() % (hi - lo + 1));
+      if (cp < 0x80) {
+        s += char(cp);
+      } else if (cp < 0x800) {
+        s += char(0xC0 | (cp >> 6));
+        s += char(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        s += char(0xE0 | (cp >> 12));
+        s += char(0x80 | ((cp >> 6) & 0x3F));
+        s += char(0x80 | (cp & 0x3F));
+      } else {
+        s += char(0xF0 | (cp >> 18));
+        s += char(0x80 | ((cp >> 12) & 0x3F));
+        s += char(0x80 | ((cp >> 6) & 0x3F));
+        s += char(0x80 | (cp & 0x3F));
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 // The tokenizers, loaded once per test process. The test FAILS (with the
 // loader's message) if the vocabulary files are missing.
 inline const data::Tokenizer* cached_tokenizer(const std::string& name) {

@@ -81,6 +81,7 @@ TEST(Pretokenize, Gpt2MatchesJavaScriptRegex) {
   auto rng = test::make_rng(1);
   std::vector<std::string> texts = test::adversarial_strings();
   for (auto& s : test::random_strings(rng, 3000, 40)) texts.push_back(std::move(s));
+  for (auto& s : test::random_multiscript_strings(rng, 3000, 30)) texts.push_back(std::move(s));
   const auto docs = test::fortune_documents();
   ASSERT_GT(docs.size(), 1000u) << "the fortunes corpus is missing (" << test::kFortunesDir << "): run `make deps`";
   texts.insert(texts.end(), docs.begin(), docs.end());
@@ -92,6 +93,7 @@ TEST(Pretokenize, Llama3MatchesJavaScriptRegex) {
   auto rng = test::make_rng(2);
   std::vector<std::string> texts = test::adversarial_strings();
   for (auto& s : test::random_strings(rng, 3000, 40)) texts.push_back(std::move(s));
+  for (auto& s : test::random_multiscript_strings(rng, 3000, 30)) texts.push_back(std::move(s));
   const auto docs = test::fortune_documents();
   ASSERT_GT(docs.size(), 1000u) << "the fortunes corpus is missing (" << test::kFortunesDir << "): run `make deps`";
   texts.insert(texts.end(), docs.begin(), docs.end());

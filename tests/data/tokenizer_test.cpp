@@ -59,6 +59,7 @@ std::vector<std::string> adversarial_and_random(uint64_t salt) {
   auto rng = test::make_rng(salt);
   auto v = test::adversarial_strings();
   for (auto& s : test::random_strings(rng, 1500, 40)) v.push_back(std::move(s));
+  for (auto& s : test::random_multiscript_strings(rng, 3000, 30)) v.push_back(std::move(s));
   return v;
 }
 
