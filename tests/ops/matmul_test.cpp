@@ -261,7 +261,7 @@ TEST(MatmulTest, BatchParallelAndSequentialPaths) {
 TEST(MatmulTest, Bf16PanelsAlongEachDimension) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(6);
-  // A tiny budget forces panels of 16: along M (M largest), N, and K.
+  // A tiny budget forces narrow panels: along M (M largest), N, and K.
   ScopedBudget budget(1500);
   const int64_t shapes[][3] = {{70, 21, 18}, {19, 75, 23}, {22, 17, 90}};
   for (DType out : {DType::f32, DType::bf16})

@@ -12,9 +12,9 @@
 //   in place; a bf16 out gets an f32 tile C (= beta * out + bias when either is
 //   present) which is rounded to nearest-even once at the end.
 //   Problems whose widened operands and tile exceed the scratch budget are cut
-//   into panels along their largest dimension (rows of out, columns of out, or
-//   the reduction dim, which then accumulates into C with beta = 1); panels
-//   along M or N leave the other operand widened once for all panels.
+//   into panels (rows of out, columns of out, or the reduction dim, which then
+//   accumulates into C with beta = 1; whichever allows the widest panel);
+//   panels along M or N leave the other operand widened once for all panels.
 // Batches: many small products run one single-threaded sgemm per entry on the
 //   OpenMP threads (OpenBLAS's OpenMP build stays on one thread inside a
 //   parallel region); large ones run one threaded sgemm after another. A 2-D
@@ -181,18 +181,26 @@ void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, 
   const size_t budget = g_scratch_budget.load(std::memory_order_relaxed);
   const size_t sa = A.bf ? size_t(M * K) : 0, sb = B.bf ? size_t(K * N) : 0, sc = wc ? size_t(M * N) : 0;
   if (par && sa + sb + sc > budget) {
-    size_t fixed = 0, unit = 0;
-    int64_t ext = 0, *panel = nullptr;
-    if (M >= N && M >= K) {  // rows of out: B widened once, A and C per panel
-      fixed = sb, unit = size_t((A.bf ? K : 0) + (wc ? N : 0)), ext = M, panel = &pm;
-    } else if (N >= K) {  // columns of out: A widened once
-      fixed = sa, unit = size_t((B.bf ? K : 0) + (wc ? M : 0)), ext = N, panel = &pn;
-    } else {  // the reduction dim: C held whole, accumulated panel by panel
-      fixed = sc, unit = size_t((A.bf ? M : 0) + (B.bf ? N : 0)), ext = K, panel = &pk;
+    // Candidates: panels of rows of out (B widened once, A and C per panel),
+    // of columns (A widened once), or of the reduction dim (C held whole and
+    // accumulated panel by panel). Each fits fixed + extent * unit floats;
+    // take the one allowing the widest panel (sgemm wants big panels).
+    struct Cand {
+      size_t fixed, unit;
+      int64_t ext, *panel;
+    };
+    const Cand cands[3] = {{sb, size_t((A.bf ? K : 0) + (wc ? N : 0)), M, &pm},
+                           {sa, size_t((B.bf ? K : 0) + (wc ? M : 0)), N, &pn},
+                           {sc, size_t((A.bf ? M : 0) + (B.bf ? N : 0)), K, &pk}};
+    const Cand* best = nullptr;
+    int64_t best_p = 0;
+    for (const Cand& c : cands) {
+      if (c.ext <= 1) continue;
+      int64_t p = c.unit == 0 ? c.ext : int64_t((budget > c.fixed ? budget - c.fixed : 0) / c.unit);
+      p = std::min(c.ext, std::max(kPanelAlign, p / kPanelAlign * kPanelAlign));
+      if (!best || p > best_p || (p == best_p && c.ext > best->ext)) best = &c, best_p = p;
     }
-    int64_t p = unit == 0 ? ext : int64_t((budget > fixed ? budget - fixed : 0) / unit);
-    p = std::max(kPanelAlign, p / kPanelAlign * kPanelAlign);
-    *panel = std::min(p, ext);
+    if (best) *best->panel = best_p;
   }
 
   // Panels along M reuse all of B, panels along N all of A: widen it once.
@@ -278,7 +286,8 @@ void run_matmul(GemmDesc d, const Tensor& out, const Tensor& a, const Tensor& b,
     gemm_one<TOut, TBias>(d, A, B, op + i * stride_o, bias, par);
   };
   if (matmul_batch_parallel(d, bf, omp_get_max_threads())) {
-#pragma omp parallel for schedule(static)
+    // Dynamic: a thread the OS delays does not hold back a fixed share.
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < d.batch; ++i) entry(i, false);
   } else {
     for (int64_t i = 0; i < d.batch; ++i) entry(i, true);

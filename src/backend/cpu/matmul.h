@@ -48,8 +48,8 @@ bool matmul_batch_parallel(const GemmDesc& d, bool widens, int threads);
 
 // Floats of f32 scratch one matmul may hold for widened bf16 operands and the
 // f32 tile of a bf16 out (default 16 Mi floats = 64 MiB). Larger problems are
-// cut into panels along their largest dimension; every element is still
-// widened exactly once. Returns the previous value.
+// cut into panels (along M, N or K, whichever allows the widest panel); every
+// element is still widened exactly once. Returns the previous value.
 size_t set_matmul_scratch_budget(size_t floats);
 size_t matmul_scratch_budget();
 
