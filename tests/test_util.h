@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -150,6 +151,24 @@ inline double max_rel_error(const Tensor& got, const std::vector<double>& ref) {
     den = std::max(den, std::fabs(ref[size_t(i)]));
   }
   return den > 0 ? num / den : num;
+}
+
+// The message of the zt::Error that fn throws (a marker string if none).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no zt::Error thrown>";
+}
+
+// A tensor that claims to live on cuda:0 (never dereferenced): for checking
+// that ops reject arguments on the wrong device.
+inline Tensor fake_cuda(const Shape& s, DType dt) {
+  static std::array<char, 64> dummy;
+  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
 }
 
 }  // namespace zt::test

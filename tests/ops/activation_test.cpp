@@ -92,20 +92,8 @@ Vec swiglu_grad_ref(const Vec& dy, const Vec& x, int64_t N, int64_t H) {
 double out_rtol(DType dt) { return dt == DType::f32 ? 1e-5 : 1e-2; }
 constexpr double kFwdAtol = 1e-30, kBwdAtol = 1e-6;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no zt::Error thrown>";
-}
-
-Tensor fake_cuda(const Shape& s, DType dt) {
-  static std::array<char, 64> dummy;
-  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
-}
+using test::error_of;
+using test::fake_cuda;
 
 // --- the reference itself --------------------------------------------------------
 

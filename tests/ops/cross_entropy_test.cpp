@@ -29,20 +29,8 @@ using test::poison;
 using test::random_tensor;
 using test::to_f64;
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no zt::Error thrown>";
-}
-
-Tensor fake_cuda(const Shape& s, DType dt) {
-  static std::array<char, 64> dummy;
-  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
-}
+using test::error_of;
+using test::fake_cuda;
 
 struct Ref {
   std::vector<double> loss;     // (N)
