@@ -300,16 +300,4 @@ inline void write_dataset(const std::string& dir, const std::vector<uint32_t>& t
   std::ofstream(dir + "/index.json") << index.to_json().dump(2);
 }
 
-// The message of the zt::Error that f throws ("" and a test failure if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zt::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a zt::Error";
-  return "";
-}
-
 }  // namespace zt::test
