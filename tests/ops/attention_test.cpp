@@ -122,14 +122,7 @@ RefGrad ref_backward(const Dims& d, const std::vector<double>& q, const std::vec
 
 // ---------------------------------------------------------------------------
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no zt::Error thrown>";
-}
+using test::error_of;
 
 void expect_error(const std::function<void()>& f, std::initializer_list<const char*> parts) {
   const std::string msg = error_of(f);

@@ -43,21 +43,10 @@ constexpr DType kAllDTypes[] = {
 #undef ZT_X
 };
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no zt::Error thrown>";
-}
+using test::error_of;
 
 // A fake CUDA tensor (never dereferenced).
-Tensor fake_cuda(const Shape& s, DType dt) {
-  static std::array<char, 64> dummy;
-  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
-}
+using test::fake_cuda;
 
 // --- cast reference ------------------------------------------------------------
 

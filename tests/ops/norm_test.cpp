@@ -179,21 +179,10 @@ Vec plus_abs(const Vec& a, const Vec& b) {
   return r;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no zt::Error thrown>";
-}
+using test::error_of;
 
 // A fake CUDA tensor (never dereferenced).
-Tensor fake_cuda(const Shape& s, DType dt) {
-  static std::array<char, 64> dummy;
-  return Tensor::wrap(dummy.data(), s, dt, Device::cuda(0));
-}
+using test::fake_cuda;
 
 // --- the reference itself --------------------------------------------------------
 

@@ -91,14 +91,7 @@ std::vector<double> ref_rotate(const std::vector<double>& x, const Shape& shape,
   return y;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no zt::Error thrown>";
-}
+using test::error_of;
 
 void expect_error(const std::function<void()>& f, std::initializer_list<const char*> parts) {
   const std::string msg = error_of(f);
