@@ -5,6 +5,7 @@
 //   swiglu forward x (2048, 2 * 4C), y (2048, 4C)
 //   swiglu backward x, dx (2048, 2 * 4C), dy (2048, 4C)
 #include <benchmark/benchmark.h>
+#include <cstdint>
 
 #include <random>
 

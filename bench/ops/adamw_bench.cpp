@@ -3,6 +3,7 @@
 // (master, m, v, grad) + written (master, m, v, model copy); the peer is memcpy
 // of a buffer of half that many bytes (memcpy_gbps counts read + write).
 #include <benchmark/benchmark.h>
+#include <cstdint>
 
 #include "ops/adamw.h"
 #include "ops/elementwise.h"

@@ -8,6 +8,7 @@
 // The backward does five (S again, dP = dO V^T, dV, dK, dQ):
 //   backward = 2.5 * forward,   forward + backward = 3.5 * forward.
 // The softmax (exp, max, sums) is not counted. Peer: peak_sgemm_gflops().
+#include <cstdint>
 #include <random>
 
 #include "ops/attention.h"

@@ -3,6 +3,7 @@
 // logits read once + dlogits written once (+ targets and losses); the peer is
 // memcpy of a buffer of the logits' size.
 #include <benchmark/benchmark.h>
+#include <cstdint>
 
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"

@@ -1,6 +1,7 @@
 // Elementwise benchmarks: casts, add, axpy and sum_squares over 16M elements,
 // against memcpy of a comparable buffer (bytes = bytes read + bytes written).
 #include <benchmark/benchmark.h>
+#include <cstdint>
 
 #include "ops/elementwise.h"
 #include "ops/peers.h"

@@ -3,6 +3,7 @@
 // and writes an out row per token; backward reads dout and read-modify-writes
 // the touched dwte rows and the dwpe rows. Peer: memcpy of the out buffer.
 #include <benchmark/benchmark.h>
+#include <cstdint>
 
 #include "ops/elementwise.h"
 #include "ops/embedding.h"

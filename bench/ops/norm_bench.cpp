@@ -7,6 +7,7 @@
 //   backward           dy, x, dx_add, dx (N C), w (C), dw, db (C, read + written),
 //                      mean, rstd (N)
 #include <benchmark/benchmark.h>
+#include <cstdint>
 
 #include <random>
 

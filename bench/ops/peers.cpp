@@ -1,6 +1,7 @@
 #include "ops/peers.h"
 
 #include <cblas.h>
+#include <cstdint>
 
 #include <chrono>
 #include <cstring>

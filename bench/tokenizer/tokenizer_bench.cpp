@@ -12,6 +12,7 @@
 // helps only as much as it would within one run. Zettatron's ids are checked
 // equal to tiktoken's (count and a checksum) before anything is reported.
 // Prints a Markdown report on stdout.
+#include <cstdint>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>

@@ -2,6 +2,7 @@
 // See safetensors.h for the format, the validation rules and the layouts.
 #include "ckpt/safetensors.h"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -1,4 +1,5 @@
 // `zettatron generate --checkpoint DIR --prompt TEXT`
+#include <cstdint>
 #include <iostream>
 
 #include "cli/commands.h"

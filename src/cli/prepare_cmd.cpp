@@ -3,6 +3,7 @@
 // Options come from the command line and/or a TOML file (--config FILE, a
 // [prepare] table with the same names: tokenizer, input, output,
 // val_fraction, shard_tokens, doc_split, threads); the command line wins.
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <toml++/toml.h>

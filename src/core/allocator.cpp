@@ -1,5 +1,6 @@
 #include "core/allocator.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>

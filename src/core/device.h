@@ -1,6 +1,7 @@
 // Device: where a tensor's bytes live. "cpu" or "cuda:N".
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "core/rng.h"
 
 namespace zt {

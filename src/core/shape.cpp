@@ -1,5 +1,6 @@
 #include "core/shape.h"
 
+#include <cstdint>
 #include <sstream>
 
 #include "core/error.h"

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt {

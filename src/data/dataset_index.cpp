@@ -1,5 +1,6 @@
 #include "data/dataset_index.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>

@@ -1,6 +1,7 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 

@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <omp.h>
 #include <sys/mman.h>

@@ -1,5 +1,6 @@
 #include "data/shard.h"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "nn/model_config.h"
 
 #include "core/error.h"

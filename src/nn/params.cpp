@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "nn/params.h"
 
 #include "core/error.h"

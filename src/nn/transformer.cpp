@@ -1,6 +1,7 @@
 #include "nn/transformer.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "core/error.h"
 #include "ops/activation.h"

@@ -3,6 +3,7 @@
 #include "ops/adamw.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cpu/adamw.h"
 #include "ops/check.h"

@@ -4,6 +4,7 @@
 #include "ops/attention.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cpu/attention.h"
 #include "ops/check.h"

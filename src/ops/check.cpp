@@ -1,5 +1,9 @@
 #include "ops/check.h"
 
+#if ZT_WITH_CUDA
+#include "backend/cuda/runtime.h"
+#endif
+
 namespace zt::ops {
 
 void check_defined(const char* op, const char* name, const Tensor& t) {
@@ -38,6 +42,21 @@ void check_device(const char* op, Device device, std::initializer_list<std::pair
 void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
   ZT_CHECK(a.dtype() == b.dtype(), op, ": '", name_a, "' is ", dtype_name(a.dtype()), " but '", name_b, "' is ",
            dtype_name(b.dtype()), "; they must match");
+}
+
+bool use_cuda(const char* op, Device device) {
+  if (!device.is_cuda()) return false;
+#if ZT_WITH_CUDA
+  try {
+    cuda::ensure_initialized(device);
+  } catch (const Error& e) {
+    ZT_FAIL(op, ": ", e.what());
+  }
+  return true;
+#else
+  (void)op;
+  return false;
+#endif
 }
 
 void no_backend(const char* op, Device device) {

@@ -21,6 +21,11 @@ void check_dtype(const char* op, const char* name, const Tensor& t, std::initial
 void check_device(const char* op, Device device, std::initializer_list<std::pair<const char*, const Tensor*>> ts);
 // Two tensors must have the same dtype.
 void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b);
+// True when the op must run its CUDA kernel: `device` is cuda:N and this
+// build has the CUDA backend. Brings the device up on first use; when it does
+// not exist the error names the op ("matmul: device cuda:3 requested, but
+// this machine has 1 GPU(s) ..."). Always false in a build without CUDA.
+bool use_cuda(const char* op, Device device);
 // The op has no kernel for this device in this build.
 [[noreturn]] void no_backend(const char* op, Device device);
 

@@ -1,5 +1,7 @@
 // Fused softmax + cross-entropy: argument validation, then dispatch by device.
 // Math: ops/cross_entropy.h and backend/cpu/cross_entropy.cpp.
+#include <cstdint>
+
 #include "ops/cross_entropy.h"
 
 #include "backend/cpu/cross_entropy.h"

@@ -14,6 +14,8 @@
 //   1 <= vocab <= Vp. N = 0 is allowed (nothing to do).
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt::ops {

@@ -3,6 +3,7 @@
 #include "ops/elementwise.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "backend/cpu/elementwise.h"

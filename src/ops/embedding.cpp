@@ -1,5 +1,7 @@
 // Token + position embedding: argument validation, then dispatch by device.
 // Math and determinism: ops/embedding.h and backend/cpu/embedding.cpp.
+#include <cstdint>
+
 #include "ops/embedding.h"
 
 #include "backend/cpu/embedding.h"

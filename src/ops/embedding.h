@@ -5,6 +5,8 @@
 // pos_offset >= 0 and pos_offset + T <= T_max. Outputs must not overlap inputs.
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt::ops {

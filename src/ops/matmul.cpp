@@ -8,6 +8,7 @@
 #include "ops/matmul.h"
 
 #include <climits>
+#include <cstdint>
 
 #include "backend/cpu/matmul.h"
 #include "ops/check.h"

@@ -8,6 +8,7 @@
 #include "ops/norm.h"
 
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 

@@ -10,6 +10,7 @@
 #include "ops/rope.h"
 
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <vector>
 

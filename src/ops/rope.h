@@ -6,6 +6,8 @@
 // q/k weights between the two.
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt::ops {

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "optim/adamw.h"
 
 #include "core/error.h"

@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <sstream>

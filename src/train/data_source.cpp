@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "train/data_source.h"
 
 #include "core/error.h"

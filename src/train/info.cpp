@@ -1,5 +1,6 @@
 #include "train/info.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <sstream>

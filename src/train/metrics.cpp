@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 

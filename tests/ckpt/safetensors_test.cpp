@@ -3,6 +3,7 @@
 // and randomized corruption (parse must succeed or throw zt::Error).
 #include "ckpt/safetensors.h"
 
+#include <cstdint>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>

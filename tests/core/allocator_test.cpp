@@ -1,5 +1,6 @@
 // The memory profiler's numbers must be exact: a scripted sequence of
 // allocations and frees is checked byte for byte.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include "core/allocator.h"

@@ -2,6 +2,7 @@
 // format is enumerated into a sorted table, and "round to nearest, ties to
 // even" is done by searching that table - a different method from the bit
 // manipulation in core/dtype.cpp.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -5,6 +5,7 @@
 //
 // The datasets hold token value == stream position (vocabulary 2^20, u32
 // shards), so every row identifies its sample: sample s starts with s * T.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

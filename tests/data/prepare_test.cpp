@@ -3,6 +3,7 @@
 // shard sizes, byte-identical output for any thread count, the fortunes
 // corpus end to end, and bad input (every error names the file; a failed
 // run leaves no output folder and no temporary folder behind).
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <iostream>

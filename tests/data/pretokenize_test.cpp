@@ -1,6 +1,7 @@
 // Pre-tokenisation (data/pretokenize.h): hand-worked cases, and piece
 // boundaries identical to the reference packages' JavaScript regexes on the
 // fortunes corpus, adversarial strings and random strings.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include "data/pretokenize.h"

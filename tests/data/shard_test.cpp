@@ -1,6 +1,7 @@
 // Token shards and the dataset index (data/shard.h, data/dataset_index.h):
 // round trips, the checksum, and a clear error naming the file for every
 // kind of damage.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include "data/hash.h"

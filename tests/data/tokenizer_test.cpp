@@ -3,6 +3,7 @@
 // GPT-2; llama3-tokenizer-js and tiktoken's core with Meta's rank file for
 // Llama 3) on the fortunes corpus, adversarial and random strings; round
 // trips; thread-count independence; the two merge loops; bad files.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <thread>

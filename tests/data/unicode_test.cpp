@@ -1,4 +1,5 @@
 // Code-point classes and UTF-8 decoding (data/unicode.h).
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include "data/unicode.h"

@@ -18,6 +18,7 @@
 //         bf16 kernels must equal from_float<bf16> of the f32 kernels, bitwise.
 #include "ops/activation.h"
 
+#include <cstdint>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,6 +34,7 @@ namespace zt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::AllOf;
 using test::make_rng;
 using test::poison;
 using test::random_tensor;
@@ -362,9 +364,9 @@ TEST(ActivationArgs, GeluRejectsBadArguments) {
   EXPECT_THAT(error_of([&] { ops::gelu_forward(y, Tensor::empty(Shape{4, 6}, DType::i32)); }),
               HasSubstr("gelu_forward: 'x' has dtype i32"));
   EXPECT_THAT(error_of([&] { ops::gelu_forward(fake_cuda(Shape{4, 6}, DType::f32), x); }),
-              HasSubstr("gelu_forward: 'y' is on cuda:0"));
+              HasSubstr("gelu_forward: 'y' is on cuda:63"));
   EXPECT_THAT(error_of([&] { ops::gelu_forward(fake_cuda(Shape{2}, DType::f32), fake_cuda(Shape{2}, DType::f32)); }),
-              HasSubstr("gelu_forward: no kernel for device cuda:0"));
+              AllOf(HasSubstr("gelu_forward: "), HasSubstr("cuda:63")));
   EXPECT_THAT(error_of([&] { ops::gelu_forward(y, Tensor()); }), HasSubstr("gelu_forward: argument 'x' is required"));
   {  // partial overlap of y and x
     const Tensor big = Tensor::empty(Shape{5, 6}, DType::f32);
@@ -376,7 +378,7 @@ TEST(ActivationArgs, GeluRejectsBadArguments) {
   EXPECT_THAT(error_of([&] { ops::gelu_backward(y, Tensor::empty(Shape{4, 6}, DType::bf16), x); }),
               HasSubstr("gelu_backward: 'dy' is bf16 but 'x' is f32"));
   EXPECT_THAT(error_of([&] { ops::gelu_backward(y, fake_cuda(Shape{4, 6}, DType::f32), x); }),
-              HasSubstr("gelu_backward: 'dy' is on cuda:0"));
+              HasSubstr("gelu_backward: 'dy' is on cuda:63"));
   EXPECT_THAT(error_of([&] { ops::gelu_backward(x, dy, x); }), HasSubstr("gelu_backward: 'dx'"));
 }
 
@@ -390,7 +392,7 @@ TEST(ActivationArgs, SwigluRejectsBadArguments) {
   EXPECT_THAT(error_of([&] { ops::swiglu_forward(Tensor::empty(Shape{4, 3}, DType::bf16), x); }),
               HasSubstr("swiglu_forward: 'y' is bf16 but 'x' is f32"));
   EXPECT_THAT(error_of([&] { ops::swiglu_forward(fake_cuda(Shape{4, 3}, DType::f32), x); }),
-              HasSubstr("swiglu_forward: 'y' is on cuda:0"));
+              HasSubstr("swiglu_forward: 'y' is on cuda:63"));
   EXPECT_THAT(error_of([&] { ops::swiglu_forward(x.flatten().flat_view(0, Shape{4, 3}), x); }),
               HasSubstr("swiglu_forward: 'y' f32(4, 3) on cpu overlaps 'x'"));
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(dx, Tensor::empty(Shape{4, 6}, DType::f32), x); }),
@@ -398,7 +400,7 @@ TEST(ActivationArgs, SwigluRejectsBadArguments) {
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(Tensor::empty(Shape{4, 6}, DType::bf16), y, x); }),
               HasSubstr("swiglu_backward: 'dx' is bf16 but 'x' is f32"));
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(dx, fake_cuda(Shape{4, 3}, DType::f32), x); }),
-              HasSubstr("swiglu_backward: 'dy' is on cuda:0"));
+              HasSubstr("swiglu_backward: 'dy' is on cuda:63"));
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(x, y, x); }), HasSubstr("swiglu_backward: 'dx'"));
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(dx, dx.flatten().flat_view(0, Shape{4, 3}), x); }),
               HasSubstr("swiglu_backward: 'dx' f32(4, 6) on cpu overlaps 'dy'"));

@@ -10,6 +10,7 @@
 // the reference of the bf16 values (exact in f32).
 #include "ops/adamw.h"
 
+#include <cstdint>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

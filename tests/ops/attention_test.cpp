@@ -2,6 +2,7 @@
 // reference that builds the full softmax with the causal mask, row by row.
 #include "backend/cpu/attention.h"
 
+#include <cstdint>
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -364,15 +365,15 @@ TEST(Attention, BadArguments) {
   expect_error([&] { ops::attention_backward(dk, dk, dv, dout, q, k, v, out, lse); }, {bw, "'dq'"});
   expect_error([&] { ops::attention_backward(dq, dk, dv, dk, q, k, v, out, lse); }, {bw, "'dout'"});
   // Device mismatch (a fake CUDA tensor, never dereferenced).
-  Tensor k_cuda = Tensor::wrap(k.data_ptr(), d.kv(), f, Device::cuda(0));
-  expect_error([&] { ops::attention_forward(out, lse, q, k_cuda, v); }, {fw, "'k'", "cuda:0"});
-  Tensor lse_cuda = Tensor::wrap(lse.data_ptr(), d.lse(), f, Device::cuda(0));
-  expect_error([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse_cuda); }, {bw, "'lse'", "cuda:0"});
+  Tensor k_cuda = Tensor::wrap(k.data_ptr(), d.kv(), f, Device::cuda(63));
+  expect_error([&] { ops::attention_forward(out, lse, q, k_cuda, v); }, {fw, "'k'", "cuda:63"});
+  Tensor lse_cuda = Tensor::wrap(lse.data_ptr(), d.lse(), f, Device::cuda(63));
+  expect_error([&] { ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse_cuda); }, {bw, "'lse'", "cuda:63"});
   // All on CUDA: no kernel in this build.
-  Tensor qc = Tensor::wrap(q.data_ptr(), d.q(), f, Device::cuda(0)),
-         kc = Tensor::wrap(k.data_ptr(), d.kv(), f, Device::cuda(0)),
-         vc = Tensor::wrap(v.data_ptr(), d.kv(), f, Device::cuda(0)),
-         oc = Tensor::wrap(out.data_ptr(), d.q(), f, Device::cuda(0));
+  Tensor qc = Tensor::wrap(q.data_ptr(), d.q(), f, Device::cuda(63)),
+         kc = Tensor::wrap(k.data_ptr(), d.kv(), f, Device::cuda(63)),
+         vc = Tensor::wrap(v.data_ptr(), d.kv(), f, Device::cuda(63)),
+         oc = Tensor::wrap(out.data_ptr(), d.q(), f, Device::cuda(63));
   expect_error([&] { ops::attention_forward(oc, lse_cuda, qc, kc, vc); }, {fw, "cuda"});
   // Overlapping outputs and inputs.
   expect_error([&] { ops::attention_forward(q, lse, q, k, v); }, {fw, "'out'", "'q'"});

@@ -10,6 +10,7 @@
 // of the bf16 values; bf16 dlogits get rtol 1e-2 (bf16 has 8 significant bits).
 #include "ops/cross_entropy.h"
 
+#include <cstdint>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

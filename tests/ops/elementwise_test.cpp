@@ -15,6 +15,7 @@
 
 #include "backend/cpu/elementwise.h"  // exp_nonpos_f32, sqrt_inplace: shared CPU primitives
 
+#include <cstdint>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <omp.h>

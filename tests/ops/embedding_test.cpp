@@ -7,6 +7,7 @@
 // sum|terms|) elementwise, plus half a bf16 ulp of the result for bf16 grads.
 #include "ops/embedding.h"
 
+#include <cstdint>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -12,6 +12,7 @@
 // tolerance would not.
 #include "ops/matmul.h"
 
+#include <cstdint>
 #include <omp.h>
 
 #include <cmath>
@@ -371,12 +372,12 @@ TEST(MatmulTest, BadArgumentsThrowWithClearMessages) {
   expect_error([&] { ops::matmul(sq, sq, sq_b); }, {"matmul", "'out'", "overlaps", "'a'"});
   // Devices (fake CUDA tensors, never dereferenced).
   float dummy[64];
-  const Tensor a_cuda = Tensor::wrap(dummy, Shape{4, 5}, DType::f32, Device::cuda(0));
-  expect_error([&] { ops::matmul(out, a_cuda, b); }, {"matmul", "'a'", "cuda:0", "cpu"});
-  const Tensor b_cuda = Tensor::wrap(dummy + 20, Shape{5, 6}, DType::f32, Device::cuda(0));
-  Tensor out_cuda = Tensor::wrap(dummy + 50, Shape{2, 6}, DType::f32, Device::cuda(0));
-  const Tensor a_cuda2 = Tensor::wrap(dummy, Shape{2, 5}, DType::f32, Device::cuda(0));
-  expect_error([&] { ops::matmul(out_cuda, a_cuda2, b_cuda); }, {"matmul", "cuda:0"});
+  const Tensor a_cuda = Tensor::wrap(dummy, Shape{4, 5}, DType::f32, Device::cuda(63));
+  expect_error([&] { ops::matmul(out, a_cuda, b); }, {"matmul", "'a'", "cuda:63", "cpu"});
+  const Tensor b_cuda = Tensor::wrap(dummy + 20, Shape{5, 6}, DType::f32, Device::cuda(63));
+  Tensor out_cuda = Tensor::wrap(dummy + 50, Shape{2, 6}, DType::f32, Device::cuda(63));
+  const Tensor a_cuda2 = Tensor::wrap(dummy, Shape{2, 5}, DType::f32, Device::cuda(63));
+  expect_error([&] { ops::matmul(out_cuda, a_cuda2, b_cuda); }, {"matmul", "cuda:63"});
 }
 
 // --- linear -------------------------------------------------------------------
@@ -609,8 +610,8 @@ TEST(LinearTest, BadArgumentsThrowWithClearMessages) {
   const Tensor w5 = random_tensor(Shape{5, 5}, DType::f32, rng);
   expect_error([&] { ops::linear_forward(y, y, w5, b); }, {"linear_forward", "'y'", "overlaps", "'x'"});
   float dummy[64];
-  const Tensor w_cuda = Tensor::wrap(dummy, Shape{5, 4}, DType::f32, Device::cuda(0));
-  expect_error([&] { ops::linear_forward(y, x, w_cuda, b); }, {"linear_forward", "'w'", "cuda:0"});
+  const Tensor w_cuda = Tensor::wrap(dummy, Shape{5, 4}, DType::f32, Device::cuda(63));
+  expect_error([&] { ops::linear_forward(y, x, w_cuda, b); }, {"linear_forward", "'w'", "cuda:63"});
 
   const Tensor dy = random_tensor(Shape{2, 3, 5}, DType::f32, rng);
   const Tensor dx = Tensor::empty(Shape{2, 3, 4}, DType::f32);
@@ -628,8 +629,8 @@ TEST(LinearTest, BadArgumentsThrowWithClearMessages) {
   expect_error([&] { ops::linear_backward(dx, dw, db, dy, x, Tensor()); }, {"linear_backward", "'w'"});
   expect_error([&] { ops::linear_backward(dx, dx.flatten().flat_view(0, Shape{5, 4}), db, dy, x, w); },
                {"linear_backward", "'dx'", "overlaps", "'dw'"});
-  const Tensor db_cuda = Tensor::wrap(dummy, Shape{5}, DType::f32, Device::cuda(0));
-  expect_error([&] { ops::linear_backward(dx, dw, db_cuda, dy, x, w); }, {"linear_backward", "'db'", "cuda:0"});
+  const Tensor db_cuda = Tensor::wrap(dummy, Shape{5}, DType::f32, Device::cuda(63));
+  expect_error([&] { ops::linear_backward(dx, dw, db_cuda, dy, x, w); }, {"linear_backward", "'db'", "cuda:63"});
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // table, the rotation and its gradient.
 #include "ops/rope.h"
 
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -304,10 +305,10 @@ TEST(Rope, BadArguments) {
   Tensor xi = Tensor::empty(x.shape(), DType::i32);
   expect_error([&] { ops::rope_forward(xi, xi, table); }, {"rope_forward", "'x'", "i32"});
   // Device mismatch.
-  Tensor table_cuda = Tensor::wrap(table.data_ptr(), table.shape(), f, Device::cuda(0));
-  expect_error([&] { ops::rope_forward(y, x, table_cuda); }, {"rope_forward", "'table'", "cuda:0"});
-  Tensor y_cuda = Tensor::wrap(y.data_ptr(), y.shape(), f, Device::cuda(0));
-  expect_error([&] { ops::rope_backward(y_cuda, x, table); }, {"rope_backward", "'dx'", "cuda:0"});
+  Tensor table_cuda = Tensor::wrap(table.data_ptr(), table.shape(), f, Device::cuda(63));
+  expect_error([&] { ops::rope_forward(y, x, table_cuda); }, {"rope_forward", "'table'", "cuda:63"});
+  Tensor y_cuda = Tensor::wrap(y.data_ptr(), y.shape(), f, Device::cuda(63));
+  expect_error([&] { ops::rope_backward(y_cuda, x, table); }, {"rope_backward", "'dx'", "cuda:63"});
   expect_error([&] { ops::rope_table(table_cuda, 8, 10000.0, RopeScaling{}); }, {"rope_table", "cuda"});
   // Positions beyond the table.
   expect_error([&] { ops::rope_forward(y, x, table, 4); }, {"rope_forward", "'table'", "pos_offset 4"});

@@ -3,6 +3,7 @@
 // independent implementation) and through Zettatron; logits, loss, every
 // parameter gradient and 10 AdamW steps (cosine schedule, clipping) must agree
 // to a relative error < 1e-4 in fp32.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -1,6 +1,7 @@
 // The training loop: non-finite losses stop it with a clear message, and the
 // demo setup (fortunes prepared with GPT-2, the demo model) learns: its
 // validation loss falls well below the corpus's unigram entropy.
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,6 +1,8 @@
 // CPU fused AdamW step (contract: ops/adamw.h).
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt::cpu {

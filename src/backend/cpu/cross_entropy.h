@@ -1,6 +1,8 @@
 // CPU fused softmax + cross-entropy (contract: ops/cross_entropy.h).
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt::cpu {

@@ -22,6 +22,7 @@
 #include "backend/cpu/elementwise.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>

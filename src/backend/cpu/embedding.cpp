@@ -15,6 +15,7 @@
 #include "backend/cpu/embedding.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "backend/cpu/elementwise.h"

@@ -1,6 +1,8 @@
 // CPU token + position embedding (contract: ops/embedding.h).
 #pragma once
 
+#include <cstdint>
+
 #include "core/tensor.h"
 
 namespace zt::cpu {

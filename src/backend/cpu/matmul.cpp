@@ -28,6 +28,7 @@
 #include "backend/cpu/matmul.h"
 
 #include <cblas.h>
+#include <cstdint>
 #include <omp.h>
 
 #include <algorithm>

@@ -14,6 +14,7 @@
 #include "backend/cpu/rope.h"
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 namespace zt::cpu {

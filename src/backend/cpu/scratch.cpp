@@ -1,6 +1,7 @@
 #include "backend/cpu/scratch.h"
 
 #include <array>
+#include <cstdint>
 
 #include "core/error.h"
 #include "core/tensor.h"

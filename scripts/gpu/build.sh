@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine, repo root): unpacks the carried .debs/ into a
+# private prefix (never into /), then configures and builds Zettatron with the
+# CUDA backend for sm_90a into build-gpu/. Prints the toolchain it found.
+#   usage: bash scripts/gpu/build.sh [extra cmake args]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PREFIX=/tmp/zt-prefix
+if [ ! -d "$PREFIX/usr" ]; then
+  mkdir -p "$PREFIX"
+  for f in .debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
+  # dpkg -x runs no alternatives: give pkg-config an "openblas" that points at
+  # the OpenMP flavour inside the prefix.
+  lib="$PREFIX/usr/lib/x86_64-linux-gnu"
+  mkdir -p "$lib/pkgconfig"
+  cat > "$lib/pkgconfig/openblas.pc" <<PC
+Name: openblas
+Description: OpenBLAS (OpenMP flavour, unpacked from .deb)
+Version: 0.3.21
+Cflags: -I$PREFIX/usr/include/x86_64-linux-gnu/openblas-openmp
+Libs: -L$lib/openblas-openmp -lopenblas
+PC
+fi
+lib="$PREFIX/usr/lib/x86_64-linux-gnu"
+export PKG_CONFIG_PATH="$lib/pkgconfig"
+export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
+echo "gpu-build: $(nvcc --version | tail -1); $(g++ --version | head -1); $(cmake --version | head -1)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DZT_FUZZ=OFF "$@" > build-gpu.configure.log 2>&1 \
+  || { cat build-gpu.configure.log; exit 1; }
+cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E 'error|warning|FAILED' | head -50 || true
+test -x build-gpu/bin/zettatron
+echo "gpu-build: ok"

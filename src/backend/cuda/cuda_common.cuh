@@ -1,0 +1,122 @@
+// Shared by the CUDA backend's translation units (never included by host-only
+// code): error checking, the current compute stream, dtype load/store and
+// warp/block reductions.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+// Every CUDA runtime call is checked; the error names the call and where.
+#define ZT_CUDA_CHECK(expr)                                                                           \
+  do {                                                                                                \
+    const cudaError_t zt_err_ = (expr);                                                               \
+    if (zt_err_ != cudaSuccess) [[unlikely]]                                                          \
+      ::zt::cuda::detail::fail_cuda(zt_err_, #expr, __FILE__, __LINE__);                              \
+  } while (0)
+
+// After every kernel launch: launch-configuration errors surface here, named.
+#define ZT_CUDA_CHECK_LAUNCH(kernel_name) ::zt::cuda::detail::check_launch(kernel_name, __FILE__, __LINE__)
+
+#define ZT_CUBLAS_CHECK(expr)                                                                         \
+  do {                                                                                                \
+    const cublasStatus_t zt_st_ = (expr);                                                             \
+    if (zt_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                                 \
+      ::zt::cuda::detail::fail_cublas(zt_st_, #expr, __FILE__, __LINE__);                             \
+  } while (0)
+
+namespace zt::cuda {
+
+namespace detail {
+[[noreturn]] void fail_cuda(cudaError_t err, const char* expr, const char* file, int line);
+[[noreturn]] void fail_cublas(cublasStatus_t st, const char* expr, const char* file, int line);
+void check_launch(const char* kernel, const char* file, int line);
+}  // namespace detail
+
+// The compute stream of `device` (initialising the device on first use and
+// making it current on this thread).
+cudaStream_t compute_stream(Device device);
+// The communication stream of `device` (collectives; gradient buckets).
+cudaStream_t comm_stream(Device device);
+// The device's multiprocessor count (cached).
+int num_sms(Device device);
+// cuBLASLt handle of the device, and a workspace of workspace_bytes() on it.
+cublasLtHandle_t cublaslt_handle(Device device);
+void* cublaslt_workspace(Device device);
+size_t cublaslt_workspace_bytes();
+
+// A tensor's stream: the compute stream of its device.
+inline cudaStream_t stream_of(const Tensor& t) { return compute_stream(t.device()); }
+
+// Grid size for a grid-stride elementwise kernel over n elements.
+inline unsigned grid_for(int64_t n, int threads, Device device) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  const int64_t cap = int64_t(num_sms(device)) * 32;
+  return unsigned(blocks < 1 ? 1 : (blocks < cap ? blocks : cap));
+}
+
+// ---- element access in f32 (device side) ----
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// ---- reductions (f32) ----
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets
+// the result. `scratch` is __shared__ float[32]. Fixed order: deterministic.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace zt::cuda
+
+// Calls `body` with `using T = <CUDA element type>` for f32 / bf16 / f16
+// tensors (else throws naming the op and dtype).
+#define ZT_CUDA_DISPATCH_FLOAT(dtype, opname, ...)                                                   \
+  [&] {                                                                                              \
+    switch (dtype) {                                                                                 \
+      case ::zt::DType::f32: { using T = float; return __VA_ARGS__(); }                              \
+      case ::zt::DType::bf16: { using T = __nv_bfloat16; return __VA_ARGS__(); }                     \
+      case ::zt::DType::f16: { using T = __half; return __VA_ARGS__(); }                             \
+      default: ZT_FAIL(opname, ": no CUDA kernel for dtype ", ::zt::dtype_name(dtype));              \
+    }                                                                                                \
+  }()

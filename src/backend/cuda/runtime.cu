@@ -1,0 +1,209 @@
+// CUDA device runtime: per-device state (allocator, streams, cuBLASLt handle),
+// copies, and error reporting. See runtime.h.
+#include "backend/cuda/runtime.h"
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "core/allocator.h"
+
+namespace zt::cuda {
+
+namespace detail {
+
+void fail_cuda(cudaError_t err, const char* expr, const char* file, int line) {
+  throw InternalError(zt::detail::concat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ", expr,
+                             " at ", file, ":", line));
+}
+
+void fail_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw InternalError(zt::detail::concat("cuBLAS error ", int(st), " in ", expr, " at ", file, ":", line));
+}
+
+void check_launch(const char* kernel, const char* file, int line) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) [[unlikely]]
+    throw InternalError(zt::detail::concat("CUDA kernel ", kernel, " failed to launch: ", cudaGetErrorName(err), " (",
+                               cudaGetErrorString(err), ") at ", file, ":", line));
+}
+
+}  // namespace detail
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // Hopper wants >= 32 MiB for some algorithms
+
+// Blocks from cudaMalloc (256-byte aligned); cached by the base class, so the
+// training loop never calls cudaMalloc once warm. All kernels of a device run
+// on its compute stream, so reusing a block freed by the host is ordered after
+// the kernels that used it (stream order).
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int index) : Allocator(Device::cuda(index), 256), index_(index) {}
+  ~CudaAllocator() override { release_all(); }
+
+ protected:
+  void* raw_alloc(size_t bytes) override {
+    ZT_CUDA_CHECK(cudaSetDevice(index_));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear it: the base class reports out-of-memory with the stats
+      return nullptr;
+    }
+    ZT_CUDA_CHECK(err);
+    return p;
+  }
+  void raw_free(void* ptr, size_t) override {
+    // At process exit the runtime may already be gone; nothing to report then.
+    if (cudaSetDevice(index_) == cudaSuccess) (void)cudaFree(ptr);
+  }
+
+ private:
+  int index_;
+};
+
+struct DeviceState {
+  cudaStream_t compute = nullptr;
+  cudaStream_t comm = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  int sms = 0;
+};
+
+std::mutex g_mu;
+std::array<std::unique_ptr<DeviceState>, kMaxDevices> g_state;
+
+DeviceState& state(Device device) {
+  ZT_CHECK(device.is_cuda(), "internal: CUDA runtime asked about ", device.str());
+  const int i = device.index;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (i >= 0 && i < kMaxDevices && g_state[size_t(i)]) {
+      ZT_CUDA_CHECK(cudaSetDevice(i));
+      return *g_state[size_t(i)];
+    }
+  }
+  const int n = device_count();
+  ZT_CHECK(n > 0, "device ", device.str(), " requested, but no usable GPU was found (",
+           n == 0 ? "no CUDA device or driver" : "error", "); use device = \"cpu\"");
+  ZT_CHECK(i >= 0 && i < n, "device ", device.str(), " requested, but this machine has ", n, " GPU(s): use cuda:0",
+           n > 1 ? zt::detail::concat(" .. cuda:", n - 1) : std::string());
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_state[size_t(i)]) {
+    ZT_CUDA_CHECK(cudaSetDevice(i));
+    auto s = std::make_unique<DeviceState>();
+    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&s->compute, cudaStreamNonBlocking));
+    ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&s->comm, cudaStreamNonBlocking));
+    ZT_CUBLAS_CHECK(cublasLtCreate(&s->lt));
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->sms, cudaDevAttrMultiProcessorCount, i));
+    register_allocator(device, std::make_unique<CudaAllocator>(i));
+    s->workspace = allocator_for(device).allocate(kCublasWorkspaceBytes, MemCategory::workspace);
+    g_state[size_t(i)] = std::move(s);
+  }
+  ZT_CUDA_CHECK(cudaSetDevice(i));
+  return *g_state[size_t(i)];
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void ensure_initialized(Device device) { (void)state(device); }
+
+cudaStream_t compute_stream(Device device) { return state(device).compute; }
+cudaStream_t comm_stream(Device device) { return state(device).comm; }
+int num_sms(Device device) { return state(device).sms; }
+cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }
+void* cublaslt_workspace(Device device) { return state(device).workspace; }
+size_t cublaslt_workspace_bytes() { return kCublasWorkspaceBytes; }
+
+void synchronize(Device device) {
+  DeviceState& s = state(device);
+  ZT_CUDA_CHECK(cudaStreamSynchronize(s.compute));
+  ZT_CUDA_CHECK(cudaStreamSynchronize(s.comm));
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  // Order the copy after the kernels that produced src (or last used dst).
+  const Device on = dst_device.is_cuda() ? dst_device : src_device;
+  cudaStream_t s = compute_stream(on);
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
+    synchronize(src_device);  // src's producers run on src's stream
+    ZT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, s));
+  } else {
+    ZT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  }
+  // A host source may be reused or freed as soon as we return; a host
+  // destination must hold the bytes when we return.
+  if (dst_device.is_cpu() || src_device.is_cpu()) ZT_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void memset_bytes(void* ptr, Device device, int value, size_t bytes) {
+  if (bytes == 0) return;
+  ZT_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, compute_stream(device)));
+}
+
+DeviceInfo device_info(int index) {
+  cudaDeviceProp p{};
+  ZT_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  DeviceInfo d;
+  d.name = p.name;
+  d.sm_major = p.major;
+  d.sm_minor = p.minor;
+  d.multiprocessors = p.multiProcessorCount;
+  d.total_memory = p.totalGlobalMem;
+  // Dense bf16 tensor-core peaks from NVIDIA's datasheets (TFLOP/s): the MFU
+  // denominator. Unknown parts report 0 and the trainer measures a GEMM.
+  const std::string n = d.name;
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (has("H100") && has("PCIe")) d.peak_bf16_tflops = 756.0;
+  else if (has("H100") || has("H200") || has("H800") || has("GH200")) d.peak_bf16_tflops = 989.4;
+  else if (has("B200")) d.peak_bf16_tflops = 2250.0;
+  else if (has("A100") || has("A800")) d.peak_bf16_tflops = 312.0;
+  else if (has("L40S")) d.peak_bf16_tflops = 362.0;
+  else if (has("A10G")) d.peak_bf16_tflops = 70.0;
+  return d;
+}
+
+EventTimer::EventTimer(Device device) : device_(device) {
+  ensure_initialized(device);
+  cudaEvent_t a, b;
+  ZT_CUDA_CHECK(cudaEventCreate(&a));
+  ZT_CUDA_CHECK(cudaEventCreate(&b));
+  start_ = a;
+  stop_ = b;
+}
+
+EventTimer::~EventTimer() {
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void EventTimer::start() { ZT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), compute_stream(device_))); }
+
+float EventTimer::stop_ms() {
+  ZT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), compute_stream(device_)));
+  ZT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
+  float ms = 0;
+  ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
+  return ms;
+}
+
+}  // namespace zt::cuda

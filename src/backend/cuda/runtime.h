@@ -1,0 +1,63 @@
+// The CUDA device runtime, callable from host code that includes no CUDA
+// headers (ops/, nn/, train/, cli/).
+//
+// Per GPU: a caching allocator registered for cuda:N (same per-category
+// accounting as the CPU one: the memory profiler works unchanged), a compute
+// stream and a communication stream (non-blocking, so nothing serialises on
+// the legacy default stream), and a cuBLASLt handle with its workspace. Every
+// kernel of this backend is launched on the compute stream of its device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/device.h"
+
+namespace zt::cuda {
+
+// Number of GPUs the process can use (0 without a driver or GPU; never throws).
+int device_count();
+// Makes `device` current on this thread and creates its allocator, streams
+// and handles on first use. Throws zt::Error naming the device when it does
+// not exist ("cuda:3, but this machine has 1 GPU").
+void ensure_initialized(Device device);
+// Waits until every stream of the device is idle.
+void synchronize(Device device);
+
+// Copies `bytes` between any two devices (host<->GPU, GPU<->GPU, host<->host).
+// Returns when the bytes can be read at dst from the host's point of view:
+// a copy to or from the host waits for the compute stream; a GPU-to-GPU copy
+// is ordered on the destination's compute stream.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Sets `bytes` bytes at ptr to `value` on the device's compute stream.
+void memset_bytes(void* ptr, Device device, int value, size_t bytes);
+
+// Device facts for metrics and the planner.
+struct DeviceInfo {
+  std::string name;           // "NVIDIA H100 80GB HBM3"
+  int sm_major = 0, sm_minor = 0;
+  int multiprocessors = 0;
+  size_t total_memory = 0;    // bytes
+  double peak_bf16_tflops = 0;  // dense tensor-core peak from the datasheet, 0 if unknown
+};
+DeviceInfo device_info(int index);
+
+// Times device work with events on the compute stream: start() records, stop()
+// records and returns the elapsed milliseconds (it waits for the stop event).
+class EventTimer {
+ public:
+  explicit EventTimer(Device device);
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start();
+  float stop_ms();
+
+ private:
+  Device device_;
+  void* start_ = nullptr;  // cudaEvent_t
+  void* stop_ = nullptr;
+};
+
+}  // namespace zt::cuda

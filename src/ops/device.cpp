@@ -1,0 +1,66 @@
+// Device movement front end: validation, then the CUDA runtime's copies (or
+// memcpy on the host). See ops/device.h.
+#include "ops/device.h"
+
+#include <cstring>
+
+#include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/runtime.h"
+#endif
+
+namespace zt::ops {
+
+void init_device(Device device) {
+  if (device.is_cpu()) return;
+#if ZT_WITH_CUDA
+  return cuda::ensure_initialized(device);
+#else
+  ZT_FAIL("device ", device.str(), " requested, but this build has no CUDA backend (nvcc was not found when it "
+          "was built); rebuild on a machine with the CUDA toolkit, or use device = \"cpu\"");
+#endif
+}
+
+int gpu_count() {
+#if ZT_WITH_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  const char* op = "copy";
+  check_defined(op, "dst", dst);
+  check_defined(op, "src", src);
+  check_same_dtype(op, "dst", dst, "src", src);
+  ZT_CHECK(dst.numel() == src.numel(), op, ": 'dst' ", dst.str(), " and 'src' ", src.str(),
+           " must have the same number of elements");
+  if (dst.same_as(src)) return;
+  ZT_CHECK(!dst.overlaps(src), op, ": 'dst' ", dst.str(), " partially overlaps 'src' ", src.str());
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    if (src.nbytes() > 0) std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
+    return;
+  }
+#if ZT_WITH_CUDA
+  cuda::copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
+#else
+  no_backend(op, dst.device().is_cpu() ? src.device() : dst.device());
+#endif
+}
+
+Tensor to_device(const Tensor& src, Device device, MemCategory category) {
+  init_device(device);
+  Tensor out = Tensor::empty(src.shape(), src.dtype(), device, category);
+  copy(out, src);
+  return out;
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+#if ZT_WITH_CUDA
+  cuda::synchronize(device);
+#endif
+}
+
+}  // namespace zt::ops
