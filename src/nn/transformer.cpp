@@ -7,6 +7,7 @@
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/device.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/matmul.h"
@@ -54,6 +55,11 @@ std::vector<ParamSpec> block_specs(const ModelConfig& c, size_t layer) {
   return s;
 }
 
+// t itself when it already lives on `device`, else a copy there.
+Tensor on_device(const Tensor& t, Device device) {
+  return t.device() == device ? t : ops::to_device(t, device, MemCategory::activations);
+}
+
 Tensor act_tensor(const Shape& s, DType dt, Device dev) { return Tensor::empty(s, dt, dev, MemCategory::activations); }
 Tensor stat_tensor(int64_t n, Device dev) { return Tensor::empty(Shape{n}, DType::f32, dev, MemCategory::activations); }
 
@@ -62,6 +68,7 @@ Tensor stat_tensor(int64_t n, Device dev) { return Tensor::empty(Shape{n}, DType
 Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device device)
     : cfg_(cfg), dtype_(compute_dtype), device_(device) {
   cfg_.validate();
+  ops::init_device(device_);
   ZT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "model compute dtype must be f32 or bf16, got ",
            dtype_name(dtype_));
   const int64_t C = cfg_.d_model, Vp = cfg_.padded_vocab();
@@ -164,6 +171,15 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   return b;
 }
 
+Transformer::BlockLinears Transformer::block_linears(size_t layer) const {
+  const BlockParams p = block_views(layer, false), g = block_views(layer, true);
+  return BlockLinears{ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq), ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk),
+                      ColumnParallelLinear(p.wv, p.bv, g.wv, g.bv),
+                      ColumnParallelLinear(p.mlp_in_w, p.mlp_in_b, g.mlp_in_w, g.mlp_in_b),
+                      RowParallelLinear(p.proj_w, p.proj_b, g.proj_w, g.proj_b),
+                      RowParallelLinear(p.mlp_out_w, p.mlp_out_b, g.mlp_out_w, g.mlp_out_b)};
+}
+
 Tensor Transformer::head_weight() const {
   return cfg_.tied_embeddings ? embed_.param(0) : head_.param(head_.index("lm_head.weight"));
 }
@@ -194,6 +210,7 @@ Tensor Transformer::embed(const Tensor& tokens) const {
 Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B,
                                   int64_t T) const {
   const BlockParams p = block_views(layer, false);
+  const BlockLinears lin = block_linears(layer);
   const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   a.x_in = x_in;
@@ -205,9 +222,9 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   a.q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  ops::linear_forward(a.q.view(Shape{B, T, Hq * D}), a.ln1, p.wq, p.bq);
-  ops::linear_forward(a.k.view(Shape{B, T, Hkv * D}), a.ln1, p.wk, p.bk);
-  ops::linear_forward(a.v.view(Shape{B, T, Hkv * D}), a.ln1, p.wv, p.bv);
+  lin.q.forward(a.q.view(Shape{B, T, Hq * D}), a.ln1);
+  lin.k.forward(a.k.view(Shape{B, T, Hkv * D}), a.ln1);
+  lin.v.forward(a.v.view(Shape{B, T, Hkv * D}), a.ln1);
   if (cfg_.arch == Arch::llama3) {
     ops::rope_forward(a.q, a.q, rope_table_, 0);
     ops::rope_forward(a.k, a.k, rope_table_, 0);
@@ -216,7 +233,7 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
   ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
   Tensor branch = act_tensor(Shape{B, T, C}, dtype_, device_);
-  ops::linear_forward(branch, a.att.view(Shape{B, T, C}), p.proj_w, p.proj_b);
+  lin.proj.forward(branch, a.att.view(Shape{B, T, C}));
   a.res_mid = act_tensor(Shape{B, T, C}, dtype_, device_);
   a.ln2 = act_tensor(Shape{B, T, C}, dtype_, device_);
   a.ln2_mean = layernorm ? stat_tensor(B * T, device_) : Tensor();
@@ -225,13 +242,13 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
                              p.ln2_b, cfg_.norm_eps);
   // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out, plus the residual.
   a.mlp_in = act_tensor(Shape{B, T, cfg_.mlp_in_width()}, dtype_, device_);
-  ops::linear_forward(a.mlp_in, a.ln2, p.mlp_in_w, p.mlp_in_b);
+  lin.mlp_in.forward(a.mlp_in, a.ln2);
   a.act = act_tensor(Shape{B, T, cfg_.d_ff}, dtype_, device_);
   if (cfg_.arch == Arch::gpt2)
     ops::gelu_forward(a.act, a.mlp_in);
   else
     ops::swiglu_forward(a.act, a.mlp_in);
-  ops::linear_forward(branch, a.act, p.mlp_out_w, p.mlp_out_b);  // reuse: the proj output is dead
+  lin.mlp_out.forward(branch, a.act);  // reuse: the proj output is dead
   Tensor x_out = act_tensor(Shape{B, T, C}, dtype_, device_);
   ops::add(x_out, a.res_mid, branch);
   return x_out;
@@ -277,10 +294,11 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   // dres (B, T, C): on entry dL/d x_out, on exit dL/d x_in (updated in place).
   const BlockParams p = block_views(layer, false);
   const BlockParams g = block_views(layer, true);
+  const BlockLinears lin = block_linears(layer);
   const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
   // MLP half. x_out = res_mid + mlp_out(act(mlp_in(ln2(res_mid)))).
   Tensor d_act = act_tensor(Shape{B, T, cfg_.d_ff}, dtype_, device_);
-  ops::linear_backward(d_act, g.mlp_out_w, g.mlp_out_b, dres, a.act, p.mlp_out_w);
+  lin.mlp_out.backward(d_act, dres, a.act);
   a.act = Tensor();
   Tensor d_mlp_in = act_tensor(Shape{B, T, cfg_.mlp_in_width()}, dtype_, device_);
   if (cfg_.arch == Arch::gpt2)
@@ -289,14 +307,13 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     ops::swiglu_backward(d_mlp_in, d_act, a.mlp_in);
   d_act = Tensor();
   Tensor d_ln = act_tensor(Shape{B, T, C}, dtype_, device_);
-  ops::linear_backward(d_ln, g.mlp_in_w, g.mlp_in_b, d_mlp_in, a.ln2, p.mlp_in_w);
+  lin.mlp_in.backward(d_ln, d_mlp_in, a.ln2, false);
   d_mlp_in = Tensor();
   // dres <- dL/d res_mid = norm2 backward + the residual path.
   ops::norm_backward(norm_kind(), dres, g.ln2_w, g.ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres);
   // Attention half. res_mid = x_in + proj(att(q, k, v)).
   Tensor d_att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-  ops::linear_backward(d_att.view(Shape{B, T, C}), g.proj_w, g.proj_b, dres, a.att.view(Shape{B, T, C}),
-                       p.proj_w);
+  lin.proj.backward(d_att.view(Shape{B, T, C}), dres, a.att.view(Shape{B, T, C}));
   Tensor dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   Tensor dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   Tensor dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
@@ -306,17 +323,10 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     ops::rope_backward(dq, dq, rope_table_, 0);
     ops::rope_backward(dk, dk, rope_table_, 0);
   }
-  const Tensor dq2 = dq.view(Shape{B * T, Hq * D}), dk2 = dk.view(Shape{B * T, Hkv * D}),
-               dv2 = dv.view(Shape{B * T, Hkv * D});
-  // d ln1 = dq Wq + dk Wk + dv Wv; the weight and bias gradients of each slice.
-  const Tensor d_ln2d = d_ln.view(Shape{B * T, C});
-  ops::matmul(d_ln2d, dq2, p.wq, false, false, 1.0f, 0.0f);
-  ops::matmul(d_ln2d, dk2, p.wk, false, false, 1.0f, 1.0f);
-  ops::matmul(d_ln2d, dv2, p.wv, false, false, 1.0f, 1.0f);
-  const Tensor ln1_2d = a.ln1.view(Shape{B * T, C});
-  ops::linear_backward(Tensor(), g.wq, g.bq, dq2, ln1_2d, p.wq);
-  ops::linear_backward(Tensor(), g.wk, g.bk, dk2, ln1_2d, p.wk);
-  ops::linear_backward(Tensor(), g.wv, g.bv, dv2, ln1_2d, p.wv);
+  // d ln1 = dq Wq + dk Wk + dv Wv (accumulated), and each slice's weight and bias gradients.
+  lin.q.backward(d_ln, dq.view(Shape{B, T, Hq * D}), a.ln1, false);
+  lin.k.backward(d_ln, dk.view(Shape{B, T, Hkv * D}), a.ln1, true);
+  lin.v.backward(d_ln, dv.view(Shape{B, T, Hkv * D}), a.ln1, true);
   // dres <- dL/d x_in = norm1 backward + the residual path.
   ops::norm_backward(norm_kind(), dres, g.ln1_w, g.ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres);
 }
@@ -332,9 +342,11 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   ctx.T = T;
   ctx.train = train;
   ctx.grad_scale = grad_scale;
-  ctx.tokens = tokens;
+  // Batches arrive from the host loader; kernels read them on the model's device.
+  const Tensor dev_tokens = on_device(tokens, device_), dev_targets = on_device(targets, device_);
+  ctx.tokens = dev_tokens;
   ctx.blocks.resize(size_t(cfg_.n_layer));
-  Tensor x = embed(tokens);
+  Tensor x = embed(dev_tokens);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T);
     if (train)
@@ -352,27 +364,33 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   ops::norm_forward(norm_kind(), lnf, ctx.lnf_mean, ctx.lnf_rstd, x.view(Shape{N, C}), fw, fb, cfg_.norm_eps);
   if (train) ctx.d_lnf = act_tensor(Shape{N, C}, dtype_, device_);
   const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
-  const Tensor flat_targets = targets.view(Shape{N});
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, (int64_t(1) << 22) / Vp));
+  const Tensor flat_targets = dev_targets.view(Shape{N});
+  // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
+  // large GEMMs and has the memory (256M elements: 512 MiB in bf16).
+  const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / Vp));
   Tensor logits = act_tensor(Shape{chunk, Vp}, dtype_, device_);
-  Tensor losses = stat_tensor(chunk, device_);
-  double loss_sum = 0.0;
-  int64_t counted = 0;
+  Tensor losses = stat_tensor(N, device_);  // per token; 0 for ignored targets
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
-    const Tensor lg = logits.slice(0, n), ls = losses.slice(0, n), tg = flat_targets.slice(r0, r0 + n);
+    const Tensor lg = logits.slice(0, n), ls = losses.slice(r0, r0 + n), tg = flat_targets.slice(r0, r0 + n);
     const Tensor x_rows = lnf.slice(r0, r0 + n);
     ops::linear_forward(lg, x_rows, w_head, Tensor());
     ops::softmax_cross_entropy(ls, train ? lg : Tensor(), lg, tg, V, grad_scale);
-    const float* l = ls.data<float>();
-    const int32_t* t = tg.data<int32_t>();
-    for (int64_t i = 0; i < n; ++i)
-      if (t[i] >= 0) {
-        loss_sum += double(l[i]);
-        ++counted;
-      }
     if (train) ops::linear_backward(ctx.d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
   }
+  // Summed on the host in f64 in token order (N floats: one small copy per
+  // micro-batch on a GPU), over the tokens that have a target.
+  const Tensor host_losses = on_device(losses, Device::cpu()), host_targets = on_device(targets, Device::cpu());
+  const float* l = host_losses.data<float>();
+  const int32_t* t = host_targets.data<int32_t>();
+  double loss_sum = 0.0;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] >= 0) {
+      loss_sum += double(l[i]);
+      ++counted;
+    }
   ctx.loss_sum = loss_sum;
   ctx.loss_tokens = counted;
   if (train) {
@@ -408,7 +426,7 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, cfg_.padded_vocab()}) && out.dtype() == DType::f32,
            "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", cfg_.padded_vocab(), "), got ",
            out.str());
-  Tensor x = embed(tokens);
+  Tensor x = embed(on_device(tokens, device_));
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
     x = block_forward(i, a, x, B, T);

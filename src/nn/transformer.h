@@ -29,6 +29,7 @@
 
 #include "core/tensor.h"
 #include "nn/model_config.h"
+#include "nn/parallel_linear.h"
 #include "nn/params.h"
 #include "ops/norm.h"
 
@@ -105,6 +106,11 @@ class Transformer {
         mlp_out_b;
   };
   BlockParams block_views(size_t layer, bool grads) const;
+  struct BlockLinears {  // the block's linear layers over its parameter and gradient views
+    ColumnParallelLinear q, k, v, mlp_in;
+    RowParallelLinear proj, mlp_out;
+  };
+  BlockLinears block_linears(size_t layer) const;
   ops::NormKind norm_kind() const;
   void check_batch(const Tensor& tokens, const Tensor& targets) const;
   Tensor embed(const Tensor& tokens) const;                                  // (B, T, C)

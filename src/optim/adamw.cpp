@@ -36,9 +36,16 @@ void AdamW::step(double lr, float grad_scale) {
     const nn::ParamSet& s = *sets_[si];
     const Tensor master_flat = master(si);
     const bool has_copy = master_[si].defined();
-    for (size_t i = 0; i < s.size(); ++i) {
+    auto decays = [&](size_t i) {
       const nn::ParamSpec& spec = s.spec(i);
-      const bool decay = spec.decay || (cfg_.decay_embeddings && spec.name.starts_with("embed."));
+      return spec.decay || (cfg_.decay_embeddings && spec.name.starts_with("embed."));
+    };
+    // Consecutive parameters with the same decay rule are contiguous in the
+    // flat buffers: one fused update per run (few kernel launches on a GPU).
+    for (size_t i = 0; i < s.size();) {
+      const bool decay = decays(i);
+      size_t end = i + 1;
+      while (end < s.size() && decays(end) == decay) ++end;
       ops::AdamWParams p;
       p.lr = float(lr);
       p.beta1 = float(cfg_.beta1);
@@ -47,11 +54,13 @@ void AdamW::step(double lr, float grad_scale) {
       p.weight_decay = decay ? float(cfg_.weight_decay) : 0.0f;
       p.step = step_;
       p.grad_scale = grad_scale;
-      const int64_t off = s.offset(i), n = spec.shape.numel();
+      const int64_t off = s.offset(i);
+      const int64_t n = s.offset(end - 1) + s.spec(end - 1).shape.numel() - off;
       const Shape flat{n};
       ops::adamw_step(master_flat.flat_view(off, flat), s.grad_flat().flat_view(off, flat),
                       m_[si].flat_view(off, flat), v_[si].flat_view(off, flat),
                       has_copy ? s.flat().flat_view(off, flat) : Tensor(), p);
+      i = end;
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "ops/device.h"
 
 namespace zt::train {
 
@@ -23,9 +24,11 @@ std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_
     const int64_t T = int64_t(seq.size()) - start;
     Tensor tokens = Tensor::empty(Shape{1, T}, DType::i32);
     for (int64_t t = 0; t < T; ++t) tokens.data<int32_t>()[t] = int32_t(seq[size_t(start + t)]);
-    Tensor logits = Tensor::empty(Shape{1, T, Vp}, DType::f32);
+    Tensor logits = Tensor::empty(Shape{1, T, Vp}, DType::f32, model.device());
     model.logits(logits, tokens);
-    const float* last = logits.data<float>() + (T - 1) * Vp;
+    // Only the last position's row is read, on the host.
+    const Tensor last_row = ops::to_device(logits.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu());
+    const float* last = last_row.data<float>();
     // Top-k over the real vocabulary, then softmax with temperature (f64).
     std::iota(order.begin(), order.end(), 0);
     const int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;

@@ -8,7 +8,11 @@
 #include <iostream>
 
 #include "backend/cpu/peak_rate.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 #include "core/error.h"
+#include "ops/device.h"
 #include "train/generate.h"
 
 namespace zt::train {
@@ -24,8 +28,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   cfg_.validate();
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = parse_device(cfg_.train.device);
-  ZT_CHECK(device.is_cpu(), "train.device = \"", cfg_.train.device,
-           "\": this build trains on the CPU only so far; use device = \"cpu\"");
+  ops::init_device(device);  // a clear error now if this build or machine has no such device
   schedule_ = cfg_.lr_schedule();
   model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device);
   model_->recompute = cfg_.recompute();
@@ -33,7 +36,21 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   optimizer_ = std::make_unique<optim::AdamW>(model_->param_sets(), cfg_.adamw());
   inputs_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   targets_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
-  peak_gflops_ = cfg_.metrics.peak_gflops > 0 ? cfg_.metrics.peak_gflops : cpu::measure_sgemm_gflops();
+  if (cfg_.metrics.peak_gflops > 0) {
+    peak_gflops_ = cfg_.metrics.peak_gflops;
+    peak_source_ = "configured";
+  } else if (device.is_cpu()) {
+    peak_gflops_ = cpu::measure_sgemm_gflops();
+    peak_source_ = "measured sgemm";
+  } else {
+#if ZT_WITH_CUDA
+    const cuda::DeviceInfo info = cuda::device_info(device.index);
+    ZT_CHECK(info.peak_bf16_tflops > 0, "no datasheet peak is known for ", info.name,
+             "; set metrics.peak_gflops to its dense bf16 rate (GFLOP/s) so MFU can be reported");
+    peak_gflops_ = info.peak_bf16_tflops * 1e3;
+    peak_source_ = "datasheet dense bf16, " + info.name;
+#endif
+  }
   log = [](const std::string& line) { std::cout << line << std::endl; };
 }
 
@@ -60,6 +77,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.forward_seconds += seconds_since(t0);
     t0 = Clock::now();
     model_->backward(ctx);
+    ops::synchronize(model_->device());  // GPU kernels run asynchronously: time the work, not its launch
     m.backward_seconds += seconds_since(t0);
   }
   m.loss = loss_sum / double(m.tokens);
@@ -158,7 +176,7 @@ TrainResult Trainer::run() {
                 (long long)cfg_.train.global_batch, (long long)cfg_.train.seq_len,
                 (long long)(cfg_.train.global_batch * cfg_.train.seq_len), (long long)cfg_.train.micro_batch,
                 (long long)cfg_.grad_accum_steps(), (long long)cfg_.train.steps, peak_gflops_,
-                cfg_.metrics.peak_gflops > 0 ? " (configured)" : " (measured sgemm)");
+                (" (" + peak_source_ + ")").c_str());
   say(head);
   say("run directory: " + run_dir.string());
 

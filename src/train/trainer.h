@@ -78,6 +78,7 @@ class Trainer {
   std::unique_ptr<TextCodec> codec_;
   optim::LrSchedule schedule_;
   double peak_gflops_ = 0;
+  std::string peak_source_;  // where peak_gflops_ came from, for the log
   int64_t tokens_seen_ = 0;
   int64_t bad_steps_ = 0;
   double last_good_loss_ = 0;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU run of issue #7, on a machine with an NVIDIA GPU (the lent H100):
+# builds with the CUDA backend (scripts/gpu/build.sh, carried .debs), runs the
+# GPU tests (ctest -L gpu), then the training benchmark - Zettatron against
+# PyTorch (bench/gpu/pytorch_peer.py: torch.compile, flash SDPA, bf16 autocast,
+# fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024 - and
+# prints a short table last. Logs go to $OUT (or ./bench-gpu-out).
+#   usage: bash bench/gpu/run.sh [tests|bench|all]   (default all)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+what=${1:-all}
+out=${OUT:-bench-gpu-out}
+mkdir -p "$out"
+bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+tail -3 "$out/build.log"
+export LD_LIBRARY_PATH=/tmp/zt-prefix/usr/lib/x86_64-linux-gnu/openblas-openmp:/tmp/zt-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+if [ "$what" != bench ]; then
+  (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 > "../$out/gpu-tests.log" 2>&1)
+  grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
+fi
+[ "$what" = tests ] && exit 0
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+for arch in gpt2 llama; do
+  cfg=configs/bench-gpu-$arch.toml
+  ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$out/run-$arch" > "$out/zt-$arch.log" 2>&1 \
+    || { echo "zettatron $arch failed:"; tail -20 "$out/zt-$arch.log"; continue; }
+  mb=$(grep -E '^micro_batch' $cfg | grep -o '[0-9]*')
+  python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$mb" --seq 1024 > "$out/pt-$arch.json" 2> "$out/pt-$arch.err" \
+    || { echo "pytorch $arch failed:"; tail -5 "$out/pt-$arch.err"; }
+  python3 - "$out/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][5:]
+zt = statistics.median(r["tokens_per_s"] for r in rows)
+mfu = statistics.median(r["mfu"] for r in rows)
+try:
+    pt = json.loads(open(sys.argv[2]).read())
+except Exception:
+    pt = None
+line = f"{sys.argv[3]:6} zettatron {zt:10.0f} tok/s  MFU {100 * mfu:5.1f}%"
+if pt:
+    line += f" | pytorch {pt['version']} {pt['tokens_per_s']:10.0f} tok/s | ratio {zt / pt['tokens_per_s']:.2f}x"
+print(line)
+PY
+done
