@@ -18,11 +18,12 @@
 //   (batch*M, K) product; other batches are strided batches (b's stride 0
 //   when shared).
 // Bias: the cuBLASLt BIAS epilogue when bias has out's dtype (the documented
-//   bias type for non-fp8 products) and a cuBLASLt algorithm accepts it (the
-//   heuristic looks at the bias pointer's alignment). Otherwise C = beta * out
-//   + bias is prefilled in f32 (in out itself when out is f32, else in an f32
-//   scratch rounded once into out afterwards) and the product accumulates onto
-//   it with beta = 1: the CPU backend's order, one rounding of out.
+//   bias type for non-fp8 products), is 16-byte aligned, and a cuBLASLt
+//   algorithm accepts it (the heuristic also looks at the bias pointer's
+//   alignment). Otherwise C = beta * out + bias is prefilled in f32 (in out
+//   itself when out is f32, else in an f32 scratch rounded once into out
+//   afterwards) and the product accumulates onto it with beta = 1: the CPU
+//   backend's order, one rounding of out.
 // Plans: matmul descriptor, layouts and the heuristic's algorithm are made
 //   once per (device, shape, transposes, dtypes, bias, alignments) key and
 //   cached for the process (thread-safe).
@@ -394,7 +395,10 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
       beta_bias(out.data_ptr(), out.dtype(), out.data_ptr(), out.dtype(), bias_p, bias_type, d.beta, n, d.N, device);
     return;
   }
-  if (!bias_p || bias_type == out.dtype()) {
+  // The epilogue only for a 16-byte aligned bias: its loads are vectorised (the
+  // heuristic should filter by the bias pointer, but we do not rely on it).
+  const bool bias_aligned = reinterpret_cast<uintptr_t>(bias_p) % 16 == 0;
+  if (!bias_p || (bias_type == out.dtype() && bias_aligned)) {
     if (lt_matmul(d, a.dtype(), a.data_ptr(), b.data_ptr(), out.dtype(), out.data_ptr(), bias_p, bias_type, device))
       return;
   }
