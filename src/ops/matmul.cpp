@@ -13,6 +13,10 @@
 #include "backend/cpu/matmul.h"
 #include "ops/check.h"
 
+#if ZT_WITH_CUDA
+#include "backend/cuda/matmul.h"
+#endif
+
 namespace zt::ops {
 
 namespace {
@@ -91,13 +95,16 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   check_blas_dim(op, "N", N);
   check_blas_dim(op, "K", K);
 
-  if (!out.device().is_cpu()) no_backend(op, out.device());
   cpu::GemmDesc d;
   d.batch = a.shape().prod(0, nbatch);
   d.M = M, d.N = N, d.K = K;
   d.trans_a = trans_a, d.trans_b = trans_b, d.b_shared = b_shared;
   d.alpha = alpha, d.beta = beta;
-  cpu::matmul(out, a, b, bias, d);
+  if (out.device().is_cpu()) return cpu::matmul(out, a, b, bias, d);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device())) return cuda::matmul(out, a, b, bias, d);
+#endif
+  no_backend(op, out.device());
 }
 
 void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -124,10 +131,13 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   check_blas_dim(op, "C", C);
   check_blas_dim(op, "OC", OC);
 
-  if (!y.device().is_cpu()) no_backend(op, y.device());
   cpu::GemmDesc d;
   d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
-  cpu::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
+  if (y.device().is_cpu()) return cpu::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, y.device())) return cuda::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
+#endif
+  no_backend(op, y.device());
 }
 
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
@@ -164,9 +174,12 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
   check_blas_dim(op, "C", C);
   check_blas_dim(op, "OC", OC);
 
-  if (!dev.is_cpu()) no_backend(op, dev);
-  cpu::linear_backward(dx.defined() ? dx.view(Shape{N, C}) : Tensor(), dw, db, dy.view(Shape{N, OC}),
-                       x.view(Shape{N, C}), w);
+  const Tensor dx2 = dx.defined() ? dx.view(Shape{N, C}) : Tensor();
+  if (dev.is_cpu()) return cpu::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, dev)) return cuda::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w);
+#endif
+  no_backend(op, dev);
 }
 
 }  // namespace zt::ops

@@ -1,0 +1,39 @@
+// CUDA kernels for matrix multiplication and the linear layer (validated
+// arguments only; the checks live in src/ops/matmul.cpp). Host-only header.
+//
+// Same math as backend/cpu/matmul.h, for every batch entry i:
+//   out_i = alpha * op(a_i) @ op(b_i) + beta * out_i + bias      (bias broadcast over rows)
+// through cuBLASLt with f32 accumulation (CUBLAS_COMPUTE_32F: true fp32 for
+// f32 operands, never TF32; bf16 operands on tensor cores, accumulated in f32).
+//
+// Linear backward (y = x W^T + b):
+//   dx  = dy @ W        dW += dy^T @ x        db += sum over rows of dy
+// db is summed in an order fixed by the shape alone (deterministic bits).
+#pragma once
+
+#include "backend/cpu/matmul.h"  // GemmDesc: a plain struct shared by both backends
+#include "core/tensor.h"
+
+namespace zt::cuda {
+
+// The CPU backend's descriptor (so ops/ fills one for both). Argument-dependent
+// lookup also finds cpu::matmul for it: call this one as cuda::matmul.
+using GemmDesc = cpu::GemmDesc;
+
+// a: batch x (M, K) or (K, M); b: [batch x] (K, N) or (N, K); out: batch x (M, N);
+// bias: (N) or undefined. a, b f32 or bf16 (same); out f32 or a's dtype; bias f32 or out's.
+// beta = 0 never reads out. All on one GPU; runs on its compute stream.
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d);
+
+// dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
+// dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
+void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& w);
+
+// Measured dense bf16 GEMM throughput of `device` in TFLOP/s: an
+// 8192 x 8192 x 8192 product (bf16 in and out, f32 accumulation), median of
+// 10 timed runs after warm-up. The MFU denominator on GPUs without a known
+// datasheet peak. Synchronises the device; takes ~0.1 s and 384 MiB.
+double measure_bf16_gemm_tflops(Device device);
+
+}  // namespace zt::cuda

@@ -1,0 +1,352 @@
+// GPU tests for ops::matmul, ops::linear_forward and ops::linear_backward on
+// CUDA (cuBLASLt) against the CPU backend.
+//
+// Reference: the CPU op run in f32 on exactly the GPU's input values (bf16
+// inputs widened exactly), so it is at least as precise as the GPU result.
+// Tolerances, max-norm relative error (max_rel_error):
+//   f32 operands, f32 out          1e-5   (true fp32 on both sides, only the summation order differs)
+//   bf16 operands, f32 out         1e-4   (bf16 products are exact in f32; f32 accumulation)
+//   bf16 out                       1e-2   (one bf16 rounding of out is 2^-9 relative)
+// Outputs that beta = 0 (or dx) overwrite start as NaN bytes, so an element
+// never written fails; accumulated outputs start from random values copied to
+// both sides.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/matmul.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/matmul.h"
+
+namespace zt {
+namespace {
+
+using test::gpu;
+using test::gpu_poisoned;
+using test::make_rng;
+using test::max_rel_error;
+using test::poison;
+using test::random_tensor;
+using test::tensor_from;
+using test::to_f64;
+using test::to_gpu;
+using test::to_host;
+
+// An f32 copy of a host tensor (exact for bf16).
+Tensor as_f32(const Tensor& t) { return tensor_from(to_f64(t), t.shape(), DType::f32); }
+
+double tolerance(DType in, DType out) {
+  if (out == DType::bf16) return 1e-2;
+  return in == DType::bf16 ? 1e-4 : 1e-5;
+}
+
+Shape make_shape(const std::vector<int64_t>& lead, int64_t r, int64_t c) {
+  Shape s(lead.begin(), lead.end());
+  s.push_back(r);
+  s.push_back(c);
+  return s;
+}
+
+// A GPU copy of `host` starting `offset` elements into a larger buffer
+// (offset 1 makes the view only element-aligned).
+Tensor to_gpu_at(const Tensor& host, int64_t offset) {
+  if (offset == 0) return to_gpu(host);
+  Tensor big = Tensor::empty(Shape{host.numel() + offset}, host.dtype(), gpu());
+  Tensor view = big.flat_view(offset, host.shape());
+  ops::copy(view, host);
+  return view;
+}
+
+// NaN-filled GPU tensor `offset` elements into a larger buffer.
+Tensor gpu_poisoned_at(const Shape& shape, DType dtype, int64_t offset) {
+  if (offset == 0) return gpu_poisoned(shape, dtype);
+  return gpu_poisoned(Shape{shape.numel() + offset}, dtype).flat_view(offset, shape);
+}
+
+struct MatmulCase {
+  std::vector<int64_t> batch;  // batch dims of a and out
+  int64_t M, N, K;
+  bool ta = false, tb = false;
+  bool b_shared = false;  // b is 2-D
+  float alpha = 1.0f, beta = 0.0f;
+  bool bias = false;
+  DType in = DType::f32, out = DType::f32, bias_dt = DType::f32;
+  int64_t misalign = 0;  // element offset of every GPU operand's view
+
+  std::string str() const {
+    std::string s = "batch(";
+    for (auto d : batch) s += std::to_string(d) + ",";
+    return s + ") M" + std::to_string(M) + " N" + std::to_string(N) + " K" + std::to_string(K) +
+           (ta ? " ta" : "") + (tb ? " tb" : "") + (b_shared ? " shared-b" : "") + " alpha " +
+           std::to_string(alpha) + " beta " + std::to_string(beta) + " " + std::string(dtype_name(in)) + "->" +
+           std::string(dtype_name(out)) + (bias ? " bias " + std::string(dtype_name(bias_dt)) : "") +
+           (misalign ? " misaligned" : "") + " (seed " + std::to_string(test::test_seed()) + ")";
+  }
+};
+
+// Runs c on the GPU and (in f32, same values) on the CPU; returns the GPU out.
+Tensor check_matmul(const MatmulCase& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(c.str());
+  const Shape as = c.ta ? make_shape(c.batch, c.K, c.M) : make_shape(c.batch, c.M, c.K);
+  const std::vector<int64_t> none;
+  const Shape bs = make_shape(c.b_shared ? none : c.batch, c.tb ? c.N : c.K, c.tb ? c.K : c.N);
+  const Shape os = make_shape(c.batch, c.M, c.N);
+  const Tensor a = random_tensor(as, c.in, rng);
+  const Tensor b = random_tensor(bs, c.in, rng);
+  const Tensor bias = c.bias ? random_tensor(Shape{c.N}, c.bias_dt, rng) : Tensor();
+  const Tensor init = c.beta != 0.0f ? random_tensor(os, c.out, rng) : Tensor();
+
+  Tensor ref;
+  if (init.defined()) {
+    ref = as_f32(init);
+  } else {
+    ref = Tensor::empty(os, DType::f32);
+    poison(ref);
+  }
+  ops::matmul(ref, as_f32(a), as_f32(b), c.ta, c.tb, c.alpha, c.beta, c.bias ? as_f32(bias) : Tensor());
+
+  const int64_t off = c.misalign;
+  const Tensor out = init.defined() ? to_gpu_at(init, off) : gpu_poisoned_at(os, c.out, off);
+  ops::matmul(out, to_gpu_at(a, off), to_gpu_at(b, off), c.ta, c.tb, c.alpha, c.beta,
+              c.bias ? to_gpu_at(bias, off) : Tensor());
+  const Tensor got = to_host(out);
+  EXPECT_LE(max_rel_error(got, to_f64(ref)), tolerance(c.in, c.out)) << c.str();
+  return got;
+}
+
+struct DtypeCombo {
+  DType in, out;
+};
+const DtypeCombo kCombos[] = {{DType::f32, DType::f32}, {DType::bf16, DType::f32}, {DType::bf16, DType::bf16}};
+
+// --- matmul -------------------------------------------------------------------
+
+TEST(CudaMatmul, EveryTransposeDtypeAndOddShape) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(101);
+  const int64_t shapes[][3] = {{1, 1, 1},  {1, 37, 29},  {37, 1, 29},  {37, 53, 1},
+                               {37, 53, 29}, {8, 16, 32}, {130, 70, 300}, {1, 1, 257}};
+  for (const auto& s : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (const auto& dc : kCombos) {
+        MatmulCase c{.batch = {}, .M = s[0], .N = s[1], .K = s[2], .ta = bool(t & 1), .tb = bool(t & 2)};
+        c.in = dc.in, c.out = dc.out;
+        check_matmul(c, rng);
+      }
+}
+
+TEST(CudaMatmul, LargeProduct) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(102);
+  for (int t = 0; t < 4; ++t) {
+    MatmulCase c{.batch = {}, .M = 512, .N = 768, .K = 3072, .ta = bool(t & 1), .tb = bool(t & 2)};
+    check_matmul(c, rng);
+  }
+  for (const auto& dc : {kCombos[1], kCombos[2]}) {
+    MatmulCase c{.batch = {}, .M = 512, .N = 768, .K = 3072, .tb = true, .bias = true};
+    c.in = dc.in, c.out = dc.out, c.bias_dt = dc.out;
+    check_matmul(c, rng);
+  }
+}
+
+TEST(CudaMatmul, AlphaBetaOverwriteAndAccumulate) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(103);
+  const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 0.0f}, {1.0f, 1.0f}, {-0.75f, 0.5f}, {2.0f, -1.0f}};
+  const int64_t shapes[][3] = {{37, 53, 29}, {64, 128, 96}, {1, 40, 7}};
+  for (const auto& s : shapes)
+    for (const auto& v : ab)
+      for (const auto& dc : kCombos)
+        for (int t = 0; t < 4; t += 3) {  // NN and TT
+          MatmulCase c{.batch = {}, .M = s[0], .N = s[1], .K = s[2], .ta = bool(t & 1), .tb = bool(t & 2)};
+          c.alpha = v[0], c.beta = v[1], c.in = dc.in, c.out = dc.out;
+          check_matmul(c, rng);
+        }
+}
+
+TEST(CudaMatmul, BiasBroadcastOverRows) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(104);
+  const int64_t shapes[][3] = {{37, 53, 29}, {5, 1, 8}, {64, 256, 128}};
+  for (const auto& s : shapes)
+    for (const auto& dc : kCombos)
+      for (DType bias_dt : {DType::f32, DType::bf16}) {
+        if (bias_dt == DType::bf16 && dc.out == DType::f32) continue;  // bias is f32 or out's dtype
+        for (float beta : {0.0f, 1.0f}) {
+          MatmulCase c{.batch = {}, .M = s[0], .N = s[1], .K = s[2], .tb = true, .alpha = 0.5f, .beta = beta, .bias = true};
+          c.in = dc.in, c.out = dc.out, c.bias_dt = bias_dt;
+          check_matmul(c, rng);
+        }
+      }
+}
+
+TEST(CudaMatmul, BatchedWithBatchedAndSharedB) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(105);
+  const std::vector<std::vector<int64_t>> batches = {{3}, {2, 3}};
+  for (const auto& batch : batches)
+    for (int t = 0; t < 4; ++t)
+      for (bool shared : {false, true})  // shared with !ta folds the batch into M; with ta it is stride 0
+        for (const auto& dc : kCombos) {
+          MatmulCase c{.batch = batch, .M = 19, .N = 24, .K = 33, .ta = bool(t & 1), .tb = bool(t & 2)};
+          c.b_shared = shared, c.in = dc.in, c.out = dc.out;
+          c.beta = t == 1 ? 1.0f : 0.0f;
+          c.bias = t == 2, c.bias_dt = dc.out;
+          check_matmul(c, rng);
+        }
+}
+
+TEST(CudaMatmul, MisalignedViews) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(106);
+  for (const auto& dc : kCombos)
+    for (DType bias_dt : {DType::f32, DType::bf16}) {
+      if (bias_dt == DType::bf16 && dc.out == DType::f32) continue;
+      for (float beta : {0.0f, 1.0f}) {
+        MatmulCase c{.batch = {}, .M = 64, .N = 96, .K = 128, .tb = true, .beta = beta, .bias = true, .misalign = 1};
+        c.in = dc.in, c.out = dc.out, c.bias_dt = bias_dt;
+        check_matmul(c, rng);
+        MatmulCase batched{.batch = {3}, .M = 7, .N = 9, .K = 11, .ta = true, .b_shared = false, .misalign = 1};
+        batched.in = dc.in, batched.out = dc.out, batched.beta = beta;
+        check_matmul(batched, rng);
+      }
+    }
+}
+
+TEST(CudaMatmul, EmptyReductionGivesBetaOutPlusBias) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(107);
+  for (const auto& dc : kCombos)
+    for (float beta : {0.0f, 1.0f, 0.5f}) {
+      MatmulCase c{.batch = {}, .M = 5, .N = 7, .K = 0, .alpha = 1.0f, .beta = beta, .bias = true};
+      c.in = dc.in, c.out = dc.out, c.bias_dt = DType::f32;
+      check_matmul(c, rng);
+    }
+  // Nothing to compute: no error, nothing touched.
+  Tensor out = gpu_poisoned(Shape{0, 7}, DType::f32);
+  ops::matmul(out, to_gpu(random_tensor(Shape{0, 3}, DType::f32, rng)),
+              to_gpu(random_tensor(Shape{3, 7}, DType::f32, rng)));
+  ops::synchronize(gpu());
+}
+
+TEST(CudaMatmul, MeasuredBf16GemmThroughput) {
+  ZT_REQUIRE_GPU();
+  const double tflops = cuda::measure_bf16_gemm_tflops(gpu());
+  std::printf("measured bf16 GEMM (8192^3): %.1f TFLOP/s\n", tflops);
+  EXPECT_TRUE(std::isfinite(tflops));
+  EXPECT_GT(tflops, 1.0);
+  EXPECT_LT(tflops, 1e5);
+}
+
+// --- linear -------------------------------------------------------------------
+
+TEST(CudaLinear, ForwardMatchesCpu) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(201);
+  const std::vector<std::vector<int64_t>> xshapes = {{2, 5, 37}, {1, 37}, {300, 37}};
+  for (const auto& xs : xshapes)
+    for (const auto& dc : kCombos)
+      for (int bias = 0; bias < 3; ++bias) {  // none, f32, out's dtype
+        SCOPED_TRACE(std::to_string(xs.size()) + "-D x, " + std::string(dtype_name(dc.in)) + "->" +
+                     std::string(dtype_name(dc.out)) + " bias " + std::to_string(bias) + " seed " +
+                     std::to_string(test::test_seed()));
+        const int64_t C = xs.back(), OC = 53;
+        Shape ys(xs.begin(), xs.end());
+        ys[-1] = OC;
+        const Tensor x = random_tensor(Shape(xs.begin(), xs.end()), dc.in, rng);
+        const Tensor w = random_tensor(Shape{OC, C}, dc.in, rng);
+        const Tensor b = bias == 0 ? Tensor() : random_tensor(Shape{OC}, bias == 1 ? DType::f32 : dc.out, rng);
+        Tensor ref = Tensor::empty(ys, DType::f32);
+        ops::linear_forward(ref, as_f32(x), as_f32(w), b.defined() ? as_f32(b) : Tensor());
+        const Tensor y = gpu_poisoned(ys, dc.out);
+        ops::linear_forward(y, to_gpu(x), to_gpu(w), b.defined() ? to_gpu(b) : Tensor());
+        EXPECT_LE(max_rel_error(to_host(y), to_f64(ref)), tolerance(dc.in, dc.out));
+      }
+}
+
+struct BackwardCase {
+  int64_t N, C, OC;
+  DType in, grad;               // dy/x/w dtype; dx/dw/db dtype
+  bool dx = true, dw = true, db = true;  // which outputs to compute
+};
+
+void check_backward(const BackwardCase& c, std::mt19937_64& rng) {
+  const std::string what = "N " + std::to_string(c.N) + " C " + std::to_string(c.C) + " OC " + std::to_string(c.OC) +
+                           " " + std::string(dtype_name(c.in)) + " grads " + std::string(dtype_name(c.grad)) +
+                           (c.dx ? " dx" : "") + (c.dw ? " dw" : "") + (c.db ? " db" : "") + " seed " +
+                           std::to_string(test::test_seed());
+  SCOPED_TRACE(what);
+  const Tensor dy = random_tensor(Shape{c.N, c.OC}, c.in, rng);
+  const Tensor x = random_tensor(Shape{c.N, c.C}, c.in, rng);
+  const Tensor w = random_tensor(Shape{c.OC, c.C}, c.in, rng);
+  const Tensor dw0 = random_tensor(Shape{c.OC, c.C}, c.grad, rng);
+  const Tensor db0 = random_tensor(Shape{c.OC}, c.grad, rng);
+
+  Tensor dx_ref, dw_ref, db_ref;
+  if (c.dx) {
+    dx_ref = Tensor::empty(Shape{c.N, c.C}, DType::f32);
+    poison(dx_ref);
+  }
+  if (c.dw) dw_ref = as_f32(dw0);
+  if (c.db) db_ref = as_f32(db0);
+  ops::linear_backward(dx_ref, dw_ref, db_ref, as_f32(dy), as_f32(x), as_f32(w));
+
+  const Tensor dx = c.dx ? gpu_poisoned(Shape{c.N, c.C}, c.grad) : Tensor();
+  const Tensor dw = c.dw ? to_gpu(dw0) : Tensor();
+  const Tensor db = c.db ? to_gpu(db0) : Tensor();
+  ops::linear_backward(dx, dw, db, to_gpu(dy), to_gpu(x), to_gpu(w));
+  const double tol = tolerance(c.in, c.grad);
+  if (c.dx) {
+    EXPECT_LE(max_rel_error(to_host(dx), to_f64(dx_ref)), tol) << "dx";
+  }
+  if (c.dw) {
+    EXPECT_LE(max_rel_error(to_host(dw), to_f64(dw_ref)), tol) << "dw";
+  }
+  if (c.db) {
+    EXPECT_LE(max_rel_error(to_host(db), to_f64(db_ref)), tol) << "db";
+  }
+}
+
+TEST(CudaLinear, BackwardMatchesCpu) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(202);
+  const int64_t shapes[][3] = {{1, 29, 53}, {37, 29, 53}, {300, 29, 53}, {5000, 40, 33}, {4096, 256, 384}};
+  for (const auto& s : shapes)
+    for (const auto& dc : kCombos) check_backward({s[0], s[1], s[2], dc.in, dc.out}, rng);
+}
+
+TEST(CudaLinear, BackwardSkipsUndefinedOutputs) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(203);
+  for (int mask = 0; mask < 8; ++mask)
+    for (const auto& dc : kCombos) {
+      BackwardCase c{300, 29, 53, dc.in, dc.out};
+      c.dx = mask & 1, c.dw = mask & 2, c.db = mask & 4;
+      check_backward(c, rng);
+    }
+}
+
+TEST(CudaLinear, BiasGradIsDeterministic) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(204);
+  for (const auto& dc : kCombos) {
+    SCOPED_TRACE(std::string(dtype_name(dc.in)) + " -> " + std::string(dtype_name(dc.out)));
+    const int64_t N = 5000, OC = 300, C = 8;
+    const Tensor dy = to_gpu(random_tensor(Shape{N, OC}, dc.in, rng));
+    const Tensor x = to_gpu(random_tensor(Shape{N, C}, dc.in, rng));
+    const Tensor w = to_gpu(random_tensor(Shape{OC, C}, dc.in, rng));
+    const Tensor db0 = random_tensor(Shape{OC}, dc.out, rng);
+    Tensor first, second;
+    for (Tensor* result : {&first, &second}) {
+      const Tensor db = to_gpu(db0);
+      ops::linear_backward(Tensor(), Tensor(), db, dy, x, w);
+      *result = to_host(db);
+    }
+    EXPECT_EQ(std::memcmp(first.data_ptr(), second.data_ptr(), first.nbytes()), 0);
+  }
+}
+
+}  // namespace
+}  // namespace zt
