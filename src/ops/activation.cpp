@@ -6,6 +6,9 @@
 
 #include "backend/cpu/activation.h"
 #include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/activation.h"
+#endif
 
 namespace zt::ops {
 
@@ -49,6 +52,9 @@ void gelu_forward(const Tensor& y, const Tensor& x) {
   check_device(op, x.device(), {{"y", &y}});
   check_alias_or_disjoint(op, "y", y, "x", x);
   if (x.device().is_cpu()) return cpu::gelu_forward(y, x);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::gelu_forward(y, x);
+#endif
   no_backend(op, x.device());
 }
 
@@ -61,6 +67,9 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   check_alias_or_disjoint(op, "dx", dx, "dy", dy);
   check_disjoint(op, "dx", dx, "x", x);
   if (x.device().is_cpu()) return cpu::gelu_backward(dx, dy, x);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::gelu_backward(dx, dy, x);
+#endif
   no_backend(op, x.device());
 }
 
@@ -72,6 +81,9 @@ void swiglu_forward(const Tensor& y, const Tensor& x) {
   check_device(op, x.device(), {{"y", &y}});
   check_disjoint(op, "y", y, "x", x);
   if (x.device().is_cpu()) return cpu::swiglu_forward(y, x);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::swiglu_forward(y, x);
+#endif
   no_backend(op, x.device());
 }
 
@@ -85,6 +97,9 @@ void swiglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   check_disjoint(op, "dx", dx, "x", x);
   check_disjoint(op, "dx", dx, "dy", dy);
   if (x.device().is_cpu()) return cpu::swiglu_backward(dx, dy, x);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::swiglu_backward(dx, dy, x);
+#endif
   no_backend(op, x.device());
 }
 

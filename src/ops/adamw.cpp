@@ -7,6 +7,9 @@
 
 #include "backend/cpu/adamw.h"
 #include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/adamw.h"
+#endif
 
 namespace zt::ops {
 
@@ -56,6 +59,11 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
   ZT_CHECK(std::isfinite(p.weight_decay) && p.weight_decay >= 0.0f, op, ": weight_decay is ", p.weight_decay,
            " but must be finite and >= 0");
   ZT_CHECK(std::isfinite(p.grad_scale), op, ": grad_scale is ", p.grad_scale, " but must be finite");
+#if ZT_WITH_CUDA
+  if (use_cuda(op, master.device()))
+    return cuda::adamw_step(master, grad, m, v, model_copy,
+                            cpu::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale});
+#endif
   if (!master.device().is_cpu()) no_backend(op, master.device());
   cpu::adamw_step(master, grad, m, v, model_copy,
                   cpu::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale});

@@ -8,6 +8,9 @@
 
 #include "backend/cpu/attention.h"
 #include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/attention.h"
+#endif
 
 namespace zt::ops {
 namespace {
@@ -64,6 +67,10 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   const float s = resolve_scale(op, scale, d.D);
   if (q.device().is_cpu()) {
     cpu::attention_forward(out, lse, q, k, v, s);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, q.device())) {
+    cuda::attention_forward(out, lse, q, k, v, s);
+#endif
   } else {
     no_backend(op, q.device());
   }
@@ -106,6 +113,10 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   const float s = resolve_scale(op, scale, d.D);
   if (q.device().is_cpu()) {
     cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, q.device())) {
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+#endif
   } else {
     no_backend(op, q.device());
   }

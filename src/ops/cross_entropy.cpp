@@ -6,6 +6,10 @@
 
 #include "backend/cpu/cross_entropy.h"
 #include "ops/check.h"
+#include "ops/device.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/cross_entropy.h"
+#endif
 
 namespace zt::ops {
 
@@ -46,13 +50,19 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
            ": 'losses' overlaps 'logits' or 'targets'");
   check_device(op, logits.device(),
                {{"logits", &logits}, {"targets", &targets}, {"losses", &losses}, {"dlogits", &dlogits}});
-  if (!logits.device().is_cpu()) no_backend(op, logits.device());
+  const bool on_gpu = use_cuda(op, logits.device());
+  if (!logits.device().is_cpu() && !on_gpu) no_backend(op, logits.device());
 
-  // Targets are read on the host, before anything is written.
-  const int32_t* tg = targets.data<int32_t>();
+  // Targets are read on the host, before anything is written (a GPU's are
+  // copied: N ints, one small transfer).
+  const Tensor host_targets = on_gpu ? to_device(targets, Device::cpu()) : targets;
+  const int32_t* tg = host_targets.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
     ZT_CHECK(tg[n] < vocab, op, ": target ", tg[n], " at row ", n, " is out of range: targets must be < vocab (",
              vocab, "), or negative to ignore the row");
+#if ZT_WITH_CUDA
+  if (on_gpu) return cuda::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
+#endif
   cpu::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
 }
 

@@ -8,6 +8,9 @@
 
 #include "backend/cpu/elementwise.h"
 #include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/elementwise.h"
+#endif
 
 namespace zt::ops {
 
@@ -54,6 +57,9 @@ void cast(const Tensor& out, const Tensor& in) {
   check_device(op, out.device(), {{"out", &out}, {"in", &in}});
   check_alias_exact_or_disjoint(op, "out", out, "in", in);
   if (out.device().is_cpu()) return cpu::cast(out, in);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device())) return cuda::cast(out, in);
+#endif
   no_backend(op, out.device());
 }
 
@@ -68,6 +74,9 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   check_alias_exact_or_disjoint(op, "out", out, "a", a);
   check_alias_exact_or_disjoint(op, "out", out, "b", b);
   if (out.device().is_cpu()) return cpu::add(out, a, b);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device())) return cuda::add(out, a, b);
+#endif
   no_backend(op, out.device());
 }
 
@@ -79,6 +88,9 @@ void scale(const Tensor& out, const Tensor& x, float alpha) {
   check_device(op, out.device(), {{"out", &out}, {"x", &x}});
   check_alias_exact_or_disjoint(op, "out", out, "x", x);
   if (out.device().is_cpu()) return cpu::scale(out, x, alpha);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device())) return cuda::scale(out, x, alpha);
+#endif
   no_backend(op, out.device());
 }
 
@@ -90,6 +102,9 @@ void axpy(const Tensor& y, float alpha, const Tensor& x) {
   check_device(op, y.device(), {{"y", &y}, {"x", &x}});
   check_alias_exact_or_disjoint(op, "y", y, "x", x);
   if (y.device().is_cpu()) return cpu::axpy(y, alpha, x);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, y.device())) return cuda::axpy(y, alpha, x);
+#endif
   no_backend(op, y.device());
 }
 
@@ -110,6 +125,9 @@ void fill(const Tensor& out, double value) {
              " is not an integer representable in 'out' (", out.str(), ")");
   }
   if (out.device().is_cpu()) return cpu::fill(out, value);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device())) return cuda::fill(out, value);
+#endif
   no_backend(op, out.device());
 }
 
@@ -117,6 +135,9 @@ double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
   check_dtype(op, "x", x, kFloat3);
   if (x.device().is_cpu()) return cpu::sum_squares(x);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::sum_squares(x);
+#endif
   no_backend(op, x.device());
 }
 
@@ -130,6 +151,9 @@ double global_norm(std::span<const Tensor> tensors) {
              " but 'tensors[0]' is on ", tensors[0].device().str(), "; all tensors must be on one device");
   }
   if (tensors.empty()) return 0.0;
+#if ZT_WITH_CUDA
+  if (use_cuda(op, tensors[0].device())) return std::sqrt(cuda::sum_squares_all(tensors));  // one sync for all
+#endif
   if (!tensors[0].device().is_cpu()) no_backend(op, tensors[0].device());
   double total = 0.0;
   for (const Tensor& t : tensors) total += cpu::sum_squares(t);  // fixed order
@@ -141,8 +165,12 @@ void fill_normal(const Tensor& out, Generator& gen, float mean, float std) {
   check_float_dtype(op, "out", out);
   ZT_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0.0f, op, ": mean ", mean, " and std ", std,
            " must be finite with std >= 0");
-  if (!out.device().is_cpu()) no_backend(op, out.device());
+  const bool on_gpu = use_cuda(op, out.device());
+  if (!out.device().is_cpu() && !on_gpu) no_backend(op, out.device());
   const uint64_t offset = gen.reserve(out.numel());
+#if ZT_WITH_CUDA
+  if (on_gpu) return cuda::fill_normal(out, gen.seed(), offset, mean, std);
+#endif
   cpu::fill_normal(out, gen.seed(), offset, mean, std);
 }
 
@@ -151,8 +179,12 @@ void fill_uniform(const Tensor& out, Generator& gen, float lo, float hi) {
   check_float_dtype(op, "out", out);
   ZT_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, op, ": range [", lo, ", ", hi,
            ") must be finite with lo <= hi");
-  if (!out.device().is_cpu()) no_backend(op, out.device());
+  const bool on_gpu = use_cuda(op, out.device());
+  if (!out.device().is_cpu() && !on_gpu) no_backend(op, out.device());
   const uint64_t offset = gen.reserve(out.numel());
+#if ZT_WITH_CUDA
+  if (on_gpu) return cuda::fill_uniform(out, gen.seed(), offset, lo, hi);
+#endif
   cpu::fill_uniform(out, gen.seed(), offset, lo, hi);
 }
 

@@ -6,6 +6,10 @@
 
 #include "backend/cpu/embedding.h"
 #include "ops/check.h"
+#include "ops/device.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/embedding.h"
+#endif
 
 namespace zt::ops {
 
@@ -63,6 +67,12 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   check_disjoint(op, "out", out, "wte", wte);
   check_disjoint(op, "out", out, "wpe", wpe);
   check_disjoint(op, "out", out, "tokens", tokens);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device())) {
+    check_token_ids(op, to_device(tokens, Device::cpu()), V);  // one small copy: ids validated before any write
+    return cuda::embedding_forward(out, tokens, wte, wpe, pos_offset);
+  }
+#endif
   if (!out.device().is_cpu()) no_backend(op, out.device());
   check_token_ids(op, tokens, V);
   cpu::embedding_forward(out, tokens, wte, wpe, pos_offset);
@@ -102,6 +112,13 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
   check_disjoint(op, "dwpe", dwpe, "dout", dout);
   check_disjoint(op, "dwte", dwte, "tokens", tokens);
   check_disjoint(op, "dwpe", dwpe, "tokens", tokens);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, dout.device())) {
+    const Tensor host_tokens = to_device(tokens, Device::cpu());
+    if (dwte.defined()) check_token_ids(op, host_tokens, dwte.size(0));
+    return cuda::embedding_backward(dwte, dwpe, dout, tokens, host_tokens, pos_offset);
+  }
+#endif
   if (!dout.device().is_cpu()) no_backend(op, dout.device());
   if (dwte.defined()) check_token_ids(op, tokens, dwte.size(0));
   cpu::embedding_backward(dwte, dwpe, dout, tokens, pos_offset);

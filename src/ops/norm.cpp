@@ -14,6 +14,9 @@
 
 #include "backend/cpu/norm.h"
 #include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/norm.h"
+#endif
 
 namespace zt::ops {
 
@@ -111,6 +114,9 @@ void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tens
   check_disjoint_all(op, "mean", mean, {{"x", &x}, {"w", &w}, {"b", &b}});
   check_disjoint_all(op, "rstd", rstd, {{"x", &x}, {"w", &w}, {"b", &b}});
   if (x.device().is_cpu()) return cpu::norm_forward(kind == NormKind::rmsnorm, y, mean, rstd, x, w, b, eps);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::norm_forward(kind == NormKind::rmsnorm, y, mean, rstd, x, w, b, eps);
+#endif
   no_backend(op, x.device());
 }
 
@@ -147,6 +153,10 @@ void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tens
                      {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add}});
   if (x.device().is_cpu())
     return cpu::norm_backward(kind == NormKind::rmsnorm, dx, dw, db, dy, x, w, mean, rstd, dx_add);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device()))
+    return cuda::norm_backward(kind == NormKind::rmsnorm, dx, dw, db, dy, x, w, mean, rstd, dx_add);
+#endif
   no_backend(op, x.device());
 }
 
@@ -175,6 +185,10 @@ void residual_norm_forward(NormKind kind, const Tensor& r_out, const Tensor& y, 
   check_disjoint_all(op, "rstd", rstd, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
   if (x.device().is_cpu())
     return cpu::residual_norm_forward(kind == NormKind::rmsnorm, r_out, y, mean, rstd, r_in, x, w, b, eps);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device()))
+    return cuda::residual_norm_forward(kind == NormKind::rmsnorm, r_out, y, mean, rstd, r_in, x, w, b, eps);
+#endif
   no_backend(op, x.device());
 }
 

@@ -16,6 +16,9 @@
 
 #include "backend/cpu/rope.h"
 #include "ops/check.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/rope.h"
+#endif
 
 namespace zt::ops {
 namespace {
@@ -74,6 +77,10 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
   ZT_CHECK(!y.overlaps(table), op, ": '", y_name, "' overlaps 'table'");
   if (x.device().is_cpu()) {
     cpu::rope_rotate(y, x, table, pos_offset, inverse);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, x.device())) {
+    cuda::rope_rotate(y, x, table, pos_offset, inverse);
+#endif
   } else {
     no_backend(op, x.device());
   }
@@ -103,6 +110,10 @@ void rope_table(const Tensor& table, int64_t head_dim, double theta, const RopeS
   for (int64_t i = 0; i < head_dim / 2; ++i) freqs[size_t(i)] = frequency(i, head_dim, theta, scaling);
   if (table.device().is_cpu()) {
     cpu::rope_table(table, freqs.data());
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, table.device())) {
+    cuda::rope_table(table, freqs.data());
+#endif
   } else {
     no_backend(op, table.device());
   }

@@ -1,0 +1,18 @@
+// CUDA LayerNorm / RMSNorm (same contracts as backend/cpu/norm.h; see
+// ops/norm.h). Host-callable; no CUDA headers.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace zt::cuda {
+
+void norm_forward(bool rms, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                  const Tensor& w, const Tensor& b, float eps);
+void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& r_in, const Tensor& x, const Tensor& w, const Tensor& b, float eps);
+// dw/db accumulate deterministically: fixed row chunks write f32 partials,
+// a second kernel sums them in chunk order and adds with one rounding.
+void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add);
+
+}  // namespace zt::cuda

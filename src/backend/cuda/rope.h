@@ -1,0 +1,15 @@
+// CUDA rotary embedding (contracts: ops/rope.h). Host-callable; no CUDA headers.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace zt::cuda {
+
+// The (T_max, D/2, 2) cos/sin table, computed on the host in f64 exactly as
+// the CPU does and copied (bitwise equal tables on both backends).
+void rope_table(const Tensor& table, const double* freqs);
+void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse);
+
+}  // namespace zt::cuda
