@@ -5,6 +5,7 @@
 
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "ops/device.h"
 
 namespace zt::train {
 
@@ -13,7 +14,7 @@ namespace fs = std::filesystem;
 std::string save_model_file(const nn::Transformer& model, const Config& cfg) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const nn::ParamSet* s : model.param_sets())
-    for (size_t i = 0; i < s->size(); ++i) tensors.emplace_back(s->spec(i).name, s->param(i));
+    for (size_t i = 0; i < s->size(); ++i) tensors.emplace_back(s->spec(i).name, ops::to_device(s->param(i), Device::cpu()));  // host copy of a GPU model
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
   ckpt::write_safetensors(path, tensors, {{"format", "zettatron-model"}, {"arch", std::string(nn::arch_name(cfg.model.arch))}});
   return path;
@@ -44,7 +45,7 @@ LoadedModel load_model_file(const std::string& run_dir) {
                       ", config needs " + std::string(dtype_name(dst.dtype())) + dst.shape().str();
         continue;
       }
-      std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+      ops::copy(dst, src);  // to the model's device
     }
   ZT_CHECK(mismatches.empty(), weights_path.string(), " does not match ", cfg_path.string(), ":", mismatches);
   return out;
