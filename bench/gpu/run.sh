@@ -9,13 +9,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
-out=${OUT:-bench-gpu-out}
+out=$(realpath -m "${OUT:-bench-gpu-out}")
 mkdir -p "$out"
 bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 tail -3 "$out/build.log"
 export LD_LIBRARY_PATH=/tmp/zt-prefix/usr/lib/x86_64-linux-gnu/openblas-openmp:/tmp/zt-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if [ "$what" != bench ]; then
-  (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 > "../$out/gpu-tests.log" 2>&1)
+  (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 > "$out/gpu-tests.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
