@@ -1,0 +1,273 @@
+// Each CUDA op (besides matmul, which has its own file) against the CPU
+// backend on fresh random inputs: same inputs on both sides, GPU outputs
+// poisoned with NaN bytes first (an unwritten element fails), accumulated
+// outputs start from the same random values. Tolerances are relative in the
+// max norm: f32 1e-5 (summation order only), bf16 2e-2 (one bf16 rounding of
+// each output on each side, plus bf16 intermediates). The CPU kernels are
+// themselves checked against float64 references in tests/ops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda/cuda_test_util.h"
+#include "ops/activation.h"
+#include "ops/adamw.h"
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace zt::test {
+namespace {
+
+double tol(DType dt) { return dt == DType::f32 ? 1e-5 : 2e-2; }
+
+// GPU result vs CPU result.
+::testing::AssertionResult matches(const Tensor& gpu_out, const Tensor& cpu_out, double limit, const char* what) {
+  const double err = max_rel_error(to_host(gpu_out), to_f64(cpu_out));
+  if (err <= limit) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": relative error " << err << " > " << limit << " (seed "
+                                       << test_seed() << ")";
+}
+
+Tensor gpu_copy_of(const Tensor& host) { return to_gpu(host); }
+
+class CudaKernels : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(1);
+  for (auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm}) {
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 7}, {37, 768}, {300, 1000}, {5, 4099}}) {
+      const bool ln = kind == ops::NormKind::layernorm;
+      const Tensor x = random_tensor(Shape{N, C}, dt, rng), w = random_tensor(Shape{C}, dt, rng, 0.5, 1.5);
+      const Tensor b = ln ? random_tensor(Shape{C}, dt, rng) : Tensor();
+      const Tensor r_in = random_tensor(Shape{N, C}, dt, rng), dy = random_tensor(Shape{N, C}, dt, rng);
+      const Tensor dw0 = random_tensor(Shape{C}, DType::f32, rng), db0 = random_tensor(Shape{C}, DType::f32, rng);
+      // CPU.
+      Tensor y = Tensor::empty(Shape{N, C}, dt), r_out = Tensor::empty(Shape{N, C}, dt);
+      Tensor mean = ln ? Tensor::empty(Shape{N}, DType::f32) : Tensor(), rstd = Tensor::empty(Shape{N}, DType::f32);
+      ops::residual_norm_forward(kind, r_out, y, mean, rstd, r_in, x, w, b, 1e-5f);
+      Tensor dx = Tensor::empty(Shape{N, C}, dt), dw = to_host(gpu_copy_of(dw0)), db = ln ? to_host(gpu_copy_of(db0)) : Tensor();
+      ops::norm_backward(kind, dx, dw, db, dy, r_out, w, mean, rstd, r_in);
+      // GPU.
+      const Tensor gx = to_gpu(x), gw = to_gpu(w), gb = ln ? to_gpu(b) : Tensor(), gr_in = to_gpu(r_in), gdy = to_gpu(dy);
+      Tensor gy = gpu_poisoned(Shape{N, C}, dt), gr_out = gpu_poisoned(Shape{N, C}, dt);
+      Tensor gmean = ln ? gpu_poisoned(Shape{N}, DType::f32) : Tensor(), grstd = gpu_poisoned(Shape{N}, DType::f32);
+      ops::residual_norm_forward(kind, gr_out, gy, gmean, grstd, gr_in, gx, gw, gb, 1e-5f);
+      Tensor gdx = gpu_poisoned(Shape{N, C}, dt), gdw = to_gpu(dw0), gdb = ln ? to_gpu(db0) : Tensor();
+      ops::norm_backward(kind, gdx, gdw, gdb, gdy, gr_out, gw, gmean, grstd, gr_in);
+      EXPECT_TRUE(matches(gr_out, r_out, tol(dt), "r_out"));
+      EXPECT_TRUE(matches(gy, y, tol(dt), "y")) << N << "x" << C;
+      EXPECT_TRUE(matches(grstd, rstd, 1e-5, "rstd"));
+      // mean is a difference-prone f32 sum (values near 0 for small C): relative to its max, 1e-4.
+      if (ln) EXPECT_TRUE(matches(gmean, mean, 1e-4, "mean"));
+      EXPECT_TRUE(matches(gdx, dx, tol(dt), "dx")) << N << "x" << C;
+      EXPECT_TRUE(matches(gdw, dw, dt == DType::f32 ? 1e-5 : 2e-2, "dw"));
+      if (ln) EXPECT_TRUE(matches(gdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "db"));
+      // Deterministic dw: a second run from the same start gives the same bits.
+      Tensor gdw2 = to_gpu(dw0), gdx2 = gpu_poisoned(Shape{N, C}, dt);
+      ops::norm_backward(kind, gdx2, gdw2, Tensor(), gdy, gr_out, gw, gmean, grstd, Tensor());
+      Tensor gdw3 = to_gpu(dw0);
+      ops::norm_backward(kind, gdx2, gdw3, Tensor(), gdy, gr_out, gw, gmean, grstd, Tensor());
+      EXPECT_EQ(values_of(gdw2), values_of(gdw3));
+    }
+  }
+}
+
+TEST_P(CudaKernels, ActivationsForwardAndBackward) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(2);
+  const int64_t N = 33, H = 257;
+  const Tensor x = random_tensor(Shape{N, 2 * H}, dt, rng, -4, 4), dy2 = random_tensor(Shape{N, 2 * H}, dt, rng);
+  const Tensor dy = random_tensor(Shape{N, H}, dt, rng);
+  Tensor y = Tensor::empty(Shape{N, 2 * H}, dt), dx = Tensor::empty(Shape{N, 2 * H}, dt);
+  ops::gelu_forward(y, x);
+  ops::gelu_backward(dx, dy2, x);
+  Tensor gy = gpu_poisoned(Shape{N, 2 * H}, dt), gdx = gpu_poisoned(Shape{N, 2 * H}, dt);
+  ops::gelu_forward(gy, to_gpu(x));
+  ops::gelu_backward(gdx, to_gpu(dy2), to_gpu(x));
+  EXPECT_TRUE(matches(gy, y, tol(dt), "gelu y"));
+  EXPECT_TRUE(matches(gdx, dx, tol(dt), "gelu dx"));
+  Tensor s = Tensor::empty(Shape{N, H}, dt), ds = Tensor::empty(Shape{N, 2 * H}, dt);
+  ops::swiglu_forward(s, x);
+  ops::swiglu_backward(ds, dy, x);
+  Tensor gs = gpu_poisoned(Shape{N, H}, dt), gds = gpu_poisoned(Shape{N, 2 * H}, dt);
+  ops::swiglu_forward(gs, to_gpu(x));
+  ops::swiglu_backward(gds, to_gpu(dy), to_gpu(x));
+  EXPECT_TRUE(matches(gs, s, tol(dt), "swiglu y"));
+  EXPECT_TRUE(matches(gds, ds, tol(dt), "swiglu dx"));
+}
+
+TEST_P(CudaKernels, ElementwiseAndReductions) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(3);
+  const Tensor a = random_tensor(Shape{1001}, dt, rng), b = random_tensor(Shape{1001}, dt, rng);
+  Tensor out = Tensor::empty(Shape{1001}, dt), gout = gpu_poisoned(Shape{1001}, dt);
+  ops::add(out, a, b);
+  ops::add(gout, to_gpu(a), to_gpu(b));
+  EXPECT_TRUE(matches(gout, out, tol(dt), "add"));
+  ops::scale(out, a, -0.37f);
+  ops::scale(gout, to_gpu(a), -0.37f);
+  EXPECT_TRUE(matches(gout, out, tol(dt), "scale"));
+  Tensor y = random_tensor(Shape{1001}, DType::f32, rng), gy = to_gpu(y);
+  ops::axpy(y, 0.5f, a);
+  ops::axpy(gy, 0.5f, to_gpu(a));
+  EXPECT_TRUE(matches(gy, y, 1e-6, "axpy"));
+  for (DType to : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor c = Tensor::empty(Shape{1001}, to), gc = gpu_poisoned(Shape{1001}, to);
+    ops::cast(c, a);
+    ops::cast(gc, to_gpu(a));
+    EXPECT_EQ(values_of(gc), to_f64(c)) << "cast to " << dtype_name(to);  // both round to nearest even
+  }
+  const Tensor big = random_tensor(Shape{300001}, dt, rng);
+  const double ref = ops::sum_squares(big), got = ops::sum_squares(to_gpu(big));
+  EXPECT_NEAR(got / ref, 1.0, 1e-9);
+  EXPECT_EQ(got, ops::sum_squares(to_gpu(big))) << "sum of squares must be reproducible";
+  Generator g1(42, 7), g2(42, 7);
+  Tensor n = Tensor::empty(Shape{4097}, DType::f32), gn = gpu_poisoned(Shape{4097}, DType::f32);
+  ops::fill_normal(n, g1, 0.1f, 0.02f);
+  ops::fill_normal(gn, g2, 0.1f, 0.02f);
+  EXPECT_TRUE(matches(gn, n, 1e-5, "fill_normal"));
+  EXPECT_EQ(g1.offset(), g2.offset());
+  Tensor f = gpu_poisoned(Shape{77}, dt);
+  ops::fill(f, 1.0);
+  for (double v : values_of(f)) ASSERT_EQ(v, 1.0);
+}
+
+TEST_P(CudaKernels, EmbeddingWithRepeatedTokensIsDeterministic) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(4);
+  const int64_t B = 3, T = 50, V = 11, C = 130, Tmax = 64;
+  const Tensor tok = random_tokens(Shape{B, T}, V, rng);  // few ids: many repeats
+  const Tensor wte = random_tensor(Shape{V, C}, dt, rng), wpe = random_tensor(Shape{Tmax, C}, dt, rng);
+  Tensor out = Tensor::empty(Shape{B, T, C}, dt), gout = gpu_poisoned(Shape{B, T, C}, dt);
+  ops::embedding_forward(out, tok, wte, wpe, 5);
+  ops::embedding_forward(gout, to_gpu(tok), to_gpu(wte), to_gpu(wpe), 5);
+  EXPECT_TRUE(matches(gout, out, tol(dt), "embedding out"));
+  const Tensor dout = random_tensor(Shape{B, T, C}, dt, rng);
+  const Tensor dwte0 = random_tensor(Shape{V, C}, DType::f32, rng), dwpe0 = random_tensor(Shape{Tmax, C}, DType::f32, rng);
+  Tensor dwte = to_host(to_gpu(dwte0)), dwpe = to_host(to_gpu(dwpe0));
+  ops::embedding_backward(dwte, dwpe, dout, tok, 5);
+  Tensor gdwte = to_gpu(dwte0), gdwpe = to_gpu(dwpe0);
+  ops::embedding_backward(gdwte, gdwpe, to_gpu(dout), to_gpu(tok), 5);
+  EXPECT_TRUE(matches(gdwte, dwte, 1e-5, "dwte"));
+  EXPECT_TRUE(matches(gdwpe, dwpe, 1e-5, "dwpe"));
+  Tensor again = to_gpu(dwte0);
+  ops::embedding_backward(again, Tensor(), to_gpu(dout), to_gpu(tok), 5);
+  EXPECT_EQ(values_of(again), values_of(gdwte));
+  Tensor bad = tok;
+  bad.data<int32_t>()[17] = int32_t(V);
+  const std::string cpu_msg = error_of([&] { ops::embedding_forward(out, bad, wte, wpe, 5); });
+  const std::string gpu_msg = error_of([&] { ops::embedding_forward(gout, to_gpu(bad), to_gpu(wte), to_gpu(wpe), 5); });
+  EXPECT_EQ(gpu_msg, cpu_msg);
+}
+
+TEST_P(CudaKernels, RopeTableAndRotation) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(5);
+  const int64_t B = 2, T = 19, H = 3, D = 64, Tmax = 40;
+  ops::RopeScaling sc;
+  sc.enabled = true;
+  sc.original_max_position = 16;
+  Tensor table = Tensor::empty(Shape{Tmax, D / 2, 2}, DType::f32);
+  Tensor gtable = gpu_poisoned(Shape{Tmax, D / 2, 2}, DType::f32);
+  ops::rope_table(table, D, 500000.0, sc);
+  ops::rope_table(gtable, D, 500000.0, sc);
+  EXPECT_EQ(values_of(gtable), to_f64(table));
+  const Tensor x = random_tensor(Shape{B, T, H, D}, dt, rng);
+  Tensor y = Tensor::empty(x.shape(), dt);
+  ops::rope_forward(y, x, table, 3);
+  Tensor gx = to_gpu(x);
+  ops::rope_forward(gx, gx, gtable, 3);  // in place
+  EXPECT_TRUE(matches(gx, y, tol(dt), "rope"));
+  ops::rope_backward(gx, gx, gtable, 3);
+  EXPECT_TRUE(matches(gx, x, dt == DType::f32 ? 1e-5 : 2e-2, "rope inverse"));
+}
+
+TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(6);
+  for (auto [N, Vp, V] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 5}, {100, 1000, 997}, {64, 50304, 50257}}) {
+    const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
+    Tensor targets = random_tokens(Shape{N}, V, rng);
+    targets.data<int32_t>()[0] = -1;  // ignored row
+    Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, dt);
+    ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
+    Tensor gl = to_gpu(logits), glosses = gpu_poisoned(Shape{N}, DType::f32);
+    ops::softmax_cross_entropy(glosses, gl, gl, to_gpu(targets), V, 0.25f);  // in place
+    EXPECT_TRUE(matches(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses")) << Vp;
+    EXPECT_TRUE(matches(gl, d, tol(dt), "dlogits")) << Vp;
+  }
+}
+
+TEST_P(CudaKernels, AdamWMatchesTheCpu) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(7);
+  const int64_t n = 10007;
+  Tensor p = random_tensor(Shape{n}, DType::f32, rng), m = random_tensor(Shape{n}, DType::f32, rng, -0.01, 0.01);
+  Tensor v = random_tensor(Shape{n}, DType::f32, rng, 0, 1e-4), g = random_tensor(Shape{n}, dt, rng);
+  Tensor gp = to_gpu(p), gm = to_gpu(m), gv = to_gpu(v), gg = to_gpu(g);
+  Tensor copy = Tensor::empty(Shape{n}, DType::bf16), gcopy = gpu_poisoned(Shape{n}, DType::bf16);
+  ops::AdamWParams hp;
+  hp.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 3; ++step) {
+    hp.step = step;
+    ops::adamw_step(p, g, m, v, copy, hp);
+    ops::adamw_step(gp, gg, gm, gv, gcopy, hp);
+  }
+  EXPECT_TRUE(matches(gp, p, 1e-6, "master"));
+  EXPECT_TRUE(matches(gm, m, 1e-6, "m"));
+  EXPECT_TRUE(matches(gv, v, 1e-6, "v"));
+  EXPECT_TRUE(matches(gcopy, copy, 1e-2, "model copy"));
+}
+
+TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(8);
+  struct S { int64_t B, T, Hq, Hkv, D; };
+  for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128}}) {
+    const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
+    const Tensor k = random_tensor(Shape{s.B, s.T, s.Hkv, s.D}, dt, rng);
+    const Tensor v = random_tensor(Shape{s.B, s.T, s.Hkv, s.D}, dt, rng);
+    const Tensor dout = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
+    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty(Shape{s.B, s.Hq, s.T}, DType::f32);
+    ops::attention_forward(out, lse, q, k, v);
+    Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+    const Tensor gq = to_gpu(q), gk = to_gpu(k), gv = to_gpu(v);
+    Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
+    ops::attention_forward(gout, glse, gq, gk, gv);
+    Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
+    ops::attention_backward(gdq, gdk, gdv, to_gpu(dout), gq, gk, gv, gout, glse);
+    const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
+    EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;
+    EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
+    if (s.T == 1) {
+      // One key: softmax is 1, so dq = dk = 0 exactly (dP - delta = dout.v - dout.out = 0); the CPU's are
+      // rounding noise, so check the GPU's are zero to rounding instead of a relative error against noise.
+      for (const Tensor* t : {&gdq, &gdk})
+        for (double x : values_of(*t)) ASSERT_LE(std::fabs(x), 1e-5);
+    } else {
+      EXPECT_TRUE(matches(gdq, dq, lim, "dq")) << s.T << " " << s.D;
+      EXPECT_TRUE(matches(gdk, dk, lim, "dk")) << s.T << " " << s.D;
+    }
+    EXPECT_TRUE(matches(gdv, dv, lim, "dv")) << s.T << " " << s.D;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKernels, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace zt::test
