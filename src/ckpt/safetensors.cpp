@@ -20,6 +20,7 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "ckpt/durable_file.h"
 #include "core/error.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -174,7 +175,6 @@ std::string offsets_str(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // --- header rendering (shared by the writer and canonical()) ------------------
 
@@ -746,17 +746,6 @@ WritePlan plan_write(const std::string& where, const NamedTensors& tensors,
   return plan;
 }
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (w < 0 && errno == EINTR) continue;
-    ZT_CHECK(w > 0, path, ": write failed: ", w < 0 ? errno_text(errno) : std::string("no progress"),
-             " (disk full?)");
-    p += w;
-    n -= size_t(w);
-  }
-}
 
 }  // namespace
 
@@ -777,43 +766,18 @@ std::vector<uint8_t> safetensors_bytes(const NamedTensors& tensors, const std::m
   return out;
 }
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata, const SafetensorsWriteOptions& options) {
+FileDigest write_safetensors(const std::string& path, const NamedTensors& tensors,
+                             const std::map<std::string, std::string>& metadata,
+                             const SafetensorsWriteOptions& options) {
   const WritePlan plan = plan_write(path, tensors, metadata, options);
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ZT_CHECK(fd >= 0, path, ": cannot create ", tmp, ": ", errno_text(errno));
-  try {
-    const uint64_t n = plan.header.size();
-    write_all(fd, &n, 8, tmp);
-    write_all(fd, plan.header.data(), plan.header.size(), tmp);
-    for (const Tensor* t : plan.data)
-      if (t->nbytes()) write_all(fd, t->data_ptr(), t->nbytes(), tmp);
-    ZT_CHECK(::fsync(fd) == 0, tmp, ": fsync failed: ", errno_text(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ZT_FAIL(tmp, ": close failed: ", errno_text(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ZT_FAIL(path, ": cannot rename ", tmp, " into place: ", errno_text(err));
-  }
-  // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ZT_CHECK(dfd >= 0, path, ": cannot open the directory ", dir, " to fsync it: ", errno_text(errno));
-  const int rc = ::fsync(dfd);
-  const int err = errno;
-  ::close(dfd);
-  ZT_CHECK(rc == 0 || err == EINVAL, path, ": fsync of the directory ", dir, " failed: ", errno_text(err));
+  DurableWriter out(path);
+  const uint64_t n = plan.header.size();
+  out.write(&n, 8);
+  out.write(plan.header.data(), plan.header.size());
+  for (const Tensor* t : plan.data)
+    if (t->nbytes()) out.write(t->data_ptr(), t->nbytes());
+  out.commit();
+  return FileDigest{out.bytes(), out.checksum()};
 }
 
 }  // namespace zt::ckpt

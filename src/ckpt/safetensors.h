@@ -55,6 +55,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/durable_file.h"
 #include "core/tensor.h"
 
 namespace zt::ckpt {
@@ -159,13 +160,14 @@ class SafetensorsFile {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Writes CPU tensors to `path` atomically: the bytes go to path + ".tmp",
-// which is fsync'ed and renamed over `path`, then the directory is fsync'ed.
+// which is fsync'ed and renamed over `path`, then the directory is fsync'ed
+// (ckpt/durable_file.h). Returns the file's size and Checksum64.
 // Names must be distinct, valid UTF-8 and not "__metadata__"; metadata keys
 // and values must be valid UTF-8. Throws zt::Error naming the path and the
 // problem (the temporary file is removed on failure).
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata = {},
-                       const SafetensorsWriteOptions& options = {});
+FileDigest write_safetensors(const std::string& path, const NamedTensors& tensors,
+                             const std::map<std::string, std::string>& metadata = {},
+                             const SafetensorsWriteOptions& options = {});
 
 // The same bytes, in memory (for tests, fuzzing and small files).
 std::vector<uint8_t> safetensors_bytes(const NamedTensors& tensors,

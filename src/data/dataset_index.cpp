@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "data/hash.h"
+#include "core/hash.h"
 
 namespace zt::data {
 

@@ -7,7 +7,7 @@
 //        8     4  u32 format version (kShardVersion)
 //       12     4  u32 bytes per token: 2 (u16, vocabularies up to 65536) or 4 (u32)
 //       16     8  u64 token count
-//       24     8  u64 checksum of the token bytes (Checksum64, data/hash.h)
+//       24     8  u64 checksum of the token bytes (Checksum64, core/hash.h)
 //       32     4  u32 vocabulary size of the tokenizer that wrote it
 //       36     4  reserved, 0
 //       40     8  u64 documents: end-of-text tokens in this shard
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "data/hash.h"
+#include "core/hash.h"
 
 namespace zt::data {
 

@@ -17,7 +17,7 @@
 
 #include "core/error.h"
 #include "data/bpe.h"
-#include "data/hash.h"
+#include "core/hash.h"
 #include "data/unicode.h"
 
 namespace zt::data {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <gtest/gtest.h>
 
-#include "data/hash.h"
+#include "core/hash.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data_test_util.h"

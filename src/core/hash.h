@@ -1,5 +1,6 @@
-// Hashes for the data layer: a fast byte hash for hash tables and
-// fingerprints, and a streaming 64-bit checksum for token shards.
+// Hashes: a fast byte hash for hash tables and
+// fingerprints, and a streaming 64-bit checksum for token shards and
+// checkpoint files.
 //
 // Checksum64 ("zt64"): four 64-bit lanes, each absorbing every fourth
 // little-endian 8-byte word of the data as  lane = rotl(lane ^ w * K1, 27) * K2;
@@ -14,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-namespace zt::data {
+namespace zt {
 
 inline uint64_t mix64(uint64_t x) {
   x ^= x >> 30;
@@ -68,4 +69,4 @@ uint64_t checksum64(const void* data, size_t n);
 // "0123456789abcdef" (16 lowercase hex digits).
 std::string hex64(uint64_t v);
 
-}  // namespace zt::data
+}  // namespace zt

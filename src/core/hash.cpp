@@ -1,10 +1,10 @@
-#include "data/hash.h"
+#include "core/hash.h"
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 
-namespace zt::data {
+namespace zt {
 namespace {
 
 constexpr uint64_t kK1 = 0x87c37b91114253d5ull;
@@ -73,4 +73,4 @@ std::string hex64(uint64_t v) {
   return s;
 }
 
-}  // namespace zt::data
+}  // namespace zt
