@@ -450,6 +450,72 @@ INSTANTIATE_TEST_SUITE_P(
                                 false, false, false}),
     [](const auto& info) { return info.param.name; });
 
+// Buffers that are neither GPT-2's causal mask nor small cannot be recorded:
+// the export writes the files without them (and an index without them), and
+// the layout says the copy is not byte-identical. A header that is not in
+// the canonical form is reported the same way.
+TEST(HfFormat, LayoutSaysWhenBytesCannotBeReproduced) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(23);
+  const HfDirCase hc{"odd", nn::model_preset("gpt2-tiny"), true, true, true, false};
+  const fs::path dir = temp_dir("odd_buffers");
+  write_python_style_dir(dir / "in", hc, rng);
+  // Replace layer 1's causal mask with random values (64 x 64 f32: 16 KiB).
+  const std::string shard = json::parse(read_bytes(dir / "in" / "model.safetensors.index.json"))["weight_map"]
+                                ["transformer.h.1.attn.bias"];
+  {
+    ckpt::NamedTensors t;
+    std::map<std::string, std::string> meta;
+    {
+      const auto f = ckpt::SafetensorsFile::open((dir / "in" / shard).string());
+      meta = f.metadata();
+      for (const auto& [name, view] : f.tensors()) {
+        Tensor c = name == "transformer.h.1.attn.bias" ? test::random_tensor(view.shape(), DType::f32, rng)
+                                                       : Tensor::empty(view.shape(), view.dtype());
+        if (name != "transformer.h.1.attn.bias") std::memcpy(c.data_ptr(), view.data_ptr(), view.nbytes());
+        t.emplace_back(name, c);
+      }
+    }
+    ckpt::write_safetensors((dir / "in" / shard).string(), t, meta, {.hf_layout = true});
+  }
+  const HfModel m = read_hf_model((dir / "in").string());
+  EXPECT_FALSE(m.layout.at("byte_identical").get<bool>());
+  EXPECT_EQ(m.layout.at("dropped_buffers"), json::array({"transformer.h.1.attn.bias"}));
+  write_hf_model((dir / "out").string(), m.config, m.tensors, m.layout);
+  const json index = json::parse(read_bytes(dir / "out" / "model.safetensors.index.json"));
+  EXPECT_FALSE(index["weight_map"].contains("transformer.h.1.attn.bias"));
+  EXPECT_TRUE(index["weight_map"].contains("transformer.h.0.attn.bias"));
+  int64_t total = 0;
+  for (const char* f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    const auto sf = ckpt::SafetensorsFile::open((dir / "out" / f).string());
+    EXPECT_FALSE(sf.contains("transformer.h.1.attn.bias"));
+    for (const auto& [name, t] : sf.tensors()) total += int64_t(t.nbytes());
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  const HfModel again = read_hf_model((dir / "out").string());
+  for (size_t i = 0; i < m.tensors.size(); ++i)
+    EXPECT_EQ(std::memcmp(again.tensors[i].second.data_ptr(), m.tensors[i].second.data_ptr(),
+                          m.tensors[i].second.nbytes()),
+              0)
+        << m.tensors[i].first;
+
+  // A header with spaces after separators (valid, but not how Python writes it).
+  const fs::path single = dir / "single";
+  write_python_style_dir(single, HfDirCase{"single", nn::model_preset("gpt2-tiny"), false, false, false, false}, rng);
+  const std::string bytes = read_bytes(single / "model.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  std::string header = json::parse(bytes.substr(8, n)).dump(1);  // other whitespace, same content
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t n2 = header.size();
+  write_bytes(single / "model.safetensors",
+              std::string(reinterpret_cast<const char*>(&n2), 8) + header + bytes.substr(8 + n));
+  const HfModel ws = read_hf_model(single.string());
+  EXPECT_FALSE(ws.layout.at("files").at(0).at("canonical").get<bool>());
+  EXPECT_FALSE(ws.layout.at("byte_identical").get<bool>());
+  fs::remove_all(dir);
+}
+
 // --- bad input ------------------------------------------------------------------------
 
 // A small exported model to break: llama3-tiny (f32) or gpt2-tiny.
