@@ -55,8 +55,9 @@ struct HfModel {
 // records how to regenerate them.
 HfModel read_hf_model(const std::string& dir);
 
+// Used only when the layout is null (a layout fixes dtypes and files).
 struct HfExportOptions {
-  DType dtype = DType::f32;     // f32, bf16 or f16; used when the layout is null
+  DType dtype = DType::f32;     // f32, bf16 or f16
   int64_t max_shard_bytes = 0;  // 0: one file; else shards as save_pretrained cuts them
 };
 
