@@ -333,7 +333,6 @@ std::string python_config_text(const HfDirCase& hc) {
 std::set<std::string> write_python_style_dir(const fs::path& dir, const HfDirCase& hc, std::mt19937_64& rng) {
   fs::create_directories(dir);
   ckpt::NamedTensors all;
-  std::uniform_real_distribution<double> d(-0.5, 0.5);
   for (const auto& [name, shape] : hf_tensor_list(hc)) all.emplace_back(name, test::random_tensor(shape, DType::bf16, rng));
   if (hc.lm_head_copy) {
     const std::string wte = hc.cfg.arch == nn::Arch::gpt2 ? (hc.prefix ? "transformer.wte.weight" : "wte.weight")
