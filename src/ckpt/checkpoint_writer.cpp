@@ -26,13 +26,16 @@ namespace {
 constexpr const char* kStagingPrefix = ".tmp-";
 constexpr const char* kLatest = "latest";
 
-// Test-only fault injection: ZT_CKPT_FAILPOINT=before_commit kills the
-// process (SIGKILL, as a node failure would) after every file of a
-// checkpoint is written and fsync'ed but before the rename that commits it.
-void failpoint(const char* name) {
+// Test-only fault injection: ZT_CKPT_FAILPOINT=before_commit (or
+// before_commit:STEP, only for that step's checkpoint) kills the process with
+// SIGKILL, as a node failure would, after every file of a checkpoint is
+// written and fsync'ed but before the rename that commits it.
+void failpoint(const std::string& name, int64_t step) {
   const char* fp = std::getenv("ZT_CKPT_FAILPOINT");
-  if (fp && std::string(fp) == name) {
-    std::fprintf(stderr, "ZT_CKPT_FAILPOINT=%s: killing the process now\n", name);
+  if (!fp) return;
+  const std::string v = fp;
+  if (v == name || v == name + ":" + std::to_string(step)) {
+    std::fprintf(stderr, "ZT_CKPT_FAILPOINT=%s: killing the process while saving step %lld\n", fp, (long long)step);
     std::fflush(stderr);
     ::kill(::getpid(), SIGKILL);
   }
@@ -54,13 +57,25 @@ void remove_all_or_throw(const fs::path& p) {
 
 }  // namespace
 
-CheckpointWriter::CheckpointWriter(std::string root, int64_t step) : root_(std::move(root)) {
+CheckpointWriter::CheckpointWriter(std::string root, int64_t step)
+    : CheckpointWriter(root, (fs::path(root) / (kStagingPrefix + checkpoint_dir_name(step))).string(),
+                       (fs::path(root) / checkpoint_dir_name(step)).string(), step, true) {}
+
+std::unique_ptr<CheckpointWriter> CheckpointWriter::standalone(const std::string& dir, int64_t step) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "out/" -> "out"
+  const std::string root = p.has_parent_path() ? p.parent_path().string() : std::string(".");
+  const std::string staging = (fs::path(root) / (kStagingPrefix + p.filename().string())).string();
+  return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(root, staging, p.string(), step, false));
+}
+
+CheckpointWriter::CheckpointWriter(std::string root, std::string staging, std::string final_dir, int64_t step,
+                                   bool update_latest)
+    : root_(std::move(root)), staging_(std::move(staging)), final_(std::move(final_dir)),
+      update_latest_(update_latest) {
   ZT_CHECK(step >= 0, "checkpoint step must be >= 0, got ", step);
-  const std::string name = checkpoint_dir_name(step);
-  final_ = (fs::path(root_) / name).string();
-  staging_ = (fs::path(root_) / (kStagingPrefix + name)).string();
   ZT_CHECK(!fs::exists(final_), "the checkpoint ", final_,
-           " exists already and is never overwritten; resume from it (--resume), or move it away");
+           " exists already and is never overwritten; choose another step or path, or move it away");
   std::error_code ec;
   fs::create_directories(root_, ec);
   ZT_CHECK(!ec, "cannot create the checkpoint directory ", root_, ": ", ec.message());
@@ -127,13 +142,14 @@ std::string CheckpointWriter::commit() {
   std::snprintf(sum, sizeof sum, "%016" PRIx64 " %" PRIu64 " manifest.json\n", mw.checksum(), mw.bytes());
   write_file_durably((fs::path(staging_) / "manifest.zt64").string(), sum);
   fsync_directory(staging_);
-  failpoint("before_commit");
+  failpoint("before_commit", manifest_.step);
   std::error_code ec;
   fs::rename(staging_, final_, ec);
   ZT_CHECK(!ec, "cannot rename ", staging_, " to ", final_, ": ", ec.message());
   fsync_directory(root_);
   committed_ = true;
-  write_file_durably((fs::path(root_) / kLatest).string(), fs::path(final_).filename().string() + "\n");
+  if (update_latest_)
+    write_file_durably((fs::path(root_) / kLatest).string(), fs::path(final_).filename().string() + "\n");
   return final_;
 }
 

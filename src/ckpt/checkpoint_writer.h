@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -45,6 +46,9 @@ class CheckpointWriter {
   // Stages the checkpoint of `step` under `root` (created if missing).
   // Throws zt::Error when root/step_NNNNNNNN exists already.
   CheckpointWriter(std::string root, int64_t step);
+  // A checkpoint written straight to `dir` (staged in DIR.tmp-, renamed into
+  // place; no `latest` is touched): conversions and exports. Throws when dir exists.
+  static std::unique_ptr<CheckpointWriter> standalone(const std::string& dir, int64_t step);
   ~CheckpointWriter();  // without commit(): the staging directory is removed
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -64,8 +68,10 @@ class CheckpointWriter {
   const std::string& final_dir() const { return final_; }
 
  private:
+  CheckpointWriter(std::string root, std::string staging, std::string final_dir, int64_t step, bool update_latest);
   std::string root_, staging_, final_;
   Manifest manifest_;
+  bool update_latest_ = true;
   bool committed_ = false;
 };
 

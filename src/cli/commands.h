@@ -19,5 +19,6 @@ Command add_info_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
+Command add_convert_command(CLI::App& app);
 
 }  // namespace zt::cli

@@ -1,7 +1,9 @@
-// `zettatron train CONFIG [--set section.key=value]...`
+// `zettatron train CONFIG [--set section.key=value]... [--resume [PATH] | --init-from CKPT] [--stop-after STEP]`
 #include <iostream>
 
 #include "cli/commands.h"
+#include "core/error.h"
+#include "train/checkpointing.h"
 #include "train/data_source.h"
 #include "train/model_file.h"
 #include "train/trainer.h"
@@ -12,17 +14,48 @@ Command add_train_command(CLI::App& app) {
   struct Opts {
     std::string config;
     std::vector<std::string> overrides;
+    std::string resume;  // "" with --resume given: the run's latest checkpoint
+    std::string init_from;
+    int64_t stop_after = 0;
   };
   auto opts = std::make_shared<Opts>();
   Command c;
   c.app = app.add_subcommand("train", "Train a model from a TOML config");
   c.app->add_option("config", opts->config, "TOML config (see configs/)")->required()->check(CLI::ExistingFile);
   c.app->add_option("--set", opts->overrides, "Override a config value: section.key=value (repeatable)");
-  c.run = [opts] {
+  auto* resume = c.app
+                     ->add_option("--resume", opts->resume,
+                                  "Continue a run from a checkpoint: its latest (no value) or PATH (a checkpoint, "
+                                  "a checkpoints directory or a run directory)")
+                     ->expected(0, 1);
+  auto* init = c.app->add_option("--init-from", opts->init_from,
+                                 "Start from a checkpoint's weights (fine-tuning, or a model imported with "
+                                 "`zettatron convert --from-hf`); optimizer and data start fresh");
+  resume->excludes(init);
+  c.app->add_option("--stop-after", opts->stop_after,
+                    "Stop after this step, saving a checkpoint there (to end inside a job's time limit; continue "
+                    "with --resume)")
+      ->check(CLI::NonNegativeNumber);
+  c.run = [opts, resume] {
     const train::Config cfg = train::load_config(opts->config, opts->overrides);
+    // Find the checkpoint before building anything: a wrong path fails fast.
+    std::string resume_from;
+    if (resume->count() > 0) resume_from = train::resume_path(cfg, opts->resume);
+    ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
+             "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
+             opts->stop_after, ")");
     train::TrainingData data = train::open_training_data(cfg);
     train::Trainer trainer(cfg, std::move(data.train), std::move(data.val), std::move(data.codec));
-    trainer.run();
+    if (!resume_from.empty()) {
+      const std::string dir = train::restore_checkpoint(trainer, resume_from);
+      std::cout << "restored " << dir << " (step " << trainer.progress().steps_done << ")" << std::endl;
+    }
+    if (!opts->init_from.empty()) {
+      const std::string dir = train::init_weights_from_checkpoint(trainer, opts->init_from);
+      std::cout << "initial weights from " << dir << std::endl;
+    }
+    const train::TrainResult r = trainer.run(opts->stop_after);
+    if (r.steps < cfg.train.steps) return 0;  // stopped early: the checkpoint is the result
     const std::string path = train::save_model_file(trainer.model(), cfg);
     std::cout << "final weights: " << path << "\n"
               << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;

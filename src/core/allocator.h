@@ -30,7 +30,8 @@ namespace zt {
   X(optimizer)               \
   X(activations)             \
   X(comm)                    \
-  X(workspace)
+  X(workspace)               \
+  X(checkpoint)  // host copies of the training state for a background checkpoint write
 
 enum class MemCategory : uint8_t {
 #define ZT_X(name) name,

@@ -81,6 +81,11 @@ const std::vector<Field>& fields() {
       ZT_F("sample", "top_k", sample.top_k, "keep the k most likely tokens (0: all)"),
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
+      ZT_F("checkpoint", "every", checkpoint.every, "steps between checkpoints (0: none); the last step is saved too"),
+      ZT_F("checkpoint", "keep_last", checkpoint.keep_last, "checkpoints kept, newest first (0: all)"),
+      ZT_F("checkpoint", "keep_every", checkpoint.keep_every, "steps that are multiples of this are kept for good (0: none)"),
+      ZT_F("checkpoint", "async", checkpoint.async, "write in the background while training goes on"),
+      ZT_F("checkpoint", "dir", checkpoint.dir, "where checkpoints go (empty: RUN_DIR/checkpoints)"),
   };
   return f;
 }
@@ -213,8 +218,12 @@ std::vector<std::string> config_keys() {
   return keys;
 }
 
-Config parse_config(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides) {
+namespace {
+
+// check_all: Config::validate(); else only the model (a config stored in a
+// checkpoint, whose data and run settings may not apply here).
+Config parse_toml(const std::string& toml_text, const std::string& origin, const std::vector<std::string>& overrides,
+                  bool check_all) {
   toml::table tbl;
   try {
     tbl = toml::parse(toml_text, origin);
@@ -240,7 +249,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   for (auto&& [sec_key, sec_node] : tbl) {
     const std::string section(sec_key.str());
     if (std::find(sections.begin(), sections.end(), section) == sections.end())
-      ZT_FAIL(origin, ": unknown config section [", section, "]; valid sections: model, data, train, optim, sample, metrics");
+      ZT_FAIL(origin, ": unknown config section [", section, "]; valid sections: model, data, train, optim, sample, metrics, checkpoint");
     const toml::table* sec = sec_node.as_table();
     ZT_CHECK(sec != nullptr, origin, ": '", section, "' must be a table ([", section, "])");
     for (auto&& [key_node, value] : *sec) {
@@ -259,8 +268,22 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
   const toml::table* model_tbl = tbl["model"].as_table();
   if (c.model.arch == nn::Arch::gpt2 && !(model_tbl && model_tbl->contains("n_kv_head")))
     c.model.n_kv_head = c.model.n_head;
-  c.validate();
+  if (check_all)
+    c.validate();
+  else
+    c.model.validate();
   return c;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  return parse_toml(toml_text, origin, overrides, true);
+}
+
+Config parse_saved_config(const std::string& toml_text, const std::string& origin) {
+  return parse_toml(toml_text, origin, {}, false);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -368,6 +391,12 @@ void Config::validate() const {
   ZT_CHECK(sample.top_k >= 0 && sample.tokens >= 0 && sample.count >= 0,
            "sample.top_k, sample.tokens and sample.count must be >= 0");
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
+  ZT_CHECK(checkpoint.every >= 0 && checkpoint.keep_last >= 0 && checkpoint.keep_every >= 0,
+           "checkpoint.every, checkpoint.keep_last and checkpoint.keep_every must be >= 0 (0: off / keep all / none)");
+}
+
+std::string Config::checkpoint_dir() const {
+  return checkpoint.dir.empty() ? train.run_dir + "/checkpoints" : checkpoint.dir;
 }
 
 }  // namespace zt::train

@@ -11,6 +11,7 @@
 //   [optim]     AdamW and the LR schedule, clipping
 //   [sample]    text generation during training
 //   [metrics]   MFU reference
+//   [checkpoint] how often to save, what to keep, background writes
 #pragma once
 
 #include <cstdint>
@@ -72,6 +73,14 @@ struct MetricsSettings {
   double peak_gflops = 0;             // device peak for MFU; 0 = measure sgemm at startup (CPU)
 };
 
+struct CheckpointSettings {
+  int64_t every = 0;                  // steps between saves (0: none); the last step is saved too
+  int64_t keep_last = 3;              // newest checkpoints kept (0: all)
+  int64_t keep_every = 0;             // steps that are multiples of this are kept for good (0: none)
+  bool async = false;                 // copy to host at the step boundary, write in the background
+  std::string dir = "";               // empty: RUN_DIR/checkpoints
+};
+
 struct Config {
   std::string model_preset;           // the preset the model section started from
   nn::ModelConfig model;
@@ -80,6 +89,7 @@ struct Config {
   OptimSettings optim;
   SampleSettings sample;
   MetricsSettings metrics;
+  CheckpointSettings checkpoint;
 
   // Cross-field checks (batch divisibility, seq_len vs context, ...);
   // throws zt::Error with the fix.
@@ -89,6 +99,7 @@ struct Config {
   nn::Recompute recompute() const;
   optim::LrSchedule lr_schedule() const;
   optim::AdamWConfig adamw() const;
+  std::string checkpoint_dir() const;
 };
 
 // Reads a TOML file and applies `overrides` ("section.key=value", value in
@@ -97,6 +108,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // Parses TOML text (`origin` names it in errors).
 Config parse_config(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});
+// A configuration saved with a checkpoint: parsed like parse_config, but
+// only the model section is validated (data paths and run settings belong to
+// the run that wrote it).
+Config parse_saved_config(const std::string& toml_text, const std::string& origin);
 // The resolved configuration as TOML (every key, with the values in force).
 std::string to_toml(const Config& c);
 // All valid "section.key" names (for help and suggestions).

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "data/dataset_index.h"
 #include "data/loader.h"
+#include <nlohmann/json.hpp>
 #include "data/tokenizer.h"
 
 namespace zt::train {
@@ -16,6 +17,8 @@ class LoaderSource : public BatchSource {
   LoaderSource(std::unique_ptr<data::DataLoader> loader) : loader_(std::move(loader)) {}
   void next(const Tensor& inputs, const Tensor& targets) override { loader_->next_batch(inputs, targets); }
   void reset() override { loader_->reset(); }
+  nlohmann::json state() const override { return loader_->state(); }
+  void restore(const nlohmann::json& s) override { loader_->restore(s.get<data::LoaderState>()); }
 
  private:
   std::unique_ptr<data::DataLoader> loader_;

@@ -8,7 +8,8 @@
 
 namespace zt::train {
 
-MetricsLog::MetricsLog(const std::string& path) : out_(path, std::ios::out | std::ios::trunc) {
+MetricsLog::MetricsLog(const std::string& path, bool append)
+    : out_(path, std::ios::out | (append ? std::ios::app : std::ios::trunc)) {
   ZT_CHECK(out_.good(), "cannot write metrics file '", path, "'");
 }
 

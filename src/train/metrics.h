@@ -29,7 +29,8 @@ struct StepMetrics {
 // Appends one JSON object per line to run_dir/metrics.jsonl.
 class MetricsLog {
  public:
-  explicit MetricsLog(const std::string& path);
+  // append: keep the records already there (a resumed run).
+  explicit MetricsLog(const std::string& path, bool append = false);
   void write_step(const StepMetrics& m);
   void write_eval(int64_t step, double val_loss, int64_t val_tokens);
 

@@ -13,14 +13,24 @@
 #endif
 #include "core/error.h"
 #include "ops/device.h"
+#include "train/checkpointing.h"
 #include "train/generate.h"
 
 namespace zt::train {
+
+using nlohmann::json;
 
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
+
+json BatchSource::state() const {
+  ZT_FAIL("this data source cannot be saved in a checkpoint (it has no position to restore)");
+}
+void BatchSource::restore(const json&) {
+  ZT_FAIL("this data source cannot be restored from a checkpoint");
+}
 
 Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
                  std::unique_ptr<TextCodec> codec)
@@ -86,23 +96,24 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.lr = schedule_.at(step);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
-    ++bad_steps_;
-    if (bad_steps_ >= cfg_.train.max_bad_steps) {
+    ++progress_.bad_steps;
+    if (progress_.bad_steps >= cfg_.train.max_bad_steps) {
       ZT_FAIL("training stopped at step ", m.step, ": loss ", m.loss, ", grad norm ", m.grad_norm, " (not finite) for ",
-              bad_steps_, " consecutive step(s); last good values: step ", last_good_step_ + 1, ", loss ",
-              last_good_loss_, "; lower optim.lr, keep optim.grad_clip on, or check the data (train.max_bad_steps "
+              progress_.bad_steps, " consecutive step(s); last good values: step ", progress_.last_good_step + 1,
+              ", loss ", progress_.last_good_loss, "; lower optim.lr, keep optim.grad_clip on, or check the data (train.max_bad_steps "
               "sets how many such steps are skipped before stopping)");
     }
   } else {
-    bad_steps_ = 0;
-    last_good_loss_ = m.loss;
-    last_good_step_ = step;
+    progress_.bad_steps = 0;
+    progress_.last_good_loss = m.loss;
+    progress_.last_good_step = step;
     optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip));
   }
   m.optimizer_seconds = seconds_since(t_opt);
   m.step_seconds = seconds_since(t_step);
-  tokens_seen_ += m.tokens;
-  m.tokens_seen = tokens_seen_;
+  progress_.tokens_seen += m.tokens;
+  progress_.steps_done = step + 1;
+  m.tokens_seen = progress_.tokens_seen;
   m.tokens_per_second = double(m.tokens) / m.step_seconds;
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9);
   m.memory = allocator_for(model_->device()).stats();
@@ -140,25 +151,54 @@ std::string Trainer::sample(uint64_t seed) {
   return codec_->decode(out);
 }
 
-TrainResult Trainer::run() {
+namespace {
+
+// Keeps the records of metrics.jsonl up to `step` (a resumed run rewrites
+// what the interrupted run logged after its checkpoint).
+void truncate_metrics(const std::filesystem::path& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in.good()) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("step", int64_t(0)) <= step) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+
+}  // namespace
+
+TrainResult Trainer::run(int64_t stop_after) {
   namespace fs = std::filesystem;
   const fs::path run_dir(cfg_.train.run_dir);
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   ZT_CHECK(!ec, "cannot create run directory '", run_dir.string(), "': ", ec.message());
+  const int64_t first_step = progress_.steps_done;  // > 0 after a restored checkpoint
+  const bool resumed = first_step > 0;
+  check_no_future_checkpoints(cfg_, first_step);
   {
     std::ofstream cfg_out(run_dir / "config.toml");
     ZT_CHECK(cfg_out.good(), "cannot write ", (run_dir / "config.toml").string());
     cfg_out << "# Resolved configuration of this run (every key, with the values in force).\n" << to_toml(cfg_);
   }
-  std::ofstream log_file(run_dir / "train.log", std::ios::trunc);
+  std::ofstream log_file(run_dir / "train.log", resumed ? std::ios::app : std::ios::trunc);
   auto console = log;
   auto say = [&](const std::string& line) {
     console(line);
     log_file << line << "\n";
     log_file.flush();
   };
-  MetricsLog metrics((run_dir / "metrics.jsonl").string());
+  if (resumed) truncate_metrics(run_dir / "metrics.jsonl", first_step);
+  MetricsLog metrics((run_dir / "metrics.jsonl").string(), resumed);
+  std::unique_ptr<TrainCheckpointer> checkpointer;
+  if (cfg_.checkpoint.every > 0) checkpointer = std::make_unique<TrainCheckpointer>(cfg_);
+  auto save = [&](int64_t step) {
+    const std::string dir = checkpointer->save(*this);
+    say((cfg_.checkpoint.async ? "checkpoint step " + std::to_string(step) + ": writing in the background to "
+                               : "checkpoint step " + std::to_string(step) + ": saved to ") + dir);
+  };
 
   const nn::ModelConfig& mc = cfg_.model;
   char head[512];
@@ -179,10 +219,14 @@ TrainResult Trainer::run() {
                 (" (" + peak_source_ + ")").c_str());
   say(head);
   say("run directory: " + run_dir.string());
+  if (resumed)
+    say("resuming after step " + std::to_string(first_step) + " (" + std::to_string(progress_.tokens_seen) +
+        " tokens seen)");
 
   TrainResult result;
+  result.steps = first_step;
   const auto t_start = Clock::now();
-  for (int64_t step = 0; step < cfg_.train.steps; ++step) {
+  for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     StepMetrics m = train_step(step);
     m.elapsed_seconds = seconds_since(t_start);
     metrics.write_step(m);
@@ -192,6 +236,8 @@ TrainResult Trainer::run() {
     if (m.step % cfg_.train.log_every == 0 || m.step == cfg_.train.steps || m.skipped) say(format_step_line(m));
     for (auto& hook : step_hooks) hook(m);
     const bool last = m.step == cfg_.train.steps;
+    const bool stopping = stop_after > 0 && m.step >= stop_after && !last;
+    if (checkpointer && (m.step % cfg_.checkpoint.every == 0 || last || stopping)) save(m.step);
     if (val_ && cfg_.train.eval_every > 0 && (m.step % cfg_.train.eval_every == 0 || last)) {
       int64_t val_tokens = 0;
       const double val = evaluate(&val_tokens);
@@ -209,7 +255,13 @@ TrainResult Trainer::run() {
             sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s)));
       }
     }
+    if (stopping) {
+      say("stopping after step " + std::to_string(m.step) + " as asked (--stop-after)" +
+          (checkpointer ? "; continue with --resume" : "; checkpoint.every = 0, so nothing was saved"));
+      break;
+    }
   }
+  if (checkpointer) checkpointer->wait();  // a background write must finish (and its error surface) before exit
   say("done: " + std::to_string(result.steps) + " steps in " + std::to_string(int(seconds_since(t_start))) +
       "s; run directory: " + run_dir.string());
   say("memory by category (this process):\n" + format_mem_stats(allocator_for(model_->device()).stats()));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <span>
 #include <string>
@@ -26,6 +27,19 @@ class BatchSource {
   virtual void next(const Tensor& inputs, const Tensor& targets) = 0;
   // Back to the first batch (validation is read from the start at every evaluation).
   virtual void reset() = 0;
+  // The position in the stream, for checkpoints; restore() continues from it
+  // with identical batches. Sources that cannot do this throw zt::Error.
+  virtual nlohmann::json state() const;
+  virtual void restore(const nlohmann::json& state);
+};
+
+// How far training has come: what a checkpoint needs besides tensors.
+struct TrainProgress {
+  int64_t steps_done = 0;       // optimizer steps completed (including skipped ones)
+  int64_t tokens_seen = 0;
+  int64_t bad_steps = 0;        // consecutive non-finite steps so far
+  double last_good_loss = 0;
+  int64_t last_good_step = -1;  // 0-based
 };
 
 // Text <-> tokens for samples (from data::Tokenizer; optional).
@@ -48,9 +62,13 @@ class Trainer {
   Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
           std::unique_ptr<TextCodec> codec);
 
-  // Runs cfg.train.steps steps, logging to the console, run_dir/train.log and
-  // run_dir/metrics.jsonl. Throws zt::Error when training must stop.
-  TrainResult run();
+  // Runs steps progress().steps_done .. cfg.train.steps - 1 (all of them
+  // unless a checkpoint was restored), logging to the console,
+  // run_dir/train.log and run_dir/metrics.jsonl, saving checkpoints as
+  // [checkpoint] says. Stops early after step `stop_after` (1-based; 0: no),
+  // saving a checkpoint there when checkpoints are on. Throws zt::Error when
+  // training must stop.
+  TrainResult run(int64_t stop_after = 0);
 
   // One optimizer step (0-based step index): gradients of the global batch,
   // clipping, update. Public so tests can drive training step by step.
@@ -61,11 +79,16 @@ class Trainer {
   std::string sample(uint64_t seed);
 
   nn::Transformer& model() { return *model_; }
+  const nn::Transformer& model() const { return *model_; }
+  BatchSource& train_data() { return *train_; }
+  const TrainProgress& progress() const { return progress_; }
+  // For restoring a checkpoint (train/checkpointing.h).
+  void set_progress(const TrainProgress& p) { progress_ = p; }
   optim::AdamW& optimizer() { return *optimizer_; }
   const Config& config() const { return cfg_; }
   double peak_gflops() const { return peak_gflops_; }
 
-  // Called after every step (the checkpoint issue hooks saving in here).
+  // Called after every step.
   std::vector<std::function<void(const StepMetrics&)>> step_hooks;
   // Console output (default: stdout and run_dir/train.log).
   std::function<void(const std::string&)> log;
@@ -79,10 +102,7 @@ class Trainer {
   optim::LrSchedule schedule_;
   double peak_gflops_ = 0;
   std::string peak_source_;  // where peak_gflops_ came from, for the log
-  int64_t tokens_seen_ = 0;
-  int64_t bad_steps_ = 0;
-  double last_good_loss_ = 0;
-  int64_t last_good_step_ = -1;
+  TrainProgress progress_;
   Tensor inputs_, targets_;  // (micro_batch, T) i32
 };
 

@@ -1,0 +1,282 @@
+// Checkpoints of real training runs: a resumed run (in this process or a
+// fresh one) produces bit-identical losses, optimizer state and weights; a
+// crash in the middle of a save leaves the previous checkpoint as latest;
+// background saves write the same bytes; a trained model exported to Hugging
+// Face format gives PyTorch the same logits; mismatches are named.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint_reader.h"
+#include "ckpt/checkpoint_writer.h"
+#include "ckpt/safetensors.h"
+#include "core/error.h"
+#include "test_util.h"
+#include "train/checkpointing.h"
+#include "train/config.h"
+#include "train/data_source.h"
+#include "train/trainer.h"
+
+namespace zt::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kBin = std::string(ZT_BINARY_DIR) + "/bin/zettatron";
+
+// The fortunes corpus prepared once for the whole binary (GPT-2 tokens).
+class ResumeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fs::temp_directory_path() / ("zt_resume_" + std::to_string(::getpid())));
+    fs::remove_all(*root_);
+    fs::create_directories(*root_);
+    const std::string cmd = kBin + " prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes "
+                                   "--doc-split percent --val-fraction 0.05 --output " + (*root_ / "data").string() +
+                            " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ofstream(*root_ / "tiny.toml") << config_text("gpt2-tiny", "f32");
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+
+  static std::string config_text(const std::string& preset, const std::string& dtype) {
+    return "[model]\npreset = \"" + preset + "\"\nvocab_size = 50257\n"
+           "[data]\ndir = \"" + (*root_ / "data").string() + "\"\ntokenizer = \"\"\n"
+           "[train]\nseq_len = 32\nglobal_batch = 8\nmicro_batch = 4\nsteps = 6\ndtype = \"" + dtype + "\"\n"
+           "log_every = 100\n"
+           "[optim]\nlr = 3e-3\nwarmup_steps = 2\n[sample]\ncount = 0\n[metrics]\npeak_gflops = 1\n"
+           "[checkpoint]\nevery = 2\nkeep_last = 0\n";
+  }
+  static Config config(const std::string& preset, const std::string& dtype, const std::string& run,
+                       std::vector<std::string> more = {}) {
+    more.push_back("train.run_dir=" + (*root_ / run).string());
+    return parse_config(config_text(preset, dtype), "test", more);
+  }
+  static std::unique_ptr<Trainer> trainer(const Config& cfg) {
+    TrainingData data = open_training_data(cfg);
+    auto t = std::make_unique<Trainer>(cfg, std::move(data.train), std::move(data.val), nullptr);
+    t->log = [](const std::string&) {};
+    return t;
+  }
+  static std::string bytes(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static std::vector<double> logged_losses(const fs::path& run) {
+    std::vector<double> out;
+    std::ifstream in(run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  }
+  static int run_cli(const std::string& args, const std::string& env = "") {
+    const std::string cmd = env + " " + kBin + " " + args + " > /dev/null 2>&1";
+    return std::system(cmd.c_str());
+  }
+  static fs::path* root_;
+};
+fs::path* ResumeTest::root_ = nullptr;
+
+struct Variant {
+  const char* preset;
+  const char* dtype;
+};
+
+// 6 steps straight vs 3 steps, a new Trainer restored from the checkpoint,
+// 3 more: the same losses and the same checkpoint bytes (master weights,
+// both AdamW moments) at step 6, bit for bit.
+TEST_F(ResumeTest, RestoredTrainerContinuesBitForBit) {
+  for (const Variant v : {Variant{"gpt2-tiny", "f32"}, Variant{"llama3-tiny", "bf16"}}) {
+    SCOPED_TRACE(std::string(v.preset) + " " + v.dtype);
+    const std::string tag = std::string(v.preset) + "-" + v.dtype;
+    const Config straight_cfg = config(v.preset, v.dtype, "straight-" + tag);
+    const TrainResult straight = trainer(straight_cfg)->run();
+    ASSERT_EQ(straight.losses.size(), 6u);
+
+    const Config cfg = config(v.preset, v.dtype, "resumed-" + tag);
+    {
+      const TrainResult first = trainer(cfg)->run(3);
+      ASSERT_EQ(first.losses.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(first.losses[i], straight.losses[i]) << "step " << i + 1;
+    }
+    auto t = trainer(cfg);
+    const std::string from = restore_checkpoint(*t, resume_path(cfg, ""));
+    EXPECT_EQ(fs::path(from).filename(), "step_00000003");
+    EXPECT_EQ(t->progress().steps_done, 3);
+    EXPECT_EQ(t->progress().tokens_seen, 3 * 8 * 32);
+    EXPECT_EQ(t->optimizer().steps_taken(), 3);
+    const TrainResult second = t->run();
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], straight.losses[3 + i]) << "step " << 4 + i;
+    const fs::path a = fs::path(straight_cfg.checkpoint_dir()) / "step_00000006" / "shard-00000.safetensors";
+    const fs::path b = fs::path(cfg.checkpoint_dir()) / "step_00000006" / "shard-00000.safetensors";
+    EXPECT_TRUE(bytes(a) == bytes(b)) << "weights or optimizer state differ after resuming";
+    // metrics.jsonl holds each step once, as the straight run's does.
+    EXPECT_EQ(logged_losses(cfg.train.run_dir), logged_losses(straight_cfg.train.run_dir));
+  }
+}
+
+// Another micro-batch size (more accumulation steps) on resume: the same
+// rows make up each global batch, so the losses agree to rounding.
+TEST_F(ResumeTest, ResumeWithAnotherMicroBatchKeepsTheGlobalBatch) {
+  const Config straight_cfg = config("gpt2-tiny", "f32", "mb-straight");
+  const TrainResult straight = trainer(straight_cfg)->run();
+  const Config cfg = config("gpt2-tiny", "f32", "mb-resumed");
+  trainer(cfg)->run(2);
+  const Config cfg2 = config("gpt2-tiny", "f32", "mb-resumed", {"train.micro_batch=1"});
+  auto t = trainer(cfg2);
+  restore_checkpoint(*t, resume_path(cfg2, ""));
+  const TrainResult second = t->run();
+  ASSERT_EQ(second.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR(second.losses[i], straight.losses[2 + i], 1e-5 * std::fabs(straight.losses[2 + i])) << "step " << 3 + i;
+}
+
+// checkpoint.async: the state is copied at the step boundary and written in
+// the background; the files are the synchronous save's, byte for byte.
+TEST_F(ResumeTest, BackgroundSavesWriteTheSameBytes) {
+  const Config sync_cfg = config("gpt2-tiny", "f32", "sync");
+  const Config async_cfg = config("gpt2-tiny", "f32", "async", {"checkpoint.async=true"});
+  trainer(sync_cfg)->run();
+  trainer(async_cfg)->run();
+  const auto steps = ckpt::list_checkpoints(async_cfg.checkpoint_dir());
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6}));
+  for (int64_t s : steps) {
+    const std::string name = ckpt::checkpoint_dir_name(s);
+    EXPECT_TRUE(bytes(fs::path(sync_cfg.checkpoint_dir()) / name / "shard-00000.safetensors") ==
+                bytes(fs::path(async_cfg.checkpoint_dir()) / name / "shard-00000.safetensors"))
+        << name;
+  }
+}
+
+// The CLI in fresh processes: straight vs --stop-after + --resume, and a
+// process killed while committing a checkpoint.
+TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
+  const std::string cfg = (*root_ / "tiny.toml").string();
+  const fs::path a = *root_ / "cli-straight", b = *root_ / "cli-resumed", c = *root_ / "cli-crashed";
+  ASSERT_EQ(run_cli("train " + cfg + " --set train.run_dir=" + a.string()), 0);
+  ASSERT_EQ(run_cli("train " + cfg + " --set train.run_dir=" + b.string() + " --stop-after 3"), 0);
+  EXPECT_FALSE(fs::exists(b / "model.safetensors")) << "a stopped run has no final weights yet";
+  ASSERT_EQ(run_cli("train " + cfg + " --set train.run_dir=" + b.string() + " --resume"), 0);
+  const std::vector<double> losses = logged_losses(a);
+  ASSERT_EQ(losses.size(), 6u);
+  EXPECT_EQ(logged_losses(b), losses);
+  EXPECT_TRUE(bytes(a / "model.safetensors") == bytes(b / "model.safetensors")) << "final weights differ";
+
+  // Killed after the step-4 checkpoint's files are written, before its commit.
+  const int rc = run_cli("train " + cfg + " --set train.run_dir=" + c.string(), "ZT_CKPT_FAILPOINT=before_commit:4");
+  EXPECT_NE(rc, 0) << "the killed run reported success";
+  const fs::path ckdir = c / "checkpoints";
+  EXPECT_TRUE(fs::exists(ckdir / ".tmp-step_00000004")) << "the failpoint did not fire where expected";
+  EXPECT_FALSE(fs::exists(ckdir / "step_00000004"));
+  EXPECT_EQ(ckpt::latest_checkpoint(ckdir.string()), (ckdir / "step_00000002").string());
+  EXPECT_EQ(ckpt::list_checkpoints(ckdir.string()), std::vector<int64_t>{2});
+  ASSERT_EQ(run_cli("train " + cfg + " --set train.run_dir=" + c.string() + " --resume"), 0);
+  EXPECT_EQ(logged_losses(c), losses);
+  EXPECT_TRUE(bytes(a / "model.safetensors") == bytes(c / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(ckdir / ".tmp-step_00000004")) << "the next save should clear the crashed staging dir";
+
+  // Resuming with no checkpoint, or with a run that would overwrite later ones.
+  const fs::path d = *root_ / "cli-none";
+  EXPECT_NE(run_cli("train " + cfg + " --set train.run_dir=" + d.string() + " --resume"), 0);
+  try {
+    check_no_future_checkpoints(config("gpt2-tiny", "f32", "cli-straight"), 2);
+    ADD_FAILURE() << "no error for a run that would save over step 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step_00000004 exists"), std::string::npos) << e.what();
+  }
+}
+
+// A trained model, exported with `zettatron convert --to-hf`: PyTorch's
+// logits from the exported files equal Zettatron's (fp32); HF -> checkpoint
+// -> HF through the CLI is byte-identical.
+TEST_F(ResumeTest, ExportedTrainedModelMatchesPyTorchAndRoundTrips) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    SCOPED_TRACE(preset);
+    const Config cfg = config(preset, "f32", std::string("export-") + preset);
+    trainer(cfg)->run();
+    const fs::path hf = *root_ / (std::string("hf-") + preset);
+    ASSERT_EQ(run_cli("convert --to-hf " + cfg.train.run_dir + " --out " + hf.string()), 0);
+
+    const ModelCheckpoint ck = read_model_checkpoint(cfg.train.run_dir);
+    EXPECT_EQ(fs::path(ck.dir).filename(), "step_00000006");
+    nn::Transformer model(ck.config.model, DType::f32);
+    for (const auto& [name, t] : ck.tensors) std::memcpy(model.param(name).data_ptr(), t.data_ptr(), t.nbytes());
+    auto rng = test::make_rng(11);
+    const int64_t B = 2, T = 16, V = cfg.model.vocab_size, Vp = cfg.model.padded_vocab();
+    const Tensor tokens = test::random_tokens(Shape{B, T}, V, rng);
+    ckpt::write_safetensors((hf.string() + ".tokens"), {{"tokens", tokens}});
+    const std::string cmd = "cd " ZT_SOURCE_DIR "/tests/reference && /usr/bin/python3 hf_logits.py " + hf.string() +
+                            " " + hf.string() + ".tokens " + hf.string() + ".ref";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const auto ref_file = ckpt::SafetensorsFile::open(hf.string() + ".ref");
+    const Tensor ref = ref_file.tensor("logits");
+    Tensor logits = Tensor::empty(Shape{B, T, Vp}, DType::f32);
+    test::poison(logits);
+    model.logits(logits, tokens);
+    double num = 0, den = 0;
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t v = 0; v < V; ++v) {
+        const double g = logits.data<float>()[r * Vp + v], want = ref.data<float>()[r * V + v];
+        num = std::max(num, std::isfinite(g) ? std::fabs(g - want) : INFINITY);
+        den = std::max(den, std::fabs(want));
+      }
+    EXPECT_GT(den, 0.1);
+    EXPECT_LT(num / den, 1e-4) << "max |zettatron - pytorch| = " << num << ", max |logit| = " << den;
+
+    // HF (bf16, sharded) -> checkpoint -> HF: the same bytes in every file.
+    const fs::path hf16 = *root_ / (std::string("hf16-") + preset), imported = *root_ / (std::string("imp-") + preset),
+                   back = *root_ / (std::string("back-") + preset);
+    ASSERT_EQ(run_cli("convert --to-hf " + cfg.train.run_dir + " --out " + hf16.string() +
+                      " --dtype bf16 --max-shard-size 2MB"),
+              0);
+    ASSERT_TRUE(fs::exists(hf16 / "model.safetensors.index.json")) << "expected a sharded export";
+    ASSERT_EQ(run_cli("convert --from-hf " + hf16.string() + " --out " + imported.string()), 0);
+    ASSERT_EQ(run_cli("convert --to-hf " + imported.string() + " --out " + back.string()), 0);
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(hf16)) {
+      ++files;
+      EXPECT_TRUE(bytes(e.path()) == bytes(back / e.path().filename())) << e.path().filename() << " differs";
+    }
+    EXPECT_EQ(files, size_t(std::distance(fs::directory_iterator(back), fs::directory_iterator())));
+    // The imported checkpoint fine-tunes (--init-from) and cannot be resumed.
+    auto t = trainer(config(preset, "f32", std::string("finetune-") + preset));
+    EXPECT_NO_THROW(init_weights_from_checkpoint(*t, imported.string()));
+    EXPECT_THROW(restore_checkpoint(*t, imported.string()), Error);
+  }
+}
+
+TEST_F(ResumeTest, MismatchedModelIsRefusedWithEveryTensorNamed) {
+  const Config cfg = config("gpt2-tiny", "f32", "mismatch");
+  trainer(cfg)->run(2);
+  const Config other = config("gpt2-tiny", "f32", "mismatch", {"model.d_ff=96"});
+  auto t = trainer(other);
+  try {
+    restore_checkpoint(*t, resume_path(other, ""));
+    FAIL() << "no error for another model shape";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model.layers.0.mlp.in.weight: checkpoint (256, 64), model (96, 64)"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("optim.exp_avg.layers.1.mlp.out.weight"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace zt::train
