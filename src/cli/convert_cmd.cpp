@@ -69,6 +69,7 @@ Command add_convert_command(CLI::App& app) {
       train::HfModel hf = train::read_hf_model(opts->from_hf);
       train::Config cfg;
       cfg.model = hf.config;
+      cfg.data.tokenizer = hf.config.arch == nn::Arch::llama3 ? "llama3" : "gpt2";  // for `generate`
       cfg.train.seq_len = std::min<int64_t>(cfg.train.seq_len, hf.config.max_seq_len);
       train::write_model_checkpoint(opts->out, cfg, hf.tensors,
                                     {{"source", "huggingface"}, {"hf_dir", opts->from_hf}, {"hf_layout", hf.layout}});

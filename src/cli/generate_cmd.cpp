@@ -13,6 +13,7 @@ Command add_generate_command(CLI::App& app) {
   struct Opts {
     std::string checkpoint;
     std::string prompt;
+    std::string tokenizer;
     int64_t tokens = 64;
     double temperature = 0.8;
     int64_t top_k = 40;
@@ -22,8 +23,10 @@ Command add_generate_command(CLI::App& app) {
   auto opts = std::make_shared<Opts>();
   Command c;
   c.app = app.add_subcommand("generate", "Sample text from a trained model");
-  c.app->add_option("--checkpoint", opts->checkpoint, "Run directory (holds config.toml and model.safetensors)")
+  c.app->add_option("--checkpoint", opts->checkpoint,
+                    "Run directory (config.toml + model.safetensors, or its latest checkpoint) or a checkpoint")
       ->required();
+  c.app->add_option("--tokenizer", opts->tokenizer, "gpt2, llama3 or a tokenizer file (default: the run's)");
   c.app->add_option("--prompt", opts->prompt, "Prompt text (default: the end-of-text token)");
   c.app->add_option("--tokens", opts->tokens, "Tokens to generate")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   c.app->add_option("--temperature", opts->temperature, "Softmax temperature")->check(CLI::PositiveNumber);
@@ -32,7 +35,7 @@ Command add_generate_command(CLI::App& app) {
   c.app->add_option("--count", opts->count, "Number of samples");
   c.run = [opts] {
     train::LoadedModel loaded = train::load_model_file(opts->checkpoint);
-    std::unique_ptr<train::TextCodec> codec = train::open_codec(loaded.config.data.tokenizer);
+    std::unique_ptr<train::TextCodec> codec = train::open_codec(opts->tokenizer.empty() ? loaded.config.data.tokenizer : opts->tokenizer);
     std::vector<uint32_t> prompt =
         opts->prompt.empty() ? std::vector<uint32_t>{codec->eot_token} : codec->encode(opts->prompt);
     for (int64_t i = 0; i < opts->count; ++i) {

@@ -6,6 +6,7 @@
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "ops/device.h"
+#include "train/checkpointing.h"
 
 namespace zt::train {
 
@@ -23,6 +24,24 @@ std::string save_model_file(const nn::Transformer& model, const Config& cfg) {
 LoadedModel load_model_file(const std::string& run_dir) {
   const fs::path dir(run_dir);
   const fs::path cfg_path = dir / "config.toml", weights_path = dir / "model.safetensors";
+  if (!fs::exists(weights_path) && (fs::exists(dir / "manifest.json") || fs::exists(dir / "latest") ||
+                                    fs::exists(dir / "checkpoints" / "latest"))) {
+    // A checkpoint, or a run that has checkpoints but no final weights (yet).
+    ModelCheckpoint ck = read_model_checkpoint(run_dir);
+    LoadedModel out;
+    out.config = ck.config;
+    out.model = std::make_unique<nn::Transformer>(out.config.model, DType::f32);
+    std::string mismatches;
+    for (const auto& [name, t] : ck.tensors) {
+      const Tensor dst = out.model->param(name);
+      if (dst.shape() != t.shape())
+        mismatches += "\n  " + name + ": checkpoint " + t.shape().str() + ", config " + dst.shape().str();
+      else
+        ops::copy(dst, t);
+    }
+    ZT_CHECK(mismatches.empty(), ck.dir, " does not match its own config:", mismatches);
+    return out;
+  }
   ZT_CHECK(fs::exists(cfg_path), "'", run_dir, "' has no config.toml: pass the run directory of a finished run");
   ZT_CHECK(fs::exists(weights_path), "'", run_dir,
            "' has no model.safetensors: the run did not finish (the trainer writes it at the end)");

@@ -21,7 +21,9 @@ struct LoadedModel {
   std::unique_ptr<nn::Transformer> model;
 };
 // Reads DIR/config.toml and DIR/model.safetensors; errors name the missing
-// file or the tensors whose shapes do not match the config.
+// file or the tensors whose shapes do not match the config. Without
+// model.safetensors, DIR may be a checkpoint (or a run with checkpoints):
+// the weights (f32 masters) and config come from it.
 LoadedModel load_model_file(const std::string& run_dir);
 
 }  // namespace zt::train

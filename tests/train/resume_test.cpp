@@ -192,6 +192,19 @@ TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
   EXPECT_TRUE(bytes(a / "model.safetensors") == bytes(c / "model.safetensors"));
   EXPECT_FALSE(fs::exists(ckdir / ".tmp-step_00000004")) << "the next save should clear the crashed staging dir";
 
+  // The same crash while a background write (checkpoint.async) commits.
+  const fs::path e = *root_ / "cli-crashed-async";
+  EXPECT_NE(run_cli("train " + cfg + " --set checkpoint.async=true --set train.run_dir=" + e.string(),
+                    "ZT_CKPT_FAILPOINT=before_commit:4"),
+            0);
+  EXPECT_EQ(ckpt::latest_checkpoint((e / "checkpoints").string()), (e / "checkpoints" / "step_00000002").string());
+  EXPECT_EQ(ckpt::list_checkpoints((e / "checkpoints").string()), std::vector<int64_t>{2});
+
+  // `generate` reads a run that stopped early from its latest checkpoint.
+  EXPECT_EQ(run_cli("generate --checkpoint " + (*root_ / "cli-crashed-async").string() +
+                    " --tokenizer gpt2 --tokens 4 --prompt hello"),
+            0);
+
   // Resuming with no checkpoint, or with a run that would overwrite later ones.
   const fs::path d = *root_ / "cli-none";
   EXPECT_NE(run_cli("train " + cfg + " --set train.run_dir=" + d.string() + " --resume"), 0);
