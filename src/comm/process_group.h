@@ -1,0 +1,117 @@
+// ProcessGroup: the collectives every parallel dimension is built on.
+//
+// A group is an ordered set of processes (ranks 0..size-1 within it). Every
+// operation is asynchronous: it returns a Work handle at once and runs on the
+// group's communication thread, in the order the operations were issued.
+// Collectives must be issued in the same order on every member (the MPI
+// rule). A blocking call is op(...)->wait().
+//
+// Tensors are contiguous host tensors for the MPI and solo backends (GPU
+// tensors go through NCCL's backend behind this interface later). Reductions
+// take f32, f64, i32 or i64 (and bf16, reduced in f32); data movement
+// (gather, broadcast, send/recv, all-to-all) takes any dtype. The caller
+// keeps the tensors alive and untouched until the Work completes.
+//
+// Watchdog: an operation in flight for longer than the group's timeout is a
+// fatal error on that rank: it prints which operation, group, step and how
+// long, then ends the process with a non-zero status (a collective stuck in
+// MPI cannot be cancelled), so the launcher tears the job down instead of
+// hanging.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace zt::comm {
+
+enum class ReduceOp { sum, max, min };
+
+// A pending operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // True once the operation has completed (never blocks); rethrows its error.
+  virtual bool test() = 0;
+  // Blocks until the operation completes; rethrows its error.
+  virtual void wait() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// Counters for metrics (per group, cumulative; reset by the caller).
+struct CommStats {
+  int64_t ops = 0;
+  int64_t bytes_sent = 0;       // payload bytes this rank sent (algorithm-independent estimate, see below)
+  double busy_seconds = 0;      // time operations were in flight on the comm thread
+  double wait_seconds = 0;      // time callers spent blocked in wait(): the communication not hidden
+};
+// bytes_sent per operation (n = payload bytes, p = group size), the
+// bandwidth-optimal (ring) volumes: all_reduce 2 n (p-1)/p, reduce_scatter
+// and all_gather n (p-1)/p of the full buffer, broadcast n (root) / 0,
+// send n, all_to_all n (p-1)/p.
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }   // "world", "dp", "tp", ...
+  // World ranks of the members, in group order (for messages and the mesh).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
+  // t <- op over all members' t (in place).
+  virtual WorkHandle all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
+  // in: size() equal blocks of out.numel(); rank r's out <- op over members of block r.
+  virtual WorkHandle reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) = 0;
+  // out: size() blocks of in.numel(); block r <- rank r's in.
+  virtual WorkHandle all_gather(const Tensor& out, const Tensor& in) = 0;
+  virtual WorkHandle broadcast(const Tensor& t, int root) = 0;
+  virtual WorkHandle send(const Tensor& t, int dst, int tag = 0) = 0;
+  virtual WorkHandle recv(const Tensor& t, int src, int tag = 0) = 0;
+  // in and out: size() equal blocks; out block r <- rank r's in block (this rank).
+  virtual WorkHandle all_to_all(const Tensor& out, const Tensor& in) = 0;
+  // Element counts per peer (size() entries each); blocks are packed in rank order.
+  virtual WorkHandle all_to_allv(const Tensor& out, std::span<const int64_t> out_counts, const Tensor& in,
+                                 std::span<const int64_t> in_counts) = 0;
+  virtual WorkHandle barrier() = 0;
+
+  // Collective over this group (MPI_Comm_split semantics): members with the
+  // same color form a new group, ordered by key (then by rank).
+  virtual std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
+
+  CommStats& stats() { return stats_; }
+
+ protected:
+  int rank_ = 0, size_ = 1;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  CommStats stats_;
+};
+
+struct CommOptions {
+  std::string backend = "auto";  // auto (mpi when launched by mpirun/srun, else solo) | solo | mpi
+  double timeout_seconds = 600;  // watchdog
+};
+
+struct WorldInfo {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;  // on this node (device selection)
+  std::string backend;                 // "solo" | "mpi"
+};
+
+// The world group (initialises MPI on first use when the backend is mpi;
+// MPI is finalised at exit). Calling it again returns the same group.
+ProcessGroup& world(const CommOptions& options = {});
+WorldInfo world_info();
+// A group of one process (no communication; every operation completes at
+// once, all_reduce is the identity), e.g. for a parallel dimension of size 1.
+std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name);
+// The step training is at, for watchdog messages (set by the trainer).
+void set_current_step(int64_t step);
+
+}  // namespace zt::comm
