@@ -69,6 +69,18 @@ std::unique_ptr<CheckpointWriter> CheckpointWriter::standalone(const std::string
   return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(root, staging, p.string(), step, false));
 }
 
+std::unique_ptr<CheckpointWriter> CheckpointWriter::join(const std::string& root, int64_t step) {
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
+  w->root_ = root;
+  w->staging_ = (fs::path(root) / (kStagingPrefix + checkpoint_dir_name(step))).string();
+  w->final_ = (fs::path(root) / checkpoint_dir_name(step)).string();
+  w->joined_ = true;
+  w->manifest_.step = step;
+  ZT_CHECK(fs::is_directory(w->staging_), "checkpoint of step ", step, ": the staging directory ", w->staging_,
+           " does not exist (the main rank creates it first; is ", root, " on a filesystem every rank shares?)");
+  return w;
+}
+
 CheckpointWriter::CheckpointWriter(std::string root, std::string staging, std::string final_dir, int64_t step,
                                    bool update_latest)
     : root_(std::move(root)), staging_(std::move(staging)), final_(std::move(final_dir)),
@@ -86,7 +98,7 @@ CheckpointWriter::CheckpointWriter(std::string root, std::string staging, std::s
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (!committed_) {
+  if (!committed_ && !joined_) {
     std::error_code ec;
     fs::remove_all(staging_, ec);  // best effort; the next save removes it otherwise
   }
@@ -133,6 +145,7 @@ void CheckpointWriter::write_file(const std::string& file, const std::vector<Sli
 
 std::string CheckpointWriter::commit() {
   ZT_CHECK(!committed_, "commit twice");
+  ZT_ASSERT(!joined_, "only the rank that staged a checkpoint commits it");
   manifest_.validate(staging_ + "/manifest.json");
   const std::string text = manifest_.to_json().dump(1) + "\n";
   DurableWriter mw((fs::path(staging_) / "manifest.json").string());

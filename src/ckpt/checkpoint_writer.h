@@ -49,6 +49,11 @@ class CheckpointWriter {
   // A checkpoint written straight to `dir` (staged in DIR.tmp-, renamed into
   // place; no `latest` is touched): conversions and exports. Throws when dir exists.
   static std::unique_ptr<CheckpointWriter> standalone(const std::string& dir, int64_t step);
+  // Another rank's view of a checkpoint being staged by the main rank (which
+  // constructed it first): write_file() into the same staging directory,
+  // then hand manifest().part_json() to the main rank, which merges it
+  // (Manifest::merge_part) and commits. Never removes or commits anything.
+  static std::unique_ptr<CheckpointWriter> join(const std::string& root, int64_t step);
   ~CheckpointWriter();  // without commit(): the staging directory is removed
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -68,10 +73,12 @@ class CheckpointWriter {
   const std::string& final_dir() const { return final_; }
 
  private:
+  CheckpointWriter() = default;
   CheckpointWriter(std::string root, std::string staging, std::string final_dir, int64_t step, bool update_latest);
   std::string root_, staging_, final_;
   Manifest manifest_;
   bool update_latest_ = true;
+  bool joined_ = false;
   bool committed_ = false;
 };
 

@@ -68,6 +68,58 @@ int64_t overlap(const TensorSlice& a, const TensorSlice& b) {
 
 }  // namespace
 
+namespace {
+
+void boxes_rec(const Shape& s, int dim, int64_t a, int64_t b, std::vector<int64_t>& prefix,
+               std::vector<std::pair<std::vector<int64_t>, Shape>>& out) {
+  if (a >= b) return;
+  const int nd = s.ndim();
+  const int64_t inner = s.prod(dim + 1, nd);
+  auto push = [&](int64_t first, int64_t count) {  // [first, first + count) along dim, whole below
+    std::vector<int64_t> start = prefix;
+    Shape extent;
+    for (size_t i = 0; i < prefix.size(); ++i) extent.push_back(1);
+    start.push_back(first);
+    extent.push_back(count);
+    for (int d = dim + 1; d < nd; ++d) {
+      start.push_back(0);
+      extent.push_back(s[d]);
+    }
+    out.emplace_back(std::move(start), extent);
+  };
+  const int64_t first = a / inner, last = (b - 1) / inner;  // indices along dim touched
+  if (a % inner == 0 && b % inner == 0) return push(first, b / inner - first);
+  auto partial = [&](int64_t index, int64_t lo, int64_t hi) {  // part of one sub-tensor
+    prefix.push_back(index);
+    boxes_rec(s, dim + 1, lo, hi, prefix, out);
+    prefix.pop_back();
+  };
+  if (first == last) return partial(first, a - first * inner, b - first * inner);
+  int64_t full_begin = first, full_end = last + 1;
+  if (a % inner != 0) {
+    partial(first, a - first * inner, inner);
+    full_begin = first + 1;
+  }
+  if (b % inner != 0) full_end = last;
+  if (full_end > full_begin) push(full_begin, full_end - full_begin);
+  if (b % inner != 0) partial(last, 0, b - last * inner);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::vector<int64_t>, Shape>> flat_range_boxes(const Shape& shape, int64_t begin, int64_t end) {
+  ZT_ASSERT(0 <= begin && begin <= end && end <= shape.numel(), "flat range [", begin, ", ", end, ") of ",
+            shape.str());
+  std::vector<std::pair<std::vector<int64_t>, Shape>> out;
+  if (shape.ndim() == 0) {
+    if (end > begin) out.emplace_back(std::vector<int64_t>{}, Shape{});
+    return out;
+  }
+  std::vector<int64_t> prefix;
+  boxes_rec(shape, 0, begin, end, prefix, out);
+  return out;
+}
+
 std::string checkpoint_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", (long long)step);
@@ -90,6 +142,13 @@ json Manifest::to_json() const {
           {"state", state}, {"tensors", t}, {"files", f}};
 }
 
+json Manifest::part_json() const {
+  const json full = to_json();
+  return {{"tensors", full["tensors"]}, {"files", full["files"]}};
+}
+
+void Manifest::merge_part(const json& part, const std::string& where) { add_entries(part, where); }
+
 Manifest Manifest::from_json(const json& j, const std::string& where) {
   ZT_CHECK(j.is_object(), where, ": not a JSON object");
   const std::string format = str_field(j, "format", where);
@@ -103,17 +162,40 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   m.config = str_field(j, "config", where);
   m.layout = field(j, "layout", where);
   m.state = field(j, "state", where);
+  m.add_entries(j, where);
+  m.validate(where);
+  return m;
+}
+
+void Manifest::add_entries(const json& j, const std::string& where) {
+  const json& f = field(j, "files", where);
+  ZT_CHECK(f.is_object(), where, ": 'files' must be an object");
+  for (const auto& [name, e] : f.items()) {
+    const std::string w = where + ": file '" + name + "'";
+    FileEntry fe;
+    const int64_t bytes = int_field(e, "bytes", w);
+    ZT_CHECK(bytes >= 0, w, ": negative size");
+    fe.bytes = uint64_t(bytes);
+    fe.checksum = parse_hex(str_field(e, "checksum", w), w);
+    ZT_CHECK(files.emplace(name, fe).second, w, " is listed twice (two ranks wrote it?)");
+  }
   const json& t = field(j, "tensors", where);
   ZT_CHECK(t.is_object(), where, ": 'tensors' must be an object");
   for (const auto& [name, e] : t.items()) {
     const std::string w = where + ": tensor '" + name + "'";
-    TensorEntry entry;
     const std::string dt = str_field(e, "dtype", w);
     const auto dtype = dtype_from_safetensors(dt);
     ZT_CHECK(dtype.has_value(), w, ": unknown dtype '", dt, "'");
-    entry.dtype = *dtype;
-    const auto shape = ints(field(e, "shape", w), "shape", w);
-    entry.shape = Shape(shape.begin(), shape.end());
+    const auto shape_v = ints(field(e, "shape", w), "shape", w);
+    const Shape shape(shape_v.begin(), shape_v.end());
+    auto [it, fresh] = tensors.try_emplace(name);
+    TensorEntry& entry = it->second;
+    if (fresh) {
+      entry.dtype = *dtype;
+      entry.shape = shape;
+    }
+    ZT_CHECK(entry.dtype == *dtype && entry.shape == shape, w, ": parts disagree on its dtype or shape (",
+             dtype_name(entry.dtype), entry.shape.str(), " vs ", dt, shape.str(), ")");
     const json& slices = field(e, "slices", w);
     ZT_CHECK(slices.is_array(), w, ": 'slices' must be an array");
     for (const json& s : slices) {
@@ -125,21 +207,7 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       slice.shape = Shape(sh.begin(), sh.end());
       entry.slices.push_back(std::move(slice));
     }
-    m.tensors.emplace(name, std::move(entry));
   }
-  const json& f = field(j, "files", where);
-  ZT_CHECK(f.is_object(), where, ": 'files' must be an object");
-  for (const auto& [name, e] : f.items()) {
-    const std::string w = where + ": file '" + name + "'";
-    FileEntry fe;
-    const int64_t bytes = int_field(e, "bytes", w);
-    ZT_CHECK(bytes >= 0, w, ": negative size");
-    fe.bytes = uint64_t(bytes);
-    fe.checksum = parse_hex(str_field(e, "checksum", w), w);
-    m.files.emplace(name, fe);
-  }
-  m.validate(where);
-  return m;
 }
 
 void Manifest::validate(const std::string& where) const {

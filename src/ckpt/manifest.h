@@ -66,7 +66,22 @@ struct Manifest {
   // exactly, every file named by a slice listed in `files`. Throws zt::Error
   // naming `where`, the tensor and the problem.
   void validate(const std::string& where) const;
+
+  // The tensors and files alone (what one rank wrote), and adding another
+  // rank's part: the slices of a tensor from every rank together tile it.
+  nlohmann::json part_json() const;
+  void merge_part(const nlohmann::json& part, const std::string& where);
+
+ private:
+  // Adds the "tensors" and "files" of j (slices appended to existing entries).
+  void add_entries(const nlohmann::json& j, const std::string& where);
 };
+
+// The boxes that make up elements [begin, end) of a row-major tensor of
+// `shape`, in flat order: each box is also a contiguous run of the flat
+// range, so a flat shard (ZeRO) is stored as at most 2 ndim - 1 boxes of the
+// global tensor. Pairs of (start, extent).
+std::vector<std::pair<std::vector<int64_t>, Shape>> flat_range_boxes(const Shape& shape, int64_t begin, int64_t end);
 
 // "step_00000100": the directory name of the checkpoint of `step`.
 std::string checkpoint_dir_name(int64_t step);

@@ -370,3 +370,66 @@ TEST(BackgroundWriter, RunsJobsInOrderAndReportsErrors) {
 
 }  // namespace
 }  // namespace zt::ckpt
+
+namespace zt::ckpt {
+namespace {
+
+// Every flat range of several shapes: the boxes are in flat order, each a
+// contiguous run, and together exactly the range.
+TEST(FlatRangeBoxes, TileAnyFlatRangeInOrder) {
+  for (const Shape& s : {Shape{7}, Shape{4, 5}, Shape{3, 4, 5}, Shape{2, 1, 3, 2}, Shape{1, 6}}) {
+    const int64_t n = s.numel();
+    for (int64_t a = 0; a <= n; ++a)
+      for (int64_t b = a; b <= n; ++b) {
+        const auto boxes = flat_range_boxes(s, a, b);
+        int64_t next = a;
+        for (const auto& [start, extent] : boxes) {
+          ASSERT_EQ(start.size(), size_t(s.ndim()));
+          // The box's first element is the next flat index, and the box is
+          // contiguous: only its outermost non-unit dim may be partial.
+          int64_t flat = 0;
+          for (int d = 0; d < s.ndim(); ++d) flat = flat * s[d] + start[size_t(d)];
+          ASSERT_EQ(flat, next) << s.str() << " [" << a << ", " << b << ")";
+          bool inner_full = true;
+          for (int d = s.ndim() - 1; d >= 0; --d) {
+            if (!inner_full) ASSERT_EQ(extent[d], 1) << s.str() << " not contiguous";
+            ASSERT_LE(start[size_t(d)] + extent[d], s[d]);
+            if (extent[d] != s[d]) inner_full = false;
+          }
+          next += extent.numel();
+        }
+        ASSERT_EQ(next, b) << s.str() << " [" << a << ", " << b << ")";
+        ASSERT_LE(boxes.size(), size_t(2 * s.ndim() - 1));
+      }
+  }
+}
+
+// Parts written by different ranks merge into one manifest whose slices
+// tile every tensor; disagreement and duplicated files are named.
+TEST(ManifestMerge, PartsOfRanksTileTheTensors) {
+  Manifest a, b;
+  a.tensors["w"] = {DType::f32, Shape{4, 3}, {{"r0.safetensors", "w", {0, 0}, Shape{2, 3}}}};
+  a.files["r0.safetensors"] = {10, 1};
+  b.tensors["w"] = {DType::f32, Shape{4, 3}, {{"r1.safetensors", "w", {2, 0}, Shape{2, 3}}}};
+  b.files["r1.safetensors"] = {10, 2};
+  Manifest all;
+  all.merge_part(a.part_json(), "rank 0");
+  EXPECT_THROW(all.validate("half"), Error);  // half the tensor
+  all.merge_part(b.part_json(), "rank 1");
+  EXPECT_NO_THROW(all.validate("merged"));
+  EXPECT_EQ(all.tensors["w"].slices.size(), 2u);
+  EXPECT_THROW(all.merge_part(b.part_json(), "rank 1 again"), Error);  // file listed twice
+  Manifest c;
+  c.tensors["w"] = {DType::bf16, Shape{4, 3}, {}};
+  Manifest d;
+  d.merge_part(a.part_json(), "a");
+  try {
+    d.merge_part(c.part_json(), "c");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zt::ckpt
