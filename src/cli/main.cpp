@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/process_group.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    zt::comm::abort_job_after_error(1);  // the other ranks must not wait for this one
     return 1;
   }
 }

@@ -2,7 +2,9 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "comm/process_group.h"
 #include "core/error.h"
+#include "parallel/mesh.h"
 #include "train/checkpointing.h"
 #include "train/data_source.h"
 #include "train/model_file.h"
@@ -38,24 +40,37 @@ Command add_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   c.run = [opts, resume] {
     const train::Config cfg = train::load_config(opts->config, opts->overrides);
-    // Find the checkpoint before building anything: a wrong path fails fast.
+    // Every check below is pure and the same on every rank: a bad setting
+    // fails everywhere, with one message, before the first collective.
     std::string resume_from;
     if (resume->count() > 0) resume_from = train::resume_path(cfg, opts->resume);
     ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
              "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
              opts->stop_after, ")");
-    train::TrainingData data = train::open_training_data(cfg);
-    train::Trainer trainer(cfg, std::move(data.train), std::move(data.val), std::move(data.codec));
+    comm::ProcessGroup& world = comm::world({cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
+    const parallel::MeshShape shape = parallel::resolve_mesh_shape(
+        {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, world.size());
+    ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * shape.dp) == 0, "train.global_batch = ",
+             cfg.train.global_batch, " is not divisible by micro_batch x dp = ", cfg.train.micro_batch, " x ",
+             shape.dp, "; each of the ", shape.dp, " data-parallel ranks runs global_batch / dp sequences");
+    ZT_CHECK(cfg.parallel.shard_group == 0 || shape.dp % cfg.parallel.shard_group == 0, "parallel.shard_group = ",
+             cfg.parallel.shard_group, " must divide dp = ", shape.dp);
+    auto mesh = std::make_shared<parallel::Mesh>(shape, world);
+    train::TrainingData data = train::open_training_data(cfg, int(mesh->coord().dp), int(shape.dp));
+    train::Trainer trainer(cfg, std::move(data.train), std::move(data.val), std::move(data.codec), mesh);
+    const bool main_rank = trainer.is_main_rank();
     if (!resume_from.empty()) {
       const std::string dir = train::restore_checkpoint(trainer, resume_from);
-      std::cout << "restored " << dir << " (step " << trainer.progress().steps_done << ")" << std::endl;
+      if (main_rank) std::cout << "restored " << dir << " (step " << trainer.progress().steps_done << ")" << std::endl;
     }
     if (!opts->init_from.empty()) {
       const std::string dir = train::init_weights_from_checkpoint(trainer, opts->init_from);
-      std::cout << "initial weights from " << dir << std::endl;
+      if (main_rank) std::cout << "initial weights from " << dir << std::endl;
     }
     const train::TrainResult r = trainer.run(opts->stop_after);
     if (r.steps < cfg.train.steps) return 0;  // stopped early: the checkpoint is the result
+    trainer.data_parallel().hold_full_params(true);  // ZeRO-3: the whole model, for the final file
+    if (!main_rank) return 0;
     const std::string path = train::save_model_file(trainer.model(), cfg);
     std::cout << "final weights: " << path << "\n"
               << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;

@@ -8,7 +8,7 @@
 //
 // Tensors are contiguous host tensors for the MPI and solo backends (GPU
 // tensors go through NCCL's backend behind this interface later). Reductions
-// take f32, f64, i32 or i64 (and bf16, reduced in f32); data movement
+// take f32, i32 or i64 (and bf16, reduced in f32); data movement
 // (gather, broadcast, send/recv, all-to-all) takes any dtype. The caller
 // keeps the tensors alive and untouched until the Work completes.
 //
@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -84,12 +85,17 @@ class ProcessGroup {
   // same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
 
-  CommStats& stats() { return stats_; }
+  // A snapshot of the counters (they are updated by the comm thread).
+  CommStats stats() const;
 
  protected:
+  void count_op(int64_t bytes_sent);
+  void add_busy(double seconds);
+  void add_wait(double seconds);
   int rank_ = 0, size_ = 1;
   std::string name_;
   std::vector<int> world_ranks_;
+  mutable std::mutex stats_mu_;
   CommStats stats_;
 };
 
@@ -113,5 +119,10 @@ WorldInfo world_info();
 std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name);
 // The step training is at, for watchdog messages (set by the trainer).
 void set_current_step(int64_t step);
+int64_t current_step();
+// After a fatal error on this rank of a multi-process job: ends the whole
+// job at once (MPI_Abort) instead of leaving the other ranks waiting in a
+// collective until the watchdog fires. Does nothing for a single process.
+void abort_job_after_error(int exit_code);
 
 }  // namespace zt::comm

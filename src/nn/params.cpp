@@ -24,13 +24,18 @@ uint64_t splitmix64(uint64_t x) {
 
 uint64_t param_seed(uint64_t seed, std::string_view name) { return splitmix64(seed ^ fnv1a(name)); }
 
-ParamSet::ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device) : specs_(std::move(specs)) {
+ParamSet::ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device, int64_t pad_multiple)
+    : specs_(std::move(specs)), dtype_(dtype), device_(device) {
   for (const ParamSpec& s : specs_) {
     offsets_.push_back(numel_);
     numel_ += s.shape.numel();
   }
+  ZT_ASSERT(pad_multiple >= 1, "pad_multiple ", pad_multiple);
+  const int64_t used = numel_;
+  numel_ = (numel_ + pad_multiple - 1) / pad_multiple * pad_multiple;
   params_ = Tensor::empty(Shape{numel_}, dtype, device, MemCategory::params);
   grads_ = Tensor::empty(Shape{numel_}, DType::f32, device, MemCategory::grads);
+  if (numel_ > used) ops::fill(params_.flat_view(used, Shape{numel_ - used}), 0.0);
   zero_grads();
 }
 
@@ -41,7 +46,17 @@ size_t ParamSet::index(std::string_view name) const {
 }
 
 void ParamSet::zero_grads() {
-  if (numel_ > 0) ops::fill(grads_, 0.0);
+  if (numel_ > 0 && grads_.defined()) ops::fill(grads_, 0.0);
+}
+
+void ParamSet::ensure_param_storage() {
+  if (!params_.defined()) params_ = Tensor::empty(Shape{numel_}, dtype_, device_, MemCategory::params);
+}
+
+void ParamSet::ensure_grads() {
+  if (grads_.defined()) return;
+  grads_ = Tensor::empty(Shape{numel_}, DType::f32, device_, MemCategory::grads);
+  zero_grads();
 }
 
 void ParamSet::init(uint64_t seed) {

@@ -33,15 +33,31 @@ struct ParamSpec {
 class ParamSet {
  public:
   ParamSet() = default;
-  ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device);
+  // pad_multiple: the flat buffers are padded with zeros to a multiple of
+  // it (data-parallel shards are then equal); padding belongs to no tensor.
+  ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device, int64_t pad_multiple = 1);
 
   size_t size() const { return specs_.size(); }
   const ParamSpec& spec(size_t i) const { return specs_[i]; }
   int64_t offset(size_t i) const { return offsets_[i]; }  // elements into the flat buffers
-  int64_t numel() const { return numel_; }
+  int64_t numel() const { return numel_; }  // buffer length, padding included
 
   const Tensor& flat() const { return params_; }      // (numel) compute dtype, MemCategory::params
   const Tensor& grad_flat() const { return grads_; }  // (numel) f32, MemCategory::grads
+  // ZeRO-2 keeps a layer's full gradient buffer only while its gradients
+  // are produced and reduced: release drops it (memory returns when the
+  // last user - a pending reduction - lets go), ensure brings back a zeroed one.
+  bool has_grads() const { return grads_.defined(); }
+  // ZeRO-3 likewise keeps the full parameter buffer only while the layer is
+  // in use: release drops it, ensure_param_storage allocates it (contents
+  // undefined: the caller all-gathers the shards into it).
+  bool has_params() const { return params_.defined(); }
+  void release_params() { params_ = Tensor(); }
+  void ensure_param_storage();
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  void release_grads() { grads_ = Tensor(); }
+  void ensure_grads();
   Tensor param(size_t i) const { return params_.flat_view(offsets_[i], specs_[i].shape); }
   Tensor grad(size_t i) const { return grads_.flat_view(offsets_[i], specs_[i].shape); }
   // Index of a parameter by name; throws zt::Error if absent.
@@ -57,6 +73,8 @@ class ParamSet {
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offsets_;
   int64_t numel_ = 0;
+  DType dtype_ = DType::f32;
+  Device device_;
   Tensor params_;
   Tensor grads_;
 };

@@ -65,7 +65,7 @@ Tensor stat_tensor(int64_t n, Device dev) { return Tensor::empty(Shape{n}, DType
 
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device device)
+Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device device, int64_t flat_pad_multiple)
     : cfg_(cfg), dtype_(compute_dtype), device_(device) {
   cfg_.validate();
   ops::init_device(device_);
@@ -75,13 +75,13 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   std::vector<ParamSpec> emb{{"embed.wte", Shape{Vp, C}, Init::normal, cfg_.init_std, false}};
   if (cfg_.learned_positions())
     emb.push_back({"embed.wpe", Shape{cfg_.max_seq_len, C}, Init::normal, cfg_.init_std, false});
-  embed_ = ParamSet(std::move(emb), dtype_, device_);
+  embed_ = ParamSet(std::move(emb), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(cfg_.n_layer));
-  for (int64_t i = 0; i < cfg_.n_layer; ++i) blocks_.emplace_back(block_specs(cfg_, size_t(i)), dtype_, device_);
+  for (int64_t i = 0; i < cfg_.n_layer; ++i) blocks_.emplace_back(block_specs(cfg_, size_t(i)), dtype_, device_, flat_pad_multiple);
   std::vector<ParamSpec> head{{"final_norm.weight", Shape{C}, Init::ones, 0, false}};
   if (cfg_.has_bias()) head.push_back({"final_norm.bias", Shape{C}, Init::zeros, 0, false});
   if (!cfg_.tied_embeddings) head.push_back({"lm_head.weight", Shape{Vp, C}, Init::normal, cfg_.init_std, true});
-  head_ = ParamSet(std::move(head), dtype_, device_);
+  head_ = ParamSet(std::move(head), dtype_, device_, flat_pad_multiple);
   if (cfg_.arch == Arch::llama3) {
     rope_table_ = Tensor::empty(Shape{cfg_.max_seq_len, cfg_.head_dim() / 2, 2}, DType::f32, device_,
                                 MemCategory::params);
@@ -143,6 +143,10 @@ ops::NormKind Transformer::norm_kind() const {
 
 Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) const {
   const ParamSet& s = blocks_[layer];
+  // A forward pass under ZeRO-2 runs while the block's gradient buffer is
+  // released: its gradient views are then undefined (and unused).
+  if (grads && !s.has_grads()) return BlockParams{};
+  ZT_ASSERT(grads || s.has_params(), "block ", layer, "'s weights are not gathered (ZeRO-3 hook missing)");
   const std::string p = layer_prefix(layer);
   auto get = [&](const char* name) { return grads ? s.grad(s.index(p + name)) : s.param(s.index(p + name)); };
   auto opt = [&](const char* name) { return cfg_.has_bias() ? get(name) : Tensor(); };
@@ -346,15 +350,21 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   const Tensor dev_tokens = on_device(tokens, device_), dev_targets = on_device(targets, device_);
   ctx.tokens = dev_tokens;
   ctx.blocks.resize(size_t(cfg_.n_layer));
+  need(0);
   Tensor x = embed(dev_tokens);
+  done(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
+    need(i + 1);
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T);
+    done(i + 1);
     if (train)
       release_for_policy(ctx.blocks[i]);
     else
       ctx.blocks[i] = BlockActivations{};
     x = y;
   }
+  need(head_set());
+  if (cfg_.tied_embeddings) need(0);
   // Final norm, then the LM head in row chunks fused with the loss (and its backward).
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   const Tensor fw = head_.param(0), fb = cfg_.has_bias() ? head_.param(1) : Tensor();
@@ -363,6 +373,7 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   ctx.lnf_rstd = stat_tensor(N, device_);
   ops::norm_forward(norm_kind(), lnf, ctx.lnf_mean, ctx.lnf_rstd, x.view(Shape{N, C}), fw, fb, cfg_.norm_eps);
   if (train) ctx.d_lnf = act_tensor(Shape{N, C}, dtype_, device_);
+  if (train && on_grads_needed) on_grads_needed(cfg_.tied_embeddings ? 0 : blocks_.size() + 1);
   const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
   const Tensor flat_targets = dev_targets.view(Shape{N});
   // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
@@ -379,6 +390,8 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
     ops::softmax_cross_entropy(ls, train ? lg : Tensor(), lg, tg, V, grad_scale);
     if (train) ops::linear_backward(ctx.d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
   }
+  done(head_set());
+  if (cfg_.tied_embeddings) done(0);
   // Summed on the host in f64 in token order (N floats: one small copy per
   // micro-batch on a GPU), over the tokens that have a target.
   const Tensor host_losses = on_device(losses, Device::cpu()), host_targets = on_device(targets, Device::cpu());
@@ -404,19 +417,31 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
 void Transformer::backward(ForwardContext& ctx) {
   ZT_CHECK(ctx.train && ctx.d_lnf.defined(), "backward needs a context from a training forward pass");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model, N = B * T;
+  if (on_grads_needed) on_grads_needed(blocks_.size() + 1);
+  need(head_set());
   const Tensor fw = head_.param(0);
   const Tensor gfw = head_.grad(0), gfb = cfg_.has_bias() ? head_.grad(1) : Tensor();
   Tensor dres = act_tensor(Shape{B, T, C}, dtype_, device_);
   ops::norm_backward(norm_kind(), dres.view(Shape{N, C}), gfw, gfb, ctx.d_lnf, ctx.x_final, fw, ctx.lnf_mean,
                      ctx.lnf_rstd);
   ctx.d_lnf = ctx.x_final = ctx.lnf_mean = ctx.lnf_rstd = Tensor();
+  done(head_set());
+  // The head's gradients are complete (an untied lm_head's were accumulated
+  // in forward, fused with the loss; a tied one's belong to the embeddings).
+  if (on_grads_ready) on_grads_ready(blocks_.size() + 1);
   for (size_t i = blocks_.size(); i-- > 0;) {
+    need(i + 1);
+    if (on_grads_needed) on_grads_needed(i + 1);  // before recompute: the block's linears view its gradients
     recompute_for_backward(i, ctx.blocks[i], B, T);
     block_backward(i, ctx.blocks[i], dres, B, T);
+    done(i + 1);
     ctx.blocks[i] = BlockActivations{};
+    if (on_grads_ready) on_grads_ready(i + 1);
   }
+  if (on_grads_needed) on_grads_needed(0);
   const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
   ops::embedding_backward(embed_.grad(0), g_wpe, dres, ctx.tokens, 0);
+  if (on_grads_ready) on_grads_ready(0);
   ctx = ForwardContext{};
 }
 
@@ -426,17 +451,25 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, cfg_.padded_vocab()}) && out.dtype() == DType::f32,
            "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", cfg_.padded_vocab(), "), got ",
            out.str());
+  need(0);
   Tensor x = embed(on_device(tokens, device_));
+  done(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
+    need(i + 1);
     x = block_forward(i, a, x, B, T);
+    done(i + 1);
   }
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   Tensor lnf = act_tensor(Shape{N, C}, dtype_, device_);
   Tensor mean = layernorm ? stat_tensor(N, device_) : Tensor(), rstd = stat_tensor(N, device_);
+  need(head_set());
+  if (cfg_.tied_embeddings) need(0);
   ops::norm_forward(norm_kind(), lnf, mean, rstd, x.view(Shape{N, C}), head_.param(0),
                     cfg_.has_bias() ? head_.param(1) : Tensor(), cfg_.norm_eps);
   ops::linear_forward(out.view(Shape{N, cfg_.padded_vocab()}), lnf, head_weight(), Tensor());
+  done(head_set());
+  if (cfg_.tied_embeddings) done(0);
 }
 
 }  // namespace zt::nn

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,12 +72,27 @@ struct ForwardContext {
 class Transformer {
  public:
   // compute_dtype: f32 or bf16 for parameters and activations (grads are f32).
-  Transformer(const ModelConfig& cfg, DType compute_dtype, Device device = Device::cpu());
+  // flat_pad_multiple: each layer's flat buffers are padded to a multiple of
+  // it (equal data-parallel shards).
+  Transformer(const ModelConfig& cfg, DType compute_dtype, Device device = Device::cpu(),
+              int64_t flat_pad_multiple = 1);
 
   const ModelConfig& config() const { return cfg_; }
   DType compute_dtype() const { return dtype_; }
   Device device() const { return device_; }
   Recompute recompute = Recompute::none;
+  // Called during backward() with the index (into param_sets()) of a layer
+  // whose gradients are complete for this micro-batch: the head first, the
+  // blocks from last to first, the embeddings last. Data parallelism starts
+  // reducing a layer's gradients here, overlapping the rest of backward.
+  std::function<void(size_t set_index)> on_grads_ready;
+  // Called before a layer's gradients are first written in a forward or
+  // backward pass (ZeRO-2 allocates the layer's gradient buffer here).
+  std::function<void(size_t set_index)> on_grads_needed;
+  // Called before a layer's weights are read (forward, backward, logits) and
+  // after the last read of that use: ZeRO-3 all-gathers the layer here and
+  // frees it again.
+  std::function<void(size_t set_index)> on_params_needed, on_params_done;
 
   // Layers in order: embeddings, blocks 0..L-1, head (final norm [+ lm_head]).
   std::vector<ParamSet*> param_sets();
@@ -120,6 +136,13 @@ class Transformer {
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T);
   Tensor head_weight() const;
   Tensor head_grad() const;
+  void need(size_t set) const {
+    if (on_params_needed) on_params_needed(set);
+  }
+  void done(size_t set) const {
+    if (on_params_done) on_params_done(set);
+  }
+  size_t head_set() const { return blocks_.size() + 1; }
 
   ModelConfig cfg_;
   DType dtype_;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 
 #include "optim/adamw.h"
@@ -8,10 +9,19 @@
 
 namespace zt::optim {
 
-AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg) : sets_(std::move(sets)), cfg_(cfg) {
-  for (nn::ParamSet* s : sets_) {
-    const Tensor& p = s->flat();
-    const Shape shape{s->numel()};
+AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vector<OptimShard> shards)
+    : sets_(std::move(sets)), cfg_(cfg), shards_(std::move(shards)) {
+  if (shards_.empty())
+    for (nn::ParamSet* s : sets_) shards_.push_back(OptimShard{0, s->numel(), s->grad_flat(), {}});
+  ZT_ASSERT(shards_.size() == sets_.size(), "one optimizer shard per parameter set");
+  for (size_t si = 0; si < sets_.size(); ++si) {
+    OptimShard& sh = shards_[si];
+    const int64_t n = sh.end - sh.begin;
+    if (!sh.param.defined()) sh.param = sets_[si]->flat().flat_view(sh.begin, Shape{n});
+    ZT_ASSERT(sh.begin >= 0 && sh.begin <= sh.end && sh.end <= sets_[si]->numel() && sh.grad.numel() == n,
+              "optimizer shard [", sh.begin, ", ", sh.end, ") of a set of ", sets_[si]->numel());
+    const Tensor& p = sh.param;
+    const Shape shape{n};
     if (p.dtype() == DType::f32) {
       master_.emplace_back();
     } else {
@@ -28,24 +38,35 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg) : sets_(st
   }
 }
 
-Tensor AdamW::master(size_t i) const { return master_[i].defined() ? master_[i] : sets_[i]->flat(); }
+Tensor AdamW::master(size_t i) const {
+  if (master_[i].defined()) return master_[i];
+  return shards_[i].param;
+}
 
 void AdamW::step(double lr, float grad_scale) {
   ++step_;
   for (size_t si = 0; si < sets_.size(); ++si) {
     const nn::ParamSet& s = *sets_[si];
+    const OptimShard& sh = shards_[si];
     const Tensor master_flat = master(si);
     const bool has_copy = master_[si].defined();
     auto decays = [&](size_t i) {
       const nn::ParamSpec& spec = s.spec(i);
       return spec.decay || (cfg_.decay_embeddings && spec.name.starts_with("embed."));
     };
+    // The elements [lo, hi) of tensor i that lie in the shard.
+    auto lo_of = [&](size_t i) { return std::max(s.offset(i), sh.begin); };
+    auto hi_of = [&](size_t i) { return std::min(s.offset(i) + s.spec(i).shape.numel(), sh.end); };
     // Consecutive parameters with the same decay rule are contiguous in the
     // flat buffers: one fused update per run (few kernel launches on a GPU).
     for (size_t i = 0; i < s.size();) {
+      if (hi_of(i) <= lo_of(i)) {
+        ++i;
+        continue;
+      }
       const bool decay = decays(i);
       size_t end = i + 1;
-      while (end < s.size() && decays(end) == decay) ++end;
+      while (end < s.size() && decays(end) == decay && hi_of(end) > lo_of(end)) ++end;
       ops::AdamWParams p;
       p.lr = float(lr);
       p.beta1 = float(cfg_.beta1);
@@ -54,12 +75,11 @@ void AdamW::step(double lr, float grad_scale) {
       p.weight_decay = decay ? float(cfg_.weight_decay) : 0.0f;
       p.step = step_;
       p.grad_scale = grad_scale;
-      const int64_t off = s.offset(i);
-      const int64_t n = s.offset(end - 1) + s.spec(end - 1).shape.numel() - off;
-      const Shape flat{n};
-      ops::adamw_step(master_flat.flat_view(off, flat), s.grad_flat().flat_view(off, flat),
-                      m_[si].flat_view(off, flat), v_[si].flat_view(off, flat),
-                      has_copy ? s.flat().flat_view(off, flat) : Tensor(), p);
+      const int64_t lo = lo_of(i), hi = hi_of(end - 1);
+      const int64_t off = lo - sh.begin;  // into the shard's state
+      const Shape flat{hi - lo};
+      ops::adamw_step(master_flat.flat_view(off, flat), sh.grad.flat_view(off, flat), m_[si].flat_view(off, flat),
+                      v_[si].flat_view(off, flat), has_copy ? sh.param.flat_view(off, flat) : Tensor(), p);
       i = end;
     }
   }
@@ -69,6 +89,13 @@ double grad_norm(const std::vector<nn::ParamSet*>& sets) {
   std::vector<Tensor> grads;
   for (const nn::ParamSet* s : sets) grads.push_back(s->grad_flat());
   return ops::global_norm(grads);
+}
+
+double shard_grad_sum_squares(const AdamW& opt) {
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < opt.num_sets(); ++i) grads.push_back(opt.shard(i).grad);
+  const double n = ops::global_norm(grads);
+  return n * n;
 }
 
 float clip_scale(double norm, double max_norm) {

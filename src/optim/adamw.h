@@ -25,9 +25,22 @@ struct AdamWConfig {
   bool decay_embeddings = false;
 };
 
+// The part of a ParamSet's flat buffer this process updates: [begin, end)
+// and its gradient (end - begin, f32). The whole set by default; a ZeRO
+// shard under data parallelism (the gradient is then the reduce-scattered
+// shard, not the set's full buffer).
+struct OptimShard {
+  int64_t begin = 0, end = 0;
+  Tensor grad;
+  // Where the shard's weights live (compute dtype, end - begin): undefined
+  // means the set's own flat buffer; ZeRO-3 passes its persistent shard.
+  Tensor param = {};
+};
+
 class AdamW {
  public:
-  AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg);
+  // shards: one per set, or empty for whole sets.
+  AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vector<OptimShard> shards = {});
 
   // One update with learning rate lr; gradients are multiplied by grad_scale
   // first (the clipping factor).
@@ -35,22 +48,27 @@ class AdamW {
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
 
-  // State of set i (for checkpoints): master (f32; the params themselves when
-  // they are f32), m, v - all (numel) f32.
+  // State of set i's shard (for checkpoints): master (f32; a view of the
+  // params themselves when they are f32), m, v - all (end - begin) f32,
+  // element k belonging to flat element begin + k.
   Tensor master(size_t i) const;
   Tensor exp_avg(size_t i) const { return m_[i]; }
   Tensor exp_avg_sq(size_t i) const { return v_[i]; }
+  const OptimShard& shard(size_t i) const { return shards_[i]; }
   size_t num_sets() const { return sets_.size(); }
 
  private:
   std::vector<nn::ParamSet*> sets_;
   AdamWConfig cfg_;
-  std::vector<Tensor> master_, m_, v_;  // per set; master_ undefined when params are f32
+  std::vector<OptimShard> shards_;
+  std::vector<Tensor> master_, m_, v_;  // per set shard; master_ undefined when params are f32
   int64_t step_ = 0;
 };
 
 // Global L2 norm of every gradient in the sets.
 double grad_norm(const std::vector<nn::ParamSet*>& sets);
+// Sum of squares of the shards' gradients (this process's part of a global norm).
+double shard_grad_sum_squares(const AdamW& opt);
 // PyTorch's clip_grad_norm_ rule: max_norm / (norm + 1e-6) when that is < 1,
 // else 1; max_norm <= 0 disables clipping.
 float clip_scale(double norm, double max_norm);

@@ -1,5 +1,7 @@
 #include "train/checkpointing.h"
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -9,6 +11,8 @@
 #include "core/error.h"
 #include "ops/device.h"
 #include "ops/elementwise.h"
+#include "parallel/data_parallel.h"
+#include <algorithm>
 
 namespace zt::train {
 
@@ -19,22 +23,14 @@ namespace {
 
 constexpr const char* kShardFile = "shard-00000.safetensors";  // the one rank's file
 
-// Calls f(name, master, exp_avg, exp_avg_sq, param) for every parameter:
-// views (on the model's device) of the optimizer's flat f32 buffers and of
-// the compute-dtype weights.
+// Every parameter tensor: its name, its set's index, its offset in the set's
+// flat buffer, its shape and its set (whose full weights ZeRO-3 may have freed).
 template <typename F>
-void for_each_param(const Trainer& t, F&& f) {
-  const auto sets = const_cast<Trainer&>(t).model().param_sets();
-  const optim::AdamW& opt = const_cast<Trainer&>(t).optimizer();
-  for (size_t si = 0; si < sets.size(); ++si) {
-    const nn::ParamSet& s = *sets[si];
-    for (size_t i = 0; i < s.size(); ++i) {
-      const Shape& shape = s.spec(i).shape;
-      const int64_t off = s.offset(i);
-      f(s.spec(i).name, opt.master(si).flat_view(off, shape), opt.exp_avg(si).flat_view(off, shape),
-        opt.exp_avg_sq(si).flat_view(off, shape), s.param(i));
-    }
-  }
+void for_each_tensor(Trainer& t, F&& f) {
+  const auto sets = t.model().param_sets();
+  for (size_t si = 0; si < sets.size(); ++si)
+    for (size_t i = 0; i < sets[si]->size(); ++i)
+      f(sets[si]->spec(i).name, si, sets[si]->offset(i), sets[si]->spec(i).shape, *sets[si], i);
 }
 
 json progress_json(const TrainProgress& p) {
@@ -68,17 +64,44 @@ Tensor host_tensor(const Tensor& t, bool copy) {
   return h;
 }
 
-// Reads checkpoint tensor `name` into the device view `dst` (f32), through a
-// host tensor of the stored dtype.
-void load_into(const ckpt::Checkpoint& ck, const std::string& name, const Tensor& dst) {
-  const ckpt::TensorEntry& e = ck.entry(name);
+// Checkpoint tensor `name` as an f32 host tensor.
+Tensor read_f32(const ckpt::Checkpoint& ck, const std::string& name) {
   Tensor host = ck.read(name);
-  if (e.dtype != dst.dtype()) {
-    Tensor cast = Tensor::empty(host.shape(), dst.dtype());
-    ops::cast(cast, host);
-    host = cast;
-  }
-  ops::copy(dst, host);
+  if (host.dtype() == DType::f32) return host;
+  Tensor cast = Tensor::empty(host.shape(), DType::f32);
+  ops::cast(cast, host);
+  return cast;
+}
+
+// The weights of every tensor (whole, on every rank), and the part of the
+// master weights and (with_state) moments that this rank's optimizer shard
+// holds. The checkpoint holds global tensors, so any dp size and ZeRO stage
+// can load any checkpoint.
+void load_weights_and_state(Trainer& t, const ckpt::Checkpoint& ck, bool with_state) {
+  const optim::AdamW& opt = t.optimizer();
+  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape, nn::ParamSet& set,
+                         size_t index) {
+    const Tensor w = read_f32(ck, "model." + name);
+    const optim::OptimShard& sh = opt.shard(si);
+    const int64_t lo = std::max(off, sh.begin), hi = std::min(off + shape.numel(), sh.end);
+    auto part = [&](const Tensor& full) { return full.flat_view(lo - off, Shape{hi - lo}); };
+    auto mine = [&](const Tensor& state) { return state.flat_view(lo - sh.begin, Shape{hi - lo}); };
+    // The weights in compute dtype: the master's rounding.
+    Tensor rounded = w;
+    if (set.dtype() != DType::f32) {
+      rounded = Tensor::empty(w.shape(), set.dtype());
+      ops::cast(rounded, w);
+    }
+    if (hi > lo) {
+      ops::copy(mine(opt.master(si)), part(w));
+      ops::copy(mine(sh.param), part(rounded));  // ZeRO-3 keeps only this shard of the weights
+    }
+    if (set.has_params()) ops::copy(set.param(index), rounded);  // the whole tensor, on every rank
+    if (with_state && hi > lo) {
+      ops::copy(mine(opt.exp_avg(si)), part(read_f32(ck, "optim.exp_avg." + name)));
+      ops::copy(mine(opt.exp_avg_sq(si)), part(read_f32(ck, "optim.exp_avg_sq." + name)));
+    }
+  });
 }
 
 // Every model tensor present with the model's shape; one error listing all
@@ -87,7 +110,8 @@ void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with
   std::string problems;
   int count = 0;
   std::set<std::string> expected;
-  for_each_param(t, [&](const std::string& name, const Tensor& master, const Tensor&, const Tensor&, const Tensor&) {
+  for_each_tensor(const_cast<Trainer&>(t), [&](const std::string& name, size_t, int64_t, const Shape& shape,
+                                               nn::ParamSet&, size_t) {
     std::vector<std::string> keys{"model." + name};
     expected.insert("model." + name);
     if (with_optimizer) {
@@ -98,8 +122,8 @@ void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with
       if (!ck.contains(k)) {
         problems += "\n  " + k + ": missing";
         ++count;
-      } else if (ck.entry(k).shape != master.shape()) {
-        problems += "\n  " + k + ": checkpoint " + ck.entry(k).shape.str() + ", model " + master.shape().str();
+      } else if (ck.entry(k).shape != shape) {
+        problems += "\n  " + k + ": checkpoint " + ck.entry(k).shape.str() + ", model " + shape.str();
         ++count;
       } else if (!dtype_is_float(ck.entry(k).dtype)) {
         problems += "\n  " + k + ": stored as " + std::string(dtype_name(ck.entry(k).dtype)) + ", not a float type";
@@ -118,6 +142,58 @@ void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with
            "manifest.json)");
 }
 
+// This rank's part of every tensor: the boxes of master weights and moments
+// that its optimizer shard holds (under ZeRO-0 the main data-parallel rank
+// holds everything and the replicas write nothing). Copies when the write is
+// asynchronous or the state lives on a device.
+std::vector<ckpt::SliceToWrite> own_slices(Trainer& t, bool copy) {
+  std::vector<ckpt::SliceToWrite> out;
+  const parallel::DataParallel& dp = t.data_parallel();
+  if (!dp.writes_checkpoint_part()) return out;
+  const optim::AdamW& opt = t.optimizer();
+  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape, nn::ParamSet&,
+                         size_t) {
+    const optim::OptimShard& sh = opt.shard(si);
+    const int64_t lo = std::max(off, sh.begin), hi = std::min(off + shape.numel(), sh.end);
+    if (hi <= lo) return;
+    int64_t at = lo - sh.begin;  // into the shard's state, advancing box by box
+    for (const auto& [start, extent] : ckpt::flat_range_boxes(shape, lo - off, hi - off)) {
+      const int64_t n = extent.numel();
+      auto box = [&](const Tensor& state) { return host_tensor(state.flat_view(at, extent), copy); };
+      out.push_back({"model." + name, shape, start, box(opt.master(si))});
+      out.push_back({"optim.exp_avg." + name, shape, start, box(opt.exp_avg(si))});
+      out.push_back({"optim.exp_avg_sq." + name, shape, start, box(opt.exp_avg_sq(si))});
+      at += n;
+    }
+  });
+  return out;
+}
+
+// Every rank's JSON text, on every rank (lengths first, then the padded bytes).
+std::vector<json> all_gather_json(comm::ProcessGroup& g, const json& mine) {
+  if (g.size() == 1) return {mine};
+  const std::string text = mine.dump();
+  Tensor len = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor lens = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
+  len.data<int64_t>()[0] = int64_t(text.size());
+  g.all_gather(lens, len)->wait();
+  int64_t most = 0;
+  for (int r = 0; r < g.size(); ++r) most = std::max(most, lens.data<int64_t>()[r]);
+  const int64_t words = (most + 7) / 8;
+  Tensor buf = Tensor::empty(Shape{std::max<int64_t>(1, words)}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor all = Tensor::empty(Shape{g.size() * std::max<int64_t>(1, words)}, DType::i64, Device::cpu(),
+                             MemCategory::comm);
+  std::memset(buf.data_ptr(), 0, buf.nbytes());
+  std::memcpy(buf.data_ptr(), text.data(), text.size());
+  g.all_gather(all, buf)->wait();
+  std::vector<json> out;
+  for (int r = 0; r < g.size(); ++r) {
+    const char* p = static_cast<const char*>(all.data_ptr()) + size_t(r) * buf.nbytes();
+    out.push_back(json::parse(std::string(p, size_t(lens.data<int64_t>()[r]))));
+  }
+  return out;
+}
+
 }  // namespace
 
 TrainCheckpointer::TrainCheckpointer(const Config& cfg) : cfg_(cfg) {}
@@ -126,22 +202,18 @@ TrainCheckpointer::~TrainCheckpointer() = default;  // background_ waits
 
 void TrainCheckpointer::wait() { background_.wait(); }
 
-std::string TrainCheckpointer::save(const Trainer& t) {
+std::string TrainCheckpointer::save(Trainer& t) {
   const TrainProgress& p = t.progress();
   const bool async = cfg_.checkpoint.async;
+  const bool main = t.is_main_rank();
   // Everything is captured now, at the step boundary: later steps change the
   // trainer's tensors while a background write is still going.
-  std::vector<ckpt::SliceToWrite> slices;
-  for_each_param(t, [&](const std::string& name, const Tensor& master, const Tensor& m, const Tensor& v, const Tensor&) {
-    slices.push_back({"model." + name, master.shape(), {}, host_tensor(master, async)});
-    slices.push_back({"optim.exp_avg." + name, m.shape(), {}, host_tensor(m, async)});
-    slices.push_back({"optim.exp_avg_sq." + name, v.shape(), {}, host_tensor(v, async)});
-  });
+  std::vector<ckpt::SliceToWrite> slices = own_slices(t, async || !t.model().device().is_cpu());
   const optim::LrSchedule sched = cfg_.lr_schedule();
   json state = {
       {"progress", progress_json(p)},
-      {"optimizer", {{"steps_taken", const_cast<Trainer&>(t).optimizer().steps_taken()}}},
-      {"data", const_cast<Trainer&>(t).train_data().state()},
+      {"optimizer", {{"steps_taken", t.optimizer().steps_taken()}}},
+      {"data", t.train_data().state()},  // the same on every rank (rows are taken in lockstep)
       {"rng", {{"seed", cfg_.train.seed}}},
       {"lr_schedule",
        {{"kind", std::string(optim::lr_schedule_name(sched.kind))}, {"lr", sched.lr}, {"min_lr", sched.min_lr},
@@ -153,15 +225,29 @@ std::string TrainCheckpointer::save(const Trainer& t) {
   const ckpt::RetentionPolicy policy{cfg_.checkpoint.keep_last, cfg_.checkpoint.keep_every};
   const int64_t step = p.steps_done, tokens = p.tokens_seen;
   const std::string dir = (fs::path(root) / ckpt::checkpoint_dir_name(step)).string();
-  auto job = [root, step, tokens, config_text, policy, slices = std::move(slices), state = std::move(state)] {
-    ckpt::CheckpointWriter w(root, step);
-    w.write_file(kShardFile, slices);
-    ckpt::Manifest& m = w.manifest();
+  const parallel::DataParallel& dp = t.data_parallel();
+  const json layout = {{"world_size", dp.size()}, {"dp", dp.size()}, {"tp", 1}, {"pp", 1},
+                       {"cp", 1},  {"ep", 1},         {"zero_stage", dp.zero_stage()}, {"shard_group", dp.shard_size()}};
+  char file[64];
+  std::snprintf(file, sizeof file, "shard-%05lld.safetensors", (long long)dp.rank());  // one file per writing rank
+  comm::ProcessGroup* group = &t.checkpoint_group();  // its own thread: a background save never reorders training's collectives
+  auto job = [=, file = std::string(file), slices = std::move(slices), state = std::move(state)] {
+    // The main rank stages the directory, every rank writes its file into
+    // it, the main rank merges the ranks' parts of the manifest and commits.
+    std::unique_ptr<ckpt::CheckpointWriter> w;
+    if (main) w = std::make_unique<ckpt::CheckpointWriter>(root, step);
+    group->barrier()->wait();
+    if (!main) w = ckpt::CheckpointWriter::join(root, step);
+    if (!slices.empty()) w->write_file(file, slices);
+    const std::vector<json> parts = all_gather_json(*group, w->manifest().part_json());
+    if (!main) return;
+    ckpt::Manifest& m = w->manifest();
+    for (size_t r = 1; r < parts.size(); ++r) m.merge_part(parts[r], "checkpoint part of rank " + std::to_string(r));
     m.tokens_seen = tokens;
     m.config = config_text;
-    m.layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 1}, {"ep", 1}, {"zero_stage", 0}};
+    m.layout = layout;
     m.state = state;
-    w.commit();
+    w->commit();
     ckpt::prune_checkpoints(root, policy);
   };
   if (async) {
@@ -181,13 +267,7 @@ std::string restore_checkpoint(Trainer& t, const std::string& path) {
            " holds no training state (progress, optimizer, data): it is a weights-only checkpoint (e.g. imported "
            "with `zettatron convert --from-hf`); start from it with --init-from instead of --resume");
   check_model_tensors(t, ck, true);
-  for_each_param(t, [&](const std::string& name, const Tensor& master, const Tensor& m, const Tensor& v,
-                        const Tensor& param) {
-    load_into(ck, "model." + name, master);
-    if (param.dtype() != DType::f32) ops::cast(param, master);  // the weights are the master's rounding
-    load_into(ck, "optim.exp_avg." + name, m);
-    load_into(ck, "optim.exp_avg_sq." + name, v);
-  });
+  load_weights_and_state(t, ck, true);
   t.optimizer().set_steps_taken(state["optimizer"].value("steps_taken", int64_t(0)));
   const TrainProgress p = progress_from(state["progress"], where);
   ZT_CHECK(p.steps_done == ck.manifest().step, where, ": state.progress.steps_done = ", p.steps_done,
@@ -202,11 +282,7 @@ std::string restore_checkpoint(Trainer& t, const std::string& path) {
 std::string init_weights_from_checkpoint(Trainer& t, const std::string& path) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   check_model_tensors(t, ck, false);
-  for_each_param(t, [&](const std::string& name, const Tensor& master, const Tensor&, const Tensor&,
-                        const Tensor& param) {
-    load_into(ck, "model." + name, master);
-    if (param.dtype() != DType::f32) ops::cast(param, master);
-  });
+  load_weights_and_state(t, ck, false);
   return ck.dir();
 }
 

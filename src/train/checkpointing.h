@@ -33,7 +33,7 @@ class TrainCheckpointer {
   // buffers now and written by a background thread (returns before the
   // write; the next save or wait() waits for it). Returns the directory the
   // checkpoint is (or will be) committed to.
-  std::string save(const Trainer& t);
+  std::string save(Trainer& t);  // a collective under ZeRO (every rank calls it)
   // Waits for a background write; rethrows its error.
   void wait();
   // Called after each commit with the checkpoint's directory.

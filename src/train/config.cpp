@@ -81,6 +81,16 @@ const std::vector<Field>& fields() {
       ZT_F("sample", "top_k", sample.top_k, "keep the k most likely tokens (0: all)"),
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
+      ZT_F("parallel", "dp", parallel.dp, "data-parallel size (0: every process not used by tp x pp x cp)"),
+      ZT_F("parallel", "tp", parallel.tp, "tensor-parallel size"),
+      ZT_F("parallel", "pp", parallel.pp, "pipeline-parallel size"),
+      ZT_F("parallel", "cp", parallel.cp, "context-parallel size"),
+      ZT_F("parallel", "ep", parallel.ep, "expert-parallel size (divides dp x cp)"),
+      ZT_F("parallel", "zero_stage", parallel.zero_stage, "0: replicate; 1: shard optimizer state; 2: and gradients; 3: and parameters"),
+      ZT_F("parallel", "shard_group", parallel.shard_group, "ZeRO shards span groups of this many dp ranks, replicated across groups (HSDP; 0: all of dp)"),
+      ZT_F("parallel", "bucket_mb", parallel.bucket_mb, "gradient reduction bucket size in MiB"),
+      ZT_F("parallel", "comm_backend", parallel.comm_backend, "auto (mpi under mpirun/srun) | mpi | solo"),
+      ZT_F("parallel", "comm_timeout", parallel.comm_timeout, "seconds before a stuck collective ends the job"),
       ZT_F("checkpoint", "every", checkpoint.every, "steps between checkpoints (0: none); the last step is saved too"),
       ZT_F("checkpoint", "keep_last", checkpoint.keep_last, "checkpoints kept, newest first (0: all)"),
       ZT_F("checkpoint", "keep_every", checkpoint.keep_every, "steps that are multiples of this are kept for good (0: none)"),
@@ -249,7 +259,7 @@ Config parse_toml(const std::string& toml_text, const std::string& origin, const
   for (auto&& [sec_key, sec_node] : tbl) {
     const std::string section(sec_key.str());
     if (std::find(sections.begin(), sections.end(), section) == sections.end())
-      ZT_FAIL(origin, ": unknown config section [", section, "]; valid sections: model, data, train, optim, sample, metrics, checkpoint");
+      ZT_FAIL(origin, ": unknown config section [", section, "]; valid sections: model, data, train, optim, sample, metrics, parallel, checkpoint");
     const toml::table* sec = sec_node.as_table();
     ZT_CHECK(sec != nullptr, origin, ": '", section, "' must be a table ([", section, "])");
     for (auto&& [key_node, value] : *sec) {
@@ -391,6 +401,18 @@ void Config::validate() const {
   ZT_CHECK(sample.top_k >= 0 && sample.tokens >= 0 && sample.count >= 0,
            "sample.top_k, sample.tokens and sample.count must be >= 0");
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
+  ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
+           "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
+  ZT_CHECK(parallel.tp == 1 && parallel.pp == 1 && parallel.cp == 1 && parallel.ep == 1,
+           "this build trains with data parallelism only: tensor, pipeline, context and expert parallelism are "
+           "not implemented yet; set parallel.tp, pp, cp and ep to 1");
+  ZT_CHECK(parallel.zero_stage >= 0 && parallel.zero_stage <= 3, "parallel.zero_stage = ", parallel.zero_stage,
+           " does not exist: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)");
+  ZT_CHECK(parallel.bucket_mb > 0, "parallel.bucket_mb must be positive");
+  ZT_CHECK(parallel.shard_group >= 0, "parallel.shard_group must be >= 0 (0: shard over all of dp)");
+  ZT_CHECK(parallel.comm_timeout > 0, "parallel.comm_timeout must be positive (seconds)");
+  ZT_CHECK(parallel.comm_backend == "auto" || parallel.comm_backend == "mpi" || parallel.comm_backend == "solo",
+           "parallel.comm_backend = '", parallel.comm_backend, "': choose auto, mpi or solo");
   ZT_CHECK(checkpoint.every >= 0 && checkpoint.keep_last >= 0 && checkpoint.keep_every >= 0,
            "checkpoint.every, checkpoint.keep_last and checkpoint.keep_every must be >= 0 (0: off / keep all / none)");
 }

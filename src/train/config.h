@@ -11,6 +11,7 @@
 //   [optim]     AdamW and the LR schedule, clipping
 //   [sample]    text generation during training
 //   [metrics]   MFU reference
+//   [parallel]  the device mesh (dp, tp, pp, cp, ep), ZeRO stage, buckets
 //   [checkpoint] how often to save, what to keep, background writes
 #pragma once
 
@@ -73,6 +74,16 @@ struct MetricsSettings {
   double peak_gflops = 0;             // device peak for MFU; 0 = measure sgemm at startup (CPU)
 };
 
+struct ParallelSettings {
+  int64_t dp = 0;                     // data-parallel size; 0: world / (tp x pp x cp)
+  int64_t tp = 1, pp = 1, cp = 1, ep = 1;
+  int64_t zero_stage = 0;             // 0: replicate; 1: shard optimizer state; 2: + gradients; 3: + parameters
+  int64_t shard_group = 0;            // HSDP: ZeRO shards over groups of this many dp ranks (0: all)
+  double bucket_mb = 25;              // gradient reduction bucket size (MiB)
+  std::string comm_backend = "auto";  // auto | mpi | solo
+  double comm_timeout = 600;          // seconds before a stuck collective ends the job
+};
+
 struct CheckpointSettings {
   int64_t every = 0;                  // steps between saves (0: none); the last step is saved too
   int64_t keep_last = 3;              // newest checkpoints kept (0: all)
@@ -89,12 +100,14 @@ struct Config {
   OptimSettings optim;
   SampleSettings sample;
   MetricsSettings metrics;
+  ParallelSettings parallel;
   CheckpointSettings checkpoint;
 
   // Cross-field checks (batch divisibility, seq_len vs context, ...);
   // throws zt::Error with the fix.
   void validate() const;
-  int64_t grad_accum_steps() const { return train.global_batch / train.micro_batch; }
+  // Micro-batches per step on each of dp data-parallel ranks.
+  int64_t grad_accum_steps(int64_t dp = 1) const { return train.global_batch / (train.micro_batch * dp); }
   DType compute_dtype() const;
   nn::Recompute recompute() const;
   optim::LrSchedule lr_schedule() const;

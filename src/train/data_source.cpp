@@ -1,11 +1,11 @@
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "train/data_source.h"
 
 #include "core/error.h"
 #include "data/dataset_index.h"
 #include "data/loader.h"
-#include <nlohmann/json.hpp>
 #include "data/tokenizer.h"
 
 namespace zt::train {
@@ -35,7 +35,7 @@ std::unique_ptr<TextCodec> open_codec(const std::string& tokenizer) {
   return codec;
 }
 
-TrainingData open_training_data(const Config& cfg) {
+TrainingData open_training_data(const Config& cfg, int dp_rank, int dp_size) {
   const data::DatasetIndex index = data::DatasetIndex::load(cfg.data.dir);
   ZT_CHECK(int64_t(index.vocab_size) <= cfg.model.vocab_size, "the dataset in '", cfg.data.dir, "' uses ",
            index.vocab_size, " token ids (tokenizer ", index.tokenizer_name, ") but model.vocab_size = ",
@@ -44,7 +44,7 @@ TrainingData open_training_data(const Config& cfg) {
   const int64_t T = cfg.train.seq_len;
   const uint64_t seed = uint64_t(cfg.train.seed);
   TrainingData out;
-  auto train = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::train, T, seed, 0, 1);
+  auto train = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::train, T, seed, dp_rank, dp_size);
   train->set_global_batch(cfg.train.global_batch);
   out.train = std::make_unique<LoaderSource>(std::move(train));
   if (index.val.tokens > uint64_t(T)) {

@@ -17,11 +17,12 @@ struct TrainingData {
   std::unique_ptr<TextCodec> codec;   // null when data.tokenizer is empty
 };
 
-// Opens cfg.data.dir for this process (data-parallel rank 0 of 1 until the
-// distributed runtime passes its own). Checks that the dataset's vocabulary
-// fits the model and that one global batch fits in an epoch, before any
-// training step; errors name the setting to change.
-TrainingData open_training_data(const Config& cfg);
+// Opens cfg.data.dir for data-parallel rank dp_rank of dp_size: the train
+// loader hands out this rank's rows of every global batch (validation is
+// read whole by every rank). Checks that the dataset's vocabulary fits the
+// model and that one global batch fits in an epoch, before any training
+// step; errors name the setting to change.
+TrainingData open_training_data(const Config& cfg, int dp_rank = 0, int dp_size = 1);
 
 // gpt2, llama3 or a tokenizer file path.
 std::unique_ptr<TextCodec> open_codec(const std::string& tokenizer);

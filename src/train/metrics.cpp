@@ -29,6 +29,12 @@ void MetricsLog::write_step(const StepMetrics& m) {
                  {"backward", m.backward_seconds},
                  {"optimizer", m.optimizer_seconds},
                  {"data", m.data_seconds}};
+  if (m.dp_size > 1)
+    j["comm"] = {{"dp", m.dp_size},
+                 {"bytes", m.comm_bytes},
+                 {"busy_s", m.comm_busy_seconds},
+                 {"exposed_s", m.comm_exposed_seconds},
+                 {"overlap", m.comm_busy_seconds > 0 ? 1.0 - m.comm_exposed_seconds / m.comm_busy_seconds : 1.0}};
   nlohmann::json mem, peak;
   for (int c = 0; c < kNumMemCategories; ++c) {
     const std::string name(mem_category_name(MemCategory(c)));

@@ -24,6 +24,12 @@ struct StepMetrics {
   double mfu = 0;              // model FLOPs utilisation, 0..1
   double elapsed_seconds = 0;  // since training started
   MemStats memory;             // peaks are over this step
+  // Data-parallel communication this step (this rank): bytes sent, time the
+  // reductions were in flight, and the part of it the step waited for (not
+  // hidden behind backward). overlap = 1 - exposed / busy.
+  int64_t dp_size = 1;
+  int64_t comm_bytes = 0;
+  double comm_busy_seconds = 0, comm_exposed_seconds = 0;
 };
 
 // Appends one JSON object per line to run_dir/metrics.jsonl.

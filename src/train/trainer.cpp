@@ -32,18 +32,39 @@ void BatchSource::restore(const json&) {
   ZT_FAIL("this data source cannot be restored from a checkpoint");
 }
 
+Trainer::~Trainer() = default;
+
 Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
-                 std::unique_ptr<TextCodec> codec)
-    : cfg_(cfg), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)) {
+                 std::unique_ptr<TextCodec> codec, std::shared_ptr<parallel::Mesh> mesh)
+    : cfg_(cfg), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)), mesh_(std::move(mesh)) {
   cfg_.validate();
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = parse_device(cfg_.train.device);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
   schedule_ = cfg_.lr_schedule();
-  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device);
+  if (!mesh_) solo_dp_ = comm::make_solo_group("dp");
+  comm::ProcessGroup& dp_group = mesh_ ? mesh_->dp() : *solo_dp_;
+  main_rank_ = !mesh_ || mesh_->world_rank() == 0;
+  const int64_t dp = dp_group.size();
+  ZT_CHECK(cfg_.train.global_batch % (cfg_.train.micro_batch * dp) == 0, "train.global_batch = ",
+           cfg_.train.global_batch, " is not divisible by micro_batch x dp = ", cfg_.train.micro_batch, " x ", dp,
+           "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
+  // ZeRO shards are equal slices of each layer's flat buffers: pad them to a multiple of dp.
+  const int64_t pad = cfg_.parallel.zero_stage >= 1 ? dp : 1;
+  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad);
   model_->recompute = cfg_.recompute();
   model_->init_weights(uint64_t(cfg_.train.seed));
-  optimizer_ = std::make_unique<optim::AdamW>(model_->param_sets(), cfg_.adamw());
+  parallel::DataParallelOptions dpo;
+  dpo.zero_stage = cfg_.parallel.zero_stage;
+  dpo.bucket_bytes = int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
+  dpo.shard_group = cfg_.parallel.shard_group;
+  dp_ = std::make_unique<parallel::DataParallel>(model_->param_sets(), dp_group, dpo);
+  model_->on_grads_ready = [this](size_t set) { dp_->grads_ready(set); };
+  model_->on_grads_needed = [this](size_t set) { dp_->grads_needed(set); };
+  model_->on_params_needed = [this](size_t set) { dp_->params_needed(set); };
+  model_->on_params_done = [this](size_t set) { dp_->params_done(set); };
+  ckpt_group_ = dp > 1 ? dp_group.split(0, dp_group.rank(), "ckpt") : comm::make_solo_group("ckpt");
+  optimizer_ = std::make_unique<optim::AdamW>(model_->param_sets(), cfg_.adamw(), dp_->optimizer_shards());
   inputs_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   targets_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   if (cfg_.metrics.peak_gflops > 0) {
@@ -69,13 +90,14 @@ StepMetrics Trainer::train_step(int64_t step) {
   StepMetrics m;
   m.step = step + 1;
   m.total_steps = cfg_.train.steps;
-  const int64_t accum = cfg_.grad_accum_steps(), T = cfg_.train.seq_len;
+  const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;
   // Loss is the mean over every token of the global batch, so each
   // micro-batch's gradient is scaled by 1 / (tokens in the global batch).
   const float grad_scale = float(1.0 / double(m.tokens));
   allocator_for(model_->device()).reset_peak();
   model_->zero_grads();
+  dp_->begin_step();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     auto t0 = Clock::now();
@@ -83,16 +105,24 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.data_seconds += seconds_since(t0);
     t0 = Clock::now();
     nn::ForwardContext ctx;
+    dp_->set_prefetch(+1);
     loss_sum += model_->forward(ctx, inputs_, targets_, true, grad_scale);
     m.forward_seconds += seconds_since(t0);
     t0 = Clock::now();
+    dp_->begin_backward(micro + 1 == accum);  // only the last micro-batch reduces (ZeRO < 2)
+    dp_->set_prefetch(-1);
     model_->backward(ctx);
+    dp_->set_prefetch(0);
     ops::synchronize(model_->device());  // GPU kernels run asynchronously: time the work, not its launch
     m.backward_seconds += seconds_since(t0);
   }
+  const auto t_reduce = Clock::now();
+  dp_->finish_reduction();
+  loss_sum = dp_->sum(loss_sum);
+  m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
-  m.grad_norm = optim::grad_norm(model_->param_sets());
+  m.grad_norm = std::sqrt(dp_->grad_sum_squares(*optimizer_));
   m.lr = schedule_.at(step);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
@@ -108,6 +138,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     progress_.last_good_loss = m.loss;
     progress_.last_good_step = step;
     optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip));
+    dp_->gather_params(*optimizer_);
   }
   m.optimizer_seconds = seconds_since(t_opt);
   m.step_seconds = seconds_since(t_step);
@@ -115,8 +146,14 @@ StepMetrics Trainer::train_step(int64_t step) {
   progress_.steps_done = step + 1;
   m.tokens_seen = progress_.tokens_seen;
   m.tokens_per_second = double(m.tokens) / m.step_seconds;
-  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9);
+  // The peak is per device; the job has one device per rank (dp of them).
+  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(dp_->size()));
   m.memory = allocator_for(model_->device()).stats();
+  const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
+  m.dp_size = dp_->size();
+  m.comm_bytes = sc.bytes;
+  m.comm_busy_seconds = sc.busy_seconds;
+  m.comm_exposed_seconds = sc.wait_seconds;
   return m;
 }
 
@@ -178,20 +215,25 @@ TrainResult Trainer::run(int64_t stop_after) {
   const int64_t first_step = progress_.steps_done;  // > 0 after a restored checkpoint
   const bool resumed = first_step > 0;
   check_no_future_checkpoints(cfg_, first_step);
-  {
+  // Only the main rank writes the run directory's files and talks; every
+  // rank computes the same step metrics (losses and norms are reduced).
+  std::ofstream log_file;
+  std::unique_ptr<MetricsLog> metrics;
+  if (main_rank_) {
     std::ofstream cfg_out(run_dir / "config.toml");
     ZT_CHECK(cfg_out.good(), "cannot write ", (run_dir / "config.toml").string());
     cfg_out << "# Resolved configuration of this run (every key, with the values in force).\n" << to_toml(cfg_);
+    log_file.open(run_dir / "train.log", resumed ? std::ios::app : std::ios::trunc);
+    if (resumed) truncate_metrics(run_dir / "metrics.jsonl", first_step);
+    metrics = std::make_unique<MetricsLog>((run_dir / "metrics.jsonl").string(), resumed);
   }
-  std::ofstream log_file(run_dir / "train.log", resumed ? std::ios::app : std::ios::trunc);
   auto console = log;
   auto say = [&](const std::string& line) {
+    if (!main_rank_) return;
     console(line);
     log_file << line << "\n";
     log_file.flush();
   };
-  if (resumed) truncate_metrics(run_dir / "metrics.jsonl", first_step);
-  MetricsLog metrics((run_dir / "metrics.jsonl").string(), resumed);
   std::unique_ptr<TrainCheckpointer> checkpointer;
   if (cfg_.checkpoint.every > 0) checkpointer = std::make_unique<TrainCheckpointer>(cfg_);
   auto save = [&](int64_t step) {
@@ -199,6 +241,11 @@ TrainResult Trainer::run(int64_t stop_after) {
     say((cfg_.checkpoint.async ? "checkpoint step " + std::to_string(step) + ": writing in the background to "
                                : "checkpoint step " + std::to_string(step) + ": saved to ") + dir);
   };
+  if (dp_->size() > 1)
+    say("data parallel: " + std::to_string(dp_->size()) + " ranks, ZeRO stage " +
+        std::to_string(dp_->zero_stage()) +
+        (dp_->shard_size() != dp_->size() ? ", shards over groups of " + std::to_string(dp_->shard_size()) : "") +
+        ", gradient buckets of " + std::to_string(cfg_.parallel.bucket_mb) + " MiB");
 
   const nn::ModelConfig& mc = cfg_.model;
   char head[512];
@@ -215,7 +262,7 @@ TrainResult Trainer::run(int64_t stop_after) {
                 "%lld steps; MFU peak %.1f GFLOP/s%s",
                 (long long)cfg_.train.global_batch, (long long)cfg_.train.seq_len,
                 (long long)(cfg_.train.global_batch * cfg_.train.seq_len), (long long)cfg_.train.micro_batch,
-                (long long)cfg_.grad_accum_steps(), (long long)cfg_.train.steps, peak_gflops_,
+                (long long)cfg_.grad_accum_steps(dp_->size()), (long long)cfg_.train.steps, peak_gflops_,
                 (" (" + peak_source_ + ")").c_str());
   say(head);
   say("run directory: " + run_dir.string());
@@ -229,7 +276,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     StepMetrics m = train_step(step);
     m.elapsed_seconds = seconds_since(t_start);
-    metrics.write_step(m);
+    if (metrics) metrics->write_step(m);
     result.losses.push_back(m.loss);
     result.final_loss = m.loss;
     result.steps = m.step;
@@ -242,7 +289,7 @@ TrainResult Trainer::run(int64_t stop_after) {
       int64_t val_tokens = 0;
       const double val = evaluate(&val_tokens);
       result.final_val_loss = val;
-      metrics.write_eval(m.step, val, val_tokens);
+      if (metrics) metrics->write_eval(m.step, val, val_tokens);
       char line[128];
       std::snprintf(line, sizeof line, "eval  step %lld | val loss %.4f (%lld tokens)", (long long)m.step, val,
                     (long long)val_tokens);
@@ -250,10 +297,13 @@ TrainResult Trainer::run(int64_t stop_after) {
     }
     if (codec_ && cfg_.sample.count > 0 &&
         ((cfg_.train.sample_every > 0 && m.step % cfg_.train.sample_every == 0) || last)) {
-      for (int64_t s = 0; s < cfg_.sample.count; ++s) {
-        say("sample (step " + std::to_string(m.step) + "): " +
-            sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s)));
-      }
+      dp_->hold_full_params(true);  // ZeRO-3: every rank gathers; then the main rank samples alone
+      if (main_rank_)
+        for (int64_t s = 0; s < cfg_.sample.count; ++s) {
+          say("sample (step " + std::to_string(m.step) + "): " +
+              sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s)));
+        }
+      dp_->hold_full_params(false);
     }
     if (stopping) {
       say("stopping after step " + std::to_string(m.step) + " as asked (--stop-after)" +

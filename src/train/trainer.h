@@ -13,6 +13,8 @@
 
 #include "nn/transformer.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "train/config.h"
 #include "train/metrics.h"
 
@@ -58,9 +60,12 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // val may be null (no evaluation); codec may be null (no samples).
+  // val may be null (no evaluation); codec may be null (no samples). mesh:
+  // the process's place in a multi-process job (null: one process); the
+  // data sources must then give this rank's rows (open_training_data does).
   Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
-          std::unique_ptr<TextCodec> codec);
+          std::unique_ptr<TextCodec> codec, std::shared_ptr<parallel::Mesh> mesh = nullptr);
+  ~Trainer();
 
   // Runs steps progress().steps_done .. cfg.train.steps - 1 (all of them
   // unless a checkpoint was restored), logging to the console,
@@ -85,6 +90,12 @@ class Trainer {
   // For restoring a checkpoint (train/checkpointing.h).
   void set_progress(const TrainProgress& p) { progress_ = p; }
   optim::AdamW& optimizer() { return *optimizer_; }
+  parallel::DataParallel& data_parallel() { return *dp_; }
+  // The data-parallel ranks again, for checkpoint writes (a group of its own,
+  // so a background save's collectives never interleave with training's).
+  comm::ProcessGroup& checkpoint_group() { return *ckpt_group_; }
+  // Rank 0 of the job logs, writes metrics and checkpoint manifests.
+  bool is_main_rank() const { return main_rank_; }
   const Config& config() const { return cfg_; }
   double peak_gflops() const { return peak_gflops_; }
 
@@ -97,6 +108,11 @@ class Trainer {
   Config cfg_;
   std::unique_ptr<nn::Transformer> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
+  std::shared_ptr<parallel::Mesh> mesh_;
+  std::unique_ptr<comm::ProcessGroup> solo_dp_;  // the dp group of a single process
+  std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<comm::ProcessGroup> ckpt_group_;
+  bool main_rank_ = true;
   std::unique_ptr<BatchSource> train_, val_;
   std::unique_ptr<TextCodec> codec_;
   optim::LrSchedule schedule_;

@@ -1,0 +1,71 @@
+#!/bin/bash
+# Data-parallel communication per step against the theory, per ZeRO stage.
+#
+# Weak scaling means nothing on a 2-core machine, so this measures what can
+# be measured: the bytes each rank sends per step (from metrics.jsonl, the
+# process group's own accounting) against the ring volumes - all-reduce of
+# the f32 gradients for ZeRO-0 (2 (p-1)/p x 4 bytes per parameter), reduce-
+# scatter of gradients plus all-gather of parameters for ZeRO-1 (the same
+# total with f32 parameters) - and the overlap fraction (the share of the
+# time reductions were in flight that the step did not wait for) on a model
+# whose backward is long enough to cover the buckets.
+#
+# Usage: bench/dp/run.sh [BUILD_DIR]   (prints a markdown table)
+set -euo pipefail
+build=${1:-build}
+bin="$build/bin/zettatron"
+mpi=(mpirun --oversubscribe --allow-run-as-root)
+tmp=$(mktemp -d /tmp/zt_bench_dp.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+data=data/fortunes-gpt2
+test -f "$data/index.json" || "$bin" prepare --config configs/data/fortunes-gpt2.toml > /dev/null
+
+cat > "$tmp/cfg.toml" <<TOML
+[model]
+preset = "gpt2-124m"
+n_layer = 4
+d_model = 256
+n_head = 4
+d_ff = 1024
+max_seq_len = 128
+[data]
+dir = "$data"
+tokenizer = ""
+[train]
+seq_len = 128
+global_batch = 8
+micro_batch = 2
+steps = 4
+log_every = 100
+[sample]
+count = 0
+[metrics]
+peak_gflops = 1
+TOML
+
+echo "| ranks | ZeRO | params (M) | bytes sent / step / rank (MB) | theory (MB) | ratio | overlap | exposed comm / step (ms) |"
+echo "|---|---|---|---|---|---|---|---|"
+for np in 2 4; do
+  for zero in 0 1; do
+    run="$tmp/np$np-z$zero"
+    "${mpi[@]}" -np $np "$bin" train "$tmp/cfg.toml" --set train.run_dir="$run" \
+      --set parallel.zero_stage=$zero --set parallel.bucket_mb=4 > /dev/null
+    /usr/bin/python3 - "$run" "$np" "$zero" <<'PY'
+import json, sys
+run, p, zero = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+steps = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"comm"' in l]
+steps = steps[1:]  # the first step warms up
+cfg = open(run + "/config.toml").read()
+# Parameter elements in the flat buffers (what is reduced): from the run's own log.
+log = open(run + "/train.log").read()
+import re
+params = float(re.search(r"([0-9.]+)M parameters", log).group(1)) * 1e6
+sent = sum(s["comm"]["bytes"] for s in steps) / len(steps)
+theory = 2 * 4 * params * (p - 1) / p
+busy = sum(s["comm"]["busy_s"] for s in steps)
+exposed = sum(s["comm"]["exposed_s"] for s in steps)
+overlap = 1 - exposed / busy if busy > 0 else 1
+print(f"| {p} | {zero} | {params/1e6:.2f} | {sent/1e6:.2f} | {theory/1e6:.2f} | {sent/theory:.3f} | {overlap:.2f} | {1e3*exposed/len(steps):.1f} |")
+PY
+  done
+done

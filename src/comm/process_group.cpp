@@ -1,0 +1,140 @@
+// The world group, backend selection, counters and job-wide helpers.
+#include "comm/process_group.h"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "comm/mpi_group.h"
+#include "comm/solo_group.h"
+#include "core/error.h"
+
+namespace zt::comm {
+
+namespace {
+
+std::atomic<int64_t> g_step{0};
+
+struct World {
+  std::mutex mu;
+  std::unique_ptr<ProcessGroup> group;
+  WorldInfo info;
+};
+
+World& the_world() {
+  static World* w = new World;  // lives until exit; its group is released by the atexit handler
+  return *w;
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+void finalize_at_exit() {
+  World& w = the_world();
+  std::lock_guard<std::mutex> lock(w.mu);
+  const bool mpi = w.info.backend == "mpi";
+  w.group.reset();  // stops the world's comm thread
+  if (!mpi) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+CommStats ProcessGroup::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void ProcessGroup::count_op(int64_t bytes_sent) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++stats_.ops;
+  stats_.bytes_sent += bytes_sent;
+}
+
+void ProcessGroup::add_busy(double seconds) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.busy_seconds += seconds;
+}
+
+void ProcessGroup::add_wait(double seconds) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.wait_seconds += seconds;
+}
+
+ProcessGroup& world(const CommOptions& options) {
+  World& w = the_world();
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (w.group) return *w.group;
+  std::string backend = options.backend;
+  if (const char* env = std::getenv("ZT_COMM_BACKEND")) backend = env;
+  ZT_CHECK(backend == "auto" || backend == "solo" || backend == "mpi", "comm backend '", backend,
+           "': choose auto, solo or mpi");
+  if (backend == "auto") backend = launched_by_mpi() ? "mpi" : "solo";
+  double timeout = options.timeout_seconds;
+  if (const char* env = std::getenv("ZT_COMM_TIMEOUT")) timeout = std::atof(env);
+  ZT_CHECK(timeout > 0, "the comm timeout must be positive, got ", timeout, " s");
+  w.info.backend = backend;
+  if (backend == "solo") {
+    w.group = std::make_unique<SoloGroup>("world");
+  } else {
+    init_mpi();
+    MPI_Comm comm;
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    w.group = std::make_unique<MpiGroup>(comm, "world", timeout);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, w.group->rank(), MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &w.info.local_rank);
+    MPI_Comm_size(local, &w.info.local_size);
+    MPI_Comm_free(&local);
+  }
+  w.info.rank = w.group->rank();
+  w.info.size = w.group->size();
+  if (backend == "solo") {
+    w.info.local_rank = env_int("SLURM_LOCALID", 0);
+    w.info.local_size = 1;
+  }
+  std::atexit(finalize_at_exit);
+  return *w.group;
+}
+
+WorldInfo world_info() {
+  world();
+  World& w = the_world();
+  std::lock_guard<std::mutex> lock(w.mu);
+  return w.info;
+}
+
+std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name) {
+  return std::make_unique<SoloGroup>(name);
+}
+
+void set_current_step(int64_t step) { g_step = step; }
+int64_t current_step() { return g_step; }
+
+void abort_job_after_error(int exit_code) {
+  World& w = the_world();
+  bool multi = false;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    multi = w.group && w.info.backend == "mpi" && w.info.size > 1;
+  }
+  if (!multi) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+}
+
+}  // namespace zt::comm

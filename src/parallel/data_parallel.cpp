@@ -1,0 +1,289 @@
+#include "parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/device.h"
+#include "ops/elementwise.h"
+
+namespace zt::parallel {
+
+DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& group,
+                           const DataParallelOptions& options)
+    : sets_(std::move(sets)), group_(&group), opt_(options), started_(sets_.size(), false) {
+  ZT_CHECK(opt_.zero_stage >= 0 && opt_.zero_stage <= 3, "parallel.zero_stage = ", opt_.zero_stage,
+           " does not exist (0, 1, 2 or 3)");
+  ZT_CHECK(opt_.bucket_bytes >= 4, "the gradient bucket must hold at least one element");
+  const int64_t dp = group.size();
+  const int64_t sg = opt_.shard_group == 0 ? dp : opt_.shard_group;
+  ZT_CHECK(sg >= 1 && dp % sg == 0, "parallel.shard_group = ", opt_.shard_group, " must divide dp = ", dp,
+           " (ZeRO shards span groups of that many ranks)");
+  shard_group_ = group_;
+  if (sg != dp) {
+    // Both splits are collectives over the dp group, made by every rank.
+    own_shard_group_ = group.split(int(group.rank() / sg), int(group.rank() % sg), "dp_shard");
+    replica_group_ = group.split(int(group.rank() % sg), int(group.rank() / sg), "dp_replica");
+    shard_group_ = own_shard_group_.get();
+  }
+  last_.resize(groups().size());
+  const int64_t p = sg;
+  if (opt_.zero_stage >= 1)
+    for (nn::ParamSet* s : sets_) {
+      ZT_ASSERT(s->numel() % p == 0, "layer buffers must be padded to a multiple of the shard group for ZeRO");
+      grad_shards_.push_back(
+          Tensor::empty(Shape{s->numel() / p}, DType::f32, s->flat().device(), MemCategory::grads));
+      if (opt_.zero_stage >= 2) s->release_grads();  // back only while the layer is in backward
+      if (opt_.zero_stage >= 3) {
+        // This rank's slice of the (initialised) weights is all it keeps.
+        const int64_t len = s->numel() / p;
+        Tensor shard = Tensor::empty(Shape{len}, s->dtype(), s->device(), MemCategory::params);
+        ops::copy(shard, s->flat().flat_view(shard_group_->rank() * len, Shape{len}));
+        param_shards_.push_back(shard);
+        s->release_params();
+      }
+    }
+  gathers_.resize(sets_.size());
+}
+
+void DataParallel::start_gather(size_t i) {
+  nn::ParamSet& s = *sets_[i];
+  s.ensure_param_storage();
+  if (shard_size() == 1)
+    ops::copy(s.flat(), param_shards_[i]);
+  else
+    gathers_[i] = shard_group_->all_gather(s.flat(), param_shards_[i]);
+}
+
+void DataParallel::params_needed(size_t i) {
+  if (opt_.zero_stage < 3) return;
+  if (gathers_[i]) {  // prefetched
+    gathers_[i]->wait();
+    gathers_[i] = nullptr;
+  } else if (!sets_[i]->has_params()) {
+    start_gather(i);
+    if (gathers_[i]) gathers_[i]->wait();
+    gathers_[i] = nullptr;
+  }
+  // The next layer of this pass (the embeddings are not read in backward).
+  // Only while the pass moves on in its direction: the tied embedding read
+  // again at the LM head must not prefetch block 0 for nothing.
+  const int64_t at = int64_t(i), next = at + prefetch_;
+  const bool onward = prefetch_ > 0 ? at >= last_needed_ : at <= last_needed_;
+  if (prefetch_ != 0 && onward) last_needed_ = at;
+  if (prefetch_ != 0 && onward && next >= (prefetch_ < 0 ? 1 : 0) && next < int64_t(sets_.size()) &&
+      !sets_[size_t(next)]->has_params())
+    start_gather(size_t(next));
+}
+
+void DataParallel::params_done(size_t i) {
+  if (opt_.zero_stage < 3 || hold_ || gathers_[i]) return;
+  sets_[i]->release_params();
+}
+
+void DataParallel::hold_full_params(bool hold) {
+  if (opt_.zero_stage < 3) return;
+  hold_ = hold;
+  for (size_t i = 0; i < sets_.size(); ++i) {
+    if (hold)
+      params_needed(i);
+    else if (!gathers_[i])
+      sets_[i]->release_params();
+  }
+}
+
+void DataParallel::begin_step() {
+  if (opt_.zero_stage >= 2)
+    for (Tensor& g : grad_shards_) ops::fill(g, 0.0);
+}
+
+void DataParallel::grads_needed(size_t set_index) {
+  if (opt_.zero_stage >= 2) sets_[set_index]->ensure_grads();
+}
+
+std::vector<optim::OptimShard> DataParallel::optimizer_shards() const {
+  std::vector<optim::OptimShard> out;
+  for (size_t i = 0; i < sets_.size(); ++i) {
+    const int64_t n = sets_[i]->numel();
+    if (opt_.zero_stage == 0) {
+      out.push_back({0, n, sets_[i]->grad_flat(), {}});
+    } else {
+      const int64_t len = n / shard_size();
+      out.push_back({shard_rank() * len, (shard_rank() + 1) * len, grad_shards_[i],
+                     opt_.zero_stage >= 3 ? param_shards_[i] : Tensor()});
+    }
+  }
+  return out;
+}
+
+void DataParallel::begin_backward(bool last_micro_batch) {
+  armed_ = last_micro_batch || opt_.zero_stage >= 2;
+  if (armed_) std::fill(started_.begin(), started_.end(), false);
+}
+
+void DataParallel::grads_ready(size_t set_index) {
+  if (armed_) start(set_index);
+}
+
+void DataParallel::start(size_t i) {
+  if (started_[i]) return;
+  started_[i] = true;
+  nn::ParamSet& s = *sets_[i];
+  if (opt_.zero_stage >= 2) {
+    if (!s.has_grads()) return;  // this layer produced no gradient in this pass
+    Pending p;
+    p.set = i;
+    p.full = s.grad_flat();
+    p.shard_part = shard_size() == 1
+                       ? p.full
+                       : Tensor::empty(grad_shards_[i].shape(), DType::f32, p.full.device(), MemCategory::grads);
+    if (shard_size() > 1) p.work = shard_group_->reduce_scatter(p.shard_part, p.full);
+    if (replica_group_) p.replica_reduce = p.shard_part;
+    s.release_grads();  // freed when the reduction is done with it
+    pending_.push_back(std::move(p));
+    drain(false);
+    // Back-pressure: at most one layer's reduction in flight while the next
+    // layer's backward runs, so gradient memory stays at the shards plus two
+    // layers however slow the network is.
+    while (pending_.size() > 1) {
+      if (pending_.front().work) pending_.front().work->wait();
+      drain(false);
+    }
+    return;
+  }
+  const Tensor& g = s.grad_flat();
+  if (size() == 1) {
+    if (opt_.zero_stage >= 1) ops::copy(grad_shards_[i], g);
+    return;
+  }
+  if (opt_.zero_stage == 0) {
+    const int64_t chunk = std::max<int64_t>(1, opt_.bucket_bytes / 4);
+    for (int64_t off = 0; off < g.numel(); off += chunk)
+      pending_.push_back({group_->all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)})), i, {}, {}, {}});
+  } else {
+    Pending p{{}, i, {}, {}, {}};
+    if (shard_size() > 1)
+      p.work = shard_group_->reduce_scatter(grad_shards_[i], g);
+    else
+      ops::copy(grad_shards_[i], g);
+    if (replica_group_) p.replica_reduce = grad_shards_[i];
+    pending_.push_back(std::move(p));
+  }
+  drain(false);  // starts the replica all-reduces of finished reduce-scatters early
+}
+
+void DataParallel::drain(bool wait_all) {
+  size_t done = 0;
+  for (; done < pending_.size(); ++done) {
+    Pending& p = pending_[done];
+    bool finished = true;
+    for (;;) {
+      if (p.work) {
+        if (wait_all) {
+          p.work->wait();
+        } else if (!p.work->test()) {
+          finished = false;
+          break;
+        }
+        p.work = nullptr;
+      }
+      if (!p.replica_reduce.defined()) break;
+      // Hybrid: the shard group's sum, summed again across the replicas.
+      p.work = replica_group_->all_reduce(p.replica_reduce);
+      p.replica_reduce = Tensor();
+    }
+    if (!finished) break;  // keep the order: later ones wait for this one
+    if (p.shard_part.defined()) ops::add(grad_shards_[p.set], grad_shards_[p.set], p.shard_part);
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + long(done));
+}
+
+void DataParallel::finish_reduction() {
+  // Layers backward never reported (none today) are reduced now, in order.
+  if (armed_)
+    for (size_t i = 0; i < sets_.size(); ++i) start(i);
+  drain(true);
+  armed_ = false;
+}
+
+double DataParallel::grad_sum_squares(const optim::AdamW& opt) {
+  if (opt_.zero_stage == 0) {
+    std::vector<Tensor> grads;
+    for (nn::ParamSet* s : sets_) grads.push_back(s->grad_flat());
+    const double n = ops::global_norm(grads);
+    return n * n;
+  }
+  // Replicas hold the same shards: sum over one shard group only.
+  return sum_over(*shard_group_, optim::shard_grad_sum_squares(opt));
+}
+
+bool DataParallel::writes_checkpoint_part() const {
+  if (opt_.zero_stage == 0) return rank() == 0;
+  return !replica_group_ || replica_group_->rank() == 0;
+}
+
+void DataParallel::gather_params(const optim::AdamW& opt) {
+  // ZeRO-3 updated its shards in place; the layers are gathered when used.
+  if (opt_.zero_stage == 0 || opt_.zero_stage >= 3 || shard_size() == 1) return;
+  std::vector<comm::WorkHandle> work;
+  std::vector<Tensor> sends;
+  for (size_t i = 0; i < sets_.size(); ++i) {
+    const optim::OptimShard& sh = opt.shard(i);
+    const Tensor& flat = sets_[i]->flat();
+    // The send buffer must not alias the gather's output.
+    Tensor mine = Tensor::empty(Shape{sh.end - sh.begin}, flat.dtype(), flat.device(), MemCategory::comm);
+    ops::copy(mine, flat.flat_view(sh.begin, Shape{sh.end - sh.begin}));
+    sends.push_back(mine);
+    work.push_back(shard_group_->all_gather(flat, mine));
+  }
+  for (auto& w : work) w->wait();
+}
+
+double DataParallel::sum(double v) { return sum_over(*group_, v); }
+
+double DataParallel::sum_over(comm::ProcessGroup& g, double v) {
+  if (g.size() == 1) return v;
+  // Every rank's double, bit for bit (as i64), summed in rank order: exact
+  // double arithmetic and the same result on every rank.
+  Tensor mine = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor all = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
+  std::memcpy(mine.data_ptr(), &v, 8);
+  g.all_gather(all, mine)->wait();
+  double total = 0;
+  for (int64_t r = 0; r < g.size(); ++r) {
+    double x;
+    std::memcpy(&x, static_cast<const char*>(all.data_ptr()) + 8 * r, 8);
+    total += x;
+  }
+  return total;
+}
+
+void DataParallel::all_gather(const Tensor& out, const Tensor& in) {
+  if (size() == 1) {
+    ops::copy(out, in);
+    return;
+  }
+  group_->all_gather(out, in)->wait();
+}
+
+std::vector<comm::ProcessGroup*> DataParallel::groups() const {
+  std::vector<comm::ProcessGroup*> g{group_};
+  if (own_shard_group_) g.push_back(own_shard_group_.get());
+  if (replica_group_) g.push_back(replica_group_.get());
+  return g;
+}
+
+DataParallel::StepComm DataParallel::take_step_comm() {
+  StepComm out;
+  const auto gs = groups();
+  for (size_t i = 0; i < gs.size(); ++i) {
+    const comm::CommStats& s = gs[i]->stats();
+    out.bytes += s.bytes_sent - last_[i].bytes_sent;
+    out.busy_seconds += s.busy_seconds - last_[i].busy_seconds;
+    out.wait_seconds += s.wait_seconds - last_[i].wait_seconds;
+    last_[i] = s;
+  }
+  return out;
+}
+
+}  // namespace zt::parallel

@@ -1,0 +1,105 @@
+#!/bin/bash
+# Checkpoints across data-parallel layouts, and a rank killed mid-training,
+# through `zettatron train` under mpirun.
+#   1. 10 steps in one process (the reference).
+#   2. 4 ranks, ZeRO-1, stopped after step 4 (checkpoint there).
+#   3. that checkpoint resumed by 2 ranks with ZeRO-1 and by one process:
+#      steps 5..10 match the reference (relative 1e-5: only the reduction
+#      order differs).
+#   4. 2 ranks, one killed with SIGKILL mid-training: mpirun exits non-zero
+#      well within the comm timeout and no process is left behind.
+# Usage: dp_resume_test.sh BUILD_DIR
+set -euo pipefail
+build=$1
+bin="$build/bin/zettatron"
+mpi=(mpirun --oversubscribe --allow-run-as-root)
+tmp=$(mktemp -d /tmp/zt_dp_resume.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+"$bin" prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes --doc-split percent \
+  --val-fraction 0.05 --output "$tmp/data" > /dev/null
+cat > "$tmp/cfg.toml" <<TOML
+[model]
+preset = "gpt2-tiny"
+vocab_size = 50257
+[data]
+dir = "$tmp/data"
+tokenizer = ""
+[train]
+seq_len = 32
+global_batch = 8
+micro_batch = 2
+steps = 10
+log_every = 100
+[optim]
+lr = 3e-3
+warmup_steps = 2
+[sample]
+count = 0
+[metrics]
+peak_gflops = 1
+[checkpoint]
+every = 2
+keep_last = 0
+TOML
+
+losses() { /usr/bin/python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1/metrics.jsonl"; }
+same() {  # same REF GOT: every loss within relative 1e-5
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys
+a = [float(x) for x in sys.argv[1].split()]
+b = [float(x) for x in sys.argv[2].split()]
+assert len(a) == len(b) == 10, (len(a), len(b))
+for i, (x, y) in enumerate(zip(a, b)):
+    assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: reference {x!r}, resumed {y!r}"
+PY
+}
+
+"$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/ref" > /dev/null
+ref=$(losses "$tmp/ref")
+
+"${mpi[@]}" -np 4 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/a" --set parallel.zero_stage=1 \
+  --stop-after 4 > /dev/null
+test "$(cat "$tmp/a/checkpoints/latest")" = step_00000004
+grep -q '"dp": 4' "$tmp/a/checkpoints/step_00000004/manifest.json"
+cp -r "$tmp/a" "$tmp/b"
+cp -r "$tmp/a" "$tmp/c"
+
+"${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/b" --set parallel.zero_stage=1 \
+  --resume > /dev/null
+same "$ref" "$(losses "$tmp/b")"
+echo "dp=4 ZeRO-1 -> dp=2 ZeRO-1: losses match the single-process run"
+
+"$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/c" --resume > /dev/null
+same "$ref" "$(losses "$tmp/c")"
+echo "dp=4 ZeRO-1 -> one process: losses match the single-process run"
+
+# A rank killed mid-training.
+"${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/k" --set train.steps=100000 \
+  --set checkpoint.every=0 --set parallel.comm_timeout=10 > "$tmp/k.out" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  [ -s "$tmp/k/metrics.jsonl" ] && break
+  sleep 0.1
+done
+victim=""
+for pid in $(pgrep -f "$tmp/cfg.toml" || true); do
+  if tr '\0' '\n' < /proc/$pid/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then victim=$pid; fi
+done
+test -n "$victim" || { echo "could not find rank 1"; kill $launcher; exit 1; }
+start=$(date +%s)
+kill -9 "$victim"
+set +e
+timeout 60 tail --pid=$launcher -f /dev/null
+wait $launcher
+rc=$?
+set -e
+elapsed=$(( $(date +%s) - start ))
+echo "killed rank 1: mpirun exited with $rc after ${elapsed}s"
+test "$rc" -ne 0
+test "$elapsed" -le 30
+# The launcher names the rank that died.
+grep -E "process rank 1 .*(signal 9|Killed)" "$tmp/k.out" || { cat "$tmp/k.out"; exit 1; }
+sleep 1
+if pgrep -f "$tmp/cfg.toml" > /dev/null; then echo "processes left behind"; exit 1; fi
+echo "ok"
