@@ -3,12 +3,13 @@
 #
 # Weak scaling means nothing on a 2-core machine, so this measures what can
 # be measured: the bytes each rank sends per step (from metrics.jsonl, the
-# process group's own accounting) against the ring volumes - all-reduce of
-# the f32 gradients for ZeRO-0 (2 (p-1)/p x 4 bytes per parameter), reduce-
-# scatter of gradients plus all-gather of parameters for ZeRO-1 (the same
-# total with f32 parameters) - and the overlap fraction (the share of the
-# time reductions were in flight that the step did not wait for) on a model
-# whose backward is long enough to cover the buckets.
+# process group's own accounting) against the ring volumes, with one
+# micro-batch per rank per step - ZeRO-0: all-reduce of the f32 gradients,
+# 2 (p-1)/p x 4 bytes per parameter; ZeRO-1 and 2: reduce-scatter of the
+# gradients plus all-gather of the (f32) parameters, the same 2x; ZeRO-3:
+# parameters gathered in forward and again in backward plus the gradient
+# reduce-scatter, 3x - and the overlap fraction (the share of the time
+# communication was in flight that the step did not wait for).
 #
 # Usage: bench/dp/run.sh [BUILD_DIR]   (prints a markdown table)
 set -euo pipefail
@@ -46,10 +47,10 @@ TOML
 echo "| ranks | ZeRO | params (M) | bytes sent / step / rank (MB) | theory (MB) | ratio | overlap | exposed comm / step (ms) |"
 echo "|---|---|---|---|---|---|---|---|"
 for np in 2 4; do
-  for zero in 0 1; do
+  for zero in 0 1 2 3; do
     run="$tmp/np$np-z$zero"
     "${mpi[@]}" -np $np "$bin" train "$tmp/cfg.toml" --set train.run_dir="$run" \
-      --set parallel.zero_stage=$zero --set parallel.bucket_mb=4 > /dev/null
+      --set train.micro_batch=$((8 / np)) --set parallel.zero_stage=$zero --set parallel.bucket_mb=4 > /dev/null
     /usr/bin/python3 - "$run" "$np" "$zero" <<'PY'
 import json, sys
 run, p, zero = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -61,7 +62,7 @@ log = open(run + "/train.log").read()
 import re
 params = float(re.search(r"([0-9.]+)M parameters", log).group(1)) * 1e6
 sent = sum(s["comm"]["bytes"] for s in steps) / len(steps)
-theory = 2 * 4 * params * (p - 1) / p
+theory = (3 if zero == 3 else 2) * 4 * params * (p - 1) / p
 busy = sum(s["comm"]["busy_s"] for s in steps)
 exposed = sum(s["comm"]["exposed_s"] for s in steps)
 overlap = 1 - exposed / busy if busy > 0 else 1
