@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,13 @@ namespace zt::train {
 MetricsLog::MetricsLog(const std::string& path, bool append)
     : out_(path, std::ios::out | (append ? std::ios::app : std::ios::trunc)) {
   ZT_CHECK(out_.good(), "cannot write metrics file '", path, "'");
+}
+
+double comm_overlap(const StepMetrics& m) {
+  // A caller can wait longer than the operation ran (it queued behind
+  // others), so exposed may exceed busy: clamp to [0, 1].
+  if (m.comm_busy_seconds <= 0) return 1.0;
+  return std::clamp(1.0 - m.comm_exposed_seconds / m.comm_busy_seconds, 0.0, 1.0);
 }
 
 void MetricsLog::write_step(const StepMetrics& m) {
@@ -29,12 +37,19 @@ void MetricsLog::write_step(const StepMetrics& m) {
                  {"backward", m.backward_seconds},
                  {"optimizer", m.optimizer_seconds},
                  {"data", m.data_seconds}};
+  if (m.dp_size > 1) {
+    nlohmann::json worst;
+    for (int c = 0; c < kNumMemCategories; ++c)
+      worst[std::string(mem_category_name(MemCategory(c)))] = m.max_peak_memory.peak_bytes[size_t(c)];
+    worst["total"] = m.max_peak_memory.total_peak_bytes;
+    j["memory_peak_max_rank"] = {{"rank", m.max_peak_rank}, {"peak_bytes", worst}};
+  }
   if (m.dp_size > 1)
     j["comm"] = {{"dp", m.dp_size},
                  {"bytes", m.comm_bytes},
                  {"busy_s", m.comm_busy_seconds},
                  {"exposed_s", m.comm_exposed_seconds},
-                 {"overlap", m.comm_busy_seconds > 0 ? 1.0 - m.comm_exposed_seconds / m.comm_busy_seconds : 1.0}};
+                 {"overlap", comm_overlap(m)}};
   nlohmann::json mem, peak;
   for (int c = 0; c < kNumMemCategories; ++c) {
     const std::string name(mem_category_name(MemCategory(c)));
@@ -80,7 +95,18 @@ std::string format_step_line(const StepMetrics& m) {
                 100.0 * m.backward_seconds / step_s, 100.0 * m.optimizer_seconds / step_s,
                 100.0 * m.data_seconds / step_s, double(m.memory.total_peak_bytes) / (1 << 20),
                 format_duration(eta).c_str());
-  return buf;
+  std::string line = buf;
+  if (m.dp_size > 1) {
+    // Communication share: the exposed part of the step, and how much of the
+    // time communication was in flight was hidden behind compute.
+    std::snprintf(buf, sizeof buf, " | comm %.0f%% of step, %.0f%% hidden, %.1f MB | peak rank %lld %.0f MiB",
+                  100.0 * m.comm_exposed_seconds / step_s,
+                  100.0 * comm_overlap(m),
+                  double(m.comm_bytes) / 1e6, (long long)m.max_peak_rank,
+                  double(m.max_peak_memory.total_peak_bytes) / (1 << 20));
+    line += buf;
+  }
+  return line;
 }
 
 }  // namespace zt::train

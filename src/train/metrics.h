@@ -28,6 +28,10 @@ struct StepMetrics {
   // reductions were in flight, and the part of it the step waited for (not
   // hidden behind backward). overlap = 1 - exposed / busy.
   int64_t dp_size = 1;
+  // The data-parallel rank with the highest peak this step, and its peaks
+  // by category (every rank's memory differs under ZeRO; the worst matters).
+  int64_t max_peak_rank = 0;
+  MemStats max_peak_memory;
   int64_t comm_bytes = 0;
   double comm_busy_seconds = 0, comm_exposed_seconds = 0;
 };
@@ -43,6 +47,10 @@ class MetricsLog {
  private:
   std::ofstream out_;
 };
+
+// The share of the time data-parallel communication was in flight that the
+// step did not wait for, in [0, 1].
+double comm_overlap(const StepMetrics& m);
 
 // "step 12/300 | loss 5.4321 | lr 3.00e-04 | ..." with an ETA.
 std::string format_step_line(const StepMetrics& m);

@@ -23,6 +23,11 @@ using nlohmann::json;
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+std::string format_mib(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 }  // namespace
 
 json BatchSource::state() const {
@@ -149,6 +154,20 @@ StepMetrics Trainer::train_step(int64_t step) {
   // The peak is per device; the job has one device per rank (dp of them).
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(dp_->size()));
   m.memory = allocator_for(model_->device()).stats();
+  m.max_peak_memory = m.memory;
+  if (dp_->size() > 1) {
+    // Every rank's peaks (total first, then by category); the worst rank's are reported.
+    const int64_t k = 1 + kNumMemCategories;
+    Tensor mine = Tensor::empty(Shape{k}, DType::i64), all = Tensor::empty(Shape{k * dp_->size()}, DType::i64);
+    mine.data<int64_t>()[0] = m.memory.total_peak_bytes;
+    for (int c = 0; c < kNumMemCategories; ++c) mine.data<int64_t>()[1 + c] = m.memory.peak_bytes[size_t(c)];
+    dp_->all_gather(all, mine);
+    const int64_t* a = all.data<int64_t>();
+    for (int64_t r = 0; r < dp_->size(); ++r)
+      if (a[r * k] > a[m.max_peak_rank * k]) m.max_peak_rank = r;
+    m.max_peak_memory.total_peak_bytes = a[m.max_peak_rank * k];
+    for (int c = 0; c < kNumMemCategories; ++c) m.max_peak_memory.peak_bytes[size_t(c)] = a[m.max_peak_rank * k + 1 + c];
+  }
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
   m.dp_size = dp_->size();
   m.comm_bytes = sc.bytes;
@@ -245,7 +264,7 @@ TrainResult Trainer::run(int64_t stop_after) {
     say("data parallel: " + std::to_string(dp_->size()) + " ranks, ZeRO stage " +
         std::to_string(dp_->zero_stage()) +
         (dp_->shard_size() != dp_->size() ? ", shards over groups of " + std::to_string(dp_->shard_size()) : "") +
-        ", gradient buckets of " + std::to_string(cfg_.parallel.bucket_mb) + " MiB");
+        ", gradient buckets of " + format_mib(cfg_.parallel.bucket_mb) + " MiB");
 
   const nn::ModelConfig& mc = cfg_.model;
   char head[512];
@@ -277,6 +296,8 @@ TrainResult Trainer::run(int64_t stop_after) {
     StepMetrics m = train_step(step);
     m.elapsed_seconds = seconds_since(t_start);
     if (metrics) metrics->write_step(m);
+    last_max_peak_rank_ = m.max_peak_rank;
+    last_max_peak_bytes_ = m.max_peak_memory.total_peak_bytes;
     result.losses.push_back(m.loss);
     result.final_loss = m.loss;
     result.steps = m.step;
@@ -315,6 +336,9 @@ TrainResult Trainer::run(int64_t stop_after) {
   say("done: " + std::to_string(result.steps) + " steps in " + std::to_string(int(seconds_since(t_start))) +
       "s; run directory: " + run_dir.string());
   say("memory by category (this process):\n" + format_mem_stats(allocator_for(model_->device()).stats()));
+  if (dp_->size() > 1 && result.steps > first_step)
+    say("highest peak of the last step: data-parallel rank " + std::to_string(last_max_peak_rank_) + ", " +
+        std::to_string(last_max_peak_bytes_ >> 20) + " MiB");
   return result;
 }
 

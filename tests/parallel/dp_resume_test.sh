@@ -3,10 +3,11 @@
 # through `zettatron train` under mpirun.
 #   1. 10 steps in one process (the reference).
 #   2. 4 ranks, ZeRO-1, stopped after step 4 (checkpoint there).
-#   3. that checkpoint resumed by 2 ranks with ZeRO-1 and by one process:
+#   3. that checkpoint resumed by 2 ranks with ZeRO-3 and by one process:
 #      steps 5..10 match the reference (relative 1e-5: only the reduction
 #      order differs).
-#   4. 2 ranks, one killed with SIGKILL mid-training: mpirun exits non-zero
+#   4. layouts that do not fit the job fail with one message on every rank.
+#   5. 2 ranks, one killed with SIGKILL mid-training: mpirun exits non-zero
 #      well within the comm timeout and no process is left behind.
 # Usage: dp_resume_test.sh BUILD_DIR
 set -euo pipefail
@@ -65,14 +66,31 @@ grep -q '"dp": 4' "$tmp/a/checkpoints/step_00000004/manifest.json"
 cp -r "$tmp/a" "$tmp/b"
 cp -r "$tmp/a" "$tmp/c"
 
-"${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/b" --set parallel.zero_stage=1 \
+"${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/b" --set parallel.zero_stage=3 \
   --resume > /dev/null
 same "$ref" "$(losses "$tmp/b")"
-echo "dp=4 ZeRO-1 -> dp=2 ZeRO-1: losses match the single-process run"
+echo "dp=4 ZeRO-1 -> dp=2 ZeRO-3: losses match the single-process run"
 
 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/c" --resume > /dev/null
 same "$ref" "$(losses "$tmp/c")"
 echo "dp=4 ZeRO-1 -> one process: losses match the single-process run"
+
+# Layouts that do not fit the job: one message, from every rank, before any collective.
+set +e
+bad=$("${mpi[@]}" -np 3 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/bad" 2>&1)
+rc=$?
+set -e
+test "$rc" -ne 0
+# (Every rank reaches the same verdict; the first to fail ends the job, so
+# the others may be stopped before they print it.)
+grep -q "train.global_batch = 8 is not divisible by micro_batch x dp = 2 x 3" <<< "$bad" || { echo "$bad"; exit 1; }
+set +e
+bad=$("${mpi[@]}" -np 4 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/bad" --set parallel.dp=2 2>&1)
+rc=$?
+set -e
+test "$rc" -ne 0
+grep -q "needs dp x tp x pp x cp = 2 processes, but the job has 4" <<< "$bad" || { echo "$bad"; exit 1; }
+echo "bad layouts: one clear error on every rank"
 
 # A rank killed mid-training.
 "${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/k" --set train.steps=100000 \

@@ -227,7 +227,7 @@ TEST(DataParallel, ZeroTwoAndThreeKeepShardsAndTheLayersInFlight) {
 // micro-batch for ZeRO-2; for ZeRO-3 every micro-batch all-gathers the
 // weights in forward and again in backward (the tied embedding twice in
 // forward, not in backward: the same total) and reduce-scatters the
-// gradients - 3x; plus 8 (p-1) bytes per scalar sum.
+// gradients - 3x; plus 8 (p-1) bytes per scalar exchanged.
 TEST(DataParallel, BytesPerStepFollowTheRingVolumes) {
   const int64_t p = comm::world().size();
   if (p == 1) GTEST_SKIP() << "one rank sends nothing";
@@ -244,10 +244,13 @@ TEST(DataParallel, BytesPerStepFollowTheRingVolumes) {
     // ZeRO-2 reduce-scatters every micro-batch (global 24 / (2 dp) of them).
     const double accum = double(cfg.grad_accum_steps(p));
     const double ring = grad_bytes * double(p - 1) / double(p);
-    const double expected = zero == 0   ? 2.0 * ring + 8.0 * double(p - 1)
-                            : zero == 1 ? 2.0 * ring + 16.0 * double(p - 1)
-                            : zero == 2 ? (accum + 1.0) * ring + 16.0 * double(p - 1)
-                                        : 3.0 * accum * ring + 16.0 * double(p - 1);
+    // Scalars: the loss sum (and under ZeRO >= 1 the squared grad norm), 8
+    // bytes each per peer, and the memory report (1 + categories) x 8.
+    const double scalars = 8.0 * double(p - 1) * ((zero == 0 ? 1 : 2) + 1 + kNumMemCategories);
+    const double expected = zero == 0   ? 2.0 * ring + scalars
+                            : zero == 1 ? 2.0 * ring + scalars
+                            : zero == 2 ? (accum + 1.0) * ring + scalars
+                                        : 3.0 * accum * ring + scalars;
     EXPECT_NEAR(double(m.comm_bytes), expected, 1e-6 * expected) << "ZeRO-" << zero;
     EXPECT_GE(m.comm_busy_seconds, 0.0);
   }
