@@ -46,4 +46,13 @@ void check_counts(const char* op, const ProcessGroup& g, const char* what, std::
   ZT_CHECK(sum == numel, where(op, g), what, " sum to ", sum, " elements, the tensor has ", numel);
 }
 
+void check_all_to_allv(const ProcessGroup& g, const Tensor& out, std::span<const int64_t> out_counts,
+                       const Tensor& in, std::span<const int64_t> in_counts) {
+  check_host("all_to_allv", g, out);
+  check_host("all_to_allv", g, in);
+  check_same_dtype("all_to_allv", g, out, in);
+  check_counts("all_to_allv", g, "out_counts", out_counts, out.numel());
+  check_counts("all_to_allv", g, "in_counts", in_counts, in.numel());
+}
+
 }  // namespace zt::comm

@@ -22,4 +22,8 @@ void check_peer(const char* op, const ProcessGroup& g, int peer, bool self_ok);
 void check_counts(const char* op, const ProcessGroup& g, const char* what, std::span<const int64_t> counts,
                   int64_t numel);
 
+// Everything all_to_allv requires of its arguments.
+void check_all_to_allv(const ProcessGroup& g, const Tensor& out, std::span<const int64_t> out_counts,
+                       const Tensor& in, std::span<const int64_t> in_counts);
+
 }  // namespace zt::comm

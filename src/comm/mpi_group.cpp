@@ -228,11 +228,7 @@ WorkHandle MpiGroup::all_to_all(const Tensor& out, const Tensor& in) {
 
 WorkHandle MpiGroup::all_to_allv(const Tensor& out, std::span<const int64_t> out_counts, const Tensor& in,
                                  std::span<const int64_t> in_counts) {
-  check_host("all_to_allv", *this, out);
-  check_host("all_to_allv", *this, in);
-  check_same_dtype("all_to_allv", *this, out, in);
-  check_counts("all_to_allv", *this, "out_counts", out_counts, out.numel());
-  check_counts("all_to_allv", *this, "in_counts", in_counts, in.numel());
+  check_all_to_allv(*this, out, out_counts, in, in_counts);
   const int64_t elem = int64_t(dtype_size(in.dtype()));
   const size_t np = size_t(size_);
   std::vector<int> sc(np), sd(np), rc(np), rd(np);

@@ -81,11 +81,7 @@ WorkHandle SoloGroup::all_to_all(const Tensor& out, const Tensor& in) {
 
 WorkHandle SoloGroup::all_to_allv(const Tensor& out, std::span<const int64_t> out_counts, const Tensor& in,
                                   std::span<const int64_t> in_counts) {
-  check_host("all_to_allv", *this, out);
-  check_host("all_to_allv", *this, in);
-  check_same_dtype("all_to_allv", *this, out, in);
-  check_counts("all_to_allv", *this, "out_counts", out_counts, out.numel());
-  check_counts("all_to_allv", *this, "in_counts", in_counts, in.numel());
+  check_all_to_allv(*this, out, out_counts, in, in_counts);
   ZT_CHECK(out_counts[0] == in_counts[0], where("all_to_allv", *this), "this rank sends itself ", in_counts[0],
            " elements but expects ", out_counts[0]);
   copy_bytes(out, in);

@@ -44,7 +44,9 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     : cfg_(cfg), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)), mesh_(std::move(mesh)) {
   cfg_.validate();
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
-  const Device device = parse_device(cfg_.train.device);
+  Device device = parse_device(cfg_.train.device);
+  // `cuda` without an index under a multi-process launch: one GPU per local rank.
+  if (device.is_cuda() && cfg_.train.device == "cuda" && mesh_) device = Device::cuda(comm::world_info().local_rank);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
   schedule_ = cfg_.lr_schedule();
   if (!mesh_) solo_dp_ = comm::make_solo_group("dp");
@@ -94,6 +96,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   const auto t_step = Clock::now();
   StepMetrics m;
   m.step = step + 1;
+  comm::set_current_step(m.step);  // named by the comm watchdog if a collective hangs
   m.total_steps = cfg_.train.steps;
   const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "nn/transformer.h"
 #include "test_util.h"
+#include "train/hf_reference.h"
 #include "train/hf_format.h"
 
 namespace zt::train {
@@ -188,26 +189,10 @@ TEST_P(HfFormatExport, LogitsMatchHfReferenceAndImportIsExact) {
   EXPECT_EQ(config["vocab_size"], ec.cfg.vocab_size);
 
   // Logits: Zettatron (first vocab_size of padded_vocab columns) vs the reference.
-  const int64_t B = 2, T = 24, V = ec.cfg.vocab_size, Vp = ec.cfg.padded_vocab();
+  const int64_t B = 2, T = 24, V = ec.cfg.vocab_size;
   const Tensor tokens = test::random_tokens(Shape{B, T}, V, rng);
-  ckpt::write_safetensors((dir / "tokens.safetensors").string(), {{"tokens", tokens}});
-  const std::string cmd = "cd " ZT_SOURCE_DIR "/tests/reference && /usr/bin/python3 hf_logits.py " + hf.string() +
-                          " " + (dir / "tokens.safetensors").string() + " " + (dir / "ref.safetensors").string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the PyTorch reference failed: " << cmd
-                                         << " (Debian's python3-torch is installed by make deps)";
-  const auto ref_file = ckpt::SafetensorsFile::open((dir / "ref.safetensors").string());
-  const Tensor ref = ref_file.tensor("logits");
-  ASSERT_EQ(ref.shape(), (Shape{B, T, V}));
-  Tensor logits = Tensor::empty(Shape{B, T, Vp}, DType::f32);
-  test::poison(logits);
-  model.logits(logits, tokens);
-  double num = 0, den = 0;
-  for (int64_t r = 0; r < B * T; ++r)
-    for (int64_t v = 0; v < V; ++v) {
-      const double g = logits.data<float>()[r * Vp + v], want = ref.data<float>()[r * V + v];
-      num = std::max(num, std::isfinite(g) ? std::fabs(g - want) : INFINITY);
-      den = std::max(den, std::fabs(want));
-    }
+  const LogitsComparison cmp = compare_with_hf_reference(model, tokens, hf.string(), (dir / "logits").string());
+  const double num = cmp.max_abs_diff, den = cmp.max_abs_ref;
   EXPECT_GT(den, 0.1) << "degenerate reference logits";
   RecordProperty("max_rel_error", std::to_string(num / den));
   EXPECT_LT(num / den, 1e-4) << ec.name << ": max |zettatron - reference| = " << num << ", max |reference| = " << den;
