@@ -72,6 +72,10 @@ class ProcessGroup {
   // out: size() blocks of in.numel(); block r <- rank r's in.
   virtual WorkHandle all_gather(const Tensor& out, const Tensor& in) = 0;
   virtual WorkHandle broadcast(const Tensor& t, int root) = 0;
+  // Point-to-point runs on the group's comm thread in issue order like
+  // everything else, so a send blocks later operations of this group until
+  // the peer receives it: exchange in an order both sides agree on (e.g.
+  // even ranks send first), or use two groups, one per direction.
   virtual WorkHandle send(const Tensor& t, int dst, int tag = 0) = 0;
   virtual WorkHandle recv(const Tensor& t, int src, int tag = 0) = 0;
   // in and out: size() equal blocks; out block r <- rank r's in block (this rank).
