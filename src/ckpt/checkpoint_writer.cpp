@@ -151,9 +151,8 @@ std::string CheckpointWriter::commit() {
   DurableWriter mw((fs::path(staging_) / "manifest.json").string());
   mw.write(text.data(), text.size());
   mw.commit();
-  char sum[96];
-  std::snprintf(sum, sizeof sum, "%016" PRIx64 " %" PRIu64 " manifest.json\n", mw.checksum(), mw.bytes());
-  write_file_durably((fs::path(staging_) / "manifest.zt64").string(), sum);
+  write_file_durably((fs::path(staging_) / "manifest.zt64").string(),
+                     hex64(mw.checksum()) + " " + std::to_string(mw.bytes()) + " manifest.json\n");
   fsync_directory(staging_);
   failpoint("before_commit", manifest_.step);
   std::error_code ec;
@@ -229,8 +228,6 @@ BackgroundWriter::~BackgroundWriter() {
 
 void BackgroundWriter::submit(std::function<void()> job) {
   wait();
-  std::lock_guard<std::mutex> lock(mu_);
-  running_ = true;
   thread_ = std::thread([this, job = std::move(job)] {
     std::exception_ptr err;
     try {
@@ -240,7 +237,6 @@ void BackgroundWriter::submit(std::function<void()> job) {
     }
     std::lock_guard<std::mutex> l(mu_);
     error_ = err;
-    running_ = false;
   });
 }
 
@@ -252,11 +248,6 @@ void BackgroundWriter::wait() {
     std::swap(err, error_);
   }
   if (err) std::rethrow_exception(err);
-}
-
-bool BackgroundWriter::busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return running_;
 }
 
 }  // namespace zt::ckpt

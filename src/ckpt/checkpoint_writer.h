@@ -69,9 +69,6 @@ class CheckpointWriter {
   // returns the checkpoint's directory.
   std::string commit();
 
-  const std::string& staging_dir() const { return staging_; }
-  const std::string& final_dir() const { return final_; }
-
  private:
   CheckpointWriter() = default;
   CheckpointWriter(std::string root, std::string staging, std::string final_dir, int64_t step, bool update_latest);
@@ -111,13 +108,11 @@ class BackgroundWriter {
 
   void submit(std::function<void()> job);
   void wait();
-  bool busy() const;
 
  private:
   std::thread thread_;
   std::exception_ptr error_;
-  mutable std::mutex mu_;
-  bool running_ = false;
+  std::mutex mu_;
 };
 
 }  // namespace zt::ckpt

@@ -14,12 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-uint64_t parse_hex(const std::string& s, const std::string& where) {
-  ZT_CHECK(s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos, where,
-           ": checksum '", s, "' is not 16 lowercase hex digits");
-  return std::stoull(s, nullptr, 16);
-}
-
 // Typed field access: a clear error for a missing or mistyped field.
 const json& field(const json& j, const char* key, const std::string& where) {
   ZT_CHECK(j.is_object(), where, ": expected a JSON object");
@@ -65,10 +59,6 @@ int64_t overlap(const TensorSlice& a, const TensorSlice& b) {
   }
   return v;
 }
-
-}  // namespace
-
-namespace {
 
 void boxes_rec(const Shape& s, int dim, int64_t a, int64_t b, std::vector<int64_t>& prefix,
                std::vector<std::pair<std::vector<int64_t>, Shape>>& out) {
@@ -176,7 +166,7 @@ void Manifest::add_entries(const json& j, const std::string& where) {
     const int64_t bytes = int_field(e, "bytes", w);
     ZT_CHECK(bytes >= 0, w, ": negative size");
     fe.bytes = uint64_t(bytes);
-    fe.checksum = parse_hex(str_field(e, "checksum", w), w);
+    fe.checksum = parse_hex64(str_field(e, "checksum", w), w);
     ZT_CHECK(files.emplace(name, fe).second, w, " is listed twice (two ranks wrote it?)");
   }
   const json& t = field(j, "tensors", where);

@@ -167,8 +167,10 @@ WorkHandle MpiGroup::all_gather(const Tensor& out, const Tensor& in) {
   check_numel("all_gather", *this, "the output", out.numel(), in.numel() * size_);
   const int bytes = as_int(int64_t(in.nbytes()), "all_gather", *this);
   const int64_t p = size_;
-  return submit("all_gather", int64_t(out.nbytes()) * (p - 1) / p, [this, out, in, bytes] {
-    mpi_check(MPI_Allgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_),
+  const bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + size_t(rank_) * in.nbytes();
+  return submit("all_gather", int64_t(out.nbytes()) * (p - 1) / p, [this, out, in, bytes, in_place] {
+    mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes,
+                            MPI_BYTE, comm_),
               where("all_gather", *this));
   });
 }

@@ -69,7 +69,8 @@ class ProcessGroup {
   virtual WorkHandle all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) = 0;
   // in: size() equal blocks of out.numel(); rank r's out <- op over members of block r.
   virtual WorkHandle reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) = 0;
-  // out: size() blocks of in.numel(); block r <- rank r's in.
+  // out: size() blocks of in.numel(); block r <- rank r's in. `in` may be
+  // this rank's own block of `out` (in place: nothing is copied).
   virtual WorkHandle all_gather(const Tensor& out, const Tensor& in) = 0;
   virtual WorkHandle broadcast(const Tensor& t, int root) = 0;
   // Point-to-point runs on the group's comm thread in issue order like

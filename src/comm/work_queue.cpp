@@ -20,13 +20,15 @@ void QueuedWork::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
-void QueuedWork::run() {
+void QueuedWork::run(const std::function<void(double)>& on_busy) {
   std::exception_ptr err;
+  const auto t0 = Clock::now();
   try {
     fn_();
   } catch (...) {
     err = std::current_exception();
   }
+  if (on_busy) on_busy(std::chrono::duration<double>(Clock::now() - t0).count());
   fn_ = nullptr;  // drop the tensors it holds as soon as it is done
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,14 +75,11 @@ void CommThread::loop() {
       queue_.pop_front();
       current_ = {w->op(), Clock::now()};
     }
-    const auto t0 = Clock::now();
-    w->run();
-    const double busy = std::chrono::duration<double>(Clock::now() - t0).count();
+    w->run(on_busy_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       current_ = {};
     }
-    if (on_busy_) on_busy_(busy);
   }
 }
 

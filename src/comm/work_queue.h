@@ -25,8 +25,10 @@ class QueuedWork : public Work {
   bool test() override;
   void wait() override;
   const std::string& op() const { return op_; }
-  // Runs the operation (on the comm thread) and marks it complete.
-  void run();
+  // Runs the operation (on the comm thread), reports how long it ran to
+  // on_busy, then marks it complete - in that order, so a caller returning
+  // from wait() sees the operation in the counters.
+  void run(const std::function<void(double)>& on_busy);
 
  private:
   std::string op_;

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/error.h"
+
 namespace zt {
 namespace {
 
@@ -71,6 +73,12 @@ std::string hex64(uint64_t v) {
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) s[size_t(i)] = kDigits[v & 15];
   return s;
+}
+
+uint64_t parse_hex64(const std::string& s, const std::string& where) {
+  ZT_CHECK(s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos, where,
+           ": checksum \"", s, "\" is not 16 lowercase hex digits");
+  return std::stoull(s, nullptr, 16);
 }
 
 }  // namespace zt

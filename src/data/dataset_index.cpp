@@ -22,12 +22,6 @@ nlohmann::json split_json(const SplitInfo& s) {
   return {{"tokens", s.tokens}, {"documents", s.documents}, {"shards", shards}};
 }
 
-uint64_t parse_hex64(const std::string& s, const std::string& where) {
-  ZT_CHECK(s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos, where,
-           ": checksum \"", s, "\" is not 16 lowercase hex digits");
-  return std::stoull(s, nullptr, 16);
-}
-
 const nlohmann::json& field(const nlohmann::json& j, const char* key, const std::string& where) {
   ZT_CHECK(j.is_object() && j.contains(key), where, ": missing field \"", key, "\"");
   return j.at(key);

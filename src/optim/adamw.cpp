@@ -85,17 +85,10 @@ void AdamW::step(double lr, float grad_scale) {
   }
 }
 
-double grad_norm(const std::vector<nn::ParamSet*>& sets) {
-  std::vector<Tensor> grads;
-  for (const nn::ParamSet* s : sets) grads.push_back(s->grad_flat());
-  return ops::global_norm(grads);
-}
-
-double shard_grad_sum_squares(const AdamW& opt) {
+double grad_norm(const AdamW& opt) {
   std::vector<Tensor> grads;
   for (size_t i = 0; i < opt.num_sets(); ++i) grads.push_back(opt.shard(i).grad);
-  const double n = ops::global_norm(grads);
-  return n * n;
+  return ops::global_norm(grads);
 }
 
 float clip_scale(double norm, double max_norm) {

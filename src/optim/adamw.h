@@ -65,10 +65,9 @@ class AdamW {
   int64_t step_ = 0;
 };
 
-// Global L2 norm of every gradient in the sets.
-double grad_norm(const std::vector<nn::ParamSet*>& sets);
-// Sum of squares of the shards' gradients (this process's part of a global norm).
-double shard_grad_sum_squares(const AdamW& opt);
+// L2 norm of the gradients the optimizer updates from: every gradient of the
+// sets, or under ZeRO this process's shards of them (its part of the global norm).
+double grad_norm(const AdamW& opt);
 // PyTorch's clip_grad_norm_ rule: max_norm / (norm + 1e-6) when that is < 1,
 // else 1; max_norm <= 0 disables clipping.
 float clip_scale(double norm, double max_norm);

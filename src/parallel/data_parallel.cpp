@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -129,47 +130,42 @@ void DataParallel::start(size_t i) {
   if (started_[i]) return;
   started_[i] = true;
   nn::ParamSet& s = *sets_[i];
-  if (opt_.zero_stage >= 2) {
-    if (!s.has_grads()) return;  // this layer produced no gradient in this pass
-    Pending p;
-    p.set = i;
-    p.full = s.grad_flat();
-    p.shard_part = shard_size() == 1
-                       ? p.full
-                       : Tensor::empty(grad_shards_[i].shape(), DType::f32, p.full.device(), MemCategory::grads);
-    if (shard_size() > 1) p.work = shard_group_->reduce_scatter(p.shard_part, p.full);
-    if (replica_group_) p.replica_reduce = p.shard_part;
-    s.release_grads();  // freed when the reduction is done with it
-    pending_.push_back(std::move(p));
-    drain(false);
-    // Back-pressure: at most one layer's reduction in flight while the next
-    // layer's backward runs, so gradient memory stays at the shards plus two
-    // layers however slow the network is.
-    while (pending_.size() > 1) {
-      if (pending_.front().work) pending_.front().work->wait();
-      drain(false);
-    }
-    return;
-  }
-  const Tensor& g = s.grad_flat();
-  if (size() == 1) {
-    if (opt_.zero_stage >= 1) ops::copy(grad_shards_[i], g);
-    return;
-  }
+  if (!s.has_grads()) return;  // ZeRO >= 2: this layer produced no gradient in this pass
+  const Tensor g = s.grad_flat();
   if (opt_.zero_stage == 0) {
+    if (size() == 1) return;
     const int64_t chunk = std::max<int64_t>(1, opt_.bucket_bytes / 4);
     for (int64_t off = 0; off < g.numel(); off += chunk)
-      pending_.push_back({group_->all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)})), i, {}, {}, {}});
-  } else {
-    Pending p{{}, i, {}, {}, {}};
-    if (shard_size() > 1)
-      p.work = shard_group_->reduce_scatter(grad_shards_[i], g);
-    else
-      ops::copy(grad_shards_[i], g);
-    if (replica_group_) p.replica_reduce = grad_shards_[i];
-    pending_.push_back(std::move(p));
+      pending_.push_back({group_->all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)})), i});
+    drain(false);
+    return;
   }
-  drain(false);  // starts the replica all-reduces of finished reduce-scatters early
+  // ZeRO 1 reduce-scatters the step's gradient straight into the shard;
+  // ZeRO >= 2 reduces every micro-batch into a part that drain() adds to the
+  // shard, and lets the full buffer go (freed once the reduction is done).
+  const bool accumulate = opt_.zero_stage >= 2;
+  Pending p{nullptr, i};
+  Tensor out = grad_shards_[i];
+  if (accumulate) {
+    out = shard_size() == 1 ? g : Tensor::empty(grad_shards_[i].shape(), DType::f32, g.device(), MemCategory::grads);
+    p.shard_part = out;
+    p.full = g;
+    s.release_grads();
+  }
+  if (shard_size() > 1)
+    p.work = shard_group_->reduce_scatter(out, g);
+  else if (!accumulate)
+    ops::copy(out, g);
+  if (replica_group_) p.replica_reduce = out;
+  pending_.push_back(std::move(p));
+  drain(false);  // also starts the replica all-reduces of finished reduce-scatters early
+  // Back-pressure (ZeRO >= 2): at most one layer's reduction in flight while
+  // the next layer's backward runs, so gradient memory stays at the shards
+  // plus two layers however slow the network is.
+  while (accumulate && pending_.size() > 1) {
+    if (pending_.front().work) pending_.front().work->wait();
+    drain(false);
+  }
 }
 
 void DataParallel::drain(bool wait_all) {
@@ -206,15 +202,11 @@ void DataParallel::finish_reduction() {
   armed_ = false;
 }
 
-double DataParallel::grad_sum_squares(const optim::AdamW& opt) {
-  if (opt_.zero_stage == 0) {
-    std::vector<Tensor> grads;
-    for (nn::ParamSet* s : sets_) grads.push_back(s->grad_flat());
-    const double n = ops::global_norm(grads);
-    return n * n;
-  }
-  // Replicas hold the same shards: sum over one shard group only.
-  return sum_over(*shard_group_, optim::shard_grad_sum_squares(opt));
+double DataParallel::grad_norm(const optim::AdamW& opt) {
+  const double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
+  if (opt_.zero_stage == 0 || shard_size() == 1) return local;
+  // Replicas hold the same shards: sum the squares over one shard group only.
+  return std::sqrt(sum_over(*shard_group_, local * local));
 }
 
 bool DataParallel::writes_checkpoint_part() const {
@@ -226,15 +218,11 @@ void DataParallel::gather_params(const optim::AdamW& opt) {
   // ZeRO-3 updated its shards in place; the layers are gathered when used.
   if (opt_.zero_stage == 0 || opt_.zero_stage >= 3 || shard_size() == 1) return;
   std::vector<comm::WorkHandle> work;
-  std::vector<Tensor> sends;
   for (size_t i = 0; i < sets_.size(); ++i) {
     const optim::OptimShard& sh = opt.shard(i);
     const Tensor& flat = sets_[i]->flat();
-    // The send buffer must not alias the gather's output.
-    Tensor mine = Tensor::empty(Shape{sh.end - sh.begin}, flat.dtype(), flat.device(), MemCategory::comm);
-    ops::copy(mine, flat.flat_view(sh.begin, Shape{sh.end - sh.begin}));
-    sends.push_back(mine);
-    work.push_back(shard_group_->all_gather(flat, mine));
+    // In place: this rank's updated slice is its own block of the layer.
+    work.push_back(shard_group_->all_gather(flat, flat.flat_view(sh.begin, Shape{sh.end - sh.begin})));
   }
   for (auto& w : work) w->wait();
 }
@@ -258,12 +246,23 @@ double DataParallel::sum_over(comm::ProcessGroup& g, double v) {
   return total;
 }
 
-void DataParallel::all_gather(const Tensor& out, const Tensor& in) {
-  if (size() == 1) {
-    ops::copy(out, in);
-    return;
-  }
-  group_->all_gather(out, in)->wait();
+MemStats DataParallel::highest_peak(const MemStats& mine, int64_t* rank) {
+  *rank = 0;
+  if (size() == 1) return mine;
+  // Every rank's peaks, total first, then by category.
+  const int64_t k = 1 + kNumMemCategories;
+  Tensor local = Tensor::empty(Shape{k}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor all = Tensor::empty(Shape{k * size()}, DType::i64, Device::cpu(), MemCategory::comm);
+  local.data<int64_t>()[0] = mine.total_peak_bytes;
+  for (int c = 0; c < kNumMemCategories; ++c) local.data<int64_t>()[1 + c] = mine.peak_bytes[size_t(c)];
+  group_->all_gather(all, local)->wait();
+  const int64_t* a = all.data<int64_t>();
+  for (int64_t r = 1; r < size(); ++r)
+    if (a[r * k] > a[*rank * k]) *rank = r;
+  MemStats out = mine;
+  out.total_peak_bytes = a[*rank * k];
+  for (int c = 0; c < kNumMemCategories; ++c) out.peak_bytes[size_t(c)] = a[*rank * k + 1 + c];
+  return out;
 }
 
 std::vector<comm::ProcessGroup*> DataParallel::groups() const {

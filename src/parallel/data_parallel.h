@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "core/allocator.h"
 #include "nn/params.h"
 #include "optim/adamw.h"
 
@@ -95,15 +96,16 @@ class DataParallel {
   void grads_ready(size_t set_index);
   // Waits for every reduction of the step (starting any not yet started).
   void finish_reduction();
-  // The global gradient norm's square, from this rank's gradients (zero 0:
-  // the full reduced gradient; zero 1: the shards, summed over the group).
-  double grad_sum_squares(const optim::AdamW& opt);
+  // The global gradient norm after finish_reduction: this rank's reduced
+  // gradients (ZeRO 0) or the shards' squares summed over one shard group.
+  double grad_norm(const optim::AdamW& opt);
   // zero 1: every rank's updated parameter shards to every rank.
   void gather_params(const optim::AdamW& opt);
   // Sum over the group (losses, token counts), blocking; the same on every rank.
   double sum(double v);
-  // out (size() x in.numel()) <- every rank's in, blocking (checkpoints of ZeRO shards).
-  void all_gather(const Tensor& out, const Tensor& in);
+  // The peaks of the rank whose total peak is highest (every rank's differ
+  // under ZeRO; the worst matters), and that rank. A collective.
+  MemStats highest_peak(const MemStats& mine, int64_t* rank);
 
   // Bytes this rank sent and seconds it waited (not hidden behind compute)
   // since the last call.

@@ -7,12 +7,13 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+
 #include "ckpt/checkpoint_reader.h"
 #include "core/error.h"
 #include "ops/device.h"
 #include "ops/elementwise.h"
 #include "parallel/data_parallel.h"
-#include <algorithm>
 
 namespace zt::train {
 
@@ -21,12 +22,23 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kShardFile = "shard-00000.safetensors";  // the one rank's file
+// The file data-parallel rank `rank` writes its part of a checkpoint into.
+std::string shard_file(int64_t rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "shard-%05lld.safetensors", (long long)rank);
+  return buf;
+}
+
+// The parallel layout a checkpoint records.
+json layout_json(int64_t dp, int64_t zero_stage, int64_t shard_group) {
+  return {{"world_size", dp}, {"dp", dp}, {"tp", 1}, {"pp", 1}, {"cp", 1}, {"ep", 1},
+          {"zero_stage", zero_stage}, {"shard_group", shard_group}};
+}
 
 // Every parameter tensor: its name, its set's index, its offset in the set's
 // flat buffer, its shape and its set (whose full weights ZeRO-3 may have freed).
 template <typename F>
-void for_each_tensor(Trainer& t, F&& f) {
+void for_each_tensor(const Trainer& t, F&& f) {
   const auto sets = t.model().param_sets();
   for (size_t si = 0; si < sets.size(); ++si)
     for (size_t i = 0; i < sets[si]->size(); ++i)
@@ -64,13 +76,29 @@ Tensor host_tensor(const Tensor& t, bool copy) {
   return h;
 }
 
-// Checkpoint tensor `name` as an f32 host tensor.
-Tensor read_f32(const ckpt::Checkpoint& ck, const std::string& name) {
-  Tensor host = ck.read(name);
+// `host` as f32 (a no-op for f32).
+Tensor as_f32(const Tensor& host) {
   if (host.dtype() == DType::f32) return host;
   Tensor cast = Tensor::empty(host.shape(), DType::f32);
   ops::cast(cast, host);
   return cast;
+}
+
+// Checkpoint tensor `name` as an f32 host tensor.
+Tensor read_f32(const ckpt::Checkpoint& ck, const std::string& name) { return as_f32(ck.read(name)); }
+
+// Elements [lo, hi) of the flattened checkpoint tensor `name` (of `shape`),
+// f32: read box by box, so a rank loads only its shard.
+Tensor read_flat_f32(const ckpt::Checkpoint& ck, const std::string& name, const Shape& shape, int64_t lo,
+                     int64_t hi) {
+  const DType stored = ck.entry(name).dtype;
+  Tensor out = Tensor::empty(Shape{hi - lo}, stored);
+  int64_t at = 0;
+  for (const auto& [start, extent] : ckpt::flat_range_boxes(shape, lo, hi)) {
+    ck.read(name, out.flat_view(at, extent), start);  // each box is a contiguous run of the range
+    at += extent.numel();
+  }
+  return as_f32(out);
 }
 
 // The weights of every tensor (whole, on every rank), and the part of the
@@ -79,27 +107,29 @@ Tensor read_f32(const ckpt::Checkpoint& ck, const std::string& name) {
 // can load any checkpoint.
 void load_weights_and_state(Trainer& t, const ckpt::Checkpoint& ck, bool with_state) {
   const optim::AdamW& opt = t.optimizer();
-  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape, nn::ParamSet& set,
-                         size_t index) {
-    const Tensor w = read_f32(ck, "model." + name);
+  // The weights in compute dtype are the master's rounding.
+  auto rounded = [&](const Tensor& w, DType dtype) {
+    if (dtype == DType::f32) return w;
+    Tensor r = Tensor::empty(w.shape(), dtype);
+    ops::cast(r, w);
+    return r;
+  };
+  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape,
+                         const nn::ParamSet& set, size_t index) {
+    // The whole tensor, on every rank that keeps full weights (not ZeRO-3).
+    if (set.has_params()) ops::copy(set.param(index), rounded(read_f32(ck, "model." + name), set.dtype()));
     const optim::OptimShard& sh = opt.shard(si);
     const int64_t lo = std::max(off, sh.begin), hi = std::min(off + shape.numel(), sh.end);
-    auto part = [&](const Tensor& full) { return full.flat_view(lo - off, Shape{hi - lo}); };
+    if (hi <= lo) return;
+    // This rank's shard of the master weights (and of the ZeRO-3 weights) and moments.
     auto mine = [&](const Tensor& state) { return state.flat_view(lo - sh.begin, Shape{hi - lo}); };
-    // The weights in compute dtype: the master's rounding.
-    Tensor rounded = w;
-    if (set.dtype() != DType::f32) {
-      rounded = Tensor::empty(w.shape(), set.dtype());
-      ops::cast(rounded, w);
-    }
-    if (hi > lo) {
-      ops::copy(mine(opt.master(si)), part(w));
-      ops::copy(mine(sh.param), part(rounded));  // ZeRO-3 keeps only this shard of the weights
-    }
-    if (set.has_params()) ops::copy(set.param(index), rounded);  // the whole tensor, on every rank
-    if (with_state && hi > lo) {
-      ops::copy(mine(opt.exp_avg(si)), part(read_f32(ck, "optim.exp_avg." + name)));
-      ops::copy(mine(opt.exp_avg_sq(si)), part(read_f32(ck, "optim.exp_avg_sq." + name)));
+    auto part = [&](const std::string& key) { return read_flat_f32(ck, key, shape, lo - off, hi - off); };
+    const Tensor w = part("model." + name);
+    ops::copy(mine(opt.master(si)), w);
+    ops::copy(mine(sh.param), rounded(w, set.dtype()));
+    if (with_state) {
+      ops::copy(mine(opt.exp_avg(si)), part("optim.exp_avg." + name));
+      ops::copy(mine(opt.exp_avg_sq(si)), part("optim.exp_avg_sq." + name));
     }
   });
 }
@@ -110,8 +140,7 @@ void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with
   std::string problems;
   int count = 0;
   std::set<std::string> expected;
-  for_each_tensor(const_cast<Trainer&>(t), [&](const std::string& name, size_t, int64_t, const Shape& shape,
-                                               nn::ParamSet&, size_t) {
+  for_each_tensor(t, [&](const std::string& name, size_t, int64_t, const Shape& shape, const nn::ParamSet&, size_t) {
     std::vector<std::string> keys{"model." + name};
     expected.insert("model." + name);
     if (with_optimizer) {
@@ -151,7 +180,7 @@ std::vector<ckpt::SliceToWrite> own_slices(Trainer& t, bool copy) {
   const parallel::DataParallel& dp = t.data_parallel();
   if (!dp.writes_checkpoint_part()) return out;
   const optim::AdamW& opt = t.optimizer();
-  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape, nn::ParamSet&,
+  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape, const nn::ParamSet&,
                          size_t) {
     const optim::OptimShard& sh = opt.shard(si);
     const int64_t lo = std::max(off, sh.begin), hi = std::min(off + shape.numel(), sh.end);
@@ -226,12 +255,11 @@ std::string TrainCheckpointer::save(Trainer& t) {
   const int64_t step = p.steps_done, tokens = p.tokens_seen;
   const std::string dir = (fs::path(root) / ckpt::checkpoint_dir_name(step)).string();
   const parallel::DataParallel& dp = t.data_parallel();
-  const json layout = {{"world_size", dp.size()}, {"dp", dp.size()}, {"tp", 1}, {"pp", 1},
-                       {"cp", 1},  {"ep", 1},         {"zero_stage", dp.zero_stage()}, {"shard_group", dp.shard_size()}};
-  char file[64];
-  std::snprintf(file, sizeof file, "shard-%05lld.safetensors", (long long)dp.rank());  // one file per writing rank
-  comm::ProcessGroup* group = &t.checkpoint_group();  // its own thread: a background save never reorders training's collectives
-  auto job = [=, file = std::string(file), slices = std::move(slices), state = std::move(state)] {
+  const json layout = layout_json(dp.size(), dp.zero_stage(), dp.shard_size());
+  const std::string file = shard_file(dp.rank());
+  // Its own comm thread: a background save never reorders training's collectives.
+  comm::ProcessGroup* group = &t.checkpoint_group();
+  auto job = [=, slices = std::move(slices), state = std::move(state)] {
     // The main rank stages the directory, every rank writes its file into
     // it, the main rank merges the ranks' parts of the manifest and commits.
     std::unique_ptr<ckpt::CheckpointWriter> w;
@@ -317,9 +345,9 @@ void write_model_checkpoint(const std::string& dir, const Config& cfg,
     }
     slices.push_back({"model." + name, host.shape(), {}, host});
   }
-  w->write_file(kShardFile, slices);
+  w->write_file(shard_file(0), slices);
   w->manifest().config = to_toml(cfg);
-  w->manifest().layout = {{"world_size", 1}, {"dp", 1}, {"tp", 1}, {"pp", 1}, {"cp", 1}, {"ep", 1}, {"zero_stage", 0}};
+  w->manifest().layout = layout_json(1, 0, 1);
   w->manifest().state = state;
   w->commit();
 }
@@ -331,14 +359,7 @@ ModelCheckpoint read_model_checkpoint(const std::string& path) {
   out.config = parse_saved_config(ck.manifest().config, ck.dir() + "/manifest.json (config)");
   out.state = ck.manifest().state;
   for (const auto& [name, e] : ck.manifest().tensors) {
-    if (name.rfind("model.", 0) != 0) continue;
-    Tensor t = ck.read(name);
-    if (t.dtype() != DType::f32) {
-      Tensor f32 = Tensor::empty(t.shape(), DType::f32);
-      ops::cast(f32, t);
-      t = f32;
-    }
-    out.tensors.emplace_back(name.substr(6), t);
+    if (name.rfind("model.", 0) == 0) out.tensors.emplace_back(name.substr(6), read_f32(ck, name));
   }
   ZT_CHECK(!out.tensors.empty(), "the checkpoint ", ck.dir(), " holds no model weights (no model.* tensors)");
   return out;

@@ -36,8 +36,6 @@ class TrainCheckpointer {
   std::string save(Trainer& t);  // a collective under ZeRO (every rank calls it)
   // Waits for a background write; rethrows its error.
   void wait();
-  // Called after each commit with the checkpoint's directory.
-  std::function<void(const std::string&)> on_saved;
 
  private:
   Config cfg_;

@@ -43,13 +43,12 @@ void MetricsLog::write_step(const StepMetrics& m) {
       worst[std::string(mem_category_name(MemCategory(c)))] = m.max_peak_memory.peak_bytes[size_t(c)];
     worst["total"] = m.max_peak_memory.total_peak_bytes;
     j["memory_peak_max_rank"] = {{"rank", m.max_peak_rank}, {"peak_bytes", worst}};
-  }
-  if (m.dp_size > 1)
     j["comm"] = {{"dp", m.dp_size},
                  {"bytes", m.comm_bytes},
                  {"busy_s", m.comm_busy_seconds},
                  {"exposed_s", m.comm_exposed_seconds},
                  {"overlap", comm_overlap(m)}};
+  }
   nlohmann::json mem, peak;
   for (int c = 0; c < kNumMemCategories; ++c) {
     const std::string name(mem_category_name(MemCategory(c)));

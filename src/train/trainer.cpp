@@ -130,7 +130,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
-  m.grad_norm = std::sqrt(dp_->grad_sum_squares(*optimizer_));
+  m.grad_norm = dp_->grad_norm(*optimizer_);
   m.lr = schedule_.at(step);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
@@ -157,20 +157,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   // The peak is per device; the job has one device per rank (dp of them).
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(dp_->size()));
   m.memory = allocator_for(model_->device()).stats();
-  m.max_peak_memory = m.memory;
-  if (dp_->size() > 1) {
-    // Every rank's peaks (total first, then by category); the worst rank's are reported.
-    const int64_t k = 1 + kNumMemCategories;
-    Tensor mine = Tensor::empty(Shape{k}, DType::i64), all = Tensor::empty(Shape{k * dp_->size()}, DType::i64);
-    mine.data<int64_t>()[0] = m.memory.total_peak_bytes;
-    for (int c = 0; c < kNumMemCategories; ++c) mine.data<int64_t>()[1 + c] = m.memory.peak_bytes[size_t(c)];
-    dp_->all_gather(all, mine);
-    const int64_t* a = all.data<int64_t>();
-    for (int64_t r = 0; r < dp_->size(); ++r)
-      if (a[r * k] > a[m.max_peak_rank * k]) m.max_peak_rank = r;
-    m.max_peak_memory.total_peak_bytes = a[m.max_peak_rank * k];
-    for (int c = 0; c < kNumMemCategories; ++c) m.max_peak_memory.peak_bytes[size_t(c)] = a[m.max_peak_rank * k + 1 + c];
-  }
+  m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
   m.dp_size = dp_->size();
   m.comm_bytes = sc.bytes;
@@ -294,14 +281,14 @@ TrainResult Trainer::run(int64_t stop_after) {
 
   TrainResult result;
   result.steps = first_step;
+  StepMetrics last;  // of the latest step run here
   const auto t_start = Clock::now();
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     StepMetrics m = train_step(step);
     m.elapsed_seconds = seconds_since(t_start);
     if (metrics) metrics->write_step(m);
-    last_max_peak_rank_ = m.max_peak_rank;
-    last_max_peak_bytes_ = m.max_peak_memory.total_peak_bytes;
     result.losses.push_back(m.loss);
+    last = m;
     result.final_loss = m.loss;
     result.steps = m.step;
     if (m.step % cfg_.train.log_every == 0 || m.step == cfg_.train.steps || m.skipped) say(format_step_line(m));
@@ -340,8 +327,8 @@ TrainResult Trainer::run(int64_t stop_after) {
       "s; run directory: " + run_dir.string());
   say("memory by category (this process):\n" + format_mem_stats(allocator_for(model_->device()).stats()));
   if (dp_->size() > 1 && result.steps > first_step)
-    say("highest peak of the last step: data-parallel rank " + std::to_string(last_max_peak_rank_) + ", " +
-        std::to_string(last_max_peak_bytes_ >> 20) + " MiB");
+    say("highest peak of the last step: data-parallel rank " + std::to_string(last.max_peak_rank) + ", " +
+        std::to_string(last.max_peak_memory.total_peak_bytes >> 20) + " MiB");
   return result;
 }
 

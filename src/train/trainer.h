@@ -113,7 +113,6 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<comm::ProcessGroup> ckpt_group_;
   bool main_rank_ = true;
-  int64_t last_max_peak_rank_ = 0, last_max_peak_bytes_ = 0;
   std::unique_ptr<BatchSource> train_, val_;
   std::unique_ptr<TextCodec> codec_;
   optim::LrSchedule schedule_;

@@ -87,6 +87,15 @@ TEST(Comm, ReduceScatterAllGatherBroadcast) {
         for (int64_t i = 0; i < block; ++i)
           ASSERT_EQ(test::load_f64(all, r * block + i), test::load_f64(filled(d, block, r, 3), i));
     }
+    // In place: this rank's input is its own block of the output.
+    Tensor all = Tensor::empty(Shape{block * p}, DType::f32);
+    poison(all);
+    const Tensor own = all.flat_view(me * block, Shape{block});
+    const Tensor mine = filled(DType::f32, block, me, 6);
+    if (block) std::memcpy(own.data_ptr(), mine.data_ptr(), mine.nbytes());
+    W().all_gather(all, own)->wait();
+    for (int r = 0; r < p; ++r)
+      for (int64_t i = 0; i < block; ++i) ASSERT_EQ(all.data<float>()[r * block + i], value(r, i, 6));
   }
   for (int root = 0; root < p; ++root) {
     Tensor t = me == root ? filled(DType::i32, 77, root, 4) : Tensor::empty(Shape{77}, DType::i32);
@@ -183,7 +192,8 @@ TEST(Comm, LongMessagesAreSplitAndStatsCountRingBytes) {
   const CommStats after = W().stats();
   EXPECT_EQ(after.ops - before.ops, 1);
   EXPECT_EQ(after.bytes_sent - before.bytes_sent, 2 * 400 * (p - 1) / p);
-  EXPECT_GE(after.busy_seconds, before.busy_seconds);
+  // The MPI backend times the operation on its comm thread; solo has none.
+  if (world_info().backend == "mpi") EXPECT_GT(after.busy_seconds, before.busy_seconds);
 }
 
 TEST(Comm, BadArgumentsNameTheOperationAndGroup) {

@@ -252,7 +252,7 @@ TEST(DataParallel, BytesPerStepFollowTheRingVolumes) {
                             : zero == 2 ? (accum + 1.0) * ring + scalars
                                         : 3.0 * accum * ring + scalars;
     EXPECT_NEAR(double(m.comm_bytes), expected, 1e-6 * expected) << "ZeRO-" << zero;
-    EXPECT_GE(m.comm_busy_seconds, 0.0);
+    EXPECT_GT(m.comm_busy_seconds, 0.0) << "reductions ran on the comm thread";
   }
 }
 
