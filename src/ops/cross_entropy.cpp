@@ -1,6 +1,8 @@
 // Fused softmax + cross-entropy: argument validation, then dispatch by device.
 // Math: ops/cross_entropy.h and backend/cpu/cross_entropy.cpp.
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "ops/cross_entropy.h"
 
@@ -64,6 +66,82 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
   if (on_gpu) return cuda::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
 #endif
   cpu::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
+}
+
+}  // namespace zt::ops
+
+namespace zt::ops {
+
+namespace {
+
+// Shared validation of the vocabulary-parallel passes; returns the number of
+// this rank's columns below the vocabulary.
+int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_start, int64_t vocab,
+                             std::initializer_list<std::pair<const char*, const Tensor*>> per_row) {
+  check_ndim(op, "logits", logits, 2);
+  check_dtype(op, "logits", logits, {DType::f32, DType::bf16});
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  ZT_CHECK(vocab >= 1 && col_start >= 0, op, ": the slice starting at column ", col_start, " of a vocabulary of ",
+           vocab, " is invalid (need vocab >= 1, col_start >= 0)");
+  for (const auto& [name, t] : per_row) {
+    check_shape(op, name, *t, Shape{N});
+    check_dtype(op, name, *t, {std::string_view(name) == "targets" ? DType::i32 : DType::f32});
+  }
+  std::vector<std::pair<const char*, const Tensor*>> all(per_row);
+  all.push_back({"logits", &logits});
+  for (size_t i = 0; i < all.size(); ++i)
+    for (size_t j = i + 1; j < all.size(); ++j)
+      ZT_CHECK(!bytes_overlap(*all[i].second, *all[j].second), op, ": '", all[i].first, "' overlaps '",
+               all[j].first, "'");
+  ZT_CHECK(logits.device().is_cpu(), op, ": vocabulary-parallel cross-entropy runs on the CPU backend only so far "
+           "(tensor parallelism on GPUs needs the NCCL backend, #7); got logits on ", logits.device().str());
+  for (const auto& [name, t] : per_row)
+    ZT_CHECK(t->device() == logits.device(), op, ": '", name, "' is on ", t->device().str(), ", logits on ",
+             logits.device().str());
+  return std::clamp<int64_t>(vocab - col_start, 0, Vl);
+}
+
+}  // namespace
+
+void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t col_start, int64_t vocab) {
+  const int64_t real = check_vocab_parallel("vocab_parallel_ce_max", logits, col_start, vocab, {{"row_max", &row_max}});
+  cpu::vocab_parallel_ce_max(row_max, logits, real);
+}
+
+void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
+                            const Tensor& row_max, const Tensor& targets, int64_t col_start, int64_t vocab) {
+  const char* op = "vocab_parallel_ce_sums";
+  const int64_t real = check_vocab_parallel(
+      op, logits, col_start, vocab,
+      {{"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"row_max", &row_max}, {"targets", &targets}});
+  const int32_t* tg = targets.data<int32_t>();
+  for (int64_t n = 0; n < targets.numel(); ++n)
+    ZT_CHECK(tg[n] < vocab, op, ": target ", tg[n], " at row ", n, " is out of range: targets must be < vocab (",
+             vocab, "), or negative to ignore the row");
+  cpu::vocab_parallel_ce_sums(sum_exp, target_logit, logits, row_max, targets, col_start, real);
+}
+
+void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                              const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                              const Tensor& targets, int64_t col_start, int64_t vocab, float grad_scale) {
+  const char* op = "vocab_parallel_ce_finish";
+  const int64_t real = check_vocab_parallel(op, logits, col_start, vocab,
+                                            {{"losses", &losses},
+                                             {"row_max", &row_max},
+                                             {"sum_exp", &sum_exp},
+                                             {"target_logit", &target_logit},
+                                             {"targets", &targets}});
+  if (dlogits.defined()) {
+    check_shape(op, "dlogits", dlogits, logits.shape());
+    check_same_dtype(op, "logits", logits, "dlogits", dlogits);
+    ZT_CHECK(!bytes_overlap(dlogits, logits) || dlogits.data_ptr() == logits.data_ptr(), op,
+             ": 'dlogits' partially overlaps 'logits'; it must be the same tensor (in place) or disjoint");
+    for (const Tensor* t : {&losses, &row_max, &sum_exp, &target_logit, &targets})
+      ZT_CHECK(!bytes_overlap(dlogits, *t), op, ": 'dlogits' overlaps a per-row argument");
+    ZT_CHECK(dlogits.device() == logits.device(), op, ": 'dlogits' is on another device than 'logits'");
+  }
+  cpu::vocab_parallel_ce_finish(losses, dlogits, logits, row_max, sum_exp, target_logit, targets, col_start, real,
+                                grad_scale);
 }
 
 }  // namespace zt::ops

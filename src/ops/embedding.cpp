@@ -44,10 +44,24 @@ void check_disjoint(const char* op, const char* name_a, const Tensor& a, const c
            "); they must be disjoint");
 }
 
+void check_slice(const char* op, const VocabSlice& slice, int64_t rows) {
+  if (!slice.partial()) return;
+  ZT_CHECK(slice.start >= 0 && slice.start <= slice.vocab && slice.vocab >= 1, op, ": vocabulary slice starting at ",
+           slice.start, " of a vocabulary of ", slice.vocab, " ids is invalid (need 0 <= start <= vocab, vocab >= 1; ",
+           rows, " rows held)");
+}
+
+// The CUDA kernels index the whole vocabulary; tensor parallelism on GPUs
+// needs the NCCL backend first (#7), which brings the sliced kernels.
+void no_cuda_slice(const char* op, const VocabSlice& slice) {
+  ZT_CHECK(!slice.partial(), op, ": a tensor-parallel vocabulary slice is not supported on CUDA yet; run "
+           "tensor parallelism on the CPU backend (parallel.tp > 1 needs train.device = cpu for now)");
+}
+
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t pos_offset) {
+                       int64_t pos_offset, VocabSlice slice) {
   const char* op = "embedding_forward";
   check_ndim(op, "tokens", tokens, 2);
   check_dtype(op, "tokens", tokens, {DType::i32});
@@ -67,19 +81,22 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   check_disjoint(op, "out", out, "wte", wte);
   check_disjoint(op, "out", out, "wpe", wpe);
   check_disjoint(op, "out", out, "tokens", tokens);
+  check_slice(op, slice, V);
+  const int64_t ids = slice.partial() ? slice.vocab : V;
 #if ZT_WITH_CUDA
   if (use_cuda(op, out.device())) {
-    check_token_ids(op, to_device(tokens, Device::cpu()), V);  // one small copy: ids validated before any write
+    no_cuda_slice(op, slice);
+    check_token_ids(op, to_device(tokens, Device::cpu()), ids);  // one small copy: ids validated before any write
     return cuda::embedding_forward(out, tokens, wte, wpe, pos_offset);
   }
 #endif
   if (!out.device().is_cpu()) no_backend(op, out.device());
-  check_token_ids(op, tokens, V);
-  cpu::embedding_forward(out, tokens, wte, wpe, pos_offset);
+  check_token_ids(op, tokens, ids);
+  cpu::embedding_forward(out, tokens, wte, wpe, pos_offset, slice.start, slice.partial());
 }
 
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset) {
+                        int64_t pos_offset, VocabSlice slice) {
   const char* op = "embedding_backward";
   check_ndim(op, "dout", dout, 3);
   check_dtype(op, "dout", dout, {DType::f32, DType::bf16});
@@ -112,16 +129,18 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
   check_disjoint(op, "dwpe", dwpe, "dout", dout);
   check_disjoint(op, "dwte", dwte, "tokens", tokens);
   check_disjoint(op, "dwpe", dwpe, "tokens", tokens);
+  if (dwte.defined()) check_slice(op, slice, dwte.size(0));
 #if ZT_WITH_CUDA
   if (use_cuda(op, dout.device())) {
+    no_cuda_slice(op, slice);
     const Tensor host_tokens = to_device(tokens, Device::cpu());
     if (dwte.defined()) check_token_ids(op, host_tokens, dwte.size(0));
     return cuda::embedding_backward(dwte, dwpe, dout, tokens, host_tokens, pos_offset);
   }
 #endif
   if (!dout.device().is_cpu()) no_backend(op, dout.device());
-  if (dwte.defined()) check_token_ids(op, tokens, dwte.size(0));
-  cpu::embedding_backward(dwte, dwpe, dout, tokens, pos_offset);
+  if (dwte.defined()) check_token_ids(op, tokens, slice.partial() ? slice.vocab : dwte.size(0));
+  cpu::embedding_backward(dwte, dwpe, dout, tokens, pos_offset, slice.start, slice.partial());
 }
 
 }  // namespace zt::ops

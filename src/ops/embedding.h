@@ -11,10 +11,21 @@
 
 namespace zt::ops {
 
+// Tensor parallelism splits the vocabulary: wte (or dwte) holds rows
+// [start, start + wte.size(0)) of a vocabulary of `vocab` ids (rows past the
+// vocabulary may be padding). Tokens outside the slice contribute a zero wte
+// term (forward) and no gradient (backward); every id must still lie in
+// [0, vocab). vocab < 0: wte is the whole vocabulary.
+struct VocabSlice {
+  int64_t start = 0;
+  int64_t vocab = -1;
+  bool partial() const { return vocab >= 0; }
+};
+
 // out[b, t] = wte[tokens[b, t]] + wpe[t + pos_offset]  (wpe term only if defined)
 // A token id outside [0, V) is an error naming the id and its position.
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t pos_offset = 0);
+                       int64_t pos_offset = 0, VocabSlice slice = {});
 
 // dwte[v] += sum of dout[b, t] over positions with tokens[b, t] == v
 // dwpe[t + pos_offset] += sum_b dout[b, t]      (either may be undefined)
@@ -22,6 +33,6 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 // (each row of dwte/dwpe is summed in f32 in position order, then added with
 // one rounding). Token ids are validated (against dwte's V) before writing.
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset = 0);
+                        int64_t pos_offset = 0, VocabSlice slice = {});
 
 }  // namespace zt::ops

@@ -9,6 +9,7 @@
 // 1e-6 * |grad_scale|. bf16 logits are compared with the float64 reference
 // of the bf16 values; bf16 dlogits get rtol 1e-2 (bf16 has 8 significant bits).
 #include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
 
 #include <cstdint>
 #include <gmock/gmock.h>
@@ -290,6 +291,102 @@ TEST(CrossEntropyTest, BadArguments) {
   EXPECT_THAT(msg, HasSubstr("vocab (7)"));
   for (int64_t n = 0; n < N; ++n) EXPECT_TRUE(std::isnan(losses.data<float>()[n]));
   for (int64_t i = 0; i < N * Vp; ++i) EXPECT_TRUE(std::isnan(d.data<float>()[i]));
+}
+
+}  // namespace
+}  // namespace zt
+
+namespace zt {
+namespace {
+
+// The three vocabulary-parallel passes over tp column slices of one (N, Vp)
+// logits matrix, with the max and sum reductions done here in slice order
+// (as the tensor-parallel group does): losses and every slice's dlogits
+// against the float64 reference of the whole row.
+TEST(CrossEntropyTest, VocabParallelSlicesMatchFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(23);
+  struct VpCase {
+    int64_t N, Vp, V, tp;
+  };
+  // Slices of ceil(Vp / tp) columns; the last ones may be all padding.
+  const VpCase cases[] = {{5, 101, 101, 4}, {7, 128, 97, 2}, {3, 10, 9, 4}, {9, 1000, 997, 3}, {4, 64, 1, 4}};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const VpCase& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N=" + std::to_string(c.N) + " Vp=" + std::to_string(c.Vp) +
+                   " V=" + std::to_string(c.V) + " tp=" + std::to_string(c.tp));
+      const int64_t Vl = (c.Vp + c.tp - 1) / c.tp;
+      Tensor logits = random_tensor(Shape{c.N, c.Vp}, dt, rng, -6, 6);
+      Tensor targets = make_targets(c.N, c.V, rng, 0.2);
+      const auto tg = targets_vec(targets);
+      const float scale = 0.29f;
+      const Ref ref = reference(to_f64(logits), tg, c.N, c.Vp, c.V, scale);
+      // Slice r holds columns [r Vl, r Vl + Vl) (past Vp: padding filled with junk that must be ignored).
+      std::vector<Tensor> slices;
+      for (int64_t r = 0; r < c.tp; ++r) {
+        Tensor s = random_tensor(Shape{c.N, Vl}, dt, rng, 50, 60);
+        for (int64_t n = 0; n < c.N; ++n)
+          for (int64_t j = 0; j < Vl && r * Vl + j < c.Vp; ++j)
+            test::store_f64(s, n * Vl + j, test::load_f64(logits, n * c.Vp + r * Vl + j));
+        slices.push_back(s);
+      }
+      auto row_tensor = [&] {
+        Tensor t = Tensor::empty(Shape{c.N}, DType::f32);
+        poison(t);
+        return t;
+      };
+      Tensor max_all = row_tensor(), sum_all = row_tensor(), tl_all = row_tensor();
+      for (int64_t r = 0; r < c.tp; ++r) {
+        Tensor m = row_tensor();
+        ops::vocab_parallel_ce_max(m, slices[size_t(r)], r * Vl, c.V);
+        for (int64_t n = 0; n < c.N; ++n)
+          max_all.data<float>()[n] = r == 0 ? m.data<float>()[n] : std::max(max_all.data<float>()[n], m.data<float>()[n]);
+      }
+      for (int64_t r = 0; r < c.tp; ++r) {
+        Tensor s = row_tensor(), tl = row_tensor();
+        ops::vocab_parallel_ce_sums(s, tl, slices[size_t(r)], max_all, targets, r * Vl, c.V);
+        for (int64_t n = 0; n < c.N; ++n) {
+          sum_all.data<float>()[n] = (r == 0 ? 0.0f : sum_all.data<float>()[n]) + s.data<float>()[n];
+          tl_all.data<float>()[n] = (r == 0 ? 0.0f : tl_all.data<float>()[n]) + tl.data<float>()[n];
+        }
+      }
+      for (int64_t r = 0; r < c.tp; ++r) {
+        Tensor losses = row_tensor(), d = Tensor::empty(Shape{c.N, Vl}, dt);
+        poison(d);
+        ops::vocab_parallel_ce_finish(losses, d, slices[size_t(r)], max_all, sum_all, tl_all, targets, r * Vl, c.V,
+                                      scale);
+        EXPECT_TRUE(test::all_close(losses, ref.loss, 1e-5, 1e-6));
+        // This slice's columns of the reference gradient (0 past the vocabulary).
+        std::vector<double> want(size_t(c.N * Vl), 0.0);
+        for (int64_t n = 0; n < c.N; ++n)
+          for (int64_t j = 0; j < Vl && r * Vl + j < c.Vp; ++j) want[size_t(n * Vl + j)] = ref.dlogits[size_t(n * c.Vp + r * Vl + j)];
+        EXPECT_TRUE(test::all_close(d, want, dt == DType::f32 ? 1e-5 : 1e-2, 1e-6 * scale)) << "slice " << r;
+        for (int64_t n = 0; n < c.N; ++n)
+          for (int64_t j = 0; j < Vl; ++j)
+            if (r * Vl + j >= c.V || tg[size_t(n)] < 0) {
+              ASSERT_EQ(test::load_f64(d, n * Vl + j), 0.0) << "slice " << r << " row " << n << " column " << j;
+            }
+        // In place gives the same bits.
+        Tensor inplace = Tensor::empty(Shape{c.N, Vl}, dt);
+        std::memcpy(inplace.data_ptr(), slices[size_t(r)].data_ptr(), inplace.nbytes());
+        Tensor losses2 = row_tensor();
+        ops::vocab_parallel_ce_finish(losses2, inplace, inplace, max_all, sum_all, tl_all, targets, r * Vl, c.V, scale);
+        EXPECT_EQ(std::memcmp(d.data_ptr(), inplace.data_ptr(), d.nbytes()), 0);
+      }
+    }
+  }
+}
+
+TEST(CrossEntropyTest, VocabParallelRejectsTargetsPastTheVocabulary) {
+  Tensor logits = Tensor::empty(Shape{2, 8}, DType::f32), m = Tensor::empty(Shape{2}, DType::f32);
+  ops::fill(logits, 0.5);
+  ops::fill(m, 0.5);
+  Tensor s = Tensor::empty(Shape{2}, DType::f32), tl = Tensor::empty(Shape{2}, DType::f32);
+  Tensor targets = Tensor::empty(Shape{2}, DType::i32);
+  targets.data<int32_t>()[0] = 3;
+  targets.data<int32_t>()[1] = 40;
+  EXPECT_THAT(error_of([&] { ops::vocab_parallel_ce_sums(s, tl, logits, m, targets, 8, 20); }),
+              HasSubstr("target 40 at row 1 is out of range"));
 }
 
 }  // namespace

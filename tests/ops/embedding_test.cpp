@@ -294,3 +294,60 @@ TEST(EmbeddingTest, BadArguments) {
 
 }  // namespace
 }  // namespace zt
+
+namespace zt {
+namespace {
+
+// Tensor-parallel vocabulary slices: slice r holds rows [r Vl, r Vl + Vl)
+// (the last ones padded past V). The slices' forward outputs summed (slice 0
+// adding the positions) equal the float64 reference, and each slice's
+// gradient equals its rows of the reference; tokens of other slices are
+// skipped, padding rows get nothing.
+TEST(EmbeddingTest, VocabSlicesAddUpToTheWholeTable) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(31);
+  const int64_t B = 3, T = 11, C = 37, V = 101, tp = 4, Vl = (V + tp - 1) / tp, off = 2;
+  Tensor tokens = test::random_tokens(Shape{B, T}, V, rng);
+  Tensor wte = test::random_tensor(Shape{tp * Vl, C}, DType::f32, rng);
+  Tensor wpe = test::random_tensor(Shape{T + off, C}, DType::f32, rng);
+  Tensor dout = test::random_tensor(Shape{B, T, C}, DType::f32, rng);
+  const auto tok = tokens_vec(tokens);
+  const auto wte64 = to_f64(wte);
+  const auto want = ref_forward(tok, std::vector<double>(wte64.begin(), wte64.begin() + V * C), to_f64(wpe), B, T, C, off);
+  std::vector<double> sum(size_t(B * T * C), 0.0);
+  for (int64_t r = 0; r < tp; ++r) {
+    Tensor out = Tensor::empty(Shape{B, T, C}, DType::f32);
+    poison(out);
+    const Tensor w = wte.slice(r * Vl, (r + 1) * Vl);
+    ops::embedding_forward(out, tokens, w, r == 0 ? wpe : Tensor(), off, ops::VocabSlice{r * Vl, V});
+    const auto o = to_f64(out);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += o[i];
+    Tensor dw = test::random_tensor(Shape{Vl, C}, DType::f32, rng);
+    const auto dw0 = to_f64(dw);
+    ops::embedding_backward(dw, Tensor(), dout, tokens, off, ops::VocabSlice{r * Vl, V});
+    // Reference: the rows this slice holds, accumulated onto its starting values.
+    std::vector<double> grad = dw0, mag(dw0.size());
+    for (size_t i = 0; i < mag.size(); ++i) mag[i] = std::fabs(dw0[i]);
+    const auto d = to_f64(dout);
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int64_t v = tok[size_t(i)] - r * Vl;
+      if (v < 0 || v >= Vl) continue;
+      for (int64_t c = 0; c < C; ++c) {
+        grad[size_t(v * C + c)] += d[size_t(i * C + c)];
+        mag[size_t(v * C + c)] += std::fabs(d[size_t(i * C + c)]);
+      }
+    }
+    expect_grad_close(dw, grad, mag);
+  }
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_NEAR(sum[i], want[i], 1e-6 * (std::fabs(want[i]) + 1)) << i;
+  // A token past the whole vocabulary is still an error, whichever slice sees it.
+  tokens.data<int32_t>()[5] = int32_t(V);
+  Tensor out = Tensor::empty(Shape{B, T, C}, DType::f32);
+  EXPECT_THAT(error_of([&] {
+                ops::embedding_forward(out, tokens, wte.slice(0, Vl), Tensor(), 0, ops::VocabSlice{0, V});
+              }),
+              HasSubstr("token id 101"));
+}
+
+}  // namespace
+}  // namespace zt

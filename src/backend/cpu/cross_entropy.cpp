@@ -117,7 +117,109 @@ void ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* target
   }
 }
 
+// A row of logits as f32: the row itself, or widened into buf.
+inline const float* f32_row(const float* x, float*, int64_t) { return x; }
+inline const float* f32_row(const bf16* x, float* buf, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) buf[j] = load_f32(x[j]);
+  return buf;
+}
+
+template <typename T>
+void vp_max_kernel(float* row_max_out, const T* logits, int64_t N, int64_t Vl, int64_t real) {
+#pragma omp parallel if (N > 1)
+  {
+    float* buf = std::is_same_v<T, float> ? nullptr : thread_scratch(size_t(std::max<int64_t>(real, 1)), 0);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) row_max_out[n] = row_max(f32_row(logits + n * Vl, buf, real), real);
+  }
+}
+
+template <typename T>
+void vp_sums_kernel(float* sum_exp, float* target_logit, const T* logits, const float* row_max_in,
+                    const int32_t* targets, int64_t N, int64_t Vl, int64_t col_start, int64_t real) {
+#pragma omp parallel if (N > 1)
+  {
+    float* buf = std::is_same_v<T, float> ? nullptr : thread_scratch(size_t(std::max<int64_t>(real, 1)), 0);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = f32_row(logits + n * Vl, buf, real);
+      const int64_t t = int64_t(targets[n]) - col_start;
+      target_logit[n] = targets[n] >= 0 && t >= 0 && t < real ? x[t] : 0.0f;
+      // A row whose global max is -inf has no real column anywhere (cannot
+      // happen with vocab >= 1); a rank without real columns adds 0.
+      sum_exp[n] = real == 0 ? 0.0f : float(exp_sum<false>(x, nullptr, row_max_in[n], real));
+    }
+  }
+}
+
+template <typename T>
+void vp_finish_kernel(float* losses, T* dlogits, const T* logits, const float* row_max_in, const float* sum_exp,
+                      const float* target_logit, const int32_t* targets, int64_t N, int64_t Vl, int64_t col_start,
+                      int64_t real, float grad_scale) {
+  const bool grad = dlogits != nullptr;
+#pragma omp parallel if (N > 1)
+  {
+    float* buf = std::is_same_v<T, float> ? nullptr : thread_scratch(size_t(std::max<int64_t>(real, 1)), 0);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      T* d = grad ? dlogits + n * Vl : nullptr;
+      if (targets[n] < 0) {
+        losses[n] = 0.0f;
+        if (grad) std::fill(d, d + Vl, store_as<T>(0.0f));
+        continue;
+      }
+      const double S = double(sum_exp[n]);
+      const float m = row_max_in[n];
+      losses[n] = float((double(m) - double(target_logit[n])) + std::log(S));
+      if (!grad) continue;
+      const float* x = f32_row(logits + n * Vl, buf, real);  // read fully before an in-place write
+      const float r = float(double(grad_scale) / S);
+      const int64_t t = int64_t(targets[n]) - col_start;
+      for (int64_t j = 0; j < real; ++j) {
+        float g = exp_nonpos_f32(x[j] - m) * r;
+        if (j == t) g -= grad_scale;
+        d[j] = store_as<T>(g);
+      }
+      std::fill(d + real, d + Vl, store_as<T>(0.0f));
+    }
+  }
+}
+
 }  // namespace
+
+void vocab_parallel_ce_max(const Tensor& row_max_out, const Tensor& logits, int64_t real) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  if (logits.dtype() == DType::f32)
+    vp_max_kernel(row_max_out.data<float>(), logits.data<float>(), N, Vl, real);
+  else
+    vp_max_kernel(row_max_out.data<float>(), logits.data<bf16>(), N, Vl, real);
+}
+
+void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
+                            const Tensor& row_max_in, const Tensor& targets, int64_t col_start, int64_t real) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  if (logits.dtype() == DType::f32)
+    vp_sums_kernel(sum_exp.data<float>(), target_logit.data<float>(), logits.data<float>(), row_max_in.data<float>(),
+                   targets.data<int32_t>(), N, Vl, col_start, real);
+  else
+    vp_sums_kernel(sum_exp.data<float>(), target_logit.data<float>(), logits.data<bf16>(), row_max_in.data<float>(),
+                   targets.data<int32_t>(), N, Vl, col_start, real);
+}
+
+void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                              const Tensor& row_max_in, const Tensor& sum_exp, const Tensor& target_logit,
+                              const Tensor& targets, int64_t col_start, int64_t real, float grad_scale) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  if (logits.dtype() == DType::f32)
+    vp_finish_kernel(losses.data<float>(), dlogits.defined() ? dlogits.data<float>() : nullptr, logits.data<float>(),
+                     row_max_in.data<float>(), sum_exp.data<float>(), target_logit.data<float>(),
+                     targets.data<int32_t>(), N, Vl, col_start, real, grad_scale);
+  else
+    vp_finish_kernel(losses.data<float>(), dlogits.defined() ? dlogits.data<bf16>() : nullptr, logits.data<bf16>(),
+                     row_max_in.data<float>(), sum_exp.data<float>(), target_logit.data<float>(),
+                     targets.data<int32_t>(), N, Vl, col_start, real, grad_scale);
+}
 
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                            int64_t vocab, float grad_scale) {

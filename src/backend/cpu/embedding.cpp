@@ -25,13 +25,24 @@ namespace zt::cpu {
 
 namespace {
 
+// rows < 0: wte is the whole vocabulary; else it holds ids [start, start + rows)
+// and other tokens' wte term is zero.
 template <typename T>
 void forward_kernel(T* out, const int32_t* tok, const T* wte, const T* wpe, int64_t BT, int64_t T_, int64_t C,
-                    int64_t pos_offset) {
+                    int64_t pos_offset, int64_t start, int64_t rows) {
 #pragma omp parallel for schedule(static) if (BT * C >= 16384)
   for (int64_t i = 0; i < BT; ++i) {
-    const T* w = wte + int64_t(tok[i]) * C;
+    const int64_t v = int64_t(tok[i]) - start;
     T* o = out + i * C;
+    if (rows >= 0 && (v < 0 || v >= rows)) {  // another rank's token: only the position term
+      if (wpe == nullptr) {
+        std::fill(o, o + C, store_as<T>(0.0f));
+      } else {
+        std::memcpy(o, wpe + (i % T_ + pos_offset) * C, size_t(C) * sizeof(T));
+      }
+      continue;
+    }
+    const T* w = wte + v * C;
     if (wpe == nullptr) {
       std::memcpy(o, w, size_t(C) * sizeof(T));
       continue;
@@ -59,12 +70,20 @@ inline void row_accumulate(G* g, const float* acc, int64_t C) {
   for (int64_t c = 0; c < C; ++c) g[c] = store_as<G>(load_f32(g[c]) + acc[c]);
 }
 
+// rows >= 0: dwte holds ids [start, start + rows); other tokens are skipped.
 template <typename G, typename D>
-void wte_backward(G* dwte, const D* dout, const int32_t* tok, int64_t BT, int64_t C) {
+void wte_backward(G* dwte, const D* dout, const int32_t* tok, int64_t BT, int64_t C, int64_t start, int64_t rows) {
   if (BT == 0) return;
-  // keys[i] = token << 32 | position, sorted: positions grouped by token, in order.
+  // keys = local token << 32 | position, sorted: positions grouped by token, in order.
   auto* keys = reinterpret_cast<uint64_t*>(thread_scratch(size_t(BT) * 2, 1));
-  for (int64_t i = 0; i < BT; ++i) keys[i] = (uint64_t(uint32_t(tok[i])) << 32) | uint64_t(i);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < BT; ++i) {
+    const int64_t v = int64_t(tok[i]) - start;
+    if (rows >= 0 && (v < 0 || v >= rows)) continue;
+    keys[kept++] = (uint64_t(v) << 32) | uint64_t(i);
+  }
+  BT = kept;
+  if (BT == 0) return;
   std::sort(keys, keys + BT);
   // run_start[r]: index in keys of the first entry of the r-th distinct token.
   auto* run_start = reinterpret_cast<int64_t*>(thread_scratch(size_t(BT + 1) * 2, 2));
@@ -110,13 +129,14 @@ void wpe_backward(G* dwpe, const D* dout, int64_t B, int64_t T_, int64_t C, int6
 
 template <typename D>
 void backward_typed(const Tensor& dwte, const Tensor& dwpe, const D* dout, const Tensor& tokens, int64_t pos_offset,
-                    int64_t C) {
+                    int64_t C, int64_t start, bool sliced) {
   const int64_t B = tokens.size(0), T_ = tokens.size(1);
   if (dwte.defined()) {
+    const int64_t rows = sliced ? dwte.size(0) : -1;
     if (dwte.dtype() == DType::f32)
-      wte_backward(dwte.data<float>(), dout, tokens.data<int32_t>(), B * T_, C);
+      wte_backward(dwte.data<float>(), dout, tokens.data<int32_t>(), B * T_, C, start, rows);
     else
-      wte_backward(dwte.data<D>(), dout, tokens.data<int32_t>(), B * T_, C);
+      wte_backward(dwte.data<D>(), dout, tokens.data<int32_t>(), B * T_, C, start, rows);
   }
   if (dwpe.defined()) {
     if (dwpe.dtype() == DType::f32)
@@ -129,26 +149,26 @@ void backward_typed(const Tensor& dwte, const Tensor& dwpe, const D* dout, const
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t pos_offset) {
-  const int64_t B = tokens.size(0), T_ = tokens.size(1), C = wte.size(1);
+                       int64_t pos_offset, int64_t vocab_start, bool sliced) {
+  const int64_t B = tokens.size(0), T_ = tokens.size(1), C = wte.size(1), rows = sliced ? wte.size(0) : -1;
   if (out.dtype() == DType::f32) {
     forward_kernel(out.data<float>(), tokens.data<int32_t>(), wte.data<float>(),
-                   wpe.defined() ? wpe.data<float>() : nullptr, B * T_, T_, C, pos_offset);
+                   wpe.defined() ? wpe.data<float>() : nullptr, B * T_, T_, C, pos_offset, vocab_start, rows);
   } else {
     ZT_ASSERT(out.dtype() == DType::bf16, "embedding_forward: dtype ", dtype_name(out.dtype()));
     forward_kernel(out.data<bf16>(), tokens.data<int32_t>(), wte.data<bf16>(),
-                   wpe.defined() ? wpe.data<bf16>() : nullptr, B * T_, T_, C, pos_offset);
+                   wpe.defined() ? wpe.data<bf16>() : nullptr, B * T_, T_, C, pos_offset, vocab_start, rows);
   }
 }
 
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t pos_offset) {
+                        int64_t pos_offset, int64_t vocab_start, bool sliced) {
   const int64_t C = dout.size(2);
   if (dout.dtype() == DType::f32) {
-    backward_typed(dwte, dwpe, dout.data<float>(), tokens, pos_offset, C);
+    backward_typed(dwte, dwpe, dout.data<float>(), tokens, pos_offset, C, vocab_start, sliced);
   } else {
     ZT_ASSERT(dout.dtype() == DType::bf16, "embedding_backward: dtype ", dtype_name(dout.dtype()));
-    backward_typed(dwte, dwpe, dout.data<bf16>(), tokens, pos_offset, C);
+    backward_typed(dwte, dwpe, dout.data<bf16>(), tokens, pos_offset, C, vocab_start, sliced);
   }
 }
 
