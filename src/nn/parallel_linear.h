@@ -1,19 +1,24 @@
 // The two halves of a Megatron-style tensor-parallel layer pair.
 //
-//   ColumnParallelLinear  W (out, in) split by OUTPUT rows: rank r holds rows
-//                         [r*out/tp, (r+1)*out/tp) and computes its slice of
-//                         y = x W^T + b without communication; in backward its
-//                         dx is a partial sum the group all-reduces (a
-//                         reduce-scatter under sequence parallelism).
+//   ColumnParallelLinear  W (out, in) split by OUTPUT rows: rank r holds its
+//                         rows and computes its slice of y = x W^T + b from
+//                         the whole input x without communication. In
+//                         backward its dx = dy W is a partial sum over the
+//                         group; several column-parallel layers reading one
+//                         input (q, k, v) add their partials and the caller
+//                         reduces once (all-reduce, or reduce-scatter under
+//                         sequence parallelism) - backward_data and
+//                         backward_weights are separate so that reduction
+//                         runs while the weight gradients are computed.
 //   RowParallelLinear     W (out, in) split by INPUT columns: rank r consumes
 //                         the slice of x its column-parallel partner produced
 //                         and computes a partial y that the group all-reduces
-//                         (reduce-scatter under SP); the bias is added once.
+//                         (reduce-scatter into row shards under sequence
+//                         parallelism); the bias is added once, by rank 0.
 //
 // Attention uses qkv (column) -> proj (row); the MLP uses in (column) -> out
-// (row): one all-reduce per half in each direction. The group has size 1 in
-// this build (no tensor-parallel collectives yet), so the layers are plain
-// linear layers and the communication points are marked where they go.
+// (row): one reduction per half in each direction. With a group of size 1
+// these are plain linear layers.
 //
 // Each layer holds views of this rank's weight shard and of its gradient
 // buffer (flat ParamSet buffers): constructing one is free.
@@ -22,44 +27,42 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "nn/tensor_parallel.h"
 
 namespace zt::nn {
-
-// This rank's place in its tensor-parallel group.
-struct TensorParallelGroup {
-  int64_t size = 1;
-  int64_t rank = 0;
-};
 
 class ColumnParallelLinear {
  public:
   // w (out_local, in), b (out_local) or undefined; dw/db their gradients
   // (f32 or w's dtype; undefined to skip).
-  ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, TensorParallelGroup group = {});
+  ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db);
   // y (..., out_local) = x (..., in) W^T + b.
   void forward(const Tensor& y, const Tensor& x) const;
-  // dx (..., in) = dy W: overwritten, or accumulated (+=) when accumulate_dx
-  // (several column-parallel layers reading the same input, as q, k and v do).
+  // dx (..., in) = dy W: overwritten, or accumulated (+=) when accumulate_dx.
+  void backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const;
   // dw += dy^T x, db += sum_rows(dy).
-  void backward(const Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate_dx) const;
+  void backward_weights(const Tensor& dy, const Tensor& x) const;
 
  private:
   Tensor w_, b_, dw_, db_;
-  TensorParallelGroup group_;
 };
 
 class RowParallelLinear {
  public:
-  // w (out, in_local), b (out) or undefined.
-  RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, TensorParallelGroup group = {});
-  // y (..., out) = x (..., in_local) W^T (summed over the group) + b.
+  // w (out, in_local), b (out) or undefined (replicated over the group).
+  RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp);
+  // y = x (N, in_local) W^T summed over the group, + b: (N, out), or this
+  // rank's rows (N/tp, out) of it under sequence parallelism.
   void forward(const Tensor& y, const Tensor& x) const;
-  // dx (..., in_local) = dy W (overwritten); dw += dy^T x; db += sum_rows(dy).
+  // dy as forward's y (replicated, or this rank's rows under sequence
+  // parallelism: gathered here). dx (N, in_local) = dy W (overwritten);
+  // dw += dy^T x; db += sum_rows(dy) over all N rows (every rank's db is
+  // then the whole gradient, as the bias is replicated).
   void backward(const Tensor& dx, const Tensor& dy, const Tensor& x) const;
 
  private:
   Tensor w_, b_, dw_, db_;
-  TensorParallelGroup group_;
+  TensorParallel tp_;
 };
 
 }  // namespace zt::nn

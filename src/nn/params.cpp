@@ -1,9 +1,11 @@
+#include <algorithm>
 #include <cstdint>
 
 #include "nn/params.h"
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "ops/device.h"
 #include "ops/elementwise.h"
 
 namespace zt::nn {
@@ -37,6 +39,32 @@ ParamSet::ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device, int
   grads_ = Tensor::empty(Shape{numel_}, DType::f32, device, MemCategory::grads);
   if (numel_ > used) ops::fill(params_.flat_view(used, Shape{numel_ - used}), 0.0);
   zero_grads();
+  // The elements this rank counts in the gradient norm, merged into runs.
+  auto add_range = [&](int64_t lo, int64_t hi) {
+    if (hi <= lo) return;
+    if (!norm_ranges_.empty() && norm_ranges_.back().second == lo)
+      norm_ranges_.back().second = hi;
+    else
+      norm_ranges_.push_back({lo, hi});
+  };
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& sp = specs_[i];
+    const int64_t off = offsets_[i], n = sp.shape.numel();
+    if (!sp.sliced()) {
+      if (sp.owner) add_range(off, off + n);
+      continue;
+    }
+    const int64_t row = sp.split_dim == 0 && sp.shape[0] > 0 ? n / sp.shape[0] : 0;
+    for (const SlicePiece& pc : sp.pieces) {
+      if (!pc.owner) continue;
+      if (sp.split_dim == 0)
+        add_range(off + pc.local * row, off + (pc.local + pc.length) * row);
+      else
+        add_range(off, off + n);  // a column split has one piece: the whole local tensor
+    }
+  }
+  // Padding (zero gradients) joins the last run: one reduction per set when unsharded.
+  if (!norm_ranges_.empty() && norm_ranges_.back().second == used) norm_ranges_.back().second = numel_;
 }
 
 size_t ParamSet::index(std::string_view name) const {
@@ -62,7 +90,10 @@ void ParamSet::ensure_grads() {
 void ParamSet::init(uint64_t seed) {
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    const Tensor p = param(i);
+    // A slice is cut from the global tensor drawn whole: the values do not
+    // depend on the tensor-parallel size.
+    const Tensor local = param(i);
+    const Tensor p = s.sliced() ? Tensor::empty(s.global(), dtype_, device_, MemCategory::params) : local;
     switch (s.init) {
       case Init::zeros: ops::fill(p, 0.0); break;
       case Init::ones: ops::fill(p, 1.0); break;
@@ -72,7 +103,59 @@ void ParamSet::init(uint64_t seed) {
         break;
       }
     }
+    if (s.sliced()) {
+      ops::fill(local, 0.0);  // rows no piece covers (vocabulary padding) stay zero
+      copy_pieces(s, local, p, true);
+    }
   }
+}
+
+void copy_pieces(const ParamSpec& spec, const Tensor& local, const Tensor& global, bool to_local) {
+  if (!spec.sliced()) {
+    to_local ? ops::copy(local, global) : ops::copy(global, local);
+    return;
+  }
+  for (const SlicePiece& pc : spec.pieces) {
+    if (spec.split_dim == 0) {
+      const Tensor l = local.slice(pc.local, pc.local + pc.length), g = global.slice(pc.global, pc.global + pc.length);
+      to_local ? ops::copy(l, g) : ops::copy(g, l);
+      continue;
+    }
+    ZT_ASSERT(spec.split_dim == 1 && local.ndim() == 2, spec.name, ": column pieces need a 2-D tensor");
+    const int64_t rows = local.size(0), wl = local.size(1), wg = global.size(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const Tensor l = local.flat_view(r * wl + pc.local, Shape{pc.length});
+      const Tensor g = global.flat_view(r * wg + pc.global, Shape{pc.length});
+      to_local ? ops::copy(l, g) : ops::copy(g, l);
+    }
+  }
+}
+
+std::vector<GlobalBox> to_global_boxes(const ParamSpec& spec, const std::vector<int64_t>& start, const Shape& extent,
+                                       bool owned_only) {
+  std::vector<GlobalBox> out;
+  if (!spec.sliced()) {
+    if (!owned_only || spec.owner) out.push_back({0, start, extent});
+    return out;
+  }
+  const int d = spec.split_dim;
+  const int64_t s = start[size_t(d)], e = extent[d];
+  // Elements of the box per index along d (d = 0: a box row; d = 1: one, the box being one row or whole rows).
+  const int64_t stride = d == 0 ? extent.numel() / std::max<int64_t>(1, e) : 1;
+  for (const SlicePiece& pc : spec.pieces) {
+    if (owned_only && !pc.owner) continue;
+    const int64_t a = std::max(s, pc.local), b = std::min(s + e, pc.local + pc.length);
+    if (b <= a) continue;
+    ZT_ASSERT(d == 0 || extent[0] == 1 || (a == s && b == s + e), spec.name,
+              ": a box of several rows must lie within one column piece");
+    GlobalBox box{(a - s) * stride, start, extent};
+    box.start[size_t(d)] = pc.global + (a - pc.local);
+    std::vector<int64_t> dims(extent.begin(), extent.end());
+    dims[size_t(d)] = b - a;
+    box.extent = Shape(dims.begin(), dims.end());
+    out.push_back(std::move(box));
+  }
+  return out;
 }
 
 }  // namespace zt::nn

@@ -22,13 +22,48 @@ enum class Init {
   ones,
 };
 
+// Under tensor parallelism a rank holds part of a global tensor: runs of
+// indices along one dimension (`split_dim`), each a piece. A piece maps
+// local indices [local, local + length) to global [global, global + length).
+// `owner` marks the one rank that counts a piece held by several ranks
+// (replicated kv heads) in checkpoints and in the gradient norm.
+struct SlicePiece {
+  int64_t local = 0, global = 0, length = 0;
+  bool owner = true;
+};
+
 struct ParamSpec {
   std::string name;  // global name, e.g. "layers.3.attn.qkv.weight"
-  Shape shape;
+  Shape shape;       // this rank's tensor
   Init init = Init::normal;
   float std = 0.0f;   // for Init::normal
   bool decay = true;  // AdamW weight decay applies (false for norms, biases, embeddings)
+  // Tensor parallelism (defaults: the whole tensor, held by this rank alone).
+  Shape global_shape = {};         // empty: == shape
+  int split_dim = 0;               // the dimension pieces run along (0 or 1)
+  std::vector<SlicePiece> pieces;  // empty: the whole tensor (global_shape == shape)
+  bool owner = true;               // whole tensors replicated over the tp group: true on one rank
+
+  const Shape& global() const { return global_shape.ndim() == 0 ? shape : global_shape; }
+  bool sliced() const { return !pieces.empty(); }
 };
+
+// Copies between a rank's tensor and the global tensor it is part of, piece
+// by piece (local <- global when to_local, else global <- local); local
+// indices no piece covers (vocabulary padding of the last rank) are left
+// alone. Both tensors on one device, of one dtype.
+void copy_pieces(const ParamSpec& spec, const Tensor& local, const Tensor& global, bool to_local);
+
+// A contiguous box of a local tensor (start, extent as in ckpt manifests)
+// as boxes of the global tensor: (offset in elements into the local box's
+// data, global start, extent) for every owned piece it meets.
+struct GlobalBox {
+  int64_t offset = 0;
+  std::vector<int64_t> start;
+  Shape extent;
+};
+std::vector<GlobalBox> to_global_boxes(const ParamSpec& spec, const std::vector<int64_t>& start, const Shape& extent,
+                                       bool owned_only);
 
 class ParamSet {
  public:
@@ -66,12 +101,18 @@ class ParamSet {
   void zero_grads();
   // Fills every parameter per its Init; tensor `name` draws from a Philox
   // stream seeded by (seed, hash(name)), so values do not depend on the
-  // layout or on which other tensors exist.
+  // layout or on which other tensors exist (a tensor-parallel rank draws
+  // the global tensor and keeps its pieces).
   void init(uint64_t seed);
+  // Flat [begin, end) ranges of the elements whose gradients this rank
+  // counts in the global gradient norm (each element of the global model
+  // counted on exactly one tensor-parallel rank); adjacent ranges merged.
+  const std::vector<std::pair<int64_t, int64_t>>& norm_ranges() const { return norm_ranges_; }
 
  private:
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offsets_;
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;
   int64_t numel_ = 0;
   DType dtype_ = DType::f32;
   Device device_;

@@ -1,7 +1,9 @@
 #include "nn/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 #include "core/error.h"
 #include "ops/activation.h"
@@ -35,26 +37,6 @@ namespace {
 
 std::string layer_prefix(size_t i) { return "layers." + std::to_string(i) + "."; }
 
-std::vector<ParamSpec> block_specs(const ModelConfig& c, size_t layer) {
-  const std::string p = layer_prefix(layer);
-  const int64_t C = c.d_model;
-  const float std = c.init_std, resid_std = c.init_std / std::sqrt(2.0f * float(c.n_layer));
-  std::vector<ParamSpec> s;
-  s.push_back({p + "attn_norm.weight", Shape{C}, Init::ones, 0, false});
-  if (c.has_bias()) s.push_back({p + "attn_norm.bias", Shape{C}, Init::zeros, 0, false});
-  s.push_back({p + "attn.qkv.weight", Shape{c.qkv_width(), C}, Init::normal, std, true});
-  if (c.has_bias()) s.push_back({p + "attn.qkv.bias", Shape{c.qkv_width()}, Init::zeros, 0, false});
-  s.push_back({p + "attn.proj.weight", Shape{C, C}, Init::normal, resid_std, true});
-  if (c.has_bias()) s.push_back({p + "attn.proj.bias", Shape{C}, Init::zeros, 0, false});
-  s.push_back({p + "mlp_norm.weight", Shape{C}, Init::ones, 0, false});
-  if (c.has_bias()) s.push_back({p + "mlp_norm.bias", Shape{C}, Init::zeros, 0, false});
-  s.push_back({p + "mlp.in.weight", Shape{c.mlp_in_width(), C}, Init::normal, std, true});
-  if (c.has_bias()) s.push_back({p + "mlp.in.bias", Shape{c.mlp_in_width()}, Init::zeros, 0, false});
-  s.push_back({p + "mlp.out.weight", Shape{C, c.d_ff}, Init::normal, resid_std, true});
-  if (c.has_bias()) s.push_back({p + "mlp.out.bias", Shape{C}, Init::zeros, 0, false});
-  return s;
-}
-
 // t itself when it already lives on `device`, else a copy there.
 Tensor on_device(const Tensor& t, Device device) {
   return t.device() == device ? t : ops::to_device(t, device, MemCategory::activations);
@@ -63,25 +45,55 @@ Tensor on_device(const Tensor& t, Device device) {
 Tensor act_tensor(const Shape& s, DType dt, Device dev) { return Tensor::empty(s, dt, dev, MemCategory::activations); }
 Tensor stat_tensor(int64_t n, Device dev) { return Tensor::empty(Shape{n}, DType::f32, dev, MemCategory::activations); }
 
+void wait(const comm::WorkHandle& w) {
+  if (w) w->wait();
+}
+
+// Partial gradients of tensors replicated over a group (norm weights under
+// sequence parallelism, shared kv heads): computed into a zeroed buffer of
+// their own, then summed over the group and added to the real gradients.
+class PartialGrads {
+ public:
+  PartialGrads(const std::vector<Tensor>& grads, Device device) : grads_(grads) {
+    int64_t n = 0;
+    for (const Tensor& g : grads_) n += g.defined() ? g.numel() : 0;
+    buf_ = Tensor::empty(Shape{std::max<int64_t>(n, 1)}, DType::f32, device, MemCategory::grads);
+    ops::fill(buf_, 0.0);
+    int64_t at = 0;
+    for (const Tensor& g : grads_) {
+      views_.push_back(g.defined() ? buf_.flat_view(at, g.shape()) : Tensor());
+      at += g.defined() ? g.numel() : 0;
+    }
+  }
+  const Tensor& view(size_t i) const { return views_[i]; }
+  void reduce_and_add(comm::ProcessGroup& group) {
+    group.all_reduce(buf_)->wait();
+    for (size_t i = 0; i < grads_.size(); ++i)
+      if (grads_[i].defined()) ops::add(grads_[i], grads_[i], views_[i]);
+  }
+
+ private:
+  std::vector<Tensor> grads_, views_;
+  Tensor buf_;
+};
+
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device device, int64_t flat_pad_multiple)
-    : cfg_(cfg), dtype_(compute_dtype), device_(device) {
+Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device device, int64_t flat_pad_multiple,
+                         TensorParallel tp)
+    : cfg_(cfg), dtype_(compute_dtype), device_(device), tp_(tp) {
   cfg_.validate();
   ops::init_device(device_);
   ZT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "model compute dtype must be f32 or bf16, got ",
            dtype_name(dtype_));
-  const int64_t C = cfg_.d_model, Vp = cfg_.padded_vocab();
-  std::vector<ParamSpec> emb{{"embed.wte", Shape{Vp, C}, Init::normal, cfg_.init_std, false}};
-  if (cfg_.learned_positions())
-    emb.push_back({"embed.wpe", Shape{cfg_.max_seq_len, C}, Init::normal, cfg_.init_std, false});
-  embed_ = ParamSet(std::move(emb), dtype_, device_, flat_pad_multiple);
+  shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank());
+  embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(cfg_.n_layer));
-  for (int64_t i = 0; i < cfg_.n_layer; ++i) blocks_.emplace_back(block_specs(cfg_, size_t(i)), dtype_, device_, flat_pad_multiple);
-  std::vector<ParamSpec> head{{"final_norm.weight", Shape{C}, Init::ones, 0, false}};
-  if (cfg_.has_bias()) head.push_back({"final_norm.bias", Shape{C}, Init::zeros, 0, false});
-  if (!cfg_.tied_embeddings) head.push_back({"lm_head.weight", Shape{Vp, C}, Init::normal, cfg_.init_std, true});
-  head_ = ParamSet(std::move(head), dtype_, device_, flat_pad_multiple);
+  for (int64_t i = 0; i < cfg_.n_layer; ++i)
+    blocks_.emplace_back(block_specs(cfg_, shares_, size_t(i)), dtype_, device_, flat_pad_multiple);
+  head_ = ParamSet(head_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
+  if (shares_.kv_replicas > 1)  // a collective over the tp group: every rank builds the model
+    kv_group_ = tp_.group->split(int(shares_.kv_head0), int(tp_.rank()), "tp_kv");
   if (cfg_.arch == Arch::llama3) {
     rope_table_ = Tensor::empty(Shape{cfg_.max_seq_len, cfg_.head_dim() / 2, 2}, DType::f32, device_,
                                 MemCategory::params);
@@ -112,10 +124,11 @@ int64_t Transformer::num_params() const {
 void Transformer::init_weights(uint64_t seed) {
   for (ParamSet* s : param_sets()) s->init(seed);
   // Padding rows of the vocabulary never see a token; keep them zero.
-  const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
-  if (Vp > V) {
-    ops::fill(param("embed.wte").slice(V, Vp), 0.0);
-    if (!cfg_.tied_embeddings) ops::fill(param("lm_head.weight").slice(V, Vp), 0.0);
+  const int64_t V = cfg_.vocab_size;
+  const int64_t lo = std::clamp<int64_t>(V - shares_.vocab_start, 0, shares_.vocab_rows);
+  if (lo < shares_.vocab_rows) {
+    ops::fill(param("embed.wte").slice(lo, shares_.vocab_rows), 0.0);
+    if (!cfg_.tied_embeddings) ops::fill(param("lm_head.weight").slice(lo, shares_.vocab_rows), 0.0);
   }
 }
 
@@ -123,18 +136,32 @@ void Transformer::zero_grads() {
   for (ParamSet* s : param_sets()) s->zero_grads();
 }
 
-Tensor Transformer::param(std::string_view name) const {
-  for (const ParamSet* s : param_sets())
-    for (size_t i = 0; i < s->size(); ++i)
-      if (s->spec(i).name == name) return s->param(i);
+std::pair<size_t, size_t> Transformer::locate(std::string_view name) const {
+  const auto sets = param_sets();
+  for (size_t si = 0; si < sets.size(); ++si)
+    for (size_t i = 0; i < sets[si]->size(); ++i)
+      if (sets[si]->spec(i).name == name) return {si, i};
   ZT_FAIL("the model has no parameter named '", name, "'");
 }
 
+Tensor Transformer::param(std::string_view name) const {
+  const auto [si, i] = locate(name);
+  return param_sets()[si]->param(i);
+}
+
 Tensor Transformer::grad(std::string_view name) const {
-  for (const ParamSet* s : param_sets())
-    for (size_t i = 0; i < s->size(); ++i)
-      if (s->spec(i).name == name) return s->grad(i);
-  ZT_FAIL("the model has no parameter named '", name, "'");
+  const auto [si, i] = locate(name);
+  return param_sets()[si]->grad(i);
+}
+
+Tensor Transformer::global_param(std::string_view name) const {
+  const auto [si, i] = locate(name);
+  return gather_global(param_sets()[si]->param(i), cfg_, tp_, si, i, int64_t(param_sets().size()));
+}
+
+Tensor Transformer::global_grad(std::string_view name) const {
+  const auto [si, i] = locate(name);
+  return gather_global(param_sets()[si]->grad(i), cfg_, tp_, si, i, int64_t(param_sets().size()));
 }
 
 ops::NormKind Transformer::norm_kind() const {
@@ -150,7 +177,7 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   const std::string p = layer_prefix(layer);
   auto get = [&](const char* name) { return grads ? s.grad(s.index(p + name)) : s.param(s.index(p + name)); };
   auto opt = [&](const char* name) { return cfg_.has_bias() ? get(name) : Tensor(); };
-  const int64_t D = cfg_.head_dim(), q_rows = cfg_.n_head * D, kv_rows = cfg_.n_kv_head * D;
+  const int64_t D = cfg_.head_dim(), q_rows = shares_.q_heads * D, kv_rows = shares_.kv_heads * D;
   BlockParams b;
   b.ln1_w = get("attn_norm.weight");
   b.ln1_b = opt("attn_norm.bias");
@@ -175,13 +202,13 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   return b;
 }
 
-Transformer::BlockLinears Transformer::block_linears(size_t layer) const {
+Transformer::BlockLinears Transformer::block_linears(size_t layer, const TensorParallel& m) const {
   const BlockParams p = block_views(layer, false), g = block_views(layer, true);
   return BlockLinears{ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq), ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk),
                       ColumnParallelLinear(p.wv, p.bv, g.wv, g.bv),
                       ColumnParallelLinear(p.mlp_in_w, p.mlp_in_b, g.mlp_in_w, g.mlp_in_b),
-                      RowParallelLinear(p.proj_w, p.proj_b, g.proj_w, g.proj_b),
-                      RowParallelLinear(p.mlp_out_w, p.mlp_out_b, g.mlp_out_w, g.mlp_out_b)};
+                      RowParallelLinear(p.proj_w, p.proj_b, g.proj_w, g.proj_b, m),
+                      RowParallelLinear(p.mlp_out_w, p.mlp_out_b, g.mlp_out_w, g.mlp_out_b, m)};
 }
 
 Tensor Transformer::head_weight() const {
@@ -203,32 +230,62 @@ void Transformer::check_batch(const Tensor& tokens, const Tensor& targets) const
              " must match tokens ", tokens.str());
 }
 
-Tensor Transformer::embed(const Tensor& tokens) const {
-  const int64_t B = tokens.size(0), T = tokens.size(1);
-  Tensor x = act_tensor(Shape{B, T, cfg_.d_model}, dtype_, device_);
-  const Tensor wpe = cfg_.learned_positions() ? embed_.param(1) : Tensor();
-  ops::embedding_forward(x, tokens, embed_.param(0), wpe, 0);
-  return x;
+TensorParallel Transformer::pass_mode(bool sequence_parallel) const {
+  TensorParallel m = tp_;
+  m.sequence_parallel = sequence_parallel && tp_.size() > 1;
+  return m;
 }
 
-Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B,
-                                  int64_t T) const {
+Tensor Transformer::gather_rows(const TensorParallel& m, const Tensor& shard) const {
+  if (!m.sequence_parallel) return shard;
+  Tensor full = act_tensor(Shape{shard.size(0) * m.size(), shard.size(1)}, shard.dtype(), device_);
+  m.group->all_gather(full, shard)->wait();
+  return full;
+}
+
+comm::WorkHandle Transformer::start_reduce_rows(const TensorParallel& m, const Tensor& out,
+                                                const Tensor& partial) const {
+  if (m.size() == 1) return nullptr;
+  if (m.sequence_parallel) return m.group->reduce_scatter(out, partial);
+  ZT_ASSERT(out.data_ptr() == partial.data_ptr(), "an all-reduce of rows works in place");
+  return m.group->all_reduce(partial);
+}
+
+Tensor Transformer::embed(const TensorParallel& m, const Tensor& tokens) const {
+  const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, C = cfg_.d_model;
+  Tensor x = act_tensor(Shape{B, T, C}, dtype_, device_);
+  // Each rank looks up the tokens of its vocabulary rows; the positions are
+  // added once (rank 0), so the group's sum is the embedding.
+  const Tensor wpe = cfg_.learned_positions() && m.rank() == 0 ? embed_.param(1) : Tensor();
+  const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
+  ops::embedding_forward(x, tokens, embed_.param(0), wpe, 0, slice);
+  const Tensor rows = x.view(Shape{N, C});
+  if (m.size() == 1) return rows;
+  Tensor out = m.sequence_parallel ? act_tensor(Shape{N / m.size(), C}, dtype_, device_) : rows;
+  wait(start_reduce_rows(m, out, rows));
+  return out;
+}
+
+Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T,
+                                  const TensorParallel& m) const {
   const BlockParams p = block_views(layer, false);
-  const BlockLinears lin = block_linears(layer);
-  const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
+  const BlockLinears lin = block_linears(layer, m);
+  const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = shares_.q_heads, Hkv = shares_.kv_heads, N = B * T;
+  const int64_t R = x_in.size(0), W = cfg_.mlp_in_width() / shares_.tp, F = shares_.ff;
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   a.x_in = x_in;
   // Attention half: ln1 -> q, k, v -> RoPE -> attention -> proj, residual add fused into ln2.
-  a.ln1 = act_tensor(Shape{B, T, C}, dtype_, device_);
-  a.ln1_mean = layernorm ? stat_tensor(B * T, device_) : Tensor();
-  a.ln1_rstd = stat_tensor(B * T, device_);
+  a.ln1 = act_tensor(Shape{R, C}, dtype_, device_);
+  a.ln1_mean = layernorm ? stat_tensor(R, device_) : Tensor();
+  a.ln1_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, cfg_.norm_eps);
+  const Tensor ln1 = gather_rows(m, a.ln1);  // (N, C): the column-parallel input
   a.q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  lin.q.forward(a.q.view(Shape{B, T, Hq * D}), a.ln1);
-  lin.k.forward(a.k.view(Shape{B, T, Hkv * D}), a.ln1);
-  lin.v.forward(a.v.view(Shape{B, T, Hkv * D}), a.ln1);
+  lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
+  lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
+  lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
   if (cfg_.arch == Arch::llama3) {
     ops::rope_forward(a.q, a.q, rope_table_, 0);
     ops::rope_forward(a.k, a.k, rope_table_, 0);
@@ -236,24 +293,25 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
   ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
-  Tensor branch = act_tensor(Shape{B, T, C}, dtype_, device_);
-  lin.proj.forward(branch, a.att.view(Shape{B, T, C}));
-  a.res_mid = act_tensor(Shape{B, T, C}, dtype_, device_);
-  a.ln2 = act_tensor(Shape{B, T, C}, dtype_, device_);
-  a.ln2_mean = layernorm ? stat_tensor(B * T, device_) : Tensor();
-  a.ln2_rstd = stat_tensor(B * T, device_);
+  Tensor branch = act_tensor(Shape{R, C}, dtype_, device_);
+  lin.proj.forward(branch, a.att.view(Shape{N, Hq * D}));
+  a.res_mid = act_tensor(Shape{R, C}, dtype_, device_);
+  a.ln2 = act_tensor(Shape{R, C}, dtype_, device_);
+  a.ln2_mean = layernorm ? stat_tensor(R, device_) : Tensor();
+  a.ln2_rstd = stat_tensor(R, device_);
   ops::residual_norm_forward(norm_kind(), a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, branch, p.ln2_w,
                              p.ln2_b, cfg_.norm_eps);
   // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out, plus the residual.
-  a.mlp_in = act_tensor(Shape{B, T, cfg_.mlp_in_width()}, dtype_, device_);
-  lin.mlp_in.forward(a.mlp_in, a.ln2);
-  a.act = act_tensor(Shape{B, T, cfg_.d_ff}, dtype_, device_);
+  const Tensor ln2 = gather_rows(m, a.ln2);
+  a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
+  lin.mlp_in.forward(a.mlp_in.view(Shape{N, W}), ln2);
+  a.act = act_tensor(Shape{B, T, F}, dtype_, device_);
   if (cfg_.arch == Arch::gpt2)
     ops::gelu_forward(a.act, a.mlp_in);
   else
     ops::swiglu_forward(a.act, a.mlp_in);
-  lin.mlp_out.forward(branch, a.act);  // reuse: the proj output is dead
-  Tensor x_out = act_tensor(Shape{B, T, C}, dtype_, device_);
+  lin.mlp_out.forward(branch, a.act.view(Shape{N, F}));  // reuse: the proj output is dead
+  Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
   ops::add(x_out, a.res_mid, branch);
   return x_out;
 }
@@ -275,49 +333,79 @@ void Transformer::release_for_policy(BlockActivations& a) const {
   }
 }
 
-void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T) const {
+void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T,
+                                         const TensorParallel& m) const {
   switch (recompute) {
     case Recompute::none: break;
     case Recompute::selective: {
-      const int64_t D = cfg_.head_dim(), Hq = cfg_.n_head;
+      const int64_t D = cfg_.head_dim(), Hq = shares_.q_heads;
       a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
       a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
       ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
-      a.act = act_tensor(Shape{B, T, cfg_.d_ff}, dtype_, device_);
+      a.act = act_tensor(Shape{B, T, shares_.ff}, dtype_, device_);
       if (cfg_.arch == Arch::gpt2)
         ops::gelu_forward(a.act, a.mlp_in);
       else
         ops::swiglu_forward(a.act, a.mlp_in);
       break;
     }
-    case Recompute::full: block_forward(layer, a, a.x_in, B, T); break;
+    case Recompute::full: block_forward(layer, a, a.x_in, B, T, m); break;
   }
 }
 
-void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T) {
-  // dres (B, T, C): on entry dL/d x_out, on exit dL/d x_in (updated in place).
+void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
+                                 const TensorParallel& m) {
+  // dres (R, C): on entry dL/d x_out, on exit dL/d x_in (updated in place).
   const BlockParams p = block_views(layer, false);
   const BlockParams g = block_views(layer, true);
-  const BlockLinears lin = block_linears(layer);
-  const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = cfg_.n_head, Hkv = cfg_.n_kv_head;
+  const BlockLinears lin = block_linears(layer, m);
+  const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = shares_.q_heads, Hkv = shares_.kv_heads, N = B * T;
+  const int64_t R = dres.size(0), W = cfg_.mlp_in_width() / shares_.tp, F = shares_.ff;
+  const bool sp = m.sequence_parallel;
+  // Norm weights see only this rank's rows under sequence parallelism: their
+  // gradients are partial sums, reduced over the group at the end.
+  std::unique_ptr<PartialGrads> norms;
+  if (sp) norms = std::make_unique<PartialGrads>(std::vector<Tensor>{g.ln1_w, g.ln1_b, g.ln2_w, g.ln2_b}, device_);
+  const Tensor g_ln1_w = sp ? norms->view(0) : g.ln1_w, g_ln1_b = sp ? norms->view(1) : g.ln1_b;
+  const Tensor g_ln2_w = sp ? norms->view(2) : g.ln2_w, g_ln2_b = sp ? norms->view(3) : g.ln2_b;
+  // The (N, C) input of a column-parallel layer: kept (R = N), or gathered
+  // again from the kept shard while the input gradient is computed.
+  auto start_input = [&](const Tensor& kept, Tensor& full) -> comm::WorkHandle {
+    if (!sp) {
+      full = kept;
+      return nullptr;
+    }
+    full = act_tensor(Shape{N, C}, dtype_, device_);
+    return m.group->all_gather(full, kept);
+  };
+  // Input gradient of the column-parallel layers: summed over the group into
+  // d_ln (R, C) while the weight gradients are computed.
+  Tensor d_partial = act_tensor(Shape{N, C}, dtype_, device_);
+  Tensor d_ln = sp ? act_tensor(Shape{R, C}, dtype_, device_) : d_partial;
+
   // MLP half. x_out = res_mid + mlp_out(act(mlp_in(ln2(res_mid)))).
-  Tensor d_act = act_tensor(Shape{B, T, cfg_.d_ff}, dtype_, device_);
-  lin.mlp_out.backward(d_act, dres, a.act);
+  Tensor d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
+  lin.mlp_out.backward(d_act.view(Shape{N, F}), dres, a.act.view(Shape{N, F}));
   a.act = Tensor();
-  Tensor d_mlp_in = act_tensor(Shape{B, T, cfg_.mlp_in_width()}, dtype_, device_);
+  Tensor d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
   if (cfg_.arch == Arch::gpt2)
     ops::gelu_backward(d_mlp_in, d_act, a.mlp_in);
   else
     ops::swiglu_backward(d_mlp_in, d_act, a.mlp_in);
   d_act = Tensor();
-  Tensor d_ln = act_tensor(Shape{B, T, C}, dtype_, device_);
-  lin.mlp_in.backward(d_ln, d_mlp_in, a.ln2, false);
-  d_mlp_in = Tensor();
+  Tensor ln2;
+  comm::WorkHandle gather = start_input(a.ln2, ln2);
+  lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);
+  comm::WorkHandle reduce = start_reduce_rows(m, d_ln, d_partial);
+  wait(gather);
+  lin.mlp_in.backward_weights(d_mlp_in.view(Shape{N, W}), ln2);
+  wait(reduce);
+  d_mlp_in = ln2 = Tensor();
   // dres <- dL/d res_mid = norm2 backward + the residual path.
-  ops::norm_backward(norm_kind(), dres, g.ln2_w, g.ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres);
+  ops::norm_backward(norm_kind(), dres, g_ln2_w, g_ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres);
   // Attention half. res_mid = x_in + proj(att(q, k, v)).
   Tensor d_att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-  lin.proj.backward(d_att.view(Shape{B, T, C}), dres, a.att.view(Shape{B, T, C}));
+  lin.proj.backward(d_att.view(Shape{N, Hq * D}), dres, a.att.view(Shape{N, Hq * D}));
   Tensor dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   Tensor dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   Tensor dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
@@ -327,12 +415,48 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     ops::rope_backward(dq, dq, rope_table_, 0);
     ops::rope_backward(dk, dk, rope_table_, 0);
   }
-  // d ln1 = dq Wq + dk Wk + dv Wv (accumulated), and each slice's weight and bias gradients.
-  lin.q.backward(d_ln, dq.view(Shape{B, T, Hq * D}), a.ln1, false);
-  lin.k.backward(d_ln, dk.view(Shape{B, T, Hkv * D}), a.ln1, true);
-  lin.v.backward(d_ln, dv.view(Shape{B, T, Hkv * D}), a.ln1, true);
+  const Tensor dq2 = dq.view(Shape{N, Hq * D}), dk2 = dk.view(Shape{N, Hkv * D}), dv2 = dv.view(Shape{N, Hkv * D});
+  // d ln1 = dq Wq + dk Wk + dv Wv (partial over the group), then each slice's weight and bias gradients.
+  Tensor ln1;
+  gather = start_input(a.ln1, ln1);
+  lin.q.backward_data(d_partial, dq2, false);
+  lin.k.backward_data(d_partial, dk2, true);
+  lin.v.backward_data(d_partial, dv2, true);
+  reduce = start_reduce_rows(m, d_ln, d_partial);
+  wait(gather);
+  lin.q.backward_weights(dq2, ln1);
+  if (kv_group_) {
+    // kv heads shared by several ranks: each holds the part of their
+    // gradient its query heads produced; the replicas sum them.
+    PartialGrads kv({g.wk, g.bk, g.wv, g.bv}, device_);
+    ColumnParallelLinear(p.wk, p.bk, kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
+    ColumnParallelLinear(p.wv, p.bv, kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
+    kv.reduce_and_add(*kv_group_);
+  } else {
+    lin.k.backward_weights(dk2, ln1);
+    lin.v.backward_weights(dv2, ln1);
+  }
+  wait(reduce);
   // dres <- dL/d x_in = norm1 backward + the residual path.
-  ops::norm_backward(norm_kind(), dres, g.ln1_w, g.ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres);
+  ops::norm_backward(norm_kind(), dres, g_ln1_w, g_ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres);
+  if (norms) norms->reduce_and_add(*m.group);
+}
+
+void Transformer::chunk_loss(const Tensor& losses, const Tensor& logits, const Tensor& targets, bool grad,
+                             float grad_scale) const {
+  const int64_t V = cfg_.vocab_size;
+  if (tp_.size() == 1) return ops::softmax_cross_entropy(losses, grad ? logits : Tensor(), logits, targets, V, grad_scale);
+  // Vocabulary-parallel: the row max, then the exp sums and target logits,
+  // reduced over the group; no rank holds a whole row.
+  const int64_t n = logits.size(0), v0 = shares_.vocab_start;
+  Tensor row_max = stat_tensor(n, device_), sums = stat_tensor(2 * n, device_);
+  ops::vocab_parallel_ce_max(row_max, logits, v0, V);
+  tp_.group->all_reduce(row_max, comm::ReduceOp::max)->wait();
+  const Tensor sum_exp = sums.slice(0, n), target_logit = sums.slice(n, 2 * n);
+  ops::vocab_parallel_ce_sums(sum_exp, target_logit, logits, row_max, targets, v0, V);
+  tp_.group->all_reduce(sums)->wait();
+  ops::vocab_parallel_ce_finish(losses, grad ? logits : Tensor(), logits, row_max, sum_exp, target_logit, targets, v0,
+                                V, grad_scale);
 }
 
 double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Tensor& targets, bool train,
@@ -340,22 +464,27 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   check_batch(tokens, targets);
   ZT_CHECK(targets.defined(), "forward needs targets (use logits() for inference)");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T;
-  const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
+  const int64_t Vl = shares_.vocab_rows;
+  ZT_CHECK(!tp_.sequence_parallel || N % tp_.size() == 0, "sequence parallelism shards the ", N,
+           " tokens of a micro-batch (micro_batch x seq_len) over tp = ", tp_.size(),
+           " ranks: make micro_batch x seq_len a multiple of tp");
+  const TensorParallel m = pass_mode(tp_.sequence_parallel);
   ctx = ForwardContext{};
   ctx.B = B;
   ctx.T = T;
   ctx.train = train;
+  ctx.sequence_parallel = m.sequence_parallel;
   ctx.grad_scale = grad_scale;
   // Batches arrive from the host loader; kernels read them on the model's device.
   const Tensor dev_tokens = on_device(tokens, device_), dev_targets = on_device(targets, device_);
   ctx.tokens = dev_tokens;
   ctx.blocks.resize(size_t(cfg_.n_layer));
   need(0);
-  Tensor x = embed(dev_tokens);
+  Tensor x = embed(m, dev_tokens);
   done(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     need(i + 1);
-    Tensor y = block_forward(i, ctx.blocks[i], x, B, T);
+    Tensor y = block_forward(i, ctx.blocks[i], x, B, T, m);
     done(i + 1);
     if (train)
       release_for_policy(ctx.blocks[i]);
@@ -366,32 +495,40 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   need(head_set());
   if (cfg_.tied_embeddings) need(0);
   // Final norm, then the LM head in row chunks fused with the loss (and its backward).
+  const int64_t R = x.size(0);
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   const Tensor fw = head_.param(0), fb = cfg_.has_bias() ? head_.param(1) : Tensor();
-  Tensor lnf = act_tensor(Shape{N, C}, dtype_, device_);
-  ctx.lnf_mean = layernorm ? stat_tensor(N, device_) : Tensor();
-  ctx.lnf_rstd = stat_tensor(N, device_);
-  ops::norm_forward(norm_kind(), lnf, ctx.lnf_mean, ctx.lnf_rstd, x.view(Shape{N, C}), fw, fb, cfg_.norm_eps);
-  if (train) ctx.d_lnf = act_tensor(Shape{N, C}, dtype_, device_);
+  Tensor lnf_rows = act_tensor(Shape{R, C}, dtype_, device_);
+  ctx.lnf_mean = layernorm ? stat_tensor(R, device_) : Tensor();
+  ctx.lnf_rstd = stat_tensor(R, device_);
+  ops::norm_forward(norm_kind(), lnf_rows, ctx.lnf_mean, ctx.lnf_rstd, x, fw, fb, cfg_.norm_eps);
+  const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
+  lnf_rows = Tensor();
+  // d lnf is a partial sum over the vocabulary slices under tensor parallelism.
+  Tensor d_lnf = train ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
   if (train && on_grads_needed) on_grads_needed(cfg_.tied_embeddings ? 0 : blocks_.size() + 1);
   const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
   const Tensor flat_targets = dev_targets.view(Shape{N});
   // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
   // large GEMMs and has the memory (256M elements: 512 MiB in bf16).
   const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / Vp));
-  Tensor logits = act_tensor(Shape{chunk, Vp}, dtype_, device_);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / Vl));
+  Tensor logits = act_tensor(Shape{chunk, Vl}, dtype_, device_);
   Tensor losses = stat_tensor(N, device_);  // per token; 0 for ignored targets
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
     const Tensor lg = logits.slice(0, n), ls = losses.slice(r0, r0 + n), tg = flat_targets.slice(r0, r0 + n);
     const Tensor x_rows = lnf.slice(r0, r0 + n);
     ops::linear_forward(lg, x_rows, w_head, Tensor());
-    ops::softmax_cross_entropy(ls, train ? lg : Tensor(), lg, tg, V, grad_scale);
-    if (train) ops::linear_backward(ctx.d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
+    chunk_loss(ls, lg, tg, train, grad_scale);
+    if (train) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
   }
   done(head_set());
   if (cfg_.tied_embeddings) done(0);
+  if (train) {
+    ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{R, C}, dtype_, device_) : d_lnf;
+    wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
+  }
   // Summed on the host in f64 in token order (N floats: one small copy per
   // micro-batch on a GPU), over the tokens that have a target.
   const Tensor host_losses = on_device(losses, Device::cpu()), host_targets = on_device(targets, Device::cpu());
@@ -407,7 +544,7 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   ctx.loss_sum = loss_sum;
   ctx.loss_tokens = counted;
   if (train) {
-    ctx.x_final = x.view(Shape{N, C});
+    ctx.x_final = x;
   } else {
     ctx.lnf_mean = ctx.lnf_rstd = Tensor();
   }
@@ -416,14 +553,21 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
 
 void Transformer::backward(ForwardContext& ctx) {
   ZT_CHECK(ctx.train && ctx.d_lnf.defined(), "backward needs a context from a training forward pass");
-  const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model, N = B * T;
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
+  const TensorParallel m = pass_mode(ctx.sequence_parallel);
   if (on_grads_needed) on_grads_needed(blocks_.size() + 1);
   need(head_set());
   const Tensor fw = head_.param(0);
   const Tensor gfw = head_.grad(0), gfb = cfg_.has_bias() ? head_.grad(1) : Tensor();
-  Tensor dres = act_tensor(Shape{B, T, C}, dtype_, device_);
-  ops::norm_backward(norm_kind(), dres.view(Shape{N, C}), gfw, gfb, ctx.d_lnf, ctx.x_final, fw, ctx.lnf_mean,
-                     ctx.lnf_rstd);
+  const int64_t R = ctx.x_final.size(0);
+  Tensor dres = act_tensor(Shape{R, C}, dtype_, device_);
+  {
+    std::unique_ptr<PartialGrads> norm;  // this rank's rows only under sequence parallelism
+    if (m.sequence_parallel) norm = std::make_unique<PartialGrads>(std::vector<Tensor>{gfw, gfb}, device_);
+    ops::norm_backward(norm_kind(), dres, norm ? norm->view(0) : gfw, norm ? norm->view(1) : gfb, ctx.d_lnf,
+                       ctx.x_final, fw, ctx.lnf_mean, ctx.lnf_rstd);
+    if (norm) norm->reduce_and_add(*m.group);
+  }
   ctx.d_lnf = ctx.x_final = ctx.lnf_mean = ctx.lnf_rstd = Tensor();
   done(head_set());
   // The head's gradients are complete (an untied lm_head's were accumulated
@@ -432,32 +576,35 @@ void Transformer::backward(ForwardContext& ctx) {
   for (size_t i = blocks_.size(); i-- > 0;) {
     need(i + 1);
     if (on_grads_needed) on_grads_needed(i + 1);  // before recompute: the block's linears view its gradients
-    recompute_for_backward(i, ctx.blocks[i], B, T);
-    block_backward(i, ctx.blocks[i], dres, B, T);
+    recompute_for_backward(i, ctx.blocks[i], B, T, m);
+    block_backward(i, ctx.blocks[i], dres, B, T, m);
     done(i + 1);
     ctx.blocks[i] = BlockActivations{};
     if (on_grads_ready) on_grads_ready(i + 1);
   }
   if (on_grads_needed) on_grads_needed(0);
+  // Every token's gradient row (all rows under sequence parallelism) for this rank's vocabulary rows.
+  const Tensor d_emb = gather_rows(m, dres).view(Shape{B, T, C});
   const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
-  ops::embedding_backward(embed_.grad(0), g_wpe, dres, ctx.tokens, 0);
+  const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
+  ops::embedding_backward(embed_.grad(0), g_wpe, d_emb, ctx.tokens, 0, slice);
   if (on_grads_ready) on_grads_ready(0);
   ctx = ForwardContext{};
 }
 
 void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   check_batch(tokens, Tensor());
-  const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T;
-  ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, cfg_.padded_vocab()}) && out.dtype() == DType::f32,
-           "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", cfg_.padded_vocab(), "), got ",
-           out.str());
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T, Vp = cfg_.padded_vocab();
+  ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32,
+           "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", Vp, "), got ", out.str());
+  const TensorParallel m = pass_mode(false);  // any number of tokens: the rows stay whole
   need(0);
-  Tensor x = embed(on_device(tokens, device_));
+  Tensor x = embed(m, on_device(tokens, device_));
   done(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
     need(i + 1);
-    x = block_forward(i, a, x, B, T);
+    x = block_forward(i, a, x, B, T, m);
     done(i + 1);
   }
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
@@ -465,9 +612,24 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   Tensor mean = layernorm ? stat_tensor(N, device_) : Tensor(), rstd = stat_tensor(N, device_);
   need(head_set());
   if (cfg_.tied_embeddings) need(0);
-  ops::norm_forward(norm_kind(), lnf, mean, rstd, x.view(Shape{N, C}), head_.param(0),
-                    cfg_.has_bias() ? head_.param(1) : Tensor(), cfg_.norm_eps);
-  ops::linear_forward(out.view(Shape{N, cfg_.padded_vocab()}), lnf, head_weight(), Tensor());
+  ops::norm_forward(norm_kind(), lnf, mean, rstd, x, head_.param(0), cfg_.has_bias() ? head_.param(1) : Tensor(),
+                    cfg_.norm_eps);
+  const Tensor out_rows = out.view(Shape{N, Vp});
+  if (m.size() == 1) {
+    ops::linear_forward(out_rows, lnf, head_weight(), Tensor());
+  } else {
+    // Every rank's vocabulary columns, gathered and placed side by side.
+    const int64_t Vl = shares_.vocab_rows, p = m.size();
+    Tensor mine = act_tensor(Shape{N, Vl}, DType::f32, device_);
+    ops::linear_forward(mine, lnf, head_weight(), Tensor());
+    Tensor all = act_tensor(Shape{p * N * Vl}, DType::f32, device_);
+    m.group->all_gather(all, mine.view(Shape{N * Vl}))->wait();
+    for (int64_t r = 0; r < p; ++r) {
+      const int64_t cols = std::clamp<int64_t>(Vp - r * Vl, 0, Vl);
+      for (int64_t n = 0; cols > 0 && n < N; ++n)
+        ops::copy(out_rows.flat_view(n * Vp + r * Vl, Shape{cols}), all.flat_view((r * N + n) * Vl, Shape{cols}));
+    }
+  }
   done(head_set());
   if (cfg_.tied_embeddings) done(0);
 }

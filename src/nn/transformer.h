@@ -16,6 +16,11 @@
 //   full       only the block input; the block's forward is rerun in backward
 // All three give bitwise-identical gradients (deterministic kernels, same inputs).
 //
+// Tensor parallelism (nn/tensor_parallel.h): each rank's layers hold its
+// slices; the residual stream is replicated (R = N = B*T rows) or, under
+// sequence parallelism, sharded (R = N/tp rows per rank). Activations below
+// marked (R, ...) are this rank's rows; (N, ...) all rows, local heads/width.
+//
 // The loss is the sum of per-token cross-entropies times grad_scale (the
 // trainer passes 1 / tokens in the global batch, so gradient accumulation over
 // micro-batches equals one large batch). The LM head is evaluated in row
@@ -25,13 +30,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
 #include "nn/model_config.h"
 #include "nn/parallel_linear.h"
 #include "nn/params.h"
+#include "nn/tensor_parallel.h"
 #include "ops/norm.h"
 
 namespace zt::nn {
@@ -42,29 +50,30 @@ Recompute parse_recompute(std::string_view s);
 
 // What one block saves for backward (undefined tensors are not kept).
 struct BlockActivations {
-  Tensor x_in;                   // (B, T, C)  residual stream into the block
-  Tensor ln1;                    // (B, T, C)  attention norm output
-  Tensor ln1_mean, ln1_rstd;     // (B*T) f32
-  Tensor q;                      // (B, T, Hq, D)  after RoPE
+  Tensor x_in;                   // (R, C)  residual stream into the block
+  Tensor ln1;                    // (R, C)  attention norm output
+  Tensor ln1_mean, ln1_rstd;     // (R) f32
+  Tensor q;                      // (B, T, Hq, D)  after RoPE (local heads)
   Tensor k, v;                   // (B, T, Hkv, D) k after RoPE
   Tensor att;                    // (B, T, Hq, D)  attention output
   Tensor lse;                    // (B, Hq, T) f32
-  Tensor res_mid;                // (B, T, C)  x_in + attention branch
-  Tensor ln2;                    // (B, T, C)  MLP norm output
-  Tensor ln2_mean, ln2_rstd;     // (B*T) f32
-  Tensor mlp_in;                 // (B, T, F) GeLU input, or (B, T, 2F) SwiGLU [gate | up]
+  Tensor res_mid;                // (R, C)  x_in + attention branch
+  Tensor ln2;                    // (R, C)  MLP norm output
+  Tensor ln2_mean, ln2_rstd;     // (R) f32
+  Tensor mlp_in;                 // (B, T, F) GeLU input, or (B, T, 2F) SwiGLU [gate | up] (local width)
   Tensor act;                    // (B, T, F)  activation output
 };
 
 struct ForwardContext {
   int64_t B = 0, T = 0;
   bool train = false;
+  bool sequence_parallel = false;         // the residual stream is sharded in this pass
   float grad_scale = 0.0f;
   Tensor tokens;                          // (B, T) i32
   std::vector<BlockActivations> blocks;   // n_layer
-  Tensor x_final;                         // (B, T, C) residual after the last block
-  Tensor lnf_mean, lnf_rstd;              // (B*T) f32
-  Tensor d_lnf;                           // (B, T, C) gradient at the final norm output (train)
+  Tensor x_final;                         // (R, C) residual after the last block
+  Tensor lnf_mean, lnf_rstd;              // (R) f32
+  Tensor d_lnf;                           // (R, C) gradient at the final norm output (train)
   double loss_sum = 0.0;                  // sum of token losses (f64)
   int64_t loss_tokens = 0;                // tokens with a target >= 0
 };
@@ -74,10 +83,13 @@ class Transformer {
   // compute_dtype: f32 or bf16 for parameters and activations (grads are f32).
   // flat_pad_multiple: each layer's flat buffers are padded to a multiple of
   // it (equal data-parallel shards).
+  // tp: this rank's tensor-parallel group (default: none).
   Transformer(const ModelConfig& cfg, DType compute_dtype, Device device = Device::cpu(),
-              int64_t flat_pad_multiple = 1);
+              int64_t flat_pad_multiple = 1, TensorParallel tp = {});
 
   const ModelConfig& config() const { return cfg_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  const TpShares& tp_shares() const { return shares_; }
   DType compute_dtype() const { return dtype_; }
   Device device() const { return device_; }
   Recompute recompute = Recompute::none;
@@ -100,9 +112,14 @@ class Transformer {
   int64_t num_params() const;  // elements in all parameter buffers (padding rows included)
   void init_weights(uint64_t seed);
   void zero_grads();
-  // The parameter/gradient view with this global name (e.g. "embed.wte").
+  // The parameter/gradient view with this global name (e.g. "embed.wte"):
+  // this rank's slice under tensor parallelism.
   Tensor param(std::string_view name) const;
   Tensor grad(std::string_view name) const;
+  // The whole (global) tensor, assembled from every tensor-parallel rank's
+  // slice: a collective over the tp group.
+  Tensor global_param(std::string_view name) const;
+  Tensor global_grad(std::string_view name) const;
 
   // Forward of one micro-batch: tokens, targets (B, T) i32 (targets < 0 are
   // ignored). When train, activations are kept in ctx per the recompute
@@ -113,7 +130,8 @@ class Transformer {
   // Releases ctx's activations.
   void backward(ForwardContext& ctx);
   // Full logits (B, T, Vp) in f32 (padding columns included) - for tests,
-  // evaluation tools and generation; uses no gradient state.
+  // evaluation tools and generation; uses no gradient state. Under tensor
+  // parallelism every rank of the group calls it and gets all of them.
   void logits(const Tensor& out, const Tensor& tokens);
 
  private:
@@ -126,14 +144,28 @@ class Transformer {
     ColumnParallelLinear q, k, v, mlp_in;
     RowParallelLinear proj, mlp_out;
   };
-  BlockLinears block_linears(size_t layer) const;
+  BlockLinears block_linears(size_t layer, const TensorParallel& mode) const;
   ops::NormKind norm_kind() const;
   void check_batch(const Tensor& tokens, const Tensor& targets) const;
-  Tensor embed(const Tensor& tokens) const;                                  // (B, T, C)
-  Tensor block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T) const;
+  // The tensor-parallel setting of a pass: sequence parallelism on or off.
+  TensorParallel pass_mode(bool sequence_parallel) const;
+  // Under sequence parallelism: all rows from every rank's shard (blocking,
+  // or started into `out` and returned); else the tensor itself.
+  Tensor gather_rows(const TensorParallel& m, const Tensor& shard) const;
+  // Sums a partial (N, C) over the group into out: out (R, C) rows under
+  // sequence parallelism, else out == partial (all-reduced in place).
+  comm::WorkHandle start_reduce_rows(const TensorParallel& m, const Tensor& out, const Tensor& partial) const;
+  Tensor embed(const TensorParallel& m, const Tensor& tokens) const;  // (R, C)
+  Tensor block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T,
+                       const TensorParallel& m) const;
   void release_for_policy(BlockActivations& a) const;
-  void recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T) const;
-  void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T);
+  void recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const;
+  void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
+                      const TensorParallel& m);
+  // Loss (and dlogits, in place) of one chunk of rows of this rank's logits.
+  void chunk_loss(const Tensor& losses, const Tensor& logits, const Tensor& targets, bool grad, float grad_scale) const;
+  // Finds a parameter by global name: (set, index).
+  std::pair<size_t, size_t> locate(std::string_view name) const;
   Tensor head_weight() const;
   Tensor head_grad() const;
   void need(size_t set) const {
@@ -147,6 +179,9 @@ class Transformer {
   ModelConfig cfg_;
   DType dtype_;
   Device device_;
+  TensorParallel tp_;
+  TpShares shares_;
+  std::unique_ptr<comm::ProcessGroup> kv_group_;  // ranks sharing kv heads (Hkv < tp)
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]

@@ -86,8 +86,16 @@ void AdamW::step(double lr, float grad_scale) {
 }
 
 double grad_norm(const AdamW& opt) {
+  // The runs of each shard this rank counts (all of it without tensor
+  // parallelism; replicated tensors on one tp rank only).
   std::vector<Tensor> grads;
-  for (size_t i = 0; i < opt.num_sets(); ++i) grads.push_back(opt.shard(i).grad);
+  for (size_t i = 0; i < opt.num_sets(); ++i) {
+    const OptimShard& sh = opt.shard(i);
+    for (const auto& [lo, hi] : opt.set(i).norm_ranges()) {
+      const int64_t a = std::max(lo, sh.begin), b = std::min(hi, sh.end);
+      if (b > a) grads.push_back(sh.grad.flat_view(a - sh.begin, Shape{b - a}));
+    }
+  }
   return ops::global_norm(grads);
 }
 

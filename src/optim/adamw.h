@@ -56,6 +56,7 @@ class AdamW {
   Tensor exp_avg_sq(size_t i) const { return v_[i]; }
   const OptimShard& shard(size_t i) const { return shards_[i]; }
   size_t num_sets() const { return sets_.size(); }
+  const nn::ParamSet& set(size_t i) const { return *sets_[i]; }
 
  private:
   std::vector<nn::ParamSet*> sets_;
@@ -66,7 +67,9 @@ class AdamW {
 };
 
 // L2 norm of the gradients the optimizer updates from: every gradient of the
-// sets, or under ZeRO this process's shards of them (its part of the global norm).
+// sets, or under ZeRO this process's shards of them, and under tensor
+// parallelism only the elements this rank counts (ParamSet::norm_ranges):
+// its part of the global norm.
 double grad_norm(const AdamW& opt);
 // PyTorch's clip_grad_norm_ rule: max_norm / (norm + 1e-6) when that is < 1,
 // else 1; max_norm <= 0 disables clipping.

@@ -202,11 +202,15 @@ void DataParallel::finish_reduction() {
   armed_ = false;
 }
 
-double DataParallel::grad_norm(const optim::AdamW& opt) {
+double DataParallel::grad_norm(const optim::AdamW& opt, comm::ProcessGroup* model_parallel) {
   const double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
-  if (opt_.zero_stage == 0 || shard_size() == 1) return local;
+  const bool shards = opt_.zero_stage > 0 && shard_size() > 1;
+  if (!shards && !model_parallel) return local;
+  double squares = local * local;
   // Replicas hold the same shards: sum the squares over one shard group only.
-  return std::sqrt(sum_over(*shard_group_, local * local));
+  if (shards) squares = sum_over(*shard_group_, squares);
+  if (model_parallel) squares = sum_over(*model_parallel, squares);
+  return std::sqrt(squares);
 }
 
 bool DataParallel::writes_checkpoint_part() const {

@@ -97,8 +97,10 @@ class DataParallel {
   // Waits for every reduction of the step (starting any not yet started).
   void finish_reduction();
   // The global gradient norm after finish_reduction: this rank's reduced
-  // gradients (ZeRO 0) or the shards' squares summed over one shard group.
-  double grad_norm(const optim::AdamW& opt);
+  // gradients (ZeRO 0) or the shards' squares summed over one shard group,
+  // then summed over model_parallel (the tensor-parallel ranks, each holding
+  // other parts of the model) when given.
+  double grad_norm(const optim::AdamW& opt, comm::ProcessGroup* model_parallel = nullptr);
   // zero 1: every rank's updated parameter shards to every rank.
   void gather_params(const optim::AdamW& opt);
   // Sum over the group (losses, token counts), blocking; the same on every rank.

@@ -1,13 +1,12 @@
 #include "train/checkpointing.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <algorithm>
 
 #include "ckpt/checkpoint_reader.h"
 #include "core/error.h"
@@ -29,20 +28,21 @@ std::string shard_file(int64_t rank) {
   return buf;
 }
 
-// The parallel layout a checkpoint records.
-json layout_json(int64_t dp, int64_t zero_stage, int64_t shard_group) {
-  return {{"world_size", dp}, {"dp", dp}, {"tp", 1}, {"pp", 1}, {"cp", 1}, {"ep", 1},
-          {"zero_stage", zero_stage}, {"shard_group", shard_group}};
+// The parallel layout a checkpoint records (informational: loading reads
+// global tensors, so any layout loads any checkpoint).
+json layout_json(int64_t dp, int64_t tp, bool sequence_parallel, int64_t zero_stage, int64_t shard_group) {
+  return {{"world_size", dp * tp}, {"dp", dp}, {"tp", tp}, {"sequence_parallel", sequence_parallel}, {"pp", 1},
+          {"cp", 1}, {"ep", 1}, {"zero_stage", zero_stage}, {"shard_group", shard_group}};
 }
 
-// Every parameter tensor: its name, its set's index, its offset in the set's
-// flat buffer, its shape and its set (whose full weights ZeRO-3 may have freed).
+// Every parameter tensor: its spec (global name, local shape, pieces of the
+// global tensor), its set's index, its offset in the set's flat buffer and
+// its set (whose full weights ZeRO-3 may have freed).
 template <typename F>
 void for_each_tensor(const Trainer& t, F&& f) {
   const auto sets = t.model().param_sets();
   for (size_t si = 0; si < sets.size(); ++si)
-    for (size_t i = 0; i < sets[si]->size(); ++i)
-      f(sets[si]->spec(i).name, si, sets[si]->offset(i), sets[si]->spec(i).shape, *sets[si], i);
+    for (size_t i = 0; i < sets[si]->size(); ++i) f(sets[si]->spec(i), si, sets[si]->offset(i), *sets[si], i);
 }
 
 json progress_json(const TrainProgress& p) {
@@ -87,15 +87,20 @@ Tensor as_f32(const Tensor& host) {
 // Checkpoint tensor `name` as an f32 host tensor.
 Tensor read_f32(const ckpt::Checkpoint& ck, const std::string& name) { return as_f32(ck.read(name)); }
 
-// Elements [lo, hi) of the flattened checkpoint tensor `name` (of `shape`),
-// f32: read box by box, so a rank loads only its shard.
-Tensor read_flat_f32(const ckpt::Checkpoint& ck, const std::string& name, const Shape& shape, int64_t lo,
+// Elements [lo, hi) of this rank's tensor of `spec` (flattened), f32, from
+// the checkpoint's global tensor `key`: read box by box, so a rank loads only
+// its shard (and its tensor-parallel slice); elements of no global tensor
+// (vocabulary padding rows) are 0.
+Tensor read_flat_f32(const ckpt::Checkpoint& ck, const std::string& key, const nn::ParamSpec& spec, int64_t lo,
                      int64_t hi) {
-  const DType stored = ck.entry(name).dtype;
+  const DType stored = ck.entry(key).dtype;
   Tensor out = Tensor::empty(Shape{hi - lo}, stored);
+  ops::fill(out, 0.0);
   int64_t at = 0;
-  for (const auto& [start, extent] : ckpt::flat_range_boxes(shape, lo, hi)) {
-    ck.read(name, out.flat_view(at, extent), start);  // each box is a contiguous run of the range
+  for (const auto& [start, extent] : ckpt::flat_range_boxes(spec.shape, lo, hi)) {
+    // Each box is a contiguous run of the range; its global boxes are parts of it.
+    for (const nn::GlobalBox& g : nn::to_global_boxes(spec, start, extent, false))
+      ck.read(key, out.flat_view(at + g.offset, g.extent), g.start);
     at += extent.numel();
   }
   return as_f32(out);
@@ -114,16 +119,18 @@ void load_weights_and_state(Trainer& t, const ckpt::Checkpoint& ck, bool with_st
     ops::cast(r, w);
     return r;
   };
-  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape,
-                         const nn::ParamSet& set, size_t index) {
-    // The whole tensor, on every rank that keeps full weights (not ZeRO-3).
-    if (set.has_params()) ops::copy(set.param(index), rounded(read_f32(ck, "model." + name), set.dtype()));
+  for_each_tensor(t, [&](const nn::ParamSpec& spec, size_t si, int64_t off, const nn::ParamSet& set, size_t index) {
+    const std::string& name = spec.name;
+    const int64_t n = spec.shape.numel();
+    // This rank's whole tensor (its tensor-parallel slice), on every rank that
+    // keeps full weights (not ZeRO-3).
+    if (set.has_params()) ops::copy(set.param(index), rounded(read_flat_f32(ck, "model." + name, spec, 0, n), set.dtype()).view(spec.shape));
     const optim::OptimShard& sh = opt.shard(si);
-    const int64_t lo = std::max(off, sh.begin), hi = std::min(off + shape.numel(), sh.end);
+    const int64_t lo = std::max(off, sh.begin), hi = std::min(off + n, sh.end);
     if (hi <= lo) return;
     // This rank's shard of the master weights (and of the ZeRO-3 weights) and moments.
     auto mine = [&](const Tensor& state) { return state.flat_view(lo - sh.begin, Shape{hi - lo}); };
-    auto part = [&](const std::string& key) { return read_flat_f32(ck, key, shape, lo - off, hi - off); };
+    auto part = [&](const std::string& key) { return read_flat_f32(ck, key, spec, lo - off, hi - off); };
     const Tensor w = part("model." + name);
     ops::copy(mine(opt.master(si)), w);
     ops::copy(mine(sh.param), rounded(w, set.dtype()));
@@ -140,7 +147,9 @@ void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with
   std::string problems;
   int count = 0;
   std::set<std::string> expected;
-  for_each_tensor(t, [&](const std::string& name, size_t, int64_t, const Shape& shape, const nn::ParamSet&, size_t) {
+  for_each_tensor(t, [&](const nn::ParamSpec& spec, size_t, int64_t, const nn::ParamSet&, size_t) {
+    const std::string& name = spec.name;
+    const Shape& shape = spec.global();
     std::vector<std::string> keys{"model." + name};
     expected.insert("model." + name);
     if (with_optimizer) {
@@ -180,19 +189,22 @@ std::vector<ckpt::SliceToWrite> own_slices(Trainer& t, bool copy) {
   const parallel::DataParallel& dp = t.data_parallel();
   if (!dp.writes_checkpoint_part()) return out;
   const optim::AdamW& opt = t.optimizer();
-  for_each_tensor(t, [&](const std::string& name, size_t si, int64_t off, const Shape& shape, const nn::ParamSet&,
-                         size_t) {
+  for_each_tensor(t, [&](const nn::ParamSpec& spec, size_t si, int64_t off, const nn::ParamSet&, size_t) {
+    const std::string& name = spec.name;
     const optim::OptimShard& sh = opt.shard(si);
-    const int64_t lo = std::max(off, sh.begin), hi = std::min(off + shape.numel(), sh.end);
+    const int64_t lo = std::max(off, sh.begin), hi = std::min(off + spec.shape.numel(), sh.end);
     if (hi <= lo) return;
     int64_t at = lo - sh.begin;  // into the shard's state, advancing box by box
-    for (const auto& [start, extent] : ckpt::flat_range_boxes(shape, lo - off, hi - off)) {
-      const int64_t n = extent.numel();
-      auto box = [&](const Tensor& state) { return host_tensor(state.flat_view(at, extent), copy); };
-      out.push_back({"model." + name, shape, start, box(opt.master(si))});
-      out.push_back({"optim.exp_avg." + name, shape, start, box(opt.exp_avg(si))});
-      out.push_back({"optim.exp_avg_sq." + name, shape, start, box(opt.exp_avg_sq(si))});
-      at += n;
+    for (const auto& [start, extent] : ckpt::flat_range_boxes(spec.shape, lo - off, hi - off)) {
+      // The boxes of the global tensor this local box holds (tensor
+      // parallelism: slices of it; a replicated piece is written by its owner).
+      for (const nn::GlobalBox& g : nn::to_global_boxes(spec, start, extent, true)) {
+        auto box = [&](const Tensor& state) { return host_tensor(state.flat_view(at + g.offset, g.extent), copy); };
+        out.push_back({"model." + name, spec.global(), g.start, box(opt.master(si))});
+        out.push_back({"optim.exp_avg." + name, spec.global(), g.start, box(opt.exp_avg(si))});
+        out.push_back({"optim.exp_avg_sq." + name, spec.global(), g.start, box(opt.exp_avg_sq(si))});
+      }
+      at += extent.numel();
     }
   });
   return out;
@@ -255,8 +267,9 @@ std::string TrainCheckpointer::save(Trainer& t) {
   const int64_t step = p.steps_done, tokens = p.tokens_seen;
   const std::string dir = (fs::path(root) / ckpt::checkpoint_dir_name(step)).string();
   const parallel::DataParallel& dp = t.data_parallel();
-  const json layout = layout_json(dp.size(), dp.zero_stage(), dp.shard_size());
-  const std::string file = shard_file(dp.rank());
+  const nn::TensorParallel& tp = t.model().tensor_parallel();
+  const json layout = layout_json(dp.size(), tp.size(), tp.sequence_parallel, dp.zero_stage(), dp.shard_size());
+  const std::string file = shard_file(t.world_rank());
   // Its own comm thread: a background save never reorders training's collectives.
   comm::ProcessGroup* group = &t.checkpoint_group();
   auto job = [=, slices = std::move(slices), state = std::move(state)] {
@@ -347,7 +360,7 @@ void write_model_checkpoint(const std::string& dir, const Config& cfg,
   }
   w->write_file(shard_file(0), slices);
   w->manifest().config = to_toml(cfg);
-  w->manifest().layout = layout_json(1, 0, 1);
+  w->manifest().layout = layout_json(1, 1, false, 0, 1);
   w->manifest().state = state;
   w->commit();
 }

@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include "nn/tensor_parallel.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
@@ -83,6 +85,7 @@ const std::vector<Field>& fields() {
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
       ZT_F("parallel", "dp", parallel.dp, "data-parallel size (0: every process not used by tp x pp x cp)"),
       ZT_F("parallel", "tp", parallel.tp, "tensor-parallel size"),
+      ZT_F("parallel", "sequence_parallel", parallel.sequence_parallel, "with tp > 1: shard norms and residuals along the tokens (activation memory of those regions / tp)"),
       ZT_F("parallel", "pp", parallel.pp, "pipeline-parallel size"),
       ZT_F("parallel", "cp", parallel.cp, "context-parallel size"),
       ZT_F("parallel", "ep", parallel.ep, "expert-parallel size (divides dp x cp)"),
@@ -403,9 +406,15 @@ void Config::validate() const {
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
-  ZT_CHECK(parallel.tp == 1 && parallel.pp == 1 && parallel.cp == 1 && parallel.ep == 1,
-           "this build trains with data parallelism only: tensor, pipeline, context and expert parallelism are "
-           "not implemented yet; set parallel.tp, pp, cp and ep to 1");
+  ZT_CHECK(parallel.pp == 1 && parallel.cp == 1 && parallel.ep == 1,
+           "this build trains with data and tensor parallelism: pipeline, context and expert parallelism are "
+           "not implemented yet; set parallel.pp, cp and ep to 1");
+  nn::check_tensor_parallel(model, parallel.tp);
+  ZT_CHECK(!parallel.sequence_parallel || (train.micro_batch * train.seq_len) % parallel.tp == 0,
+           "parallel.sequence_parallel shards the micro_batch x seq_len = ", train.micro_batch * train.seq_len,
+           " tokens of a micro-batch over tp = ", parallel.tp, " ranks: make it a multiple of tp");
+  ZT_CHECK(parallel.tp == 1 || train.device == "cpu", "parallel.tp = ", parallel.tp, " runs on the CPU backend so "
+           "far (tensor parallelism on GPUs needs the NCCL backend, #7); set train.device = cpu or parallel.tp = 1");
   ZT_CHECK(parallel.zero_stage >= 0 && parallel.zero_stage <= 3, "parallel.zero_stage = ", parallel.zero_stage,
            " does not exist: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)");
   ZT_CHECK(parallel.bucket_mb > 0, "parallel.bucket_mb must be positive");

@@ -77,6 +77,7 @@ struct MetricsSettings {
 struct ParallelSettings {
   int64_t dp = 0;                     // data-parallel size; 0: world / (tp x pp x cp)
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
+  bool sequence_parallel = false;     // tp > 1: norms and residuals sharded along the tokens
   int64_t zero_stage = 0;             // 0: replicate; 1: shard optimizer state; 2: + gradients; 3: + parameters
   int64_t shard_group = 0;            // HSDP: ZeRO shards over groups of this many dp ranks (0: all)
   double bucket_mb = 25;              // gradient reduction bucket size (MiB)

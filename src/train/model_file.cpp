@@ -14,10 +14,13 @@ namespace zt::train {
 
 namespace fs = std::filesystem;
 
-std::string save_model_file(const nn::Transformer& model, const Config& cfg) {
+std::string save_model_file(const nn::Transformer& model, const Config& cfg, bool write) {
   std::vector<std::pair<std::string, Tensor>> tensors;
+  // Whole tensors (assembled from the tensor-parallel slices: a collective), on the host.
   for (const nn::ParamSet* s : model.param_sets())
-    for (size_t i = 0; i < s->size(); ++i) tensors.emplace_back(s->spec(i).name, ops::to_device(s->param(i), Device::cpu()));  // host copy of a GPU model
+    for (size_t i = 0; i < s->size(); ++i)
+      tensors.emplace_back(s->spec(i).name, ops::to_device(model.global_param(s->spec(i).name), Device::cpu()));
+  if (!write) return "";
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
   ckpt::write_safetensors(path, tensors, {{"format", "zettatron-model"}, {"arch", std::string(nn::arch_name(cfg.model.arch))}});
   return path;

@@ -13,8 +13,10 @@
 namespace zt::train {
 
 // Writes the model's parameters (global names, compute dtype) into
-// cfg.train.run_dir/model.safetensors; returns the path.
-std::string save_model_file(const nn::Transformer& model, const Config& cfg);
+// cfg.train.run_dir/model.safetensors; returns the path. Under tensor
+// parallelism every rank of the group calls it (the tensors are assembled
+// from their slices) and only the one with write = true writes.
+std::string save_model_file(const nn::Transformer& model, const Config& cfg, bool write = true);
 
 struct LoadedModel {
   Config config;

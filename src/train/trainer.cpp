@@ -58,7 +58,10 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
            "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
   // ZeRO shards are equal slices of each layer's flat buffers: pad them to a multiple of dp.
   const int64_t pad = cfg_.parallel.zero_stage >= 1 ? dp : 1;
-  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad);
+  // Tensor parallelism: this rank's slices of every layer (the mesh's tp group).
+  nn::TensorParallel tp;
+  if (mesh_ && mesh_->tp().size() > 1) tp = {&mesh_->tp(), cfg_.parallel.sequence_parallel};
+  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad, tp);
   model_->recompute = cfg_.recompute();
   model_->init_weights(uint64_t(cfg_.train.seed));
   parallel::DataParallelOptions dpo;
@@ -70,7 +73,11 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   model_->on_grads_needed = [this](size_t set) { dp_->grads_needed(set); };
   model_->on_params_needed = [this](size_t set) { dp_->params_needed(set); };
   model_->on_params_done = [this](size_t set) { dp_->params_done(set); };
-  ckpt_group_ = dp > 1 ? dp_group.split(0, dp_group.rank(), "ckpt") : comm::make_solo_group("ckpt");
+  // Every rank that writes a part: the dp ranks, and their tensor-parallel peers.
+  if (mesh_ && mesh_->shape().world() > 1)
+    ckpt_group_ = comm::world().split(0, int(mesh_->world_rank()), "ckpt");
+  else
+    ckpt_group_ = comm::make_solo_group("ckpt");
   optimizer_ = std::make_unique<optim::AdamW>(model_->param_sets(), cfg_.adamw(), dp_->optimizer_shards());
   inputs_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   targets_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
@@ -130,7 +137,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
-  m.grad_norm = dp_->grad_norm(*optimizer_);
+  m.grad_norm = dp_->grad_norm(*optimizer_, tp_group());
   m.lr = schedule_.at(step);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
@@ -154,8 +161,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   progress_.steps_done = step + 1;
   m.tokens_seen = progress_.tokens_seen;
   m.tokens_per_second = double(m.tokens) / m.step_seconds;
-  // The peak is per device; the job has one device per rank (dp of them).
-  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(dp_->size()));
+  // The peak is per device; the job has one device per rank.
+  const double devices = mesh_ ? double(mesh_->shape().world()) : 1.0;
+  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * devices);
   m.memory = allocator_for(model_->device()).stats();
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
@@ -250,6 +258,11 @@ TrainResult Trainer::run(int64_t stop_after) {
     say((cfg_.checkpoint.async ? "checkpoint step " + std::to_string(step) + ": writing in the background to "
                                : "checkpoint step " + std::to_string(step) + ": saved to ") + dir);
   };
+  if (tp_group())
+    say("tensor parallel: " + std::to_string(tp_group()->size()) + " ranks" +
+        (cfg_.parallel.sequence_parallel ? ", sequence parallel" : "") + "; this rank holds " +
+        std::to_string(model_->tp_shares().q_heads) + " query heads, " + std::to_string(model_->tp_shares().ff) +
+        " MLP columns, " + std::to_string(model_->tp_shares().vocab_rows) + " vocabulary rows");
   if (dp_->size() > 1)
     say("data parallel: " + std::to_string(dp_->size()) + " ranks, ZeRO stage " +
         std::to_string(dp_->zero_stage()) +
@@ -309,10 +322,12 @@ TrainResult Trainer::run(int64_t stop_after) {
     if (codec_ && cfg_.sample.count > 0 &&
         ((cfg_.train.sample_every > 0 && m.step % cfg_.train.sample_every == 0) || last)) {
       dp_->hold_full_params(true);  // ZeRO-3: every rank gathers; then the main rank samples alone
-      if (main_rank_)
+      // Under tensor parallelism every rank computes the same samples (each
+      // forward is a collective of its tp group); the main rank prints them.
+      if (main_rank_ || tp_group())
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
-          say("sample (step " + std::to_string(m.step) + "): " +
-              sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s)));
+          const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
+          say("sample (step " + std::to_string(m.step) + "): " + text);
         }
       dp_->hold_full_params(false);
     }

@@ -96,6 +96,10 @@ class Trainer {
   comm::ProcessGroup& checkpoint_group() { return *ckpt_group_; }
   // Rank 0 of the job logs, writes metrics and checkpoint manifests.
   bool is_main_rank() const { return main_rank_; }
+  // This process's rank in the job (0 for a single process).
+  int64_t world_rank() const { return mesh_ ? mesh_->world_rank() : 0; }
+  // The tensor-parallel group (null without tensor parallelism).
+  comm::ProcessGroup* tp_group() const { return model_->tensor_parallel().group; }
   const Config& config() const { return cfg_; }
   double peak_gflops() const { return peak_gflops_; }
 

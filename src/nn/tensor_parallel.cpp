@@ -1,0 +1,155 @@
+#include "nn/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "ops/device.h"
+#include "ops/elementwise.h"
+
+namespace zt::nn {
+
+void check_tensor_parallel(const ModelConfig& c, int64_t tp) {
+  ZT_CHECK(tp >= 1, "parallel.tp = ", tp, " must be >= 1");
+  if (tp == 1) return;
+  ZT_CHECK(c.n_head % tp == 0, "parallel.tp = ", tp, " does not divide model.n_head = ", c.n_head,
+           ": tensor parallelism splits the query heads evenly; pick a tp that divides ", c.n_head);
+  ZT_CHECK(c.n_kv_head % tp == 0 || tp % c.n_kv_head == 0, "parallel.tp = ", tp, " and model.n_kv_head = ",
+           c.n_kv_head, " do not fit: kv heads are split when tp divides them and replicated when they divide tp; "
+           "pick a tp that divides or is a multiple of ", c.n_kv_head);
+  ZT_CHECK(c.d_ff % tp == 0, "parallel.tp = ", tp, " does not divide model.d_ff = ", c.d_ff,
+           ": the MLP's hidden width splits evenly; pick a tp that divides it");
+}
+
+TpShares tp_shares(const ModelConfig& c, int64_t tp, int64_t rank) {
+  check_tensor_parallel(c, tp);
+  TpShares s;
+  s.tp = tp;
+  s.rank = rank;
+  s.q_heads = c.n_head / tp;
+  if (c.n_kv_head % tp == 0) {
+    s.kv_heads = c.n_kv_head / tp;
+    s.kv_head0 = rank * s.kv_heads;
+  } else {
+    s.kv_heads = 1;
+    s.kv_replicas = tp / c.n_kv_head;
+    s.kv_head0 = rank / s.kv_replicas;
+  }
+  s.ff = c.d_ff / tp;
+  const int64_t Vp = c.padded_vocab();
+  s.vocab_rows = (Vp + tp - 1) / tp;
+  s.vocab_start = rank * s.vocab_rows;
+  s.vocab_real = std::clamp<int64_t>(Vp - s.vocab_start, 0, s.vocab_rows);
+  return s;
+}
+
+namespace {
+
+std::string layer_prefix(size_t i) { return "layers." + std::to_string(i) + "."; }
+
+// A tensor replicated over the group: whole on every rank, counted on rank 0.
+ParamSpec replicated(ParamSpec p, const TpShares& s) {
+  p.owner = s.rank == 0;
+  return p;
+}
+
+// Rows of a global tensor along dim 0 (or columns along dim 1).
+ParamSpec split(ParamSpec p, const Shape& global, int dim, std::vector<SlicePiece> pieces, const TpShares& s) {
+  if (s.tp == 1) return p;  // the whole tensor
+  p.global_shape = global;
+  p.split_dim = dim;
+  p.pieces = std::move(pieces);
+  return p;
+}
+
+// The vocabulary rows of wte / lm_head (Vp, C).
+ParamSpec vocab_rows(const std::string& name, const ModelConfig& c, const TpShares& s, float std, bool decay) {
+  const int64_t C = c.d_model;
+  std::vector<SlicePiece> pieces;
+  if (s.vocab_real > 0) pieces.push_back({0, s.vocab_start, s.vocab_real, true});
+  ParamSpec p{name, Shape{s.tp == 1 ? c.padded_vocab() : s.vocab_rows, C}, Init::normal, std, decay};
+  p = split(std::move(p), Shape{c.padded_vocab(), C}, 0, std::move(pieces), s);
+  if (s.tp > 1 && p.pieces.empty()) p.pieces.push_back({0, 0, 0, false});  // all padding: still sliced
+  return p;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> embedding_specs(const ModelConfig& c, const TpShares& s) {
+  std::vector<ParamSpec> e{vocab_rows("embed.wte", c, s, c.init_std, false)};
+  if (c.learned_positions())
+    e.push_back(replicated({"embed.wpe", Shape{c.max_seq_len, c.d_model}, Init::normal, c.init_std, false}, s));
+  return e;
+}
+
+std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size_t layer) {
+  const std::string p = layer_prefix(layer);
+  const int64_t C = c.d_model, D = c.head_dim(), Hq = c.n_head, Hkv = c.n_kv_head;
+  const float std = c.init_std, resid_std = c.init_std / std::sqrt(2.0f * float(c.n_layer));
+  // q | k | v rows: this rank's query heads, then its kv heads (once per replica group).
+  const int64_t q = s.q_heads * D, kv = s.kv_heads * D;
+  const bool kv_owner = s.rank % s.kv_replicas == 0;
+  const std::vector<SlicePiece> qkv_pieces{{0, s.rank * q, q, true},
+                                           {q, Hq * D + s.kv_head0 * D, kv, kv_owner},
+                                           {q + kv, (Hq + Hkv) * D + s.kv_head0 * D, kv, kv_owner}};
+  const int64_t F = s.ff, mlp_rows = c.mlp_in_width() / s.tp;
+  std::vector<SlicePiece> mlp_pieces{{0, s.rank * F, F, true}};
+  if (c.arch == Arch::llama3) mlp_pieces.push_back({F, c.d_ff + s.rank * F, F, true});  // SwiGLU gate | up
+  std::vector<ParamSpec> v;
+  auto rep = [&](ParamSpec ps) { v.push_back(replicated(std::move(ps), s)); };
+  rep({p + "attn_norm.weight", Shape{C}, Init::ones, 0, false});
+  if (c.has_bias()) rep({p + "attn_norm.bias", Shape{C}, Init::zeros, 0, false});
+  v.push_back(split({p + "attn.qkv.weight", Shape{q + 2 * kv, C}, Init::normal, std, true}, Shape{c.qkv_width(), C}, 0,
+                    qkv_pieces, s));
+  if (c.has_bias())
+    v.push_back(split({p + "attn.qkv.bias", Shape{q + 2 * kv}, Init::zeros, 0, false}, Shape{c.qkv_width()}, 0,
+                      qkv_pieces, s));
+  v.push_back(split({p + "attn.proj.weight", Shape{C, q}, Init::normal, resid_std, true}, Shape{C, Hq * D}, 1,
+                    {{0, s.rank * q, q, true}}, s));
+  if (c.has_bias()) rep({p + "attn.proj.bias", Shape{C}, Init::zeros, 0, false});
+  rep({p + "mlp_norm.weight", Shape{C}, Init::ones, 0, false});
+  if (c.has_bias()) rep({p + "mlp_norm.bias", Shape{C}, Init::zeros, 0, false});
+  v.push_back(split({p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true}, Shape{c.mlp_in_width(), C}, 0,
+                    mlp_pieces, s));
+  if (c.has_bias())
+    v.push_back(split({p + "mlp.in.bias", Shape{mlp_rows}, Init::zeros, 0, false}, Shape{c.mlp_in_width()}, 0,
+                      mlp_pieces, s));
+  v.push_back(split({p + "mlp.out.weight", Shape{C, F}, Init::normal, resid_std, true}, Shape{C, c.d_ff}, 1,
+                    {{0, s.rank * F, F, true}}, s));
+  if (c.has_bias()) rep({p + "mlp.out.bias", Shape{C}, Init::zeros, 0, false});
+  return v;
+}
+
+std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s) {
+  std::vector<ParamSpec> h;
+  h.push_back(replicated({"final_norm.weight", Shape{c.d_model}, Init::ones, 0, false}, s));
+  if (c.has_bias()) h.push_back(replicated({"final_norm.bias", Shape{c.d_model}, Init::zeros, 0, false}, s));
+  if (!c.tied_embeddings) h.push_back(vocab_rows("lm_head.weight", c, s, c.init_std, true));
+  return h;
+}
+
+Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, size_t set_index,
+                     size_t param_index, int64_t n_sets) {
+  const int64_t p = tp.size();
+  auto spec_of = [&](int64_t rank) {
+    const TpShares s = tp_shares(cfg, p, rank);
+    const std::vector<ParamSpec> specs = set_index == 0                     ? embedding_specs(cfg, s)
+                                         : int64_t(set_index) == n_sets - 1 ? head_specs(cfg, s)
+                                                                            : block_specs(cfg, s, set_index - 1);
+    return specs.at(param_index);
+  };
+  const ParamSpec mine = spec_of(tp.rank());
+  Tensor global = Tensor::empty(mine.global(), local.dtype(), local.device());
+  if (p == 1 || !mine.sliced()) {
+    ops::copy(global, local);  // replicated: every rank holds the same values
+    return global;
+  }
+  Tensor all = Tensor::empty(Shape{p * local.numel()}, local.dtype(), local.device(), MemCategory::comm);
+  tp.group->all_gather(all, local.flat_view(0, Shape{local.numel()}))->wait();
+  ops::fill(global, 0.0);
+  for (int64_t r = 0; r < p; ++r) copy_pieces(spec_of(r), all.flat_view(r * local.numel(), local.shape()), global, false);
+  return global;
+}
+
+}  // namespace zt::nn

@@ -1,0 +1,73 @@
+// Tensor parallelism (Megatron style): how a model's layers split over a
+// tensor-parallel group of tp ranks, and the collectives between the halves.
+//
+// Rank r of tp holds
+//   attention   query heads [r Hq/tp, (r+1) Hq/tp) and their kv heads: kv heads
+//               [r Hkv/tp, ...) when tp divides Hkv; when Hkv < tp (Hkv must
+//               divide tp) each kv head is replicated on tp/Hkv consecutive
+//               ranks, whose partial gradients of it are summed over that
+//               "kv replica" group; proj's input columns of those heads
+//   MLP         hidden columns [r F/tp, ...) (SwiGLU: of the gate and of the up
+//               projection alike); mlp.out's input columns of them
+//   vocabulary  rows [r Vl, r Vl + Vl) of wte and lm_head, Vl = ceil(Vp/tp):
+//               the last rank's rows past Vp are padding no token reaches, so
+//               any tp divides any vocabulary and the checkpoint shapes do not
+//               depend on tp
+//   the rest    (norms, row-parallel biases, wpe) replicated.
+//
+// Sequence parallelism keeps the residual stream, the norms and their
+// outputs sharded along the B*T rows (rank r: rows [r N/tp, (r+1) N/tp)):
+// an all-gather before each column-parallel matmul and a reduce-scatter
+// after each row-parallel one replace the all-reduce (the same bytes), and
+// the activations of those regions shrink by tp. Norm weight gradients are
+// then partial per rank and summed over the group.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "comm/process_group.h"
+#include "core/tensor.h"
+#include "nn/model_config.h"
+#include "nn/params.h"
+
+namespace zt::nn {
+
+struct TensorParallel {
+  comm::ProcessGroup* group = nullptr;  // null: no tensor parallelism
+  bool sequence_parallel = false;
+  int64_t size() const { return group ? group->size() : 1; }
+  int64_t rank() const { return group ? group->rank() : 0; }
+};
+
+// This rank's share of a model's dimensions.
+struct TpShares {
+  int64_t tp = 1, rank = 0;
+  int64_t q_heads = 0;        // local query heads
+  int64_t kv_heads = 0;       // local kv heads
+  int64_t kv_head0 = 0;       // first global kv head held
+  int64_t kv_replicas = 1;    // ranks holding the same kv heads (Hkv < tp)
+  int64_t ff = 0;             // local MLP hidden width
+  int64_t vocab_rows = 0;     // Vl: local rows of wte / lm_head (padding included)
+  int64_t vocab_start = 0;    // first global vocabulary row held
+  int64_t vocab_real = 0;     // of the local rows, those < Vp (hold a global row)
+};
+
+// Throws zt::Error naming the setting and the fix when cfg cannot split tp
+// ways (heads, kv heads, d_ff). Pure: every rank reaches the same verdict.
+void check_tensor_parallel(const ModelConfig& cfg, int64_t tp);
+TpShares tp_shares(const ModelConfig& cfg, int64_t tp, int64_t rank);
+
+// The parameter specs of each layer for rank `s.rank` (global names, local
+// shapes, pieces of the global tensors).
+std::vector<ParamSpec> embedding_specs(const ModelConfig& c, const TpShares& s);
+std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size_t layer);
+std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s);
+
+// The global tensor of a parameter from every tp rank's local one (a
+// collective over tp; every rank gets it). local: this rank's tensor of
+// `spec` (spec's model config and shares give every rank's pieces).
+Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, size_t set_index,
+                     size_t param_index, int64_t n_sets);
+
+}  // namespace zt::nn
