@@ -101,6 +101,13 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   }
 }
 
+std::vector<comm::ProcessGroup*> Transformer::comm_groups() const {
+  std::vector<comm::ProcessGroup*> g;
+  if (tp_.group) g.push_back(tp_.group);
+  if (kv_group_) g.push_back(kv_group_.get());
+  return g;
+}
+
 std::vector<ParamSet*> Transformer::param_sets() {
   std::vector<ParamSet*> v{&embed_};
   for (auto& b : blocks_) v.push_back(&b);

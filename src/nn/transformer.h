@@ -90,6 +90,9 @@ class Transformer {
   const ModelConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   const TpShares& tp_shares() const { return shares_; }
+  // The groups the model communicates over (tp, and the kv replica group):
+  // for metrics.
+  std::vector<comm::ProcessGroup*> comm_groups() const;
   DType compute_dtype() const { return dtype_; }
   Device device() const { return device_; }
   Recompute recompute = Recompute::none;

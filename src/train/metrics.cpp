@@ -14,11 +14,19 @@ MetricsLog::MetricsLog(const std::string& path, bool append)
   ZT_CHECK(out_.good(), "cannot write metrics file '", path, "'");
 }
 
-double comm_overlap(const StepMetrics& m) {
-  // A caller can wait longer than the operation ran (it queued behind
-  // others), so exposed may exceed busy: clamp to [0, 1].
-  if (m.comm_busy_seconds <= 0) return 1.0;
-  return std::clamp(1.0 - m.comm_exposed_seconds / m.comm_busy_seconds, 0.0, 1.0);
+namespace {
+// A caller can wait longer than the operation ran (it queued behind
+// others), so exposed may exceed busy: clamp to [0, 1].
+double hidden_fraction(double busy, double exposed) {
+  if (busy <= 0) return 1.0;
+  return std::clamp(1.0 - exposed / busy, 0.0, 1.0);
+}
+}  // namespace
+
+double comm_overlap(const StepMetrics& m) { return hidden_fraction(m.comm_busy_seconds, m.comm_exposed_seconds); }
+
+double tp_comm_overlap(const StepMetrics& m) {
+  return hidden_fraction(m.tp_comm_busy_seconds, m.tp_comm_exposed_seconds);
 }
 
 void MetricsLog::write_step(const StepMetrics& m) {
@@ -49,6 +57,12 @@ void MetricsLog::write_step(const StepMetrics& m) {
                  {"exposed_s", m.comm_exposed_seconds},
                  {"overlap", comm_overlap(m)}};
   }
+  if (m.tp_size > 1)
+    j["comm_tp"] = {{"tp", m.tp_size},
+                    {"bytes", m.tp_comm_bytes},
+                    {"busy_s", m.tp_comm_busy_seconds},
+                    {"exposed_s", m.tp_comm_exposed_seconds},
+                    {"overlap", tp_comm_overlap(m)}};
   nlohmann::json mem, peak;
   for (int c = 0; c < kNumMemCategories; ++c) {
     const std::string name(mem_category_name(MemCategory(c)));
@@ -103,6 +117,11 @@ std::string format_step_line(const StepMetrics& m) {
                   100.0 * comm_overlap(m),
                   double(m.comm_bytes) / 1e6, (long long)m.max_peak_rank,
                   double(m.max_peak_memory.total_peak_bytes) / (1 << 20));
+    line += buf;
+  }
+  if (m.tp_size > 1) {
+    std::snprintf(buf, sizeof buf, " | tp comm %.0f%% of step, %.0f%% hidden, %.1f MB",
+                  100.0 * m.tp_comm_exposed_seconds / step_s, 100.0 * tp_comm_overlap(m), double(m.tp_comm_bytes) / 1e6);
     line += buf;
   }
   return line;

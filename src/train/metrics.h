@@ -34,6 +34,10 @@ struct StepMetrics {
   MemStats max_peak_memory;
   int64_t comm_bytes = 0;
   double comm_busy_seconds = 0, comm_exposed_seconds = 0;
+  // Tensor-parallel communication this step (this rank), the same measures.
+  int64_t tp_size = 1;
+  int64_t tp_comm_bytes = 0;
+  double tp_comm_busy_seconds = 0, tp_comm_exposed_seconds = 0;
 };
 
 // Appends one JSON object per line to run_dir/metrics.jsonl.
@@ -51,6 +55,8 @@ class MetricsLog {
 // The share of the time data-parallel communication was in flight that the
 // step did not wait for, in [0, 1].
 double comm_overlap(const StepMetrics& m);
+// The same for tensor-parallel communication.
+double tp_comm_overlap(const StepMetrics& m);
 
 // "step 12/300 | loss 5.4321 | lr 3.00e-04 | ..." with an ETA.
 std::string format_step_line(const StepMetrics& m);

@@ -104,6 +104,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   StepMetrics m;
   m.step = step + 1;
   comm::set_current_step(m.step);  // named by the comm watchdog if a collective hangs
+  std::vector<comm::CommStats> tp_start;
+  for (comm::ProcessGroup* g : model_->comm_groups()) tp_start.push_back(g->stats());
   m.total_steps = cfg_.train.steps;
   const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;
@@ -171,6 +173,16 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.comm_bytes = sc.bytes;
   m.comm_busy_seconds = sc.busy_seconds;
   m.comm_exposed_seconds = sc.wait_seconds;
+  // Tensor-parallel traffic of this step (the model's groups; evaluation and
+  // sampling between steps are not counted).
+  const auto groups = model_->comm_groups();
+  m.tp_size = tp_group() ? tp_group()->size() : 1;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const comm::CommStats s = groups[i]->stats();
+    m.tp_comm_bytes += s.bytes_sent - tp_start[i].bytes_sent;
+    m.tp_comm_busy_seconds += s.busy_seconds - tp_start[i].busy_seconds;
+    m.tp_comm_exposed_seconds += s.wait_seconds - tp_start[i].wait_seconds;
+  }
   return m;
 }
 

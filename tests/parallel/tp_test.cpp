@@ -258,6 +258,45 @@ TEST(TensorParallel, SequenceParallelDividesKeptActivationsByTp) {
   EXPECT_NEAR(double(tp_only - sp), whole, 0.05 * whole) << "tp=" << p << " without SP keeps " << tp_only;
 }
 
+// Bytes sent per step on the tensor-parallel group (ring volumes, f32,
+// r = (p-1)/p of the full buffer for reduce-scatter / all-gather, 2r for
+// all-reduce; NC = one micro-batch's residual stream):
+//   without SP, per micro-batch: all-reduces of the embedding, of each
+//     row-parallel output (2 per layer), of each column-parallel input
+//     gradient (2 per layer) and of d lnf: (4L + 2) NC; plus the
+//     cross-entropy's row max and (sum, target logit): 3N.
+//   with SP: each of those all-reduces becomes a reduce-scatter plus an
+//     all-gather ((4L + 2) NC x 2r, the same: e.g. the embedding's
+//     reduce-scatter in forward pairs with the all-gather of its gradient
+//     rows in backward), and backward gathers the two norm outputs of each
+//     layer again (2L NC x r: what SP keeps is the shard); the norm weight
+//     gradients (4C per layer, 2C at the head for GPT-2) are all-reduced.
+//   per step: that x micro-batches, plus the gradient norm's squares (8 bytes
+//     from each rank).
+TEST(TensorParallel, BytesPerStepFollowTheRingVolumes) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "one rank sends nothing";
+  auto mesh = mesh_of(p);
+  for (bool sp : {false, true}) {
+    const Config cfg = tiny("gpt2-tiny", {"parallel.tp=" + std::to_string(p),
+                                          std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")});
+    TrainingData data = open_training_data(cfg, 0, 1);
+    Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh);
+    t.train_step(0);
+    const StepMetrics m = t.train_step(1);
+    const double r = double(p - 1) / double(p), N = double(cfg.train.micro_batch * cfg.train.seq_len);
+    const double C = double(cfg.model.d_model), L = double(cfg.model.n_layer);
+    const double stream = N * C * (4 * L + 2);
+    const double per_micro = sp ? 4.0 * (2 * r * stream + r * 2 * L * N * C + 2 * r * (3 * N + 4 * C * L + 2 * C))
+                                : 4.0 * (2 * r * stream + 2 * r * 3 * N);
+    const double expected = double(cfg.grad_accum_steps(1)) * per_micro + 8.0 * double(p - 1);
+    EXPECT_NEAR(double(m.tp_comm_bytes), expected, 1e-9 * expected) << (sp ? "with" : "without") << " SP";
+    EXPECT_EQ(m.tp_size, p);
+    EXPECT_GT(m.tp_comm_busy_seconds, 0.0);
+    RecordProperty(sp ? "bytes_sp" : "bytes_tp", std::to_string(m.tp_comm_bytes));
+  }
+}
+
 // Bad layouts: one clear message from the pure checks, before any collective.
 TEST(TensorParallel, LayoutsThatDoNotSplitAreRefused) {
   auto err = [](const std::vector<std::string>& ov) {
