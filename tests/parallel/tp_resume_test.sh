@@ -8,6 +8,7 @@
 #      tp = 2 x dp = 2 with ZeRO-1: steps 5..10 match the reference
 #      (relative 1e-5), and the final model.safetensors of the tp = 4 run
 #      (assembled from the slices) matches the reference's weights.
+#   4. a checkpoint written by tp = 2 x dp = 2 ZeRO-1 resumed by one process.
 # Usage: tp_resume_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -77,6 +78,15 @@ echo "tp=2 (SP) -> tp=4: losses match the single-process run"
   --set parallel.zero_stage=1 --resume > /dev/null
 same "$ref" "$(losses "$tmp/e")"
 echo "tp=2 (SP) -> tp=2 x dp=2 ZeRO-1: losses match the single-process run"
+
+# A checkpoint written by tp=2 x dp=2 ZeRO-1 (tensor slices and optimizer shards) read by one process.
+cp -r "$tmp/e" "$tmp/f"
+rm -rf "$tmp/f/checkpoints/step_00000008" "$tmp/f/checkpoints/step_00000010"
+grep -q '"tp": 2' "$tmp/f/checkpoints/step_00000006/manifest.json"
+grep -q '"dp": 2' "$tmp/f/checkpoints/step_00000006/manifest.json"
+"$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/f" --resume "$tmp/f/checkpoints/step_00000006" > /dev/null
+same "$ref" "$(losses "$tmp/f")"
+echo "tp=2 x dp=2 ZeRO-1 -> one process: losses match the single-process run"
 
 # The final weights of the tp=4 run, assembled from its slices, against the reference's.
 /usr/bin/python3 - "$tmp/ref/model.safetensors" "$tmp/c/model.safetensors" <<'PY'
