@@ -28,28 +28,8 @@ trap 'rm -rf "$tmp"' EXIT
 data=data/fortunes-gpt2
 test -f "$data/index.json" || "$bin" prepare --config configs/data/fortunes-gpt2.toml > /dev/null
 
-cat > "$tmp/cfg.toml" <<TOML
-[model]
-preset = "gpt2-124m"
-n_layer = 4
-d_model = 256
-n_head = 4
-d_ff = 1024
-max_seq_len = 128
-[data]
-dir = "$data"
-tokenizer = ""
-[train]
-seq_len = 128
-global_batch = 8
-micro_batch = 4
-steps = 4
-log_every = 100
-[sample]
-count = 0
-[metrics]
-peak_gflops = 1
-TOML
+source "$(dirname "$0")/../parallel_config.sh"
+write_bench_config "$tmp/cfg.toml" "$data" 4
 
 echo "| tp | SP | bytes sent / step / rank (MB) | theory (MB) | ratio | overlap | exposed tp comm / step (ms) | step (ms) |"
 echo "|---|---|---|---|---|---|---|---|"

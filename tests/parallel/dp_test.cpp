@@ -18,6 +18,7 @@
 #include "parallel/mesh.h"
 #include "train/config.h"
 #include "train/data_source.h"
+#include "parallel/parallel_test_util.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -26,25 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The fortunes corpus, prepared by rank 0 into a directory every rank knows.
-const fs::path& dataset() {
-  static const fs::path dir = [] {
-    comm::ProcessGroup& w = comm::world();
-    Tensor id = Tensor::empty(Shape{1}, DType::i64);
-    id.data<int64_t>()[0] = w.rank() == 0 ? int64_t(::getpid()) : 0;
-    w.all_reduce(id)->wait();  // rank 0's pid names the directory
-    const fs::path d = fs::temp_directory_path() / ("zt_dp_data_" + std::to_string(id.data<int64_t>()[0]));
-    if (w.rank() == 0) {
-      const std::string cmd = std::string(ZT_BINARY_DIR) +
-                              "/bin/zettatron prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes "
-                              "--doc-split percent --val-fraction 0.05 --output " + d.string() + " > /dev/null";
-      if (std::system(cmd.c_str()) != 0) std::abort();
-    }
-    w.barrier()->wait();
-    return d;
-  }();
-  return dir;
-}
+const fs::path& dataset() { return test::fortunes_dataset(); }
 
 Config tiny(const std::string& preset, int64_t zero, const std::vector<std::string>& more = {}) {
   const std::string text = "[model]\npreset = \"" + preset + "\"\nvocab_size = 50257\n[data]\ndir = \"" +

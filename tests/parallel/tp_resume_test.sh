@@ -17,44 +17,9 @@ mpi=(mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
 tmp=$(mktemp -d /tmp/zt_tp_resume.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-"$bin" prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes --doc-split percent \
-  --val-fraction 0.05 --output "$tmp/data" > /dev/null
-cat > "$tmp/cfg.toml" <<TOML
-[model]
-preset = "llama3-tiny"
-vocab_size = 50257
-[data]
-dir = "$tmp/data"
-tokenizer = ""
-[train]
-seq_len = 32
-global_batch = 8
-micro_batch = 2
-steps = 10
-log_every = 100
-[optim]
-lr = 3e-3
-warmup_steps = 2
-[sample]
-count = 0
-[metrics]
-peak_gflops = 1
-[checkpoint]
-every = 2
-keep_last = 0
-TOML
-
-losses() { /usr/bin/python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1/metrics.jsonl"; }
-same() {  # same REF GOT: every loss within relative 1e-5
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import sys
-a = [float(x) for x in sys.argv[1].split()]
-b = [float(x) for x in sys.argv[2].split()]
-assert len(a) == len(b) == 10, (len(a), len(b))
-for i, (x, y) in enumerate(zip(a, b)):
-    assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: reference {x!r}, resumed {y!r}"
-PY
-}
+source "$(dirname "$0")/resume_lib.sh"
+prepare_fortunes "$tmp/data"
+write_config "$tmp/cfg.toml" llama3-tiny "$tmp/data"
 
 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/ref" > /dev/null
 ref=$(losses "$tmp/ref")
