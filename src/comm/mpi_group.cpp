@@ -4,6 +4,8 @@
 #include <atomic>
 #include <climits>
 #include <mutex>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "comm/checks.h"
@@ -187,30 +189,103 @@ WorkHandle MpiGroup::broadcast(const Tensor& t, int root) {
   });
 }
 
+namespace {
+
+// Point-to-point in flight: MPI requests (one per chunk of the message),
+// completed by MPI in the background. test() polls them; wait() polls until
+// they are done, with short sleeps, and gives up with an error naming the
+// transfer after the group's timeout (a peer that never posts the matching
+// call: a schedule bug or a dead rank).
+class P2pWork : public Work {
+ public:
+  P2pWork(std::string what, std::vector<MPI_Request> reqs, Tensor keep, double timeout,
+          std::function<void(double)> on_busy, std::function<void(double)> on_wait)
+      : what_(std::move(what)), reqs_(std::move(reqs)), keep_(std::move(keep)), timeout_(timeout),
+        on_busy_(std::move(on_busy)), on_wait_(std::move(on_wait)), posted_(Clock::now()) {}
+  ~P2pWork() override {
+    // Dropped before completion: the buffer must outlive the transfer.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+  }
+  bool test() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return poll();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (poll()) return;
+    const auto t0 = Clock::now();
+    while (!poll()) {
+      const double waited = std::chrono::duration<double>(Clock::now() - posted_).count();
+      ZT_CHECK(waited < timeout_, what_, " has not completed after ", int(waited), " s (step ", current_step(),
+               "): the peer never posted the matching call - a schedule that does not pair its transfers, or "
+               "a rank that died; raise parallel.comm_timeout if it is only slow");
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lock.lock();
+    }
+    if (on_wait_) on_wait_(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool poll() {
+    if (done_) return true;
+    int flag = 0;
+    mpi_check(MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE), what_ + ": ");
+    if (!flag) return false;
+    done_ = true;
+    keep_ = Tensor();
+    if (on_busy_) on_busy_(std::chrono::duration<double>(Clock::now() - posted_).count());
+    return true;
+  }
+  std::string what_;
+  std::vector<MPI_Request> reqs_;
+  Tensor keep_;
+  double timeout_;
+  std::function<void(double)> on_busy_, on_wait_;
+  Clock::time_point posted_;
+  std::mutex mu_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+WorkHandle MpiGroup::post_p2p(const char* op, const Tensor& t, int peer, int tag) {
+  const bool sending = std::string_view(op) == "send";
+  count_op(sending ? int64_t(t.nbytes()) : 0);
+  char* base = static_cast<char*>(t.data_ptr());
+  const int64_t n = int64_t(t.nbytes());
+  // One request per chunk (MPI counts are ints); an empty message is one empty request.
+  std::vector<MPI_Request> reqs;
+  int64_t off = 0;
+  do {
+    MPI_Request r;
+    const int count = int(std::min(max_elems(), n - off));
+    if (sending)
+      mpi_check(MPI_Isend(base + off, count, MPI_BYTE, peer, tag, comm_, &r), where(op, *this));
+    else
+      mpi_check(MPI_Irecv(base + off, count, MPI_BYTE, peer, tag, comm_, &r), where(op, *this));
+    reqs.push_back(r);
+    off += count;
+  } while (off < n);
+  const std::string what = std::string(op) + (sending ? " to rank " : " from rank ") + std::to_string(peer) +
+                           " (world rank " + std::to_string(world_ranks_[size_t(peer)]) + ", tag " +
+                           std::to_string(tag) + ", " + std::to_string(n) + " bytes) on group '" + name_ + "'";
+  return std::make_shared<P2pWork>(what, std::move(reqs), t, timeout_, [this](double s) { add_busy(s); },
+                                   [this](double s) { add_wait(s); });
+}
+
 WorkHandle MpiGroup::send(const Tensor& t, int dst, int tag) {
   check_host("send", *this, t);
   check_peer("send", *this, dst, false);
-  return submit("send", int64_t(t.nbytes()), [this, t, dst, tag] {
-    const char* base = static_cast<const char*>(t.data_ptr());
-    const int64_t n = int64_t(t.nbytes());
-    for (int64_t off = 0; off < n; off += max_elems())
-      mpi_check(MPI_Send(base + off, int(std::min(max_elems(), n - off)), MPI_BYTE, dst, tag, comm_),
-                where("send", *this));
-  });
+  return post_p2p("send", t, dst, tag);
 }
 
 WorkHandle MpiGroup::recv(const Tensor& t, int src, int tag) {
   check_host("recv", *this, t);
   check_peer("recv", *this, src, false);
-  return submit("recv", 0, [this, t, src, tag] {
-    char* base = static_cast<char*>(t.data_ptr());
-    const int64_t n = int64_t(t.nbytes());
-    for (int64_t off = 0; off < n; off += max_elems()) {
-      MPI_Status st;
-      mpi_check(MPI_Recv(base + off, int(std::min(max_elems(), n - off)), MPI_BYTE, src, tag, comm_, &st),
-                where("recv", *this));
-    }
-  });
+  return post_p2p("recv", t, src, tag);
 }
 
 WorkHandle MpiGroup::all_to_all(const Tensor& out, const Tensor& in) {

@@ -35,6 +35,8 @@ class MpiGroup : public ProcessGroup {
 
  private:
   WorkHandle submit(const char* op, int64_t bytes_sent, std::function<void()> fn);
+  // send / recv: posted at once (MPI_Isend / MPI_Irecv), not queued.
+  WorkHandle post_p2p(const char* op, const Tensor& t, int peer, int tag);
   MPI_Comm comm_;
   double timeout_;
   std::unique_ptr<CommThread> thread_;

@@ -73,10 +73,13 @@ class ProcessGroup {
   // this rank's own block of `out` (in place: nothing is copied).
   virtual WorkHandle all_gather(const Tensor& out, const Tensor& in) = 0;
   virtual WorkHandle broadcast(const Tensor& t, int root) = 0;
-  // Point-to-point runs on the group's comm thread in issue order like
-  // everything else, so a send blocks later operations of this group until
-  // the peer receives it: exchange in an order both sides agree on (e.g.
-  // even ranks send first), or use two groups, one per direction.
+  // Point-to-point is non-blocking: a send or receive is posted at once
+  // (not queued behind the group's collectives) and completes in the
+  // background, so any number may be outstanding in any order (a ring
+  // exchange of large messages, receives posted early) without deadlock.
+  // Messages between two ranks with one tag are matched in posting order.
+  // Completion is seen by test()/wait(); wait() gives up with an error after
+  // the group's timeout.
   virtual WorkHandle send(const Tensor& t, int dst, int tag = 0) = 0;
   virtual WorkHandle recv(const Tensor& t, int src, int tag = 0) = 0;
   // in and out: size() equal blocks; out block r <- rank r's in block (this rank).

@@ -105,6 +105,36 @@ TEST(Comm, ReduceScatterAllGatherBroadcast) {
   }
 }
 
+// Point-to-point is non-blocking: every rank sends a large message (past
+// the eager limit: the send cannot finish before the peer receives) to the
+// next rank BEFORE receiving from the previous one - a ring that deadlocks
+// with blocking sends - with receives for later messages posted early and a
+// collective of the same group in between, as pipeline schedules do.
+TEST(Comm, LargeRingExchangeWithSendsFirstDoesNotDeadlock) {
+  const int p = W().size(), me = W().rank();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const int next = (me + 1) % p, prev = (me + p - 1) % p;
+  const int64_t n = 1 << 21;  // 8 MiB of f32 per message
+  std::vector<Tensor> in, out;
+  std::vector<WorkHandle> recvs, sends;
+  for (int k = 0; k < 3; ++k) {
+    out.push_back(filled(DType::f32, n, me, 20 + k));
+    in.push_back(Tensor::empty(Shape{n}, DType::f32));
+    poison(in.back());
+  }
+  sends.push_back(W().send(out[0], next, 1));
+  for (int k = 0; k < 3; ++k) recvs.push_back(W().recv(in[size_t(k)], prev, 1));  // posted early, matched in order
+  Tensor x = filled(DType::f32, 5, me, 3);
+  W().all_reduce(x)->wait();  // the group's collectives are not queued behind the transfers
+  sends.push_back(W().send(out[1], next, 1));
+  sends.push_back(W().send(out[2], next, 1));
+  for (auto& r : recvs) r->wait();
+  for (auto& s : sends) s->wait();
+  for (int k = 0; k < 3; ++k)
+    for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(in[size_t(k)].data<float>()[i], value(prev, i, 20 + k)) << k;
+  EXPECT_TRUE(recvs[0]->test());
+}
+
 TEST(Comm, SendRecvRingAndAllToAll) {
   const int p = W().size(), me = W().rank();
   if (p > 1) {
