@@ -80,18 +80,32 @@ class PartialGrads {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device device, int64_t flat_pad_multiple,
-                         TensorParallel tp)
-    : cfg_(cfg), dtype_(compute_dtype), device_(device), tp_(tp) {
+                         TensorParallel tp, ModelPart part)
+    : cfg_(cfg), dtype_(compute_dtype), device_(device), tp_(tp), part_(part) {
   cfg_.validate();
   ops::init_device(device_);
   ZT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "model compute dtype must be f32 or bf16, got ",
            dtype_name(dtype_));
+  if (part_.last_layer < 0) part_.last_layer = cfg_.n_layer;
+  ZT_CHECK(0 <= part_.first_layer && part_.first_layer <= part_.last_layer && part_.last_layer <= cfg_.n_layer,
+           "model part: blocks [", part_.first_layer, ", ", part_.last_layer, ") are not within the model's ",
+           cfg_.n_layer, " blocks");
   shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank());
-  embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
-  blocks_.reserve(size_t(cfg_.n_layer));
-  for (int64_t i = 0; i < cfg_.n_layer; ++i)
+  if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
+  blocks_.reserve(size_t(part_.last_layer - part_.first_layer));
+  for (int64_t i = part_.first_layer; i < part_.last_layer; ++i)
     blocks_.emplace_back(block_specs(cfg_, shares_, size_t(i)), dtype_, device_, flat_pad_multiple);
-  head_ = ParamSet(head_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
+  if (part_.head) {
+    std::vector<ParamSpec> head = head_specs(cfg_, shares_);
+    if (cfg_.tied_embeddings && !part_.embedding) {
+      // The head stage's copy of the tied embedding: the embedding stage owns it.
+      ParamSpec copy = embedding_specs(cfg_, shares_).front();
+      copy.owner = false;
+      for (SlicePiece& pc : copy.pieces) pc.owner = false;
+      head.push_back(std::move(copy));
+    }
+    head_ = ParamSet(std::move(head), dtype_, device_, flat_pad_multiple);
+  }
   if (shares_.kv_replicas > 1)  // a collective over the tp group: every rank builds the model
     kv_group_ = tp_.group->split(int(shares_.kv_head0), int(tp_.rank()), "tp_kv");
   if (cfg_.arch == Arch::llama3) {
@@ -109,17 +123,27 @@ std::vector<comm::ProcessGroup*> Transformer::comm_groups() const {
 }
 
 std::vector<ParamSet*> Transformer::param_sets() {
-  std::vector<ParamSet*> v{&embed_};
+  std::vector<ParamSet*> v;
+  if (part_.embedding) v.push_back(&embed_);
   for (auto& b : blocks_) v.push_back(&b);
-  v.push_back(&head_);
+  if (part_.head) v.push_back(&head_);
   return v;
 }
 
 std::vector<const ParamSet*> Transformer::param_sets() const {
-  std::vector<const ParamSet*> v{&embed_};
+  std::vector<const ParamSet*> v;
+  if (part_.embedding) v.push_back(&embed_);
   for (auto& b : blocks_) v.push_back(&b);
-  v.push_back(&head_);
+  if (part_.head) v.push_back(&head_);
   return v;
+}
+
+size_t Transformer::head_weight_set() const { return cfg_.tied_embeddings && part_.embedding ? 0 : head_set(); }
+
+int64_t Transformer::tied_embedding_set() const {
+  if (!cfg_.tied_embeddings) return -1;
+  if (part_.embedding) return 0;
+  return part_.head ? int64_t(head_set()) : -1;
 }
 
 int64_t Transformer::num_params() const {
@@ -133,10 +157,11 @@ void Transformer::init_weights(uint64_t seed) {
   // Padding rows of the vocabulary never see a token; keep them zero.
   const int64_t V = cfg_.vocab_size;
   const int64_t lo = std::clamp<int64_t>(V - shares_.vocab_start, 0, shares_.vocab_rows);
-  if (lo < shares_.vocab_rows) {
-    ops::fill(param("embed.wte").slice(lo, shares_.vocab_rows), 0.0);
-    if (!cfg_.tied_embeddings) ops::fill(param("lm_head.weight").slice(lo, shares_.vocab_rows), 0.0);
-  }
+  if (lo < shares_.vocab_rows)
+    for (const char* name : {"embed.wte", "lm_head.weight"})
+      for (ParamSet* set : param_sets())
+        for (size_t i = 0; i < set->size(); ++i)
+          if (set->spec(i).name == name) ops::fill(set->param(i).slice(lo, shares_.vocab_rows), 0.0);
 }
 
 void Transformer::zero_grads() {
@@ -181,7 +206,7 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   // released: its gradient views are then undefined (and unused).
   if (grads && !s.has_grads()) return BlockParams{};
   ZT_ASSERT(grads || s.has_params(), "block ", layer, "'s weights are not gathered (ZeRO-3 hook missing)");
-  const std::string p = layer_prefix(layer);
+  const std::string p = layer_prefix(size_t(part_.first_layer) + layer);
   auto get = [&](const char* name) { return grads ? s.grad(s.index(p + name)) : s.param(s.index(p + name)); };
   auto opt = [&](const char* name) { return cfg_.has_bias() ? get(name) : Tensor(); };
   const int64_t D = cfg_.head_dim(), q_rows = shares_.q_heads * D, kv_rows = shares_.kv_heads * D;
@@ -219,11 +244,13 @@ Transformer::BlockLinears Transformer::block_linears(size_t layer, const TensorP
 }
 
 Tensor Transformer::head_weight() const {
-  return cfg_.tied_embeddings ? embed_.param(0) : head_.param(head_.index("lm_head.weight"));
+  if (cfg_.tied_embeddings && part_.embedding) return embed_.param(0);
+  return head_.param(head_.index(cfg_.tied_embeddings ? "embed.wte" : "lm_head.weight"));
 }
 
 Tensor Transformer::head_grad() const {
-  return cfg_.tied_embeddings ? embed_.grad(0) : head_.grad(head_.index("lm_head.weight"));
+  if (cfg_.tied_embeddings && part_.embedding) return embed_.grad(0);
+  return head_.grad(head_.index(cfg_.tied_embeddings ? "embed.wte" : "lm_head.weight"));
 }
 
 void Transformer::check_batch(const Tensor& tokens, const Tensor& targets) const {
@@ -468,6 +495,13 @@ void Transformer::chunk_loss(const Tensor& losses, const Tensor& logits, const T
 
 double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Tensor& targets, bool train,
                             float grad_scale) {
+  ZT_CHECK(whole(), "Transformer::forward runs the whole model; a pipeline stage runs forward_part");
+  forward_part(ctx, Tensor(), tokens, targets, train, grad_scale);
+  return ctx.loss_sum;
+}
+
+Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const Tensor& tokens,
+                                 const Tensor& targets, bool train, float grad_scale) {
   check_batch(tokens, targets);
   ZT_CHECK(targets.defined(), "forward needs targets (use logits() for inference)");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T;
@@ -485,22 +519,31 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   // Batches arrive from the host loader; kernels read them on the model's device.
   const Tensor dev_tokens = on_device(tokens, device_), dev_targets = on_device(targets, device_);
   ctx.tokens = dev_tokens;
-  ctx.blocks.resize(size_t(cfg_.n_layer));
-  need(0);
-  Tensor x = embed(m, dev_tokens);
-  done(0);
+  ctx.blocks.resize(blocks_.size());
+  const int64_t rows = m.sequence_parallel ? N / m.size() : N;
+  Tensor x;
+  if (part_.embedding) {
+    need(0);
+    x = embed(m, dev_tokens);
+    done(0);
+  } else {
+    ZT_CHECK(input.defined() && input.shape() == (Shape{rows, C}) && input.dtype() == dtype_, "stage input must be ",
+             dtype_name(dtype_), " (", rows, ", ", C, ") (the previous stage's output), got ", input.str());
+    x = on_device(input, device_);
+  }
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    need(i + 1);
+    need(block_set(i));
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T, m);
-    done(i + 1);
+    done(block_set(i));
     if (train)
       release_for_policy(ctx.blocks[i]);
     else
       ctx.blocks[i] = BlockActivations{};
     x = y;
   }
+  if (!part_.head) return x;  // ctx.loss_sum = 0: the head stage has the loss
   need(head_set());
-  if (cfg_.tied_embeddings) need(0);
+  if (head_weight_set() != head_set()) need(head_weight_set());
   // Final norm, then the LM head in row chunks fused with the loss (and its backward).
   const int64_t R = x.size(0);
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
@@ -513,7 +556,7 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   lnf_rows = Tensor();
   // d lnf is a partial sum over the vocabulary slices under tensor parallelism.
   Tensor d_lnf = train ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
-  if (train && on_grads_needed) on_grads_needed(cfg_.tied_embeddings ? 0 : blocks_.size() + 1);
+  if (train && on_grads_needed) on_grads_needed(head_weight_set());
   const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
   const Tensor flat_targets = dev_targets.view(Shape{N});
   // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
@@ -531,7 +574,7 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
     if (train) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
   }
   done(head_set());
-  if (cfg_.tied_embeddings) done(0);
+  if (head_weight_set() != head_set()) done(head_weight_set());
   if (train) {
     ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{R, C}, dtype_, device_) : d_lnf;
     wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
@@ -555,19 +598,33 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
   } else {
     ctx.lnf_mean = ctx.lnf_rstd = Tensor();
   }
-  return loss_sum;
+  return Tensor();
 }
 
 void Transformer::backward(ForwardContext& ctx) {
-  ZT_CHECK(ctx.train && ctx.d_lnf.defined(), "backward needs a context from a training forward pass");
+  ZT_CHECK(whole(), "Transformer::backward runs the whole model; a pipeline stage runs backward_part");
+  backward_part(ctx, Tensor());
+}
+
+Tensor Transformer::backward_part(ForwardContext& ctx, const Tensor& d_output) {
+  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined()), "backward needs a context from a training forward pass");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
   const TensorParallel m = pass_mode(ctx.sequence_parallel);
-  if (on_grads_needed) on_grads_needed(blocks_.size() + 1);
+  Tensor dres;
+  if (!part_.head) {
+    const int64_t rows = m.sequence_parallel ? B * T / m.size() : B * T;
+    ZT_CHECK(d_output.defined() && d_output.shape() == (Shape{rows, C}) && d_output.dtype() == dtype_,
+             "stage output gradient must be ", dtype_name(dtype_), " (", rows, ", ", C, ") (from the next stage), got ",
+             d_output.str());
+    dres = act_tensor(Shape{rows, C}, dtype_, device_);  // updated in place below; the caller's buffer stays
+    ops::copy(dres, d_output);
+  } else {
+  if (on_grads_needed) on_grads_needed(head_set());
   need(head_set());
   const Tensor fw = head_.param(0);
   const Tensor gfw = head_.grad(0), gfb = cfg_.has_bias() ? head_.grad(1) : Tensor();
   const int64_t R = ctx.x_final.size(0);
-  Tensor dres = act_tensor(Shape{R, C}, dtype_, device_);
+  dres = act_tensor(Shape{R, C}, dtype_, device_);
   {
     std::unique_ptr<PartialGrads> norm;  // this rank's rows only under sequence parallelism
     if (m.sequence_parallel) norm = std::make_unique<PartialGrads>(std::vector<Tensor>{gfw, gfb}, device_);
@@ -579,15 +636,20 @@ void Transformer::backward(ForwardContext& ctx) {
   done(head_set());
   // The head's gradients are complete (an untied lm_head's were accumulated
   // in forward, fused with the loss; a tied one's belong to the embeddings).
-  if (on_grads_ready) on_grads_ready(blocks_.size() + 1);
+  if (on_grads_ready) on_grads_ready(head_set());
+  }
   for (size_t i = blocks_.size(); i-- > 0;) {
-    need(i + 1);
-    if (on_grads_needed) on_grads_needed(i + 1);  // before recompute: the block's linears view its gradients
+    need(block_set(i));
+    if (on_grads_needed) on_grads_needed(block_set(i));  // before recompute: the block's linears view its gradients
     recompute_for_backward(i, ctx.blocks[i], B, T, m);
     block_backward(i, ctx.blocks[i], dres, B, T, m);
-    done(i + 1);
+    done(block_set(i));
     ctx.blocks[i] = BlockActivations{};
-    if (on_grads_ready) on_grads_ready(i + 1);
+    if (on_grads_ready) on_grads_ready(block_set(i));
+  }
+  if (!part_.embedding) {
+    ctx = ForwardContext{};
+    return dres;
   }
   if (on_grads_needed) on_grads_needed(0);
   // Every token's gradient row (all rows under sequence parallelism) for this rank's vocabulary rows.
@@ -597,9 +659,11 @@ void Transformer::backward(ForwardContext& ctx) {
   ops::embedding_backward(embed_.grad(0), g_wpe, d_emb, ctx.tokens, 0, slice);
   if (on_grads_ready) on_grads_ready(0);
   ctx = ForwardContext{};
+  return Tensor();
 }
 
 void Transformer::logits(const Tensor& out, const Tensor& tokens) {
+  ZT_CHECK(whole(), "logits() needs the whole model (not one pipeline stage)");
   check_batch(tokens, Tensor());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T, Vp = cfg_.padded_vocab();
   ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32,
@@ -610,15 +674,15 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   done(0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
-    need(i + 1);
+    need(block_set(i));
     x = block_forward(i, a, x, B, T, m);
-    done(i + 1);
+    done(block_set(i));
   }
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   Tensor lnf = act_tensor(Shape{N, C}, dtype_, device_);
   Tensor mean = layernorm ? stat_tensor(N, device_) : Tensor(), rstd = stat_tensor(N, device_);
   need(head_set());
-  if (cfg_.tied_embeddings) need(0);
+  if (head_weight_set() != head_set()) need(head_weight_set());
   ops::norm_forward(norm_kind(), lnf, mean, rstd, x, head_.param(0), cfg_.has_bias() ? head_.param(1) : Tensor(),
                     cfg_.norm_eps);
   const Tensor out_rows = out.view(Shape{N, Vp});
@@ -638,7 +702,7 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
     }
   }
   done(head_set());
-  if (cfg_.tied_embeddings) done(0);
+  if (head_weight_set() != head_set()) done(head_weight_set());
 }
 
 }  // namespace zt::nn

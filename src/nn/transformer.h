@@ -78,14 +78,33 @@ struct ForwardContext {
   int64_t loss_tokens = 0;                // tokens with a target >= 0
 };
 
+// Which part of the model an object holds: all of it, or one pipeline
+// stage - blocks [first_layer, last_layer) and the embeddings and/or the head.
+struct ModelPart {
+  int64_t first_layer = 0;
+  int64_t last_layer = -1;  // -1: n_layer
+  bool embedding = true;
+  bool head = true;
+};
+
 class Transformer {
  public:
   // compute_dtype: f32 or bf16 for parameters and activations (grads are f32).
   // flat_pad_multiple: each layer's flat buffers are padded to a multiple of
   // it (equal data-parallel shards).
-  // tp: this rank's tensor-parallel group (default: none).
+  // tp: this rank's tensor-parallel group (default: none). part: a pipeline
+  // stage (default: the whole model). A head stage of a model with tied
+  // embeddings holds its own copy of embed.wte (owned by the embedding
+  // stage: not saved or counted in the gradient norm from here); the
+  // pipeline keeps the two in sync by summing their gradients.
   Transformer(const ModelConfig& cfg, DType compute_dtype, Device device = Device::cpu(),
-              int64_t flat_pad_multiple = 1, TensorParallel tp = {});
+              int64_t flat_pad_multiple = 1, TensorParallel tp = {}, ModelPart part = {});
+
+  const ModelPart& part() const { return part_; }
+  bool whole() const { return part_.embedding && part_.head && part_.first_layer == 0 && part_.last_layer == cfg_.n_layer; }
+  // Index (into param_sets()) of the set holding embed.wte on this part, or
+  // -1: the embeddings, or the head's copy of the tied embedding.
+  int64_t tied_embedding_set() const;
 
   const ModelConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
@@ -132,6 +151,16 @@ class Transformer {
   // Backward of a training forward: parameter gradients accumulate (+=).
   // Releases ctx's activations.
   void backward(ForwardContext& ctx);
+
+  // One pipeline stage's passes. tokens and targets (B, T) as for forward;
+  // input: the previous stage's output (R, C) (undefined on the embedding
+  // stage). Returns this stage's output (R, C), or undefined on the head
+  // stage, whose loss is in ctx.loss_sum / ctx.loss_tokens.
+  Tensor forward_part(ForwardContext& ctx, const Tensor& input, const Tensor& tokens, const Tensor& targets,
+                      bool train, float grad_scale);
+  // d_output: gradient of this stage's output (undefined on the head stage).
+  // Returns the gradient of its input (undefined on the embedding stage).
+  Tensor backward_part(ForwardContext& ctx, const Tensor& d_output);
   // Full logits (B, T, Vp) in f32 (padding columns included) - for tests,
   // evaluation tools and generation; uses no gradient state. Under tensor
   // parallelism every rank of the group calls it and gets all of them.
@@ -177,13 +206,19 @@ class Transformer {
   void done(size_t set) const {
     if (on_params_done) on_params_done(set);
   }
-  size_t head_set() const { return blocks_.size() + 1; }
+  // Indices into param_sets() (the embeddings only on the embedding part).
+  size_t block_set(size_t i) const { return (part_.embedding ? 1 : 0) + i; }
+  size_t head_set() const { return block_set(blocks_.size()); }
+  // The set whose weights the LM head reads (the head's own, or the
+  // embeddings' when tied on a whole model).
+  size_t head_weight_set() const;
 
   ModelConfig cfg_;
   DType dtype_;
   Device device_;
   TensorParallel tp_;
   TpShares shares_;
+  ModelPart part_;
   std::unique_ptr<comm::ProcessGroup> kv_group_;  // ranks sharing kv heads (Hkv < tp)
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;

@@ -41,7 +41,7 @@ Trainer::~Trainer() = default;
 
 Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
                  std::unique_ptr<TextCodec> codec, std::shared_ptr<parallel::Mesh> mesh)
-    : cfg_(cfg), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)), mesh_(std::move(mesh)) {
+    : cfg_(cfg), mesh_(std::move(mesh)), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)) {
   cfg_.validate();
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   Device device = parse_device(cfg_.train.device);

@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "nn/transformer.h"
+#include "ops/elementwise.h"
 #include "test_util.h"
 
 namespace zt::nn {
@@ -152,6 +153,67 @@ TEST(Transformer, Bf16ForwardTracksF32) {
   const double l32 = f32.forward(ctx, b.tokens, b.targets, false, 0.0f);
   const double l16 = bf.forward(ctx, b.tokens, b.targets, false, 0.0f);
   EXPECT_NEAR(l16 / l32, 1.0, 1e-2);
+}
+
+}  // namespace
+}  // namespace zt::nn
+
+namespace zt::nn {
+namespace {
+
+// Pipeline stages on one process: the parts of a 4-block model (embedding +
+// block 0 | blocks 1-2 | block 3 + head) chained by hand give the whole
+// model's loss and every gradient bit for bit; the head part's copy of a
+// tied embedding gets the LM head's share of its gradient, the embedding
+// part the lookup's, and the two add up to the whole model's.
+TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    SCOPED_TRACE(preset);
+    ModelConfig c = model_preset(preset);
+    c.n_layer = 4;
+    Transformer whole(c, DType::f32);
+    std::vector<std::unique_ptr<Transformer>> parts;
+    const ModelPart cuts[] = {{0, 1, true, false}, {1, 3, false, false}, {3, 4, false, true}};
+    for (const ModelPart& p : cuts) parts.push_back(std::make_unique<Transformer>(c, DType::f32, Device::cpu(), 1, TensorParallel{}, p));
+    whole.init_weights(3);
+    for (auto& p : parts) p->init_weights(3);
+    auto rng = test::make_rng(77);
+    const Tensor tokens = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+    const Tensor targets = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+    ForwardContext cw;
+    const double loss = whole.forward(cw, tokens, targets, true, 0.01f);
+    whole.backward(cw);
+    std::vector<ForwardContext> ctx(3);
+    Tensor x;
+    for (size_t i = 0; i < 3; ++i) x = parts[i]->forward_part(ctx[i], x, tokens, targets, true, 0.01f);
+    EXPECT_FALSE(x.defined()) << "the head part returns no activation";
+    EXPECT_EQ(ctx[2].loss_sum, loss);
+    EXPECT_EQ(ctx[0].loss_sum, 0.0);
+    Tensor d;
+    for (size_t i = 3; i-- > 0;) d = parts[i]->backward_part(ctx[i], d);
+    EXPECT_FALSE(d.defined()) << "the embedding part returns no gradient";
+    auto bits_equal = [](const Tensor& a, const Tensor& b) {
+      return a.shape() == b.shape() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+    };
+    for (const auto& p : parts)
+      for (const ParamSet* s : p->param_sets())
+        for (size_t i = 0; i < s->size(); ++i) {
+          const std::string& name = s->spec(i).name;
+          EXPECT_TRUE(bits_equal(s->param(i), whole.param(name))) << "weights of " << name;
+          if (name == "embed.wte" && c.tied_embeddings) continue;  // split between two parts: below
+          EXPECT_TRUE(bits_equal(s->grad(i), whole.grad(name))) << "gradient of " << name;
+        }
+    if (c.tied_embeddings) {
+      EXPECT_EQ(parts[2]->tied_embedding_set(), int64_t(parts[2]->param_sets().size()) - 1);
+      EXPECT_FALSE(parts[2]->param_sets().back()->spec(parts[2]->param_sets().back()->size() - 1).owner)
+          << "the head's copy is not saved or counted twice";
+      Tensor sum = Tensor::empty(whole.grad("embed.wte").shape(), DType::f32);
+      ops::add(sum, parts[0]->grad("embed.wte"), parts[2]->grad("embed.wte"));
+      EXPECT_TRUE(bits_equal(sum, whole.grad("embed.wte")));
+    } else {
+      EXPECT_EQ(parts[2]->tied_embedding_set(), -1);
+    }
+  }
 }
 
 }  // namespace

@@ -191,14 +191,18 @@ TEST(DataParallel, ZeroTwoAndThreeKeepShardsAndTheLayersInFlight) {
   const int64_t bound = 4 * (total / p + 2 * largest + 2 * largest / p + embed + head);
   EXPECT_LE(peak[2], bound) << "ZeRO-2 peak " << peak[2] << " bytes; shards " << 4 * total / p << ", largest layer "
                             << 4 * largest;
-  if (p > 1) EXPECT_LT(peak[2], peak[0]);
+  if (p > 1) {
+    EXPECT_LT(peak[2], peak[0]);
+  }
   EXPECT_LE(peak[3], bound);
   // Parameters: ZeRO-3 keeps the shards plus the layer in use, the one
   // prefetched and the tied embedding at the LM head.
   EXPECT_EQ(param_peak[0], 4 * total) << "f32 weights, every layer resident";
   const int64_t param_bound = 4 * (total / p + 3 * largest);
   EXPECT_LE(param_peak[3], param_bound) << "ZeRO-3 weights peak " << param_peak[3] << " bytes";
-  if (p > 1) EXPECT_LT(param_peak[3], param_peak[0]);
+  if (p > 1) {
+    EXPECT_LT(param_peak[3], param_peak[0]);
+  }
   RecordProperty("zero0_grad_peak", std::to_string(peak[0]));
   RecordProperty("zero2_grad_peak", std::to_string(peak[2]));
   RecordProperty("zero3_param_peak", std::to_string(param_peak[3]));
