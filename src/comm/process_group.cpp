@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "comm/mpi_group.h"
@@ -52,6 +53,22 @@ void finalize_at_exit() {
 }
 
 }  // namespace
+
+double sum_exact(ProcessGroup& g, double v) {
+  if (g.size() == 1) return v;
+  // Every rank's double, bit for bit (as i64), summed in rank order.
+  Tensor mine = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor all = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
+  std::memcpy(mine.data_ptr(), &v, 8);
+  g.all_gather(all, mine)->wait();
+  double total = 0;
+  for (int64_t r = 0; r < g.size(); ++r) {
+    double x;
+    std::memcpy(&x, static_cast<const char*>(all.data_ptr()) + 8 * r, 8);
+    total += x;
+  }
+  return total;
+}
 
 CommStats ProcessGroup::stats() const {
   std::lock_guard<std::mutex> lock(stats_mu_);

@@ -125,6 +125,10 @@ WorldInfo world_info();
 // A group of one process (no communication; every operation completes at
 // once, all_reduce is the identity), e.g. for a parallel dimension of size 1.
 std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name);
+// The sum over the group of one double per rank, the same bits on every
+// rank: every rank's value is gathered exactly and added in rank order
+// (blocking). A group of one returns v.
+double sum_exact(ProcessGroup& g, double v);
 // The step training is at, for watchdog messages (set by the trainer).
 void set_current_step(int64_t step);
 int64_t current_step();

@@ -48,6 +48,17 @@ namespace {
 
 std::string layer_prefix(size_t i) { return "layers." + std::to_string(i) + "."; }
 
+// A whole tensor's spec (the tensor-parallel fields at their defaults).
+ParamSpec spec(std::string name, Shape shape, Init init, float std, bool decay) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = shape;
+  p.init = init;
+  p.std = std;
+  p.decay = decay;
+  return p;
+}
+
 // A tensor replicated over the group: whole on every rank, counted on rank 0.
 ParamSpec replicated(ParamSpec p, const TpShares& s) {
   p.owner = s.rank == 0;
@@ -68,7 +79,7 @@ ParamSpec vocab_rows(const std::string& name, const ModelConfig& c, const TpShar
   const int64_t C = c.d_model;
   std::vector<SlicePiece> pieces;
   if (s.vocab_real > 0) pieces.push_back({0, s.vocab_start, s.vocab_real, true});
-  ParamSpec p{name, Shape{s.tp == 1 ? c.padded_vocab() : s.vocab_rows, C}, Init::normal, std, decay};
+  ParamSpec p = spec(name, Shape{s.tp == 1 ? c.padded_vocab() : s.vocab_rows, C}, Init::normal, std, decay);
   p = split(std::move(p), Shape{c.padded_vocab(), C}, 0, std::move(pieces), s);
   if (s.tp > 1 && p.pieces.empty()) p.pieces.push_back({0, 0, 0, false});  // all padding: still sliced
   return p;
@@ -79,7 +90,7 @@ ParamSpec vocab_rows(const std::string& name, const ModelConfig& c, const TpShar
 std::vector<ParamSpec> embedding_specs(const ModelConfig& c, const TpShares& s) {
   std::vector<ParamSpec> e{vocab_rows("embed.wte", c, s, c.init_std, false)};
   if (c.learned_positions())
-    e.push_back(replicated({"embed.wpe", Shape{c.max_seq_len, c.d_model}, Init::normal, c.init_std, false}, s));
+    e.push_back(replicated(spec("embed.wpe", Shape{c.max_seq_len, c.d_model}, Init::normal, c.init_std, false), s));
   return e;
 }
 
@@ -98,33 +109,33 @@ std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size
   if (c.arch == Arch::llama3) mlp_pieces.push_back({F, c.d_ff + s.rank * F, F, true});  // SwiGLU gate | up
   std::vector<ParamSpec> v;
   auto rep = [&](ParamSpec ps) { v.push_back(replicated(std::move(ps), s)); };
-  rep({p + "attn_norm.weight", Shape{C}, Init::ones, 0, false});
-  if (c.has_bias()) rep({p + "attn_norm.bias", Shape{C}, Init::zeros, 0, false});
-  v.push_back(split({p + "attn.qkv.weight", Shape{q + 2 * kv, C}, Init::normal, std, true}, Shape{c.qkv_width(), C}, 0,
+  rep(spec(p + "attn_norm.weight", Shape{C}, Init::ones, 0, false));
+  if (c.has_bias()) rep(spec(p + "attn_norm.bias", Shape{C}, Init::zeros, 0, false));
+  v.push_back(split(spec(p + "attn.qkv.weight", Shape{q + 2 * kv, C}, Init::normal, std, true), Shape{c.qkv_width(), C}, 0,
                     qkv_pieces, s));
   if (c.has_bias())
-    v.push_back(split({p + "attn.qkv.bias", Shape{q + 2 * kv}, Init::zeros, 0, false}, Shape{c.qkv_width()}, 0,
+    v.push_back(split(spec(p + "attn.qkv.bias", Shape{q + 2 * kv}, Init::zeros, 0, false), Shape{c.qkv_width()}, 0,
                       qkv_pieces, s));
-  v.push_back(split({p + "attn.proj.weight", Shape{C, q}, Init::normal, resid_std, true}, Shape{C, Hq * D}, 1,
+  v.push_back(split(spec(p + "attn.proj.weight", Shape{C, q}, Init::normal, resid_std, true), Shape{C, Hq * D}, 1,
                     {{0, s.rank * q, q, true}}, s));
-  if (c.has_bias()) rep({p + "attn.proj.bias", Shape{C}, Init::zeros, 0, false});
-  rep({p + "mlp_norm.weight", Shape{C}, Init::ones, 0, false});
-  if (c.has_bias()) rep({p + "mlp_norm.bias", Shape{C}, Init::zeros, 0, false});
-  v.push_back(split({p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true}, Shape{c.mlp_in_width(), C}, 0,
+  if (c.has_bias()) rep(spec(p + "attn.proj.bias", Shape{C}, Init::zeros, 0, false));
+  rep(spec(p + "mlp_norm.weight", Shape{C}, Init::ones, 0, false));
+  if (c.has_bias()) rep(spec(p + "mlp_norm.bias", Shape{C}, Init::zeros, 0, false));
+  v.push_back(split(spec(p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true), Shape{c.mlp_in_width(), C}, 0,
                     mlp_pieces, s));
   if (c.has_bias())
-    v.push_back(split({p + "mlp.in.bias", Shape{mlp_rows}, Init::zeros, 0, false}, Shape{c.mlp_in_width()}, 0,
+    v.push_back(split(spec(p + "mlp.in.bias", Shape{mlp_rows}, Init::zeros, 0, false), Shape{c.mlp_in_width()}, 0,
                       mlp_pieces, s));
-  v.push_back(split({p + "mlp.out.weight", Shape{C, F}, Init::normal, resid_std, true}, Shape{C, c.d_ff}, 1,
+  v.push_back(split(spec(p + "mlp.out.weight", Shape{C, F}, Init::normal, resid_std, true), Shape{C, c.d_ff}, 1,
                     {{0, s.rank * F, F, true}}, s));
-  if (c.has_bias()) rep({p + "mlp.out.bias", Shape{C}, Init::zeros, 0, false});
+  if (c.has_bias()) rep(spec(p + "mlp.out.bias", Shape{C}, Init::zeros, 0, false));
   return v;
 }
 
 std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s) {
   std::vector<ParamSpec> h;
-  h.push_back(replicated({"final_norm.weight", Shape{c.d_model}, Init::ones, 0, false}, s));
-  if (c.has_bias()) h.push_back(replicated({"final_norm.bias", Shape{c.d_model}, Init::zeros, 0, false}, s));
+  h.push_back(replicated(spec("final_norm.weight", Shape{c.d_model}, Init::ones, 0, false), s));
+  if (c.has_bias()) h.push_back(replicated(spec("final_norm.bias", Shape{c.d_model}, Init::zeros, 0, false), s));
   if (!c.tied_embeddings) h.push_back(vocab_rows("lm_head.weight", c, s, c.init_std, true));
   return h;
 }

@@ -135,8 +135,12 @@ void DataParallel::start(size_t i) {
   if (opt_.zero_stage == 0) {
     if (size() == 1) return;
     const int64_t chunk = std::max<int64_t>(1, opt_.bucket_bytes / 4);
-    for (int64_t off = 0; off < g.numel(); off += chunk)
-      pending_.push_back({group_->all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)})), i});
+    for (int64_t off = 0; off < g.numel(); off += chunk) {
+      Pending p;
+      p.work = group_->all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)}));
+      p.set = i;
+      pending_.push_back(std::move(p));
+    }
     drain(false);
     return;
   }
@@ -144,7 +148,8 @@ void DataParallel::start(size_t i) {
   // ZeRO >= 2 reduces every micro-batch into a part that drain() adds to the
   // shard, and lets the full buffer go (freed once the reduction is done).
   const bool accumulate = opt_.zero_stage >= 2;
-  Pending p{nullptr, i};
+  Pending p;
+  p.set = i;
   Tensor out = grad_shards_[i];
   if (accumulate) {
     out = shard_size() == 1 ? g : Tensor::empty(grad_shards_[i].shape(), DType::f32, g.device(), MemCategory::grads);
@@ -208,8 +213,8 @@ double DataParallel::grad_norm(const optim::AdamW& opt, comm::ProcessGroup* mode
   if (!shards && !model_parallel) return local;
   double squares = local * local;
   // Replicas hold the same shards: sum the squares over one shard group only.
-  if (shards) squares = sum_over(*shard_group_, squares);
-  if (model_parallel) squares = sum_over(*model_parallel, squares);
+  if (shards) squares = comm::sum_exact(*shard_group_, squares);
+  if (model_parallel) squares = comm::sum_exact(*model_parallel, squares);
   return std::sqrt(squares);
 }
 
@@ -231,24 +236,7 @@ void DataParallel::gather_params(const optim::AdamW& opt) {
   for (auto& w : work) w->wait();
 }
 
-double DataParallel::sum(double v) { return sum_over(*group_, v); }
-
-double DataParallel::sum_over(comm::ProcessGroup& g, double v) {
-  if (g.size() == 1) return v;
-  // Every rank's double, bit for bit (as i64), summed in rank order: exact
-  // double arithmetic and the same result on every rank.
-  Tensor mine = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
-  Tensor all = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
-  std::memcpy(mine.data_ptr(), &v, 8);
-  g.all_gather(all, mine)->wait();
-  double total = 0;
-  for (int64_t r = 0; r < g.size(); ++r) {
-    double x;
-    std::memcpy(&x, static_cast<const char*>(all.data_ptr()) + 8 * r, 8);
-    total += x;
-  }
-  return total;
-}
+double DataParallel::sum(double v) { return comm::sum_exact(*group_, v); }
 
 MemStats DataParallel::highest_peak(const MemStats& mine, int64_t* rank) {
   *rank = 0;

@@ -122,7 +122,6 @@ class DataParallel {
   // ZeRO-2: adds finished reduce-scatters to the shards, oldest first
   // (a fixed order: the sums are deterministic); wait_all blocks for all.
   void drain(bool wait_all);
-  double sum_over(comm::ProcessGroup& g, double v);
   std::vector<nn::ParamSet*> sets_;
   comm::ProcessGroup* group_;
   DataParallelOptions opt_;

@@ -223,7 +223,9 @@ TEST(Comm, LongMessagesAreSplitAndStatsCountRingBytes) {
   EXPECT_EQ(after.ops - before.ops, 1);
   EXPECT_EQ(after.bytes_sent - before.bytes_sent, 2 * 400 * (p - 1) / p);
   // The MPI backend times the operation on its comm thread; solo has none.
-  if (world_info().backend == "mpi") EXPECT_GT(after.busy_seconds, before.busy_seconds);
+  if (world_info().backend == "mpi") {
+    EXPECT_GT(after.busy_seconds, before.busy_seconds);
+  }
 }
 
 TEST(Comm, BadArgumentsNameTheOperationAndGroup) {

@@ -4,12 +4,15 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
+#include "nn/model_config.h"
+#include "test_util.h"
 
 namespace zt::test {
 
@@ -31,6 +34,25 @@ inline const std::filesystem::path& fortunes_dataset() {
     return d;
   }();
   return dir;
+}
+
+// ||got - ref|| / ||ref|| of a weight after training, leaving out the key
+// rows of a qkv bias: the key bias gets no gradient in exact arithmetic
+// (adding one vector to every key shifts each query's scores by a
+// constant, which softmax ignores), only rounding noise, which AdamW's
+// g / sqrt(v) turns into lr-sized steps of arbitrary sign in any
+// implementation - two correct runs that sum in another order disagree there.
+inline double weight_rel_diff(const std::string& name, const Tensor& got, const Tensor& ref, const nn::ModelConfig& c) {
+  const int64_t q = c.n_head * c.head_dim(), kv = c.n_kv_head * c.head_dim();
+  const bool key_bias = name.size() >= 13 && name.compare(name.size() - 13, 13, "attn.qkv.bias") == 0;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    if (key_bias && i >= q && i < q + kv) continue;
+    const double x = load_f64(got, i), y = load_f64(ref, i);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 }  // namespace zt::test

@@ -1,0 +1,174 @@
+#include "parallel/pipeline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace zt::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+PipelineRunner::PipelineRunner(comm::ProcessGroup& pp, std::vector<nn::Transformer*> chunks, PipelineSchedule kind)
+    : pp_(&pp), chunks_(std::move(chunks)), kind_(kind) {
+  ZT_CHECK(!chunks_.empty(), "a pipeline rank needs at least one model chunk");
+  const int64_t p = pp.size(), r = pp.rank(), v = int64_t(chunks_.size());
+  for (int64_t c = 0; c < v; ++c) {
+    const nn::ModelPart& part = chunks_[size_t(c)]->part();
+    const int64_t stage = c * p + r;
+    ZT_ASSERT(part.embedding == (stage == 0) && part.head == (stage == p * v - 1),
+              "chunk ", c, " of pipeline rank ", r, " is stage ", stage, " but holds the wrong ends of the model");
+  }
+  if (chunks_.front()->config().tied_embeddings && p > 1) {
+    const bool end = r == 0 || r == p - 1;
+    tied_group_ = pp.split(end ? 0 : int(1 + r), int(r), "pp_tied");
+  }
+}
+
+PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBatch>& mbs, float grad_scale) {
+  const int64_t p = pp_->size(), r = pp_->rank(), v = int64_t(chunks_.size()), m = int64_t(mbs.size());
+  const int64_t S = p * v;
+  ZT_CHECK(m >= 1, "a pipeline step needs at least one micro-batch");
+  const std::vector<Action> actions = build_pipeline_schedule(kind_, PipelineShape{p, m, v})[size_t(r)];
+  for (const Action& a : actions)
+    ZT_CHECK(a.kind == ActionKind::forward || a.kind == ActionKind::backward, "pp_schedule = ",
+             pipeline_schedule_name(kind_), ": the split backward passes it needs are not implemented yet; use "
+             "afab, 1f1b or interleaved");
+  // What travels between stages: (R, C) rows of the residual stream.
+  const nn::Transformer& first = *chunks_.front();
+  const int64_t B = mbs.front().tokens.size(0), T = mbs.front().tokens.size(1), C = first.config().d_model;
+  const nn::TensorParallel& tp = first.tensor_parallel();
+  const bool sp = tp.sequence_parallel && tp.size() > 1;
+  const int64_t R = sp ? B * T / tp.size() : B * T;
+  const DType dtype = first.compute_dtype();
+  const Device device = first.device();
+
+  const auto t0 = Clock::now();
+  events_.clear();
+  StepResult out;
+  auto stage_of = [&](const Action& a) { return a.chunk * p + r; };
+  auto tag = [&](int64_t mb, int64_t stage, int dir) { return int((mb * S + stage) * 2 + dir); };
+  auto event = [&](const char* name, const Action& a, double start) {
+    events_.push_back({name, a.micro_batch, a.chunk, start, since(t0)});
+  };
+  // Receives, posted a few actions ahead: (kind, mb, chunk) -> buffer and work.
+  struct Posted {
+    Tensor buf;
+    comm::WorkHandle work;
+  };
+  std::map<std::tuple<int, int64_t, int64_t>, Posted> recvs;
+  auto post_recv = [&](const Action& a) {
+    const int64_t s = stage_of(a);
+    const bool fwd = a.kind == ActionKind::forward;
+    if ((fwd && s == 0) || (!fwd && s == S - 1)) return;
+    const auto key = std::make_tuple(int(a.kind), a.micro_batch, a.chunk);
+    if (recvs.count(key)) return;
+    Posted pr{Tensor::empty(Shape{R, C}, dtype, device, MemCategory::activations), nullptr};
+    const int src = int(fwd ? (r + p - 1) % p : (r + 1) % p);
+    pr.work = pp_->recv(pr.buf, src, tag(a.micro_batch, s, fwd ? 0 : 1));
+    recvs[key] = std::move(pr);
+  };
+  auto take_recv = [&](const Action& a) {
+    auto it = recvs.find(std::make_tuple(int(a.kind), a.micro_batch, a.chunk));
+    ZT_ASSERT(it != recvs.end(), "pipeline receive not posted");
+    const double start = since(t0);
+    it->second.work->wait();
+    const double waited = since(t0) - start;
+    out.idle_seconds += waited;
+    if (waited > 0) event("recv wait", a, start);
+    Tensor buf = it->second.buf;
+    recvs.erase(it);
+    return buf;
+  };
+  std::vector<std::pair<comm::WorkHandle, Tensor>> sends;  // buffers kept until sent
+  auto reap_sends = [&](bool all) {
+    for (auto it = sends.begin(); it != sends.end();) {
+      if (all) {
+        const double start = since(t0);
+        it->first->wait();
+        out.idle_seconds += since(t0) - start;
+      }
+      if (all || it->first->test())
+        it = sends.erase(it);
+      else
+        ++it;
+    }
+  };
+  // contexts[chunk][micro-batch]: activations between a forward and its backward.
+  std::vector<std::vector<nn::ForwardContext>> contexts(static_cast<size_t>(v));
+  for (auto& c : contexts) c.resize(static_cast<size_t>(m));
+  int64_t in_flight = 0;
+  constexpr size_t kLookahead = 3;  // receives posted this many actions ahead
+  for (size_t i = 0; i < actions.size(); ++i) {
+    for (size_t j = i; j < std::min(actions.size(), i + kLookahead); ++j) post_recv(actions[j]);
+    const Action& a = actions[i];
+    const int64_t s = stage_of(a);
+    nn::Transformer& chunk = *chunks_[size_t(a.chunk)];
+    nn::ForwardContext& ctx = contexts[size_t(a.chunk)][size_t(a.micro_batch)];
+    const PipelineMicroBatch& mb = mbs[size_t(a.micro_batch)];
+    if (a.kind == ActionKind::forward) {
+      const Tensor input = s > 0 ? take_recv(a) : Tensor();
+      const double start = since(t0);
+      const Tensor y = chunk.forward_part(ctx, input, mb.tokens, mb.targets, true, grad_scale);
+      out.compute_seconds += since(t0) - start;
+      event("forward", a, start);
+      if (s == S - 1) {
+        out.loss_sum += ctx.loss_sum;
+        out.loss_tokens += ctx.loss_tokens;
+      } else {
+        sends.push_back({pp_->send(y, int((r + 1) % p), tag(a.micro_batch, s + 1, 0)), y});
+      }
+      out.peak_in_flight = std::max(out.peak_in_flight, ++in_flight);
+    } else {
+      if (before_backward) before_backward(a.chunk, a.micro_batch == m - 1);
+      const Tensor d_out = s < S - 1 ? take_recv(a) : Tensor();
+      const double start = since(t0);
+      const Tensor d_in = chunk.backward_part(ctx, d_out);
+      out.compute_seconds += since(t0) - start;
+      event("backward", a, start);
+      if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), tag(a.micro_batch, s - 1, 1)), d_in});
+      --in_flight;
+    }
+    reap_sends(false);
+  }
+  reap_sends(true);
+  ZT_ASSERT(recvs.empty(), "pipeline: receives left unused at the end of the step");
+  return out;
+}
+
+void PipelineRunner::sync_tied_embedding() {
+  if (!tied_group_ || tied_group_->size() < 2) return;
+  nn::Transformer& holder = first_rank() ? *chunks_.front() : *chunks_.back();
+  tied_group_->all_reduce(holder.grad("embed.wte"))->wait();
+}
+
+std::string chrome_trace_json(const std::vector<std::vector<PipelineEvent>>& events) {
+  std::string s = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  bool first = true;
+  char buf[512];
+  for (size_t r = 0; r < events.size(); ++r) {
+    std::snprintf(buf, sizeof buf, "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, "
+                  "\"args\": {\"name\": \"rank %zu\"}}", first ? "" : ",\n", r, r);
+    s += buf;
+    first = false;
+    for (const PipelineEvent& e : events[r]) {
+      std::snprintf(buf, sizeof buf, ",\n{\"name\": \"%s mb%lld c%lld\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, "
+                    "\"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"micro_batch\": %lld, \"chunk\": %lld}}",
+                    e.name.c_str(), (long long)e.micro_batch, (long long)e.chunk, e.name.c_str(), r, e.start * 1e6,
+                    (e.end - e.start) * 1e6, (long long)e.micro_batch, (long long)e.chunk);
+      s += buf;
+    }
+  }
+  s += "\n]}\n";
+  return s;
+}
+
+}  // namespace zt::parallel
