@@ -47,11 +47,26 @@ void RowParallelLinear::forward(const Tensor& y, const Tensor& x) const {
 
 void RowParallelLinear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x) const {
   if (tp_.size() == 1 || !tp_.sequence_parallel) return ops::linear_backward(dx, dw_, db_, dy, x, w_);
+  ops::linear_backward(as_rows(dx), dw_, db_, backward_data_rows(dy), as_rows(x), w_);
+}
+
+Tensor RowParallelLinear::backward_data_rows(const Tensor& dy) const {
   const Tensor dyr = as_rows(dy);
+  if (tp_.size() == 1 || !tp_.sequence_parallel) return dyr;
   Tensor full = Tensor::empty(Shape{dyr.size(0) * tp_.size(), dyr.size(1)}, dy.dtype(), dy.device(),
                               MemCategory::activations);
   tp_.group->all_gather(full, dyr)->wait();
-  ops::linear_backward(as_rows(dx), dw_, db_, full, as_rows(x), w_);
+  return full;
+}
+
+Tensor RowParallelLinear::backward_data(const Tensor& dx, const Tensor& dy) const {
+  const Tensor rows = backward_data_rows(dy);
+  ops::matmul(as_rows(dx), rows, w_);  // dx = dy W
+  return rows;
+}
+
+void RowParallelLinear::backward_weights(const Tensor& dy_rows, const Tensor& x) const {
+  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy_rows, as_rows(x), w_);
 }
 
 }  // namespace zt::nn

@@ -59,8 +59,14 @@ class RowParallelLinear {
   // dw += dy^T x; db += sum_rows(dy) over all N rows (every rank's db is
   // then the whole gradient, as the bias is replicated).
   void backward(const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  // The same in two parts (zero-bubble schedules run the second later):
+  // backward_data returns the (N, out) gradient backward_weights needs (dy
+  // itself, or the rows gathered under sequence parallelism).
+  Tensor backward_data(const Tensor& dx, const Tensor& dy) const;
+  void backward_weights(const Tensor& dy_rows, const Tensor& x) const;
 
  private:
+  Tensor backward_data_rows(const Tensor& dy) const;  // (N, out): dy, or gathered
   Tensor w_, b_, dw_, db_;
   TensorParallel tp_;
 };

@@ -388,7 +388,7 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
 }
 
 void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
-                                 const TensorParallel& m) {
+                                 const TensorParallel& m, std::vector<std::function<void()>>* deferred) {
   // dres (R, C): on entry dL/d x_out, on exit dL/d x_in (updated in place).
   const BlockParams p = block_views(layer, false);
   const BlockParams g = block_views(layer, true);
@@ -416,10 +416,30 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   // d_ln (R, C) while the weight gradients are computed.
   Tensor d_partial = act_tensor(Shape{N, C}, dtype_, device_);
   Tensor d_ln = sp ? act_tensor(Shape{R, C}, dtype_, device_) : d_partial;
+  // Weight-gradient work: now, or (zero-bubble schedules) queued for
+  // backward_weight with the tensors it reads.
+  auto weights = [&](std::function<void()> work) {
+    if (deferred)
+      deferred->push_back(std::move(work));
+    else
+      work();
+  };
+  // dres is updated in place below: deferred work keeps its own copy.
+  auto keep = [&](const Tensor& t) {
+    if (!deferred || t.data_ptr() != dres.data_ptr()) return t;
+    Tensor c = act_tensor(t.shape(), t.dtype(), device_);
+    ops::copy(c, t);
+    return c;
+  };
 
   // MLP half. x_out = res_mid + mlp_out(act(mlp_in(ln2(res_mid)))).
   Tensor d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
-  lin.mlp_out.backward(d_act.view(Shape{N, F}), dres, a.act.view(Shape{N, F}));
+  {
+    const Tensor dy = keep(lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
+    const Tensor act = a.act.view(Shape{N, F});
+    const RowParallelLinear layer = lin.mlp_out;
+    weights([layer, dy, act] { layer.backward_weights(dy, act); });
+  }
   a.act = Tensor();
   Tensor d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
   if (cfg_.arch == Arch::gpt2)
@@ -431,15 +451,27 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   comm::WorkHandle gather = start_input(a.ln2, ln2);
   lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);
   comm::WorkHandle reduce = start_reduce_rows(m, d_ln, d_partial);
+  {
+    const ColumnParallelLinear layer = lin.mlp_in;
+    const Tensor dy = d_mlp_in.view(Shape{N, W});
+    weights([layer, dy, ln2, gather] {
+      wait(gather);
+      layer.backward_weights(dy, ln2);
+    });
+  }
   wait(gather);
-  lin.mlp_in.backward_weights(d_mlp_in.view(Shape{N, W}), ln2);
   wait(reduce);
   d_mlp_in = ln2 = Tensor();
   // dres <- dL/d res_mid = norm2 backward + the residual path.
   ops::norm_backward(norm_kind(), dres, g_ln2_w, g_ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres);
   // Attention half. res_mid = x_in + proj(att(q, k, v)).
   Tensor d_att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-  lin.proj.backward(d_att.view(Shape{N, Hq * D}), dres, a.att.view(Shape{N, Hq * D}));
+  {
+    const Tensor dy = keep(lin.proj.backward_data(d_att.view(Shape{N, Hq * D}), dres));
+    const Tensor att = a.att.view(Shape{N, Hq * D});
+    const RowParallelLinear layer = lin.proj;
+    weights([layer, dy, att] { layer.backward_weights(dy, att); });
+  }
   Tensor dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   Tensor dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   Tensor dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
@@ -457,19 +489,22 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   lin.k.backward_data(d_partial, dk2, true);
   lin.v.backward_data(d_partial, dv2, true);
   reduce = start_reduce_rows(m, d_ln, d_partial);
+  weights([this, lin, p, g, dq2, dk2, dv2, ln1, gather] {
+    wait(gather);
+    lin.q.backward_weights(dq2, ln1);
+    if (kv_group_) {
+      // kv heads shared by several ranks: each holds the part of their
+      // gradient its query heads produced; the replicas sum them.
+      PartialGrads kv({g.wk, g.bk, g.wv, g.bv}, device_);
+      ColumnParallelLinear(p.wk, p.bk, kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
+      ColumnParallelLinear(p.wv, p.bv, kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
+      kv.reduce_and_add(*kv_group_);
+    } else {
+      lin.k.backward_weights(dk2, ln1);
+      lin.v.backward_weights(dv2, ln1);
+    }
+  });
   wait(gather);
-  lin.q.backward_weights(dq2, ln1);
-  if (kv_group_) {
-    // kv heads shared by several ranks: each holds the part of their
-    // gradient its query heads produced; the replicas sum them.
-    PartialGrads kv({g.wk, g.bk, g.wv, g.bv}, device_);
-    ColumnParallelLinear(p.wk, p.bk, kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
-    ColumnParallelLinear(p.wv, p.bv, kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
-    kv.reduce_and_add(*kv_group_);
-  } else {
-    lin.k.backward_weights(dk2, ln1);
-    lin.v.backward_weights(dv2, ln1);
-  }
   wait(reduce);
   // dres <- dL/d x_in = norm1 backward + the residual path.
   ops::norm_backward(norm_kind(), dres, g_ln1_w, g_ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres);
@@ -607,6 +642,24 @@ void Transformer::backward(ForwardContext& ctx) {
 }
 
 Tensor Transformer::backward_part(ForwardContext& ctx, const Tensor& d_output) {
+  return backward_pass(ctx, d_output, false);
+}
+
+Tensor Transformer::backward_input(ForwardContext& ctx, const Tensor& d_output) {
+  return backward_pass(ctx, d_output, true);
+}
+
+void Transformer::backward_weight(ForwardContext& ctx) {
+  ZT_CHECK(ctx.weights_pending, "backward_weight needs a context that backward_input ran on (and not yet this)");
+  for (DeferredWeights& d : ctx.deferred) {
+    for (auto& work : d.work) work();
+    d.work.clear();
+    if (on_grads_ready) on_grads_ready(d.set);
+  }
+  ctx = ForwardContext{};
+}
+
+Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer) {
   ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined()), "backward needs a context from a training forward pass");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
   const TensorParallel m = pass_mode(ctx.sequence_parallel);
@@ -638,28 +691,46 @@ Tensor Transformer::backward_part(ForwardContext& ctx, const Tensor& d_output) {
   // in forward, fused with the loss; a tied one's belong to the embeddings).
   if (on_grads_ready) on_grads_ready(head_set());
   }
+  // Deferred: each set's weight-gradient work, run by backward_weight.
+  std::vector<DeferredWeights> deferred;
   for (size_t i = blocks_.size(); i-- > 0;) {
     need(block_set(i));
     if (on_grads_needed) on_grads_needed(block_set(i));  // before recompute: the block's linears view its gradients
     recompute_for_backward(i, ctx.blocks[i], B, T, m);
-    block_backward(i, ctx.blocks[i], dres, B, T, m);
+    DeferredWeights d{block_set(i), {}};
+    block_backward(i, ctx.blocks[i], dres, B, T, m, defer ? &d.work : nullptr);
     done(block_set(i));
     ctx.blocks[i] = BlockActivations{};
-    if (on_grads_ready) on_grads_ready(block_set(i));
+    if (defer)
+      deferred.push_back(std::move(d));
+    else if (on_grads_ready)
+      on_grads_ready(block_set(i));
   }
-  if (!part_.embedding) {
-    ctx = ForwardContext{};
-    return dres;
+  Tensor d_input;
+  if (part_.embedding) {
+    if (on_grads_needed) on_grads_needed(0);
+    // Every token's gradient row (all rows under sequence parallelism) for this rank's vocabulary rows.
+    const Tensor d_emb = gather_rows(m, dres).view(Shape{B, T, C});
+    const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
+    const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
+    const Tensor g_wte = embed_.grad(0), tokens = ctx.tokens;
+    // The embedding's backward is its weight gradient: deferred too.
+    auto work = [g_wte, g_wpe, d_emb, tokens, slice] { ops::embedding_backward(g_wte, g_wpe, d_emb, tokens, 0, slice); };
+    if (defer) {
+      deferred.push_back(DeferredWeights{0, {std::move(work)}});
+    } else {
+      work();
+      if (on_grads_ready) on_grads_ready(0);
+    }
+  } else {
+    d_input = dres;
   }
-  if (on_grads_needed) on_grads_needed(0);
-  // Every token's gradient row (all rows under sequence parallelism) for this rank's vocabulary rows.
-  const Tensor d_emb = gather_rows(m, dres).view(Shape{B, T, C});
-  const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
-  const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
-  ops::embedding_backward(embed_.grad(0), g_wpe, d_emb, ctx.tokens, 0, slice);
-  if (on_grads_ready) on_grads_ready(0);
   ctx = ForwardContext{};
-  return Tensor();
+  if (defer) {
+    ctx.deferred = std::move(deferred);
+    ctx.weights_pending = true;
+  }
+  return d_input;
 }
 
 void Transformer::logits(const Tensor& out, const Tensor& tokens) {

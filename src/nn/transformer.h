@@ -64,6 +64,13 @@ struct BlockActivations {
   Tensor act;                    // (B, T, F)  activation output
 };
 
+// Weight-gradient work a zero-bubble backward_input left for backward_weight:
+// the work of one parameter set, reported ready (on_grads_ready) after it.
+struct DeferredWeights {
+  size_t set = 0;
+  std::vector<std::function<void()>> work;
+};
+
 struct ForwardContext {
   int64_t B = 0, T = 0;
   bool train = false;
@@ -76,6 +83,8 @@ struct ForwardContext {
   Tensor d_lnf;                           // (R, C) gradient at the final norm output (train)
   double loss_sum = 0.0;                  // sum of token losses (f64)
   int64_t loss_tokens = 0;                // tokens with a target >= 0
+  std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
+  bool weights_pending = false;
 };
 
 // Which part of the model an object holds: all of it, or one pipeline
@@ -161,6 +170,14 @@ class Transformer {
   // d_output: gradient of this stage's output (undefined on the head stage).
   // Returns the gradient of its input (undefined on the embedding stage).
   Tensor backward_part(ForwardContext& ctx, const Tensor& d_output);
+  // backward_part in two passes (zero-bubble schedules): backward_input
+  // computes the input gradient (and the norms' and the LM head's weight
+  // gradients, which come with it) and keeps what the weight gradients of
+  // the linear layers and the embedding need in ctx; backward_weight computes
+  // them and reports each set ready. The same gradients as backward_part,
+  // bit for bit.
+  Tensor backward_input(ForwardContext& ctx, const Tensor& d_output);
+  void backward_weight(ForwardContext& ctx);
   // Full logits (B, T, Vp) in f32 (padding columns included) - for tests,
   // evaluation tools and generation; uses no gradient state. Under tensor
   // parallelism every rank of the group calls it and gets all of them.
@@ -192,8 +209,10 @@ class Transformer {
                        const TensorParallel& m) const;
   void release_for_policy(BlockActivations& a) const;
   void recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const;
+  // deferred: null runs the weight gradients at once, else queues them there.
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
-                      const TensorParallel& m);
+                      const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr);
+  Tensor backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer);
   // Loss (and dlogits, in place) of one chunk of rows of this rank's logits.
   void chunk_loss(const Tensor& losses, const Tensor& logits, const Tensor& targets, bool grad, float grad_scale) const;
   // Finds a parameter by global name: (set, index).

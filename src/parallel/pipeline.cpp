@@ -38,10 +38,6 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   const int64_t S = p * v;
   ZT_CHECK(m >= 1, "a pipeline step needs at least one micro-batch");
   const std::vector<Action> actions = build_pipeline_schedule(kind_, PipelineShape{p, m, v})[size_t(r)];
-  for (const Action& a : actions)
-    ZT_CHECK(a.kind == ActionKind::forward || a.kind == ActionKind::backward, "pp_schedule = ",
-             pipeline_schedule_name(kind_), ": the split backward passes it needs are not implemented yet; use "
-             "afab, 1f1b or interleaved");
   // What travels between stages: (R, C) rows of the residual stream.
   const nn::Transformer& first = *chunks_.front();
   const int64_t B = mbs.front().tokens.size(0), T = mbs.front().tokens.size(1), C = first.config().d_model;
@@ -68,6 +64,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   auto post_recv = [&](const Action& a) {
     const int64_t s = stage_of(a);
     const bool fwd = a.kind == ActionKind::forward;
+    if (a.kind == ActionKind::backward_weight) return;  // local: nothing to receive
     if ((fwd && s == 0) || (!fwd && s == S - 1)) return;
     const auto key = std::make_tuple(int(a.kind), a.micro_batch, a.chunk);
     if (recvs.count(key)) return;
@@ -127,15 +124,24 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
         sends.push_back({pp_->send(y, int((r + 1) % p), tag(a.micro_batch, s + 1, 0)), y});
       }
       out.peak_in_flight = std::max(out.peak_in_flight, ++in_flight);
-    } else {
+    } else if (a.kind == ActionKind::backward_weight) {
+      // Zero bubble: the weight gradients deferred by backward_input.
       if (before_backward) before_backward(a.chunk, a.micro_batch == m - 1);
+      const double start = since(t0);
+      chunk.backward_weight(ctx);
+      out.compute_seconds += since(t0) - start;
+      event("backward_weight", a, start);
+      --in_flight;
+    } else {
+      const bool split = a.kind == ActionKind::backward_input;
+      if (!split && before_backward) before_backward(a.chunk, a.micro_batch == m - 1);
       const Tensor d_out = s < S - 1 ? take_recv(a) : Tensor();
       const double start = since(t0);
-      const Tensor d_in = chunk.backward_part(ctx, d_out);
+      const Tensor d_in = split ? chunk.backward_input(ctx, d_out) : chunk.backward_part(ctx, d_out);
       out.compute_seconds += since(t0) - start;
-      event("backward", a, start);
+      event(split ? "backward_input" : "backward", a, start);
       if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), tag(a.micro_batch, s - 1, 1)), d_in});
-      --in_flight;
+      if (!split) --in_flight;
     }
     reap_sends(false);
   }

@@ -50,8 +50,9 @@ class PipelineRunner {
   bool first_rank() const { return pp_->rank() == 0; }
   bool last_rank() const { return pp_->rank() == pp_->size() - 1; }
 
-  // Called before each backward pass with its chunk and whether it is the
-  // chunk's last micro-batch of the step (data parallelism reduces then).
+  // Called before each pass that completes gradients (backward, or under zb
+  // backward_weight) with its chunk and whether it is the chunk's last
+  // micro-batch of the step (data parallelism reduces then).
   std::function<void(int64_t chunk, bool last_micro_batch)> before_backward;
 
   struct StepResult {
@@ -59,7 +60,7 @@ class PipelineRunner {
     int64_t loss_tokens = 0;
     double idle_seconds = 0;  // time blocked waiting for a neighbour's transfer
     double compute_seconds = 0;
-    int64_t peak_in_flight = 0;  // micro-batch chunks forwarded, backward not yet run
+    int64_t peak_in_flight = 0;  // micro-batch chunks forwarded, backward (zb: its weight pass) not yet run
   };
   // Forward and backward of every micro-batch (each rank passes all of
   // them; stages read the tokens and targets they need), in the schedule's
