@@ -70,7 +70,10 @@ Command add_train_command(CLI::App& app) {
     const train::TrainResult r = trainer.run(opts->stop_after);
     if (r.steps < cfg.train.steps) return 0;  // stopped early: the checkpoint is the result
     trainer.data_parallel().hold_full_params(true);  // ZeRO-3: the whole model, for the final file
-    const std::string path = train::save_model_file(trainer.model(), cfg, main_rank);  // tp: a collective
+    std::vector<const nn::Transformer*> chunks;
+    for (const auto& c : trainer.chunks()) chunks.push_back(c.get());
+    // A collective over tp (slices) and pp (stages): every rank takes part.
+    const std::string path = train::save_model_file(chunks, trainer.pp_group(), cfg, main_rank);
     if (!main_rank) return 0;
     std::cout << "final weights: " << path << "\n"
               << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -54,19 +55,42 @@ void finalize_at_exit() {
 
 }  // namespace
 
-double sum_exact(ProcessGroup& g, double v) {
-  if (g.size() == 1) return v;
-  // Every rank's double, bit for bit (as i64), summed in rank order.
+std::vector<double> all_gather_doubles(ProcessGroup& g, double v) {
+  if (g.size() == 1) return {v};
+  // Bit for bit, as i64 (the reductions do not take f64).
   Tensor mine = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
   Tensor all = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
   std::memcpy(mine.data_ptr(), &v, 8);
   g.all_gather(all, mine)->wait();
-  double total = 0;
-  for (int64_t r = 0; r < g.size(); ++r) {
-    double x;
-    std::memcpy(&x, static_cast<const char*>(all.data_ptr()) + 8 * r, 8);
-    total += x;
+  std::vector<double> out(size_t(g.size()));
+  std::memcpy(out.data(), all.data_ptr(), out.size() * 8);
+  return out;
+}
+
+std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine) {
+  if (g.size() == 1) return {mine};
+  // Lengths first, then every rank's bytes padded to the longest.
+  int64_t most = 0;
+  std::vector<int64_t> lens;
+  for (double len : all_gather_doubles(g, double(mine.size()))) {
+    lens.push_back(int64_t(len));
+    most = std::max(most, int64_t(len));
   }
+  const int64_t words = std::max<int64_t>(1, (most + 7) / 8);
+  Tensor buf = Tensor::empty(Shape{words}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor all = Tensor::empty(Shape{g.size() * words}, DType::i64, Device::cpu(), MemCategory::comm);
+  std::memset(buf.data_ptr(), 0, buf.nbytes());
+  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
+  g.all_gather(all, buf)->wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < g.size(); ++r)
+    out.emplace_back(static_cast<const char*>(all.data_ptr()) + size_t(r) * buf.nbytes(), size_t(lens[size_t(r)]));
+  return out;
+}
+
+double sum_exact(ProcessGroup& g, double v) {
+  double total = 0;
+  for (double x : all_gather_doubles(g, v)) total += x;  // in rank order: the same bits everywhere
   return total;
 }
 

@@ -129,6 +129,10 @@ std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name);
 // rank: every rank's value is gathered exactly and added in rank order
 // (blocking). A group of one returns v.
 double sum_exact(ProcessGroup& g, double v);
+// Every rank's double, in rank order, on every rank (blocking).
+std::vector<double> all_gather_doubles(ProcessGroup& g, double v);
+// Every rank's string (any bytes), in rank order, on every rank (blocking).
+std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine);
 // The step training is at, for watchdog messages (set by the trainer).
 void set_current_step(int64_t step);
 int64_t current_step();

@@ -27,7 +27,10 @@ Registry& registry() {
 
 [[noreturn]] void fire(const WatchedGroup& g, const std::string& op, double seconds) {
   std::string ranks;
-  for (size_t i = 0; i < g.world_ranks.size() && i < 16; ++i) ranks += (i ? "," : "") + std::to_string(g.world_ranks[i]);
+  for (size_t i = 0; i < g.world_ranks.size() && i < 16; ++i) {
+    if (i) ranks += ',';
+    ranks += std::to_string(g.world_ranks[i]);
+  }
   if (g.world_ranks.size() > 16) ranks += ",...";
   std::fprintf(stderr,
                "error: comm watchdog: %s on group '%s' (world ranks %s; this is world rank %d) did not complete in "

@@ -140,16 +140,23 @@ std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s) {
   return h;
 }
 
-Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, size_t set_index,
-                     size_t param_index, int64_t n_sets) {
+ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string& name) {
+  std::vector<ParamSpec> specs;
+  if (name.rfind("embed.", 0) == 0) {
+    specs = embedding_specs(c, s);
+  } else if (name.rfind("layers.", 0) == 0) {
+    specs = block_specs(c, s, size_t(std::stoll(name.substr(7))));
+  } else {
+    specs = head_specs(c, s);
+  }
+  for (ParamSpec& p : specs)
+    if (p.name == name) return p;
+  ZT_FAIL("the model has no parameter named '", name, "'");
+}
+
+Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, const std::string& name) {
   const int64_t p = tp.size();
-  auto spec_of = [&](int64_t rank) {
-    const TpShares s = tp_shares(cfg, p, rank);
-    const std::vector<ParamSpec> specs = set_index == 0                     ? embedding_specs(cfg, s)
-                                         : int64_t(set_index) == n_sets - 1 ? head_specs(cfg, s)
-                                                                            : block_specs(cfg, s, set_index - 1);
-    return specs.at(param_index);
-  };
+  auto spec_of = [&](int64_t rank) { return param_spec(cfg, tp_shares(cfg, p, rank), name); };
   const ParamSpec mine = spec_of(tp.rank());
   Tensor global = Tensor::empty(mine.global(), local.dtype(), local.device());
   if (p == 1 || !mine.sliced()) {

@@ -64,10 +64,11 @@ std::vector<ParamSpec> embedding_specs(const ModelConfig& c, const TpShares& s);
 std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size_t layer);
 std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s);
 
-// The global tensor of a parameter from every tp rank's local one (a
-// collective over tp; every rank gets it). local: this rank's tensor of
-// `spec` (spec's model config and shares give every rank's pieces).
-Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, size_t set_index,
-                     size_t param_index, int64_t n_sets);
+// The spec of parameter `name` (global name) on the rank of `s`.
+ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string& name);
+
+// The global tensor of parameter `name` from every tp rank's local one (a
+// collective over tp; every rank gets it). local: this rank's tensor.
+Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, const std::string& name);
 
 }  // namespace zt::nn

@@ -188,12 +188,12 @@ Tensor Transformer::grad(std::string_view name) const {
 
 Tensor Transformer::global_param(std::string_view name) const {
   const auto [si, i] = locate(name);
-  return gather_global(param_sets()[si]->param(i), cfg_, tp_, si, i, int64_t(param_sets().size()));
+  return gather_global(param_sets()[si]->param(i), cfg_, tp_, std::string(name));
 }
 
 Tensor Transformer::global_grad(std::string_view name) const {
   const auto [si, i] = locate(name);
-  return gather_global(param_sets()[si]->grad(i), cfg_, tp_, si, i, int64_t(param_sets().size()));
+  return gather_global(param_sets()[si]->grad(i), cfg_, tp_, std::string(name));
 }
 
 ops::NormKind Transformer::norm_kind() const {

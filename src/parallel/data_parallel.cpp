@@ -94,6 +94,7 @@ void DataParallel::hold_full_params(bool hold) {
 }
 
 void DataParallel::begin_step() {
+  std::fill(started_.begin(), started_.end(), false);
   if (opt_.zero_stage >= 2)
     for (Tensor& g : grad_shards_) ops::fill(g, 0.0);
 }
@@ -119,7 +120,9 @@ std::vector<optim::OptimShard> DataParallel::optimizer_shards() const {
 
 void DataParallel::begin_backward(bool last_micro_batch) {
   armed_ = last_micro_batch || opt_.zero_stage >= 2;
-  if (armed_) std::fill(started_.begin(), started_.end(), false);
+  // ZeRO >= 2 reduces every micro-batch; below, each set once per step
+  // (a pipeline rank's chunks reach their last micro-batch at different times).
+  if (opt_.zero_stage >= 2) std::fill(started_.begin(), started_.end(), false);
 }
 
 void DataParallel::grads_ready(size_t set_index) {
@@ -200,21 +203,25 @@ void DataParallel::drain(bool wait_all) {
 }
 
 void DataParallel::finish_reduction() {
-  // Layers backward never reported (none today) are reduced now, in order.
-  if (armed_)
+  // Sets not reduced yet (a pipeline's tied embedding, synchronised first)
+  // are reduced now, in order: the step's gradients are complete.
+  if (armed_ || opt_.zero_stage <= 1)
     for (size_t i = 0; i < sets_.size(); ++i) start(i);
   drain(true);
   armed_ = false;
 }
 
-double DataParallel::grad_norm(const optim::AdamW& opt, comm::ProcessGroup* model_parallel) {
+double DataParallel::grad_norm(const optim::AdamW& opt, const std::vector<comm::ProcessGroup*>& model_parallel) {
   const double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
   const bool shards = opt_.zero_stage > 0 && shard_size() > 1;
-  if (!shards && !model_parallel) return local;
+  std::vector<comm::ProcessGroup*> others;
+  for (comm::ProcessGroup* g : model_parallel)
+    if (g && g->size() > 1) others.push_back(g);
+  if (!shards && others.empty()) return local;
   double squares = local * local;
   // Replicas hold the same shards: sum the squares over one shard group only.
   if (shards) squares = comm::sum_exact(*shard_group_, squares);
-  if (model_parallel) squares = comm::sum_exact(*model_parallel, squares);
+  for (comm::ProcessGroup* g : others) squares = comm::sum_exact(*g, squares);
   return std::sqrt(squares);
 }
 

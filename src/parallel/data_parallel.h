@@ -98,9 +98,9 @@ class DataParallel {
   void finish_reduction();
   // The global gradient norm after finish_reduction: this rank's reduced
   // gradients (ZeRO 0) or the shards' squares summed over one shard group,
-  // then summed over model_parallel (the tensor-parallel ranks, each holding
-  // other parts of the model) when given.
-  double grad_norm(const optim::AdamW& opt, comm::ProcessGroup* model_parallel = nullptr);
+  // then summed over each model-parallel group given (tensor- and pipeline-
+  // parallel ranks hold other parts of the model; null entries are skipped).
+  double grad_norm(const optim::AdamW& opt, const std::vector<comm::ProcessGroup*>& model_parallel = {});
   // zero 1: every rank's updated parameter shards to every rank.
   void gather_params(const optim::AdamW& opt);
   // Sum over the group (losses, token counts), blocking; the same on every rank.

@@ -116,6 +116,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       const double start = since(t0);
       const Tensor y = chunk.forward_part(ctx, input, mb.tokens, mb.targets, true, grad_scale);
       out.compute_seconds += since(t0) - start;
+      out.forward_seconds += since(t0) - start;
       event("forward", a, start);
       if (s == S - 1) {
         out.loss_sum += ctx.loss_sum;
@@ -147,6 +148,37 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   }
   reap_sends(true);
   ZT_ASSERT(recvs.empty(), "pipeline: receives left unused at the end of the step");
+  return out;
+}
+
+PipelineRunner::StepResult PipelineRunner::evaluate(const std::vector<PipelineMicroBatch>& mbs) {
+  const int64_t p = pp_->size(), r = pp_->rank(), v = int64_t(chunks_.size()), S = p * v;
+  const nn::Transformer& first = *chunks_.front();
+  StepResult out;
+  if (mbs.empty()) return out;
+  const int64_t B = mbs.front().tokens.size(0), T = mbs.front().tokens.size(1), C = first.config().d_model;
+  const nn::TensorParallel& tp = first.tensor_parallel();
+  const int64_t R = tp.sequence_parallel && tp.size() > 1 ? B * T / tp.size() : B * T;
+  std::vector<std::pair<comm::WorkHandle, Tensor>> sends;
+  for (size_t k = 0; k < mbs.size(); ++k)
+    for (int64_t c = 0; c < v; ++c) {
+      const int64_t s = c * p + r;
+      const int tg = int((int64_t(k) * S + s) * 2);  // forward tags, as in run()
+      Tensor input;
+      if (s > 0) {
+        input = Tensor::empty(Shape{R, C}, first.compute_dtype(), first.device(), MemCategory::activations);
+        pp_->recv(input, int((r + p - 1) % p), tg)->wait();
+      }
+      nn::ForwardContext ctx;
+      const Tensor y = chunks_[size_t(c)]->forward_part(ctx, input, mbs[k].tokens, mbs[k].targets, false, 0.0f);
+      if (s == S - 1) {
+        out.loss_sum += ctx.loss_sum;
+        out.loss_tokens += ctx.loss_tokens;
+      } else {
+        sends.push_back({pp_->send(y, int((r + 1) % p), int((int64_t(k) * S + s + 1) * 2)), y});
+      }
+    }
+  for (auto& [w, t] : sends) w->wait();
   return out;
 }
 

@@ -59,13 +59,18 @@ class PipelineRunner {
     double loss_sum = 0;      // the head stage's summed token loss (0 on other ranks)
     int64_t loss_tokens = 0;
     double idle_seconds = 0;  // time blocked waiting for a neighbour's transfer
-    double compute_seconds = 0;
+    double compute_seconds = 0;  // forward + backward passes
+    double forward_seconds = 0;
     int64_t peak_in_flight = 0;  // micro-batch chunks forwarded, backward (zb: its weight pass) not yet run
   };
   // Forward and backward of every micro-batch (each rank passes all of
   // them; stages read the tokens and targets they need), in the schedule's
   // order, gradients accumulating (scaled by grad_scale).
   StepResult run(const std::vector<PipelineMicroBatch>& micro_batches, float grad_scale);
+
+  // Forward passes only (evaluation): each micro-batch through every stage
+  // in order; loss_sum / loss_tokens on the last rank.
+  StepResult evaluate(const std::vector<PipelineMicroBatch>& micro_batches);
 
   // Sums the tied embedding's gradient over the first and last rank (each
   // holds a share); a no-op without tied embeddings or with one rank.

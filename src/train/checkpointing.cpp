@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint_reader.h"
+#include "nn/tensor_parallel.h"
 #include "core/error.h"
 #include "ops/device.h"
 #include "ops/elementwise.h"
@@ -30,9 +31,21 @@ std::string shard_file(int64_t rank) {
 
 // The parallel layout a checkpoint records (informational: loading reads
 // global tensors, so any layout loads any checkpoint).
-json layout_json(int64_t dp, int64_t tp, bool sequence_parallel, int64_t zero_stage, int64_t shard_group) {
-  return {{"world_size", dp * tp}, {"dp", dp}, {"tp", tp}, {"sequence_parallel", sequence_parallel}, {"pp", 1},
-          {"cp", 1}, {"ep", 1}, {"zero_stage", zero_stage}, {"shard_group", shard_group}};
+json layout_json(int64_t dp, int64_t tp, bool sequence_parallel, int64_t pp, int64_t zero_stage,
+                 int64_t shard_group) {
+  return {{"world_size", dp * tp * pp}, {"dp", dp}, {"tp", tp}, {"sequence_parallel", sequence_parallel},
+          {"pp", pp}, {"cp", 1}, {"ep", 1}, {"zero_stage", zero_stage}, {"shard_group", shard_group}};
+}
+
+// The global names of every parameter of the model (all pipeline stages).
+std::set<std::string> model_tensor_names(const nn::ModelConfig& cfg) {
+  const nn::TpShares whole = nn::tp_shares(cfg, 1, 0);
+  std::set<std::string> names;
+  for (const nn::ParamSpec& s : nn::embedding_specs(cfg, whole)) names.insert(s.name);
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    for (const nn::ParamSpec& s : nn::block_specs(cfg, whole, size_t(i))) names.insert(s.name);
+  for (const nn::ParamSpec& s : nn::head_specs(cfg, whole)) names.insert(s.name);
+  return names;
 }
 
 // Every parameter tensor: its spec (global name, local shape, pieces of the
@@ -40,7 +53,7 @@ json layout_json(int64_t dp, int64_t tp, bool sequence_parallel, int64_t zero_st
 // its set (whose full weights ZeRO-3 may have freed).
 template <typename F>
 void for_each_tensor(const Trainer& t, F&& f) {
-  const auto sets = t.model().param_sets();
+  const auto sets = t.param_sets();  // every pipeline chunk's
   for (size_t si = 0; si < sets.size(); ++si)
     for (size_t i = 0; i < sets[si]->size(); ++i) f(sets[si]->spec(i), si, sets[si]->offset(i), *sets[si], i);
 }
@@ -146,12 +159,12 @@ void load_weights_and_state(Trainer& t, const ckpt::Checkpoint& ck, bool with_st
 void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with_optimizer) {
   std::string problems;
   int count = 0;
-  std::set<std::string> expected;
+  std::set<std::string> expected;  // the whole model's (a pipeline rank holds some)
+  for (const std::string& n : model_tensor_names(t.config().model)) expected.insert("model." + n);
   for_each_tensor(t, [&](const nn::ParamSpec& spec, size_t, int64_t, const nn::ParamSet&, size_t) {
     const std::string& name = spec.name;
     const Shape& shape = spec.global();
     std::vector<std::string> keys{"model." + name};
-    expected.insert("model." + name);
     if (with_optimizer) {
       keys.push_back("optim.exp_avg." + name);
       keys.push_back("optim.exp_avg_sq." + name);
@@ -210,28 +223,10 @@ std::vector<ckpt::SliceToWrite> own_slices(Trainer& t, bool copy) {
   return out;
 }
 
-// Every rank's JSON text, on every rank (lengths first, then the padded bytes).
+// Every rank's JSON text, on every rank.
 std::vector<json> all_gather_json(comm::ProcessGroup& g, const json& mine) {
-  if (g.size() == 1) return {mine};
-  const std::string text = mine.dump();
-  Tensor len = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
-  Tensor lens = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
-  len.data<int64_t>()[0] = int64_t(text.size());
-  g.all_gather(lens, len)->wait();
-  int64_t most = 0;
-  for (int r = 0; r < g.size(); ++r) most = std::max(most, lens.data<int64_t>()[r]);
-  const int64_t words = (most + 7) / 8;
-  Tensor buf = Tensor::empty(Shape{std::max<int64_t>(1, words)}, DType::i64, Device::cpu(), MemCategory::comm);
-  Tensor all = Tensor::empty(Shape{g.size() * std::max<int64_t>(1, words)}, DType::i64, Device::cpu(),
-                             MemCategory::comm);
-  std::memset(buf.data_ptr(), 0, buf.nbytes());
-  std::memcpy(buf.data_ptr(), text.data(), text.size());
-  g.all_gather(all, buf)->wait();
   std::vector<json> out;
-  for (int r = 0; r < g.size(); ++r) {
-    const char* p = static_cast<const char*>(all.data_ptr()) + size_t(r) * buf.nbytes();
-    out.push_back(json::parse(std::string(p, size_t(lens.data<int64_t>()[r]))));
-  }
+  for (const std::string& text : comm::all_gather_strings(g, mine.dump())) out.push_back(json::parse(text));
   return out;
 }
 
@@ -268,7 +263,8 @@ std::string TrainCheckpointer::save(Trainer& t) {
   const std::string dir = (fs::path(root) / ckpt::checkpoint_dir_name(step)).string();
   const parallel::DataParallel& dp = t.data_parallel();
   const nn::TensorParallel& tp = t.model().tensor_parallel();
-  const json layout = layout_json(dp.size(), tp.size(), tp.sequence_parallel, dp.zero_stage(), dp.shard_size());
+  const int64_t pp = t.pp_group() ? t.pp_group()->size() : 1;
+  const json layout = layout_json(dp.size(), tp.size(), tp.sequence_parallel, pp, dp.zero_stage(), dp.shard_size());
   const std::string file = shard_file(t.world_rank());
   // Its own comm thread: a background save never reorders training's collectives.
   comm::ProcessGroup* group = &t.checkpoint_group();
@@ -360,7 +356,7 @@ void write_model_checkpoint(const std::string& dir, const Config& cfg,
   }
   w->write_file(shard_file(0), slices);
   w->manifest().config = to_toml(cfg);
-  w->manifest().layout = layout_json(1, 1, false, 0, 1);
+  w->manifest().layout = layout_json(1, 1, false, 1, 0, 1);
   w->manifest().state = state;
   w->commit();
 }

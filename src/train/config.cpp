@@ -1,6 +1,8 @@
 #include "train/config.h"
 
 #include "nn/tensor_parallel.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -87,6 +89,9 @@ const std::vector<Field>& fields() {
       ZT_F("parallel", "tp", parallel.tp, "tensor-parallel size"),
       ZT_F("parallel", "sequence_parallel", parallel.sequence_parallel, "with tp > 1: shard norms and residuals along the tokens (activation memory of those regions / tp)"),
       ZT_F("parallel", "pp", parallel.pp, "pipeline-parallel size"),
+      ZT_F("parallel", "pp_schedule", parallel.pp_schedule, "pipeline schedule: afab | 1f1b | interleaved | zb"),
+      ZT_F("parallel", "virtual_stages", parallel.virtual_stages, "model chunks per pipeline rank (interleaved)"),
+      ZT_F("parallel", "pp_layers", parallel.pp_layers, "blocks per pipeline stage, e.g. \"4,4,3,3\" (empty: balanced by cost)"),
       ZT_F("parallel", "cp", parallel.cp, "context-parallel size"),
       ZT_F("parallel", "ep", parallel.ep, "expert-parallel size (divides dp x cp)"),
       ZT_F("parallel", "zero_stage", parallel.zero_stage, "0: replicate; 1: shard optimizer state; 2: and gradients; 3: and parameters"),
@@ -406,9 +411,23 @@ void Config::validate() const {
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
-  ZT_CHECK(parallel.pp == 1 && parallel.cp == 1 && parallel.ep == 1,
-           "this build trains with data and tensor parallelism: pipeline, context and expert parallelism are "
-           "not implemented yet; set parallel.pp, cp and ep to 1");
+  ZT_CHECK(parallel.cp == 1 && parallel.ep == 1,
+           "this build trains with data, tensor and pipeline parallelism: context and expert parallelism are "
+           "not implemented yet; set parallel.cp and ep to 1");
+  const parallel::PipelineSchedule schedule = parallel::parse_pipeline_schedule(parallel.pp_schedule);
+  ZT_CHECK(parallel.virtual_stages >= 1, "parallel.virtual_stages must be >= 1");
+  ZT_CHECK(parallel.virtual_stages == 1 || parallel.pp > 1, "parallel.virtual_stages = ", parallel.virtual_stages,
+           " splits each pipeline rank's layers into chunks: it needs parallel.pp > 1");
+  if (parallel.pp > 1) {
+    // The micro-batch count depends on dp; the trainer checks it against the schedule.
+    parallel::check_pipeline_schedule(schedule, {parallel.pp, std::max<int64_t>(parallel.pp, 1), parallel.virtual_stages});
+    parallel::plan_pipeline_stages(model, train.seq_len, parallel.pp * parallel.virtual_stages,
+                                   parallel::parse_stage_layers(parallel.pp_layers));
+    ZT_CHECK(parallel.zero_stage <= 1, "parallel.zero_stage = ", parallel.zero_stage, " with pipeline parallelism is "
+             "not supported yet (gradients and weights are kept whole per stage); use zero_stage 0 or 1");
+    ZT_CHECK(train.device == "cpu", "parallel.pp = ", parallel.pp, " runs on the CPU backend so far (GPU "
+             "transfers need the NCCL backend, #7); set train.device = cpu or parallel.pp = 1");
+  }
   nn::check_tensor_parallel(model, parallel.tp);
   ZT_CHECK(!parallel.sequence_parallel || (train.micro_batch * train.seq_len) % parallel.tp == 0,
            "parallel.sequence_parallel shards the micro_batch x seq_len = ", train.micro_batch * train.seq_len,

@@ -78,6 +78,9 @@ struct ParallelSettings {
   int64_t dp = 0;                     // data-parallel size; 0: world / (tp x pp x cp)
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
   bool sequence_parallel = false;     // tp > 1: norms and residuals sharded along the tokens
+  std::string pp_schedule = "1f1b";   // pp > 1: afab | 1f1b | interleaved | zb
+  int64_t virtual_stages = 1;         // model chunks per pipeline rank (interleaved)
+  std::string pp_layers = "";         // blocks per stage, e.g. "4,4,3,3" (empty: balanced by cost)
   int64_t zero_stage = 0;             // 0: replicate; 1: shard optimizer state; 2: + gradients; 3: + parameters
   int64_t shard_group = 0;            // HSDP: ZeRO shards over groups of this many dp ranks (0: all)
   double bucket_mb = 25;              // gradient reduction bucket size (MiB)

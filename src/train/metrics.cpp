@@ -57,6 +57,11 @@ void MetricsLog::write_step(const StepMetrics& m) {
                  {"exposed_s", m.comm_exposed_seconds},
                  {"overlap", comm_overlap(m)}};
   }
+  if (m.pp_size > 1)
+    j["pipeline"] = {{"pp", m.pp_size},
+                     {"bubble_per_stage", m.pp_bubble_per_stage},
+                     {"bubble_theory", m.pp_bubble_theory},
+                     {"in_flight_per_stage", m.pp_in_flight_per_stage}};
   if (m.tp_size > 1)
     j["comm_tp"] = {{"tp", m.tp_size},
                     {"bytes", m.tp_comm_bytes},
@@ -117,6 +122,13 @@ std::string format_step_line(const StepMetrics& m) {
                   100.0 * comm_overlap(m),
                   double(m.comm_bytes) / 1e6, (long long)m.max_peak_rank,
                   double(m.max_peak_memory.total_peak_bytes) / (1 << 20));
+    line += buf;
+  }
+  if (m.pp_size > 1 && !m.pp_bubble_per_stage.empty()) {
+    double most = 0;
+    for (double b : m.pp_bubble_per_stage) most = std::max(most, b);
+    std::snprintf(buf, sizeof buf, " | pp bubble %.0f%% of the step at the idlest stage (theory %.0f%%)", 100.0 * most,
+                  100.0 * m.pp_bubble_theory);
     line += buf;
   }
   if (m.tp_size > 1) {

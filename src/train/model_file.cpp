@@ -1,5 +1,6 @@
 #include "train/model_file.h"
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -8,6 +9,7 @@
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "ops/device.h"
+#include "ops/elementwise.h"
 #include "train/checkpointing.h"
 
 namespace zt::train {
@@ -15,12 +17,104 @@ namespace zt::train {
 namespace fs = std::filesystem;
 
 std::string save_model_file(const nn::Transformer& model, const Config& cfg, bool write) {
+  return save_model_file(std::vector<const nn::Transformer*>{&model}, nullptr, cfg, write);
+}
+
+namespace {
+
+// Packs (name, f32 tensor) pairs into one i64 header (count, then per
+// tensor: name length, ndim, dims), the names' bytes and the data, for one
+// point-to-point transfer each.
+struct Packed {
+  Tensor header, names, data;
+};
+
+Packed pack(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<int64_t> h{int64_t(tensors.size())};
+  std::string names;
+  int64_t elems = 0;
+  for (const auto& [name, t] : tensors) {
+    h.push_back(int64_t(name.size()));
+    h.push_back(t.ndim());
+    for (int d = 0; d < t.ndim(); ++d) h.push_back(t.size(d));
+    names += name;
+    elems += t.numel();
+  }
+  Packed p{Tensor::empty(Shape{int64_t(h.size())}, DType::i64),
+           Tensor::empty(Shape{std::max<int64_t>(1, (int64_t(names.size()) + 3) / 4)}, DType::i32),
+           Tensor::empty(Shape{std::max<int64_t>(1, elems)}, DType::f32)};
+  std::memcpy(p.header.data_ptr(), h.data(), h.size() * 8);
+  std::memset(p.names.data_ptr(), 0, p.names.nbytes());
+  std::memcpy(p.names.data_ptr(), names.data(), names.size());
+  int64_t at = 0;
+  for (const auto& [name, t] : tensors) {
+    std::memcpy(static_cast<float*>(p.data.data_ptr()) + at, t.data_ptr(), t.nbytes());
+    at += t.numel();
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, comm::ProcessGroup* pp,
+                            const Config& cfg, bool write) {
+  // This rank's whole tensors (assembled from the tensor-parallel slices: a
+  // collective over tp), on the host, f32 for the transfer; the head
+  // stage's copy of a tied embedding is the embedding stage's.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  // Whole tensors (assembled from the tensor-parallel slices: a collective), on the host.
-  for (const nn::ParamSet* s : model.param_sets())
-    for (size_t i = 0; i < s->size(); ++i)
-      tensors.emplace_back(s->spec(i).name, ops::to_device(model.global_param(s->spec(i).name), Device::cpu()));
+  DType dtype = DType::f32;
+  for (const nn::Transformer* model : chunks) {
+    dtype = model->compute_dtype();
+    for (const nn::ParamSet* s : model->param_sets())
+      for (size_t i = 0; i < s->size(); ++i) {
+        const std::string& name = s->spec(i).name;
+        const Tensor g = ops::to_device(model->global_param(name), Device::cpu());
+        if (!model->part().embedding && name == "embed.wte") continue;
+        Tensor f = Tensor::empty(g.shape(), DType::f32);
+        ops::cast(f, g);
+        tensors.emplace_back(name, f);
+      }
+  }
+  if (pp && pp->size() > 1) {
+    if (pp->rank() != 0) {
+      const Packed p = pack(tensors);
+      Tensor sizes = Tensor::empty(Shape{3}, DType::i64);
+      sizes.data<int64_t>()[0] = p.header.numel();
+      sizes.data<int64_t>()[1] = p.names.numel();
+      sizes.data<int64_t>()[2] = p.data.numel();
+      for (const Tensor* t : {static_cast<const Tensor*>(&sizes), &p.header, &p.names, &p.data}) pp->send(*t, 0, 7)->wait();
+      return "";
+    }
+    for (int r = 1; r < pp->size(); ++r) {
+      Tensor sizes = Tensor::empty(Shape{3}, DType::i64);
+      pp->recv(sizes, r, 7)->wait();
+      const int64_t* n = sizes.data<int64_t>();
+      Packed p{Tensor::empty(Shape{n[0]}, DType::i64), Tensor::empty(Shape{n[1]}, DType::i32),
+               Tensor::empty(Shape{n[2]}, DType::f32)};
+      for (const Tensor* t : {&p.header, &p.names, &p.data}) pp->recv(*t, r, 7)->wait();
+      const int64_t* h = p.header.data<int64_t>();
+      const char* names = static_cast<const char*>(p.names.data_ptr());
+      int64_t at = 0, name_at = 0, k = 1;
+      for (int64_t i = 0; i < h[0]; ++i) {
+        const int64_t len = h[k++], nd = h[k++];
+        std::vector<int64_t> dims(h + k, h + k + nd);
+        k += nd;
+        Tensor t = Tensor::empty(Shape(dims.begin(), dims.end()), DType::f32);
+        std::memcpy(t.data_ptr(), p.data.data<float>() + at, t.nbytes());
+        at += t.numel();
+        tensors.emplace_back(std::string(names + name_at, size_t(len)), t);
+        name_at += len;
+      }
+    }
+  }
   if (!write) return "";
+  // Saved in the compute dtype, as a single-process run saves them.
+  for (auto& [name, t] : tensors)
+    if (dtype != DType::f32) {
+      Tensor c = Tensor::empty(t.shape(), dtype);
+      ops::cast(c, t);
+      t = c;
+    }
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
   ckpt::write_safetensors(path, tensors, {{"format", "zettatron-model"}, {"arch", std::string(nn::arch_name(cfg.model.arch))}});
   return path;

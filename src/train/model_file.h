@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/process_group.h"
 #include "nn/transformer.h"
 #include "train/config.h"
 
@@ -17,6 +18,11 @@ namespace zt::train {
 // parallelism every rank of the group calls it (the tensors are assembled
 // from their slices) and only the one with write = true writes.
 std::string save_model_file(const nn::Transformer& model, const Config& cfg, bool write = true);
+// The same for a model split over pipeline ranks: every rank of pp passes
+// its chunks; the tensors travel to pipeline rank 0, which writes when
+// write = true. A collective over pp (and tp).
+std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, comm::ProcessGroup* pp,
+                            const Config& cfg, bool write);
 
 struct LoadedModel {
   Config config;

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include "parallel/pipeline_stages.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -39,6 +41,20 @@ void BatchSource::restore(const json&) {
 
 Trainer::~Trainer() = default;
 
+std::vector<nn::ParamSet*> Trainer::param_sets() {
+  std::vector<nn::ParamSet*> out;
+  for (auto& c : chunks_)
+    for (nn::ParamSet* s : c->param_sets()) out.push_back(s);
+  return out;
+}
+
+std::vector<const nn::ParamSet*> Trainer::param_sets() const {
+  std::vector<const nn::ParamSet*> out;
+  for (const auto& c : chunks_)
+    for (const nn::ParamSet* s : static_cast<const nn::Transformer&>(*c).param_sets()) out.push_back(s);
+  return out;
+}
+
 Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::unique_ptr<BatchSource> val,
                  std::unique_ptr<TextCodec> codec, std::shared_ptr<parallel::Mesh> mesh)
     : cfg_(cfg), mesh_(std::move(mesh)), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)) {
@@ -61,24 +77,54 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   // Tensor parallelism: this rank's slices of every layer (the mesh's tp group).
   nn::TensorParallel tp;
   if (mesh_ && mesh_->tp().size() > 1) tp = {&mesh_->tp(), cfg_.parallel.sequence_parallel};
-  model_ = std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad, tp);
-  model_->recompute = cfg_.recompute();
-  model_->init_weights(uint64_t(cfg_.train.seed));
+  // Pipeline parallelism: this rank's model chunks (stage c p + rank for chunk c).
+  const int64_t pp = mesh_ ? mesh_->pp().size() : 1, v = pp > 1 ? cfg_.parallel.virtual_stages : 1;
+  std::vector<nn::ModelPart> parts{nn::ModelPart{}};
+  if (pp > 1) {
+    const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule);
+    parallel::check_pipeline_schedule(kind, {pp, cfg_.grad_accum_steps(dp), v});
+    const auto plan = parallel::plan_pipeline_stages(cfg_.model, cfg_.train.seq_len, pp * v,
+                                                     parallel::parse_stage_layers(cfg_.parallel.pp_layers));
+    parts.clear();
+    for (int64_t c = 0; c < v; ++c) {
+      const parallel::StageLayers& st = plan[size_t(c * pp + mesh_->pp().rank())];
+      parts.push_back({st.first, st.last, st.embedding, st.head});
+    }
+  }
+  size_t offset = 0;  // of each chunk's sets in param_sets()
+  for (const nn::ModelPart& part : parts) {
+    chunks_.push_back(std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad, tp, part));
+    nn::Transformer& m = *chunks_.back();
+    m.recompute = cfg_.recompute();
+    m.init_weights(uint64_t(cfg_.train.seed));
+    // A pipeline's tied embedding is reduced over dp after its two copies are summed.
+    const int64_t tied = pp > 1 ? m.tied_embedding_set() : -1;
+    m.on_grads_ready = [this, offset, tied](size_t set) {
+      if (int64_t(set) != tied) dp_->grads_ready(offset + set);
+    };
+    m.on_grads_needed = [this, offset](size_t set) { dp_->grads_needed(offset + set); };
+    m.on_params_needed = [this, offset](size_t set) { dp_->params_needed(offset + set); };
+    m.on_params_done = [this, offset](size_t set) { dp_->params_done(offset + set); };
+    offset += m.param_sets().size();
+  }
   parallel::DataParallelOptions dpo;
   dpo.zero_stage = cfg_.parallel.zero_stage;
   dpo.bucket_bytes = int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
   dpo.shard_group = cfg_.parallel.shard_group;
-  dp_ = std::make_unique<parallel::DataParallel>(model_->param_sets(), dp_group, dpo);
-  model_->on_grads_ready = [this](size_t set) { dp_->grads_ready(set); };
-  model_->on_grads_needed = [this](size_t set) { dp_->grads_needed(set); };
-  model_->on_params_needed = [this](size_t set) { dp_->params_needed(set); };
-  model_->on_params_done = [this](size_t set) { dp_->params_done(set); };
+  dp_ = std::make_unique<parallel::DataParallel>(param_sets(), dp_group, dpo);
+  if (pp > 1) {
+    std::vector<nn::Transformer*> raw;
+    for (auto& c : chunks_) raw.push_back(c.get());
+    pipeline_ = std::make_unique<parallel::PipelineRunner>(mesh_->pp(), raw,
+                                                           parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule));
+    pipeline_->before_backward = [this](int64_t, bool last) { dp_->begin_backward(last); };
+  }
   // Every rank that writes a part: the dp ranks, and their tensor-parallel peers.
   if (mesh_ && mesh_->shape().world() > 1)
     ckpt_group_ = comm::world().split(0, int(mesh_->world_rank()), "ckpt");
   else
     ckpt_group_ = comm::make_solo_group("ckpt");
-  optimizer_ = std::make_unique<optim::AdamW>(model_->param_sets(), cfg_.adamw(), dp_->optimizer_shards());
+  optimizer_ = std::make_unique<optim::AdamW>(param_sets(), cfg_.adamw(), dp_->optimizer_shards());
   inputs_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   targets_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   if (cfg_.metrics.peak_gflops > 0) {
@@ -105,32 +151,53 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.step = step + 1;
   comm::set_current_step(m.step);  // named by the comm watchdog if a collective hangs
   std::vector<comm::CommStats> tp_start;
-  for (comm::ProcessGroup* g : model_->comm_groups()) tp_start.push_back(g->stats());
+  for (comm::ProcessGroup* g : model().comm_groups()) tp_start.push_back(g->stats());
   m.total_steps = cfg_.train.steps;
   const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;
   // Loss is the mean over every token of the global batch, so each
   // micro-batch's gradient is scaled by 1 / (tokens in the global batch).
   const float grad_scale = float(1.0 / double(m.tokens));
-  allocator_for(model_->device()).reset_peak();
-  model_->zero_grads();
+  const Device device = model().device();
+  allocator_for(device).reset_peak();
+  for (auto& c : chunks_) c->zero_grads();
   dp_->begin_step();
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < accum; ++micro) {
+  if (pipeline_) {
+    // Every micro-batch of the step, then the schedule over them.
+    auto t0 = Clock::now();
+    std::vector<parallel::PipelineMicroBatch> mbs;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      parallel::PipelineMicroBatch mb{Tensor::empty(inputs_.shape(), DType::i32), Tensor::empty(targets_.shape(), DType::i32)};
+      train_->next(mb.tokens, mb.targets);
+      mbs.push_back(mb);
+    }
+    m.data_seconds += seconds_since(t0);
+    t0 = Clock::now();
+    const parallel::PipelineRunner::StepResult res = pipeline_->run(mbs, grad_scale);
+    pipeline_->sync_tied_embedding();  // both copies' shares summed before the dp reduction
+    m.forward_seconds += res.forward_seconds;
+    m.pp_idle_seconds = res.idle_seconds;
+    m.pp_peak_in_flight = res.peak_in_flight;
+    pp_step_ = res;
+    loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
+    m.backward_seconds += res.compute_seconds - res.forward_seconds;  // the rest of the time: waiting (the bubble)
+  }
+  for (int64_t micro = 0; !pipeline_ && micro < accum; ++micro) {
     auto t0 = Clock::now();
     train_->next(inputs_, targets_);
     m.data_seconds += seconds_since(t0);
     t0 = Clock::now();
     nn::ForwardContext ctx;
     dp_->set_prefetch(+1);
-    loss_sum += model_->forward(ctx, inputs_, targets_, true, grad_scale);
+    loss_sum += model().forward(ctx, inputs_, targets_, true, grad_scale);
     m.forward_seconds += seconds_since(t0);
     t0 = Clock::now();
     dp_->begin_backward(micro + 1 == accum);  // only the last micro-batch reduces (ZeRO < 2)
     dp_->set_prefetch(-1);
-    model_->backward(ctx);
+    model().backward(ctx);
     dp_->set_prefetch(0);
-    ops::synchronize(model_->device());  // GPU kernels run asynchronously: time the work, not its launch
+    ops::synchronize(device);  // GPU kernels run asynchronously: time the work, not its launch
     m.backward_seconds += seconds_since(t0);
   }
   const auto t_reduce = Clock::now();
@@ -139,7 +206,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
-  m.grad_norm = dp_->grad_norm(*optimizer_, tp_group());
+  m.grad_norm = dp_->grad_norm(*optimizer_, {tp_group(), pp_group()});
   m.lr = schedule_.at(step);
   if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
@@ -166,16 +233,29 @@ StepMetrics Trainer::train_step(int64_t step) {
   // The peak is per device; the job has one device per rank.
   const double devices = mesh_ ? double(mesh_->shape().world()) : 1.0;
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * devices);
-  m.memory = allocator_for(model_->device()).stats();
+  m.memory = allocator_for(device).stats();
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
   m.dp_size = dp_->size();
   m.comm_bytes = sc.bytes;
   m.comm_busy_seconds = sc.busy_seconds;
   m.comm_exposed_seconds = sc.wait_seconds;
+  if (pipeline_) {
+    // Every stage's bubble (time waiting for a neighbour / step time) and
+    // activations in flight, on every rank (for the main rank's log).
+    m.pp_size = mesh_->pp().size();
+    for (double idle : comm::all_gather_doubles(mesh_->pp(), pp_step_.idle_seconds))
+      m.pp_bubble_per_stage.push_back(idle / m.step_seconds);
+    for (double n : comm::all_gather_doubles(mesh_->pp(), double(pp_step_.peak_in_flight)))
+      m.pp_in_flight_per_stage.push_back(int64_t(n));
+    // Theory as a share of the step: idle / (work + idle).
+    const double b = parallel::theoretical_bubble(parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule),
+                                                  {m.pp_size, accum, int64_t(chunks_.size())});
+    m.pp_bubble_theory = b / (1.0 + b);
+  }
   // Tensor-parallel traffic of this step (the model's groups; evaluation and
   // sampling between steps are not counted).
-  const auto groups = model_->comm_groups();
+  const auto groups = model().comm_groups();
   m.tp_size = tp_group() ? tp_group()->size() : 1;
   for (size_t i = 0; i < groups.size(); ++i) {
     const comm::CommStats s = groups[i]->stats();
@@ -191,10 +271,21 @@ double Trainer::evaluate(int64_t* tokens_out) {
   val_->reset();
   double loss_sum = 0;
   int64_t tokens = 0;
-  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+  if (pipeline_) {
+    std::vector<parallel::PipelineMicroBatch> mbs;
+    for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+      parallel::PipelineMicroBatch mb{Tensor::empty(inputs_.shape(), DType::i32), Tensor::empty(targets_.shape(), DType::i32)};
+      val_->next(mb.tokens, mb.targets);
+      mbs.push_back(mb);
+    }
+    const parallel::PipelineRunner::StepResult r = pipeline_->evaluate(mbs);
+    loss_sum = comm::sum_exact(mesh_->pp(), r.loss_sum);
+    tokens = int64_t(comm::sum_exact(mesh_->pp(), double(r.loss_tokens)));
+  }
+  for (int64_t i = 0; !pipeline_ && i < cfg_.train.eval_batches; ++i) {
     val_->next(inputs_, targets_);
     nn::ForwardContext ctx;
-    loss_sum += model_->forward(ctx, inputs_, targets_, false, 0.0f);
+    loss_sum += model().forward(ctx, inputs_, targets_, false, 0.0f);
     tokens += ctx.loss_tokens;
   }
   if (tokens_out) *tokens_out = tokens;
@@ -211,7 +302,8 @@ std::string Trainer::sample(uint64_t seed) {
   opt.top_k = cfg_.sample.top_k;
   opt.seed = seed;
   opt.stop_token = int64_t(codec_->eot_token);
-  std::vector<uint32_t> out = generate(*model_, prompt, opt);
+  ZT_CHECK(!pipeline_, "sample: generation needs the whole model on one rank, not one pipeline stage");
+  std::vector<uint32_t> out = generate(model(), prompt, opt);
   if (cfg_.sample.prompt.empty()) out.erase(out.begin());
   if (!out.empty() && out.back() == codec_->eot_token) out.pop_back();
   return codec_->decode(out);
@@ -273,8 +365,19 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (tp_group())
     say("tensor parallel: " + std::to_string(tp_group()->size()) + " ranks" +
         (cfg_.parallel.sequence_parallel ? ", sequence parallel" : "") + "; this rank holds " +
-        std::to_string(model_->tp_shares().q_heads) + " query heads, " + std::to_string(model_->tp_shares().ff) +
-        " MLP columns, " + std::to_string(model_->tp_shares().vocab_rows) + " vocabulary rows");
+        std::to_string(model().tp_shares().q_heads) + " query heads, " + std::to_string(model().tp_shares().ff) +
+        " MLP columns, " + std::to_string(model().tp_shares().vocab_rows) + " vocabulary rows");
+  if (pipeline_) {
+    std::string stages;
+    for (const auto& c : chunks_)
+      stages += (stages.empty() ? "" : ", ") + std::string("blocks ") + std::to_string(c->part().first_layer) + "-" +
+                std::to_string(c->part().last_layer - 1) + (c->part().embedding ? " + embeddings" : "") +
+                (c->part().head ? " + head" : "");
+    say("pipeline parallel: " + std::to_string(mesh_->pp().size()) + " stages x " +
+        std::to_string(chunks_.size()) + " chunk(s), schedule " + cfg_.parallel.pp_schedule + ", " +
+        std::to_string(cfg_.grad_accum_steps(dp_->size())) + " micro-batches; rank 0 of the pipeline holds " + stages +
+        " (each rank logs its own in metrics)");
+  }
   if (dp_->size() > 1)
     say("data parallel: " + std::to_string(dp_->size()) + " ranks, ZeRO stage " +
         std::to_string(dp_->zero_stage()) +
@@ -336,7 +439,9 @@ TrainResult Trainer::run(int64_t stop_after) {
       dp_->hold_full_params(true);  // ZeRO-3: every rank gathers; then the main rank samples alone
       // Under tensor parallelism every rank computes the same samples (each
       // forward is a collective of its tp group); the main rank prints them.
-      if (main_rank_ || tp_group())
+      if (pipeline_) {
+        if (m.step == cfg_.train.steps) say("samples: not drawn under pipeline parallelism (each rank holds one stage)");
+      } else if (main_rank_ || tp_group())
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
           const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
           say("sample (step " + std::to_string(m.step) + "): " + text);
@@ -352,7 +457,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (checkpointer) checkpointer->wait();  // a background write must finish (and its error surface) before exit
   say("done: " + std::to_string(result.steps) + " steps in " + std::to_string(int(seconds_since(t_start))) +
       "s; run directory: " + run_dir.string());
-  say("memory by category (this process):\n" + format_mem_stats(allocator_for(model_->device()).stats()));
+  say("memory by category (this process):\n" + format_mem_stats(allocator_for(model().device()).stats()));
   if (dp_->size() > 1 && result.steps > first_step)
     say("highest peak of the last step: data-parallel rank " + std::to_string(last.max_peak_rank) + ", " +
         std::to_string(last.max_peak_memory.total_peak_bytes >> 20) + " MiB");

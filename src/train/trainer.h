@@ -15,6 +15,7 @@
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline.h"
 #include "train/config.h"
 #include "train/metrics.h"
 
@@ -83,8 +84,17 @@ class Trainer {
   // A sample of text (prompt + continuation).
   std::string sample(uint64_t seed);
 
-  nn::Transformer& model() { return *model_; }
-  const nn::Transformer& model() const { return *model_; }
+  // The whole model, or under pipeline parallelism this rank's first chunk
+  // (chunks() has all of them).
+  nn::Transformer& model() { return *chunks_.front(); }
+  const nn::Transformer& model() const { return *chunks_.front(); }
+  const std::vector<std::unique_ptr<nn::Transformer>>& chunks() const { return chunks_; }
+  // Every parameter set of this rank's chunks, in order (what the optimizer
+  // and data parallelism see).
+  std::vector<nn::ParamSet*> param_sets();
+  std::vector<const nn::ParamSet*> param_sets() const;
+  // The pipeline group (null without pipeline parallelism).
+  comm::ProcessGroup* pp_group() const { return pipeline_ ? &mesh_->pp() : nullptr; }
   BatchSource& train_data() { return *train_; }
   const TrainProgress& progress() const { return progress_; }
   // For restoring a checkpoint (train/checkpointing.h).
@@ -99,7 +109,7 @@ class Trainer {
   // This process's rank in the job (0 for a single process).
   int64_t world_rank() const { return mesh_ ? mesh_->world_rank() : 0; }
   // The tensor-parallel group (null without tensor parallelism).
-  comm::ProcessGroup* tp_group() const { return model_->tensor_parallel().group; }
+  comm::ProcessGroup* tp_group() const { return model().tensor_parallel().group; }
   const Config& config() const { return cfg_; }
   double peak_gflops() const { return peak_gflops_; }
 
@@ -110,12 +120,14 @@ class Trainer {
 
  private:
   Config cfg_;
-  std::unique_ptr<nn::Transformer> model_;
+  std::vector<std::unique_ptr<nn::Transformer>> chunks_;  // one, or this rank's pipeline chunks
   std::unique_ptr<optim::AdamW> optimizer_;
   std::shared_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<comm::ProcessGroup> solo_dp_;  // the dp group of a single process
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<comm::ProcessGroup> ckpt_group_;
+  std::unique_ptr<parallel::PipelineRunner> pipeline_;
+  parallel::PipelineRunner::StepResult pp_step_;  // the last step's, for metrics
   bool main_rank_ = true;
   std::unique_ptr<BatchSource> train_, val_;
   std::unique_ptr<TextCodec> codec_;

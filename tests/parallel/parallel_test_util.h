@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "comm/process_group.h"
@@ -53,6 +54,31 @@ inline double weight_rel_diff(const std::string& name, const Tensor& got, const 
     den += y * y;
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// weight_rel_diff over whole layers ("embed", "layers.N", "head"): one
+// element whose gradient is almost zero (a GeLU unit that rarely fires) can
+// move by a few ulps of its update when a sum's order changes - AdamW divides
+// by sqrt(v) - which a small tensor's norm shows and a layer's does not.
+inline std::map<std::string, double> layer_rel_diffs(const std::map<std::string, Tensor>& got,
+                                                     const std::map<std::string, Tensor>& ref, const nn::ModelConfig& c) {
+  std::map<std::string, std::pair<double, double>> acc;  // layer -> (|got - ref|^2, |ref|^2)
+  const int64_t q = c.n_head * c.head_dim(), kv = c.n_kv_head * c.head_dim();
+  for (const auto& [name, g] : got) {
+    const Tensor& r = ref.at(name);
+    const std::string layer = name.rfind("layers.", 0) == 0 ? name.substr(0, name.find('.', 7))
+                              : name.rfind("embed.", 0) == 0 ? "embed" : "head";
+    const bool key_bias = name.size() >= 13 && name.compare(name.size() - 13, 13, "attn.qkv.bias") == 0;
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      if (key_bias && i >= q && i < q + kv) continue;  // see weight_rel_diff
+      const double x = load_f64(g, i), y = load_f64(r, i);
+      acc[layer].first += (x - y) * (x - y);
+      acc[layer].second += y * y;
+    }
+  }
+  std::map<std::string, double> out;
+  for (const auto& [layer, v] : acc) out[layer] = v.second > 0 ? std::sqrt(v.first / v.second) : std::sqrt(v.first);
+  return out;
 }
 
 }  // namespace zt::test

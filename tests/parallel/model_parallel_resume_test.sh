@@ -1,5 +1,5 @@
 #!/bin/bash
-# Checkpoints across tensor-parallel sizes, through `zettatron train` under
+# Checkpoints across tensor- and pipeline-parallel sizes, through `zettatron train` under
 # mpirun (Llama 3 tiny: 2 kv heads, so tp = 4 replicates them; untied head).
 #   1. 10 steps in one process (the reference, and its final weights).
 #   2. tp = 2 with sequence parallelism, stopped after step 4 (checkpoint:
@@ -9,7 +9,9 @@
 #      (relative 1e-5), and the final model.safetensors of the tp = 4 run
 #      (assembled from the slices) matches the reference's weights.
 #   4. a checkpoint written by tp = 2 x dp = 2 ZeRO-1 resumed by one process.
-# Usage: tp_resume_test.sh BUILD_DIR
+#   5. saved at pp = 2, resumed by one process and by pp = 2 x tp = 2 (zero
+#      bubble), whose final model.safetensors matches the reference too.
+# Usage: model_parallel_resume_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
 bin="$build/bin/zettatron"
@@ -53,8 +55,23 @@ grep -q '"dp": 2' "$tmp/f/checkpoints/step_00000006/manifest.json"
 same "$ref" "$(losses "$tmp/f")"
 echo "tp=2 x dp=2 ZeRO-1 -> one process: losses match the single-process run"
 
-# The final weights of the tp=4 run, assembled from its slices, against the reference's.
-/usr/bin/python3 - "$tmp/ref/model.safetensors" "$tmp/c/model.safetensors" <<'PY'
+# Pipeline: saved at pp=2 (1F1B: each stage writes its blocks), resumed by one process and by
+# pp=2 x tp=2 with the zero-bubble schedule; that run's final model.safetensors gathers stages and slices.
+"${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/g" --set parallel.pp=2 --stop-after 4 > /dev/null
+grep -q '"pp": 2' "$tmp/g/checkpoints/step_00000004/manifest.json"
+for d in h i; do cp -r "$tmp/g" "$tmp/$d"; done
+"$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/h" --resume > /dev/null
+same "$ref" "$(losses "$tmp/h")"
+echo "pp=2 -> one process: losses match the single-process run"
+"${mpi[@]}" -np 4 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/i" --set parallel.pp=2 --set parallel.tp=2 \
+  --set parallel.pp_schedule=zb --resume > /dev/null
+same "$ref" "$(losses "$tmp/i")"
+echo "pp=2 -> pp=2 x tp=2 (zero bubble): losses match the single-process run"
+
+# The final weights of the tp=4 run and of the pp x tp run, assembled from slices and stages,
+# against the reference's.
+for run in c i; do
+/usr/bin/python3 - "$tmp/ref/model.safetensors" "$tmp/$run/model.safetensors" <<'PY'
 import json, struct, sys
 import numpy as np
 def load(path):
@@ -76,6 +93,7 @@ for name in ref:
     assert ref[name].shape == got[name].shape, (name, ref[name].shape, got[name].shape)
     rel = np.linalg.norm(got[name] - ref[name]) / max(np.linalg.norm(ref[name]), 1e-30)
     assert rel < 1e-5, f"{name}: relative difference {rel}"
-print(f"final weights of the tp=4 run match the reference ({len(ref)} tensors)")
+print(f"final weights of {sys.argv[2]} match the reference ({len(ref)} tensors)")
 PY
+done
 echo "ok"
