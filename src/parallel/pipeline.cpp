@@ -80,7 +80,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
     it->second.work->wait();
     const double waited = since(t0) - start;
     out.idle_seconds += waited;
-    if (waited > 0) event("recv wait", a, start);
+    if (waited > 0) event("recv_wait", a, start);
     Tensor buf = it->second.buf;
     recvs.erase(it);
     return buf;
@@ -186,6 +186,33 @@ void PipelineRunner::sync_tied_embedding() {
   if (!tied_group_ || tied_group_->size() < 2) return;
   nn::Transformer& holder = first_rank() ? *chunks_.front() : *chunks_.back();
   tied_group_->all_reduce(holder.grad("embed.wte"))->wait();
+}
+
+std::vector<std::vector<PipelineEvent>> gather_pipeline_events(comm::ProcessGroup& pp,
+                                                               const std::vector<PipelineEvent>& mine) {
+  // One line per event: name, micro-batch, chunk, start, end.
+  std::string text;
+  char line[256];
+  for (const PipelineEvent& e : mine) {
+    std::snprintf(line, sizeof line, "%s %lld %lld %.9f %.9f\n", e.name.c_str(), (long long)e.micro_batch,
+                  (long long)e.chunk, e.start, e.end);
+    text += line;
+  }
+  std::vector<std::vector<PipelineEvent>> out;
+  for (const std::string& rank_text : comm::all_gather_strings(pp, text)) {
+    out.emplace_back();
+    size_t at = 0;
+    while (at < rank_text.size()) {
+      const size_t end = rank_text.find('\n', at);
+      char name[64];
+      long long mb = 0, chunk = 0;
+      double t0 = 0, t1 = 0;
+      if (std::sscanf(rank_text.substr(at, end - at).c_str(), "%63s %lld %lld %lf %lf", name, &mb, &chunk, &t0, &t1) == 5)
+        out.back().push_back({name, mb, chunk, t0, t1});
+      at = end == std::string::npos ? rank_text.size() : end + 1;
+    }
+  }
+  return out;
 }
 
 std::string chrome_trace_json(const std::vector<std::vector<PipelineEvent>>& events) {

@@ -32,7 +32,7 @@ struct PipelineMicroBatch {
 
 // One timed action of a step, for the bubble and the Chrome trace.
 struct PipelineEvent {
-  std::string name;          // "forward", "backward", "recv", "send wait"
+  std::string name;          // forward, backward, backward_input, backward_weight, recv_wait (no spaces)
   int64_t micro_batch = -1;  // -1: none
   int64_t chunk = 0;
   double start = 0, end = 0;  // seconds since the step began
@@ -90,5 +90,9 @@ class PipelineRunner {
 // A Chrome trace (the JSON the Perfetto UI and chrome://tracing open) of one
 // step: events[r] on "rank r" tracks, microseconds.
 std::string chrome_trace_json(const std::vector<std::vector<PipelineEvent>>& events);
+// Every pipeline rank's events of the last step, on every rank (a
+// collective over the pipeline group).
+std::vector<std::vector<PipelineEvent>> gather_pipeline_events(comm::ProcessGroup& pp,
+                                                               const std::vector<PipelineEvent>& mine);
 
 }  // namespace zt::parallel

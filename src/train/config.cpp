@@ -85,6 +85,7 @@ const std::vector<Field>& fields() {
       ZT_F("sample", "top_k", sample.top_k, "keep the k most likely tokens (0: all)"),
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
+      ZT_F("metrics", "pipeline_trace_step", metrics.pipeline_trace_step, "with pp > 1: write RUN_DIR/pipeline_trace.json (Chrome trace, open in Perfetto) of this step (0: none)"),
       ZT_F("parallel", "dp", parallel.dp, "data-parallel size (0: every process not used by tp x pp x cp)"),
       ZT_F("parallel", "tp", parallel.tp, "tensor-parallel size"),
       ZT_F("parallel", "sequence_parallel", parallel.sequence_parallel, "with tp > 1: shard norms and residuals along the tokens (activation memory of those regions / tp)"),
@@ -409,6 +410,7 @@ void Config::validate() const {
   ZT_CHECK(sample.top_k >= 0 && sample.tokens >= 0 && sample.count >= 0,
            "sample.top_k, sample.tokens and sample.count must be >= 0");
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
+  ZT_CHECK(metrics.pipeline_trace_step >= 0, "metrics.pipeline_trace_step must be >= 0 (0: no trace)");
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
   ZT_CHECK(parallel.cp == 1 && parallel.ep == 1,

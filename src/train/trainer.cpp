@@ -180,6 +180,15 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.pp_idle_seconds = res.idle_seconds;
     m.pp_peak_in_flight = res.peak_in_flight;
     pp_step_ = res;
+    if (cfg_.metrics.pipeline_trace_step == step + 1) {
+      // Every stage's timeline of this step, viewable in Perfetto.
+      const auto events = parallel::gather_pipeline_events(mesh_->pp(), pipeline_->events());
+      if (main_rank_) {
+        const std::string path = cfg_.train.run_dir + "/pipeline_trace.json";
+        std::ofstream(path) << parallel::chrome_trace_json(events);
+        log("pipeline trace of step " + std::to_string(step + 1) + ": " + path + " (open in https://ui.perfetto.dev)");
+      }
+    }
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
     m.backward_seconds += res.compute_seconds - res.forward_seconds;  // the rest of the time: waiting (the bubble)
   }
