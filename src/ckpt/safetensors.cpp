@@ -172,7 +172,12 @@ void append_uint(std::string& out, uint64_t v) {
 }
 
 std::string offsets_str(uint64_t begin, uint64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  std::string s(1, '[');  // built by appending: GCC 12 warns falsely on "literal" + std::string
+  s += std::to_string(begin);
+  s += ", ";
+  s += std::to_string(end);
+  s += ')';
+  return s;
 }
 
 

@@ -392,7 +392,9 @@ TEST(FlatRangeBoxes, TileAnyFlatRangeInOrder) {
           ASSERT_EQ(flat, next) << s.str() << " [" << a << ", " << b << ")";
           bool inner_full = true;
           for (int d = s.ndim() - 1; d >= 0; --d) {
-            if (!inner_full) ASSERT_EQ(extent[d], 1) << s.str() << " not contiguous";
+            if (!inner_full) {
+              ASSERT_EQ(extent[d], 1) << s.str() << " not contiguous";
+            }
             ASSERT_LE(start[size_t(d)] + extent[d], s[d]);
             if (extent[d] != s[d]) inner_full = false;
           }

@@ -64,10 +64,14 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
       EXPECT_TRUE(matches(gy, y, tol(dt), "y")) << N << "x" << C;
       EXPECT_TRUE(matches(grstd, rstd, 1e-5, "rstd"));
       // mean is a difference-prone f32 sum (values near 0 for small C): relative to its max, 1e-4.
-      if (ln) EXPECT_TRUE(matches(gmean, mean, 1e-4, "mean"));
+      if (ln) {
+        EXPECT_TRUE(matches(gmean, mean, 1e-4, "mean"));
+      }
       EXPECT_TRUE(matches(gdx, dx, tol(dt), "dx")) << N << "x" << C;
       EXPECT_TRUE(matches(gdw, dw, dt == DType::f32 ? 1e-5 : 2e-2, "dw"));
-      if (ln) EXPECT_TRUE(matches(gdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "db"));
+      if (ln) {
+        EXPECT_TRUE(matches(gdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "db"));
+      }
       // Deterministic dw: a second run from the same start gives the same bits.
       Tensor gdw2 = to_gpu(dw0), gdx2 = gpu_poisoned(Shape{N, C}, dt);
       ops::norm_backward(kind, gdx2, gdw2, Tensor(), gdy, gr_out, gw, gmean, grstd, Tensor());

@@ -77,6 +77,26 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"data.dir=\"\""}), "data.dir is empty"));
 }
 
+// Parallel layouts the model or schedule cannot take: one message naming the
+// setting and the fix, from pure checks (the same on every rank).
+TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.tp=3"}), "parallel.tp = 3 does not divide model.n_head = 4"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.seq_len=3",
+                                   "train.micro_batch=1"}),
+                  "make it a multiple of tp"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=3"}),
+                  "the model has 2 blocks (model.n_layer) but the pipeline has 3 stages"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_schedule=\"gpipe\""}), "valid: afab, 1f1b, interleaved, zb"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.virtual_stages=2"}), "needs pp_schedule = interleaved"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\""}),
+                  "needs parallel.virtual_stages >= 2"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_schedule=\"interleaved\"", "parallel.virtual_stages=2"}),
+                  "the pipeline has 4 stages"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.virtual_stages=2"}), "it needs parallel.pp > 1"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_layers=\"2,1\""}), "adds up to 3 blocks, but the model has 2"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.zero_stage=2"}), "use zero_stage 0 or 1"));
+}
+
 TEST(Config, Gpt2KvHeadsFollowHeads) {
   Config c = parse_config(kBase, "t", {"model.n_head=2"});
   EXPECT_EQ(c.model.n_kv_head, 2);
