@@ -528,6 +528,52 @@ void Transformer::chunk_loss(const Tensor& losses, const Tensor& logits, const T
                                 V, grad_scale);
 }
 
+void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool train, const TensorParallel& m) {
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model, N = B * T, R = lnf_rows.size(0);
+  const int64_t Vl = shares_.vocab_rows;
+  const float grad_scale = ctx.grad_scale;
+  const Tensor dev_targets = ctx.targets;
+  const Tensor& targets = ctx.targets;
+  const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
+  // d lnf is a partial sum over the vocabulary slices under tensor parallelism.
+  Tensor d_lnf = train ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
+  if (train && on_grads_needed) on_grads_needed(head_weight_set());
+  const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
+  const Tensor flat_targets = dev_targets.view(Shape{N});
+  // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
+  // large GEMMs and has the memory (256M elements: 512 MiB in bf16).
+  const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / Vl));
+  Tensor logits = act_tensor(Shape{chunk, Vl}, dtype_, device_);
+  Tensor losses = stat_tensor(N, device_);  // per token; 0 for ignored targets
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t n = std::min(chunk, N - r0);
+    const Tensor lg = logits.slice(0, n), ls = losses.slice(r0, r0 + n), tg = flat_targets.slice(r0, r0 + n);
+    const Tensor x_rows = lnf.slice(r0, r0 + n);
+    ops::linear_forward(lg, x_rows, w_head, Tensor());
+    chunk_loss(ls, lg, tg, train, grad_scale);
+    if (train) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
+  }
+  if (train) {
+    ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{R, C}, dtype_, device_) : d_lnf;
+    wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
+  }
+  // Summed on the host in f64 in token order (N floats: one small copy per
+  // micro-batch on a GPU), over the tokens that have a target.
+  const Tensor host_losses = on_device(losses, Device::cpu()), host_targets = on_device(targets, Device::cpu());
+  const float* l = host_losses.data<float>();
+  const int32_t* t = host_targets.data<int32_t>();
+  double loss_sum = 0.0;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] >= 0) {
+      loss_sum += double(l[i]);
+      ++counted;
+    }
+  ctx.loss_sum = loss_sum;
+  ctx.loss_tokens = counted;
+}
+
 double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Tensor& targets, bool train,
                             float grad_scale) {
   ZT_CHECK(whole(), "Transformer::forward runs the whole model; a pipeline stage runs forward_part");
@@ -540,7 +586,6 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   check_batch(tokens, targets);
   ZT_CHECK(targets.defined(), "forward needs targets (use logits() for inference)");
   const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T;
-  const int64_t Vl = shares_.vocab_rows;
   ZT_CHECK(!tp_.sequence_parallel || N % tp_.size() == 0, "sequence parallelism shards the ", N,
            " tokens of a micro-batch (micro_batch x seq_len) over tp = ", tp_.size(),
            " ranks: make micro_batch x seq_len a multiple of tp");
@@ -587,47 +632,17 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.lnf_mean = layernorm ? stat_tensor(R, device_) : Tensor();
   ctx.lnf_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), lnf_rows, ctx.lnf_mean, ctx.lnf_rstd, x, fw, fb, cfg_.norm_eps);
-  const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
-  lnf_rows = Tensor();
-  // d lnf is a partial sum over the vocabulary slices under tensor parallelism.
-  Tensor d_lnf = train ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
-  if (train && on_grads_needed) on_grads_needed(head_weight_set());
-  const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
-  const Tensor flat_targets = dev_targets.view(Shape{N});
-  // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
-  // large GEMMs and has the memory (256M elements: 512 MiB in bf16).
-  const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / Vl));
-  Tensor logits = act_tensor(Shape{chunk, Vl}, dtype_, device_);
-  Tensor losses = stat_tensor(N, device_);  // per token; 0 for ignored targets
-  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const int64_t n = std::min(chunk, N - r0);
-    const Tensor lg = logits.slice(0, n), ls = losses.slice(r0, r0 + n), tg = flat_targets.slice(r0, r0 + n);
-    const Tensor x_rows = lnf.slice(r0, r0 + n);
-    ops::linear_forward(lg, x_rows, w_head, Tensor());
-    chunk_loss(ls, lg, tg, train, grad_scale);
-    if (train) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
+  ctx.targets = dev_targets;
+  if (train && loss_in_backward) {
+    // The LM head and the loss run at the start of backward (pipeline stages:
+    // the head stage's passes then cost what the schedules assume).
+    ctx.lnf_rows = lnf_rows;
+    ctx.head_pending = true;
+  } else {
+    head_loss(ctx, lnf_rows, train, m);
   }
   done(head_set());
   if (head_weight_set() != head_set()) done(head_weight_set());
-  if (train) {
-    ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{R, C}, dtype_, device_) : d_lnf;
-    wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
-  }
-  // Summed on the host in f64 in token order (N floats: one small copy per
-  // micro-batch on a GPU), over the tokens that have a target.
-  const Tensor host_losses = on_device(losses, Device::cpu()), host_targets = on_device(targets, Device::cpu());
-  const float* l = host_losses.data<float>();
-  const int32_t* t = host_targets.data<int32_t>();
-  double loss_sum = 0.0;
-  int64_t counted = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (t[i] >= 0) {
-      loss_sum += double(l[i]);
-      ++counted;
-    }
-  ctx.loss_sum = loss_sum;
-  ctx.loss_tokens = counted;
   if (train) {
     ctx.x_final = x;
   } else {
@@ -660,7 +675,8 @@ void Transformer::backward_weight(ForwardContext& ctx) {
 }
 
 Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer) {
-  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined()), "backward needs a context from a training forward pass");
+  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined() || ctx.head_pending),
+           "backward needs a context from a training forward pass");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
   const TensorParallel m = pass_mode(ctx.sequence_parallel);
   Tensor dres;
@@ -672,6 +688,16 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     dres = act_tensor(Shape{rows, C}, dtype_, device_);  // updated in place below; the caller's buffer stays
     ops::copy(dres, d_output);
   } else {
+  if (ctx.head_pending) {
+    // The LM head and the loss deferred by forward (loss_in_backward).
+    need(head_set());
+    if (head_weight_set() != head_set()) need(head_weight_set());
+    head_loss(ctx, ctx.lnf_rows, true, m);
+    done(head_set());
+    if (head_weight_set() != head_set()) done(head_weight_set());
+    ctx.lnf_rows = Tensor();
+    ctx.head_pending = false;
+  }
   if (on_grads_needed) on_grads_needed(head_set());
   need(head_set());
   const Tensor fw = head_.param(0);
@@ -725,7 +751,11 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
   } else {
     d_input = dres;
   }
+  const double loss_sum = ctx.loss_sum;  // computed here under loss_in_backward: kept for the caller
+  const int64_t loss_tokens = ctx.loss_tokens;
   ctx = ForwardContext{};
+  ctx.loss_sum = loss_sum;
+  ctx.loss_tokens = loss_tokens;
   if (defer) {
     ctx.deferred = std::move(deferred);
     ctx.weights_pending = true;

@@ -81,6 +81,9 @@ struct ForwardContext {
   Tensor x_final;                         // (R, C) residual after the last block
   Tensor lnf_mean, lnf_rstd;              // (R) f32
   Tensor d_lnf;                           // (R, C) gradient at the final norm output (train)
+  Tensor targets;                         // (B, T) i32 on the device
+  Tensor lnf_rows;                        // (R, C) final norm output kept for a deferred head (loss_in_backward)
+  bool head_pending = false;              // the LM head and loss still to run (at the start of backward)
   double loss_sum = 0.0;                  // sum of token losses (f64)
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
@@ -124,6 +127,12 @@ class Transformer {
   DType compute_dtype() const { return dtype_; }
   Device device() const { return device_; }
   Recompute recompute = Recompute::none;
+  // Training: run the LM head and the loss (fused with the head's backward)
+  // at the start of backward instead of in forward; ctx.loss_sum is then set
+  // after backward. Pipelines set it on the head stage so its forward and
+  // backward weigh what the schedules assume (the logits are still never
+  // stored). The same numbers either way.
+  bool loss_in_backward = false;
   // Called during backward() with the index (into param_sets()) of a layer
   // whose gradients are complete for this micro-batch: the head first, the
   // blocks from last to first, the embeddings last. Data parallelism starts
@@ -213,6 +222,9 @@ class Transformer {
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
                       const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr);
   Tensor backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer);
+  // Final norm output (R, C) -> LM head in row chunks fused with the loss and,
+  // when training, its backward (into ctx.d_lnf); sets ctx's loss.
+  void head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool train, const TensorParallel& m);
   // Loss (and dlogits, in place) of one chunk of rows of this rank's logits.
   void chunk_loss(const Tensor& losses, const Tensor& logits, const Tensor& targets, bool grad, float grad_scale) const;
   // Finds a parameter by global name: (set, index).

@@ -47,6 +47,9 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   const DType dtype = first.compute_dtype();
   const Device device = first.device();
 
+  // The head stage's LM head and loss run in its backward, so every stage's
+  // forward : backward split is what the schedules assume (about 1 : 2).
+  for (nn::Transformer* c : chunks_) c->loss_in_backward = c->part().head;
   const auto t0 = Clock::now();
   events_.clear();
   StepResult out;
@@ -118,12 +121,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       out.compute_seconds += since(t0) - start;
       out.forward_seconds += since(t0) - start;
       event("forward", a, start);
-      if (s == S - 1) {
-        out.loss_sum += ctx.loss_sum;
-        out.loss_tokens += ctx.loss_tokens;
-      } else {
-        sends.push_back({pp_->send(y, int((r + 1) % p), tag(a.micro_batch, s + 1, 0)), y});
-      }
+      if (s < S - 1) sends.push_back({pp_->send(y, int((r + 1) % p), tag(a.micro_batch, s + 1, 0)), y});
       out.peak_in_flight = std::max(out.peak_in_flight, ++in_flight);
     } else if (a.kind == ActionKind::backward_weight) {
       // Zero bubble: the weight gradients deferred by backward_input.
@@ -140,6 +138,10 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       const double start = since(t0);
       const Tensor d_in = split ? chunk.backward_input(ctx, d_out) : chunk.backward_part(ctx, d_out);
       out.compute_seconds += since(t0) - start;
+      if (s == S - 1) {  // the head stage computes the loss at the start of its backward
+        out.loss_sum += ctx.loss_sum;
+        out.loss_tokens += ctx.loss_tokens;
+      }
       event(split ? "backward_input" : "backward", a, start);
       if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), tag(a.micro_batch, s - 1, 1)), d_in});
       if (!split) --in_flight;

@@ -243,3 +243,36 @@ TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
 
 }  // namespace
 }  // namespace zt::nn
+
+namespace zt::nn {
+namespace {
+
+// loss_in_backward moves the LM head and the loss to the start of backward
+// (pipeline head stages): the same loss (reported after backward) and the
+// same gradients, bit for bit.
+TEST(Transformer, LossInBackwardGivesTheSameNumbers) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    SCOPED_TRACE(preset);
+    const ModelConfig c = model_preset(preset);
+    Transformer a(c, DType::f32), b(c, DType::f32);
+    a.init_weights(5);
+    b.init_weights(5);
+    b.loss_in_backward = true;
+    auto rng = test::make_rng(78);
+    const Tensor tokens = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+    const Tensor targets = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+    ForwardContext ca, cb;
+    const double loss = a.forward(ca, tokens, targets, true, 0.02f);
+    EXPECT_EQ(b.forward(cb, tokens, targets, true, 0.02f), 0.0) << "no loss before backward";
+    a.backward(ca);
+    b.backward(cb);
+    EXPECT_EQ(cb.loss_sum, loss);
+    const auto sa = a.param_sets(), sb = b.param_sets();
+    for (size_t i = 0; i < sa.size(); ++i)
+      EXPECT_EQ(std::memcmp(sa[i]->grad_flat().data_ptr(), sb[i]->grad_flat().data_ptr(), sa[i]->grad_flat().nbytes()), 0)
+          << "set " << i;
+  }
+}
+
+}  // namespace
+}  // namespace zt::nn
