@@ -532,8 +532,9 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model, N = B * T, R = lnf_rows.size(0);
   const int64_t Vl = shares_.vocab_rows;
   const float grad_scale = ctx.grad_scale;
-  const Tensor dev_targets = ctx.targets;
+  // The caller's targets: read on the host for the loss sum, on the device by the kernels.
   const Tensor& targets = ctx.targets;
+  const Tensor dev_targets = on_device(targets, device_);
   const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
   // d lnf is a partial sum over the vocabulary slices under tensor parallelism.
   Tensor d_lnf = train ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
@@ -597,7 +598,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.sequence_parallel = m.sequence_parallel;
   ctx.grad_scale = grad_scale;
   // Batches arrive from the host loader; kernels read them on the model's device.
-  const Tensor dev_tokens = on_device(tokens, device_), dev_targets = on_device(targets, device_);
+  const Tensor dev_tokens = on_device(tokens, device_);
   ctx.tokens = dev_tokens;
   ctx.blocks.resize(blocks_.size());
   const int64_t rows = m.sequence_parallel ? N / m.size() : N;
@@ -632,7 +633,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.lnf_mean = layernorm ? stat_tensor(R, device_) : Tensor();
   ctx.lnf_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), lnf_rows, ctx.lnf_mean, ctx.lnf_rstd, x, fw, fb, cfg_.norm_eps);
-  ctx.targets = dev_targets;
+  ctx.targets = targets;
   if (train && loss_in_backward) {
     // The LM head and the loss run at the start of backward (pipeline stages:
     // the head stage's passes then cost what the schedules assume).
@@ -674,20 +675,8 @@ void Transformer::backward_weight(ForwardContext& ctx) {
   ctx = ForwardContext{};
 }
 
-Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer) {
-  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined() || ctx.head_pending),
-           "backward needs a context from a training forward pass");
-  const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
-  const TensorParallel m = pass_mode(ctx.sequence_parallel);
-  Tensor dres;
-  if (!part_.head) {
-    const int64_t rows = m.sequence_parallel ? B * T / m.size() : B * T;
-    ZT_CHECK(d_output.defined() && d_output.shape() == (Shape{rows, C}) && d_output.dtype() == dtype_,
-             "stage output gradient must be ", dtype_name(dtype_), " (", rows, ", ", C, ") (from the next stage), got ",
-             d_output.str());
-    dres = act_tensor(Shape{rows, C}, dtype_, device_);  // updated in place below; the caller's buffer stays
-    ops::copy(dres, d_output);
-  } else {
+Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m) {
+  const int64_t C = cfg_.d_model;
   if (ctx.head_pending) {
     // The LM head and the loss deferred by forward (loss_in_backward).
     need(head_set());
@@ -703,7 +692,7 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
   const Tensor fw = head_.param(0);
   const Tensor gfw = head_.grad(0), gfb = cfg_.has_bias() ? head_.grad(1) : Tensor();
   const int64_t R = ctx.x_final.size(0);
-  dres = act_tensor(Shape{R, C}, dtype_, device_);
+  Tensor dres = act_tensor(Shape{R, C}, dtype_, device_);
   {
     std::unique_ptr<PartialGrads> norm;  // this rank's rows only under sequence parallelism
     if (m.sequence_parallel) norm = std::make_unique<PartialGrads>(std::vector<Tensor>{gfw, gfb}, device_);
@@ -716,6 +705,24 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
   // The head's gradients are complete (an untied lm_head's were accumulated
   // in forward, fused with the loss; a tied one's belong to the embeddings).
   if (on_grads_ready) on_grads_ready(head_set());
+  return dres;
+}
+
+Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer) {
+  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined() || ctx.head_pending),
+           "backward needs a context from a training forward pass");
+  const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
+  const TensorParallel m = pass_mode(ctx.sequence_parallel);
+  Tensor dres;
+  if (!part_.head) {
+    const int64_t rows = m.sequence_parallel ? B * T / m.size() : B * T;
+    ZT_CHECK(d_output.defined() && d_output.shape() == (Shape{rows, C}) && d_output.dtype() == dtype_,
+             "stage output gradient must be ", dtype_name(dtype_), " (", rows, ", ", C, ") (from the next stage), got ",
+             d_output.str());
+    dres = act_tensor(Shape{rows, C}, dtype_, device_);  // updated in place below; the caller's buffer stays
+    ops::copy(dres, d_output);
+  } else {
+    dres = head_backward(ctx, m);
   }
   // Deferred: each set's weight-gradient work, run by backward_weight.
   std::vector<DeferredWeights> deferred;

@@ -81,7 +81,7 @@ struct ForwardContext {
   Tensor x_final;                         // (R, C) residual after the last block
   Tensor lnf_mean, lnf_rstd;              // (R) f32
   Tensor d_lnf;                           // (R, C) gradient at the final norm output (train)
-  Tensor targets;                         // (B, T) i32 on the device
+  Tensor targets;                         // (B, T) i32, as the caller passed them (host)
   Tensor lnf_rows;                        // (R, C) final norm output kept for a deferred head (loss_in_backward)
   bool head_pending = false;              // the LM head and loss still to run (at the start of backward)
   double loss_sum = 0.0;                  // sum of token losses (f64)
@@ -222,6 +222,9 @@ class Transformer {
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
                       const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr);
   Tensor backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer);
+  // The head's backward (running a head and loss deferred by forward first):
+  // returns dL/d x_final (R, C).
+  Tensor head_backward(ForwardContext& ctx, const TensorParallel& m);
   // Final norm output (R, C) -> LM head in row chunks fused with the loss and,
   // when training, its backward (into ctx.d_lnf); sets ctx's loss.
   void head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool train, const TensorParallel& m);

@@ -27,6 +27,9 @@ PipelineRunner::PipelineRunner(comm::ProcessGroup& pp, std::vector<nn::Transform
     ZT_ASSERT(part.embedding == (stage == 0) && part.head == (stage == p * v - 1),
               "chunk ", c, " of pipeline rank ", r, " is stage ", stage, " but holds the wrong ends of the model");
   }
+  // The head stage's LM head and loss run in its backward, so its forward :
+  // backward split is closer to what the schedules assume.
+  for (nn::Transformer* c : chunks_) c->loss_in_backward = c->part().head;
   if (chunks_.front()->config().tied_embeddings && p > 1) {
     const bool end = r == 0 || r == p - 1;
     tied_group_ = pp.split(end ? 0 : int(1 + r), int(r), "pp_tied");
@@ -47,9 +50,6 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   const DType dtype = first.compute_dtype();
   const Device device = first.device();
 
-  // The head stage's LM head and loss run in its backward, so every stage's
-  // forward : backward split is what the schedules assume (about 1 : 2).
-  for (nn::Transformer* c : chunks_) c->loss_in_backward = c->part().head;
   const auto t0 = Clock::now();
   events_.clear();
   StepResult out;

@@ -22,7 +22,7 @@ std::string save_model_file(const nn::Transformer& model, const Config& cfg, boo
 
 namespace {
 
-// Packs (name, f32 tensor) pairs into one i64 header (count, then per
+// Packs (name, tensor) pairs into one i64 header (count, then per
 // tensor: name length, ndim, dims), the names' bytes and the data, for one
 // point-to-point transfer each.
 struct Packed {
@@ -48,7 +48,7 @@ Packed pack(const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::memcpy(p.names.data_ptr(), names.data(), names.size());
   int64_t at = 0;
   for (const auto& [name, t] : tensors) {
-    std::memcpy(static_cast<float*>(p.data.data_ptr()) + at, t.data_ptr(), t.nbytes());
+    ops::cast(p.data.flat_view(at, t.shape()), t);  // f32 on the wire
     at += t.numel();
   }
   return p;
@@ -68,11 +68,9 @@ std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, c
     for (const nn::ParamSet* s : model->param_sets())
       for (size_t i = 0; i < s->size(); ++i) {
         const std::string& name = s->spec(i).name;
-        const Tensor g = ops::to_device(model->global_param(name), Device::cpu());
+        // (The same on every tp rank, so skipping keeps the tp collectives paired.)
         if (!model->part().embedding && name == "embed.wte") continue;
-        Tensor f = Tensor::empty(g.shape(), DType::f32);
-        ops::cast(f, g);
-        tensors.emplace_back(name, f);
+        tensors.emplace_back(name, ops::to_device(model->global_param(name), Device::cpu()));
       }
   }
   if (pp && pp->size() > 1) {
@@ -99,8 +97,9 @@ std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, c
         const int64_t len = h[k++], nd = h[k++];
         std::vector<int64_t> dims(h + k, h + k + nd);
         k += nd;
-        Tensor t = Tensor::empty(Shape(dims.begin(), dims.end()), DType::f32);
-        std::memcpy(t.data_ptr(), p.data.data<float>() + at, t.nbytes());
+        // f32 on the wire; saved in the compute dtype, as a single-process run saves them.
+        Tensor t = Tensor::empty(Shape(dims.begin(), dims.end()), dtype);
+        ops::cast(t, p.data.flat_view(at, t.shape()));
         at += t.numel();
         tensors.emplace_back(std::string(names + name_at, size_t(len)), t);
         name_at += len;
@@ -108,13 +107,6 @@ std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, c
     }
   }
   if (!write) return "";
-  // Saved in the compute dtype, as a single-process run saves them.
-  for (auto& [name, t] : tensors)
-    if (dtype != DType::f32) {
-      Tensor c = Tensor::empty(t.shape(), dtype);
-      ops::cast(c, t);
-      t = c;
-    }
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
   ckpt::write_safetensors(path, tensors, {{"format", "zettatron-model"}, {"arch", std::string(nn::arch_name(cfg.model.arch))}});
   return path;

@@ -179,7 +179,6 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.forward_seconds += res.forward_seconds;
     m.pp_idle_seconds = res.idle_seconds;
     m.pp_peak_in_flight = res.peak_in_flight;
-    pp_step_ = res;
     if (cfg_.metrics.pipeline_trace_step == step + 1) {
       // Every stage's timeline of this step, viewable in Perfetto.
       const auto events = parallel::gather_pipeline_events(mesh_->pp(), pipeline_->events());
@@ -190,7 +189,7 @@ StepMetrics Trainer::train_step(int64_t step) {
       }
     }
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
-    m.backward_seconds += res.compute_seconds - res.forward_seconds;  // the rest of the time: waiting (the bubble)
+    m.backward_seconds += res.compute_seconds - res.forward_seconds;  // waiting (the bubble) is in neither
   }
   for (int64_t micro = 0; !pipeline_ && micro < accum; ++micro) {
     auto t0 = Clock::now();
@@ -253,9 +252,9 @@ StepMetrics Trainer::train_step(int64_t step) {
     // Every stage's bubble (time waiting for a neighbour / step time) and
     // activations in flight, on every rank (for the main rank's log).
     m.pp_size = mesh_->pp().size();
-    for (double idle : comm::all_gather_doubles(mesh_->pp(), pp_step_.idle_seconds))
+    for (double idle : comm::all_gather_doubles(mesh_->pp(), m.pp_idle_seconds))
       m.pp_bubble_per_stage.push_back(idle / m.step_seconds);
-    for (double n : comm::all_gather_doubles(mesh_->pp(), double(pp_step_.peak_in_flight)))
+    for (double n : comm::all_gather_doubles(mesh_->pp(), double(m.pp_peak_in_flight)))
       m.pp_in_flight_per_stage.push_back(int64_t(n));
     // Theory as a share of the step: idle / (work + idle).
     const double b = parallel::theoretical_bubble(parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule),

@@ -127,7 +127,6 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<comm::ProcessGroup> ckpt_group_;
   std::unique_ptr<parallel::PipelineRunner> pipeline_;
-  parallel::PipelineRunner::StepResult pp_step_;  // the last step's, for metrics
   bool main_rank_ = true;
   std::unique_ptr<BatchSource> train_, val_;
   std::unique_ptr<TextCodec> codec_;
