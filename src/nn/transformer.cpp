@@ -536,26 +536,31 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
   const Tensor& targets = ctx.targets;
   const Tensor dev_targets = on_device(targets, device_);
   const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
+  // Fused (train without head_keeps_dlogits): each chunk's backward runs at
+  // once. Kept: every chunk's dlogits stay in ctx.dlogits for head_backward.
+  const bool keep = train && head_keeps_dlogits;
+  const bool fused = train && !keep;
   // d lnf is a partial sum over the vocabulary slices under tensor parallelism.
-  Tensor d_lnf = train ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
-  if (train && on_grads_needed) on_grads_needed(head_weight_set());
-  const Tensor w_head = head_weight(), g_head = train ? head_grad() : Tensor();
+  Tensor d_lnf = fused ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
+  if (fused && on_grads_needed) on_grads_needed(head_weight_set());
+  const Tensor w_head = head_weight(), g_head = fused ? head_grad() : Tensor();
   const Tensor flat_targets = dev_targets.view(Shape{N});
-  // Logit rows per chunk: 4M elements keep a CPU chunk in cache; a GPU wants
-  // large GEMMs and has the memory (256M elements: 512 MiB in bf16).
-  const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / Vl));
-  Tensor logits = act_tensor(Shape{chunk, Vl}, dtype_, device_);
+  const int64_t chunk = head_chunk_rows(N);
+  Tensor logits = act_tensor(Shape{keep ? N : chunk, Vl}, dtype_, device_);
   Tensor losses = stat_tensor(N, device_);  // per token; 0 for ignored targets
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
-    const Tensor lg = logits.slice(0, n), ls = losses.slice(r0, r0 + n), tg = flat_targets.slice(r0, r0 + n);
+    const Tensor lg = keep ? logits.slice(r0, r0 + n) : logits.slice(0, n);
+    const Tensor ls = losses.slice(r0, r0 + n), tg = flat_targets.slice(r0, r0 + n);
     const Tensor x_rows = lnf.slice(r0, r0 + n);
     ops::linear_forward(lg, x_rows, w_head, Tensor());
     chunk_loss(ls, lg, tg, train, grad_scale);
-    if (train) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
+    if (fused) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
   }
-  if (train) {
+  if (keep) {
+    ctx.dlogits = logits;
+    ctx.head_in = lnf;
+  } else if (train) {
     ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{R, C}, dtype_, device_) : d_lnf;
     wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
   }
@@ -634,14 +639,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.lnf_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), lnf_rows, ctx.lnf_mean, ctx.lnf_rstd, x, fw, fb, cfg_.norm_eps);
   ctx.targets = targets;
-  if (train && loss_in_backward) {
-    // The LM head and the loss run at the start of backward (pipeline stages:
-    // the head stage's passes then cost what the schedules assume).
-    ctx.lnf_rows = lnf_rows;
-    ctx.head_pending = true;
-  } else {
-    head_loss(ctx, lnf_rows, train, m);
-  }
+  head_loss(ctx, lnf_rows, train, m);
   done(head_set());
   if (head_weight_set() != head_set()) done(head_weight_set());
   if (train) {
@@ -675,17 +673,43 @@ void Transformer::backward_weight(ForwardContext& ctx) {
   ctx = ForwardContext{};
 }
 
-Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m) {
+int64_t Transformer::head_chunk_rows(int64_t N) const {
+  // 4M logits keep a CPU chunk in cache; a GPU wants large GEMMs and has the
+  // memory (256M elements: 512 MiB in bf16).
+  const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
+  return std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / shares_.vocab_rows));
+}
+
+Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m,
+                                  std::vector<std::function<void()>>* weight_work) {
   const int64_t C = cfg_.d_model;
-  if (ctx.head_pending) {
-    // The LM head and the loss deferred by forward (loss_in_backward).
-    need(head_set());
-    if (head_weight_set() != head_set()) need(head_weight_set());
-    head_loss(ctx, ctx.lnf_rows, true, m);
-    done(head_set());
-    if (head_weight_set() != head_set()) done(head_weight_set());
-    ctx.lnf_rows = Tensor();
-    ctx.head_pending = false;
+  if (ctx.dlogits.defined()) {
+    // head_keeps_dlogits: d lnf = dlogits W (partial over the vocabulary
+    // slices), in the chunks forward used, then dW += dlogits^T lnf.
+    const int64_t N = ctx.dlogits.size(0), chunk = head_chunk_rows(N);
+    need(head_weight_set());
+    const Tensor w_head = head_weight();
+    Tensor d_lnf = act_tensor(Shape{N, C}, dtype_, device_);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+      const int64_t r1 = std::min(N, r0 + chunk);
+      ops::linear_backward(d_lnf.slice(r0, r1), Tensor(), Tensor(), ctx.dlogits.slice(r0, r1),
+                           ctx.head_in.slice(r0, r1), w_head);
+    }
+    done(head_weight_set());
+    if (on_grads_needed) on_grads_needed(head_weight_set());
+    auto work = [g_head = head_grad(), w_head, dl = ctx.dlogits, x = ctx.head_in, N, chunk] {
+      for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t r1 = std::min(N, r0 + chunk);
+        ops::linear_backward(Tensor(), g_head, Tensor(), dl.slice(r0, r1), x.slice(r0, r1), w_head);
+      }
+    };
+    if (weight_work)
+      weight_work->push_back(std::move(work));
+    else
+      work();
+    ctx.dlogits = ctx.head_in = Tensor();
+    ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{ctx.x_final.size(0), C}, dtype_, device_) : d_lnf;
+    wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
   }
   if (on_grads_needed) on_grads_needed(head_set());
   need(head_set());
@@ -702,14 +726,16 @@ Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m) 
   }
   ctx.d_lnf = ctx.x_final = ctx.lnf_mean = ctx.lnf_rstd = Tensor();
   done(head_set());
-  // The head's gradients are complete (an untied lm_head's were accumulated
-  // in forward, fused with the loss; a tied one's belong to the embeddings).
-  if (on_grads_ready) on_grads_ready(head_set());
+  // The head's gradients are complete, unless its weight gradient was
+  // deferred (the caller reports the set then). An untied lm_head's were
+  // accumulated in forward when fused with the loss; a tied one's belong to
+  // the embeddings on a whole model.
+  if (!weight_work && on_grads_ready) on_grads_ready(head_set());
   return dres;
 }
 
 Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer) {
-  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined() || ctx.head_pending),
+  ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined() || ctx.dlogits.defined()),
            "backward needs a context from a training forward pass");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
   const TensorParallel m = pass_mode(ctx.sequence_parallel);
@@ -721,11 +747,21 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
              d_output.str());
     dres = act_tensor(Shape{rows, C}, dtype_, device_);  // updated in place below; the caller's buffer stays
     ops::copy(dres, d_output);
-  } else {
-    dres = head_backward(ctx, m);
   }
   // Deferred: each set's weight-gradient work, run by backward_weight.
   std::vector<DeferredWeights> deferred;
+  // A whole model's tied head writes the embeddings' gradient: its weight
+  // work runs with theirs, first (the order the fused head gives).
+  std::vector<std::function<void()>> tied_head_work;
+  if (part_.head) {
+    std::vector<std::function<void()>> head_work;
+    dres = head_backward(ctx, m, defer ? &head_work : nullptr);
+    if (defer && head_weight_set() == head_set()) deferred.push_back(DeferredWeights{head_set(), std::move(head_work)});
+    if (defer && head_weight_set() != head_set()) {
+      deferred.push_back(DeferredWeights{head_set(), {}});
+      tied_head_work = std::move(head_work);
+    }
+  }
   for (size_t i = blocks_.size(); i-- > 0;) {
     need(block_set(i));
     if (on_grads_needed) on_grads_needed(block_set(i));  // before recompute: the block's linears view its gradients
@@ -750,7 +786,8 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     // The embedding's backward is its weight gradient: deferred too.
     auto work = [g_wte, g_wpe, d_emb, tokens, slice] { ops::embedding_backward(g_wte, g_wpe, d_emb, tokens, 0, slice); };
     if (defer) {
-      deferred.push_back(DeferredWeights{0, {std::move(work)}});
+      tied_head_work.push_back(std::move(work));
+      deferred.push_back(DeferredWeights{0, std::move(tied_head_work)});
     } else {
       work();
       if (on_grads_ready) on_grads_ready(0);
@@ -758,11 +795,7 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
   } else {
     d_input = dres;
   }
-  const double loss_sum = ctx.loss_sum;  // computed here under loss_in_backward: kept for the caller
-  const int64_t loss_tokens = ctx.loss_tokens;
   ctx = ForwardContext{};
-  ctx.loss_sum = loss_sum;
-  ctx.loss_tokens = loss_tokens;
   if (defer) {
     ctx.deferred = std::move(deferred);
     ctx.weights_pending = true;

@@ -82,8 +82,8 @@ struct ForwardContext {
   Tensor lnf_mean, lnf_rstd;              // (R) f32
   Tensor d_lnf;                           // (R, C) gradient at the final norm output (train)
   Tensor targets;                         // (B, T) i32, as the caller passed them (host)
-  Tensor lnf_rows;                        // (R, C) final norm output kept for a deferred head (loss_in_backward)
-  bool head_pending = false;              // the LM head and loss still to run (at the start of backward)
+  Tensor head_in;                         // (N, C) final norm output, all rows (head_keeps_dlogits)
+  Tensor dlogits;                         // (N, Vl) gradient of this rank's logits (head_keeps_dlogits)
   double loss_sum = 0.0;                  // sum of token losses (f64)
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
@@ -127,12 +127,15 @@ class Transformer {
   DType compute_dtype() const { return dtype_; }
   Device device() const { return device_; }
   Recompute recompute = Recompute::none;
-  // Training: run the LM head and the loss (fused with the head's backward)
-  // at the start of backward instead of in forward; ctx.loss_sum is then set
-  // after backward. Pipelines set it on the head stage so its forward and
-  // backward weigh what the schedules assume (the logits are still never
-  // stored). The same numbers either way.
-  bool loss_in_backward = false;
+  // Training: split the LM head's work like a block's instead of fusing it
+  // with the loss in forward. Forward computes the logits, the loss and
+  // dlogits (one V x C matmul) and keeps dlogits, (B T, Vl) in the compute
+  // dtype per micro-batch in flight; backward computes the input gradient
+  // from them (one matmul) and the head's weight gradient (one matmul,
+  // deferred by backward_input). Pipelines set it on the head stage so its
+  // F : B : W split is the 1 : 1 : 1 the schedules assume. The same loss
+  // and gradients either way, bit for bit.
+  bool head_keeps_dlogits = false;
   // Called during backward() with the index (into param_sets()) of a layer
   // whose gradients are complete for this micro-batch: the head first, the
   // blocks from last to first, the embeddings last. Data parallelism starts
@@ -222,9 +225,14 @@ class Transformer {
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
                       const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr);
   Tensor backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer);
-  // The head's backward (running a head and loss deferred by forward first):
-  // returns dL/d x_final (R, C).
-  Tensor head_backward(ForwardContext& ctx, const TensorParallel& m);
+  // The head's backward: returns dL/d x_final (R, C). Under
+  // head_keeps_dlogits the input gradient comes from ctx.dlogits here and
+  // the head's weight gradient is computed at once, or appended to
+  // weight_work when that is given (backward_input).
+  Tensor head_backward(ForwardContext& ctx, const TensorParallel& m,
+                       std::vector<std::function<void()>>* weight_work);
+  // Rows of logits per chunk of the LM head for this rank's vocabulary slice.
+  int64_t head_chunk_rows(int64_t N) const;
   // Final norm output (R, C) -> LM head in row chunks fused with the loss and,
   // when training, its backward (into ctx.d_lnf); sets ctx's loss.
   void head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool train, const TensorParallel& m);

@@ -27,9 +27,9 @@ PipelineRunner::PipelineRunner(comm::ProcessGroup& pp, std::vector<nn::Transform
     ZT_ASSERT(part.embedding == (stage == 0) && part.head == (stage == p * v - 1),
               "chunk ", c, " of pipeline rank ", r, " is stage ", stage, " but holds the wrong ends of the model");
   }
-  // The head stage's LM head and loss run in its backward, so its forward :
-  // backward split is closer to what the schedules assume.
-  for (nn::Transformer* c : chunks_) c->loss_in_backward = c->part().head;
+  // The head stage splits the LM head's work forward : backward : weight
+  // like a block's, as the schedules assume (it keeps dlogits in between).
+  for (nn::Transformer* c : chunks_) c->head_keeps_dlogits = c->part().head;
   if (chunks_.front()->config().tied_embeddings && p > 1) {
     const bool end = r == 0 || r == p - 1;
     tied_group_ = pp.split(end ? 0 : int(1 + r), int(r), "pp_tied");
@@ -121,6 +121,10 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       out.compute_seconds += since(t0) - start;
       out.forward_seconds += since(t0) - start;
       event("forward", a, start);
+      if (s == S - 1) {
+        out.loss_sum += ctx.loss_sum;
+        out.loss_tokens += ctx.loss_tokens;
+      }
       if (s < S - 1) sends.push_back({pp_->send(y, int((r + 1) % p), tag(a.micro_batch, s + 1, 0)), y});
       out.peak_in_flight = std::max(out.peak_in_flight, ++in_flight);
     } else if (a.kind == ActionKind::backward_weight) {
@@ -138,10 +142,6 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       const double start = since(t0);
       const Tensor d_in = split ? chunk.backward_input(ctx, d_out) : chunk.backward_part(ctx, d_out);
       out.compute_seconds += since(t0) - start;
-      if (s == S - 1) {  // the head stage computes the loss at the start of its backward
-        out.loss_sum += ctx.loss_sum;
-        out.loss_tokens += ctx.loss_tokens;
-      }
       event(split ? "backward_input" : "backward", a, start);
       if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), tag(a.micro_batch, s - 1, 1)), d_in});
       if (!split) --in_flight;
@@ -150,6 +150,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   }
   reap_sends(true);
   ZT_ASSERT(recvs.empty(), "pipeline: receives left unused at the end of the step");
+  out.seconds = since(t0);
   return out;
 }
 

@@ -58,7 +58,8 @@ class PipelineRunner {
   struct StepResult {
     double loss_sum = 0;      // the head stage's summed token loss (0 on other ranks)
     int64_t loss_tokens = 0;
-    double idle_seconds = 0;  // time blocked waiting for a neighbour's transfer
+    double seconds = 0;          // the whole of run(): compute, waits, transfers
+    double idle_seconds = 0;     // time blocked waiting for a neighbour's transfer
     double compute_seconds = 0;  // forward + backward passes
     double forward_seconds = 0;
     int64_t peak_in_flight = 0;  // micro-batch chunks forwarded, backward (zb: its weight pass) not yet run

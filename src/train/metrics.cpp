@@ -61,6 +61,7 @@ void MetricsLog::write_step(const StepMetrics& m) {
     j["pipeline"] = {{"pp", m.pp_size},
                      {"bubble_per_stage", m.pp_bubble_per_stage},
                      {"bubble_theory", m.pp_bubble_theory},
+                     {"p2p_wait_per_stage", m.pp_wait_per_stage},
                      {"in_flight_per_stage", m.pp_in_flight_per_stage}};
   if (m.tp_size > 1)
     j["comm_tp"] = {{"tp", m.tp_size},
@@ -127,7 +128,7 @@ std::string format_step_line(const StepMetrics& m) {
   if (m.pp_size > 1 && !m.pp_bubble_per_stage.empty()) {
     double most = 0;
     for (double b : m.pp_bubble_per_stage) most = std::max(most, b);
-    std::snprintf(buf, sizeof buf, " | pp bubble %.0f%% of the step at the idlest stage (theory %.0f%%)", 100.0 * most,
+    std::snprintf(buf, sizeof buf, " | pp bubble %.0f%% of the schedule at the idlest stage (theory %.0f%%)", 100.0 * most,
                   100.0 * m.pp_bubble_theory);
     line += buf;
   }

@@ -35,15 +35,18 @@ struct StepMetrics {
   MemStats max_peak_memory;
   int64_t comm_bytes = 0;
   double comm_busy_seconds = 0, comm_exposed_seconds = 0;
-  // Pipeline (this rank's stage): time waiting for neighbours, the most
-  // micro-batch chunks in flight; per stage (gathered on the main rank) and
-  // the schedule's theoretical bubble.
+  // Pipeline (this rank's stage): the schedule's span, its compute, time
+  // blocked on a neighbour, the most micro-batch chunks in flight; per stage
+  // (gathered on every rank) and the schedule's theoretical bubble.
   int64_t pp_size = 1;
-  double pp_idle_seconds = 0;
+  double pp_run_seconds = 0, pp_compute_seconds = 0, pp_idle_seconds = 0;
   int64_t pp_peak_in_flight = 0;
-  std::vector<double> pp_bubble_per_stage;   // idle / step time, pipeline rank order
+  // 1 - compute / span, span = the longest rank's schedule: what the theory
+  // counts (idle before the first and after the last pass included).
+  std::vector<double> pp_bubble_per_stage;   // pipeline rank order
+  std::vector<double> pp_wait_per_stage;     // blocked on a neighbour's transfer / span
   std::vector<int64_t> pp_in_flight_per_stage;
-  double pp_bubble_theory = 0;               // the schedule's idle / step time with balanced stages
+  double pp_bubble_theory = 0;               // the schedule's idle / span with balanced stages
   // Tensor-parallel communication this step (this rank), the same measures.
   int64_t tp_size = 1;
   int64_t tp_comm_bytes = 0;

@@ -2,6 +2,7 @@
 
 #include "parallel/pipeline_stages.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -177,6 +178,8 @@ StepMetrics Trainer::train_step(int64_t step) {
     const parallel::PipelineRunner::StepResult res = pipeline_->run(mbs, grad_scale);
     pipeline_->sync_tied_embedding();  // both copies' shares summed before the dp reduction
     m.forward_seconds += res.forward_seconds;
+    m.pp_run_seconds = res.seconds;
+    m.pp_compute_seconds = res.compute_seconds;
     m.pp_idle_seconds = res.idle_seconds;
     m.pp_peak_in_flight = res.peak_in_flight;
     if (cfg_.metrics.pipeline_trace_step == step + 1) {
@@ -249,11 +252,15 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.comm_busy_seconds = sc.busy_seconds;
   m.comm_exposed_seconds = sc.wait_seconds;
   if (pipeline_) {
-    // Every stage's bubble (time waiting for a neighbour / step time) and
-    // activations in flight, on every rank (for the main rank's log).
+    // Every stage's bubble (the share of the schedule's span it did not
+    // compute), waits and activations in flight, on every rank.
     m.pp_size = mesh_->pp().size();
+    const std::vector<double> runs = comm::all_gather_doubles(mesh_->pp(), m.pp_run_seconds);
+    const double span = *std::max_element(runs.begin(), runs.end());
+    for (double c : comm::all_gather_doubles(mesh_->pp(), m.pp_compute_seconds))
+      m.pp_bubble_per_stage.push_back(span > 0 ? 1.0 - c / span : 0.0);
     for (double idle : comm::all_gather_doubles(mesh_->pp(), m.pp_idle_seconds))
-      m.pp_bubble_per_stage.push_back(idle / m.step_seconds);
+      m.pp_wait_per_stage.push_back(span > 0 ? idle / span : 0.0);
     for (double n : comm::all_gather_doubles(mesh_->pp(), double(m.pp_peak_in_flight)))
       m.pp_in_flight_per_stage.push_back(int64_t(n));
     // Theory as a share of the step: idle / (work + idle).

@@ -247,30 +247,48 @@ TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
 namespace zt::nn {
 namespace {
 
-// loss_in_backward moves the LM head and the loss to the start of backward
-// (pipeline head stages): the same loss (reported after backward) and the
-// same gradients, bit for bit.
-TEST(Transformer, LossInBackwardGivesTheSameNumbers) {
+// head_keeps_dlogits splits the LM head's work like a block's (pipeline head
+// stages): the same loss, known after forward, and the same gradients, bit
+// for bit, whether backward runs whole or as backward_input + backward_weight
+// (the head's weight gradient then waits for the weight pass).
+TEST(Transformer, HeadKeepingDlogitsGivesTheSameNumbers) {
   for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
-    SCOPED_TRACE(preset);
-    const ModelConfig c = model_preset(preset);
-    Transformer a(c, DType::f32), b(c, DType::f32);
-    a.init_weights(5);
-    b.init_weights(5);
-    b.loss_in_backward = true;
-    auto rng = test::make_rng(78);
-    const Tensor tokens = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
-    const Tensor targets = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
-    ForwardContext ca, cb;
-    const double loss = a.forward(ca, tokens, targets, true, 0.02f);
-    EXPECT_EQ(b.forward(cb, tokens, targets, true, 0.02f), 0.0) << "no loss before backward";
-    a.backward(ca);
-    b.backward(cb);
-    EXPECT_EQ(cb.loss_sum, loss);
-    const auto sa = a.param_sets(), sb = b.param_sets();
-    for (size_t i = 0; i < sa.size(); ++i)
-      EXPECT_EQ(std::memcmp(sa[i]->grad_flat().data_ptr(), sb[i]->grad_flat().data_ptr(), sa[i]->grad_flat().nbytes()), 0)
-          << "set " << i;
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE(std::string(preset) + (split ? " backward_input + backward_weight" : " backward"));
+      const ModelConfig c = model_preset(preset);
+      Transformer a(c, DType::f32), b(c, DType::f32);
+      a.init_weights(5);
+      b.init_weights(5);
+      b.head_keeps_dlogits = true;
+      std::vector<size_t> ready;
+      b.on_grads_ready = [&](size_t set) { ready.push_back(set); };
+      auto rng = test::make_rng(78);
+      const Tensor tokens = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+      Tensor targets = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+      targets.data<int32_t>()[3] = -1;  // an ignored position
+      ForwardContext ca, cb;
+      const double loss = a.forward(ca, tokens, targets, true, 0.02f);
+      EXPECT_EQ(b.forward(cb, tokens, targets, true, 0.02f), loss);
+      EXPECT_EQ(cb.loss_tokens, ca.loss_tokens);
+      a.backward(ca);
+      const auto sa = a.param_sets(), sb = b.param_sets();
+      const size_t head = sb.size() - 1;
+      if (split) {
+        b.backward_input(cb, Tensor());
+        EXPECT_TRUE(ready.empty()) << "no set is complete before its weight pass";
+        for (const double g : test::to_f64(b.grad(c.tied_embeddings ? "embed.wte" : "lm_head.weight")))
+          ASSERT_EQ(g, 0.0) << "the head's weight gradient waits for backward_weight";
+        b.backward_weight(cb);
+      } else {
+        b.backward(cb);
+      }
+      ASSERT_EQ(ready.size(), sb.size());
+      EXPECT_EQ(ready.front(), head);
+      EXPECT_EQ(ready.back(), 0u);
+      for (size_t i = 0; i < sa.size(); ++i)
+        EXPECT_EQ(std::memcmp(sa[i]->grad_flat().data_ptr(), sb[i]->grad_flat().data_ptr(), sa[i]->grad_flat().nbytes()), 0)
+            << "set " << i;
+    }
   }
 }
 

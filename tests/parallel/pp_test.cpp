@@ -203,6 +203,7 @@ Config pp_config(const std::string& preset, const std::vector<std::string>& more
 struct TrainerRun {
   std::vector<double> losses;
   std::map<std::string, Tensor> weights;  // this rank's tensors, whole (tp gathered)
+  StepMetrics last;                        // the last step's metrics
 };
 
 TrainerRun train_with(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh) {
@@ -210,7 +211,10 @@ TrainerRun train_with(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh) {
   TrainingData data = open_training_data(cfg, rank, dp);
   Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh);
   TrainerRun r;
-  for (int64_t s = 0; s < cfg.train.steps; ++s) r.losses.push_back(t.train_step(s).loss);
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    r.last = t.train_step(s);
+    r.losses.push_back(r.last.loss);
+  }
   for (const auto& c : t.chunks())
     for (const nn::ParamSet* set : static_cast<const nn::Transformer&>(*c).param_sets())
       for (size_t i = 0; i < set->size(); ++i) r.weights[set->spec(i).name] = c->global_param(set->spec(i).name);
@@ -255,6 +259,18 @@ TEST(PipelineTrainer, LayoutsWithDataAndTensorParallelismMatchOneProcess) {
         EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "step " << s + 1;
       for (const auto& [layer, diff] : test::layer_rel_diffs(got.weights, ref.weights, cfg.model))
         EXPECT_LT(diff, 1e-5) << layer << " after 10 steps";
+      // Per-stage bubble: 1 - compute / span of the longest rank; the time
+      // blocked on transfers is part of it; every stage idles some (p > 1).
+      const StepMetrics& mt = got.last;
+      ASSERT_EQ(mt.pp_bubble_per_stage.size(), size_t(l.pp));
+      ASSERT_EQ(mt.pp_wait_per_stage.size(), size_t(l.pp));
+      for (int64_t st = 0; st < l.pp; ++st) {
+        EXPECT_GT(mt.pp_bubble_per_stage[size_t(st)], 0.0) << "stage " << st;
+        EXPECT_LT(mt.pp_bubble_per_stage[size_t(st)], 1.0) << "stage " << st;
+        EXPECT_GE(mt.pp_wait_per_stage[size_t(st)], 0.0) << "stage " << st;
+        EXPECT_LE(mt.pp_wait_per_stage[size_t(st)], mt.pp_bubble_per_stage[size_t(st)] + 1e-9) << "stage " << st;
+      }
+      EXPECT_GT(mt.pp_bubble_theory, 0.0);
     }
   }
 }
