@@ -804,21 +804,38 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
 }
 
 void Transformer::logits(const Tensor& out, const Tensor& tokens) {
-  ZT_CHECK(whole(), "logits() needs the whole model (not one pipeline stage)");
+  ZT_CHECK(whole(), "logits() needs the whole model (not one pipeline stage): a pipeline runs logits_part per stage");
+  check_batch(tokens, Tensor());
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, cfg_.padded_vocab()}) && out.dtype() == DType::f32,
+           "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", cfg_.padded_vocab(), "), got ",
+           out.str());
+  logits_part(out, Tensor(), tokens);
+}
+
+Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens) {
   check_batch(tokens, Tensor());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T, Vp = cfg_.padded_vocab();
-  ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32,
+  ZT_CHECK(!part_.head || (out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32),
            "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", Vp, "), got ", out.str());
   const TensorParallel m = pass_mode(false);  // any number of tokens: the rows stay whole
-  need(0);
-  Tensor x = embed(m, on_device(tokens, device_));
-  done(0);
+  Tensor x;
+  if (part_.embedding) {
+    need(0);
+    x = embed(m, on_device(tokens, device_));
+    done(0);
+  } else {
+    ZT_CHECK(input.defined() && input.shape() == (Shape{N, C}) && input.dtype() == dtype_, "stage input must be ",
+             dtype_name(dtype_), " (", N, ", ", C, ") (the previous stage's output), got ", input.str());
+    x = on_device(input, device_);
+  }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
     need(block_set(i));
     x = block_forward(i, a, x, B, T, m);
     done(block_set(i));
   }
+  if (!part_.head) return x;
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   Tensor lnf = act_tensor(Shape{N, C}, dtype_, device_);
   Tensor mean = layernorm ? stat_tensor(N, device_) : Tensor(), rstd = stat_tensor(N, device_);
@@ -844,6 +861,7 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   }
   done(head_set());
   if (head_weight_set() != head_set()) done(head_weight_set());
+  return Tensor();
 }
 
 }  // namespace zt::nn

@@ -194,6 +194,11 @@ class Transformer {
   // evaluation tools and generation; uses no gradient state. Under tensor
   // parallelism every rank of the group calls it and gets all of them.
   void logits(const Tensor& out, const Tensor& tokens);
+  // One pipeline stage's part of logits(): input (B T, C) from the previous
+  // stage (undefined on the embedding stage); returns this stage's output
+  // (B T, C), or writes out (B, T, Vp) f32 on the head stage (and returns
+  // undefined). Rows are never sharded here (no sequence parallelism).
+  Tensor logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens);
 
  private:
   struct BlockParams {  // views into one ParamSet; undefined where the arch has none

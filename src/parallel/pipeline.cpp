@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "ops/device.h"
 
 namespace zt::parallel {
 
@@ -183,6 +184,36 @@ PipelineRunner::StepResult PipelineRunner::evaluate(const std::vector<PipelineMi
     }
   for (auto& [w, t] : sends) w->wait();
   return out;
+}
+
+Tensor PipelineRunner::last_logits(const Tensor& tokens) {
+  const int64_t p = pp_->size(), r = pp_->rank(), v = int64_t(chunks_.size()), S = p * v;
+  const nn::Transformer& first = *chunks_.front();
+  ZT_CHECK(tokens.defined() && tokens.ndim() == 2 && tokens.size(0) == 1, "last_logits takes one (1, T) token row, got ",
+           tokens.str());
+  const int64_t T = tokens.size(1), C = first.config().d_model, Vp = first.config().padded_vocab();
+  Tensor row = Tensor::empty(Shape{Vp}, DType::f32, Device::cpu(), MemCategory::activations);
+  std::vector<std::pair<comm::WorkHandle, Tensor>> sends;
+  for (int64_t c = 0; c < v; ++c) {
+    const int64_t s = c * p + r;
+    Tensor input;
+    if (s > 0) {
+      input = Tensor::empty(Shape{T, C}, first.compute_dtype(), first.device(), MemCategory::activations);
+      pp_->recv(input, int((r + p - 1) % p), int(s * 2))->wait();  // forward tags of micro-batch 0, as in run()
+    }
+    nn::Transformer& chunk = *chunks_[size_t(c)];
+    if (s < S - 1) {
+      const Tensor y = chunk.logits_part(Tensor(), input, tokens);
+      sends.push_back({pp_->send(y, int((r + 1) % p), int((s + 1) * 2)), y});
+    } else {
+      Tensor out = Tensor::empty(Shape{1, T, Vp}, DType::f32, first.device(), MemCategory::activations);
+      chunk.logits_part(out, input, tokens);
+      ops::copy(row, ops::to_device(out.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu()).view(Shape{Vp}));
+    }
+  }
+  for (auto& [w, t] : sends) w->wait();
+  pp_->broadcast(row, int(p - 1))->wait();
+  return row;
 }
 
 void PipelineRunner::sync_tied_embedding() {

@@ -73,6 +73,12 @@ class PipelineRunner {
   // in order; loss_sum / loss_tokens on the last rank.
   StepResult evaluate(const std::vector<PipelineMicroBatch>& micro_batches);
 
+  // Inference: the logits of the last position of tokens (1, T) i32, as
+  // (padded vocabulary) f32 on the host, on every pipeline rank (each stage
+  // runs its chunks in order; the head stage broadcasts the row). A
+  // collective over the pipeline (and tensor-parallel) group.
+  Tensor last_logits(const Tensor& tokens);
+
   // Sums the tied embedding's gradient over the first and last rank (each
   // holds a share); a no-op without tied embeddings or with one rank.
   void sync_tied_embedding();

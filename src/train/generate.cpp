@@ -13,7 +13,18 @@ namespace zt::train {
 
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
                                const SamplingOptions& opt) {
-  const nn::ModelConfig& cfg = model.config();
+  const LastLogitsFn last_logits = [&model](const Tensor& tokens) {
+    const int64_t T = tokens.size(1), Vp = model.config().padded_vocab();
+    Tensor logits = Tensor::empty(Shape{1, T, Vp}, DType::f32, model.device());
+    model.logits(logits, tokens);
+    // Only the last position's row is read, on the host.
+    return ops::to_device(logits.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu());
+  };
+  return generate(last_logits, model.config(), prompt, opt);
+}
+
+std::vector<uint32_t> generate(const LastLogitsFn& last_logits, const nn::ModelConfig& cfg,
+                               const std::vector<uint32_t>& prompt, const SamplingOptions& opt) {
   ZT_CHECK(!prompt.empty(), "generate: the prompt must contain at least one token");
   ZT_CHECK(opt.temperature > 0, "generate: temperature must be positive");
   std::vector<uint32_t> seq = prompt;
@@ -24,10 +35,10 @@ std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_
     const int64_t T = int64_t(seq.size()) - start;
     Tensor tokens = Tensor::empty(Shape{1, T}, DType::i32);
     for (int64_t t = 0; t < T; ++t) tokens.data<int32_t>()[t] = int32_t(seq[size_t(start + t)]);
-    Tensor logits = Tensor::empty(Shape{1, T, Vp}, DType::f32, model.device());
-    model.logits(logits, tokens);
-    // Only the last position's row is read, on the host.
-    const Tensor last_row = ops::to_device(logits.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu());
+    const Tensor last_row = last_logits(tokens);
+    ZT_CHECK(last_row.numel() == Vp && last_row.dtype() == DType::f32 && last_row.device().is_cpu(),
+             "generate: the logits function must return the last position's ", Vp, " f32 logits on the host, got ",
+             last_row.str());
     const float* last = last_row.data<float>();
     // Top-k over the real vocabulary, then softmax with temperature (f64).
     std::iota(order.begin(), order.end(), 0);

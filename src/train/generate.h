@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "nn/transformer.h"
@@ -16,9 +17,17 @@ struct SamplingOptions {
   int64_t stop_token = -1;   // stop after emitting this token (-1: never)
 };
 
+// The logits of the last position of a (1, T) i32 token row: (padded
+// vocabulary) f32 on the host.
+using LastLogitsFn = std::function<Tensor(const Tensor& tokens)>;
+
 // Returns prompt + generated tokens. Each step recomputes the logits of the
 // last max_seq_len tokens (no KV cache: simple and exact; fine for samples).
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
                                const SamplingOptions& opt);
+// The same over any forward pass (a pipeline's, where each rank holds one
+// stage: every rank calls it and gets the same tokens).
+std::vector<uint32_t> generate(const LastLogitsFn& last_logits, const nn::ModelConfig& cfg,
+                               const std::vector<uint32_t>& prompt, const SamplingOptions& opt);
 
 }  // namespace zt::train

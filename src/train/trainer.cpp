@@ -317,8 +317,11 @@ std::string Trainer::sample(uint64_t seed) {
   opt.top_k = cfg_.sample.top_k;
   opt.seed = seed;
   opt.stop_token = int64_t(codec_->eot_token);
-  ZT_CHECK(!pipeline_, "sample: generation needs the whole model on one rank, not one pipeline stage");
-  std::vector<uint32_t> out = generate(model(), prompt, opt);
+  // Under pipeline parallelism every rank of the pipeline runs its stages
+  // for each token and gets the head stage's logits.
+  std::vector<uint32_t> out =
+      pipeline_ ? generate([this](const Tensor& tokens) { return pipeline_->last_logits(tokens); }, cfg_.model, prompt, opt)
+                : generate(model(), prompt, opt);
   if (cfg_.sample.prompt.empty()) out.erase(out.begin());
   if (!out.empty() && out.back() == codec_->eot_token) out.pop_back();
   return codec_->decode(out);
@@ -452,11 +455,11 @@ TrainResult Trainer::run(int64_t stop_after) {
     if (codec_ && cfg_.sample.count > 0 &&
         ((cfg_.train.sample_every > 0 && m.step % cfg_.train.sample_every == 0) || last)) {
       dp_->hold_full_params(true);  // ZeRO-3: every rank gathers; then the main rank samples alone
-      // Under tensor parallelism every rank computes the same samples (each
-      // forward is a collective of its tp group); the main rank prints them.
-      if (pipeline_) {
-        if (m.step == cfg_.train.steps) say("samples: not drawn under pipeline parallelism (each rank holds one stage)");
-      } else if (main_rank_ || tp_group())
+      // Under tensor and pipeline parallelism every rank of the main rank's
+      // model replica computes the same samples (each forward is a collective
+      // of its tp and pp groups); the main rank prints them.
+      const bool model_parallel = tp_group() || pipeline_;
+      if (main_rank_ || (model_parallel && (!mesh_ || mesh_->coord().dp == 0)))
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
           const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
           say("sample (step " + std::to_string(m.step) + "): " + text);

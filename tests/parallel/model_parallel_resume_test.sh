@@ -9,8 +9,9 @@
 #      (relative 1e-5), and the final model.safetensors of the tp = 4 run
 #      (assembled from the slices) matches the reference's weights.
 #   4. a checkpoint written by tp = 2 x dp = 2 ZeRO-1 resumed by one process.
-#   5. saved at pp = 2, resumed by one process and by pp = 2 x tp = 2 (zero
-#      bubble), whose final model.safetensors matches the reference too.
+#   5. saved at pp = 2, resumed by one process, by pp = 2 x tp = 2 (zero
+#      bubble) and by pp = 2 x dp = 2 with ZeRO-3, whose final
+#      model.safetensors match the reference too; both print their samples.
 # Usage: model_parallel_resume_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -63,14 +64,25 @@ for d in h i; do cp -r "$tmp/g" "$tmp/$d"; done
 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/h" --resume > /dev/null
 same "$ref" "$(losses "$tmp/h")"
 echo "pp=2 -> one process: losses match the single-process run"
+# These two also draw samples at the end (every rank of the pipeline runs its stages per token).
+samples=(--set data.tokenizer=gpt2 --set sample.count=2 --set sample.tokens=8)
 "${mpi[@]}" -np 4 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/i" --set parallel.pp=2 --set parallel.tp=2 \
-  --set parallel.pp_schedule=zb --resume > /dev/null
+  --set parallel.pp_schedule=zb --resume "${samples[@]}" > "$tmp/i.log"
 same "$ref" "$(losses "$tmp/i")"
 echo "pp=2 -> pp=2 x tp=2 (zero bubble): losses match the single-process run"
+cp -r "$tmp/g" "$tmp/j"
+"${mpi[@]}" -np 4 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/j" --set parallel.pp=2 \
+  --set parallel.zero_stage=3 --resume "${samples[@]}" > "$tmp/j.log"
+same "$ref" "$(losses "$tmp/j")"
+echo "pp=2 -> pp=2 x dp=2 ZeRO-3: losses match the single-process run"
+for run in i j; do
+  test "$(grep -c '^sample (step 10): .' "$tmp/$run.log")" = 2 || { echo "FAIL: run $run printed no samples"; cat "$tmp/$run.log"; exit 1; }
+done
+echo "samples drawn under pp=2 x tp=2 and pp=2 x dp=2 ZeRO-3"
 
 # The final weights of the tp=4 run and of the pp x tp run, assembled from slices and stages,
 # against the reference's.
-for run in c i; do
+for run in c i j; do
 /usr/bin/python3 - "$tmp/ref/model.safetensors" "$tmp/$run/model.safetensors" <<'PY'
 import json, struct, sys
 import numpy as np

@@ -22,6 +22,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_stages.h"
 #include "parallel/parallel_test_util.h"
+#include "train/generate.h"
 #include "test_util.h"
 
 namespace zt::parallel {
@@ -82,22 +83,32 @@ PipeRun reference(const nn::ModelConfig& c, int64_t m) {
   return r;
 }
 
-PipeRun pipelined(const nn::ModelConfig& c, int64_t m, PipelineSchedule kind, int64_t v, Mesh& mesh) {
-  comm::ProcessGroup& pp = mesh.pp();
-  const int64_t p = pp.size(), r = pp.rank();
-  const std::vector<StageLayers> plan = plan_pipeline_stages(c, kT, p * v);
+// This rank's v chunks of a balanced plan, initialised as the reference.
+std::vector<std::unique_ptr<nn::Transformer>> make_chunks(const nn::ModelConfig& c, int64_t v, comm::ProcessGroup& pp) {
+  const std::vector<StageLayers> plan = plan_pipeline_stages(c, kT, pp.size() * v);
   std::vector<std::unique_ptr<nn::Transformer>> chunks;
-  std::vector<nn::Transformer*> raw;
-  std::vector<nn::ParamSet*> sets;
   for (int64_t k = 0; k < v; ++k) {
-    const StageLayers& st = plan[size_t(k * p + r)];
+    const StageLayers& st = plan[size_t(k * pp.size() + pp.rank())];
     chunks.push_back(std::make_unique<nn::Transformer>(c, DType::f32, Device::cpu(), 1, nn::TensorParallel{},
                                                        nn::ModelPart{st.first, st.last, st.embedding, st.head}));
     chunks.back()->init_weights(9);
-    raw.push_back(chunks.back().get());
-    for (nn::ParamSet* s : chunks.back()->param_sets()) sets.push_back(s);
   }
-  PipelineRunner runner(pp, raw, kind);
+  return chunks;
+}
+
+std::vector<nn::Transformer*> raw_pointers(const std::vector<std::unique_ptr<nn::Transformer>>& chunks) {
+  std::vector<nn::Transformer*> raw;
+  for (const auto& ch : chunks) raw.push_back(ch.get());
+  return raw;
+}
+
+PipeRun pipelined(const nn::ModelConfig& c, int64_t m, PipelineSchedule kind, int64_t v, Mesh& mesh) {
+  comm::ProcessGroup& pp = mesh.pp();
+  const std::vector<std::unique_ptr<nn::Transformer>> chunks = make_chunks(c, v, pp);
+  std::vector<nn::ParamSet*> sets;
+  for (const auto& ch : chunks)
+    for (nn::ParamSet* s : ch->param_sets()) sets.push_back(s);
+  PipelineRunner runner(pp, raw_pointers(chunks), kind);
   optim::AdamW opt(sets, adamw());
   PipeRun out;
   const float scale = 1.0f / float(m * kB * kT);
@@ -159,6 +170,41 @@ TEST(Pipeline, EveryScheduleMatchesTheSingleProcessRun) {
   }
 }
 
+// Inference through the stages (samples under pp): the last position's
+// logits equal the whole model's on every rank, and sampling over them draws
+// the whole model's tokens.
+TEST(Pipeline, LastLogitsAndSamplesEqualTheWholeModel) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  Mesh mesh(MeshShape{1, 1, p, 1, 1}, comm::world());
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    const nn::ModelConfig c = tiny(preset);
+    nn::Transformer whole(c, DType::f32);
+    whole.init_weights(9);
+    for (const int64_t v : {1, 2}) {
+      SCOPED_TRACE(std::string(preset) + " v=" + std::to_string(v));
+      const auto chunks = make_chunks(c, v, mesh.pp());
+      PipelineRunner runner(mesh.pp(), raw_pointers(chunks), PipelineSchedule::one_f_one_b);
+      std::mt19937_64 rng(31);  // the same tokens on every rank
+      const Tensor tokens = test::random_tokens(Shape{1, 11}, c.vocab_size, rng);
+      Tensor ref = Tensor::empty(Shape{1, 11, c.padded_vocab()}, DType::f32);
+      test::poison(ref);
+      whole.logits(ref, tokens);
+      const Tensor got = runner.last_logits(tokens);
+      ASSERT_EQ(got.numel(), c.padded_vocab());
+      const std::vector<double> want = test::to_f64(ref.view(Shape{11, c.padded_vocab()}).slice(10, 11));
+      EXPECT_TRUE(test::all_close(got, want, 1e-6, 1e-6));
+      train::SamplingOptions opt;
+      opt.max_new_tokens = 12;
+      opt.seed = 77;
+      const std::vector<uint32_t> prompt = {1, 2, 3};
+      const auto expected = train::generate(whole, prompt, opt);
+      const auto sampled = train::generate([&](const Tensor& t) { return runner.last_logits(t); }, c, prompt, opt);
+      EXPECT_EQ(sampled, expected);
+    }
+  }
+}
+
 // Activation memory of the first stage, from the allocator: AFAB holds all
 // m micro-batches' activations, 1F1B at most p of them.
 TEST(Pipeline, OneFOneBBoundsTheFirstStagesActivationMemory) {
@@ -215,6 +261,7 @@ TrainerRun train_with(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh) {
     r.last = t.train_step(s);
     r.losses.push_back(r.last.loss);
   }
+  t.data_parallel().hold_full_params(true);  // ZeRO-3: gather the weights to compare them
   for (const auto& c : t.chunks())
     for (const nn::ParamSet* set : static_cast<const nn::Transformer&>(*c).param_sets())
       for (size_t i = 0; i < set->size(); ++i) r.weights[set->spec(i).name] = c->global_param(set->spec(i).name);
@@ -236,6 +283,8 @@ TEST(PipelineTrainer, LayoutsWithDataAndTensorParallelismMatchOneProcess) {
                {1, 1, 2, {"parallel.pp_schedule=afab", "parallel.pp_layers=3,1"}}};
   } else {
     layouts = {{2, 1, 2, {"parallel.pp_schedule=1f1b", "parallel.zero_stage=1"}},
+               {2, 1, 2, {"parallel.pp_schedule=1f1b", "parallel.zero_stage=2"}},
+               {2, 1, 2, {"parallel.pp_schedule=interleaved", "parallel.virtual_stages=2", "parallel.zero_stage=3"}},
                {1, 2, 2, {"parallel.pp_schedule=1f1b"}},
                {1, 2, 2, {"parallel.pp_schedule=zb", "parallel.sequence_parallel=true"}},
                {1, 1, 4, {"parallel.pp_schedule=1f1b"}}};
