@@ -42,6 +42,11 @@ class ColumnParallelLinear {
   void backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const;
   // dw += dy^T x, db += sum_rows(dy).
   void backward_weights(const Tensor& dy, const Tensor& x) const;
+  // The same layer writing its gradients to other views (a deferred weight
+  // pass writes to the buffers current when it runs).
+  ColumnParallelLinear with_grads(Tensor dw, Tensor db) const {
+    return ColumnParallelLinear(w_, b_, std::move(dw), std::move(db));
+  }
 
  private:
   Tensor w_, b_, dw_, db_;
@@ -64,6 +69,9 @@ class RowParallelLinear {
   // itself, or the rows gathered under sequence parallelism).
   Tensor backward_data(const Tensor& dx, const Tensor& dy) const;
   void backward_weights(const Tensor& dy_rows, const Tensor& x) const;
+  RowParallelLinear with_grads(Tensor dw, Tensor db) const {
+    return RowParallelLinear(w_, b_, std::move(dw), std::move(db), tp_);
+  }
 
  private:
   Tensor backward_data_rows(const Tensor& dy) const;  // (N, out): dy, or gathered

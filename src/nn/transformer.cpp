@@ -437,8 +437,11 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   {
     const Tensor dy = keep(lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
     const Tensor act = a.act.view(Shape{N, F});
-    const RowParallelLinear layer = lin.mlp_out;
-    weights([layer, dy, act] { layer.backward_weights(dy, act); });
+    const RowParallelLinear lin_now = lin.mlp_out;
+    weights([this, layer, lin_now, dy, act] {
+      const BlockParams gn = block_views(layer, true);
+      lin_now.with_grads(gn.mlp_out_w, gn.mlp_out_b).backward_weights(dy, act);
+    });
   }
   a.act = Tensor();
   Tensor d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
@@ -452,11 +455,12 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);
   comm::WorkHandle reduce = start_reduce_rows(m, d_ln, d_partial);
   {
-    const ColumnParallelLinear layer = lin.mlp_in;
+    const ColumnParallelLinear lin_now = lin.mlp_in;
     const Tensor dy = d_mlp_in.view(Shape{N, W});
-    weights([layer, dy, ln2, gather] {
+    weights([this, layer, lin_now, dy, ln2, gather] {
       wait(gather);
-      layer.backward_weights(dy, ln2);
+      const BlockParams gn = block_views(layer, true);
+      lin_now.with_grads(gn.mlp_in_w, gn.mlp_in_b).backward_weights(dy, ln2);
     });
   }
   wait(gather);
@@ -469,8 +473,11 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   {
     const Tensor dy = keep(lin.proj.backward_data(d_att.view(Shape{N, Hq * D}), dres));
     const Tensor att = a.att.view(Shape{N, Hq * D});
-    const RowParallelLinear layer = lin.proj;
-    weights([layer, dy, att] { layer.backward_weights(dy, att); });
+    const RowParallelLinear lin_now = lin.proj;
+    weights([this, layer, lin_now, dy, att] {
+      const BlockParams gn = block_views(layer, true);
+      lin_now.with_grads(gn.proj_w, gn.proj_b).backward_weights(dy, att);
+    });
   }
   Tensor dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   Tensor dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
@@ -489,19 +496,20 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   lin.k.backward_data(d_partial, dk2, true);
   lin.v.backward_data(d_partial, dv2, true);
   reduce = start_reduce_rows(m, d_ln, d_partial);
-  weights([this, lin, p, g, dq2, dk2, dv2, ln1, gather] {
+  weights([this, layer, lin, dq2, dk2, dv2, ln1, gather] {
     wait(gather);
-    lin.q.backward_weights(dq2, ln1);
+    const BlockParams gn = block_views(layer, true);
+    lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, ln1);
     if (kv_group_) {
       // kv heads shared by several ranks: each holds the part of their
       // gradient its query heads produced; the replicas sum them.
-      PartialGrads kv({g.wk, g.bk, g.wv, g.bv}, device_);
-      ColumnParallelLinear(p.wk, p.bk, kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
-      ColumnParallelLinear(p.wv, p.bv, kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
+      PartialGrads kv({gn.wk, gn.bk, gn.wv, gn.bv}, device_);
+      lin.k.with_grads(kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
+      lin.v.with_grads(kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
       kv.reduce_and_add(*kv_group_);
     } else {
-      lin.k.backward_weights(dk2, ln1);
-      lin.v.backward_weights(dv2, ln1);
+      lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, ln1);
+      lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, ln1);
     }
   });
   wait(gather);
@@ -666,6 +674,10 @@ Tensor Transformer::backward_input(ForwardContext& ctx, const Tensor& d_output) 
 void Transformer::backward_weight(ForwardContext& ctx) {
   ZT_CHECK(ctx.weights_pending, "backward_weight needs a context that backward_input ran on (and not yet this)");
   for (DeferredWeights& d : ctx.deferred) {
+    // ZeRO-2 may have reduced and released the set's gradient buffer since
+    // backward_input (another micro-batch's weight pass): the work writes
+    // into the one current now.
+    if (on_grads_needed && !d.work.empty()) on_grads_needed(d.set);
     for (auto& work : d.work) work();
     d.work.clear();
     if (on_grads_ready) on_grads_ready(d.set);
@@ -697,7 +709,8 @@ Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m,
     }
     done(head_weight_set());
     if (on_grads_needed) on_grads_needed(head_weight_set());
-    auto work = [g_head = head_grad(), w_head, dl = ctx.dlogits, x = ctx.head_in, N, chunk] {
+    auto work = [this, w_head, dl = ctx.dlogits, x = ctx.head_in, N, chunk] {
+      const Tensor g_head = head_grad();  // the buffer current when the work runs
       for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t r1 = std::min(N, r0 + chunk);
         ops::linear_backward(Tensor(), g_head, Tensor(), dl.slice(r0, r1), x.slice(r0, r1), w_head);
@@ -780,11 +793,13 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     if (on_grads_needed) on_grads_needed(0);
     // Every token's gradient row (all rows under sequence parallelism) for this rank's vocabulary rows.
     const Tensor d_emb = gather_rows(m, dres).view(Shape{B, T, C});
-    const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
     const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
-    const Tensor g_wte = embed_.grad(0), tokens = ctx.tokens;
+    const Tensor tokens = ctx.tokens;
     // The embedding's backward is its weight gradient: deferred too.
-    auto work = [g_wte, g_wpe, d_emb, tokens, slice] { ops::embedding_backward(g_wte, g_wpe, d_emb, tokens, 0, slice); };
+    auto work = [this, d_emb, tokens, slice] {
+      const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
+      ops::embedding_backward(embed_.grad(0), g_wpe, d_emb, tokens, 0, slice);
+    };
     if (defer) {
       tied_head_work.push_back(std::move(work));
       deferred.push_back(DeferredWeights{0, std::move(tied_head_work)});

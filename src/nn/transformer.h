@@ -66,6 +66,9 @@ struct BlockActivations {
 
 // Weight-gradient work a zero-bubble backward_input left for backward_weight:
 // the work of one parameter set, reported ready (on_grads_ready) after it.
+// The work keeps the activations it reads and looks the set's gradient views
+// up when it runs (after on_grads_needed): under ZeRO-2 the buffer that was
+// current at backward_input may have been reduced and released since.
 struct DeferredWeights {
   size_t set = 0;
   std::vector<std::function<void()>> work;

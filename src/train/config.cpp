@@ -425,12 +425,6 @@ void Config::validate() const {
     parallel::check_pipeline_schedule(schedule, {parallel.pp, std::max<int64_t>(parallel.pp, 1), parallel.virtual_stages});
     parallel::plan_pipeline_stages(model, train.seq_len, parallel.pp * parallel.virtual_stages,
                                    parallel::parse_stage_layers(parallel.pp_layers));
-    // ZeRO-2/3 release a layer's gradient buffer after each micro-batch's
-    // reduction; zero-bubble weight passes write into it later.
-    ZT_CHECK(parallel.zero_stage <= 1 || schedule != parallel::PipelineSchedule::zero_bubble,
-             "parallel.zero_stage = ", parallel.zero_stage, " with pp_schedule = zb is not supported (the deferred "
-             "weight-gradient passes outlive ZeRO-", parallel.zero_stage, "'s per-micro-batch gradient buffers); "
-             "use zero_stage 0 or 1 with zb, or another pp_schedule (afab, 1f1b, interleaved)");
     ZT_CHECK(train.device == "cpu", "parallel.pp = ", parallel.pp, " runs on the CPU backend so far (GPU "
              "transfers need the NCCL backend, #7); set train.device = cpu or parallel.pp = 1");
   }

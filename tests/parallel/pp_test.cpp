@@ -285,6 +285,8 @@ TEST(PipelineTrainer, LayoutsWithDataAndTensorParallelismMatchOneProcess) {
     layouts = {{2, 1, 2, {"parallel.pp_schedule=1f1b", "parallel.zero_stage=1"}},
                {2, 1, 2, {"parallel.pp_schedule=1f1b", "parallel.zero_stage=2"}},
                {2, 1, 2, {"parallel.pp_schedule=interleaved", "parallel.virtual_stages=2", "parallel.zero_stage=3"}},
+               {2, 1, 2, {"parallel.pp_schedule=zb", "parallel.zero_stage=2"}},
+               {2, 1, 2, {"parallel.pp_schedule=zb", "parallel.zero_stage=3"}},
                {1, 2, 2, {"parallel.pp_schedule=1f1b"}},
                {1, 2, 2, {"parallel.pp_schedule=zb", "parallel.sequence_parallel=true"}},
                {1, 1, 4, {"parallel.pp_schedule=1f1b"}}};

@@ -94,10 +94,6 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
                   "the pipeline has 4 stages"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.virtual_stages=2"}), "it needs parallel.pp > 1"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_layers=\"2,1\""}), "adds up to 3 blocks, but the model has 2"));
-  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_schedule=zb", "parallel.zero_stage=2"}),
-                  "use zero_stage 0 or 1 with zb, or another pp_schedule"));
-  EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_schedule=zb", "parallel.zero_stage=3"}),
-                  "use zero_stage 0 or 1 with zb"));
 }
 
 TEST(Config, Gpt2KvHeadsFollowHeads) {
