@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "backend/cuda/attention.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/activation.h"
 #include "ops/adamw.h"
@@ -235,12 +236,17 @@ TEST_P(CudaKernels, AdamWMatchesTheCpu) {
   EXPECT_TRUE(matches(gcopy, copy, 1e-2, "model copy"));
 }
 
+// Every implementation against the CPU backend: the ops entry (automatic:
+// the tensor-core path where it fits), the simple kernel, and the tensor-core
+// path with a workspace budget of one kv head's group (head chunks).
 TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(8);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128}}) {
+  enum class Path { ops, simple, gemm_chunked };
+  for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128},
+              S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
     const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
     const Tensor k = random_tensor(Shape{s.B, s.T, s.Hkv, s.D}, dt, rng);
     const Tensor v = random_tensor(Shape{s.B, s.T, s.Hkv, s.D}, dt, rng);
@@ -249,24 +255,39 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     ops::attention_forward(out, lse, q, k, v);
     Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
     ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
-    const Tensor gq = to_gpu(q), gk = to_gpu(k), gv = to_gpu(v);
-    Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
-    ops::attention_forward(gout, glse, gq, gk, gv);
-    Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
-    ops::attention_backward(gdq, gdk, gdv, to_gpu(dout), gq, gk, gv, gout, glse);
-    const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
-    EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;
-    EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
-    if (s.T == 1) {
-      // One key: softmax is 1, so dq = dk = 0 exactly (dP - delta = dout.v - dout.out = 0); the CPU's are
-      // rounding noise, so check the GPU's are zero to rounding instead of a relative error against noise.
-      for (const Tensor* t : {&gdq, &gdk})
-        for (double x : values_of(*t)) ASSERT_LE(std::fabs(x), 1e-5);
-    } else {
-      EXPECT_TRUE(matches(gdq, dq, lim, "dq")) << s.T << " " << s.D;
-      EXPECT_TRUE(matches(gdk, dk, lim, "dk")) << s.T << " " << s.D;
+    const Tensor gq = to_gpu(q), gk = to_gpu(k), gv = to_gpu(v), gdout = to_gpu(dout);
+    const float scale = float(1.0 / std::sqrt(double(s.D)));
+    // One kv head's group of (T, T) matrices in backward (f32 S, dP; P, dS): forces one head per chunk.
+    const int64_t ld = (s.T + 7) / 8 * 8;
+    const int64_t one_group = (s.Hq / s.Hkv) * s.T * ld * (8 + 2 * int64_t(dtype_size(dt)));
+    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked}) {
+      SCOPED_TRACE(path == Path::ops ? "ops" : path == Path::simple ? "simple kernel" : "tensor-core path, chunked");
+      Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
+      Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
+      if (path == Path::ops) {
+        ops::attention_forward(gout, glse, gq, gk, gv);
+        ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
+      } else if (path == Path::simple) {
+        cuda::attention_forward(gout, glse, gq, gk, gv, scale, cuda::AttentionKernel::simple);
+        cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, cuda::AttentionKernel::simple);
+      } else {
+        cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
+        cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);
+      }
+      const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
+      EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;
+      EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
+      if (s.T == 1) {
+        // One key: softmax is 1, so dq = dk = 0 exactly (dP - delta = dout.v - dout.out = 0); the CPU's are
+        // rounding noise, so check the GPU's are zero to rounding instead of a relative error against noise.
+        for (const Tensor* t : {&gdq, &gdk})
+          for (double x : values_of(*t)) ASSERT_LE(std::fabs(x), 1e-5);
+      } else {
+        EXPECT_TRUE(matches(gdq, dq, lim, "dq")) << s.T << " " << s.D;
+        EXPECT_TRUE(matches(gdk, dk, lim, "dk")) << s.T << " " << s.D;
+      }
+      EXPECT_TRUE(matches(gdv, dv, lim, "dv")) << s.T << " " << s.D;
     }
-    EXPECT_TRUE(matches(gdv, dv, lim, "dv")) << s.T << " " << s.D;
   }
 }
 

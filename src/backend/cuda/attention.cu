@@ -1,4 +1,4 @@
-// CUDA causal GQA attention, the simple exact version: one warp per query row
+// CUDA causal GQA attention: the dispatcher, and the simple exact version: one warp per query row
 // (forward, dq) or per key row (dk, dv), lanes splitting the head dimension,
 // online softmax in f32, probabilities recomputed from the saved logsumexp in
 // backward. Deterministic: every output element is written once by one warp
@@ -175,10 +175,16 @@ void check_head_dim(const Dims& d) {
            32 * kMaxPerLane, "; use a model with head_dim <= 256");
 }
 
+bool use_gemm(AttentionKernel kernel, const Tensor& q, const Tensor& k, bool backward) {
+  if (kernel == AttentionKernel::automatic) return gemm_attention_fits(q, k, backward);
+  return kernel == AttentionKernel::gemm;
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale) {
+                       float scale, AttentionKernel kernel) {
+  if (use_gemm(kernel, q, k, false)) return gemm_attention_forward(out, lse, q, k, v, scale);
   const Dims d = dims_of(q, k);
   check_head_dim(d);
   const int64_t rows = d.B * d.Hq * d.T;
@@ -192,7 +198,9 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                        AttentionKernel kernel) {
+  if (use_gemm(kernel, q, k, true)) return gemm_attention_backward(dq, dk, dv, dout, q, k, v, lse, scale);
   const Dims d = dims_of(q, k);
   check_head_dim(d);
   const int64_t rows = d.B * d.Hq * d.T, kv_rows = d.B * d.Hkv * d.T;

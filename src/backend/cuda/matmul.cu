@@ -73,10 +73,12 @@ void with_type(DType t, F&& f) {
 }
 
 // The alignment in bytes cuBLASLt may assume of a matrix: the largest power of
-// two (at most 256) dividing its address and, in a batch, its batch stride.
-uint32_t alignment_of(const void* p, int64_t batch, int64_t stride_elems, size_t elem_bytes) {
+// two (at most 256) dividing its address, its row stride and, in a batch, its
+// batch stride.
+uint32_t alignment_of(const void* p, int64_t batch, int64_t stride_elems, size_t elem_bytes, int64_t ld = 0) {
   uint64_t v = uint64_t(reinterpret_cast<uintptr_t>(p));
   if (batch > 1 && stride_elems != 0) v |= uint64_t(stride_elems) * elem_bytes;
+  if (ld != 0) v |= uint64_t(ld) * elem_bytes;
   const uint64_t low = v & (~v + 1);  // lowest set bit; 0 for v = 0
   return low == 0 || low > 256 ? 256u : uint32_t(low);
 }
@@ -85,7 +87,10 @@ uint32_t alignment_of(const void* p, int64_t batch, int64_t stride_elems, size_t
 struct PlanKey {
   int device = 0;
   int64_t batch = 1, M = 0, N = 0, K = 0;  // row-major GemmDesc after folding the batch
-  bool trans_a = false, trans_b = false, b_shared = false;
+  bool trans_a = false, trans_b = false;
+  // Row strides of the stored (row-major) matrices and batch strides, in
+  // elements (stride_b 0: b shared by the batch).
+  int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
   DType ab = DType::f32, out = DType::f32, bias = DType::f32;
   bool has_bias = false;
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0;
@@ -102,7 +107,8 @@ struct PlanKeyHash {
     mix(uint64_t(k.M));
     mix(uint64_t(k.N));
     mix(uint64_t(k.K));
-    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.b_shared) << 2 | uint64_t(k.has_bias) << 3);
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3);
+    for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
     return size_t(h);
@@ -125,7 +131,8 @@ struct Plan {
 
 std::string describe(const PlanKey& k) {
   return zt::detail::concat("batch ", k.batch, " M ", k.M, " N ", k.N, " K ", k.K, k.trans_a ? " trans_a" : "",
-                        k.trans_b ? " trans_b" : "", k.b_shared ? " shared b" : "", ", ", dtype_name(k.ab), " -> ",
+                        k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
+                        "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
                         ", alignments a ", k.align_a, " b ", k.align_b, " out ", k.align_out, " bias ", k.align_bias);
 }
@@ -164,13 +171,13 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias) {
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   const cudaDataType_t ab = lt_type(k.ab), out = lt_type(k.out);
-  // Stored shapes, column-major: b (K, N) row-major is (N, K) with ld N; b
-  // (N, K) is (K, N) with ld K. Likewise a (M, K) is (K, M) with ld K.
-  p->lay_a = k.trans_b ? make_layout(ab, k.K, k.N, k.K, k.batch, k.b_shared ? 0 : k.K * k.N)
-                       : make_layout(ab, k.N, k.K, k.N, k.batch, k.b_shared ? 0 : k.K * k.N);
-  p->lay_b = k.trans_a ? make_layout(ab, k.M, k.K, k.M, k.batch, k.M * k.K)
-                       : make_layout(ab, k.K, k.M, k.K, k.batch, k.M * k.K);
-  p->lay_c = make_layout(out, k.N, k.M, k.N, k.batch, k.M * k.N);
+  // Stored shapes, column-major: b (K, N) row-major is (N, K) with its row
+  // stride as ld; b (N, K) is (K, N). Likewise a (M, K) is (K, M).
+  p->lay_a = k.trans_b ? make_layout(ab, k.K, k.N, k.ldb, k.batch, k.stride_b)
+                       : make_layout(ab, k.N, k.K, k.ldb, k.batch, k.stride_b);
+  p->lay_b = k.trans_a ? make_layout(ab, k.M, k.K, k.lda, k.batch, k.stride_a)
+                       : make_layout(ab, k.K, k.M, k.lda, k.batch, k.stride_a);
+  p->lay_c = make_layout(out, k.N, k.M, k.ldc, k.batch, k.stride_c);
 
   cublasLtMatmulPreference_t pref = nullptr;
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -207,6 +214,9 @@ Plan& plan_for(const PlanKey& k, const void* bias) {
   return *it->second;
 }
 
+bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, float alpha, float beta,
+                 Device device);
+
 // out = alpha * op(a) @ op(b) + beta * out (+ bias through the epilogue) on
 // cuBLASLt, with d already folded. Returns false, having launched nothing,
 // when a bias is given and no algorithm applies it; throws when a product
@@ -216,21 +226,34 @@ bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType 
   PlanKey k;
   k.device = device.index;
   k.batch = d.batch, k.M = d.M, k.N = d.N, k.K = d.K;
-  k.trans_a = d.trans_a, k.trans_b = d.trans_b, k.b_shared = d.b_shared && d.batch > 1;
+  k.trans_a = d.trans_a, k.trans_b = d.trans_b;
+  // Contiguous matrices: row strides from the stored shapes.
+  k.lda = d.trans_a ? d.M : d.K;
+  k.ldb = d.trans_b ? d.K : d.N;
+  k.ldc = d.N;
+  k.stride_a = d.M * d.K;
+  k.stride_b = d.b_shared && d.batch > 1 ? 0 : d.K * d.N;
+  k.stride_c = d.M * d.N;
   k.ab = ab, k.out = out_type;
   k.has_bias = bias != nullptr;
   k.bias = k.has_bias ? bias_type : out_type;
   const size_t es = dtype_size(ab);
-  k.align_a = alignment_of(a, d.batch, d.M * d.K, es);
-  k.align_b = alignment_of(b, d.batch, k.b_shared ? 0 : d.K * d.N, es);
-  k.align_out = alignment_of(out, d.batch, d.M * d.N, dtype_size(out_type));
+  k.align_a = alignment_of(a, d.batch, k.stride_a, es);
+  k.align_b = alignment_of(b, d.batch, k.stride_b, es);
+  k.align_out = alignment_of(out, d.batch, k.stride_c, dtype_size(out_type));
   k.align_bias = k.has_bias ? alignment_of(bias, 1, 0, 0) : 0;
+  return launch_plan(k, a, b, out, bias, d.alpha, d.beta, device);
+}
+
+// Runs the cached plan of k (see lt_matmul's contract).
+bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, float alpha_in,
+                 float beta_in, Device device) {
   Plan& p = plan_for(k, bias);
   if (!p.found) {
     if (k.has_bias) return false;
     throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
   }
-  const float alpha = d.alpha, beta = d.beta;
+  const float alpha = alpha_in, beta = beta_in;
   cudaStream_t stream = compute_stream(device);
   auto launch = [&] {
     ZT_CUBLAS_CHECK(cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, out, p.lay_c, out,
@@ -376,6 +399,24 @@ __global__ void fill_uniform_bf16_kernel(bf16_t* p, int64_t n, uint64_t seed) {
 }
 
 }  // namespace
+
+void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,
+                  Device device) {
+  if (g.batch == 0 || g.M == 0 || g.N == 0) return;
+  ZT_ASSERT(g.K > 0, "strided_gemm: K must be > 0");
+  PlanKey k;
+  k.device = device.index;
+  k.batch = g.batch, k.M = g.M, k.N = g.N, k.K = g.K;
+  k.trans_a = g.trans_a, k.trans_b = g.trans_b;
+  k.lda = g.lda, k.ldb = g.ldb, k.ldc = g.ldc;
+  k.stride_a = g.stride_a, k.stride_b = g.stride_b, k.stride_c = g.stride_c;
+  k.ab = ab, k.out = out_type, k.bias = out_type;
+  const size_t es = dtype_size(ab);
+  k.align_a = alignment_of(a, g.batch, g.stride_a, es, g.lda);
+  k.align_b = alignment_of(b, g.batch, g.stride_b, es, g.ldb);
+  k.align_out = alignment_of(out, g.batch, g.stride_c, dtype_size(out_type), g.ldc);
+  launch_plan(k, a, b, out, nullptr, g.alpha, g.beta, device);
+}
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& desc) {
   GemmDesc d = desc;

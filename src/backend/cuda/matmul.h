@@ -25,6 +25,23 @@ using GemmDesc = cpu::GemmDesc;
 // beta = 0 never reads out. All on one GPU; runs on its compute stream.
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d);
 
+// One strided-batched product over explicit row-major layouts (the per-head
+// matrices inside (B, T, H, D) tensors): for i < batch,
+//   C_i = alpha * op(A_i) @ op(B_i) + beta * C_i
+// A_i starts at a + i * stride_a elements, its rows lda elements apart
+// (stored (M, K), or (K, M) when trans_a); likewise B_i ((K, N) or (N, K))
+// and C_i ((M, N)). stride_b = 0 shares B. a, b f32 or bf16 (ab); out f32 or
+// ab. beta = 0 never reads C. On the device's compute stream; plans cached.
+struct StridedGemm {
+  int64_t M = 0, N = 0, K = 0, batch = 1;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,
+                  Device device);
+
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,

@@ -1,0 +1,228 @@
+// CUDA causal GQA attention on tensor cores: the score and probability
+// matrices are products through cuBLASLt (strided batches over the heads of
+// one batch row), with row kernels for the causal softmax and its backward.
+//
+// Per batch row b and kv-head chunk [h0, h0 + hc) (all g = Hq / Hkv query
+// heads of each kv head):
+//   forward   S = scale Q K^T   (f32, (g hc, T, T))      one product per group member j
+//             P = causal softmax(S), lse = logsumexp     (P in the model dtype)
+//             O = P V                                     one product per j
+//   backward  S = scale Q K^T again, dP = dO V^T          (f32)
+//             P = exp(S - lse), delta = rowsum(P dP),
+//             dS = scale P (dP - delta)                   (model dtype)
+//             dV += P^T dO, dK += dS^T Q                  (f32 accumulators, summed over j in order)
+//             dQ = dS K
+// Query head h = h' g + j of kv head h'. The masked upper triangle is
+// computed and multiplied by zero (2x the FLOPs of a fused kernel, all of it
+// on tensor cores); the (T, T) matrices cost memory traffic a fused flash
+// kernel avoids. Deterministic: fixed products, fixed-order row reductions,
+// group members accumulated in order.
+//
+// Layouts as attention.h: q, out, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D);
+// lse (B, Hq, T).
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/matmul.h"
+
+namespace zt::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+// One block per row r of S (local head r / T, query t = r % T): P[r, s] =
+// exp(S[r, s] - m) / l for s <= t, 0 above; lse[lse_base + r] = m + log l.
+template <typename T>
+__global__ void causal_softmax_kernel(const float* __restrict__ S, T* __restrict__ P, float* __restrict__ lse,
+                                      int64_t Tn, int64_t ld, int64_t lse_base) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x, t = r % Tn;
+  const float* s = S + r * ld;
+  T* p = P + r * ld;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) m = fmaxf(m, s[j]);
+  m = block_max(m, scratch);
+  float l = 0.0f;
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) l += expf(s[j] - m);
+  l = block_sum(l, scratch);
+  const float inv = 1.0f / l;
+  for (int64_t j = threadIdx.x; j < Tn; j += blockDim.x) p[j] = from_f32<T>(j <= t ? expf(s[j] - m) * inv : 0.0f);
+  if (threadIdx.x == 0) lse[lse_base + r] = m + logf(l);
+}
+
+// One block per row: P = exp(S - lse) (causal), delta = sum_s P dP,
+// dS = scale P (dP - delta); both 0 above the diagonal.
+template <typename T>
+__global__ void softmax_backward_kernel(const float* __restrict__ S, const float* __restrict__ dP,
+                                        const float* __restrict__ lse, T* __restrict__ P, T* __restrict__ dS,
+                                        int64_t Tn, int64_t ld, int64_t lse_base, float scale) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x, t = r % Tn;
+  const float* s = S + r * ld;
+  const float* dp = dP + r * ld;
+  const float L = lse[lse_base + r];
+  float acc = 0.0f;
+  for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) acc += expf(s[j] - L) * dp[j];
+  const float delta = block_sum(acc, scratch);
+  T* p = P + r * ld;
+  T* ds = dS + r * ld;
+  for (int64_t j = threadIdx.x; j < Tn; j += blockDim.x) {
+    const float pj = j <= t ? expf(s[j] - L) : 0.0f;
+    p[j] = from_f32<T>(pj);
+    ds[j] = from_f32<T>(j <= t ? scale * pj * (dp[j] - delta) : 0.0f);
+  }
+}
+
+struct Dims {
+  int64_t B, T, Hq, Hkv, D;
+  int64_t g() const { return Hq / Hkv; }
+  // Row stride of the (T, T) matrices: a multiple of 8 elements keeps every
+  // row 16-byte aligned for the tensor-core products.
+  int64_t ld() const { return (T + 7) / 8 * 8; }
+  int64_t per_head() const { return T * ld(); }
+};
+
+Dims dims_of(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
+
+// Workspace bytes per (query head, T, ld) element: forward S (f32) + P;
+// backward S, dP (f32) + P, dS.
+int64_t bytes_per_score(DType dt, bool backward) {
+  return backward ? 8 + 2 * int64_t(dtype_size(dt)) : 4 + int64_t(dtype_size(dt));
+}
+
+// kv heads per chunk so the score matrices fit the budget (0: not even one).
+int64_t kv_heads_per_chunk(const Dims& d, DType dt, bool backward, int64_t budget) {
+  const int64_t per_kv_head = d.g() * d.per_head() * bytes_per_score(dt, backward);
+  return std::min(d.Hkv, budget / per_kv_head);
+}
+
+// Element pointer arithmetic on untyped device pointers.
+const void* at(const void* p, int64_t elems, size_t es) { return static_cast<const char*>(p) + elems * int64_t(es); }
+void* at(void* p, int64_t elems, size_t es) { return static_cast<char*>(p) + elems * int64_t(es); }
+
+// The (T, T) score products of one chunk: out[(h' - h0) g + j] =
+// alpha x_{h' g + j} y_{h'}^T for every j (x: rows of q or dout at the
+// chunk's first head, y: rows of k or v at kv head h0).
+void score_products(const Dims& d, int64_t hc, DType dt, const void* x, const void* y, float* out, float alpha,
+                    Device dev) {
+  const size_t es = dtype_size(dt);
+  const int64_t g = d.g(), TT = d.per_head();
+  for (int64_t j = 0; j < g; ++j) {
+    StridedGemm gm;
+    gm.M = d.T, gm.N = d.T, gm.K = d.D, gm.batch = hc;
+    gm.trans_b = true;
+    gm.lda = d.Hq * d.D, gm.ldb = d.Hkv * d.D, gm.ldc = d.ld();
+    gm.stride_a = g * d.D, gm.stride_b = d.D, gm.stride_c = g * TT;
+    gm.alpha = alpha;
+    strided_gemm(gm, dt, at(x, j * d.D, es), y, DType::f32, out + j * TT, dev);
+  }
+}
+
+}  // namespace
+
+bool gemm_attention_fits(const Tensor& q, const Tensor& k, bool backward, int64_t budget) {
+  return kv_heads_per_chunk(dims_of(q, k), q.dtype(), backward, budget) >= 1;
+}
+
+void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                            float scale, int64_t budget) {
+  const Dims d = dims_of(q, k);
+  if (d.B * d.T * d.Hq == 0) return;
+  const DType dt = q.dtype();
+  const size_t es = dtype_size(dt);
+  const Device dev = q.device();
+  const int64_t g = d.g(), TT = d.per_head(), chunk = kv_heads_per_chunk(d, dt, false, budget);
+  ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ", budget,
+           " bytes (the simple kernel takes any T)");
+  Tensor S = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
+  Tensor P = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
+  cudaStream_t stream = stream_of(out);
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t h0 = 0; h0 < d.Hkv; h0 += chunk) {
+      const int64_t hc = std::min(chunk, d.Hkv - h0);
+      // First query head of the chunk and the row offsets of batch row b.
+      const int64_t qrow = b * d.T * d.Hq * d.D + h0 * g * d.D, kvrow = b * d.T * d.Hkv * d.D + h0 * d.D;
+      score_products(d, hc, dt, at(q.data_ptr(), qrow, es), at(k.data_ptr(), kvrow, es), S.data<float>(), scale, dev);
+      ZT_CUDA_DISPATCH_FLOAT(dt, "attention_forward", [&] {
+        causal_softmax_kernel<T><<<unsigned(hc * g * d.T), kRowThreads, 0, stream>>>(
+            S.data<float>(), static_cast<T*>(P.data_ptr()), lse.data<float>(), d.T, d.ld(), (b * d.Hq + h0 * g) * d.T);
+      });
+      ZT_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
+      for (int64_t j = 0; j < g; ++j) {  // O_h = P_h V_h'
+        StridedGemm gm;
+        gm.M = d.T, gm.N = d.D, gm.K = d.T, gm.batch = hc;
+        gm.lda = d.ld(), gm.ldb = d.Hkv * d.D, gm.ldc = d.Hq * d.D;
+        gm.stride_a = g * TT, gm.stride_b = d.D, gm.stride_c = g * d.D;
+        strided_gemm(gm, dt, at(P.data_ptr(), j * TT, es), at(v.data_ptr(), kvrow, es), dt,
+                     at(out.data_ptr(), qrow + j * d.D, es), dev);
+      }
+    }
+  }
+}
+
+void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, float scale,
+                             int64_t budget) {
+  const Dims d = dims_of(q, k);
+  if (d.B * d.T * d.Hq == 0) return;
+  const DType dt = q.dtype();
+  const size_t es = dtype_size(dt);
+  const Device dev = q.device();
+  const int64_t g = d.g(), TT = d.per_head(), chunk = kv_heads_per_chunk(d, dt, true, budget);
+  ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ", budget,
+           " bytes (the simple kernel takes any T)");
+  Tensor S = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
+  Tensor dP = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
+  Tensor P = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
+  Tensor dS = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
+  // dK, dV summed over the group in f32, rounded once into dk, dv.
+  const bool direct = dt == DType::f32;
+  Tensor dk_acc = direct ? dk : Tensor::empty(dk.shape(), DType::f32, dev, MemCategory::workspace);
+  Tensor dv_acc = direct ? dv : Tensor::empty(dv.shape(), DType::f32, dev, MemCategory::workspace);
+  cudaStream_t stream = stream_of(dq);
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t h0 = 0; h0 < d.Hkv; h0 += chunk) {
+      const int64_t hc = std::min(chunk, d.Hkv - h0);
+      const int64_t qrow = b * d.T * d.Hq * d.D + h0 * g * d.D, kvrow = b * d.T * d.Hkv * d.D + h0 * d.D;
+      score_products(d, hc, dt, at(q.data_ptr(), qrow, es), at(k.data_ptr(), kvrow, es), S.data<float>(), scale, dev);
+      score_products(d, hc, dt, at(dout.data_ptr(), qrow, es), at(v.data_ptr(), kvrow, es), dP.data<float>(), 1.0f,
+                     dev);
+      ZT_CUDA_DISPATCH_FLOAT(dt, "attention_backward", [&] {
+        softmax_backward_kernel<T><<<unsigned(hc * g * d.T), kRowThreads, 0, stream>>>(
+            S.data<float>(), dP.data<float>(), lse.data<float>(), static_cast<T*>(P.data_ptr()),
+            static_cast<T*>(dS.data_ptr()), d.T, d.ld(), (b * d.Hq + h0 * g) * d.T, scale);
+      });
+      ZT_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
+      for (int64_t j = 0; j < g; ++j) {
+        // dV_h' (+)= P_h^T dO_h and dK_h' (+)= dS_h^T Q_h: (T keys, D), summed over j.
+        StridedGemm kvg;
+        kvg.M = d.T, kvg.N = d.D, kvg.K = d.T, kvg.batch = hc;
+        kvg.trans_a = true;
+        kvg.lda = d.ld(), kvg.ldb = d.Hq * d.D, kvg.ldc = d.Hkv * d.D;
+        kvg.stride_a = g * TT, kvg.stride_b = g * d.D, kvg.stride_c = d.D;
+        kvg.beta = j == 0 ? 0.0f : 1.0f;
+        strided_gemm(kvg, dt, at(P.data_ptr(), j * TT, es), at(dout.data_ptr(), qrow + j * d.D, es), dv_acc.dtype(),
+                     at(dv_acc.data_ptr(), kvrow, dtype_size(dv_acc.dtype())), dev);
+        strided_gemm(kvg, dt, at(dS.data_ptr(), j * TT, es), at(q.data_ptr(), qrow + j * d.D, es), dk_acc.dtype(),
+                     at(dk_acc.data_ptr(), kvrow, dtype_size(dk_acc.dtype())), dev);
+        // dQ_h = dS_h K_h': (T, D).
+        StridedGemm qg;
+        qg.M = d.T, qg.N = d.D, qg.K = d.T, qg.batch = hc;
+        qg.lda = d.ld(), qg.ldb = d.Hkv * d.D, qg.ldc = d.Hq * d.D;
+        qg.stride_a = g * TT, qg.stride_b = d.D, qg.stride_c = g * d.D;
+        strided_gemm(qg, dt, at(dS.data_ptr(), j * TT, es), at(k.data_ptr(), kvrow, es), dt,
+                     at(dq.data_ptr(), qrow + j * d.D, es), dev);
+      }
+    }
+  }
+  if (!direct) {
+    cast(dk, dk_acc);
+    cast(dv, dv_acc);
+  }
+}
+
+}  // namespace zt::cuda
