@@ -214,13 +214,34 @@ Plan& plan_for(const PlanKey& k, const void* bias) {
   return *it->second;
 }
 
-bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, float alpha, float beta,
-                 Device device);
+// Runs the cached plan of k: out = alpha * op(a) @ op(b) + beta * out (+ bias
+// through the epilogue). Returns false, having launched nothing, when a bias
+// is given and no algorithm applies it; throws when a product without bias
+// finds no algorithm.
+bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, float alpha_in,
+                 float beta_in, Device device) {
+  Plan& p = plan_for(k, bias);
+  if (!p.found) {
+    if (k.has_bias) return false;
+    throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
+  }
+  const float alpha = alpha_in, beta = beta_in;
+  cudaStream_t stream = compute_stream(device);
+  auto launch = [&] {
+    ZT_CUBLAS_CHECK(cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, out, p.lay_c, out,
+                                   p.lay_c, &p.algo, p.workspace, cublaslt_workspace_bytes(), stream));
+  };
+  if (k.has_bias) {
+    std::lock_guard<std::mutex> lock(p.bias_mu);
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    launch();
+  } else {
+    launch();
+  }
+  return true;
+}
 
-// out = alpha * op(a) @ op(b) + beta * out (+ bias through the epilogue) on
-// cuBLASLt, with d already folded. Returns false, having launched nothing,
-// when a bias is given and no algorithm applies it; throws when a product
-// without bias finds no algorithm.
+// launch_plan for a GemmDesc (d already folded) over contiguous matrices.
 bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
                const void* bias, DType bias_type, Device device) {
   PlanKey k;
@@ -243,30 +264,6 @@ bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType 
   k.align_out = alignment_of(out, d.batch, k.stride_c, dtype_size(out_type));
   k.align_bias = k.has_bias ? alignment_of(bias, 1, 0, 0) : 0;
   return launch_plan(k, a, b, out, bias, d.alpha, d.beta, device);
-}
-
-// Runs the cached plan of k (see lt_matmul's contract).
-bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, float alpha_in,
-                 float beta_in, Device device) {
-  Plan& p = plan_for(k, bias);
-  if (!p.found) {
-    if (k.has_bias) return false;
-    throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
-  }
-  const float alpha = alpha_in, beta = beta_in;
-  cudaStream_t stream = compute_stream(device);
-  auto launch = [&] {
-    ZT_CUBLAS_CHECK(cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, out, p.lay_c, out,
-                                   p.lay_c, &p.algo, p.workspace, cublaslt_workspace_bytes(), stream));
-  };
-  if (k.has_bias) {
-    std::lock_guard<std::mutex> lock(p.bias_mu);
-    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    launch();
-  } else {
-    launch();
-  }
-  return true;
 }
 
 // dst[i] = beta * prev[i] + bias[i % cols] in f32, rounded once to TDst.
