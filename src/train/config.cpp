@@ -68,6 +68,9 @@ const std::vector<Field>& fields() {
       ZT_F("train", "log_every", train.log_every, "steps between console lines"),
       ZT_F("train", "run_dir", train.run_dir, "output directory"),
       ZT_F("train", "max_bad_steps", train.max_bad_steps, "consecutive non-finite losses before stopping"),
+      ZT_F("train", "loss_scale", train.loss_scale, "auto (dynamic for fp16, else off) | dynamic | off"),
+      ZT_F("train", "loss_scale_init", train.loss_scale_init, "first dynamic loss scale (a power of two)"),
+      ZT_F("train", "loss_scale_window", train.loss_scale_window, "steps without overflow before the scale doubles"),
       ZT_F("optim", "lr", optim.lr, "peak learning rate"),
       ZT_F("optim", "min_lr", optim.min_lr, "learning-rate floor"),
       ZT_F("optim", "schedule", optim.schedule, "cosine | wsd | constant"),
@@ -360,6 +363,18 @@ DType Config::compute_dtype() const {
 
 nn::Recompute Config::recompute() const { return nn::parse_recompute(train.recompute); }
 
+std::optional<optim::LossScaleConfig> Config::loss_scaling() const {
+  ZT_CHECK(train.loss_scale == "auto" || train.loss_scale == "dynamic" || train.loss_scale == "off",
+           "train.loss_scale = \"", train.loss_scale, "\" is not a choice: use auto (dynamic for fp16), dynamic or off");
+  const bool on = train.loss_scale == "dynamic" || (train.loss_scale == "auto" && compute_dtype() == DType::f16);
+  if (!on) return std::nullopt;
+  optim::LossScaleConfig c;
+  c.init = train.loss_scale_init;
+  c.window = train.loss_scale_window;
+  optim::LossScaler check(c);  // throws naming a bad setting
+  return c;
+}
+
 optim::LrSchedule Config::lr_schedule() const {
   optim::LrSchedule s;
   s.kind = optim::parse_lr_schedule(optim.schedule);
@@ -386,6 +401,7 @@ void Config::validate() const {
   parse_device(train.device);
   compute_dtype();
   recompute();
+  loss_scaling();
   lr_schedule().validate();
   ZT_CHECK(train.seq_len > 0, "train.seq_len must be positive, got ", train.seq_len);
   ZT_CHECK(train.seq_len <= model.max_seq_len, "train.seq_len = ", train.seq_len,

@@ -16,12 +16,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "nn/model_config.h"
 #include "nn/transformer.h"
 #include "optim/adamw.h"
+#include "optim/loss_scale.h"
 #include "optim/lr_schedule.h"
 
 namespace zt::train {
@@ -46,6 +48,9 @@ struct TrainSettings {
   int64_t log_every = 1;              // steps between console lines
   std::string run_dir = "runs/run";   // where config, metrics.jsonl and checkpoints go
   int64_t max_bad_steps = 1;          // consecutive non-finite steps before stopping (1: stop at the first)
+  std::string loss_scale = "auto";    // auto (dynamic for fp16, else off) | dynamic | off
+  double loss_scale_init = 65536.0;   // first dynamic loss scale (a power of two)
+  int64_t loss_scale_window = 2000;   // steps without overflow before the scale doubles
 };
 
 struct OptimSettings {
@@ -117,6 +122,8 @@ struct Config {
   nn::Recompute recompute() const;
   optim::LrSchedule lr_schedule() const;
   optim::AdamWConfig adamw() const;
+  // Dynamic loss scaling: its settings, or nullopt when off.
+  std::optional<optim::LossScaleConfig> loss_scaling() const;
   std::string checkpoint_dir() const;
 };
 

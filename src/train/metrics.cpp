@@ -36,6 +36,10 @@ void MetricsLog::write_step(const StepMetrics& m) {
   j["lr"] = m.lr;
   j["grad_norm"] = m.grad_norm;
   j["skipped"] = m.skipped;
+  if (m.loss_scale > 0) {
+    j["loss_scale"] = m.loss_scale;
+    j["overflow"] = m.overflow;
+  }
   j["tokens"] = m.tokens;
   j["tokens_seen"] = m.tokens_seen;
   j["tokens_per_s"] = m.tokens_per_second;
@@ -109,12 +113,17 @@ std::string format_step_line(const StepMetrics& m) {
   std::snprintf(buf, sizeof buf,
                 "step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | "
                 "fwd %.0f%% bwd %.0f%% opt %.0f%% data %.0f%% | mem %.0f MiB | ETA %s",
-                (long long)m.step, (long long)m.total_steps, m.loss, m.skipped ? " (skipped)" : "", m.lr,
+                (long long)m.step, (long long)m.total_steps, m.loss,
+                m.overflow ? " (skipped: gradient overflow)" : m.skipped ? " (skipped)" : "", m.lr,
                 m.grad_norm, m.tokens_per_second, 100.0 * m.mfu, 100.0 * m.forward_seconds / step_s,
                 100.0 * m.backward_seconds / step_s, 100.0 * m.optimizer_seconds / step_s,
                 100.0 * m.data_seconds / step_s, double(m.memory.total_peak_bytes) / (1 << 20),
                 format_duration(eta).c_str());
   std::string line = buf;
+  if (m.loss_scale > 0) {
+    std::snprintf(buf, sizeof buf, " | loss scale %g", m.loss_scale);
+    line += buf;
+  }
   if (m.dp_size > 1) {
     // Communication share: the exposed part of the step, and how much of the
     // time communication was in flight was hidden behind compute.

@@ -17,6 +17,8 @@ struct StepMetrics {
   double lr = 0;
   double grad_norm = 0;        // before clipping
   bool skipped = false;        // non-finite loss or gradient: no update
+  bool overflow = false;       // skipped for a gradient overflow under dynamic loss scaling
+  double loss_scale = 0;       // the step's loss scale (0: loss scaling off)
   int64_t tokens = 0;          // tokens in this step's global batch
   int64_t tokens_seen = 0;     // cumulative
   double step_seconds = 0;

@@ -66,6 +66,10 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   if (device.is_cuda() && cfg_.train.device == "cuda" && mesh_) device = Device::cuda(comm::world_info().local_rank);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
   schedule_ = cfg_.lr_schedule();
+  if (const auto ls = cfg_.loss_scaling()) {
+    scaler_.emplace(*ls);
+    progress_.loss_scale = scaler_->scale();
+  }
   if (!mesh_) solo_dp_ = comm::make_solo_group("dp");
   comm::ProcessGroup& dp_group = mesh_ ? mesh_->dp() : *solo_dp_;
   main_rank_ = !mesh_ || mesh_->world_rank() == 0;
@@ -157,8 +161,11 @@ StepMetrics Trainer::train_step(int64_t step) {
   const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;
   // Loss is the mean over every token of the global batch, so each
-  // micro-batch's gradient is scaled by 1 / (tokens in the global batch).
-  const float grad_scale = float(1.0 / double(m.tokens));
+  // micro-batch's gradient is scaled by 1 / (tokens in the global batch),
+  // times the loss scale (a power of two: exact) under loss scaling.
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  m.loss_scale = scaler_ ? loss_scale : 0.0;
+  const float grad_scale = float(loss_scale / double(m.tokens));
   const Device device = model().device();
   allocator_for(device).reset_peak();
   for (auto& c : chunks_) c->zero_grads();
@@ -217,9 +224,25 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
-  m.grad_norm = dp_->grad_norm(*optimizer_, {tp_group(), pp_group()});
+  if (before_update) before_update(step);
+  // The norm of the scaled gradients (the same on every rank: summed over
+  // every group), unscaled exactly.
+  m.grad_norm = dp_->grad_norm(*optimizer_, {tp_group(), pp_group()}) / loss_scale;
+  // The norm is summed over the model-parallel groups (and the ZeRO shards),
+  // so those ranks agree on its finiteness; data-parallel replicas under
+  // ZeRO-0 each compute it from their copy, so they vote: one non-finite
+  // copy skips the step everywhere.
+  if (dp_->size() > 1 && dp_->sum(std::isfinite(m.grad_norm) ? 0.0 : 1.0) > 0.0 && std::isfinite(m.grad_norm))
+    m.grad_norm = NAN;
   m.lr = schedule_.at(step);
-  if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+  // An overflow under loss scaling: the scale was too large for this step's
+  // gradients. Skip it and back off; at a scale of 1 or less the gradients
+  // are not finite unscaled either, which is a bad step.
+  if (scaler_ && std::isfinite(m.loss) && !std::isfinite(m.grad_norm) && loss_scale > 1.0) {
+    m.skipped = m.overflow = true;
+    ++progress_.overflow_steps;
+    scaler_->update(true);
+  } else if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
     ++progress_.bad_steps;
     if (progress_.bad_steps >= cfg_.train.max_bad_steps) {
@@ -232,8 +255,13 @@ StepMetrics Trainer::train_step(int64_t step) {
     progress_.bad_steps = 0;
     progress_.last_good_loss = m.loss;
     progress_.last_good_step = step;
-    optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip));
+    optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip) / loss_scale);
     dp_->gather_params(*optimizer_);
+    if (scaler_) scaler_->update(false);
+  }
+  if (scaler_) {
+    progress_.loss_scale = scaler_->scale();
+    progress_.loss_scale_good_steps = scaler_->state().good_steps;
   }
   m.optimizer_seconds = seconds_since(t_opt);
   m.step_seconds = seconds_since(t_step);
@@ -305,6 +333,19 @@ double Trainer::evaluate(int64_t* tokens_out) {
   }
   if (tokens_out) *tokens_out = tokens;
   return loss_sum / double(std::max<int64_t>(1, tokens));
+}
+
+void Trainer::set_progress(const TrainProgress& p) {
+  progress_ = p;
+  if (!scaler_) {
+    progress_.loss_scale = 0.0;
+  } else if (p.loss_scale > 0) {
+    scaler_->set_state({p.loss_scale, p.loss_scale_good_steps});
+  } else {
+    // Saved without loss scaling (or before it existed): start at the initial scale.
+    progress_.loss_scale = scaler_->scale();
+    progress_.loss_scale_good_steps = 0;
+  }
 }
 
 std::string Trainer::sample(uint64_t seed) {

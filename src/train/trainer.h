@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,6 +44,12 @@ struct TrainProgress {
   int64_t bad_steps = 0;        // consecutive non-finite steps so far
   double last_good_loss = 0;
   int64_t last_good_step = -1;  // 0-based
+  // Dynamic loss scaling (optim/loss_scale.h): the scale for the next step
+  // (0: scaling off), steps since it last changed, and steps skipped for a
+  // gradient overflow.
+  double loss_scale = 0.0;
+  int64_t loss_scale_good_steps = 0;
+  int64_t overflow_steps = 0;
 };
 
 // Text <-> tokens for samples (from data::Tokenizer; optional).
@@ -98,7 +105,7 @@ class Trainer {
   BatchSource& train_data() { return *train_; }
   const TrainProgress& progress() const { return progress_; }
   // For restoring a checkpoint (train/checkpointing.h).
-  void set_progress(const TrainProgress& p) { progress_ = p; }
+  void set_progress(const TrainProgress& p);
   optim::AdamW& optimizer() { return *optimizer_; }
   parallel::DataParallel& data_parallel() { return *dp_; }
   // The data-parallel ranks again, for checkpoint writes (a group of its own,
@@ -115,6 +122,10 @@ class Trainer {
 
   // Called after every step.
   std::vector<std::function<void(const StepMetrics&)>> step_hooks;
+  // Called with the 0-based step when its gradients are complete (reduced
+  // over every group, still multiplied by the loss scale), before the norm
+  // and the update: gradient inspection (tests inject an overflow here).
+  std::function<void(int64_t step)> before_update;
   // Console output (default: stdout and run_dir/train.log).
   std::function<void(const std::string&)> log;
 
@@ -131,6 +142,7 @@ class Trainer {
   std::unique_ptr<BatchSource> train_, val_;
   std::unique_ptr<TextCodec> codec_;
   optim::LrSchedule schedule_;
+  std::optional<optim::LossScaler> scaler_;  // dynamic loss scaling, when on
   double peak_gflops_ = 0;
   std::string peak_source_;  // where peak_gflops_ came from, for the log
   TrainProgress progress_;
