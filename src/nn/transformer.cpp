@@ -84,8 +84,9 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
     : cfg_(cfg), dtype_(compute_dtype), device_(device), tp_(tp), part_(part) {
   cfg_.validate();
   ops::init_device(device_);
-  ZT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "model compute dtype must be f32 or bf16, got ",
-           dtype_name(dtype_));
+  ZT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16 || (dtype_ == DType::f16 && device_.is_cuda()),
+           "model compute dtype must be f32 or bf16 (or f16 on a CUDA device), got ", dtype_name(dtype_), " on ",
+           device_.str());
   if (part_.last_layer < 0) part_.last_layer = cfg_.n_layer;
   ZT_CHECK(0 <= part_.first_layer && part_.first_layer <= part_.last_layer && part_.last_layer <= cfg_.n_layer,
            "model part: blocks [", part_.first_layer, ", ", part_.last_layer, ") are not within the model's ",

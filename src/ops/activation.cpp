@@ -16,7 +16,7 @@ namespace {
 
 void check_float_input(const char* op, const char* name, const Tensor& t) {
   check_defined(op, name, t);
-  check_dtype(op, name, t, {DType::f32, DType::bf16});
+  check_compute_dtype(op, name, t);
 }
 
 void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {

@@ -36,7 +36,7 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
   ZT_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, op, ": 'q' has ", d.Hq, " heads but 'k' and 'v' have ", d.Hkv,
            "; the query heads must be a positive multiple of the kv heads (q ", q.shape().str(), ", k ",
            k.shape().str(), ")");
-  check_dtype(op, "q", q, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "q", q);
   check_same_dtype(op, "k", k, "q", q);
   check_same_dtype(op, "v", v, "q", q);
   return d;

@@ -31,6 +31,15 @@ void check_dtype(const char* op, const char* name, const Tensor& t, std::initial
   ZT_FAIL(op, ": '", name, "' has dtype ", dtype_name(t.dtype()), " but one of {", list, "} is required");
 }
 
+void check_compute_dtype(const char* op, const char* name, const Tensor& t) {
+  if (t.dtype() == DType::f16) {
+    ZT_CHECK(!t.device().is_cpu(), op, ": '", name, "' is f16 on the CPU, whose kernels compute in f32 or bf16 (f16 "
+             "runs on CUDA devices); use bf16 or f32 on the CPU");
+    return;
+  }
+  check_dtype(op, name, t, {DType::f32, DType::bf16});
+}
+
 void check_device(const char* op, Device device, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
   for (auto& [name, t] : ts) {
     if (t->defined())

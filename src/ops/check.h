@@ -17,6 +17,9 @@ void check_shape(const char* op, const char* name, const Tensor& t, const Shape&
 void check_ndim(const char* op, const char* name, const Tensor& t, int ndim);
 // `t`'s dtype must be one of `allowed`.
 void check_dtype(const char* op, const char* name, const Tensor& t, std::initializer_list<DType> allowed);
+// A compute dtype: f32 or bf16 on any device, f16 on CUDA devices (the CPU
+// kernels compute in f32 or bf16 only).
+void check_compute_dtype(const char* op, const char* name, const Tensor& t);
 // Every defined tensor in `ts` must be on `device`.
 void check_device(const char* op, Device device, std::initializer_list<std::pair<const char*, const Tensor*>> ts);
 // Two tensors must have the same dtype.

@@ -32,7 +32,7 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
                            const Tensor& targets, int64_t vocab, float grad_scale) {
   const char* op = "softmax_cross_entropy";
   check_ndim(op, "logits", logits, 2);
-  check_dtype(op, "logits", logits, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "logits", logits);
   const int64_t N = logits.size(0), Vp = logits.size(1);
   ZT_CHECK(vocab >= 1 && vocab <= Vp, op, ": vocab ", vocab, " must be in [1, ", Vp, "] (the width of 'logits' ",
            logits.shape().str(), ")");
@@ -79,7 +79,7 @@ namespace {
 int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_start, int64_t vocab,
                              std::initializer_list<std::pair<const char*, const Tensor*>> per_row) {
   check_ndim(op, "logits", logits, 2);
-  check_dtype(op, "logits", logits, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "logits", logits);
   const int64_t N = logits.size(0), Vl = logits.size(1);
   ZT_CHECK(vocab >= 1 && col_start >= 0, op, ": the slice starting at column ", col_start, " of a vocabulary of ",
            vocab, " is invalid (need vocab >= 1, col_start >= 0)");

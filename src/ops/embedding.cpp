@@ -66,7 +66,7 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   check_ndim(op, "tokens", tokens, 2);
   check_dtype(op, "tokens", tokens, {DType::i32});
   check_ndim(op, "wte", wte, 2);
-  check_dtype(op, "wte", wte, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "wte", wte);
   const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
   if (wpe.defined()) {
     check_ndim(op, "wpe", wpe, 2);
@@ -99,7 +99,7 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
                         int64_t pos_offset, VocabSlice slice) {
   const char* op = "embedding_backward";
   check_ndim(op, "dout", dout, 3);
-  check_dtype(op, "dout", dout, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "dout", dout);
   const int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
   check_shape(op, "tokens", tokens, Shape{B, T});
   check_dtype(op, "tokens", tokens, {DType::i32});
@@ -109,7 +109,7 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
     if (dout.dtype() == DType::f32)
       check_dtype(op, "dwte", dwte, {DType::f32});
     else
-      check_dtype(op, "dwte", dwte, {DType::f32, DType::bf16});
+      check_dtype(op, "dwte", dwte, {DType::f32, dout.dtype()});
     ZT_CHECK(dwte.size(1) == C, op, ": 'dwte' has shape ", dwte.shape().str(), " but its width must be C = ", C,
              " (the width of 'dout' ", dout.shape().str(), ")");
   }
@@ -118,7 +118,7 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
     if (dout.dtype() == DType::f32)
       check_dtype(op, "dwpe", dwpe, {DType::f32});
     else
-      check_dtype(op, "dwpe", dwpe, {DType::f32, DType::bf16});
+      check_dtype(op, "dwpe", dwpe, {DType::f32, dout.dtype()});
     ZT_CHECK(dwpe.size(1) == C, op, ": 'dwpe' has shape ", dwpe.shape().str(), " but its width must be C = ", C,
              " (the width of 'dout' ", dout.shape().str(), ")");
     check_positions(op, "dwpe", dwpe, T, pos_offset);

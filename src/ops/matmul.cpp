@@ -62,7 +62,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
            " but at least 2 dimensions (..., M, K) are required");
   ZT_CHECK(b.ndim() >= 2, op, ": 'b' has shape ", b.shape().str(),
            " but at least 2 dimensions (..., K, N) are required");
-  check_dtype(op, "a", a, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "a", a);
   check_same_dtype(op, "a", a, "b", b);
   check_out_dtype(op, "out", out, a.dtype());
   if (bias.defined()) check_out_dtype(op, "bias", bias, out.dtype());
@@ -114,7 +114,7 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   check_ndim(op, "w", w, 2);
   check_device(op, y.device(), {{"y", &y}, {"x", &x}, {"w", &w}, {"b", &b}});
   ZT_CHECK(x.ndim() >= 1, op, ": 'x' has shape ", x.shape().str(), " but (..., C) is required");
-  check_dtype(op, "x", x, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "x", x);
   check_same_dtype(op, "x", x, "w", w);
   check_out_dtype(op, "y", y, x.dtype());
   if (b.defined()) check_out_dtype(op, "b", b, y.dtype());
@@ -149,7 +149,7 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
   const Device dev = dy.device();
   check_device(op, dev, {{"dx", &dx}, {"dw", &dw}, {"db", &db}, {"dy", &dy}, {"x", &x}, {"w", &w}});
   ZT_CHECK(x.ndim() >= 1, op, ": 'x' has shape ", x.shape().str(), " but (..., C) is required");
-  check_dtype(op, "dy", dy, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "dy", dy);
   check_same_dtype(op, "dy", dy, "x", x);
   check_same_dtype(op, "dy", dy, "w", w);
   if (dx.defined()) check_out_dtype(op, "dx", dx, dy.dtype());

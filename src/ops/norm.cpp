@@ -58,7 +58,7 @@ int64_t check_input(const char* op, const char* name, const Tensor& x) {
   check_defined(op, name, x);
   ZT_CHECK(x.ndim() >= 1, op, ": '", name, "' has shape ", x.shape().str(),
            " but at least one dimension (..., C) is required");
-  check_dtype(op, name, x, {DType::f32, DType::bf16});
+  check_compute_dtype(op, name, x);
   const int64_t C = x.size(-1);
   ZT_CHECK(C >= 1, op, ": '", name, "' has shape ", x.shape().str(), "; the normalised dimension C must be >= 1");
   return C;
@@ -72,7 +72,7 @@ void check_like(const char* op, const char* name, const Tensor& t, const char* r
 // w (C), optional b (C) with w's dtype (b must be undefined for RMSNorm).
 void check_params(const char* op, NormKind kind, const Tensor& w, const Tensor& b, int64_t C) {
   check_shape(op, "w", w, Shape{C});
-  check_dtype(op, "w", w, {DType::f32, DType::bf16});
+  check_compute_dtype(op, "w", w);
   if (kind == NormKind::rmsnorm) {
     ZT_CHECK(!b.defined(), op, ": 'b' must be undefined for RMSNorm (it has no bias), got ", b.str());
   } else if (b.defined()) {

@@ -62,7 +62,7 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
   const int64_t T = x.size(1), D = x.size(3);
   ZT_CHECK(D % 2 == 0, op, ": '", x_name, "' has shape ", x.shape().str(), " but the head dim (last) is ", D,
            "; RoPE rotates channel pairs, so it must be even");
-  check_dtype(op, x_name, x, {DType::f32, DType::bf16});
+  check_compute_dtype(op, x_name, x);
   check_shape(op, y_name, y, x.shape());
   check_same_dtype(op, y_name, y, x_name, x);
   check_ndim(op, "table", table, 3);

@@ -55,7 +55,7 @@ const std::vector<Field>& fields() {
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
       ZT_F("train", "device", train.device, "cpu | cuda[:N]"),
-      ZT_F("train", "dtype", train.dtype, "f32 | bf16 (master weights stay f32)"),
+      ZT_F("train", "dtype", train.dtype, "f32 | bf16 | f16 (CUDA only; dynamic loss scaling) - master weights stay f32"),
       ZT_F("train", "seq_len", train.seq_len, "tokens per sequence T"),
       ZT_F("train", "global_batch", train.global_batch, "sequences per optimizer step"),
       ZT_F("train", "micro_batch", train.micro_batch, "sequences per forward/backward"),
@@ -356,8 +356,11 @@ std::string to_toml(const Config& c_in) {
 
 DType Config::compute_dtype() const {
   const DType d = parse_dtype(train.dtype);
-  ZT_CHECK(d == DType::f32 || d == DType::bf16, "train.dtype = \"", train.dtype,
-           "\" is not supported; use \"f32\" or \"bf16\"");
+  ZT_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16, "train.dtype = \"", train.dtype,
+           "\" is not supported; use \"f32\", \"bf16\" or (on GPUs) \"f16\"");
+  ZT_CHECK(d != DType::f16 || parse_device(train.device).is_cuda(), "train.dtype = \"", train.dtype,
+           "\" runs on CUDA devices only (the CPU kernels compute in f32 or bf16); on train.device = \"",
+           train.device, "\" use bf16 (no loss scaling needed) or f32");
   return d;
 }
 

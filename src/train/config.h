@@ -35,7 +35,7 @@ struct DataSettings {
 
 struct TrainSettings {
   std::string device = "cpu";         // cpu | cuda[:N]
-  std::string dtype = "f32";          // f32 | bf16 (weights and activations; master weights are f32)
+  std::string dtype = "f32";          // f32 | bf16 | f16 (CUDA) for weights and activations; master weights are f32
   int64_t seq_len = 1024;             // T
   int64_t global_batch = 8;           // sequences per optimizer step (all ranks)
   int64_t micro_batch = 8;            // sequences per forward/backward pass on one rank

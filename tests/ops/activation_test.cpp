@@ -363,6 +363,10 @@ TEST(ActivationArgs, GeluRejectsBadArguments) {
               HasSubstr("gelu_forward: 'y' is bf16 but 'x' is f32"));
   EXPECT_THAT(error_of([&] { ops::gelu_forward(y, Tensor::empty(Shape{4, 6}, DType::i32)); }),
               HasSubstr("gelu_forward: 'x' has dtype i32"));
+  EXPECT_THAT(error_of([&] {
+                ops::gelu_forward(Tensor::empty(Shape{4, 6}, DType::f16), Tensor::empty(Shape{4, 6}, DType::f16));
+              }),
+              HasSubstr("gelu_forward: 'x' is f16 on the CPU, whose kernels compute in f32 or bf16"));
   EXPECT_THAT(error_of([&] { ops::gelu_forward(fake_cuda(Shape{4, 6}, DType::f32), x); }),
               HasSubstr("gelu_forward: 'y' is on cuda:63"));
   EXPECT_THAT(error_of([&] { ops::gelu_forward(fake_cuda(Shape{2}, DType::f32), fake_cuda(Shape{2}, DType::f32)); }),

@@ -347,6 +347,9 @@ TEST(MatmulTest, BadArgumentsThrowWithClearMessages) {
   // Dtypes.
   const Tensor b16 = random_tensor(Shape{5, 6}, DType::bf16, rng);
   expect_error([&] { ops::matmul(out, a, b16); }, {"matmul", "'a'", "'b'", "bf16"});
+  // f16 computes on CUDA devices only.
+  expect_error([&] { ops::matmul(out, Tensor::empty(Shape{4, 5}, DType::f16), Tensor::empty(Shape{5, 6}, DType::f16)); },
+               {"matmul", "'a' is f16 on the CPU", "use bf16 or f32"});
   const Tensor out16 = Tensor::empty(Shape{4, 6}, DType::bf16);
   expect_error([&] { ops::matmul(out16, a, b); }, {"matmul", "'out'", "bf16"});
   const Tensor ai = Tensor::empty(Shape{4, 5}, DType::i32), bi = Tensor::empty(Shape{5, 6}, DType::i32);

@@ -502,7 +502,7 @@ TEST(NormArgs, ForwardRejectsBadArguments) {
     {  // unsupported dtype
       FwdArgs a = good_forward(kind);
       a.x = Tensor::empty(Shape{4, 8}, DType::f16);
-      EXPECT_THAT(fwd_error(kind, a), HasSubstr("'x' has dtype f16"));
+      EXPECT_THAT(fwd_error(kind, a), HasSubstr("'x' is f16 on the CPU"));
     }
     {  // rstd wrong shape / dtype
       FwdArgs a = good_forward(kind);

@@ -169,9 +169,14 @@ TEST(LossScaling, AutoTurnsItOnForFp16OnlyAndBadSettingsAreNamed) {
   EXPECT_FALSE(parse_config(kTiny, "t").loss_scaling().has_value());
   EXPECT_FALSE(parse_config(kTiny, "t", {"train.dtype=bf16"}).loss_scaling().has_value());
   EXPECT_TRUE(parse_config(kTiny, "t", {"train.loss_scale=dynamic"}).loss_scaling().has_value());
+  EXPECT_TRUE(parse_config(kTiny, "t", {"train.dtype=f16", "train.device=cuda"}).loss_scaling().has_value());
+  EXPECT_FALSE(parse_config(kTiny, "t", {"train.dtype=f16", "train.device=cuda", "train.loss_scale=off"})
+                   .loss_scaling()
+                   .has_value());
   auto error = [](const std::vector<std::string>& ov) {
     return test::error_of([&] { parse_config(kTiny, "t", ov); });
   };
+  EXPECT_NE(error({"train.dtype=fp16"}).find("runs on CUDA devices only"), std::string::npos);
   EXPECT_NE(error({"train.loss_scale=always"}).find("use auto (dynamic for fp16), dynamic or off"), std::string::npos);
   EXPECT_NE(error({"train.loss_scale=dynamic", "train.loss_scale_init=1000.0"}).find("power of two"),
             std::string::npos);

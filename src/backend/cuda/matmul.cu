@@ -57,16 +57,20 @@ cudaDataType_t lt_type(DType t) {
   switch (t) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
     default: break;
   }
   ZT_FAIL("internal: cuBLASLt matmul got dtype ", dtype_name(t));
 }
 
-// Calls f(T{}) with T = float or __nv_bfloat16 for an f32 / bf16 dtype.
+// Calls f(T{}) with T = float, __nv_bfloat16 or __half for an f32 / bf16 /
+// f16 dtype.
 template <typename F>
 void with_type(DType t, F&& f) {
   if (t == DType::bf16) {
     f(bf16_t{});
+  } else if (t == DType::f16) {
+    f(__half{});
   } else {
     f(float{});
   }

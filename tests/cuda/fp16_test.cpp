@@ -1,0 +1,93 @@
+// fp16 training on the GPU with dynamic loss scaling, through the trainer:
+// the tiny model memorising one fixed batch reaches the loss the bf16 run
+// reaches (within rounding noise), the f16 run's first loss equals the f32
+// CPU model's to f16 rounding, and an overflow injected into one step's
+// gradients skips exactly that step and halves the scale.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda/cuda_test_util.h"
+#include "ops/elementwise.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace zt::test {
+namespace {
+
+// The same (B, T) batch every time: a model can memorise it.
+class FixedBatch : public train::BatchSource {
+ public:
+  FixedBatch(int64_t vocab, int64_t rows, int64_t T) {
+    auto rng = make_rng(21);
+    tokens_ = random_tokens(Shape{rows, T}, vocab, rng);
+    targets_ = random_tokens(Shape{rows, T}, vocab, rng);
+  }
+  void next(const Tensor& inputs, const Tensor& targets) override {
+    ZT_CHECK(inputs.numel() == tokens_.numel(), "fixed batch: unexpected micro-batch shape");
+    ops::copy(inputs, tokens_);
+    ops::copy(targets, targets_);
+  }
+  void reset() override {}
+
+ private:
+  Tensor tokens_, targets_;
+};
+
+const char* kTiny = R"(
+[model]
+preset = "gpt2-tiny"
+n_layer = 2
+[data]
+dir = "unused"
+[train]
+seq_len = 32
+global_batch = 4
+micro_batch = 4
+steps = 25
+log_every = 1000
+[optim]
+lr = 3e-3
+warmup_steps = 2
+[metrics]
+peak_gflops = 1.0
+)";
+
+std::vector<train::StepMetrics> train_run(const std::vector<std::string>& settings, int64_t poison = -1) {
+  const train::Config cfg = train::parse_config(kTiny, "fp16 test", settings);
+  train::Trainer t(cfg, std::make_unique<FixedBatch>(cfg.model.vocab_size, 4, 32), nullptr, nullptr);
+  t.log = [](const std::string&) {};
+  t.before_update = [&](int64_t step) {
+    if (step == poison) ops::fill(t.model().grad("layers.0.mlp.in.weight").slice(0, 1), INFINITY);
+  };
+  std::vector<train::StepMetrics> out;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) out.push_back(t.train_step(s));
+  return out;
+}
+
+TEST(Fp16, TrainsToTheLossOfBf16WithDynamicLossScaling) {
+  ZT_REQUIRE_GPU();
+  const auto f16 = train_run({"train.device=cuda", "train.dtype=f16"});
+  const auto bf16 = train_run({"train.device=cuda", "train.dtype=bf16"});
+  const auto f32 = train_run({"train.device=cpu", "train.dtype=f32", "train.steps=1"});
+  EXPECT_NEAR(f16.front().loss, f32.front().loss, 1e-2 * f32.front().loss) << "first loss vs the f32 CPU model";
+  EXPECT_GT(f16.front().loss_scale, 0.0) << "auto turns loss scaling on for f16";
+  EXPECT_EQ(bf16.front().loss_scale, 0.0);
+  for (const auto& m : f16) EXPECT_FALSE(m.skipped) << "step " << m.step << " overflowed at scale " << m.loss_scale;
+  EXPECT_LT(bf16.back().loss, 0.5 * bf16.front().loss) << "the bf16 run memorises the batch";
+  EXPECT_NEAR(f16.back().loss, bf16.back().loss, 0.05 * bf16.back().loss);
+}
+
+TEST(Fp16, AForcedOverflowSkipsExactlyOneStep) {
+  ZT_REQUIRE_GPU();
+  const auto run = train_run({"train.device=cuda", "train.dtype=f16", "train.steps=8"}, 4);
+  int skipped = 0;
+  for (const auto& m : run) skipped += m.skipped;
+  EXPECT_EQ(skipped, 1);
+  EXPECT_TRUE(run[4].overflow);
+  EXPECT_EQ(run[5].loss_scale, run[4].loss_scale / 2);
+  EXPECT_TRUE(std::isfinite(run[5].loss)) << "training goes on";
+}
+
+}  // namespace
+}  // namespace zt::test
