@@ -212,7 +212,12 @@ void DataParallel::finish_reduction() {
 }
 
 double DataParallel::grad_norm(const optim::AdamW& opt, const std::vector<comm::ProcessGroup*>& model_parallel) {
-  const double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
+  double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
+  // ZeRO-0 replicas each take the norm of their own copy: they vote on its
+  // finiteness, so a non-finite copy anywhere skips the step everywhere
+  // (the norm is a sum over the other groups: those ranks agree already).
+  if (opt_.zero_stage == 0 && size() > 1 && comm::sum_exact(*group_, std::isfinite(local) ? 0.0 : 1.0) > 0.0)
+    local = NAN;
   const bool shards = opt_.zero_stage > 0 && shard_size() > 1;
   std::vector<comm::ProcessGroup*> others;
   for (comm::ProcessGroup* g : model_parallel)

@@ -97,7 +97,8 @@ class DataParallel {
   // Waits for every reduction of the step (starting any not yet started).
   void finish_reduction();
   // The global gradient norm after finish_reduction: this rank's reduced
-  // gradients (ZeRO 0) or the shards' squares summed over one shard group,
+  // gradients (ZeRO 0; NaN on every replica when any replica's is not
+  // finite) or the shards' squares summed over one shard group,
   // then summed over each model-parallel group given (tensor- and pipeline-
   // parallel ranks hold other parts of the model; null entries are skipped).
   double grad_norm(const optim::AdamW& opt, const std::vector<comm::ProcessGroup*>& model_parallel = {});

@@ -228,12 +228,6 @@ StepMetrics Trainer::train_step(int64_t step) {
   // The norm of the scaled gradients (the same on every rank: summed over
   // every group), unscaled exactly.
   m.grad_norm = dp_->grad_norm(*optimizer_, {tp_group(), pp_group()}) / loss_scale;
-  // The norm is summed over the model-parallel groups (and the ZeRO shards),
-  // so those ranks agree on its finiteness; data-parallel replicas under
-  // ZeRO-0 each compute it from their copy, so they vote: one non-finite
-  // copy skips the step everywhere.
-  if (dp_->size() > 1 && dp_->sum(std::isfinite(m.grad_norm) ? 0.0 : 1.0) > 0.0 && std::isfinite(m.grad_norm))
-    m.grad_norm = NAN;
   m.lr = schedule_.at(step);
   // An overflow under loss scaling: the scale was too large for this step's
   // gradients. Skip it and back off; at a scale of 1 or less the gradients

@@ -231,9 +231,10 @@ TEST(DataParallel, BytesPerStepFollowTheRingVolumes) {
     // ZeRO-2 reduce-scatters every micro-batch (global 24 / (2 dp) of them).
     const double accum = double(cfg.grad_accum_steps(p));
     const double ring = grad_bytes * double(p - 1) / double(p);
-    // Scalars: the loss sum (and under ZeRO >= 1 the squared grad norm), 8
-    // bytes each per peer, and the memory report (1 + categories) x 8.
-    const double scalars = 8.0 * double(p - 1) * ((zero == 0 ? 1 : 2) + 1 + kNumMemCategories);
+    // Scalars: the loss sum and (ZeRO >= 1) the squared grad norm or (ZeRO-0)
+    // the replicas' vote on its finiteness, 8 bytes each per peer, and the
+    // memory report (1 + categories) x 8.
+    const double scalars = 8.0 * double(p - 1) * (2 + 1 + kNumMemCategories);
     const double expected = zero == 0   ? 2.0 * ring + scalars
                             : zero == 1 ? 2.0 * ring + scalars
                             : zero == 2 ? (accum + 1.0) * ring + scalars
