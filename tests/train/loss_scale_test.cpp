@@ -9,8 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <random>
-#include <sstream>
 
 #include "core/error.h"
 #include "ops/elementwise.h"
@@ -19,6 +17,7 @@
 #include "train/checkpointing.h"
 #include "train/config.h"
 #include "train/trainer.h"
+#include "train/random_batches.h"
 
 namespace zt::train {
 namespace {
@@ -57,33 +56,6 @@ TEST(LossScaler, BadSettingsAreNamed) {
   optim::LossScaler ok(optim::LossScaleConfig{});
   EXPECT_NE(test::error_of([&] { ok.set_state({3.0, 0}); }).find("damaged"), std::string::npos);
 }
-
-class RandomBatches : public BatchSource {
- public:
-  RandomBatches(int64_t vocab, uint64_t seed) : vocab_(vocab), rng_(seed) {}
-  void next(const Tensor& inputs, const Tensor& targets) override {
-    std::uniform_int_distribution<int32_t> d(0, int32_t(vocab_ - 1));
-    for (int64_t i = 0; i < inputs.numel(); ++i) {
-      inputs.data<int32_t>()[i] = d(rng_);
-      targets.data<int32_t>()[i] = d(rng_);
-    }
-  }
-  void reset() override {}
-  // The generator's state as text: a checkpoint continues the same stream.
-  nlohmann::json state() const override {
-    std::ostringstream os;
-    os << rng_;
-    return os.str();
-  }
-  void restore(const nlohmann::json& state) override {
-    std::istringstream is(state.get<std::string>());
-    is >> rng_;
-  }
-
- private:
-  int64_t vocab_;
-  std::mt19937_64 rng_;
-};
 
 const char* kTiny = R"(
 [model]

@@ -17,28 +17,12 @@
 #include "train/config.h"
 #include "train/data_source.h"
 #include "train/trainer.h"
+#include "train/random_batches.h"
 
 namespace zt::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-class RandomBatches : public BatchSource {
- public:
-  RandomBatches(int64_t vocab, uint64_t seed) : vocab_(vocab), rng_(seed) {}
-  void next(const Tensor& inputs, const Tensor& targets) override {
-    std::uniform_int_distribution<int32_t> d(0, int32_t(vocab_ - 1));
-    for (int64_t i = 0; i < inputs.numel(); ++i) {
-      inputs.data<int32_t>()[i] = d(rng_);
-      targets.data<int32_t>()[i] = d(rng_);
-    }
-  }
-  void reset() override {}
-
- private:
-  int64_t vocab_;
-  std::mt19937_64 rng_;
-};
 
 const char* kTiny = R"(
 [model]

@@ -122,6 +122,31 @@ void score_products(const Dims& d, int64_t hc, DType dt, const void* x, const vo
   }
 }
 
+// One chunk of kv heads [h0, h0 + hc) of batch row b: the element offsets of
+// its first query head's row 0 (q, out, dq, dout) and of its first kv head's
+// row 0 (k, v, dk, dv), and the lse index of its first row.
+struct Chunk {
+  int64_t b, h0, hc, qrow, kvrow, lse_base;
+};
+
+// kv heads per chunk for this shape, or an error when not even one fits.
+int64_t checked_chunk(const Dims& d, DType dt, bool backward, int64_t budget) {
+  const int64_t chunk = kv_heads_per_chunk(d, dt, backward, budget);
+  ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ", budget,
+           " bytes (the simple kernel takes any T)");
+  return chunk;
+}
+
+// Calls fn(c) for every chunk of `chunk` kv heads of every batch row, in order.
+template <typename F>
+void for_each_chunk(const Dims& d, int64_t chunk, F&& fn) {
+  const int64_t g = d.g();
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h0 = 0; h0 < d.Hkv; h0 += chunk)
+      fn(Chunk{b, h0, std::min(chunk, d.Hkv - h0), b * d.T * d.Hq * d.D + h0 * g * d.D, b * d.T * d.Hkv * d.D + h0 * d.D,
+               (b * d.Hq + h0 * g) * d.T});
+}
+
 }  // namespace
 
 bool gemm_attention_fits(const Tensor& q, const Tensor& k, bool backward, int64_t budget) {
@@ -135,33 +160,27 @@ void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
   const DType dt = q.dtype();
   const size_t es = dtype_size(dt);
   const Device dev = q.device();
-  const int64_t g = d.g(), TT = d.per_head(), chunk = kv_heads_per_chunk(d, dt, false, budget);
-  ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ", budget,
-           " bytes (the simple kernel takes any T)");
+  const int64_t g = d.g(), TT = d.per_head(), chunk = checked_chunk(d, dt, false, budget);
   Tensor S = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
   Tensor P = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
   cudaStream_t stream = stream_of(out);
-  for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h0 = 0; h0 < d.Hkv; h0 += chunk) {
-      const int64_t hc = std::min(chunk, d.Hkv - h0);
-      // First query head of the chunk and the row offsets of batch row b.
-      const int64_t qrow = b * d.T * d.Hq * d.D + h0 * g * d.D, kvrow = b * d.T * d.Hkv * d.D + h0 * d.D;
-      score_products(d, hc, dt, at(q.data_ptr(), qrow, es), at(k.data_ptr(), kvrow, es), S.data<float>(), scale, dev);
-      ZT_CUDA_DISPATCH_FLOAT(dt, "attention_forward", [&] {
-        causal_softmax_kernel<T><<<unsigned(hc * g * d.T), kRowThreads, 0, stream>>>(
-            S.data<float>(), static_cast<T*>(P.data_ptr()), lse.data<float>(), d.T, d.ld(), (b * d.Hq + h0 * g) * d.T);
-      });
-      ZT_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
-      for (int64_t j = 0; j < g; ++j) {  // O_h = P_h V_h'
-        StridedGemm gm;
-        gm.M = d.T, gm.N = d.D, gm.K = d.T, gm.batch = hc;
-        gm.lda = d.ld(), gm.ldb = d.Hkv * d.D, gm.ldc = d.Hq * d.D;
-        gm.stride_a = g * TT, gm.stride_b = d.D, gm.stride_c = g * d.D;
-        strided_gemm(gm, dt, at(P.data_ptr(), j * TT, es), at(v.data_ptr(), kvrow, es), dt,
-                     at(out.data_ptr(), qrow + j * d.D, es), dev);
-      }
+  for_each_chunk(d, chunk, [&](const Chunk& c) {
+    score_products(d, c.hc, dt, at(q.data_ptr(), c.qrow, es), at(k.data_ptr(), c.kvrow, es), S.data<float>(), scale,
+                   dev);
+    ZT_CUDA_DISPATCH_FLOAT(dt, "attention_forward", [&] {
+      causal_softmax_kernel<T><<<unsigned(c.hc * g * d.T), kRowThreads, 0, stream>>>(
+          S.data<float>(), static_cast<T*>(P.data_ptr()), lse.data<float>(), d.T, d.ld(), c.lse_base);
+    });
+    ZT_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
+    for (int64_t j = 0; j < g; ++j) {  // O_h = P_h V_h'
+      StridedGemm gm;
+      gm.M = d.T, gm.N = d.D, gm.K = d.T, gm.batch = c.hc;
+      gm.lda = d.ld(), gm.ldb = d.Hkv * d.D, gm.ldc = d.Hq * d.D;
+      gm.stride_a = g * TT, gm.stride_b = d.D, gm.stride_c = g * d.D;
+      strided_gemm(gm, dt, at(P.data_ptr(), j * TT, es), at(v.data_ptr(), c.kvrow, es), dt,
+                   at(out.data_ptr(), c.qrow + j * d.D, es), dev);
     }
-  }
+  });
 }
 
 void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
@@ -172,9 +191,7 @@ void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   const DType dt = q.dtype();
   const size_t es = dtype_size(dt);
   const Device dev = q.device();
-  const int64_t g = d.g(), TT = d.per_head(), chunk = kv_heads_per_chunk(d, dt, true, budget);
-  ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ", budget,
-           " bytes (the simple kernel takes any T)");
+  const int64_t g = d.g(), TT = d.per_head(), chunk = checked_chunk(d, dt, true, budget);
   Tensor S = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
   Tensor dP = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
   Tensor P = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
@@ -183,42 +200,40 @@ void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
   const bool direct = dt == DType::f32;
   Tensor dk_acc = direct ? dk : Tensor::empty(dk.shape(), DType::f32, dev, MemCategory::workspace);
   Tensor dv_acc = direct ? dv : Tensor::empty(dv.shape(), DType::f32, dev, MemCategory::workspace);
+  const size_t acc_es = dtype_size(dk_acc.dtype());
   cudaStream_t stream = stream_of(dq);
-  for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h0 = 0; h0 < d.Hkv; h0 += chunk) {
-      const int64_t hc = std::min(chunk, d.Hkv - h0);
-      const int64_t qrow = b * d.T * d.Hq * d.D + h0 * g * d.D, kvrow = b * d.T * d.Hkv * d.D + h0 * d.D;
-      score_products(d, hc, dt, at(q.data_ptr(), qrow, es), at(k.data_ptr(), kvrow, es), S.data<float>(), scale, dev);
-      score_products(d, hc, dt, at(dout.data_ptr(), qrow, es), at(v.data_ptr(), kvrow, es), dP.data<float>(), 1.0f,
-                     dev);
-      ZT_CUDA_DISPATCH_FLOAT(dt, "attention_backward", [&] {
-        softmax_backward_kernel<T><<<unsigned(hc * g * d.T), kRowThreads, 0, stream>>>(
-            S.data<float>(), dP.data<float>(), lse.data<float>(), static_cast<T*>(P.data_ptr()),
-            static_cast<T*>(dS.data_ptr()), d.T, d.ld(), (b * d.Hq + h0 * g) * d.T, scale);
-      });
-      ZT_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
-      for (int64_t j = 0; j < g; ++j) {
-        // dV_h' (+)= P_h^T dO_h and dK_h' (+)= dS_h^T Q_h: (T keys, D), summed over j.
-        StridedGemm kvg;
-        kvg.M = d.T, kvg.N = d.D, kvg.K = d.T, kvg.batch = hc;
-        kvg.trans_a = true;
-        kvg.lda = d.ld(), kvg.ldb = d.Hq * d.D, kvg.ldc = d.Hkv * d.D;
-        kvg.stride_a = g * TT, kvg.stride_b = g * d.D, kvg.stride_c = d.D;
-        kvg.beta = j == 0 ? 0.0f : 1.0f;
-        strided_gemm(kvg, dt, at(P.data_ptr(), j * TT, es), at(dout.data_ptr(), qrow + j * d.D, es), dv_acc.dtype(),
-                     at(dv_acc.data_ptr(), kvrow, dtype_size(dv_acc.dtype())), dev);
-        strided_gemm(kvg, dt, at(dS.data_ptr(), j * TT, es), at(q.data_ptr(), qrow + j * d.D, es), dk_acc.dtype(),
-                     at(dk_acc.data_ptr(), kvrow, dtype_size(dk_acc.dtype())), dev);
-        // dQ_h = dS_h K_h': (T, D).
-        StridedGemm qg;
-        qg.M = d.T, qg.N = d.D, qg.K = d.T, qg.batch = hc;
-        qg.lda = d.ld(), qg.ldb = d.Hkv * d.D, qg.ldc = d.Hq * d.D;
-        qg.stride_a = g * TT, qg.stride_b = d.D, qg.stride_c = g * d.D;
-        strided_gemm(qg, dt, at(dS.data_ptr(), j * TT, es), at(k.data_ptr(), kvrow, es), dt,
-                     at(dq.data_ptr(), qrow + j * d.D, es), dev);
-      }
+  for_each_chunk(d, chunk, [&](const Chunk& c) {
+    score_products(d, c.hc, dt, at(q.data_ptr(), c.qrow, es), at(k.data_ptr(), c.kvrow, es), S.data<float>(), scale,
+                   dev);
+    score_products(d, c.hc, dt, at(dout.data_ptr(), c.qrow, es), at(v.data_ptr(), c.kvrow, es), dP.data<float>(), 1.0f,
+                   dev);
+    ZT_CUDA_DISPATCH_FLOAT(dt, "attention_backward", [&] {
+      softmax_backward_kernel<T><<<unsigned(c.hc * g * d.T), kRowThreads, 0, stream>>>(
+          S.data<float>(), dP.data<float>(), lse.data<float>(), static_cast<T*>(P.data_ptr()),
+          static_cast<T*>(dS.data_ptr()), d.T, d.ld(), c.lse_base, scale);
+    });
+    ZT_CUDA_CHECK_LAUNCH("softmax_backward_kernel");
+    for (int64_t j = 0; j < g; ++j) {
+      // dV_h' (+)= P_h^T dO_h and dK_h' (+)= dS_h^T Q_h: (T keys, D), summed over j.
+      StridedGemm kvg;
+      kvg.M = d.T, kvg.N = d.D, kvg.K = d.T, kvg.batch = c.hc;
+      kvg.trans_a = true;
+      kvg.lda = d.ld(), kvg.ldb = d.Hq * d.D, kvg.ldc = d.Hkv * d.D;
+      kvg.stride_a = g * TT, kvg.stride_b = g * d.D, kvg.stride_c = d.D;
+      kvg.beta = j == 0 ? 0.0f : 1.0f;
+      strided_gemm(kvg, dt, at(P.data_ptr(), j * TT, es), at(dout.data_ptr(), c.qrow + j * d.D, es), dv_acc.dtype(),
+                   at(dv_acc.data_ptr(), c.kvrow, acc_es), dev);
+      strided_gemm(kvg, dt, at(dS.data_ptr(), j * TT, es), at(q.data_ptr(), c.qrow + j * d.D, es), dk_acc.dtype(),
+                   at(dk_acc.data_ptr(), c.kvrow, acc_es), dev);
+      // dQ_h = dS_h K_h': (T, D).
+      StridedGemm qg;
+      qg.M = d.T, qg.N = d.D, qg.K = d.T, qg.batch = c.hc;
+      qg.lda = d.ld(), qg.ldb = d.Hkv * d.D, qg.ldc = d.Hq * d.D;
+      qg.stride_a = g * TT, qg.stride_b = d.D, qg.stride_c = g * d.D;
+      strided_gemm(qg, dt, at(dS.data_ptr(), j * TT, es), at(k.data_ptr(), c.kvrow, es), dt,
+                   at(dq.data_ptr(), c.qrow + j * d.D, es), dev);
     }
-  }
+  });
   if (!direct) {
     cast(dk, dk_acc);
     cast(dv, dv_acc);

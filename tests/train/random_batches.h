@@ -1,0 +1,41 @@
+// Shared by the train tests: a BatchSource of uniformly random tokens and
+// targets from a seeded generator, whose state (the generator's, as text)
+// a checkpoint saves and restores.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "train/trainer.h"
+
+namespace zt::train {
+
+class RandomBatches : public BatchSource {
+ public:
+  RandomBatches(int64_t vocab, uint64_t seed) : vocab_(vocab), rng_(seed) {}
+  void next(const Tensor& inputs, const Tensor& targets) override {
+    std::uniform_int_distribution<int32_t> d(0, int32_t(vocab_ - 1));
+    for (int64_t i = 0; i < inputs.numel(); ++i) {
+      inputs.data<int32_t>()[i] = d(rng_);
+      targets.data<int32_t>()[i] = d(rng_);
+    }
+  }
+  void reset() override {}
+  nlohmann::json state() const override {
+    std::ostringstream os;
+    os << rng_;
+    return os.str();
+  }
+  void restore(const nlohmann::json& state) override {
+    std::istringstream is(state.get<std::string>());
+    is >> rng_;
+  }
+
+ private:
+  int64_t vocab_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace zt::train
