@@ -4,8 +4,11 @@
 # GPU tests (ctest -L gpu), then the training benchmark - Zettatron against
 # PyTorch (bench/gpu/pytorch_peer.py: torch.compile, flash SDPA, bf16 autocast,
 # fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024 - and
-# prints a short table last. Logs go to $OUT (or ./bench-gpu-out).
-#   usage: bash bench/gpu/run.sh [tests|bench|all]   (default all)
+# prints a short table last. `attention` times the CUDA attention kernels
+# (tensor-core path and simple kernel) against PyTorch's flash SDPA on the same
+# shapes (bench/gpu/attention_bench.cpp, attention_peer.py). Logs go to $OUT
+# (or ./bench-gpu-out).
+#   usage: bash bench/gpu/run.sh [tests|attention|bench|all]   (default all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -19,6 +22,25 @@ if [ "$what" != bench ]; then
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
+if [ "$what" = attention ] || [ "$what" = all ]; then
+  ./build-gpu/bin/zt_bench_gpu_attention > "$out/attention-zt.jsonl" 2> "$out/attention-zt.err" \
+    || { echo "attention bench failed:"; tail -5 "$out/attention-zt.err"; }
+  python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" 2> "$out/attention-pt.err" \
+    || { echo "attention peer failed:"; tail -5 "$out/attention-pt.err"; }
+  python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.strip()]
+peer = {r["shape"]: r for r in rows if r["kernel"].startswith("torch")}
+print("| shape | kernel | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | torch fwd+bwd / ours |")
+print("|---|---|---|---|---|---|")
+for r in rows:
+    p = peer.get(r["shape"])
+    ratio = f"{p['forward_backward_ms'] / r['forward_backward_ms']:.2f}x" if p else "-"
+    print(f"| {r['shape']} | {r['kernel']} | {r['forward_ms']:.3f} | {r['forward_backward_ms']:.3f} | "
+          f"{r['forward_backward_tflops']:.0f} | {ratio} |")
+PY
+fi
+[ "$what" = attention ] && exit 0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 for arch in gpt2 llama; do
   cfg=configs/bench-gpu-$arch.toml

@@ -1,0 +1,81 @@
+// GPU attention timing (bench/gpu/run.sh attention): causal GQA attention
+// forward and forward + backward, bf16, at the two training benchmark shapes,
+// for each CUDA implementation (the tensor-core path and the simple kernel).
+// Median of 10 timed runs after 3 warm-ups, CUDA events on the compute
+// stream. Prints one JSON line per (shape, kernel); bench/gpu/attention_peer.py
+// times PyTorch's flash SDPA on the same shapes for the ratio.
+//
+// FLOPs (causal, as FlashAttention counts them): forward 4 B Hq D T^2 / 2,
+// forward + backward 3.5x that.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/runtime.h"
+#include "core/rng.h"
+#include "ops/device.h"
+#include "ops/elementwise.h"
+
+namespace {
+
+using namespace zt;
+
+struct Case {
+  const char* name;
+  int64_t B, T, Hq, Hkv, D;
+};
+
+template <typename F>
+double median_ms(Device dev, F&& run) {
+  for (int i = 0; i < 3; ++i) run();
+  cuda::EventTimer timer(dev);
+  std::vector<double> ms;
+  for (int i = 0; i < 10; ++i) {
+    timer.start();
+    run();
+    ms.push_back(timer.stop_ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  if (cuda::device_count() == 0) {
+    std::fprintf(stderr, "no GPU: nothing to time\n");
+    return 1;
+  }
+  const Device dev = Device::cuda(0);
+  ops::init_device(dev);
+  Generator gen(11);
+  for (const Case c : {Case{"gpt2-124m", 16, 1024, 12, 12, 64}, Case{"llama3-1b", 8, 1024, 32, 8, 64}}) {
+    auto tensor = [&](int64_t H) {
+      Tensor t = Tensor::empty(Shape{c.B, c.T, H, c.D}, DType::bf16, dev);
+      ops::fill_uniform(t, gen, -1.0f, 1.0f);
+      return t;
+    };
+    const Tensor q = tensor(c.Hq), k = tensor(c.Hkv), v = tensor(c.Hkv), dout = tensor(c.Hq);
+    Tensor out = Tensor::empty(q.shape(), DType::bf16, dev), lse = Tensor::empty(Shape{c.B, c.Hq, c.T}, DType::f32, dev);
+    Tensor dq = Tensor::empty(q.shape(), DType::bf16, dev), dk = Tensor::empty(k.shape(), DType::bf16, dev),
+           dv = Tensor::empty(v.shape(), DType::bf16, dev);
+    const float scale = float(1.0 / std::sqrt(double(c.D)));
+    const double fwd_flops = 4.0 * double(c.B * c.Hq * c.D) * double(c.T) * double(c.T) / 2.0;
+    for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::gemm, cuda::AttentionKernel::simple}) {
+      const char* kname = kernel == cuda::AttentionKernel::gemm ? "tensor-core" : "simple";
+      const double fwd = median_ms(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
+      const double both = median_ms(dev, [&] {
+        cuda::attention_forward(out, lse, q, k, v, scale, kernel);
+        cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kernel);
+      });
+      std::printf(
+          "{\"shape\": \"%s\", \"kernel\": \"%s\", \"forward_ms\": %.4f, \"forward_backward_ms\": %.4f, "
+          "\"forward_tflops\": %.1f, \"forward_backward_tflops\": %.1f}\n",
+          c.name, kname, fwd, both, fwd_flops / (fwd * 1e9), 3.5 * fwd_flops / (both * 1e9));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
