@@ -55,17 +55,20 @@ void finalize_at_exit() {
 
 }  // namespace
 
-std::vector<double> all_gather_doubles(ProcessGroup& g, double v) {
-  if (g.size() == 1) return {v};
+std::vector<double> all_gather_doubles(ProcessGroup& g, std::span<const double> mine) {
+  if (g.size() == 1) return {mine.begin(), mine.end()};
   // Bit for bit, as i64 (the reductions do not take f64).
-  Tensor mine = Tensor::empty(Shape{1}, DType::i64, Device::cpu(), MemCategory::comm);
-  Tensor all = Tensor::empty(Shape{g.size()}, DType::i64, Device::cpu(), MemCategory::comm);
-  std::memcpy(mine.data_ptr(), &v, 8);
-  g.all_gather(all, mine)->wait();
-  std::vector<double> out(size_t(g.size()));
+  const int64_t n = int64_t(mine.size());
+  Tensor buf = Tensor::empty(Shape{n}, DType::i64, Device::cpu(), MemCategory::comm);
+  Tensor all = Tensor::empty(Shape{g.size() * n}, DType::i64, Device::cpu(), MemCategory::comm);
+  std::memcpy(buf.data_ptr(), mine.data(), size_t(n) * 8);
+  g.all_gather(all, buf)->wait();
+  std::vector<double> out(size_t(g.size() * n));
   std::memcpy(out.data(), all.data_ptr(), out.size() * 8);
   return out;
 }
+
+std::vector<double> all_gather_doubles(ProcessGroup& g, double v) { return all_gather_doubles(g, std::span(&v, 1)); }
 
 std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine) {
   if (g.size() == 1) return {mine};

@@ -131,6 +131,8 @@ std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name);
 double sum_exact(ProcessGroup& g, double v);
 // Every rank's double, in rank order, on every rank (blocking).
 std::vector<double> all_gather_doubles(ProcessGroup& g, double v);
+// Every rank's n doubles in one collective: rank r's at [r n, (r + 1) n).
+std::vector<double> all_gather_doubles(ProcessGroup& g, std::span<const double> mine);
 // Every rank's string (any bytes), in rank order, on every rank (blocking).
 std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& mine);
 // The step training is at, for watchdog messages (set by the trainer).

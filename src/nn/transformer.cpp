@@ -589,6 +589,20 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
   ctx.loss_tokens = counted;
 }
 
+Tensor Transformer::part_input(const TensorParallel& m, const Tensor& input, const Tensor& dev_tokens,
+                               int64_t rows) const {
+  if (part_.embedding) {
+    need(0);
+    Tensor x = embed(m, dev_tokens);
+    done(0);
+    return x;
+  }
+  const int64_t C = cfg_.d_model;
+  ZT_CHECK(input.defined() && input.shape() == (Shape{rows, C}) && input.dtype() == dtype_, "stage input must be ",
+           dtype_name(dtype_), " (", rows, ", ", C, ") (the previous stage's output), got ", input.str());
+  return on_device(input, device_);
+}
+
 double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Tensor& targets, bool train,
                             float grad_scale) {
   ZT_CHECK(whole(), "Transformer::forward runs the whole model; a pipeline stage runs forward_part");
@@ -616,16 +630,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.tokens = dev_tokens;
   ctx.blocks.resize(blocks_.size());
   const int64_t rows = m.sequence_parallel ? N / m.size() : N;
-  Tensor x;
-  if (part_.embedding) {
-    need(0);
-    x = embed(m, dev_tokens);
-    done(0);
-  } else {
-    ZT_CHECK(input.defined() && input.shape() == (Shape{rows, C}) && input.dtype() == dtype_, "stage input must be ",
-             dtype_name(dtype_), " (", rows, ", ", C, ") (the previous stage's output), got ", input.str());
-    x = on_device(input, device_);
-  }
+  Tensor x = part_input(m, input, dev_tokens, rows);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     need(block_set(i));
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T, m);
@@ -770,10 +775,10 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
   if (part_.head) {
     std::vector<std::function<void()>> head_work;
     dres = head_backward(ctx, m, defer ? &head_work : nullptr);
-    if (defer && head_weight_set() == head_set()) deferred.push_back(DeferredWeights{head_set(), std::move(head_work)});
-    if (defer && head_weight_set() != head_set()) {
+    if (defer) {
+      const bool tied = head_weight_set() != head_set();
       deferred.push_back(DeferredWeights{head_set(), {}});
-      tied_head_work = std::move(head_work);
+      (tied ? tied_head_work : deferred.back().work) = std::move(head_work);
     }
   }
   for (size_t i = blocks_.size(); i-- > 0;) {
@@ -821,11 +826,6 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
 
 void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   ZT_CHECK(whole(), "logits() needs the whole model (not one pipeline stage): a pipeline runs logits_part per stage");
-  check_batch(tokens, Tensor());
-  const int64_t B = tokens.size(0), T = tokens.size(1);
-  ZT_CHECK(out.defined() && out.shape() == (Shape{B, T, cfg_.padded_vocab()}) && out.dtype() == DType::f32,
-           "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", cfg_.padded_vocab(), "), got ",
-           out.str());
   logits_part(out, Tensor(), tokens);
 }
 
@@ -835,16 +835,7 @@ Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Te
   ZT_CHECK(!part_.head || (out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32),
            "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", Vp, "), got ", out.str());
   const TensorParallel m = pass_mode(false);  // any number of tokens: the rows stay whole
-  Tensor x;
-  if (part_.embedding) {
-    need(0);
-    x = embed(m, on_device(tokens, device_));
-    done(0);
-  } else {
-    ZT_CHECK(input.defined() && input.shape() == (Shape{N, C}) && input.dtype() == dtype_, "stage input must be ",
-             dtype_name(dtype_), " (", N, ", ", C, ") (the previous stage's output), got ", input.str());
-    x = on_device(input, device_);
-  }
+  Tensor x = part_input(m, input, on_device(tokens, device_), N);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
     need(block_set(i));

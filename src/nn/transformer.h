@@ -225,6 +225,9 @@ class Transformer {
   // sequence parallelism, else out == partial (all-reduced in place).
   comm::WorkHandle start_reduce_rows(const TensorParallel& m, const Tensor& out, const Tensor& partial) const;
   Tensor embed(const TensorParallel& m, const Tensor& tokens) const;  // (R, C)
+  // A part's input rows: the embeddings of dev_tokens on the embedding part,
+  // else `input` (rows, C) from the previous stage, checked, on the device.
+  Tensor part_input(const TensorParallel& m, const Tensor& input, const Tensor& dev_tokens, int64_t rows) const;
   Tensor block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T,
                        const TensorParallel& m) const;
   void release_for_policy(BlockActivations& a) const;

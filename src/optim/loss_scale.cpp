@@ -1,5 +1,6 @@
 #include "optim/loss_scale.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -22,25 +23,23 @@ LossScaler::LossScaler(const LossScaleConfig& config) : config_(config) {
   ZT_CHECK(power_of_two(config.factor) && config.factor > 1, "the loss-scale factor must be a power of two > 1");
   ZT_CHECK(power_of_two(config.max_scale) && config.max_scale >= config.init, "the largest loss scale (",
            config.max_scale, ") must be a power of two >= train.loss_scale_init");
-  state_.scale = config.init;
 }
 
-void LossScaler::update(bool overflow) {
+void LossScaler::update(LossScaleState& s, bool overflow) const {
   if (overflow) {
-    state_.scale /= config_.factor;
-    state_.good_steps = 0;
+    s.scale /= config_.factor;
+    s.good_steps = 0;
     return;
   }
-  if (++state_.good_steps >= config_.window) {
-    state_.scale = std::min(state_.scale * config_.factor, config_.max_scale);
-    state_.good_steps = 0;
+  if (++s.good_steps >= config_.window) {
+    s.scale = std::min(s.scale * config_.factor, config_.max_scale);
+    s.good_steps = 0;
   }
 }
 
-void LossScaler::set_state(const LossScaleState& s) {
+void LossScaler::check(const LossScaleState& s) const {
   ZT_CHECK(power_of_two(s.scale) && s.good_steps >= 0, "checkpointed loss scale ", s.scale, " (", s.good_steps,
            " good steps) is not a positive power of two; the checkpoint's state.progress is damaged");
-  state_ = s;
 }
 
 }  // namespace zt::optim

@@ -1,5 +1,5 @@
 // Dynamic loss scaling (fp16 training): the loss gradient is multiplied by
-// scale() so that small activation gradients stay representable in fp16;
+// the scale so that small activation gradients stay representable in fp16;
 // the trainer divides the gradients by it again before clipping and the
 // update. A step whose gradients overflow (inf or NaN anywhere: the global
 // gradient norm is not finite, the same verdict on every rank) is skipped
@@ -20,25 +20,25 @@ struct LossScaleConfig {
   double max_scale = 16777216.0;  // 2^24: growth stops here
 };
 
-// The scaler's state, saved in checkpoints (exact resume).
+// The scaler's state: part of the trainer's progress (checkpointed).
 struct LossScaleState {
-  double scale = 1.0;
+  double scale = 0.0;      // 0: loss scaling off
   int64_t good_steps = 0;  // consecutive steps without overflow since the last change
 };
 
+// The policy; the state it moves lives with the caller.
 class LossScaler {
  public:
   explicit LossScaler(const LossScaleConfig& config);  // throws zt::Error naming a bad setting
-  double scale() const { return state_.scale; }
+  LossScaleState initial() const { return {config_.init, 0}; }
   // After a step: an overflow divides the scale (it may go below 1: the
   // gradients are then scaled down), else counts towards growth.
-  void update(bool overflow);
-  const LossScaleState& state() const { return state_; }
-  void set_state(const LossScaleState& s);
+  void update(LossScaleState& s, bool overflow) const;
+  // A restored state must be a positive power of two (throws naming the damage).
+  void check(const LossScaleState& s) const;
 
  private:
   LossScaleConfig config_;
-  LossScaleState state_;
 };
 
 }  // namespace zt::optim

@@ -16,6 +16,12 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// The message tag of a transfer into `stage` (of `stages`) for micro-batch
+// mb: activations forward (backward = false) or gradients backward.
+int transfer_tag(int64_t mb, int64_t stage, int64_t stages, bool backward) {
+  return int((mb * stages + stage) * 2 + (backward ? 1 : 0));
+}
+
 }  // namespace
 
 PipelineRunner::PipelineRunner(comm::ProcessGroup& pp, std::vector<nn::Transformer*> chunks, PipelineSchedule kind)
@@ -55,7 +61,6 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   events_.clear();
   StepResult out;
   auto stage_of = [&](const Action& a) { return a.chunk * p + r; };
-  auto tag = [&](int64_t mb, int64_t stage, int dir) { return int((mb * S + stage) * 2 + dir); };
   auto event = [&](const char* name, const Action& a, double start) {
     events_.push_back({name, a.micro_batch, a.chunk, start, since(t0)});
   };
@@ -74,7 +79,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
     if (recvs.count(key)) return;
     Posted pr{Tensor::empty(Shape{R, C}, dtype, device, MemCategory::activations), nullptr};
     const int src = int(fwd ? (r + p - 1) % p : (r + 1) % p);
-    pr.work = pp_->recv(pr.buf, src, tag(a.micro_batch, s, fwd ? 0 : 1));
+    pr.work = pp_->recv(pr.buf, src, transfer_tag(a.micro_batch, s, S, !fwd));
     recvs[key] = std::move(pr);
   };
   auto take_recv = [&](const Action& a) {
@@ -125,8 +130,9 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       if (s == S - 1) {
         out.loss_sum += ctx.loss_sum;
         out.loss_tokens += ctx.loss_tokens;
+      } else {
+        sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(a.micro_batch, s + 1, S, false)), y});
       }
-      if (s < S - 1) sends.push_back({pp_->send(y, int((r + 1) % p), tag(a.micro_batch, s + 1, 0)), y});
       out.peak_in_flight = std::max(out.peak_in_flight, ++in_flight);
     } else if (a.kind == ActionKind::backward_weight) {
       // Zero bubble: the weight gradients deferred by backward_input.
@@ -144,7 +150,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       const Tensor d_in = split ? chunk.backward_input(ctx, d_out) : chunk.backward_part(ctx, d_out);
       out.compute_seconds += since(t0) - start;
       event(split ? "backward_input" : "backward", a, start);
-      if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), tag(a.micro_batch, s - 1, 1)), d_in});
+      if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), transfer_tag(a.micro_batch, s - 1, S, true)), d_in});
       if (!split) --in_flight;
     }
     reap_sends(false);
@@ -167,11 +173,10 @@ PipelineRunner::StepResult PipelineRunner::evaluate(const std::vector<PipelineMi
   for (size_t k = 0; k < mbs.size(); ++k)
     for (int64_t c = 0; c < v; ++c) {
       const int64_t s = c * p + r;
-      const int tg = int((int64_t(k) * S + s) * 2);  // forward tags, as in run()
       Tensor input;
       if (s > 0) {
         input = Tensor::empty(Shape{R, C}, first.compute_dtype(), first.device(), MemCategory::activations);
-        pp_->recv(input, int((r + p - 1) % p), tg)->wait();
+        pp_->recv(input, int((r + p - 1) % p), transfer_tag(int64_t(k), s, S, false))->wait();
       }
       nn::ForwardContext ctx;
       const Tensor y = chunks_[size_t(c)]->forward_part(ctx, input, mbs[k].tokens, mbs[k].targets, false, 0.0f);
@@ -179,7 +184,7 @@ PipelineRunner::StepResult PipelineRunner::evaluate(const std::vector<PipelineMi
         out.loss_sum += ctx.loss_sum;
         out.loss_tokens += ctx.loss_tokens;
       } else {
-        sends.push_back({pp_->send(y, int((r + 1) % p), int((int64_t(k) * S + s + 1) * 2)), y});
+        sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(int64_t(k), s + 1, S, false)), y});
       }
     }
   for (auto& [w, t] : sends) w->wait();
@@ -192,26 +197,27 @@ Tensor PipelineRunner::last_logits(const Tensor& tokens) {
   ZT_CHECK(tokens.defined() && tokens.ndim() == 2 && tokens.size(0) == 1, "last_logits takes one (1, T) token row, got ",
            tokens.str());
   const int64_t T = tokens.size(1), C = first.config().d_model, Vp = first.config().padded_vocab();
-  Tensor row = Tensor::empty(Shape{Vp}, DType::f32, Device::cpu(), MemCategory::activations);
+  Tensor row;  // the head stage's last row; the other ranks receive it
   std::vector<std::pair<comm::WorkHandle, Tensor>> sends;
   for (int64_t c = 0; c < v; ++c) {
     const int64_t s = c * p + r;
     Tensor input;
     if (s > 0) {
       input = Tensor::empty(Shape{T, C}, first.compute_dtype(), first.device(), MemCategory::activations);
-      pp_->recv(input, int((r + p - 1) % p), int(s * 2))->wait();  // forward tags of micro-batch 0, as in run()
+      pp_->recv(input, int((r + p - 1) % p), transfer_tag(0, s, S, false))->wait();
     }
     nn::Transformer& chunk = *chunks_[size_t(c)];
     if (s < S - 1) {
       const Tensor y = chunk.logits_part(Tensor(), input, tokens);
-      sends.push_back({pp_->send(y, int((r + 1) % p), int((s + 1) * 2)), y});
+      sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(0, s + 1, S, false)), y});
     } else {
       Tensor out = Tensor::empty(Shape{1, T, Vp}, DType::f32, first.device(), MemCategory::activations);
       chunk.logits_part(out, input, tokens);
-      ops::copy(row, ops::to_device(out.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu()).view(Shape{Vp}));
+      row = ops::to_device(out.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu()).view(Shape{Vp});
     }
   }
   for (auto& [w, t] : sends) w->wait();
+  if (!row.defined()) row = Tensor::empty(Shape{Vp}, DType::f32, Device::cpu(), MemCategory::activations);
   pp_->broadcast(row, int(p - 1))->wait();
   return row;
 }

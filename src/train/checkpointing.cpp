@@ -64,8 +64,8 @@ json progress_json(const TrainProgress& p) {
           {"bad_steps", p.bad_steps},
           {"last_good_loss", p.last_good_loss},
           {"last_good_step", p.last_good_step},
-          {"loss_scale", p.loss_scale},
-          {"loss_scale_good_steps", p.loss_scale_good_steps},
+          {"loss_scale", p.loss_scale.scale},
+          {"loss_scale_good_steps", p.loss_scale.good_steps},
           {"overflow_steps", p.overflow_steps}};
 }
 
@@ -78,8 +78,8 @@ TrainProgress progress_from(const json& j, const std::string& where) {
     p.last_good_loss = j.at("last_good_loss").get<double>();
     p.last_good_step = j.at("last_good_step").get<int64_t>();
     // Checkpoints written before loss scaling existed: the defaults.
-    p.loss_scale = j.value("loss_scale", 0.0);
-    p.loss_scale_good_steps = j.value("loss_scale_good_steps", int64_t(0));
+    p.loss_scale.scale = j.value("loss_scale", 0.0);
+    p.loss_scale.good_steps = j.value("loss_scale_good_steps", int64_t(0));
     p.overflow_steps = j.value("overflow_steps", int64_t(0));
     return p;
   } catch (const json::exception& e) {

@@ -68,7 +68,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   schedule_ = cfg_.lr_schedule();
   if (const auto ls = cfg_.loss_scaling()) {
     scaler_.emplace(*ls);
-    progress_.loss_scale = scaler_->scale();
+    progress_.loss_scale = scaler_->initial();
   }
   if (!mesh_) solo_dp_ = comm::make_solo_group("dp");
   comm::ProcessGroup& dp_group = mesh_ ? mesh_->dp() : *solo_dp_;
@@ -163,8 +163,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   // Loss is the mean over every token of the global batch, so each
   // micro-batch's gradient is scaled by 1 / (tokens in the global batch),
   // times the loss scale (a power of two: exact) under loss scaling.
-  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  m.loss_scale = scaler_ ? loss_scale : 0.0;
+  m.loss_scale = progress_.loss_scale.scale;
+  const double loss_scale = scaler_ ? m.loss_scale : 1.0;
   const float grad_scale = float(loss_scale / double(m.tokens));
   const Device device = model().device();
   allocator_for(device).reset_peak();
@@ -235,7 +235,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   if (scaler_ && std::isfinite(m.loss) && !std::isfinite(m.grad_norm) && loss_scale > 1.0) {
     m.skipped = m.overflow = true;
     ++progress_.overflow_steps;
-    scaler_->update(true);
+    scaler_->update(progress_.loss_scale, true);
   } else if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
     m.skipped = true;
     ++progress_.bad_steps;
@@ -251,11 +251,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     progress_.last_good_step = step;
     optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip) / loss_scale);
     dp_->gather_params(*optimizer_);
-    if (scaler_) scaler_->update(false);
-  }
-  if (scaler_) {
-    progress_.loss_scale = scaler_->scale();
-    progress_.loss_scale_good_steps = scaler_->state().good_steps;
+    if (scaler_) scaler_->update(progress_.loss_scale, false);
   }
   m.optimizer_seconds = seconds_since(t_opt);
   m.step_seconds = seconds_since(t_step);
@@ -277,14 +273,16 @@ StepMetrics Trainer::train_step(int64_t step) {
     // Every stage's bubble (the share of the schedule's span it did not
     // compute), waits and activations in flight, on every rank.
     m.pp_size = mesh_->pp().size();
-    const std::vector<double> runs = comm::all_gather_doubles(mesh_->pp(), m.pp_run_seconds);
-    const double span = *std::max_element(runs.begin(), runs.end());
-    for (double c : comm::all_gather_doubles(mesh_->pp(), m.pp_compute_seconds))
-      m.pp_bubble_per_stage.push_back(span > 0 ? 1.0 - c / span : 0.0);
-    for (double idle : comm::all_gather_doubles(mesh_->pp(), m.pp_idle_seconds))
-      m.pp_wait_per_stage.push_back(span > 0 ? idle / span : 0.0);
-    for (double n : comm::all_gather_doubles(mesh_->pp(), double(m.pp_peak_in_flight)))
-      m.pp_in_flight_per_stage.push_back(int64_t(n));
+    const double mine[] = {m.pp_run_seconds, m.pp_compute_seconds, m.pp_idle_seconds, double(m.pp_peak_in_flight)};
+    const std::vector<double> all = comm::all_gather_doubles(mesh_->pp(), mine);  // 4 per stage
+    double span = 0;
+    for (int64_t r = 0; r < m.pp_size; ++r) span = std::max(span, all[size_t(4 * r)]);
+    for (int64_t r = 0; r < m.pp_size; ++r) {
+      const double* st = &all[size_t(4 * r)];
+      m.pp_bubble_per_stage.push_back(span > 0 ? 1.0 - st[1] / span : 0.0);
+      m.pp_wait_per_stage.push_back(span > 0 ? st[2] / span : 0.0);
+      m.pp_in_flight_per_stage.push_back(int64_t(st[3]));
+    }
     // Theory as a share of the step: idle / (work + idle).
     const double b = parallel::theoretical_bubble(parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule),
                                                   {m.pp_size, accum, int64_t(chunks_.size())});
@@ -331,15 +329,12 @@ double Trainer::evaluate(int64_t* tokens_out) {
 
 void Trainer::set_progress(const TrainProgress& p) {
   progress_ = p;
-  if (!scaler_) {
-    progress_.loss_scale = 0.0;
-  } else if (p.loss_scale > 0) {
-    scaler_->set_state({p.loss_scale, p.loss_scale_good_steps});
-  } else {
-    // Saved without loss scaling (or before it existed): start at the initial scale.
-    progress_.loss_scale = scaler_->scale();
-    progress_.loss_scale_good_steps = 0;
-  }
+  if (!scaler_)
+    progress_.loss_scale = {};
+  else if (p.loss_scale.scale > 0)
+    scaler_->check(p.loss_scale);
+  else  // saved without loss scaling (or before it existed): start at the initial scale
+    progress_.loss_scale = scaler_->initial();
 }
 
 std::string Trainer::sample(uint64_t seed) {
@@ -493,8 +488,7 @@ TrainResult Trainer::run(int64_t stop_after) {
       // Under tensor and pipeline parallelism every rank of the main rank's
       // model replica computes the same samples (each forward is a collective
       // of its tp and pp groups); the main rank prints them.
-      const bool model_parallel = tp_group() || pipeline_;
-      if (main_rank_ || (model_parallel && (!mesh_ || mesh_->coord().dp == 0)))
+      if (main_rank_ || ((tp_group() || pipeline_) && mesh_->coord().dp == 0))
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
           const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
           say("sample (step " + std::to_string(m.step) + "): " + text);

@@ -45,10 +45,9 @@ struct TrainProgress {
   double last_good_loss = 0;
   int64_t last_good_step = -1;  // 0-based
   // Dynamic loss scaling (optim/loss_scale.h): the scale for the next step
-  // (0: scaling off), steps since it last changed, and steps skipped for a
+  // (0: scaling off) and steps since it last changed; steps skipped for a
   // gradient overflow.
-  double loss_scale = 0.0;
-  int64_t loss_scale_good_steps = 0;
+  optim::LossScaleState loss_scale;
   int64_t overflow_steps = 0;
 };
 
@@ -142,7 +141,7 @@ class Trainer {
   std::unique_ptr<BatchSource> train_, val_;
   std::unique_ptr<TextCodec> codec_;
   optim::LrSchedule schedule_;
-  std::optional<optim::LossScaler> scaler_;  // dynamic loss scaling, when on
+  std::optional<optim::LossScaler> scaler_;  // dynamic loss scaling, when on (state in progress_)
   double peak_gflops_ = 0;
   std::string peak_source_;  // where peak_gflops_ came from, for the log
   TrainProgress progress_;

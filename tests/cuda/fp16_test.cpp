@@ -10,6 +10,7 @@
 #include "cuda/cuda_test_util.h"
 #include "ops/elementwise.h"
 #include "train/config.h"
+#include "train/train_test_util.h"
 #include "train/trainer.h"
 
 namespace zt::test {
@@ -34,27 +35,10 @@ class FixedBatch : public train::BatchSource {
   Tensor tokens_, targets_;
 };
 
-const char* kTiny = R"(
-[model]
-preset = "gpt2-tiny"
-n_layer = 2
-[data]
-dir = "unused"
-[train]
-seq_len = 32
-global_batch = 4
-micro_batch = 4
-steps = 25
-log_every = 1000
-[optim]
-lr = 3e-3
-warmup_steps = 2
-[metrics]
-peak_gflops = 1.0
-)";
-
-std::vector<train::StepMetrics> train_run(const std::vector<std::string>& settings, int64_t poison = -1) {
-  const train::Config cfg = train::parse_config(kTiny, "fp16 test", settings);
+std::vector<train::StepMetrics> train_run(std::vector<std::string> settings, int64_t poison = -1) {
+  settings.insert(settings.begin(), {"model.n_layer=2", "train.seq_len=32", "train.micro_batch=4", "train.steps=25",
+                                      "train.log_every=1000", "optim.lr=3e-3", "optim.warmup_steps=2"});
+  const train::Config cfg = train::parse_config(train::kTiny, "fp16 test", settings);
   train::Trainer t(cfg, std::make_unique<FixedBatch>(cfg.model.vocab_size, 4, 32), nullptr, nullptr);
   t.log = [](const std::string&) {};
   t.before_update = [&](int64_t step) {

@@ -241,12 +241,6 @@ TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
   }
 }
 
-}  // namespace
-}  // namespace zt::nn
-
-namespace zt::nn {
-namespace {
-
 // head_keeps_dlogits splits the LM head's work like a block's (pipeline head
 // stages): the same loss, known after forward, and the same gradients, bit
 // for bit, whether backward runs whole or as backward_input + backward_weight

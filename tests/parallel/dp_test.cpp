@@ -27,17 +27,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path& dataset() { return test::fortunes_dataset(); }
-
+// The shared tiny config with a global batch of 24 and ZeRO stage `zero`.
 Config tiny(const std::string& preset, int64_t zero, const std::vector<std::string>& more = {}) {
-  const std::string text = "[model]\npreset = \"" + preset + "\"\nvocab_size = 50257\n[data]\ndir = \"" +
-                           dataset().string() + "\"\ntokenizer = \"\"\n[train]\nseq_len = 32\nglobal_batch = 24\n"
-                           "micro_batch = 2\nsteps = 10\nlog_every = 100\n[optim]\nlr = 3e-3\nwarmup_steps = 2\n"
-                           "[sample]\ncount = 0\n[metrics]\npeak_gflops = 1\n[parallel]\nzero_stage = " +
-                           std::to_string(zero) + "\n";
-  std::vector<std::string> ov = more;
-  ov.push_back("train.run_dir=" + (fs::temp_directory_path() / ("zt_dp_run_" + std::to_string(::getpid()))).string());
-  return parse_config(text, "dp test", ov);
+  std::vector<std::string> ov = {"train.global_batch=24", "parallel.zero_stage=" + std::to_string(zero),
+                                 "train.run_dir=" + (fs::temp_directory_path() / ("zt_dp_run_" + std::to_string(::getpid()))).string()};
+  ov.insert(ov.end(), more.begin(), more.end());
+  return test::fortunes_config(preset, ov);
 }
 
 struct RunResult {

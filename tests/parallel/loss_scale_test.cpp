@@ -22,13 +22,12 @@ namespace {
 
 constexpr int64_t kPoisonStep = 2;  // 0-based
 
-Config scaled_config(const std::vector<std::string>& more) {
-  const std::string text = "[model]\npreset = \"gpt2-tiny\"\nvocab_size = 50257\nn_layer = 4\n[data]\ndir = \"" +
-                           test::fortunes_dataset().string() + "\"\ntokenizer = \"\"\n[train]\nseq_len = 32\n"
-                           "global_batch = 8\nmicro_batch = 2\nsteps = 6\nlog_every = 100\nloss_scale = \"dynamic\"\n"
-                           "loss_scale_init = 4096.0\nloss_scale_window = 2\n[optim]\nlr = 3e-3\n[sample]\ncount = 0\n"
-                           "[metrics]\npeak_gflops = 1\n";
-  return parse_config(text, "loss scale test", more);
+// The shared tiny config, 4 blocks, 6 steps, dynamic loss scaling from 4096
+// doubling after 2 good steps.
+Config scaled_config(std::vector<std::string> more) {
+  more.insert(more.begin(), {"model.n_layer=4", "train.steps=6", "train.loss_scale=dynamic",
+                             "train.loss_scale_init=4096.0", "train.loss_scale_window=2"});
+  return test::fortunes_config("gpt2-tiny", more);
 }
 
 // Losses and skip flags of 6 steps; `poison_here` fills one gradient

@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
 #include "nn/model_config.h"
 #include "test_util.h"
+#include "train/config.h"
 
 namespace zt::test {
 
@@ -35,6 +37,18 @@ inline const std::filesystem::path& fortunes_dataset() {
     return d;
   }();
   return dir;
+}
+
+// The tiny training config the parallel tests share: `preset` with GPT-2's
+// vocabulary on the fortunes corpus, T = 32, a global batch of 8 sequences in
+// micro-batches of 2, 10 steps, AdamW at lr 3e-3 after 2 warm-up steps, no
+// samples. `more` overrides it ("section.key=value", applied in order).
+inline train::Config fortunes_config(const std::string& preset, const std::vector<std::string>& more = {}) {
+  const std::string text = "[model]\npreset = \"" + preset + "\"\nvocab_size = 50257\n[data]\ndir = \"" +
+                           fortunes_dataset().string() + "\"\ntokenizer = \"\"\n[train]\nseq_len = 32\n"
+                           "global_batch = 8\nmicro_batch = 2\nsteps = 10\nlog_every = 100\n[optim]\nlr = 3e-3\n"
+                           "warmup_steps = 2\n[sample]\ncount = 0\n[metrics]\npeak_gflops = 1\n";
+  return train::parse_config(text, preset + " on fortunes", more);
 }
 
 // ||got - ref|| / ||ref|| of a weight after training, leaving out the key

@@ -238,12 +238,10 @@ TEST(Pipeline, OneFOneBBoundsTheFirstStagesActivationMemory) {
 namespace zt::train {
 namespace {
 
-Config pp_config(const std::string& preset, const std::vector<std::string>& more) {
-  const std::string text = "[model]\npreset = \"" + preset + "\"\nvocab_size = 50257\nn_layer = 4\n[data]\ndir = \"" +
-                           test::fortunes_dataset().string() + "\"\ntokenizer = \"\"\n[train]\nseq_len = 32\n"
-                           "global_batch = 8\nmicro_batch = 2\nsteps = 10\nlog_every = 100\n[optim]\nlr = 3e-3\n"
-                           "warmup_steps = 2\n[sample]\ncount = 0\n[metrics]\npeak_gflops = 1\n";
-  return parse_config(text, "pp test", more);
+// The shared tiny config with 4 blocks (pp = 4 needs a block per stage).
+Config pp_config(const std::string& preset, std::vector<std::string> more) {
+  more.insert(more.begin(), "model.n_layer=4");
+  return test::fortunes_config(preset, more);
 }
 
 struct TrainerRun {

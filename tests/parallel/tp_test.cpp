@@ -29,16 +29,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path& dataset() { return test::fortunes_dataset(); }
-
 Config tiny(const std::string& preset, const std::vector<std::string>& more) {
-  const std::string text = "[model]\npreset = \"" + preset + "\"\nvocab_size = 50257\n[data]\ndir = \"" +
-                           dataset().string() + "\"\ntokenizer = \"\"\n[train]\nseq_len = 32\nglobal_batch = 8\n"
-                           "micro_batch = 2\nsteps = 10\nlog_every = 100\n[optim]\nlr = 3e-3\nwarmup_steps = 2\n"
-                           "[sample]\ncount = 0\n[metrics]\npeak_gflops = 1\n";
   std::vector<std::string> ov = more;
   ov.push_back("train.run_dir=" + (fs::temp_directory_path() / ("zt_tp_run_" + std::to_string(::getpid()))).string());
-  return parse_config(text, "tp test", ov);
+  return test::fortunes_config(preset, ov);
 }
 
 // ||a - b|| / ||b||.

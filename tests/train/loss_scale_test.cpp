@@ -17,7 +17,7 @@
 #include "train/checkpointing.h"
 #include "train/config.h"
 #include "train/trainer.h"
-#include "train/random_batches.h"
+#include "train/train_test_util.h"
 
 namespace zt::train {
 namespace {
@@ -26,24 +26,26 @@ TEST(LossScaler, BacksOffOnOverflowAndGrowsAfterAWindow) {
   optim::LossScaleConfig c;
   c.init = 1024;
   c.window = 3;
-  optim::LossScaler s(c);
-  EXPECT_EQ(s.scale(), 1024);
-  s.update(true);
-  EXPECT_EQ(s.scale(), 512);
-  s.update(false);
-  s.update(false);
-  EXPECT_EQ(s.scale(), 512);
-  s.update(true);  // an overflow restarts the window
-  EXPECT_EQ(s.scale(), 256);
-  for (int i = 0; i < 3; ++i) s.update(false);
-  EXPECT_EQ(s.scale(), 512);
-  EXPECT_EQ(s.state().good_steps, 0);
+  const optim::LossScaler s(c);
+  optim::LossScaleState st = s.initial();
+  EXPECT_EQ(st.scale, 1024);
+  s.update(st, true);
+  EXPECT_EQ(st.scale, 512);
+  s.update(st, false);
+  s.update(st, false);
+  EXPECT_EQ(st.scale, 512);
+  s.update(st, true);  // an overflow restarts the window
+  EXPECT_EQ(st.scale, 256);
+  for (int i = 0; i < 3; ++i) s.update(st, false);
+  EXPECT_EQ(st.scale, 512);
+  EXPECT_EQ(st.good_steps, 0);
   c.init = c.max_scale;  // growth stops at the largest scale
-  optim::LossScaler top(c);
-  for (int i = 0; i < 3; ++i) top.update(false);
-  EXPECT_EQ(top.scale(), c.max_scale);
-  for (int i = 0; i < 40; ++i) top.update(true);  // below one is allowed: gradients scaled down
-  EXPECT_EQ(top.scale(), std::ldexp(1.0, 24 - 40));
+  const optim::LossScaler top(c);
+  optim::LossScaleState t = top.initial();
+  for (int i = 0; i < 3; ++i) top.update(t, false);
+  EXPECT_EQ(t.scale, c.max_scale);
+  for (int i = 0; i < 40; ++i) top.update(t, true);  // below one is allowed: gradients scaled down
+  EXPECT_EQ(t.scale, std::ldexp(1.0, 24 - 40));
 }
 
 TEST(LossScaler, BadSettingsAreNamed) {
@@ -54,25 +56,15 @@ TEST(LossScaler, BadSettingsAreNamed) {
   c.window = 0;
   EXPECT_NE(test::error_of([&] { optim::LossScaler s(c); }).find("loss_scale_window"), std::string::npos);
   optim::LossScaler ok(optim::LossScaleConfig{});
-  EXPECT_NE(test::error_of([&] { ok.set_state({3.0, 0}); }).find("damaged"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { ok.check({3.0, 0}); }).find("damaged"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { ok.check({0.0, 0}); }).find("damaged"), std::string::npos);
 }
 
-const char* kTiny = R"(
-[model]
-preset = "gpt2-tiny"
-[data]
-dir = "unused"
-[train]
-seq_len = 16
-global_batch = 4
-micro_batch = 2
-steps = 8
-[optim]
-lr = 3e-3
-warmup_steps = 2
-[metrics]
-peak_gflops = 1.0
-)";
+// kTiny with 8 steps, a warm-up and a learning rate that moves the weights.
+Config tiny(std::vector<std::string> settings) {
+  settings.insert(settings.begin(), {"train.steps=8", "optim.lr=3e-3", "optim.warmup_steps=2"});
+  return parse_config(kTiny, "tiny", settings);
+}
 
 std::map<std::string, std::vector<float>> weights_of(Trainer& t) {
   std::map<std::string, std::vector<float>> w;
@@ -92,7 +84,7 @@ struct ScaledRun {
   std::vector<std::map<std::string, std::vector<float>>> weights;
 };
 ScaledRun train(const std::vector<std::string>& settings, int64_t poison) {
-  const Config cfg = parse_config(kTiny, "tiny", settings);
+  const Config cfg = tiny(settings);
   Trainer t(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 7), nullptr, nullptr);
   t.before_update = [&](int64_t step) {
     if (step == poison) ops::fill(t.model().grad("layers.1.attn.proj.weight").slice(0, 1), INFINITY);
@@ -160,25 +152,25 @@ TEST(LossScaling, TheScaleSurvivesACheckpoint) {
   fs::remove_all(dir);
   const std::vector<std::string> settings = {"train.loss_scale=dynamic", "train.loss_scale_init=1024",
                                              "train.loss_scale_window=2", "train.run_dir=" + dir.string()};
-  const Config cfg = parse_config(kTiny, "tiny", settings);
+  const Config cfg = tiny(settings);
   Trainer a(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 7), nullptr, nullptr);
   a.before_update = [&](int64_t step) {
     if (step == 0) ops::fill(a.model().grad("layers.0.mlp.out.weight").slice(0, 1), NAN);
   };
   for (int64_t s = 0; s < 4; ++s) a.train_step(s);  // 1024 -> 512 (overflow) -> 1024 after two good steps, then 1 more
-  ASSERT_EQ(a.progress().loss_scale, 1024);
-  ASSERT_EQ(a.progress().loss_scale_good_steps, 1);
+  ASSERT_EQ(a.progress().loss_scale.scale, 1024);
+  ASSERT_EQ(a.progress().loss_scale.good_steps, 1);
   ASSERT_EQ(a.progress().overflow_steps, 1);
   TrainCheckpointer ck(cfg);
   const std::string saved = ck.save(a);
   ck.wait();
   Trainer b(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 7), nullptr, nullptr);
   restore_checkpoint(b, saved);
-  EXPECT_EQ(b.progress().loss_scale, 1024);
-  EXPECT_EQ(b.progress().loss_scale_good_steps, 1);
+  EXPECT_EQ(b.progress().loss_scale.scale, 1024);
+  EXPECT_EQ(b.progress().loss_scale.good_steps, 1);
   EXPECT_EQ(b.progress().overflow_steps, 1);
   EXPECT_EQ(b.train_step(4).loss_scale, 1024);
-  EXPECT_EQ(b.progress().loss_scale, 2048) << "the second good step after the restore grows the scale";
+  EXPECT_EQ(b.progress().loss_scale.scale, 2048) << "the second good step after the restore grows the scale";
   fs::remove_all(dir);
 }
 

@@ -17,26 +17,12 @@
 #include "train/config.h"
 #include "train/data_source.h"
 #include "train/trainer.h"
-#include "train/random_batches.h"
+#include "train/train_test_util.h"
 
 namespace zt::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kTiny = R"(
-[model]
-preset = "gpt2-tiny"
-[data]
-dir = "unused"
-[train]
-seq_len = 16
-global_batch = 4
-micro_batch = 2
-steps = 5
-[metrics]
-peak_gflops = 1.0
-)";
 
 TEST(Trainer, NonFiniteLossStopsWithTheStepAndLastGoodValues) {
   Config cfg = parse_config(kTiny, "tiny");

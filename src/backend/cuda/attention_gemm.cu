@@ -129,12 +129,37 @@ struct Chunk {
   int64_t b, h0, hc, qrow, kvrow, lse_base;
 };
 
-// kv heads per chunk for this shape, or an error when not even one fits.
-int64_t checked_chunk(const Dims& d, DType dt, bool backward, int64_t budget) {
-  const int64_t chunk = kv_heads_per_chunk(d, dt, backward, budget);
-  ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ", budget,
-           " bytes (the simple kernel takes any T)");
-  return chunk;
+// What a pass derives from the shapes: the dims, the model dtype and its
+// size, the device, and the kv heads per chunk (an error when not even one
+// fits the budget).
+struct Pass {
+  Dims d;
+  DType dt;
+  size_t es;
+  Device dev;
+  int64_t g, TT, chunk;
+  Pass(const Tensor& q, const Tensor& k, bool backward, int64_t budget)
+      : d(dims_of(q, k)), dt(q.dtype()), es(dtype_size(dt)), dev(q.device()), g(d.g()), TT(d.per_head()),
+        chunk(kv_heads_per_chunk(d, dt, backward, budget)) {
+    ZT_CHECK(chunk >= 1, "attention: T = ", d.T, " needs more workspace than the tensor-core path's budget of ",
+             budget, " bytes (the simple kernel takes any T)");
+  }
+  // A workspace of one chunk's (T, ld) matrices.
+  Tensor matrices(DType type) const {
+    return Tensor::empty(Shape{chunk * g * TT}, type, dev, MemCategory::workspace);
+  }
+};
+
+// out_h = A_h Y_h' (T, D) for query head h = h' g + j of every kv head h' of
+// chunk c: A the chunk's (T, T) matrices in the model dtype (P or dS), Y
+// (T, D) rows of v or k, out rows of out or dq.
+void query_rows_product(const Pass& p, const Chunk& c, int64_t j, const void* a, const void* y, void* out) {
+  const Dims& d = p.d;
+  StridedGemm gm;
+  gm.M = d.T, gm.N = d.D, gm.K = d.T, gm.batch = c.hc;
+  gm.lda = d.ld(), gm.ldb = d.Hkv * d.D, gm.ldc = d.Hq * d.D;
+  gm.stride_a = p.g * p.TT, gm.stride_b = d.D, gm.stride_c = p.g * d.D;
+  strided_gemm(gm, p.dt, at(a, j * p.TT, p.es), at(y, c.kvrow, p.es), p.dt, at(out, c.qrow + j * d.D, p.es), p.dev);
 }
 
 // Calls fn(c) for every chunk of `chunk` kv heads of every batch row, in order.
@@ -155,14 +180,10 @@ bool gemm_attention_fits(const Tensor& q, const Tensor& k, bool backward, int64_
 
 void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                             float scale, int64_t budget) {
-  const Dims d = dims_of(q, k);
-  if (d.B * d.T * d.Hq == 0) return;
-  const DType dt = q.dtype();
-  const size_t es = dtype_size(dt);
-  const Device dev = q.device();
-  const int64_t g = d.g(), TT = d.per_head(), chunk = checked_chunk(d, dt, false, budget);
-  Tensor S = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
-  Tensor P = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
+  if (q.numel() == 0) return;
+  const Pass pass(q, k, false, budget);
+  const auto& [d, dt, es, dev, g, TT, chunk] = pass;
+  Tensor S = pass.matrices(DType::f32), P = pass.matrices(dt);
   cudaStream_t stream = stream_of(out);
   for_each_chunk(d, chunk, [&](const Chunk& c) {
     score_products(d, c.hc, dt, at(q.data_ptr(), c.qrow, es), at(k.data_ptr(), c.kvrow, es), S.data<float>(), scale,
@@ -172,30 +193,17 @@ void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
           S.data<float>(), static_cast<T*>(P.data_ptr()), lse.data<float>(), d.T, d.ld(), c.lse_base);
     });
     ZT_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
-    for (int64_t j = 0; j < g; ++j) {  // O_h = P_h V_h'
-      StridedGemm gm;
-      gm.M = d.T, gm.N = d.D, gm.K = d.T, gm.batch = c.hc;
-      gm.lda = d.ld(), gm.ldb = d.Hkv * d.D, gm.ldc = d.Hq * d.D;
-      gm.stride_a = g * TT, gm.stride_b = d.D, gm.stride_c = g * d.D;
-      strided_gemm(gm, dt, at(P.data_ptr(), j * TT, es), at(v.data_ptr(), c.kvrow, es), dt,
-                   at(out.data_ptr(), c.qrow + j * d.D, es), dev);
-    }
+    for (int64_t j = 0; j < g; ++j) query_rows_product(pass, c, j, P.data_ptr(), v.data_ptr(), out.data_ptr());  // O = P V
   });
 }
 
 void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, float scale,
                              int64_t budget) {
-  const Dims d = dims_of(q, k);
-  if (d.B * d.T * d.Hq == 0) return;
-  const DType dt = q.dtype();
-  const size_t es = dtype_size(dt);
-  const Device dev = q.device();
-  const int64_t g = d.g(), TT = d.per_head(), chunk = checked_chunk(d, dt, true, budget);
-  Tensor S = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
-  Tensor dP = Tensor::empty(Shape{chunk * g * TT}, DType::f32, dev, MemCategory::workspace);
-  Tensor P = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
-  Tensor dS = Tensor::empty(Shape{chunk * g * TT}, dt, dev, MemCategory::workspace);
+  if (q.numel() == 0) return;
+  const Pass pass(q, k, true, budget);
+  const auto& [d, dt, es, dev, g, TT, chunk] = pass;
+  Tensor S = pass.matrices(DType::f32), dP = pass.matrices(DType::f32), P = pass.matrices(dt), dS = pass.matrices(dt);
   // dK, dV summed over the group in f32, rounded once into dk, dv.
   const bool direct = dt == DType::f32;
   Tensor dk_acc = direct ? dk : Tensor::empty(dk.shape(), DType::f32, dev, MemCategory::workspace);
@@ -225,13 +233,7 @@ void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
                    at(dv_acc.data_ptr(), c.kvrow, acc_es), dev);
       strided_gemm(kvg, dt, at(dS.data_ptr(), j * TT, es), at(q.data_ptr(), c.qrow + j * d.D, es), dk_acc.dtype(),
                    at(dk_acc.data_ptr(), c.kvrow, acc_es), dev);
-      // dQ_h = dS_h K_h': (T, D).
-      StridedGemm qg;
-      qg.M = d.T, qg.N = d.D, qg.K = d.T, qg.batch = c.hc;
-      qg.lda = d.ld(), qg.ldb = d.Hkv * d.D, qg.ldc = d.Hq * d.D;
-      qg.stride_a = g * TT, qg.stride_b = d.D, qg.stride_c = g * d.D;
-      strided_gemm(qg, dt, at(dS.data_ptr(), j * TT, es), at(k.data_ptr(), c.kvrow, es), dt,
-                   at(dq.data_ptr(), c.qrow + j * d.D, es), dev);
+      query_rows_product(pass, c, j, dS.data_ptr(), k.data_ptr(), dq.data_ptr());  // dQ = dS K
     }
   });
   if (!direct) {

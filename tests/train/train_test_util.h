@@ -1,6 +1,7 @@
-// Shared by the train tests: a BatchSource of uniformly random tokens and
-// targets from a seeded generator, whose state (the generator's, as text)
-// a checkpoint saves and restores.
+// Shared by the trainer tests (train/ and cuda/): the tiny training config
+// and a BatchSource of uniformly random tokens and targets from a seeded
+// generator, whose state (the generator's, as text) a checkpoint saves and
+// restores.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,22 @@
 #include "train/trainer.h"
 
 namespace zt::train {
+
+// gpt2-tiny, T = 16, 2 micro-batches of 2 per step, 5 steps, no data (tests
+// pass a BatchSource). Change it with parse_config's overrides.
+inline const char* kTiny = R"(
+[model]
+preset = "gpt2-tiny"
+[data]
+dir = "unused"
+[train]
+seq_len = 16
+global_batch = 4
+micro_batch = 2
+steps = 5
+[metrics]
+peak_gflops = 1.0
+)";
 
 class RandomBatches : public BatchSource {
  public:
