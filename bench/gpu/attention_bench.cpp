@@ -1,6 +1,7 @@
 // GPU attention timing (bench/gpu/run.sh attention): causal GQA attention
 // forward and forward + backward, bf16, at the two training benchmark shapes,
-// for each CUDA implementation (the tensor-core path and the simple kernel).
+// for each CUDA implementation (flash, the tensor-core gemm path and the
+// simple kernel).
 // Median of 10 timed runs after 3 warm-ups, CUDA events on the compute
 // stream. Prints one JSON line per (shape, kernel); bench/gpu/attention_peer.py
 // times PyTorch's flash SDPA on the same shapes for the ratio.
@@ -63,8 +64,11 @@ int main() {
            dv = Tensor::empty(v.shape(), DType::bf16, dev);
     const float scale = float(1.0 / std::sqrt(double(c.D)));
     const double fwd_flops = 4.0 * double(c.B * c.Hq * c.D) * double(c.T) * double(c.T) / 2.0;
-    for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::gemm, cuda::AttentionKernel::simple}) {
-      const char* kname = kernel == cuda::AttentionKernel::gemm ? "tensor-core" : "simple";
+    for (const cuda::AttentionKernel kernel :
+         {cuda::AttentionKernel::flash, cuda::AttentionKernel::gemm, cuda::AttentionKernel::simple}) {
+      const char* kname = kernel == cuda::AttentionKernel::flash  ? "flash"
+                          : kernel == cuda::AttentionKernel::gemm ? "tensor-core"
+                                                                  : "simple";
       const double fwd = median_ms(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
       const double both = median_ms(dev, [&] {
         cuda::attention_forward(out, lse, q, k, v, scale, kernel);

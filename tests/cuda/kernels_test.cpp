@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "backend/cuda/attention.h"
 #include "cuda/cuda_test_util.h"
@@ -237,16 +238,18 @@ TEST_P(CudaKernels, AdamWMatchesTheCpu) {
 }
 
 // Every implementation against the CPU backend: the ops entry (automatic:
-// the tensor-core path where it fits), the simple kernel, and the tensor-core
-// path with a workspace budget of one kv head's group (head chunks).
+// flash for bf16, the tensor-core path for f32), the simple kernel, the
+// tensor-core path with a workspace budget of one kv head's group (head
+// chunks), and the flash kernel (bf16). Shapes cover partial 64-row tiles,
+// several tiles, every head dim flash takes and GQA groups of 1, 2 and 4.
 TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(8);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  enum class Path { ops, simple, gemm_chunked };
+  enum class Path { ops, simple, gemm_chunked, flash };
   for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128},
-              S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
+              S{2, 130, 4, 2, 16}, S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
     const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
     const Tensor k = random_tensor(Shape{s.B, s.T, s.Hkv, s.D}, dt, rng);
     const Tensor v = random_tensor(Shape{s.B, s.T, s.Hkv, s.D}, dt, rng);
@@ -260,8 +263,16 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     // One kv head's group of (T, T) matrices in backward (f32 S, dP; P, dS): forces one head per chunk.
     const int64_t ld = (s.T + 7) / 8 * 8;
     const int64_t one_group = (s.Hq / s.Hkv) * s.T * ld * (8 + 2 * int64_t(dtype_size(dt)));
-    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked}) {
-      SCOPED_TRACE(path == Path::ops ? "ops" : path == Path::simple ? "simple kernel" : "tensor-core path, chunked");
+    // The flash kernel takes bf16 / f16 only; it must say so for f32 rather than run.
+    const std::string flash_blocker = cuda::flash_attention_unsupported(gq, gk);
+    if (dt == DType::f32) EXPECT_NE(flash_blocker.find("dtype f32"), std::string::npos) << flash_blocker;
+    else EXPECT_EQ(flash_blocker, "");
+    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash}) {
+      if (path == Path::flash && !flash_blocker.empty()) continue;
+      SCOPED_TRACE(path == Path::ops             ? "ops"
+                   : path == Path::simple        ? "simple kernel"
+                   : path == Path::gemm_chunked  ? "tensor-core path, chunked"
+                                                 : "flash kernel");
       Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
       Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
       if (path == Path::ops) {
@@ -270,9 +281,12 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       } else if (path == Path::simple) {
         cuda::attention_forward(gout, glse, gq, gk, gv, scale, cuda::AttentionKernel::simple);
         cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, cuda::AttentionKernel::simple);
-      } else {
+      } else if (path == Path::gemm_chunked) {
         cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
         cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);
+      } else {
+        cuda::attention_forward(gout, glse, gq, gk, gv, scale, cuda::AttentionKernel::flash);
+        cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, cuda::AttentionKernel::flash);
       }
       const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
       EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;

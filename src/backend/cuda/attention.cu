@@ -7,6 +7,11 @@
 // Layouts: q, out, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T).
 #include "backend/cuda/attention.h"
 
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace zt::cuda {
@@ -175,16 +180,50 @@ void check_head_dim(const Dims& d) {
            32 * kMaxPerLane, "; use a model with head_dim <= 256");
 }
 
-bool use_gemm(AttentionKernel kernel, const Tensor& q, const Tensor& k, bool backward) {
-  if (kernel == AttentionKernel::automatic) return gemm_attention_fits(q, k, backward);
-  return kernel == AttentionKernel::gemm;
+// The kernel ZT_CUDA_ATTENTION asks automatic callers to use (automatic when unset).
+AttentionKernel environment_choice() {
+  static const AttentionKernel choice = [] {
+    const char* env = std::getenv("ZT_CUDA_ATTENTION");
+    const std::string_view v = env ? env : "";
+    if (v.empty() || v == "auto") return AttentionKernel::automatic;
+    if (v == "flash") return AttentionKernel::flash;
+    if (v == "gemm") return AttentionKernel::gemm;
+    if (v == "simple") return AttentionKernel::simple;
+    ZT_FAIL("ZT_CUDA_ATTENTION = '", v, "' is not one of flash, gemm, simple; unset it to let Zettatron choose");
+  }();
+  return choice;
+}
+
+// Why the flash kernel cannot run on these tensors (empty when it can).
+std::string flash_blocker(const Tensor& q, const Tensor& k, std::initializer_list<const Tensor*> all) {
+  for (const Tensor* t : all)
+    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return "a tensor is not 16-byte aligned";
+  return flash_attention_unsupported(q, k);
+}
+
+AttentionKernel choose(AttentionKernel kernel, bool backward, const Tensor& q, const Tensor& k,
+                       std::initializer_list<const Tensor*> all) {
+  if (kernel == AttentionKernel::automatic) kernel = environment_choice();
+  if (kernel == AttentionKernel::gemm || kernel == AttentionKernel::simple) return kernel;
+  const std::string blocker = flash_blocker(q, k, all);
+  if (kernel == AttentionKernel::flash) {
+    ZT_CHECK(blocker.empty(), "attention: the flash kernel cannot take this call: ", blocker,
+             "; choose gemm or simple (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
+    return kernel;
+  }
+  if (blocker.empty()) return AttentionKernel::flash;
+  return gemm_attention_fits(q, k, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
 }
 
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel) {
-  if (use_gemm(kernel, q, k, false)) return gemm_attention_forward(out, lse, q, k, v, scale);
+  switch (choose(kernel, false, q, k, {&out, &q, &k, &v})) {
+    case AttentionKernel::flash: return flash_attention_forward(out, lse, q, k, v, scale);
+    case AttentionKernel::gemm: return gemm_attention_forward(out, lse, q, k, v, scale);
+    default: break;
+  }
   const Dims d = dims_of(q, k);
   check_head_dim(d);
   const int64_t rows = d.B * d.Hq * d.T;
@@ -200,12 +239,17 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         AttentionKernel kernel) {
-  if (use_gemm(kernel, q, k, true)) return gemm_attention_backward(dq, dk, dv, dout, q, k, v, lse, scale);
+  switch (choose(kernel, true, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
+    case AttentionKernel::flash: return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+    case AttentionKernel::gemm: return gemm_attention_backward(dq, dk, dv, dout, q, k, v, lse, scale);
+    default: break;
+  }
   const Dims d = dims_of(q, k);
   check_head_dim(d);
   const int64_t rows = d.B * d.Hq * d.T, kv_rows = d.B * d.Hkv * d.T;
   if (rows == 0) return;
   Tensor delta = Tensor::empty(Shape{rows}, DType::f32, q.device(), MemCategory::workspace);
+  attention_delta(delta, dout, out);
   cudaStream_t s = stream_of(dq);
   const int threads = 32 * kWarpsPerBlock;
   ZT_CUDA_DISPATCH_FLOAT(q.dtype(), "attention_backward", [&] {
@@ -213,9 +257,6 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     const T* kp = static_cast<const T*>(k.data_ptr());
     const T* vp = static_cast<const T*>(v.data_ptr());
     const T* dop = static_cast<const T*>(dout.data_ptr());
-    attn_delta_kernel<T><<<blocks_for(rows), threads, 0, s>>>(delta.data<float>(), dop,
-                                                              static_cast<const T*>(out.data_ptr()), d);
-    ZT_CUDA_CHECK_LAUNCH("attn_delta_kernel");
     attn_dq_kernel<T><<<blocks_for(rows), threads, 0, s>>>(static_cast<T*>(dq.data_ptr()), dop, qp, kp, vp,
                                                            lse.data<float>(), delta.data<float>(), d, scale);
     ZT_CUDA_CHECK_LAUNCH("attn_dq_kernel");
@@ -224,6 +265,17 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                                                                 lse.data<float>(), delta.data<float>(), d, scale);
     ZT_CUDA_CHECK_LAUNCH("attn_dkdv_kernel");
   });
+}
+
+void attention_delta(const Tensor& delta, const Tensor& dout, const Tensor& out) {
+  const Dims d{out.size(0), out.size(1), out.size(2), out.size(2), out.size(3)};
+  const int64_t rows = d.B * d.Hq * d.T;
+  if (rows == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "attention_delta", [&] {
+    attn_delta_kernel<T><<<blocks_for(rows), 32 * kWarpsPerBlock, 0, stream_of(delta)>>>(
+        delta.data<float>(), static_cast<const T*>(dout.data_ptr()), static_cast<const T*>(out.data_ptr()), d);
+  });
+  ZT_CUDA_CHECK_LAUNCH("attn_delta_kernel");
 }
 
 }  // namespace zt::cuda

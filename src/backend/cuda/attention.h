@@ -5,20 +5,27 @@
 #include "core/tensor.h"
 
 #include <cstdint>
+#include <string>
 
 namespace zt::cuda {
 
-// Two implementations:
+// Three implementations:
+//   flash   one fused kernel per pass on tensor cores (WMMA), O(T) memory:
+//           no (T, T) matrix in global memory (attention_flash.cu). bf16 or
+//           f16, head dims 16, 32, 64, 128, 16-byte aligned tensors.
 //   gemm    tensor cores: the (T, T) score and probability matrices of a
 //           chunk of heads as cuBLASLt products, causal softmax (and its
 //           backward) as row kernels (attention_gemm.cu). Workspace
 //           ~12 bytes x heads x T^2 in backward, in head chunks of at most
-//           kAttentionWorkspaceBudget.
+//           kAttentionWorkspaceBudget. Any dtype and head dim.
 //   simple  one warp per query (or key) row on CUDA cores, O(T) memory
 //           (attention.cu): the fallback when one head's matrices exceed the
-//           budget, and a second implementation to test against.
-// automatic picks gemm when it fits. Both are deterministic.
-enum class AttentionKernel { automatic, simple, gemm };
+//           budget, and a third implementation to test against.
+// automatic picks flash, else gemm when it fits, else simple. The environment
+// variable ZT_CUDA_ATTENTION = flash | gemm | simple overrides automatic (to
+// compare or to route around a kernel; an unsupported choice is an error).
+// All three are deterministic.
+enum class AttentionKernel { automatic, flash, gemm, simple };
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
 // scale is resolved by the ops layer (> 0).
@@ -38,5 +45,18 @@ void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& 
 void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, float scale,
                              int64_t budget = kAttentionWorkspaceBudget);
+
+// The flash implementation (attention_flash.cu), and why it cannot take a
+// shape (empty when it can).
+std::string flash_attention_unsupported(const Tensor& q, const Tensor& k);
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             float scale);
+void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              float scale);
+
+// delta[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32, (B, Hq, T): the
+// softmax-backward row term, shared by the simple and flash backward passes.
+void attention_delta(const Tensor& delta, const Tensor& dout, const Tensor& out);
 
 }  // namespace zt::cuda

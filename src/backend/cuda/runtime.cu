@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "core/allocator.h"
@@ -73,6 +74,7 @@ struct DeviceState {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   int sms = 0;
+  int shared_optin = 0;  // bytes of shared memory a block may opt in to
 };
 
 std::mutex g_mu;
@@ -101,6 +103,7 @@ DeviceState& state(Device device) {
     ZT_CUDA_CHECK(cudaStreamCreateWithFlags(&s->comm, cudaStreamNonBlocking));
     ZT_CUBLAS_CHECK(cublasLtCreate(&s->lt));
     ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->sms, cudaDevAttrMultiProcessorCount, i));
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, i));
     register_allocator(device, std::make_unique<CudaAllocator>(i));
     s->workspace = allocator_for(device).allocate(kCublasWorkspaceBytes, MemCategory::workspace);
     g_state[size_t(i)] = std::move(s);
@@ -125,6 +128,7 @@ void ensure_initialized(Device device) { (void)state(device); }
 cudaStream_t compute_stream(Device device) { return state(device).compute; }
 cudaStream_t comm_stream(Device device) { return state(device).comm; }
 int num_sms(Device device) { return state(device).sms; }
+int max_shared_optin(Device device) { return state(device).shared_optin; }
 cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }
 void* cublaslt_workspace(Device device) { return state(device).workspace; }
 size_t cublaslt_workspace_bytes() { return kCublasWorkspaceBytes; }
@@ -204,6 +208,38 @@ float EventTimer::stop_ms() {
   float ms = 0;
   ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
   return ms;
+}
+
+namespace {
+std::mutex g_mark_mu;
+std::vector<cudaEvent_t> g_free_marks;  // events of any device: an event is not tied to one until recorded
+}  // namespace
+
+TimingMark record_mark(Device device) {
+  cudaStream_t stream = compute_stream(device);
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mark_mu);
+    if (!g_free_marks.empty()) {
+      e = g_free_marks.back();
+      g_free_marks.pop_back();
+    }
+  }
+  if (!e) ZT_CUDA_CHECK(cudaEventCreate(&e));
+  ZT_CUDA_CHECK(cudaEventRecord(e, stream));
+  return e;
+}
+
+float elapsed_ms(TimingMark start, TimingMark end) {
+  ZT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  float ms = 0;
+  ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+
+void release_mark(TimingMark mark) {
+  std::lock_guard<std::mutex> lock(g_mark_mu);
+  g_free_marks.push_back(static_cast<cudaEvent_t>(mark));
 }
 
 }  // namespace zt::cuda

@@ -60,4 +60,13 @@ class EventTimer {
   void* stop_ = nullptr;
 };
 
+// Timing marks for the op profiler (ops/op_profile.h): record_mark puts an
+// event on the device's compute stream (events come from a pool, so a mark
+// costs one cudaEventRecord); elapsed_ms waits for `end` and returns the time
+// between two marks of one device; release_mark returns a mark to the pool.
+using TimingMark = void*;
+TimingMark record_mark(Device device);
+float elapsed_ms(TimingMark start, TimingMark end);
+void release_mark(TimingMark mark);
+
 }  // namespace zt::cuda
