@@ -4,10 +4,13 @@
 # GPU tests (ctest -L gpu), then the training benchmark - Zettatron against
 # PyTorch (bench/gpu/pytorch_peer.py: torch.compile, flash SDPA, bf16 autocast,
 # fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024 - and
-# prints a short table last. `attention` times the CUDA attention kernels
-# (tensor-core path and simple kernel) against PyTorch's flash SDPA on the same
-# shapes (bench/gpu/attention_bench.cpp, attention_peer.py). Logs go to $OUT
-# (or ./bench-gpu-out).
+# prints a short table last, then where Zettatron's step goes (a short second
+# run with metrics.op_profile: GPU time per op from events). `attention` times
+# the CUDA attention kernels (flash, tensor-core gemm path, simple kernel)
+# against PyTorch's flash SDPA on the same shapes (bench/gpu/attention_bench.cpp,
+# attention_peer.py). Logs go to $OUT (or ./bench-gpu-out).
+# ZT_CUDA_ATTENTION=gemm|simple in the environment routes the training runs
+# around the flash kernel (backend/cuda/attention.h).
 #   usage: bash bench/gpu/run.sh [tests|attention|bench|all]   (default all)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -63,4 +66,12 @@ if pt:
     line += f" | pytorch {pt['version']} {pt['tokens_per_s']:10.0f} tok/s | ratio {zt / pt['tokens_per_s']:.2f}x"
 print(line)
 PY
+done
+for arch in gpt2 llama; do
+  cfg=configs/bench-gpu-$arch.toml
+  ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$out/profile-$arch" --set train.steps=6 \
+    --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1 \
+    || { echo "zettatron $arch profile run failed:"; tail -20 "$out/zt-$arch-profile.log"; continue; }
+  echo "$arch: time per op (steps 2-6)"
+  sed -n '/time per op/,/outside ops/p' "$out/zt-$arch-profile.log" | tail -n +2 | head -24
 done

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/activation.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/activation.h"
 #endif
@@ -47,6 +48,7 @@ Shape swiglu_out_shape(const char* op, const Tensor& x) {
 
 void gelu_forward(const Tensor& y, const Tensor& x) {
   const char* op = "gelu_forward";
+  const OpScope scope(op, y);
   check_float_input(op, "x", x);
   check_like(op, "y", y, "x", x);
   check_device(op, x.device(), {{"y", &y}});
@@ -60,6 +62,7 @@ void gelu_forward(const Tensor& y, const Tensor& x) {
 
 void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const char* op = "gelu_backward";
+  const OpScope scope(op, dx);
   check_float_input(op, "x", x);
   check_like(op, "dy", dy, "x", x);
   check_like(op, "dx", dx, "x", x);
@@ -75,6 +78,7 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
 
 void swiglu_forward(const Tensor& y, const Tensor& x) {
   const char* op = "swiglu_forward";
+  const OpScope scope(op, y);
   check_float_input(op, "x", x);
   check_shape(op, "y", y, swiglu_out_shape(op, x));
   check_same_dtype(op, "y", y, "x", x);
@@ -89,6 +93,7 @@ void swiglu_forward(const Tensor& y, const Tensor& x) {
 
 void swiglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const char* op = "swiglu_backward";
+  const OpScope scope(op, dx);
   check_float_input(op, "x", x);
   check_shape(op, "dy", dy, swiglu_out_shape(op, x));
   check_same_dtype(op, "dy", dy, "x", x);

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/adamw.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/adamw.h"
 #endif
@@ -29,6 +30,7 @@ bool bytes_overlap(const Tensor& a, const Tensor& b) {
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const Tensor& model_copy, const AdamWParams& p) {
   const char* op = "adamw_step";
+  const OpScope scope(op, master);
   check_dtype(op, "master", master, {DType::f32});
   check_dtype(op, "m", m, {DType::f32});
   check_dtype(op, "v", v, {DType::f32});

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/attention.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/attention.h"
 #endif
@@ -53,6 +54,7 @@ float resolve_scale(const char* op, float scale, int64_t D) {
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale) {
   const char* op = "attention_forward";
+  const OpScope scope(op, out);
   const Dims d = check_qkv(op, q, k, v);
   check_shape(op, "out", out, q.shape());
   check_same_dtype(op, "out", out, "q", q);
@@ -79,6 +81,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
   const char* op = "attention_backward";
+  const OpScope scope(op, dq);
   const Dims d = check_qkv(op, q, k, v);
   check_shape(op, "out", out, q.shape());
   check_same_dtype(op, "out", out, "q", q);

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cross_entropy.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #include "ops/device.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/cross_entropy.h"
@@ -31,6 +32,7 @@ bool bytes_overlap(const Tensor& a, const Tensor& b) {
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                            const Tensor& targets, int64_t vocab, float grad_scale) {
   const char* op = "softmax_cross_entropy";
+  const OpScope scope(op, logits);
   check_ndim(op, "logits", logits, 2);
   check_compute_dtype(op, "logits", logits);
   const int64_t N = logits.size(0), Vp = logits.size(1);
@@ -104,6 +106,7 @@ int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_s
 }  // namespace
 
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t col_start, int64_t vocab) {
+  const OpScope scope("vocab_parallel_ce_max", logits);
   const int64_t real = check_vocab_parallel("vocab_parallel_ce_max", logits, col_start, vocab, {{"row_max", &row_max}});
   cpu::vocab_parallel_ce_max(row_max, logits, real);
 }
@@ -111,6 +114,7 @@ void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t 
 void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
                             const Tensor& row_max, const Tensor& targets, int64_t col_start, int64_t vocab) {
   const char* op = "vocab_parallel_ce_sums";
+  const OpScope scope(op, logits);
   const int64_t real = check_vocab_parallel(
       op, logits, col_start, vocab,
       {{"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"row_max", &row_max}, {"targets", &targets}});
@@ -125,6 +129,7 @@ void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const
                               const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
                               const Tensor& targets, int64_t col_start, int64_t vocab, float grad_scale) {
   const char* op = "vocab_parallel_ce_finish";
+  const OpScope scope(op, logits);
   const int64_t real = check_vocab_parallel(op, logits, col_start, vocab,
                                             {{"losses", &losses},
                                              {"row_max", &row_max},

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/elementwise.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/elementwise.h"
 #endif
@@ -51,6 +52,7 @@ void check_float_dtype(const char* op, const char* name, const Tensor& t) {
 
 void cast(const Tensor& out, const Tensor& in) {
   const char* op = "cast";
+  const OpScope scope(op, out);
   check_defined(op, "out", out);
   check_defined(op, "in", in);
   check_same_numel(op, "out", out, "in", in);
@@ -65,6 +67,7 @@ void cast(const Tensor& out, const Tensor& in) {
 
 void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   const char* op = "add";
+  const OpScope scope(op, out);
   check_dtype(op, "a", a, kFloat3);
   check_shape(op, "b", b, a.shape());
   check_same_dtype(op, "a", a, "b", b);
@@ -82,6 +85,7 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void scale(const Tensor& out, const Tensor& x, float alpha) {
   const char* op = "scale";
+  const OpScope scope(op, out);
   check_dtype(op, "x", x, kFloat3);
   check_shape(op, "out", out, x.shape());
   check_same_dtype(op, "x", x, "out", out);
@@ -96,6 +100,7 @@ void scale(const Tensor& out, const Tensor& x, float alpha) {
 
 void axpy(const Tensor& y, float alpha, const Tensor& x) {
   const char* op = "axpy";
+  const OpScope scope(op, y);
   check_dtype(op, "y", y, kFloat3);
   check_dtype(op, "x", x, kFloat3);
   check_same_numel(op, "y", y, "x", x);
@@ -110,6 +115,7 @@ void axpy(const Tensor& y, float alpha, const Tensor& x) {
 
 void fill(const Tensor& out, double value) {
   const char* op = "fill";
+  const OpScope scope(op, out);
   check_defined(op, "out", out);
   if (!dtype_is_float(out.dtype())) {
     double lo = 0, hi = 0;  // the integer type's range
@@ -133,6 +139,7 @@ void fill(const Tensor& out, double value) {
 
 double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
+  const OpScope scope(op, x);
   check_dtype(op, "x", x, kFloat3);
   if (x.device().is_cpu()) return cpu::sum_squares(x);
 #if ZT_WITH_CUDA

@@ -6,6 +6,7 @@
 
 #include "backend/cpu/embedding.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #include "ops/device.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/embedding.h"
@@ -63,6 +64,7 @@ void no_cuda_slice(const char* op, const VocabSlice& slice) {
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                        int64_t pos_offset, VocabSlice slice) {
   const char* op = "embedding_forward";
+  const OpScope scope(op, out);
   check_ndim(op, "tokens", tokens, 2);
   check_dtype(op, "tokens", tokens, {DType::i32});
   check_ndim(op, "wte", wte, 2);
@@ -98,6 +100,7 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
                         int64_t pos_offset, VocabSlice slice) {
   const char* op = "embedding_backward";
+  const OpScope scope(op, dout);
   check_ndim(op, "dout", dout, 3);
   check_compute_dtype(op, "dout", dout);
   const int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);

@@ -12,6 +12,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 
 #if ZT_WITH_CUDA
 #include "backend/cuda/matmul.h"
@@ -54,6 +55,7 @@ Shape with_last(const Shape& s, int64_t last) {
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha, float beta,
             const Tensor& bias) {
   const char* op = "matmul";
+  const OpScope scope(op, out);
   check_defined(op, "out", out);
   check_defined(op, "a", a);
   check_defined(op, "b", b);
@@ -109,6 +111,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
 
 void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
   const char* op = "linear_forward";
+  const OpScope scope(op, y);
   check_defined(op, "y", y);
   check_defined(op, "x", x);
   check_ndim(op, "w", w, 2);
@@ -143,6 +146,7 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w) {
   const char* op = "linear_backward";
+  const OpScope scope(op, dy);
   check_defined(op, "dy", dy);
   check_defined(op, "x", x);
   check_ndim(op, "w", w, 2);

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/norm.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/norm.h"
 #endif
@@ -103,6 +104,7 @@ void check_eps(const char* op, float eps) {
 void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
                   const Tensor& w, const Tensor& b, float eps) {
   const char* op = op_name(kind, Entry::forward);
+  const OpScope scope(op, y);
   const int64_t C = check_input(op, "x", x);
   const int64_t N = x.numel() / C;
   check_like(op, "y", y, "x", x);
@@ -123,6 +125,7 @@ void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tens
 void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
   const char* op = op_name(kind, Entry::backward);
+  const OpScope scope(op, dy);
   const int64_t C = check_input(op, "x", x);
   const int64_t N = x.numel() / C;
   check_like(op, "dy", dy, "x", x);
@@ -164,6 +167,7 @@ void residual_norm_forward(NormKind kind, const Tensor& r_out, const Tensor& y, 
                            const Tensor& rstd, const Tensor& r_in, const Tensor& x, const Tensor& w,
                            const Tensor& b, float eps) {
   const char* op = op_name(kind, Entry::residual_forward);
+  const OpScope scope(op, y);
   const int64_t C = check_input(op, "x", x);
   const int64_t N = x.numel() / C;
   check_like(op, "r_in", r_in, "x", x);

@@ -16,6 +16,7 @@
 
 #include "backend/cpu/rope.h"
 #include "ops/check.h"
+#include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/rope.h"
 #endif
@@ -58,6 +59,7 @@ double frequency(int64_t i, int64_t head_dim, double theta, const RopeScaling& s
 // y = rotation of x (inverse: the transposed rotation); names for messages.
 void rope_apply(const char* op, const char* y_name, const Tensor& y, const char* x_name, const Tensor& x,
                 const Tensor& table, int64_t pos_offset, bool inverse) {
+  const OpScope scope(op, y);
   check_ndim(op, x_name, x, 4);
   const int64_t T = x.size(1), D = x.size(3);
   ZT_CHECK(D % 2 == 0, op, ": '", x_name, "' has shape ", x.shape().str(), " but the head dim (last) is ", D,

@@ -89,6 +89,7 @@ const std::vector<Field>& fields() {
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
       ZT_F("metrics", "pipeline_trace_step", metrics.pipeline_trace_step, "with pp > 1: write RUN_DIR/pipeline_trace.json (Chrome trace, open in Perfetto) of this step (0: none)"),
+      ZT_F("metrics", "op_profile", metrics.op_profile, "time every op (GPU: events) and report the time per op in metrics.jsonl and at the end"),
       ZT_F("parallel", "dp", parallel.dp, "data-parallel size (0: every process not used by tp x pp x cp)"),
       ZT_F("parallel", "tp", parallel.tp, "tensor-parallel size"),
       ZT_F("parallel", "sequence_parallel", parallel.sequence_parallel, "with tp > 1: shard norms and residuals along the tokens (activation memory of those regions / tp)"),

@@ -73,6 +73,11 @@ void MetricsLog::write_step(const StepMetrics& m) {
                     {"busy_s", m.tp_comm_busy_seconds},
                     {"exposed_s", m.tp_comm_exposed_seconds},
                     {"overlap", tp_comm_overlap(m)}};
+  if (!m.op_totals.empty()) {
+    nlohmann::json ops;
+    for (const ops::OpTotal& t : m.op_totals) ops[t.name] = {{"calls", t.calls}, {"s", t.seconds}};
+    j["ops"] = ops;
+  }
   nlohmann::json mem, peak;
   for (int c = 0; c < kNumMemCategories; ++c) {
     const std::string name(mem_category_name(MemCategory(c)));
@@ -147,6 +152,40 @@ std::string format_step_line(const StepMetrics& m) {
     line += buf;
   }
   return line;
+}
+
+void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTotal>& step) {
+  for (const ops::OpTotal& t : step) {
+    auto it = std::find_if(run.begin(), run.end(), [&](const ops::OpTotal& r) { return r.name == t.name; });
+    if (it == run.end()) {
+      run.push_back(t);
+    } else {
+      it->calls += t.calls;
+      it->seconds += t.seconds;
+    }
+  }
+}
+
+std::string format_op_profile(std::vector<ops::OpTotal> run, int64_t steps, double step_seconds) {
+  std::sort(run.begin(), run.end(), [](const ops::OpTotal& a, const ops::OpTotal& b) { return a.seconds > b.seconds; });
+  const double n = double(std::max<int64_t>(steps, 1));
+  const double step_ms = step_seconds * 1e3 / n;
+  std::string out;
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-28s %10s %12s %7s\n", "op", "calls/step", "ms/step", "share");
+  out += line;
+  double covered = 0;
+  for (const ops::OpTotal& t : run) {
+    const double ms = t.seconds * 1e3 / n;
+    covered += ms;
+    std::snprintf(line, sizeof line, "  %-28s %10.1f %12.3f %6.1f%%\n", t.name.c_str(), double(t.calls) / n, ms,
+                  step_ms > 0 ? 100.0 * ms / step_ms : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-28s %10s %12.3f %6.1f%%  (step %.3f ms)", "outside ops", "",
+                step_ms - covered, step_ms > 0 ? 100.0 * (step_ms - covered) / step_ms : 0.0, step_ms);
+  out += line;
+  return out;
 }
 
 }  // namespace zt::train

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "ops/op_profile.h"
 
 namespace zt::train {
 
@@ -53,6 +54,9 @@ struct StepMetrics {
   int64_t tp_size = 1;
   int64_t tp_comm_bytes = 0;
   double tp_comm_busy_seconds = 0, tp_comm_exposed_seconds = 0;
+  // metrics.op_profile: this step's time per op (outermost ops; GPU time on
+  // a GPU), largest first. Empty when profiling is off.
+  std::vector<ops::OpTotal> op_totals;
 };
 
 // Appends one JSON object per line to run_dir/metrics.jsonl.
@@ -72,6 +76,13 @@ class MetricsLog {
 double comm_overlap(const StepMetrics& m);
 // The same for tensor-parallel communication.
 double tp_comm_overlap(const StepMetrics& m);
+
+// Adds one step's op totals to a run's (by name).
+void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTotal>& step);
+// The run's op totals as a table per step: name, calls, milliseconds, share
+// of the step time (`steps` steps taking `step_seconds` in all), largest
+// first, and the share no op accounts for.
+std::string format_op_profile(std::vector<ops::OpTotal> run, int64_t steps, double step_seconds);
 
 // "step 12/300 | loss 5.4321 | lr 3.00e-04 | ..." with an ETA.
 std::string format_step_line(const StepMetrics& m);

@@ -16,6 +16,7 @@
 #endif
 #include "core/error.h"
 #include "ops/device.h"
+#include "ops/op_profile.h"
 #include "train/checkpointing.h"
 #include "train/generate.h"
 
@@ -158,6 +159,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   std::vector<comm::CommStats> tp_start;
   for (comm::ProcessGroup* g : model().comm_groups()) tp_start.push_back(g->stats());
   m.total_steps = cfg_.train.steps;
+  if (ops::op_profile_enabled()) (void)ops::take_op_profile();  // evaluation's and sampling's ops are not the step's
   const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;
   // Loss is the mean over every token of the global batch, so each
@@ -252,6 +254,10 @@ StepMetrics Trainer::train_step(int64_t step) {
     optimizer_->step(m.lr, optim::clip_scale(m.grad_norm, cfg_.optim.grad_clip) / loss_scale);
     dp_->gather_params(*optimizer_);
     if (scaler_) scaler_->update(progress_.loss_scale, false);
+  }
+  if (ops::op_profile_enabled()) {
+    ops::synchronize(device);  // the step's GPU work inside its time, so the op shares add up
+    m.op_totals = ops::take_op_profile();
   }
   m.optimizer_seconds = seconds_since(t_opt);
   m.step_seconds = seconds_since(t_step);
@@ -458,10 +464,24 @@ TrainResult Trainer::run(int64_t stop_after) {
   TrainResult result;
   result.steps = first_step;
   StepMetrics last;  // of the latest step run here
+  // metrics.op_profile: the run's time per op, over the steps after the
+  // first (warm-up: allocations, cuBLASLt plans) when there are several.
+  ops::enable_op_profile(cfg_.metrics.op_profile);
+  struct ProfileOff {
+    ~ProfileOff() { ops::enable_op_profile(false); }
+  } profile_off;
+  std::vector<ops::OpTotal> op_run;
+  int64_t op_steps = 0;
+  double op_step_seconds = 0;
   const auto t_start = Clock::now();
   for (int64_t step = first_step; step < cfg_.train.steps; ++step) {
     StepMetrics m = train_step(step);
     m.elapsed_seconds = seconds_since(t_start);
+    if (!m.op_totals.empty() && (step > first_step || cfg_.train.steps - first_step == 1)) {
+      add_op_totals(op_run, m.op_totals);
+      ++op_steps;
+      op_step_seconds += m.step_seconds;
+    }
     if (metrics) metrics->write_step(m);
     result.losses.push_back(m.loss);
     last = m;
@@ -505,6 +525,10 @@ TrainResult Trainer::run(int64_t stop_after) {
   say("done: " + std::to_string(result.steps) + " steps in " + std::to_string(int(seconds_since(t_start))) +
       "s; run directory: " + run_dir.string());
   say("memory by category (this process):\n" + format_mem_stats(allocator_for(model().device()).stats()));
+  if (op_steps > 0)
+    say("time per op, mean of " + std::to_string(op_steps) + " step(s)" +
+        (model().device().is_cuda() ? " (GPU time from events)" : "") + ", this process:\n" +
+        format_op_profile(op_run, op_steps, op_step_seconds));
   if (dp_->size() > 1 && result.steps > first_step)
     say("highest peak of the last step: data-parallel rank " + std::to_string(last.max_peak_rank) + ", " +
         std::to_string(last.max_peak_memory.total_peak_bytes >> 20) + " MiB");

@@ -7,12 +7,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <map>
 
 #include "core/error.h"
 #include "data/dataset_index.h"
 #include "data/shard.h"
 #include "ops/elementwise.h"
+#include "ops/op_profile.h"
 #include "test_util.h"
 #include "train/config.h"
 #include "train/data_source.h"
@@ -52,6 +55,50 @@ TEST(Trainer, NonFiniteStepsCanBeSkippedUpToALimit) {
   EXPECT_TRUE(skipped.skipped);
   EXPECT_EQ(t.optimizer().steps_taken(), 1) << "a skipped step must not update the weights";
   EXPECT_THROW(t.train_step(2), Error);
+}
+
+// metrics.op_profile: each step's metrics.jsonl record carries the time per
+// op, with the structural call counts (one embedding lookup per micro-batch,
+// one attention per block and micro-batch, forward and backward), and the
+// op times sum to at most the step time (outermost ops never overlap); the
+// run ends with the table; without it neither appears.
+TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "op_profile on" : "op_profile off");
+    const fs::path dir = fs::temp_directory_path() / ("zt_op_profile_" + std::to_string(test::test_seed()));
+    fs::remove_all(dir);
+    Config cfg = parse_config(kTiny, "tiny",
+                              {"train.steps=3", "train.recompute=none", "train.run_dir=" + dir.string(),
+                               std::string("metrics.op_profile=") + (on ? "true" : "false")});
+    Trainer t(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 5), nullptr, nullptr);
+    std::string said;
+    t.log = [&](const std::string& line) { said += line + "\n"; };
+    t.run();
+    EXPECT_FALSE(ops::op_profile_enabled()) << "the run turns the profiler off when it ends";
+    EXPECT_EQ(said.find("time per op") != std::string::npos, on) << said;
+    std::ifstream in(dir / "metrics.jsonl");
+    std::string line;
+    int64_t steps = 0;
+    const int64_t micro = cfg.grad_accum_steps(1), blocks = cfg.model.n_layer;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (!j.contains("step") || !j.contains("loss")) continue;
+      ++steps;
+      ASSERT_EQ(j.contains("ops"), on) << line;
+      if (!on) continue;
+      const nlohmann::json& ops = j["ops"];
+      EXPECT_EQ(ops["embedding_forward"]["calls"].get<int64_t>(), micro);
+      EXPECT_EQ(ops["embedding_backward"]["calls"].get<int64_t>(), micro);
+      EXPECT_EQ(ops["attention_forward"]["calls"].get<int64_t>(), blocks * micro);
+      EXPECT_EQ(ops["attention_backward"]["calls"].get<int64_t>(), blocks * micro);
+      EXPECT_GE(ops["adamw_step"]["calls"].get<int64_t>(), 1);
+      double sum = 0;
+      for (const auto& [name, t] : ops.items()) sum += t["s"].get<double>();
+      EXPECT_LE(sum, j["time_s"]["step"].get<double>()) << line;
+    }
+    EXPECT_EQ(steps, 3);
+    fs::remove_all(dir);
+  }
 }
 
 // Unigram entropy (nats/token) of a prepared split, from its shards.

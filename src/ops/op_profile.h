@@ -1,0 +1,48 @@
+// Where the compute goes, op by op. When enabled, every public op (ops/*.h)
+// adds its time to a total per op name: CPU ops by the wall clock, GPU ops
+// by events on the device's compute stream, read only when the totals are
+// taken (so profiling adds no host synchronisation inside a step). An op
+// called inside another (linear_forward's matmul) counts once, in the outer
+// one: the totals never overlap, and their sum is at most the time spent.
+// Off by default; a scope then costs one relaxed atomic load.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+struct OpTotal {
+  std::string name;     // the op's name, as its errors give it ("linear_forward")
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
+void enable_op_profile(bool on);
+bool op_profile_enabled();
+// The totals since the last take (waiting for the GPU timings still in
+// flight), largest time first; clears them.
+std::vector<OpTotal> take_op_profile();
+
+// Times one op from construction to destruction (see above), on the device
+// of `on` (the op's output; the host if undefined: validation reports it).
+// `name` must outlive the profile (a string literal).
+class OpScope {
+ public:
+  OpScope(const char* name, const Tensor& on);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  const char* name_ = nullptr;  // null: not timing (profile off, or nested in another op)
+  Device device_;
+  std::chrono::steady_clock::time_point start_{};
+  void* start_mark_ = nullptr;  // GPU: cuda::TimingMark
+};
+
+}  // namespace zt::ops
