@@ -26,9 +26,12 @@ export PKG_CONFIG_PATH="$lib/pkgconfig"
 export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
 echo "gpu-build: $(nvcc --version | tail -1); $(g++ --version | head -1); $(cmake --version | head -1)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
+# NCCL: the toolkit's if it has one, else PyTorch's wheel (nvidia/nccl).
+nccl_root=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DZT_FUZZ=OFF "$@" > build-gpu.configure.log 2>&1 \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DZT_FUZZ=OFF ${nccl_root:+-DNCCL_ROOT="$nccl_root"} "$@" > build-gpu.configure.log 2>&1 \
   || { cat build-gpu.configure.log; exit 1; }
+grep -E "Zettatron: (CUDA|NCCL)" build-gpu.configure.log || true
 cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E 'error|warning|FAILED' | head -50 || true
 test -x build-gpu/bin/zettatron
 echo "gpu-build: ok"

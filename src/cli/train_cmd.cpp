@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "comm/nccl/nccl_group.h"
 #include "comm/process_group.h"
 #include "core/error.h"
 #include "parallel/mesh.h"
@@ -47,15 +48,24 @@ Command add_train_command(CLI::App& app) {
     ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
              "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
              opts->stop_after, ")");
-    comm::ProcessGroup& world = comm::world({cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
+    // Host collectives over MPI (or solo); GPU tensors over NCCL when asked, or
+    // by default when several processes train on GPUs. The NCCL group also
+    // serves host tensors, so the mesh's groups are all split from it.
+    const bool nccl_asked = cfg.parallel.comm_backend == "nccl";
+    comm::ProcessGroup& world =
+        comm::world({nccl_asked ? "auto" : cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
+    std::unique_ptr<comm::ProcessGroup> nccl_world;  // outlives the mesh and trainer below
+    if (nccl_asked || (cfg.parallel.comm_backend == "auto" && cfg.train.device == "cuda" && world.size() > 1))
+      nccl_world = comm::make_nccl_group(world.split(0, world.rank(), "world"), cfg.device(true), "world");
+    comm::ProcessGroup& mesh_world = nccl_world ? *nccl_world : world;
     const parallel::MeshShape shape = parallel::resolve_mesh_shape(
-        {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, world.size());
+        {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, mesh_world.size());
     ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * shape.dp) == 0, "train.global_batch = ",
              cfg.train.global_batch, " is not divisible by micro_batch x dp = ", cfg.train.micro_batch, " x ",
              shape.dp, "; each of the ", shape.dp, " data-parallel ranks runs global_batch / dp sequences");
     ZT_CHECK(cfg.parallel.shard_group == 0 || shape.dp % cfg.parallel.shard_group == 0, "parallel.shard_group = ",
              cfg.parallel.shard_group, " must divide dp = ", shape.dp);
-    auto mesh = std::make_shared<parallel::Mesh>(shape, world);
+    auto mesh = std::make_shared<parallel::Mesh>(shape, mesh_world);
     train::TrainingData data = train::open_training_data(cfg, int(mesh->coord().dp), int(shape.dp));
     train::Trainer trainer(cfg, std::move(data.train), std::move(data.val), std::move(data.codec), mesh);
     const bool main_rank = trainer.is_main_rank();

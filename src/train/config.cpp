@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include "comm/process_group.h"
+
 #include "nn/tensor_parallel.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
@@ -102,7 +104,7 @@ const std::vector<Field>& fields() {
       ZT_F("parallel", "zero_stage", parallel.zero_stage, "0: replicate; 1: shard optimizer state; 2: and gradients; 3: and parameters"),
       ZT_F("parallel", "shard_group", parallel.shard_group, "ZeRO shards span groups of this many dp ranks, replicated across groups (HSDP; 0: all of dp)"),
       ZT_F("parallel", "bucket_mb", parallel.bucket_mb, "gradient reduction bucket size in MiB"),
-      ZT_F("parallel", "comm_backend", parallel.comm_backend, "auto (mpi under mpirun/srun) | mpi | solo"),
+      ZT_F("parallel", "comm_backend", parallel.comm_backend, "auto (mpi under mpirun/srun; GPU tensors over NCCL when train.device = cuda and there are several processes) | mpi | solo | nccl (GPU tensors over NCCL even for one process)"),
       ZT_F("parallel", "comm_timeout", parallel.comm_timeout, "seconds before a stuck collective ends the job"),
       ZT_F("checkpoint", "every", checkpoint.every, "steps between checkpoints (0: none); the last step is saved too"),
       ZT_F("checkpoint", "keep_last", checkpoint.keep_last, "checkpoints kept, newest first (0: all)"),
@@ -445,24 +447,34 @@ void Config::validate() const {
     parallel::check_pipeline_schedule(schedule, {parallel.pp, std::max<int64_t>(parallel.pp, 1), parallel.virtual_stages});
     parallel::plan_pipeline_stages(model, train.seq_len, parallel.pp * parallel.virtual_stages,
                                    parallel::parse_stage_layers(parallel.pp_layers));
-    ZT_CHECK(train.device == "cpu", "parallel.pp = ", parallel.pp, " runs on the CPU backend so far (GPU "
-             "transfers need the NCCL backend, #7); set train.device = cpu or parallel.pp = 1");
+    ZT_CHECK(train.device == "cpu", "parallel.pp = ", parallel.pp, " runs on the CPU backend so far (the NCCL "
+             "backend has no point-to-point transfers of GPU tensors yet, #7); set train.device = cpu or parallel.pp = 1");
   }
   nn::check_tensor_parallel(model, parallel.tp);
   ZT_CHECK(!parallel.sequence_parallel || (train.micro_batch * train.seq_len) % parallel.tp == 0,
            "parallel.sequence_parallel shards the micro_batch x seq_len = ", train.micro_batch * train.seq_len,
            " tokens of a micro-batch over tp = ", parallel.tp, " ranks: make it a multiple of tp");
   ZT_CHECK(parallel.tp == 1 || train.device == "cpu", "parallel.tp = ", parallel.tp, " runs on the CPU backend so "
-           "far (tensor parallelism on GPUs needs the NCCL backend, #7); set train.device = cpu or parallel.tp = 1");
+           "far (tensor parallelism on GPUs needs vocabulary-parallel CUDA kernels, #7); set train.device = cpu or "
+           "parallel.tp = 1");
   ZT_CHECK(parallel.zero_stage >= 0 && parallel.zero_stage <= 3, "parallel.zero_stage = ", parallel.zero_stage,
            " does not exist: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)");
   ZT_CHECK(parallel.bucket_mb > 0, "parallel.bucket_mb must be positive");
   ZT_CHECK(parallel.shard_group >= 0, "parallel.shard_group must be >= 0 (0: shard over all of dp)");
   ZT_CHECK(parallel.comm_timeout > 0, "parallel.comm_timeout must be positive (seconds)");
-  ZT_CHECK(parallel.comm_backend == "auto" || parallel.comm_backend == "mpi" || parallel.comm_backend == "solo",
-           "parallel.comm_backend = '", parallel.comm_backend, "': choose auto, mpi or solo");
+  ZT_CHECK(parallel.comm_backend == "auto" || parallel.comm_backend == "mpi" || parallel.comm_backend == "solo" ||
+               parallel.comm_backend == "nccl",
+           "parallel.comm_backend = '", parallel.comm_backend, "': choose auto, mpi, solo or nccl");
+  ZT_CHECK(parallel.comm_backend != "nccl" || train.device == "cuda", "parallel.comm_backend = nccl moves GPU "
+           "tensors: it needs train.device = cuda (use auto, mpi or solo on the CPU)");
   ZT_CHECK(checkpoint.every >= 0 && checkpoint.keep_last >= 0 && checkpoint.keep_every >= 0,
            "checkpoint.every, checkpoint.keep_last and checkpoint.keep_every must be >= 0 (0: off / keep all / none)");
+}
+
+Device Config::device(bool multi_process) const {
+  const Device d = parse_device(train.device);
+  if (d.is_cuda() && train.device == "cuda" && multi_process) return Device::cuda(comm::world_info().local_rank);
+  return d;
 }
 
 std::string Config::checkpoint_dir() const {

@@ -91,7 +91,7 @@ struct ParallelSettings {
   int64_t zero_stage = 0;             // 0: replicate; 1: shard optimizer state; 2: + gradients; 3: + parameters
   int64_t shard_group = 0;            // HSDP: ZeRO shards over groups of this many dp ranks (0: all)
   double bucket_mb = 25;              // gradient reduction bucket size (MiB)
-  std::string comm_backend = "auto";  // auto | mpi | solo
+  std::string comm_backend = "auto";  // auto | mpi | solo | nccl (GPU tensors; auto picks it for several GPU processes)
   double comm_timeout = 600;          // seconds before a stuck collective ends the job
 };
 
@@ -126,6 +126,9 @@ struct Config {
   // Dynamic loss scaling: its settings, or nullopt when off.
   std::optional<optim::LossScaleConfig> loss_scaling() const;
   std::string checkpoint_dir() const;
+  // The device this process trains on: train.device, where a bare `cuda`
+  // under a multi-process launch means one GPU per local rank.
+  Device device(bool multi_process) const;
 };
 
 // Reads a TOML file and applies `overrides` ("section.key=value", value in

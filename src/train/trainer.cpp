@@ -62,9 +62,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     : cfg_(cfg), mesh_(std::move(mesh)), train_(std::move(train)), val_(std::move(val)), codec_(std::move(codec)) {
   cfg_.validate();
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
-  Device device = parse_device(cfg_.train.device);
-  // `cuda` without an index under a multi-process launch: one GPU per local rank.
-  if (device.is_cuda() && cfg_.train.device == "cuda" && mesh_) device = Device::cuda(comm::world_info().local_rank);
+  const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
   schedule_ = cfg_.lr_schedule();
   if (const auto ls = cfg_.loss_scaling()) {

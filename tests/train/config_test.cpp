@@ -94,6 +94,8 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
                   "the pipeline has 4 stages"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.virtual_stages=2"}), "it needs parallel.pp > 1"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_layers=\"2,1\""}), "adds up to 3 blocks, but the model has 2"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"gloo\""}), "choose auto, mpi, solo or nccl"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"nccl\""}), "it needs train.device = cuda"));
 }
 
 TEST(Config, Gpt2KvHeadsFollowHeads) {

@@ -153,16 +153,17 @@ __device__ __forceinline__ void write_row(T* __restrict__ dst, const float* scra
   }
 }
 
-// Stores the accumulators, times `mul`, as the warp's (16, D) rows of the
-// output: row r goes to dst_row(r) when that row exists (keep(r)).
-template <typename T, int kD, typename RowPtr>
+// Stores the accumulators, times `mul`, as the warp's (16, D) output rows
+// through the f32 scratch: each lane writes its half of its row to dst (the
+// row's place in global memory) when the row exists (keep).
+template <typename T, int kD>
 __device__ __forceinline__ void store_rows(FragAcc (&acc)[kD / kM], float* scratch, float mul, const LaneRow& lr,
-                                           bool keep, RowPtr dst_row) {
+                                           bool keep, T* dst) {
   using G = Geometry<T, kD>;
 #pragma unroll
   for (int n = 0; n < kD / kM; ++n) wmma::store_matrix_sync(scratch + n * kM, acc[n], G::ldf, wmma::mem_row_major);
   __syncwarp();
-  if (keep) write_row<T, kD>(dst_row, scratch, lr, mul);
+  if (keep) write_row<T, kD>(dst, scratch, lr, mul);
   __syncwarp();
 }
 

@@ -127,6 +127,8 @@ void ensure_initialized(Device device) { (void)state(device); }
 
 cudaStream_t compute_stream(Device device) { return state(device).compute; }
 cudaStream_t comm_stream(Device device) { return state(device).comm; }
+void* compute_stream_handle(Device device) { return compute_stream(device); }
+void* comm_stream_handle(Device device) { return comm_stream(device); }
 int num_sms(Device device) { return state(device).sms; }
 int max_shared_optin(Device device) { return state(device).shared_optin; }
 cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }

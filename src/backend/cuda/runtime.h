@@ -25,6 +25,11 @@ void ensure_initialized(Device device);
 // Waits until every stream of the device is idle.
 void synchronize(Device device);
 
+// The device's compute and communication streams as cudaStream_t, for code
+// outside this backend that must order work on them (the NCCL group).
+void* compute_stream_handle(Device device);
+void* comm_stream_handle(Device device);
+
 // Copies `bytes` between any two devices (host<->GPU, GPU<->GPU, host<->host).
 // Returns when the bytes can be read at dst from the host's point of view:
 // a copy to or from the host waits for the compute stream; a GPU-to-GPU copy

@@ -1,0 +1,300 @@
+// The NCCL ProcessGroup (comm/nccl/nccl_group.h). Compiled in every build;
+// without NCCL (ZT_WITH_NCCL unset) only nccl_available() = false and an
+// error from make_nccl_group remain.
+#include "comm/nccl/nccl_group.h"
+
+#include "core/error.h"
+
+#if ZT_WITH_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/runtime.h"
+#include "comm/checks.h"
+#endif
+
+namespace zt::comm {
+
+#if !ZT_WITH_NCCL
+
+bool nccl_available() { return false; }
+
+std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup>, Device, const std::string&) {
+  ZT_FAIL("comm: this build has no NCCL backend (NCCL was not found when it was built: install NCCL or point "
+          "NCCL_ROOT at it and rebuild), so GPU tensors cannot be communicated; use parallel.comm_backend = mpi "
+          "with train.device = cpu");
+}
+
+#else
+
+namespace {
+
+void nccl_check(ncclResult_t r, const char* call, const std::string& where) {
+  if (r != ncclSuccess) [[unlikely]]
+    ZT_FAIL(where, call, " failed: ", ncclGetErrorString(r), " (", int(r), ")");
+}
+void cuda_check(cudaError_t e, const char* call, const std::string& where) {
+  if (e != cudaSuccess) [[unlikely]]
+    ZT_FAIL(where, call, " failed: ", cudaGetErrorString(e));
+}
+#define ZT_NCCL(call, where) nccl_check((call), #call, (where))
+#define ZT_CUDART(call, where) cuda_check((call), #call, (where))
+
+// Reductions: NCCL's types for the dtypes comm reduces (bf16 computed in f32
+// and rounded at each step, as the MPI backend's user op does).
+ncclDataType_t reduce_type(DType d) {
+  switch (d) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    default: ZT_FAIL("internal: no NCCL reduction type for ", dtype_name(d));
+  }
+}
+
+ncclRedOp_t reduce_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// An operation on the communication stream: complete when its event is.
+class NcclWork : public Work {
+ public:
+  NcclWork(cudaEvent_t done, cudaStream_t compute, std::string where)
+      : done_(done), compute_(compute), where_(std::move(where)) {}
+  ~NcclWork() override { (void)cudaEventDestroy(done_); }  // released once the event completes
+  bool test() override {
+    const cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) return false;
+    ZT_CUDART(e, where_);
+    return true;
+  }
+  void wait() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (waited_) return;
+    ZT_CUDART(cudaStreamWaitEvent(compute_, done_, 0), where_);
+    waited_ = true;
+  }
+
+ private:
+  cudaEvent_t done_;
+  cudaStream_t compute_;
+  std::string where_;
+  std::mutex mu_;
+  bool waited_ = false;
+};
+
+class NcclGroup : public ProcessGroup {
+ public:
+  NcclGroup(std::unique_ptr<ProcessGroup> host, Device device, ncclComm_t comm, std::string name)
+      : host_(std::move(host)), device_(device), comm_(comm) {
+    rank_ = host_->rank();
+    size_ = host_->size();
+    world_ranks_ = host_->world_ranks();
+    name_ = std::move(name);
+    compute_ = static_cast<cudaStream_t>(cuda::compute_stream_handle(device_));
+    stream_ = static_cast<cudaStream_t>(cuda::comm_stream_handle(device_));
+  }
+  ~NcclGroup() override {
+    (void)cudaStreamSynchronize(stream_);  // nothing of ours in flight when the communicator goes
+    (void)ncclCommDestroy(comm_);
+  }
+
+  WorkHandle all_reduce(const Tensor& t, ReduceOp op) override {
+    if (on_host(t)) return host_->all_reduce(t, op);
+    const char* name = "all_reduce";
+    check_device(name, t);
+    check_reducible(name, *this, t);
+    return launch(name, 2 * int64_t(t.nbytes()) * (size_ - 1) / size_, [&](cudaStream_t s) {
+      ZT_NCCL(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), reduce_type(t.dtype()), reduce_op(op),
+                            comm_, s),
+              where(name, *this));
+    });
+  }
+
+  WorkHandle reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    if (on_host(out) && on_host(in)) return host_->reduce_scatter(out, in, op);
+    const char* name = "reduce_scatter";
+    check_device(name, out);
+    check_device(name, in);
+    check_reducible(name, *this, in);
+    check_same_dtype(name, *this, out, in);
+    check_numel(name, *this, "in", in.numel(), out.numel() * size_);
+    return launch(name, int64_t(in.nbytes()) * (size_ - 1) / size_, [&](cudaStream_t s) {
+      ZT_NCCL(ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), reduce_type(in.dtype()),
+                                reduce_op(op), comm_, s),
+              where(name, *this));
+    });
+  }
+
+  WorkHandle all_gather(const Tensor& out, const Tensor& in) override {
+    if (on_host(out) && on_host(in)) return host_->all_gather(out, in);
+    const char* name = "all_gather";
+    check_device(name, out);
+    check_device(name, in);
+    check_same_dtype(name, *this, out, in);
+    check_numel(name, *this, "out", out.numel(), in.numel() * size_);
+    // In place when `in` is this rank's block of `out` (NCCL's own rule).
+    return launch(name, int64_t(out.nbytes()) * (size_ - 1) / size_, [&](cudaStream_t s) {
+      ZT_NCCL(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, s), where(name, *this));
+    });
+  }
+
+  WorkHandle broadcast(const Tensor& t, int root) override {
+    if (on_host(t)) return host_->broadcast(t, root);
+    const char* name = "broadcast";
+    check_device(name, t);
+    check_peer(name, *this, root, true);
+    return launch(name, rank_ == root ? int64_t(t.nbytes()) : 0, [&](cudaStream_t s) {
+      ZT_NCCL(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s), where(name, *this));
+    });
+  }
+
+  WorkHandle send(const Tensor& t, int dst, int tag) override {
+    if (on_host(t)) return host_->send(t, dst, tag);
+    no_device_p2p("send");
+  }
+  WorkHandle recv(const Tensor& t, int src, int tag) override {
+    if (on_host(t)) return host_->recv(t, src, tag);
+    no_device_p2p("recv");
+  }
+
+  WorkHandle all_to_all(const Tensor& out, const Tensor& in) override {
+    if (on_host(out) && on_host(in)) return host_->all_to_all(out, in);
+    const char* name = "all_to_all";
+    check_device(name, out);
+    check_device(name, in);
+    check_same_dtype(name, *this, out, in);
+    check_numel(name, *this, "out", out.numel(), in.numel());
+    ZT_CHECK(in.numel() % size_ == 0, where(name, *this), in.numel(), " elements do not split into ", size_,
+             " equal blocks");
+    const std::vector<int64_t> counts(size_t(size_), in.numel() / size_);
+    return exchange(name, out, counts, in, counts);
+  }
+
+  WorkHandle all_to_allv(const Tensor& out, std::span<const int64_t> out_counts, const Tensor& in,
+                         std::span<const int64_t> in_counts) override {
+    if (on_host(out) && on_host(in)) return host_->all_to_allv(out, out_counts, in, in_counts);
+    const char* name = "all_to_allv";
+    check_device(name, out);
+    check_device(name, in);
+    check_same_dtype(name, *this, out, in);
+    check_counts(name, *this, "out_counts", out_counts, out.numel());
+    check_counts(name, *this, "in_counts", in_counts, in.numel());
+    return exchange(name, out, out_counts, in, in_counts);
+  }
+
+  WorkHandle barrier() override { return host_->barrier(); }
+
+  std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
+    std::unique_ptr<ProcessGroup> host = host_->split(color, key, name);
+    ncclComm_t comm = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cuda::ensure_initialized(device_);  // NCCL works on the current device
+      ZT_NCCL(ncclCommSplit(comm_, color, key, &comm, nullptr), where("split", *this));
+    }
+    return std::make_unique<NcclGroup>(std::move(host), device_, comm, name);
+  }
+
+ private:
+  bool on_host(const Tensor& t) const { return t.defined() && t.device().is_cpu(); }
+
+  void check_device(const char* op, const Tensor& t) const {
+    ZT_CHECK(t.defined(), where(op, *this), "undefined tensor");
+    ZT_CHECK(t.device() == device_, where(op, *this), "the tensor is on ", t.device().str(), " but this group's GPU is ",
+             device_.str(), " (pass tensors of this process's GPU, or host tensors)");
+  }
+
+  [[noreturn]] void no_device_p2p(const char* op) const {
+    ZT_FAIL(where(op, *this), "point-to-point transfers of GPU tensors are not in the NCCL backend yet (pipeline "
+            "parallelism on GPUs, issue #7); pass host tensors");
+  }
+
+  // Runs body(stream) on the communication stream after the compute stream's
+  // queued work; the Work completes with it.
+  WorkHandle launch(const char* op, int64_t bytes_sent, const std::function<void(cudaStream_t)>& body) {
+    const std::string at = where(op, *this);
+    std::lock_guard<std::mutex> lock(mu_);  // one thread at a time in a communicator
+    cuda::ensure_initialized(device_);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    ZT_CUDART(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), at);
+    ZT_CUDART(cudaEventRecord(ready, compute_), at);
+    ZT_CUDART(cudaStreamWaitEvent(stream_, ready, 0), at);
+    ZT_CUDART(cudaEventDestroy(ready), at);
+    body(stream_);
+    ZT_CUDART(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), at);
+    ZT_CUDART(cudaEventRecord(done, stream_), at);
+    count_op(bytes_sent);
+    return std::make_shared<NcclWork>(done, compute_, at);
+  }
+
+  // Block r of `in` (in_counts[r] elements) to rank r; block r of `out`
+  // (out_counts[r]) from rank r; blocks packed in rank order.
+  WorkHandle exchange(const char* op, const Tensor& out, std::span<const int64_t> out_counts, const Tensor& in,
+                      std::span<const int64_t> in_counts) {
+    const int64_t es = int64_t(dtype_size(in.dtype()));
+    int64_t sent = 0;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) sent += in_counts[size_t(r)] * es;
+    const std::vector<int64_t> oc(out_counts.begin(), out_counts.end()), ic(in_counts.begin(), in_counts.end());
+    return launch(op, sent, [&](cudaStream_t s) {
+      const std::string at = where(op, *this);
+      char* o = static_cast<char*>(out.data_ptr());
+      const char* i = static_cast<const char*>(in.data_ptr());
+      ZT_NCCL(ncclGroupStart(), at);
+      for (int r = 0; r < size_; ++r) {
+        ZT_NCCL(ncclSend(i, size_t(ic[size_t(r)] * es), ncclUint8, r, comm_, s), at);
+        ZT_NCCL(ncclRecv(o, size_t(oc[size_t(r)] * es), ncclUint8, r, comm_, s), at);
+        i += ic[size_t(r)] * es;
+        o += oc[size_t(r)] * es;
+      }
+      ZT_NCCL(ncclGroupEnd(), at);
+    });
+  }
+
+  std::unique_ptr<ProcessGroup> host_;
+  Device device_;
+  ncclComm_t comm_;
+  cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host, Device device,
+                                              const std::string& name) {
+  ZT_CHECK(device.is_cuda(), "comm: an NCCL group needs a GPU, got ", device.str());
+  const std::string at = "comm: creating NCCL group '" + name + "' (size " + std::to_string(host->size()) + "): ";
+  cuda::ensure_initialized(device);  // current device for NCCL
+  // Rank 0's unique id reaches every member over the host group.
+  ncclUniqueId id{};
+  static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0);
+  Tensor id_words = Tensor::empty(Shape{int64_t(sizeof id / sizeof(int64_t))}, DType::i64);
+  if (host->rank() == 0) {
+    ZT_NCCL(ncclGetUniqueId(&id), at);
+    std::memcpy(id_words.data_ptr(), &id, sizeof id);
+  }
+  host->broadcast(id_words, 0)->wait();
+  std::memcpy(&id, id_words.data_ptr(), sizeof id);
+  ncclComm_t comm = nullptr;
+  ZT_NCCL(ncclCommInitRank(&comm, host->size(), id, host->rank()), at);
+  return std::make_unique<NcclGroup>(std::move(host), device, comm, name);
+}
+
+#endif
+
+}  // namespace zt::comm

@@ -1,0 +1,36 @@
+// The NCCL backend of ProcessGroup: GPU tensors are reduced and moved by
+// NCCL on the device's communication stream; host tensors go to a group over
+// the same processes (MPI, or solo for one process), which also carries
+// NCCL's unique id at creation. So one group serves both: a data-parallel
+// gradient bucket on the GPU and the host scalars of the metrics.
+//
+// Ordering without host synchronisation: an operation on GPU tensors first
+// makes the communication stream wait for everything queued so far on the
+// compute stream (the tensors' producers); Work::wait() makes the compute
+// stream wait for the operation - the host does not block, kernels queued
+// after wait() see the result, and a tensor freed after wait() is reused
+// only after the operation (the caching allocator orders reuse by the
+// compute stream). Work::test() asks the operation's event.
+//
+// Not yet on GPU tensors: send / recv (pipelines on GPUs; the config refuses
+// them with a message). bytes_sent is counted as for MPI; busy / wait time
+// of GPU operations is not measured (they run on the device's stream).
+#pragma once
+
+#include <memory>
+
+#include "comm/process_group.h"
+#include "core/device.h"
+
+namespace zt::comm {
+
+// Whether this build has the NCCL backend (NCCL found when it was built).
+bool nccl_available();
+
+// A group over host's processes whose GPU operations run on `device` (this
+// process's GPU). Collective over `host`: every member calls it. Throws
+// zt::Error naming the problem when NCCL is missing or fails to initialise.
+std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host, Device device,
+                                              const std::string& name);
+
+}  // namespace zt::comm
