@@ -541,9 +541,9 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model, N = B * T, R = lnf_rows.size(0);
   const int64_t Vl = shares_.vocab_rows;
   const float grad_scale = ctx.grad_scale;
-  // The caller's targets: read on the host for the loss sum, on the device by the kernels.
-  const Tensor& targets = ctx.targets;
-  const Tensor dev_targets = on_device(targets, device_);
+  // The caller's targets, on the host: counted there, and the loss op
+  // validates them there and uploads what its kernel reads.
+  const Tensor targets = on_device(ctx.targets, Device::cpu());
   const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
   // Fused (train without head_keeps_dlogits): each chunk's backward runs at
   // once. Kept: every chunk's dlogits stay in ctx.dlogits for head_backward.
@@ -553,7 +553,7 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
   Tensor d_lnf = fused ? act_tensor(Shape{N, C}, dtype_, device_) : Tensor();
   if (fused && on_grads_needed) on_grads_needed(head_weight_set());
   const Tensor w_head = head_weight(), g_head = fused ? head_grad() : Tensor();
-  const Tensor flat_targets = dev_targets.view(Shape{N});
+  const Tensor flat_targets = targets.view(Shape{N});
   const int64_t chunk = head_chunk_rows(N);
   Tensor logits = act_tensor(Shape{keep ? N : chunk, Vl}, dtype_, device_);
   Tensor losses = stat_tensor(N, device_);  // per token; 0 for ignored targets
@@ -573,27 +573,27 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
     ctx.d_lnf = m.sequence_parallel ? act_tensor(Shape{R, C}, dtype_, device_) : d_lnf;
     wait(start_reduce_rows(m, ctx.d_lnf, d_lnf));
   }
-  // Summed on the host in f64 in token order (N floats: one small copy per
-  // micro-batch on a GPU), over the tokens that have a target.
-  const Tensor host_losses = on_device(losses, Device::cpu()), host_targets = on_device(targets, Device::cpu());
-  const float* l = host_losses.data<float>();
-  const int32_t* t = host_targets.data<int32_t>();
-  double loss_sum = 0.0;
-  int64_t counted = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (t[i] >= 0) {
-      loss_sum += double(l[i]);
-      ++counted;
-    }
-  ctx.loss_sum = loss_sum;
-  ctx.loss_tokens = counted;
+  ctx.token_losses = losses;
+  const int32_t* t = targets.data<int32_t>();
+  ctx.loss_tokens = std::count_if(t, t + N, [](int32_t x) { return x >= 0; });
+  // The sum reads the losses on the host: on a GPU a copy that waits for the
+  // forward, which defer_loss_sum leaves to the caller (sum_token_losses).
+  if (!defer_loss_sum) ctx.loss_sum = sum_token_losses(losses);
 }
 
-Tensor Transformer::part_input(const TensorParallel& m, const Tensor& input, const Tensor& dev_tokens,
+double sum_token_losses(const Tensor& token_losses) {
+  const Tensor host = on_device(token_losses, Device::cpu());
+  const float* l = host.data<float>();
+  double sum = 0.0;  // f64, in token order; ignored tokens add their loss of 0 exactly
+  for (int64_t i = 0; i < host.numel(); ++i) sum += double(l[i]);
+  return sum;
+}
+
+Tensor Transformer::part_input(const TensorParallel& m, const Tensor& input, const Tensor& tokens,
                                int64_t rows) const {
   if (part_.embedding) {
     need(0);
-    Tensor x = embed(m, dev_tokens);
+    Tensor x = embed(m, tokens);
     done(0);
     return x;
   }
@@ -607,6 +607,7 @@ double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Ten
                             float grad_scale) {
   ZT_CHECK(whole(), "Transformer::forward runs the whole model; a pipeline stage runs forward_part");
   forward_part(ctx, Tensor(), tokens, targets, train, grad_scale);
+  if (defer_loss_sum) ctx.loss_sum = sum_token_losses(ctx.token_losses);
   return ctx.loss_sum;
 }
 
@@ -625,12 +626,14 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.train = train;
   ctx.sequence_parallel = m.sequence_parallel;
   ctx.grad_scale = grad_scale;
-  // Batches arrive from the host loader; kernels read them on the model's device.
-  const Tensor dev_tokens = on_device(tokens, device_);
-  ctx.tokens = dev_tokens;
+  // Batches arrive from the host loader and stay there: the ops validate the
+  // ids on the host and upload what their kernels read (no wait for the
+  // GPU). A copy, so the caller may refill its buffers before backward.
+  ctx.tokens = Tensor::empty(tokens.shape(), DType::i32, Device::cpu(), MemCategory::activations);
+  ops::copy(ctx.tokens, tokens);
   ctx.blocks.resize(blocks_.size());
   const int64_t rows = m.sequence_parallel ? N / m.size() : N;
-  Tensor x = part_input(m, input, dev_tokens, rows);
+  Tensor x = part_input(m, input, ctx.tokens, rows);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     need(block_set(i));
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T, m);
@@ -835,7 +838,7 @@ Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Te
   ZT_CHECK(!part_.head || (out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32),
            "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", Vp, "), got ", out.str());
   const TensorParallel m = pass_mode(false);  // any number of tokens: the rows stay whole
-  Tensor x = part_input(m, input, on_device(tokens, device_), N);
+  Tensor x = part_input(m, input, tokens, N);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
     need(block_set(i));

@@ -79,7 +79,7 @@ struct ForwardContext {
   bool train = false;
   bool sequence_parallel = false;         // the residual stream is sharded in this pass
   float grad_scale = 0.0f;
-  Tensor tokens;                          // (B, T) i32
+  Tensor tokens;                          // (B, T) i32, a host copy of the batch's
   std::vector<BlockActivations> blocks;   // n_layer
   Tensor x_final;                         // (R, C) residual after the last block
   Tensor lnf_mean, lnf_rstd;              // (R) f32
@@ -87,7 +87,8 @@ struct ForwardContext {
   Tensor targets;                         // (B, T) i32, as the caller passed them (host)
   Tensor head_in;                         // (N, C) final norm output, all rows (head_keeps_dlogits)
   Tensor dlogits;                         // (N, Vl) gradient of this rank's logits (head_keeps_dlogits)
-  double loss_sum = 0.0;                  // sum of token losses (f64)
+  Tensor token_losses;                    // (N) f32 on the model's device, 0 for ignored targets (head stage)
+  double loss_sum = 0.0;                  // sum of token losses (f64); unset under defer_loss_sum
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
   bool weights_pending = false;
@@ -139,6 +140,11 @@ class Transformer {
   // F : B : W split is the 1 : 1 : 1 the schedules assume. The same loss
   // and gradients either way, bit for bit.
   bool head_keeps_dlogits = false;
+  // Forward leaves ctx.loss_sum unset and the per-token losses in
+  // ctx.token_losses, for the caller to sum later (sum_token_losses): on a GPU
+  // reading them waits for the forward, which the trainer defers to the end
+  // of the step. forward() still returns the sum (it reads it).
+  bool defer_loss_sum = false;
   // Called during backward() with the index (into param_sets()) of a layer
   // whose gradients are complete for this micro-batch: the head first, the
   // blocks from last to first, the embeddings last. Data parallelism starts
@@ -278,5 +284,9 @@ class Transformer {
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]
   Tensor rope_table_;            // (T_max, D/2, 2) f32 (llama3)
 };
+
+// The sum of a forward's per-token losses (ForwardContext::token_losses), in
+// f64 in token order: the loss sum forward reports. Reads them on the host.
+double sum_token_losses(const Tensor& token_losses);
 
 }  // namespace zt::nn

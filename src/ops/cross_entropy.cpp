@@ -52,20 +52,21 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
   }
   ZT_CHECK(!bytes_overlap(losses, logits) && !bytes_overlap(losses, targets), op,
            ": 'losses' overlaps 'logits' or 'targets'");
-  check_device(op, logits.device(),
-               {{"logits", &logits}, {"targets", &targets}, {"losses", &losses}, {"dlogits", &dlogits}});
+  check_device(op, logits.device(), {{"logits", &logits}, {"losses", &losses}, {"dlogits", &dlogits}});
+  check_ids_device(op, "targets", targets, logits.device());
   const bool on_gpu = use_cuda(op, logits.device());
   if (!logits.device().is_cpu() && !on_gpu) no_backend(op, logits.device());
 
-  // Targets are read on the host, before anything is written (a GPU's are
-  // copied: N ints, one small transfer).
-  const Tensor host_targets = on_gpu ? to_device(targets, Device::cpu()) : targets;
+  // Targets are read on the host, before anything is written (targets on a
+  // GPU are copied back: N ints, and a wait for the GPU).
+  const Tensor host_targets = host_ids(targets);
   const int32_t* tg = host_targets.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
     ZT_CHECK(tg[n] < vocab, op, ": target ", tg[n], " at row ", n, " is out of range: targets must be < vocab (",
              vocab, "), or negative to ignore the row");
 #if ZT_WITH_CUDA
-  if (on_gpu) return cuda::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
+  if (on_gpu) return cuda::softmax_cross_entropy(losses, dlogits, logits, ids_on(targets, logits.device()), vocab,
+                                                 grad_scale);
 #endif
   cpu::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
 }

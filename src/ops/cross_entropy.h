@@ -4,7 +4,9 @@
 //
 //   logits: (N, Vp) f32 or bf16, of which the first `vocab` columns are real
 //           and the rest padding (ignored by the softmax; gradient 0)
-//   targets: (N) i32; a negative target marks an ignored row (loss 0, grad 0);
+//   targets: (N) i32, on logits' device or on the host (validated on the
+//            host before any write: host targets save a copy back and its
+//            wait); a negative target marks an ignored row (loss 0, grad 0);
 //           a target >= vocab is an error (checked before anything is written)
 //   losses: (N) f32:  logsumexp(logits[n, :vocab]) - logits[n, target]
 //   dlogits: (N, Vp), logits' dtype, or undefined for a forward-only pass:

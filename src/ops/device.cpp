@@ -2,7 +2,9 @@
 // memcpy on the host). See ops/device.h.
 #include "ops/device.h"
 
+#include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "ops/check.h"
 #if ZT_WITH_CUDA
@@ -61,6 +63,45 @@ void synchronize(Device device) {
 #if ZT_WITH_CUDA
   cuda::synchronize(device);
 #endif
+}
+
+DeviceMark::DeviceMark(Device device) : defined_(true) {
+#if ZT_WITH_CUDA
+  if (device.is_cuda()) {
+    event_ = cuda::record_mark(device);
+    return;
+  }
+#endif
+  if (!device.is_cpu()) no_backend("DeviceMark", device);
+  host_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+DeviceMark::~DeviceMark() {
+#if ZT_WITH_CUDA
+  if (event_) cuda::release_mark(event_);
+#endif
+}
+
+DeviceMark::DeviceMark(DeviceMark&& o) noexcept
+    : defined_(std::exchange(o.defined_, false)), host_seconds_(o.host_seconds_), event_(std::exchange(o.event_, nullptr)) {}
+
+DeviceMark& DeviceMark::operator=(DeviceMark&& o) noexcept {
+  if (this != &o) {
+    DeviceMark old(std::move(*this));  // releases our event
+    defined_ = std::exchange(o.defined_, false);
+    host_seconds_ = o.host_seconds_;
+    event_ = std::exchange(o.event_, nullptr);
+  }
+  return *this;
+}
+
+double DeviceMark::seconds_since(const DeviceMark& start) const {
+  ZT_CHECK(defined_ && start.defined_ && (event_ != nullptr) == (start.event_ != nullptr),
+           "internal: DeviceMark::seconds_since needs two marks of one device");
+#if ZT_WITH_CUDA
+  if (event_) return double(cuda::elapsed_ms(start.event_, event_)) / 1e3;
+#endif
+  return host_seconds_ - start.host_seconds_;
 }
 
 }  // namespace zt::ops

@@ -20,4 +20,28 @@ Tensor to_device(const Tensor& src, Device device, MemCategory category = MemCat
 // Waits for every kernel queued on the device (a no-op for the CPU).
 void synchronize(Device device);
 
+// A point in a device's stream of work, for timing it without blocking: the
+// host clock on the CPU; on a GPU an event on the compute stream, read only
+// by seconds_between. Movable, not copyable (a GPU mark holds a pooled event).
+class DeviceMark {
+ public:
+  DeviceMark() = default;
+  explicit DeviceMark(Device device);  // marks now (after the work queued so far)
+  ~DeviceMark();
+  DeviceMark(DeviceMark&& o) noexcept;
+  DeviceMark& operator=(DeviceMark&& o) noexcept;
+  DeviceMark(const DeviceMark&) = delete;
+  DeviceMark& operator=(const DeviceMark&) = delete;
+  bool defined() const { return defined_; }
+  bool on_gpu() const { return event_ != nullptr; }  // reading it may wait for the GPU
+  // Seconds of device work from `start` to this mark (waits for this mark's
+  // work on a GPU). Both marks of one device.
+  double seconds_since(const DeviceMark& start) const;
+
+ private:
+  bool defined_ = false;
+  double host_seconds_ = 0;  // CPU: steady clock
+  void* event_ = nullptr;    // GPU: cuda::TimingMark
+};
+
 }  // namespace zt::ops

@@ -79,7 +79,8 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   }
   check_shape(op, "out", out, Shape{B, T, C});
   check_same_dtype(op, "wte", wte, "out", out);
-  check_device(op, out.device(), {{"out", &out}, {"tokens", &tokens}, {"wte", &wte}, {"wpe", &wpe}});
+  check_device(op, out.device(), {{"out", &out}, {"wte", &wte}, {"wpe", &wpe}});
+  check_ids_device(op, "tokens", tokens, out.device());
   check_disjoint(op, "out", out, "wte", wte);
   check_disjoint(op, "out", out, "wpe", wpe);
   check_disjoint(op, "out", out, "tokens", tokens);
@@ -88,8 +89,8 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 #if ZT_WITH_CUDA
   if (use_cuda(op, out.device())) {
     no_cuda_slice(op, slice);
-    check_token_ids(op, to_device(tokens, Device::cpu()), ids);  // one small copy: ids validated before any write
-    return cuda::embedding_forward(out, tokens, wte, wpe, pos_offset);
+    check_token_ids(op, host_ids(tokens), ids);  // validated before any write
+    return cuda::embedding_forward(out, ids_on(tokens, out.device()), wte, wpe, pos_offset);
   }
 #endif
   if (!out.device().is_cpu()) no_backend(op, out.device());
@@ -126,7 +127,8 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
              " (the width of 'dout' ", dout.shape().str(), ")");
     check_positions(op, "dwpe", dwpe, T, pos_offset);
   }
-  check_device(op, dout.device(), {{"dout", &dout}, {"tokens", &tokens}, {"dwte", &dwte}, {"dwpe", &dwpe}});
+  check_device(op, dout.device(), {{"dout", &dout}, {"dwte", &dwte}, {"dwpe", &dwpe}});
+  check_ids_device(op, "tokens", tokens, dout.device());
   check_disjoint(op, "dwte", dwte, "dwpe", dwpe);
   check_disjoint(op, "dwte", dwte, "dout", dout);
   check_disjoint(op, "dwpe", dwpe, "dout", dout);
@@ -136,9 +138,9 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
 #if ZT_WITH_CUDA
   if (use_cuda(op, dout.device())) {
     no_cuda_slice(op, slice);
-    const Tensor host_tokens = to_device(tokens, Device::cpu());
+    const Tensor host_tokens = host_ids(tokens);  // grouped by id on the host
     if (dwte.defined()) check_token_ids(op, host_tokens, dwte.size(0));
-    return cuda::embedding_backward(dwte, dwpe, dout, tokens, host_tokens, pos_offset);
+    return cuda::embedding_backward(dwte, dwpe, dout, host_tokens, pos_offset);
   }
 #endif
   if (!dout.device().is_cpu()) no_backend(op, dout.device());

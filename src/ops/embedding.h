@@ -1,5 +1,7 @@
 // Token (+ learned position) embedding.
-//   tokens: (B, T) i32, each in [0, V)
+//   tokens: (B, T) i32, each in [0, V); on out's device or on the host (ids
+//           are validated on the host before any write: host tokens save a
+//           device-to-host copy and its wait)
 //   wte: (V, C)   wpe: (T_max, C) or undefined   out: (B, T, C)
 // Dtypes: wte, wpe, out f32 or bf16 (equal); grads f32 or dout's dtype.
 // pos_offset >= 0 and pos_offset + T <= T_max. Outputs must not overlap inputs.

@@ -6,9 +6,6 @@
 #include <map>
 #include <mutex>
 
-#if ZT_WITH_CUDA
-#include "backend/cuda/runtime.h"
-#endif
 
 namespace zt::ops {
 
@@ -16,8 +13,7 @@ namespace {
 
 struct PendingGpuOp {  // timed on the GPU, not yet read
   const char* name;
-  void* start;
-  void* end;
+  DeviceMark start, end;
 };
 
 struct Profile {
@@ -49,13 +45,7 @@ bool op_profile_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 std::vector<OpTotal> take_op_profile() {
   Profile& p = profile();
   std::lock_guard<std::mutex> lock(p.mu);
-#if ZT_WITH_CUDA
-  for (const PendingGpuOp& op : p.pending) {
-    add(p, op.name, double(cuda::elapsed_ms(op.start, op.end)) / 1e3);
-    cuda::release_mark(op.start);
-    cuda::release_mark(op.end);
-  }
-#endif
+  for (const PendingGpuOp& op : p.pending) add(p, op.name, op.end.seconds_since(op.start));
   p.pending.clear();
   std::vector<OpTotal> out;
   for (auto& [name, t] : p.totals) out.push_back(t);
@@ -68,42 +58,35 @@ std::vector<OpTotal> take_op_profile() {
 
 OpScope::OpScope(const char* name, const Tensor& on) {
   if (!g_enabled.load(std::memory_order_relaxed)) return;
-  const Device device = on.defined() ? on.device() : Device::cpu();
-  device_ = device;
   if (t_depth++ > 0) {
     --t_depth;  // nested: the outer op holds the time
     return;
   }
-  name_ = name;
-#if ZT_WITH_CUDA
-  if (device.is_cuda()) {
-    start_mark_ = cuda::record_mark(device);
-    return;
+  try {
+    device_ = on.defined() ? on.device() : Device::cpu();
+    start_ = DeviceMark(device_);
+    name_ = name;
+  } catch (...) {  // a device that cannot be timed: the op reports the problem itself
+    --t_depth;
   }
-#endif
-  start_ = std::chrono::steady_clock::now();
 }
 
 OpScope::~OpScope() {
   if (!name_) return;
   --t_depth;
   Profile& p = profile();
-#if ZT_WITH_CUDA
-  if (start_mark_) {
-    void* end = nullptr;
-    try {
-      end = cuda::record_mark(device_);
-    } catch (...) {  // a failing device: the op's own error is the one to report
+  try {
+    DeviceMark end(device_);
+    if (end.on_gpu()) {
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.pending.push_back({name_, std::move(start_), std::move(end)});
       return;
     }
+    const double seconds = end.seconds_since(start_);
     std::lock_guard<std::mutex> lock(p.mu);
-    p.pending.push_back({name_, start_mark_, end});
-    return;
+    add(p, name_, seconds);
+  } catch (...) {  // a failing device: the op's own error is the one to report
   }
-#endif
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  std::lock_guard<std::mutex> lock(p.mu);
-  add(p, name_, seconds);
 }
 
 }  // namespace zt::ops

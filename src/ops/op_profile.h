@@ -7,12 +7,12 @@
 // Off by default; a scope then costs one relaxed atomic load.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/device.h"
 
 namespace zt::ops {
 
@@ -41,8 +41,7 @@ class OpScope {
  private:
   const char* name_ = nullptr;  // null: not timing (profile off, or nested in another op)
   Device device_;
-  std::chrono::steady_clock::time_point start_{};
-  void* start_mark_ = nullptr;  // GPU: cuda::TimingMark
+  DeviceMark start_;
 };
 
 }  // namespace zt::ops

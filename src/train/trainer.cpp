@@ -100,6 +100,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     chunks_.push_back(std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad, tp, part));
     nn::Transformer& m = *chunks_.back();
     m.recompute = cfg_.recompute();
+    m.defer_loss_sum = pp == 1;  // train_step sums the micro-batches' losses at the end of the step
     m.init_weights(uint64_t(cfg_.train.seed));
     // A pipeline's tied embedding is reduced over dp after its two copies are summed.
     const int64_t tied = pp > 1 ? m.tied_embedding_set() : -1;
@@ -201,23 +202,36 @@ StepMetrics Trainer::train_step(int64_t step) {
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
     m.backward_seconds += res.compute_seconds - res.forward_seconds;  // waiting (the bubble) is in neither
   }
+  // No wait for the GPU inside the loop: the micro-batches' losses are read,
+  // and their forward and backward times (marks on the device's stream), at
+  // the end.
+  struct MicroBatchMarks {
+    ops::DeviceMark start, forward_done, backward_done;
+  };
+  std::vector<MicroBatchMarks> marks;
+  std::vector<Tensor> token_losses;
   for (int64_t micro = 0; !pipeline_ && micro < accum; ++micro) {
     auto t0 = Clock::now();
     train_->next(inputs_, targets_);
     m.data_seconds += seconds_since(t0);
-    t0 = Clock::now();
+    MicroBatchMarks& mk = marks.emplace_back();
+    mk.start = ops::DeviceMark(device);
     nn::ForwardContext ctx;
     dp_->set_prefetch(+1);
-    loss_sum += model().forward(ctx, inputs_, targets_, true, grad_scale);
-    m.forward_seconds += seconds_since(t0);
-    t0 = Clock::now();
+    model().forward_part(ctx, Tensor(), inputs_, targets_, true, grad_scale);  // loss sum deferred
+    token_losses.push_back(ctx.token_losses);  // backward releases ctx
+    mk.forward_done = ops::DeviceMark(device);
     dp_->begin_backward(micro + 1 == accum);  // only the last micro-batch reduces (ZeRO < 2)
     dp_->set_prefetch(-1);
     model().backward(ctx);
     dp_->set_prefetch(0);
-    ops::synchronize(device);  // GPU kernels run asynchronously: time the work, not its launch
-    m.backward_seconds += seconds_since(t0);
+    mk.backward_done = ops::DeviceMark(device);
   }
+  for (const MicroBatchMarks& mk : marks) {
+    m.forward_seconds += mk.forward_done.seconds_since(mk.start);
+    m.backward_seconds += mk.backward_done.seconds_since(mk.forward_done);
+  }
+  for (const Tensor& l : token_losses) loss_sum += nn::sum_token_losses(l);
   const auto t_reduce = Clock::now();
   dp_->finish_reduction();
   loss_sum = dp_->sum(loss_sum);

@@ -168,11 +168,22 @@ TEST_P(CudaKernels, EmbeddingWithRepeatedTokensIsDeterministic) {
   Tensor again = to_gpu(dwte0);
   ops::embedding_backward(again, Tensor(), to_gpu(dout), to_gpu(tok), 5);
   EXPECT_EQ(values_of(again), values_of(gdwte));
+  // Host tokens (the model's way: validated there, uploaded without a wait) give the same numbers.
+  Tensor hout = gpu_poisoned(Shape{B, T, C}, dt), hdwte = to_gpu(dwte0);
+  ops::embedding_forward(hout, tok, to_gpu(wte), to_gpu(wpe), 5);
+  EXPECT_EQ(values_of(hout), values_of(gout));
+  ops::embedding_backward(hdwte, Tensor(), to_gpu(dout), tok, 5);
+  EXPECT_EQ(values_of(hdwte), values_of(gdwte));
   Tensor bad = tok;
   bad.data<int32_t>()[17] = int32_t(V);
   const std::string cpu_msg = error_of([&] { ops::embedding_forward(out, bad, wte, wpe, 5); });
   const std::string gpu_msg = error_of([&] { ops::embedding_forward(gout, to_gpu(bad), to_gpu(wte), to_gpu(wpe), 5); });
   EXPECT_EQ(gpu_msg, cpu_msg);
+  EXPECT_EQ(error_of([&] { ops::embedding_forward(gout, bad, to_gpu(wte), to_gpu(wpe), 5); }), cpu_msg);
+  // Ids on a GPU for an op on the host: named.
+  EXPECT_NE(error_of([&] { ops::embedding_forward(out, to_gpu(tok), wte, wpe, 5); })
+                .find("pass ids on that device or on the host"),
+            std::string::npos);
 }
 
 TEST_P(CudaKernels, RopeTableAndRotation) {
@@ -212,6 +223,11 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
     ops::softmax_cross_entropy(glosses, gl, gl, to_gpu(targets), V, 0.25f);  // in place
     EXPECT_TRUE(matches(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses")) << Vp;
     EXPECT_TRUE(matches(gl, d, tol(dt), "dlogits")) << Vp;
+    // Host targets: the same numbers.
+    Tensor hl = to_gpu(logits), hlosses = gpu_poisoned(Shape{N}, DType::f32);
+    ops::softmax_cross_entropy(hlosses, hl, hl, targets, V, 0.25f);
+    EXPECT_EQ(values_of(hlosses), values_of(glosses)) << Vp;
+    EXPECT_EQ(values_of(hl), values_of(gl)) << Vp;
   }
 }
 

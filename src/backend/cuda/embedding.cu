@@ -71,8 +71,8 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   ZT_CUDA_CHECK_LAUNCH("embed_fwd_kernel");
 }
 
-void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        const Tensor& host_tokens, int64_t pos_offset) {
+void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& host_tokens,
+                        int64_t pos_offset) {
   const int64_t B = dout.size(0), T_ = dout.size(1), C = dout.size(2), N = B * T_;
   if (N * C == 0) return;
   cudaStream_t s = stream_of(dout);

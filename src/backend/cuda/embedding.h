@@ -13,7 +13,7 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 // host_tokens: a host copy of tokens (the ops layer validates ids on it). The
 // positions are grouped by token id on the host (counting sort, position
 // order kept), so each dwte row is summed by one block in position order.
-void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                        const Tensor& host_tokens, int64_t pos_offset);
+void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& host_tokens,
+                        int64_t pos_offset);
 
 }  // namespace zt::cuda

@@ -2,7 +2,9 @@
 // copies, and error reporting. See runtime.h.
 #include "backend/cuda/runtime.h"
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -141,8 +143,60 @@ void synchronize(Device device) {
   ZT_CUDA_CHECK(cudaStreamSynchronize(s.comm));
 }
 
+namespace {
+
+// Host-to-device copies go through pinned staging buffers: the bytes are
+// copied into one on the host, then DMA'd on the compute stream, so the
+// call returns without waiting for the GPU and the caller's buffer is free at
+// once. A buffer is reused when the copy that used it has completed (its
+// event). Larger copies take the direct path, which waits.
+constexpr size_t kMaxStagedBytes = size_t(64) << 20;
+constexpr size_t kMinStagingBytes = size_t(64) << 10;
+
+struct StagingBuffer {
+  void* host = nullptr;  // pinned
+  size_t bytes = 0;
+  int device = 0;        // its event's device
+  cudaEvent_t done = nullptr;
+};
+std::mutex g_staging_mu;
+std::vector<StagingBuffer> g_staging;  // free or in flight; never freed (reused)
+
+// Stages a host-to-device copy; false when it is too large to stage.
+bool staged_upload(void* dst, Device dst_device, const void* src, size_t bytes) {
+  if (bytes > kMaxStagedBytes) return false;
+  cudaStream_t stream = compute_stream(dst_device);
+  std::lock_guard<std::mutex> lock(g_staging_mu);
+  StagingBuffer* buf = nullptr;
+  for (StagingBuffer& b : g_staging)  // the smallest free one that fits
+    if (b.device == dst_device.index && b.bytes >= bytes && (!buf || b.bytes < buf->bytes)) {
+      const cudaError_t q = cudaEventQuery(b.done);
+      if (q == cudaSuccess) {
+        buf = &b;
+      } else if (q != cudaErrorNotReady) {
+        ZT_CUDA_CHECK(q);
+      }
+    }
+  if (!buf) {
+    StagingBuffer b;
+    b.bytes = std::max(kMinStagingBytes, std::bit_ceil(bytes));
+    b.device = dst_device.index;
+    ZT_CUDA_CHECK(cudaHostAlloc(&b.host, b.bytes, cudaHostAllocPortable));
+    ZT_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+    g_staging.push_back(b);
+    buf = &g_staging.back();
+  }
+  std::memcpy(buf->host, src, bytes);
+  ZT_CUDA_CHECK(cudaMemcpyAsync(dst, buf->host, bytes, cudaMemcpyHostToDevice, stream));
+  ZT_CUDA_CHECK(cudaEventRecord(buf->done, stream));
+  return true;
+}
+
+}  // namespace
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
+  if (src_device.is_cpu() && dst_device.is_cuda() && staged_upload(dst, dst_device, src, bytes)) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, bytes);
     return;

@@ -31,9 +31,11 @@ void* compute_stream_handle(Device device);
 void* comm_stream_handle(Device device);
 
 // Copies `bytes` between any two devices (host<->GPU, GPU<->GPU, host<->host).
-// Returns when the bytes can be read at dst from the host's point of view:
-// a copy to or from the host waits for the compute stream; a GPU-to-GPU copy
-// is ordered on the destination's compute stream.
+// Returns when src may be reused and dst read from the host's point of view:
+// a copy to the host waits for the compute stream; a copy from the host is
+// staged through a pinned buffer (up to 64 MiB; larger ones wait) and ordered
+// on the compute stream without waiting; a GPU-to-GPU copy is ordered on the
+// destination's compute stream.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Sets `bytes` bytes at ptr to `value` on the device's compute stream.
 void memset_bytes(void* ptr, Device device, int value, size_t bytes);
