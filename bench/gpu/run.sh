@@ -6,11 +6,11 @@
 # fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024 - and
 # prints a short table last, then where Zettatron's step goes (a short second
 # run with metrics.op_profile: GPU time per op from events). `attention` times
-# the CUDA attention kernels (flash, tensor-core gemm path, simple kernel)
+# the CUDA attention kernels (mma, flash, tensor-core gemm path, simple kernel)
 # against PyTorch's flash SDPA on the same shapes (bench/gpu/attention_bench.cpp,
 # attention_peer.py). Logs go to $OUT (or ./bench-gpu-out).
-# ZT_CUDA_ATTENTION=gemm|simple in the environment routes the training runs
-# around the flash kernel (backend/cuda/attention.h).
+# ZT_CUDA_ATTENTION=mma|flash|gemm|simple in the environment picks the kernel
+# of the training runs (backend/cuda/attention.h).
 #   usage: bash bench/gpu/run.sh [tests|attention|bench|all]   (default all)
 # On the lent machine (10 minutes a call) run it as three calls: tests,
 # attention, bench (the build is kept between calls while the machine is warm).
@@ -28,23 +28,29 @@ if [ "$what" != bench ]; then
 fi
 [ "$what" = tests ] && exit 0
 # The benchmarks use an attention kernel only if it passes its test on this
-# GPU (flash, else the tensor-core gemm path, else the simple kernel), so one
-# broken kernel cannot spoil a rare GPU session. ZT_CUDA_ATTENTION, if set, wins.
+# GPU (mma, else flash, else the tensor-core gemm path, else the simple
+# kernel), so one broken kernel cannot spoil a rare GPU session.
+# ZT_CUDA_ATTENTION, if set, wins.
 if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
-  # A failure (or a crash) is assumed to be the flash kernel's unless the
-  # tensor-core path's trace shows up too.
-  if ! ./build-gpu/bin/zt_cuda_tests --gtest_filter='*AttentionForwardBackwardGqa*' > "$out/attention-test.log" 2>&1; then
-    if grep -q "tensor-core path" "$out/attention-test.log"; then  # trace lines appear only with failures
-      export ZT_CUDA_ATTENTION=simple
-    else
-      export ZT_CUDA_ATTENTION=gemm
+  log="$out/attention-test.log"
+  if ! ./build-gpu/bin/zt_cuda_tests --gtest_filter='*AttentionForwardBackwardGqa*' > "$log" 2>&1; then
+    choice=gemm  # a crash names no path: the cuBLASLt one
+    if grep -q "Failure" "$log"; then  # failure traces name the paths that failed
+      choice=""
+      for k in "mma:mma kernel" "flash:flash kernel" "gemm:tensor-core path" "simple:simple kernel"; do
+        if ! grep -q "${k#*:}" "$log"; then choice=${k%%:*}; break; fi
+      done
     fi
-    echo "ATTENTION TEST FAILED on this GPU (attention-test.log): benchmarks run with ZT_CUDA_ATTENTION=$ZT_CUDA_ATTENTION"
+    export ZT_CUDA_ATTENTION=${choice:-simple}
+    echo "ATTENTION TEST FAILED on this GPU ($log): benchmarks run with ZT_CUDA_ATTENTION=$ZT_CUDA_ATTENTION"
   fi
 fi
 if [ "$what" = attention ] || [ "$what" = all ]; then
-  ./build-gpu/bin/zt_bench_gpu_attention > "$out/attention-zt.jsonl" 2> "$out/attention-zt.err" \
-    || { echo "attention bench failed:"; tail -5 "$out/attention-zt.err"; }
+  : > "$out/attention-zt.jsonl"
+  for kernel in mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
+    ./build-gpu/bin/zt_bench_gpu_attention $kernel >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
+      || { echo "attention bench ($kernel) failed:"; tail -3 "$out/attention-zt.err"; }
+  done
   python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" 2> "$out/attention-pt.err" \
     || { echo "attention peer failed:"; tail -5 "$out/attention-pt.err"; }
   python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'

@@ -254,16 +254,17 @@ TEST_P(CudaKernels, AdamWMatchesTheCpu) {
 }
 
 // Every implementation against the CPU backend: the ops entry (automatic:
-// flash for bf16, the tensor-core path for f32), the simple kernel, the
+// mma for bf16, the tensor-core path for f32), the simple kernel, the
 // tensor-core path with a workspace budget of one kv head's group (head
-// chunks), and the flash kernel (bf16). Shapes cover partial 64-row tiles,
-// several tiles, every head dim flash takes and GQA groups of 1, 2 and 4.
+// chunks), and the two fused kernels, flash (WMMA) and mma (bf16). Shapes
+// cover partial tiles, several tiles, every head dim the fused kernels take
+// and GQA groups of 1, 2 and 4.
 TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(8);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  enum class Path { ops, simple, gemm_chunked, flash };
+  enum class Path { ops, simple, gemm_chunked, flash, mma };
   for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128},
               S{2, 130, 4, 2, 16}, S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
     const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
@@ -279,16 +280,18 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     // One kv head's group of (T, T) matrices in backward (f32 S, dP; P, dS): forces one head per chunk.
     const int64_t ld = (s.T + 7) / 8 * 8;
     const int64_t one_group = (s.Hq / s.Hkv) * s.T * ld * (8 + 2 * int64_t(dtype_size(dt)));
-    // The flash kernel takes bf16 / f16 only; it must say so for f32 rather than run.
-    const std::string flash_blocker = cuda::flash_attention_unsupported(gq, gk);
-    if (dt == DType::f32) EXPECT_NE(flash_blocker.find("dtype f32"), std::string::npos) << flash_blocker;
-    else EXPECT_EQ(flash_blocker, "");
-    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash}) {
-      if (path == Path::flash && !flash_blocker.empty()) continue;
+    // The fused kernels take bf16 / f16 only; they must say so for f32 rather than run.
+    const std::string fused_blocker = cuda::flash_attention_unsupported(gq, gk);
+    EXPECT_EQ(cuda::mma_attention_unsupported(gq, gk), fused_blocker);
+    if (dt == DType::f32) EXPECT_NE(fused_blocker.find("dtype f32"), std::string::npos) << fused_blocker;
+    else EXPECT_EQ(fused_blocker, "");
+    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma}) {
+      if ((path == Path::flash || path == Path::mma) && !fused_blocker.empty()) continue;
       SCOPED_TRACE(path == Path::ops             ? "ops"
                    : path == Path::simple        ? "simple kernel"
                    : path == Path::gemm_chunked  ? "tensor-core path, chunked"
-                                                 : "flash kernel");
+                   : path == Path::flash         ? "flash kernel"
+                                                 : "mma kernel");
       Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
       Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
       if (path == Path::ops) {
@@ -301,8 +304,9 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
         cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
         cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);
       } else {
-        cuda::attention_forward(gout, glse, gq, gk, gv, scale, cuda::AttentionKernel::flash);
-        cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, cuda::AttentionKernel::flash);
+        const cuda::AttentionKernel kernel = path == Path::flash ? cuda::AttentionKernel::flash : cuda::AttentionKernel::mma;
+        cuda::attention_forward(gout, glse, gq, gk, gv, scale, kernel);
+        cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, kernel);
       }
       const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
       EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;

@@ -186,32 +186,36 @@ AttentionKernel environment_choice() {
     const char* env = std::getenv("ZT_CUDA_ATTENTION");
     const std::string_view v = env ? env : "";
     if (v.empty() || v == "auto") return AttentionKernel::automatic;
+    if (v == "mma") return AttentionKernel::mma;
     if (v == "flash") return AttentionKernel::flash;
     if (v == "gemm") return AttentionKernel::gemm;
     if (v == "simple") return AttentionKernel::simple;
-    ZT_FAIL("ZT_CUDA_ATTENTION = '", v, "' is not one of flash, gemm, simple; unset it to let Zettatron choose");
+    ZT_FAIL("ZT_CUDA_ATTENTION = '", v, "' is not one of mma, flash, gemm, simple; unset it to let Zettatron choose");
   }();
   return choice;
 }
 
-// Why the flash kernel cannot run on these tensors (empty when it can).
-std::string flash_blocker(const Tensor& q, const Tensor& k, std::initializer_list<const Tensor*> all) {
+// Why a fused kernel cannot run on these tensors (empty when it can).
+std::string fused_blocker(AttentionKernel kernel, const Tensor& q, const Tensor& k,
+                          std::initializer_list<const Tensor*> all) {
   for (const Tensor* t : all)
     if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return "a tensor is not 16-byte aligned";
-  return flash_attention_unsupported(q, k);
+  return kernel == AttentionKernel::mma ? mma_attention_unsupported(q, k) : flash_attention_unsupported(q, k);
 }
 
 AttentionKernel choose(AttentionKernel kernel, bool backward, const Tensor& q, const Tensor& k,
                        std::initializer_list<const Tensor*> all) {
   if (kernel == AttentionKernel::automatic) kernel = environment_choice();
   if (kernel == AttentionKernel::gemm || kernel == AttentionKernel::simple) return kernel;
-  const std::string blocker = flash_blocker(q, k, all);
-  if (kernel == AttentionKernel::flash) {
-    ZT_CHECK(blocker.empty(), "attention: the flash kernel cannot take this call: ", blocker,
+  if (kernel != AttentionKernel::automatic) {
+    const std::string blocker = fused_blocker(kernel, q, k, all);
+    ZT_CHECK(blocker.empty(), "attention: the ", kernel == AttentionKernel::mma ? "mma" : "flash",
+             " kernel cannot take this call: ", blocker,
              "; choose gemm or simple (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
     return kernel;
   }
-  if (blocker.empty()) return AttentionKernel::flash;
+  for (const AttentionKernel fused : {AttentionKernel::mma, AttentionKernel::flash})
+    if (fused_blocker(fused, q, k, all).empty()) return fused;
   return gemm_attention_fits(q, k, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
 }
 
@@ -220,6 +224,7 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, const Tensor& q, c
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel) {
   switch (choose(kernel, false, q, k, {&out, &q, &k, &v})) {
+    case AttentionKernel::mma: return mma_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::flash: return flash_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::gemm: return gemm_attention_forward(out, lse, q, k, v, scale);
     default: break;
@@ -240,6 +245,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         AttentionKernel kernel) {
   switch (choose(kernel, true, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
+    case AttentionKernel::mma: return mma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::flash: return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::gemm: return gemm_attention_backward(dq, dk, dv, dout, q, k, v, lse, scale);
     default: break;

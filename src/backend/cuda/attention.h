@@ -9,10 +9,13 @@
 
 namespace zt::cuda {
 
-// Three implementations:
-//   flash   one fused kernel per pass on tensor cores (WMMA), O(T) memory:
-//           no (T, T) matrix in global memory (attention_flash.cu). bf16 or
-//           f16, head dims 16, 32, 64, 128, 16-byte aligned tensors.
+// Four implementations:
+//   mma     FlashAttention-2 on mma.sync tensor-core instructions, scores,
+//           probabilities and outputs in registers, O(T) memory
+//           (attention_mma.cu): the fast path. bf16 or f16, head dims 16,
+//           32, 64, 128, 16-byte aligned tensors.
+//   flash   the same schedule through WMMA, S and O staged in shared memory
+//           (attention_flash.cu): the same shapes; a second fused kernel.
 //   gemm    tensor cores: the (T, T) score and probability matrices of a
 //           chunk of heads as cuBLASLt products, causal softmax (and its
 //           backward) as row kernels (attention_gemm.cu). Workspace
@@ -20,12 +23,12 @@ namespace zt::cuda {
 //           kAttentionWorkspaceBudget. Any dtype and head dim.
 //   simple  one warp per query (or key) row on CUDA cores, O(T) memory
 //           (attention.cu): the fallback when one head's matrices exceed the
-//           budget, and a third implementation to test against.
-// automatic picks flash, else gemm when it fits, else simple. The environment
-// variable ZT_CUDA_ATTENTION = flash | gemm | simple overrides automatic (to
-// compare or to route around a kernel; an unsupported choice is an error).
-// All three are deterministic.
-enum class AttentionKernel { automatic, flash, gemm, simple };
+//           budget, and an implementation to test against.
+// automatic picks mma, else flash, else gemm when it fits, else simple. The
+// environment variable ZT_CUDA_ATTENTION = mma | flash | gemm | simple
+// overrides automatic (to compare, or to route around a kernel; a choice that
+// cannot take the call is an error). All four are deterministic.
+enum class AttentionKernel { automatic, mma, flash, gemm, simple };
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
 // scale is resolved by the ops layer (> 0).
@@ -46,8 +49,14 @@ void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, float scale,
                              int64_t budget = kAttentionWorkspaceBudget);
 
-// The flash implementation (attention_flash.cu), and why it cannot take a
-// shape (empty when it can).
+// The fused implementations (attention_mma.cu, attention_flash.cu), and why
+// each cannot take a shape (empty when it can).
+std::string mma_attention_unsupported(const Tensor& q, const Tensor& k);
+void mma_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                           float scale);
+void mma_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                            float scale);
 std::string flash_attention_unsupported(const Tensor& q, const Tensor& k);
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale);
@@ -56,7 +65,7 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                               float scale);
 
 // delta[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32, (B, Hq, T): the
-// softmax-backward row term, shared by the simple and flash backward passes.
+// softmax-backward row term, shared by the simple and fused backward passes.
 void attention_delta(const Tensor& delta, const Tensor& dout, const Tensor& out);
 
 }  // namespace zt::cuda

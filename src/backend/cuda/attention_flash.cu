@@ -34,6 +34,7 @@
 #include <string>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace zt::cuda {
@@ -41,17 +42,12 @@ namespace zt::cuda {
 namespace {
 
 namespace wmma = nvcuda::wmma;
+using attn::Dims;
+using attn::kThreads;
+using attn::kWarps;
 
 constexpr int kTile = 64;             // rows of a query or key tile
-constexpr int kWarps = 4;             // each owns 16 rows of its block's tile
-constexpr int kThreads = 32 * kWarps;
 constexpr int kM = 16;                // WMMA fragment edge (m = n = k = 16)
-
-struct Dims {
-  int64_t B, T, Hq, Hkv;
-  __host__ __device__ int64_t tiles() const { return (T + kTile - 1) / kTile; }
-  __host__ __device__ int64_t group() const { return Hq / Hkv; }
-};
 
 // Shared-memory geometry (elements, bytes). Rows are padded so that
 // consecutive rows start in different banks; every region and every
@@ -80,19 +76,10 @@ template <typename T, typename Layout>
 using FragB = wmma::fragment<wmma::matrix_b, kM, kM, kM, T, Layout>;
 using FragAcc = wmma::fragment<wmma::accumulator, kM, kM, kM, float>;
 
-// Copies rows [0, min(valid, 64)) of a (64, D) tile from global (rows
-// `stride` elements apart, 16-byte aligned) into shared, zeros below: the
-// padding rows of the last tile are finite and masked by the callers.
 template <typename T, int kD>
 __device__ __forceinline__ void load_tile(T* __restrict__ dst, const T* __restrict__ src, int64_t stride,
                                           int64_t valid) {
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (r < valid) x = *reinterpret_cast<const uint4*>(src + r * stride + col);
-    *reinterpret_cast<uint4*>(dst + r * Geometry<T, kD>::ldt + col) = x;
-  }
+  attn::load_tile<T, kD, kTile>(dst, Geometry<T, kD>::ldt, src, stride, valid);
 }
 
 // out (16, 64) f32 = A B^T: A the warp's (16, D) rows at `a` (in a tile),
@@ -182,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
   float* sO = reinterpret_cast<float*>(mine + G::f32_bytes);
   T* sP = reinterpret_cast<T*>(mine + 2 * G::f32_bytes);
 
-  const int64_t qt = d.tiles() - 1 - blockIdx.x;  // the longest rows first
+  const int64_t qt = d.tiles(kTile) - 1 - blockIdx.x;  // the longest rows first
   const int64_t h = blockIdx.y, b = blockIdx.z, kvh = h / d.group(), q0 = qt * kTile;
   load_tile<T, kD>(sQ, q + ((b * d.T + q0) * d.Hq + h) * kD, d.Hq * kD, d.T - q0);
   const LaneRow lr;
@@ -275,7 +262,7 @@ __global__ void __launch_bounds__(kThreads)
     wmma::fill_fragment(dv_acc[n], 0.0f);
   }
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-    for (int64_t qt = kt; qt < d.tiles(); ++qt) {
+    for (int64_t qt = kt; qt < d.tiles(kTile); ++qt) {
       const int64_t q0 = qt * kTile, q_off = ((b * d.T + q0) * d.Hq + h) * kD;
       __syncthreads();  // every warp is done with the previous Q, dO, lse, delta
       load_tile<T, kD>(sQ, q + q_off, d.Hq * kD, d.T - q0);
@@ -328,7 +315,7 @@ __global__ void __launch_bounds__(kThreads)
   float* sdP = reinterpret_cast<float*>(mine + G::f32_bytes);
   T* sdS = reinterpret_cast<T*>(mine + 2 * G::f32_bytes);
 
-  const int64_t qt = d.tiles() - 1 - blockIdx.x;  // the longest rows first
+  const int64_t qt = d.tiles(kTile) - 1 - blockIdx.x;  // the longest rows first
   const int64_t h = blockIdx.y, b = blockIdx.z, kvh = h / d.group(), q0 = qt * kTile;
   const int64_t q_off = ((b * d.T + q0) * d.Hq + h) * kD;
   load_tile<T, kD>(sQ, q + q_off, d.Hq * kD, d.T - q0);
@@ -364,39 +351,9 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<T, kD>(dq_acc, sS, scale, lr, in, dq + ((b * d.T + qi) * d.Hq + h) * kD);
 }
 
-// Runs fn.template operator()<T, kD>() for the tensor's operand type and head dim.
-template <typename F>
-void dispatch(DType dt, int64_t D, F&& fn) {
-  auto with_dim = [&]<typename T>() {
-    switch (D) {
-      case 16: return fn.template operator()<T, 16>();
-      case 32: return fn.template operator()<T, 32>();
-      case 64: return fn.template operator()<T, 64>();
-      case 128: return fn.template operator()<T, 128>();
-      default: ZT_FAIL("flash attention: head dim ", D, " is not one of 16, 32, 64, 128");
-    }
-  };
-  switch (dt) {
-    case DType::bf16: return with_dim.template operator()<__nv_bfloat16>();
-    case DType::f16: return with_dim.template operator()<__half>();
-    default: ZT_FAIL("flash attention: dtype ", dtype_name(dt), " is not bf16 or f16");
-  }
-}
-
-template <typename Kernel, typename... Args>
-void launch(Kernel kernel, const char* name, dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
-  // Above 48 KiB a kernel must opt in; setting it on every launch is cheap
-  // and right for whichever device is current.
-  ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, kThreads, smem, stream>>>(args...);
-  ZT_CUDA_CHECK_LAUNCH(name);
-}
-
-Dims dims_of(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2)}; }
-
 size_t shared_bytes_needed(DType dt, int64_t D) {
   size_t most = 0;
-  dispatch(dt, D, [&]<typename T, int kD>() {
+  attn::dispatch(dt, D, [&]<typename T, int kD>() {
     using G = Geometry<T, kD>;
     most = std::max({G::forward_bytes, G::dkdv_bytes, G::dq_bytes});
   });
@@ -405,14 +362,9 @@ size_t shared_bytes_needed(DType dt, int64_t D) {
 
 }  // namespace
 
-std::string flash_attention_unsupported(const Tensor& q, const Tensor& k) {
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16)
-    return ::zt::detail::concat("dtype ", dtype_name(q.dtype()), " (flash takes bf16 or f16)");
-  const int64_t D = q.size(3);
-  if (D != 16 && D != 32 && D != 64 && D != 128)
-    return ::zt::detail::concat("head dim ", D, " (flash takes 16, 32, 64 or 128)");
-  if (q.size(0) > 65535 || q.size(2) > 65535) return "more than 65535 batch rows or heads (a grid limit)";
-  const size_t need = shared_bytes_needed(q.dtype(), D);
+std::string flash_attention_unsupported(const Tensor& q, const Tensor&) {
+  if (std::string shape = attn::shape_blocker(q); !shape.empty()) return shape;
+  const size_t need = shared_bytes_needed(q.dtype(), q.size(3));
   const int have = max_shared_optin(q.device());
   if (need > size_t(have))
     return ::zt::detail::concat("needs ", need, " bytes of shared memory per block, the GPU allows ", have);
@@ -422,9 +374,9 @@ std::string flash_attention_unsupported(const Tensor& q, const Tensor& k) {
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale) {
   if (q.numel() == 0) return;
-  const Dims d = dims_of(q, k);
-  dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
-    launch(flash_forward_kernel<T, kD>, "flash_forward_kernel", dim3(unsigned(d.tiles()), unsigned(d.Hq), unsigned(d.B)),
+  const Dims d = attn::dims_of(q, k);
+  attn::dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
+    attn::launch(flash_forward_kernel<T, kD>, "flash_forward_kernel", dim3(unsigned(d.tiles(kTile)), unsigned(d.Hq), unsigned(d.B)),
            Geometry<T, kD>::forward_bytes, stream_of(out), static_cast<T*>(out.data_ptr()), lse.data<float>(),
            static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
            static_cast<const T*>(v.data_ptr()), d, scale);
@@ -435,19 +387,19 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale) {
   if (q.numel() == 0) return;
-  const Dims d = dims_of(q, k);
+  const Dims d = attn::dims_of(q, k);
   Tensor delta = Tensor::empty(lse.shape(), DType::f32, q.device(), MemCategory::workspace);
   attention_delta(delta, dout, out);
   cudaStream_t stream = stream_of(dq);
-  dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
+  attn::dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
     const T* dop = static_cast<const T*>(dout.data_ptr());
     const T* qp = static_cast<const T*>(q.data_ptr());
     const T* kp = static_cast<const T*>(k.data_ptr());
     const T* vp = static_cast<const T*>(v.data_ptr());
-    launch(flash_dkdv_kernel<T, kD>, "flash_dkdv_kernel", dim3(unsigned(d.tiles()), unsigned(d.Hkv), unsigned(d.B)),
+    attn::launch(flash_dkdv_kernel<T, kD>, "flash_dkdv_kernel", dim3(unsigned(d.tiles(kTile)), unsigned(d.Hkv), unsigned(d.B)),
            Geometry<T, kD>::dkdv_bytes, stream, static_cast<T*>(dk.data_ptr()), static_cast<T*>(dv.data_ptr()), dop,
            qp, kp, vp, lse.data<float>(), delta.data<float>(), d, scale);
-    launch(flash_dq_kernel<T, kD>, "flash_dq_kernel", dim3(unsigned(d.tiles()), unsigned(d.Hq), unsigned(d.B)),
+    attn::launch(flash_dq_kernel<T, kD>, "flash_dq_kernel", dim3(unsigned(d.tiles(kTile)), unsigned(d.Hq), unsigned(d.B)),
            Geometry<T, kD>::dq_bytes, stream, static_cast<T*>(dq.data_ptr()), dop, qp, kp, vp, lse.data<float>(),
            delta.data<float>(), d, scale);
   });
