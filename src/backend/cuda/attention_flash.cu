@@ -34,7 +34,7 @@
 #include <string>
 
 #include "backend/cuda/attention.h"
-#include "backend/cuda/attention_tiles.cuh"
+#include "backend/cuda/attention_launch.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace zt::cuda {

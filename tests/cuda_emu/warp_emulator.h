@@ -1,0 +1,147 @@
+// Runs CUDA kernels written against warp-level primitives on the CPU, so
+// their index arithmetic, fragment layouts, masks and synchronisation are
+// tested on every machine (CI has no GPU). Include it before a kernel header
+// that supports ZT_WARP_EMULATION (backend/cuda/attention_mma_kernels.cuh).
+//
+// A block runs as one host thread per CUDA thread; __syncthreads and
+// __syncwarp are barriers, __shfl_xor_sync an exchange through the warp's
+// slots, and mma (m16n8k16, f32 accumulate) a warp-collective product that
+// assembles A and B from every lane's fragment registers exactly as the PTX
+// ISA lays them out - an independent statement of the layouts the kernels
+// assume. Shared memory is filled with NaN bytes before each block, so a
+// read of a byte the block did not write shows. Blocks run one at a time.
+// Not modelled: memory ordering beyond the barriers, timing, warp divergence
+// (every lane must reach every collective, as on the GPU).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_types.h>
+
+#include <array>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define ZT_WARP_EMULATION 1
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+
+namespace zt::emu {
+
+struct Warp {
+  Warp() : sync(32) {}
+  std::barrier<> sync;
+  std::array<float, 32> value{};                   // shuffles
+  std::array<std::array<uint32_t, 4>, 32> a{};     // mma operands, per lane
+  std::array<std::array<uint32_t, 2>, 32> b{};
+  std::array<std::array<float, 4>, 32> c{};
+};
+
+struct Block {
+  Block(int threads, size_t shared_bytes) : sync(threads), shared(shared_bytes + 16, 0xFF) {
+    for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
+  }
+  std::barrier<> sync;
+  std::vector<unsigned char> shared;  // NaN bytes until written
+  std::vector<std::unique_ptr<Warp>> warps;
+  unsigned char* shared_memory() {    // 16-byte aligned, as the kernels' tiles need
+    const uintptr_t p = reinterpret_cast<uintptr_t>(shared.data());
+    return shared.data() + ((16 - p % 16) % 16);
+  }
+};
+
+inline thread_local dim3 t_thread, t_block;
+inline thread_local Block* t_current = nullptr;
+
+inline Warp& this_warp() { return *t_current->warps[t_thread.x / 32]; }
+inline int this_lane() { return int(t_thread.x % 32); }
+
+// Runs kernel(args...) over grid x threads (1-D blocks) with shared_bytes of
+// dynamic shared memory, block after block.
+template <typename Kernel, typename... Args>
+void launch(dim3 grid, int threads, size_t shared_bytes, Kernel kernel, Args... args) {
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        Block block(threads, shared_bytes);
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            t_thread = dim3(unsigned(t), 0, 0);
+            t_block = dim3(x, y, z);
+            t_current = &block;
+            kernel(args...);
+          });
+        for (std::thread& th : pool) th.join();
+      }
+}
+
+// The low (j = 0) or high (j = 1) 16-bit element of a packed pair, as f32.
+template <typename T>
+float element(uint32_t packed, int j) {
+  const uint16_t bits = uint16_t(packed >> (16 * j));
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t f = uint32_t(bits) << 16;
+    float x;
+    std::memcpy(&x, &f, 4);
+    return x;
+  } else {
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
+  }
+}
+
+// D = A B + C for the warp, m16n8k16 (PTX ISA fragment layouts; lane = 4 g + t):
+//   A[g + 8 (i % 2)][2t + j + 8 (i / 2)] = element j of a[i]
+//   B[2t + j + 8 i][g]                   = element j of b[i]
+//   C[g + 8 (e / 2)][2t + e % 2]         = c[e]
+template <typename T>
+void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  Warp& w = this_warp();
+  const int lane = this_lane();
+  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i], w.c[lane][i] = c[i];
+  for (int i = 0; i < 2; ++i) w.b[lane][i] = b[i];
+  w.sync.arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 2; ++j) A[g + 8 * (i % 2)][2 * t + j + 8 * (i / 2)] = element<T>(w.a[l][i], j);
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) B[2 * t + j + 8 * i][g] = element<T>(w.b[l][i], j);
+  }
+  const int g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    float acc = w.c[lane][e];
+    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    c[e] = acc;
+  }
+  w.sync.arrive_and_wait();  // every lane has read the slots before they are reused
+}
+
+}  // namespace zt::emu
+
+#define threadIdx (::zt::emu::t_thread)
+#define blockIdx (::zt::emu::t_block)
+#define ZT_SHARED_MEMORY(name) unsigned char* name = ::zt::emu::t_current->shared_memory()
+
+inline void __syncthreads() { ::zt::emu::t_current->sync.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::zt::emu::this_warp().sync.arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  ::zt::emu::Warp& w = ::zt::emu::this_warp();
+  const int lane = ::zt::emu::this_lane();
+  w.value[size_t(lane)] = v;
+  w.sync.arrive_and_wait();
+  const float other = w.value[size_t(lane ^ lane_mask)];
+  w.sync.arrive_and_wait();
+  return other;
+}
+inline float __expf(float x) { return std::exp(x); }
