@@ -1,7 +1,8 @@
 // Runs CUDA kernels written against warp-level primitives on the CPU, so
 // their index arithmetic, fragment layouts, masks and synchronisation are
 // tested on every machine (CI has no GPU). Include it before a kernel header
-// that supports ZT_WARP_EMULATION (backend/cuda/attention_mma_kernels.cuh).
+// that supports ZT_WARP_EMULATION (backend/cuda/attention_mma_kernels.cuh,
+// attention_flash_kernels.cuh).
 //
 // A block runs as one host thread per CUDA thread; __syncthreads and
 // __syncwarp are barriers, __shfl_xor_sync an exchange through the warp's
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #define ZT_WARP_EMULATION 1
@@ -126,6 +128,78 @@ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   }
   w.sync.arrive_and_wait();  // every lane has read the slots before they are reused
 }
+
+// The WMMA API at tile level (m = n = k = 16 only): every lane holds the
+// whole tile, loads read it from memory, mma_sync computes it, and only lane
+// 0 stores it - so a kernel that reads a stored tile without __syncwarp (or
+// __syncthreads) races, as on the GPU. Element access (x[], num_elements) is
+// not modelled; the kernels that use this never touch fragment elements.
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulator models 16 x 16 x 16 fragments");
+  float v[16][16] = {};  // [row][col] of the tile (A: M x K, B: K x N, C: M x N)
+};
+
+template <typename T>
+float as_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  static_assert(!std::is_same_v<Use, accumulator>);
+  // row_major: element (r, c) at p[r ldm + c]; col_major: at p[c ldm + r].
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.v[r][c] = as_float(std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r]);
+}
+
+template <typename T>
+void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& f, const float* p, unsigned ldm, layout_t layout) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.v[r][c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+
+template <typename T>
+void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, T>& f, unsigned ldm, layout_t layout) {
+  if (this_lane() != 0) return;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.v[r][c];
+}
+
+template <typename T>
+void fill_fragment(fragment<accumulator, 16, 16, 16, T>& f, float value) {
+  for (auto& row : f.v)
+    for (float& x : row) x = value;
+}
+
+template <typename TA, typename LA, typename TB, typename LB, typename TC>
+void mma_sync(fragment<accumulator, 16, 16, 16, TC>& d, const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, TB, LB>& b, const fragment<accumulator, 16, 16, 16, TC>& c) {
+  fragment<accumulator, 16, 16, 16, TC> out;
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 16; ++n) {
+      float acc = c.v[r][n];
+      for (int k = 0; k < 16; ++k) acc += a.v[r][k] * b.v[k][n];
+      out.v[r][n] = acc;
+    }
+  d = out;
+}
+}  // namespace wmma
 
 }  // namespace zt::emu
 

@@ -41,11 +41,6 @@
 
 #include "backend/cuda/attention_tiles.cuh"
 
-#ifndef ZT_SHARED_MEMORY
-// The block's dynamic shared memory as `unsigned char name[]`.
-#define ZT_SHARED_MEMORY(name) extern __shared__ __align__(16) unsigned char name[]
-#endif
-
 namespace zt::cuda::mma_attention {
 
 using attn::Dims;

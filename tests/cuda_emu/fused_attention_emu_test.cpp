@@ -1,12 +1,14 @@
-// The mma.sync flash-attention kernels (backend/cuda/attention_mma_kernels.cuh),
-// the very code the GPU runs, executed by the warp emulator on the CPU and
-// checked against a float64 reference of causal GQA attention computed here
-// from the same (rounded) inputs: forward out and lse, backward dq, dk, dv.
-// Outputs are poisoned first. Shapes cover T = 1, partial and several tiles
-// (64-row query tiles, 32-query tiles in dK dV), GQA groups of 1, 2 and 4,
-// every head dim the kernel takes, bf16 and f16.
-#include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel header emulates
+// The fused flash-attention kernels - mma.sync (attention_mma_kernels.cuh)
+// and WMMA (attention_flash_kernels.cuh), the very code the GPU runs -
+// executed by the warp emulator on the CPU and checked against a float64
+// reference of causal GQA attention computed here from the same (rounded)
+// inputs: forward out and lse, backward dq, dk, dv. Outputs are poisoned
+// first. Shapes cover T = 1, partial and several tiles (64-row tiles, the mma
+// dK dV kernel's 32-query tiles), GQA groups of 1, 2 and 4, every head dim
+// the kernels take, bf16 and f16.
+#include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
+#include "backend/cuda/attention_flash_kernels.cuh"
 #include "backend/cuda/attention_mma_kernels.cuh"
 
 #include <gtest/gtest.h>
@@ -21,6 +23,29 @@ namespace zt::test {
 namespace {
 
 namespace mk = cuda::mma_attention;
+namespace wk = cuda::wmma_attention;
+
+// The three kernels of one implementation and their shared memory (bytes).
+template <typename T, int kD>
+struct MmaKernels {
+  static constexpr auto forward = mk::mma_forward_kernel<T, kD>;
+  static constexpr auto dkdv = mk::mma_dkdv_kernel<T, kD>;
+  static constexpr auto dq = mk::mma_dq_kernel<T, kD>;
+  static constexpr size_t forward_bytes = mk::forward_bytes<kD>(sizeof(T));
+  static constexpr size_t dkdv_bytes = mk::dkdv_bytes<kD>(sizeof(T));
+  static constexpr size_t dq_bytes = mk::dq_bytes<kD>(sizeof(T));
+};
+template <typename T, int kD>
+struct WmmaKernels {
+  static constexpr auto forward = wk::flash_forward_kernel<T, kD>;
+  static constexpr auto dkdv = wk::flash_dkdv_kernel<T, kD>;
+  static constexpr auto dq = wk::flash_dq_kernel<T, kD>;
+  static constexpr size_t forward_bytes = wk::Geometry<T, kD>::forward_bytes;
+  static constexpr size_t dkdv_bytes = wk::Geometry<T, kD>::dkdv_bytes;
+  static constexpr size_t dq_bytes = wk::Geometry<T, kD>::dq_bytes;
+};
+constexpr int kBlockRows = 64;  // both implementations: 64 query rows (forward, dQ) or keys (dK dV) per block
+static_assert(mk::kRows == kBlockRows);
 
 struct Shape5 {
   int64_t B, T, Hq, Hkv, D;
@@ -87,8 +112,9 @@ Reference reference(const Shape5& s, const std::vector<double>& q, const std::ve
                                        << test_seed() << ")";
 }
 
-template <typename T, int kD>
+template <template <typename, int> class Kernels, typename T, int kD>
 void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
+  using K = Kernels<T, kD>;
   SCOPED_TRACE(::testing::Message() << "B " << s.B << " T " << s.T << " Hq " << s.Hq << " Hkv " << s.Hkv << " D "
                                     << s.D << " " << dtype_name(dt));
   const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
@@ -102,8 +128,9 @@ void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
   const mk::Dims d{s.B, s.T, s.Hq, s.Hkv};
   auto ptr = [](const Tensor& t) { return static_cast<T*>(t.data_ptr()); };
 
-  emu::launch(dim3(unsigned(d.tiles(mk::kRows)), unsigned(s.Hq), unsigned(s.B)), mk::kThreads,
-              mk::forward_bytes<kD>(sizeof(T)), mk::mma_forward_kernel<T, kD>, ptr(out), lse.data<float>(),
+  const unsigned tiles = unsigned(d.tiles(kBlockRows));
+  emu::launch(dim3(tiles, unsigned(s.Hq), unsigned(s.B)), mk::kThreads, K::forward_bytes, K::forward, ptr(out),
+              lse.data<float>(),
               static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)), static_cast<const T*>(ptr(v)), d, scale);
   // delta = rowsum(dout * out) in f32 from the stored output, as attention_delta computes it.
   Tensor delta = Tensor::empty(lse.shape(), DType::f32);
@@ -118,13 +145,12 @@ void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
         }
         delta.data<float>()[(b * s.Hq + h) * s.T + t] = acc;
       }
-  emu::launch(dim3(unsigned(d.tiles(mk::kRows)), unsigned(s.Hkv), unsigned(s.B)), mk::kThreads,
-              mk::dkdv_bytes<kD>(sizeof(T)), mk::mma_dkdv_kernel<T, kD>, ptr(dk), ptr(dv),
+  emu::launch(dim3(tiles, unsigned(s.Hkv), unsigned(s.B)), mk::kThreads, K::dkdv_bytes, K::dkdv, ptr(dk), ptr(dv),
               static_cast<const T*>(ptr(dout)), static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)),
               static_cast<const T*>(ptr(v)), static_cast<const float*>(lse.data<float>()),
               static_cast<const float*>(delta.data<float>()), d, scale);
-  emu::launch(dim3(unsigned(d.tiles(mk::kRows)), unsigned(s.Hq), unsigned(s.B)), mk::kThreads,
-              mk::dq_bytes<kD>(sizeof(T)), mk::mma_dq_kernel<T, kD>, ptr(dq), static_cast<const T*>(ptr(dout)),
+  emu::launch(dim3(tiles, unsigned(s.Hq), unsigned(s.B)), mk::kThreads, K::dq_bytes, K::dq, ptr(dq),
+              static_cast<const T*>(ptr(dout)),
               static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)), static_cast<const T*>(ptr(v)),
               static_cast<const float*>(lse.data<float>()), static_cast<const float*>(delta.data<float>()), d,
               scale);
@@ -140,27 +166,37 @@ void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
   EXPECT_TRUE(close(dv, r.dv, lim, "dv"));
 }
 
-template <typename T>
+template <template <typename, int> class Kernels, typename T>
 void run(const Shape5& s, DType dt, std::mt19937_64& rng) {
   switch (s.D) {
-    case 16: return run_case<T, 16>(s, dt, rng);
-    case 32: return run_case<T, 32>(s, dt, rng);
-    case 64: return run_case<T, 64>(s, dt, rng);
-    case 128: return run_case<T, 128>(s, dt, rng);
+    case 16: return run_case<Kernels, T, 16>(s, dt, rng);
+    case 32: return run_case<Kernels, T, 32>(s, dt, rng);
+    case 64: return run_case<Kernels, T, 64>(s, dt, rng);
+    case 128: return run_case<Kernels, T, 128>(s, dt, rng);
     default: FAIL() << "head dim " << s.D;
   }
 }
 
-TEST(MmaAttentionEmulated, MatchesFloat64ReferenceBf16) {
+const Shape5 kShapes[] = {{1, 1, 1, 1, 16}, {2, 17, 4, 2, 32}, {1, 70, 4, 1, 16}, {1, 130, 2, 2, 64}, {1, 40, 2, 1, 128}};
+
+TEST(FusedAttentionEmulated, MmaMatchesFloat64ReferenceBf16) {
   auto rng = make_rng(31);
-  for (const Shape5 s : {Shape5{1, 1, 1, 1, 16}, Shape5{2, 17, 4, 2, 32}, Shape5{1, 70, 4, 1, 16},
-                         Shape5{1, 130, 2, 2, 64}, Shape5{1, 40, 2, 1, 128}})
-    run<__nv_bfloat16>(s, DType::bf16, rng);
+  for (const Shape5& s : kShapes) run<MmaKernels, __nv_bfloat16>(s, DType::bf16, rng);
 }
 
-TEST(MmaAttentionEmulated, MatchesFloat64ReferenceF16) {
+TEST(FusedAttentionEmulated, MmaMatchesFloat64ReferenceF16) {
   auto rng = make_rng(32);
-  run<__half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
+  run<MmaKernels, __half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
+}
+
+TEST(FusedAttentionEmulated, WmmaMatchesFloat64ReferenceBf16) {
+  auto rng = make_rng(33);
+  for (const Shape5& s : kShapes) run<WmmaKernels, __nv_bfloat16>(s, DType::bf16, rng);
+}
+
+TEST(FusedAttentionEmulated, WmmaMatchesFloat64ReferenceF16) {
+  auto rng = make_rng(34);
+  run<WmmaKernels, __half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
 }
 
 }  // namespace
