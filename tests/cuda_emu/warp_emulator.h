@@ -9,7 +9,8 @@
 // slots, and mma (m16n8k16, f32 accumulate) a warp-collective product that
 // assembles A and B from every lane's fragment registers exactly as the PTX
 // ISA lays them out - an independent statement of the layouts the kernels
-// assume. Shared memory is filled with NaN bytes before each block, so a
+// assume; ldmatrix likewise, and cp.async with its copies deferred to the
+// wait. Shared memory is filled with NaN bytes before each block, so a
 // read of a byte the block did not write shows. Blocks run one at a time.
 // Not modelled: memory ordering beyond the barriers, timing, warp divergence
 // (every lane must reach every collective, as on the GPU).
@@ -43,6 +44,7 @@ struct Warp {
   std::array<std::array<uint32_t, 4>, 32> a{};     // mma operands, per lane
   std::array<std::array<uint32_t, 2>, 32> b{};
   std::array<std::array<float, 4>, 32> c{};
+  std::array<const void*, 32> row{};              // ldmatrix row addresses
 };
 
 struct Block {
@@ -200,6 +202,58 @@ void mma_sync(fragment<accumulator, 16, 16, 16, TC>& d, const fragment<matrix_a,
   d = out;
 }
 }  // namespace wmma
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane 8 i + j gives row j
+// of matrix i; register i of lane 4 g + t is row g, elements 2t, 2t + 1 of
+// matrix i - or, transposed, rows 2t and 2t + 1, element g.
+template <bool kTrans>
+void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  Warp& w = this_warp();
+  const int lane = this_lane(), g = lane / 4, t = lane % 4;
+  w.row[size_t(lane)] = row;
+  w.sync.arrive_and_wait();
+  for (int i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    if (kTrans) {
+      lo = static_cast<const uint16_t*>(w.row[size_t(8 * i + 2 * t)])[g];
+      hi = static_cast<const uint16_t*>(w.row[size_t(8 * i + 2 * t + 1)])[g];
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(w.row[size_t(8 * i + g)]);
+      lo = p[2 * t];
+      hi = p[2 * t + 1];
+    }
+    r[i] = uint32_t(lo) | (uint32_t(hi) << 16);
+  }
+  w.sync.arrive_and_wait();
+}
+
+// cp.async (16 bytes, zero-fill when !valid), commit_group and wait_group:
+// the copies of a thread happen when it waits for their group, so reading a
+// tile before the wait sees the poison (or the previous tile), as a missing
+// wait would on the GPU.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline thread_local std::vector<PendingCopy> t_open_group;
+inline thread_local std::vector<std::vector<PendingCopy>> t_committed;
+
+inline void cp_async16(void* dst, const void* src, bool valid) { t_open_group.push_back({dst, src, valid}); }
+inline void cp_async_commit() {
+  t_committed.push_back(std::move(t_open_group));
+  t_open_group.clear();
+}
+template <int kPending>
+void cp_async_wait() {
+  while (t_committed.size() > size_t(kPending)) {
+    for (const PendingCopy& c : t_committed.front()) {
+      if (c.valid) std::memcpy(c.dst, c.src, 16);
+      else std::memset(c.dst, 0, 16);
+    }
+    t_committed.erase(t_committed.begin());
+  }
+}
 
 }  // namespace zt::emu
 

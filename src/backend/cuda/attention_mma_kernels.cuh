@@ -16,8 +16,11 @@
 //           dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q.
 //   dQ      one block per (64 queries, query head, batch row); per key tile:
 //           S and dP again, dQ += dS K.
-// Shared memory holds only the operand tiles (rows padded by 16 bytes).
-// Head dims 16, 32, 64, 128; attention.cu chooses.
+// Shared memory holds only the operand tiles (rows padded by 16 bytes, so
+// ldmatrix is conflict-free), filled by cp.async one tile ahead of the tile
+// being computed (double buffering: loads overlap the products). Fragments
+// come from shared memory through ldmatrix (.trans where B's rows are the
+// stored rows). Head dims 16, 32, 64, 128; attention.cu chooses.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"), lane = 4 g + t:
 //   A (16 x 16, row): a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1],
@@ -29,8 +32,9 @@
 // and a row's values live in the 4 lanes of a quad.
 //
 // A header so that the warp emulator (tests/cuda_emu) can run these very
-// kernels on the CPU: it defines ZT_WARP_EMULATION and provides mma, the
-// shuffles, the barriers and the block's shared memory.
+// kernels on the CPU: it defines ZT_WARP_EMULATION and provides mma,
+// ldmatrix, cp.async (copies deferred until their wait, so a missing wait
+// reads poison), the shuffles, the barriers and the block's shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,20 +57,27 @@ constexpr int kQueries = 32;  // queries per tile (dK dV): S^T and dP^T at 16 re
 template <int kD>
 constexpr int kLd = kD + 8;  // shared row stride, elements
 
+// Shared memory (bytes): forward Q + 2 x (K, V); dK dV K, V + 2 x (Q, dO,
+// lse, delta); dQ Q, dO + 2 x (K, V).
 template <int kD>
-constexpr size_t forward_bytes(size_t es) { return size_t(kRows + 2 * kKeys) * kLd<kD> * es; }
+constexpr size_t forward_bytes(size_t es) { return size_t(kRows + 4 * kKeys) * kLd<kD> * es; }
 template <int kD>
-constexpr size_t dkdv_bytes(size_t es) { return size_t(2 * kRows + 2 * kQueries) * kLd<kD> * es + 2 * kQueries * 4; }
+constexpr size_t dkdv_bytes(size_t es) { return size_t(2 * kRows + 4 * kQueries) * kLd<kD> * es + 4 * kQueries * 4; }
 template <int kD>
-constexpr size_t dq_bytes(size_t es) { return size_t(2 * kRows + 2 * kKeys) * kLd<kD> * es; }
+constexpr size_t dq_bytes(size_t es) { return size_t(2 * kRows + 4 * kKeys) * kLd<kD> * es; }
 
 struct Lane {
-  int g, t;
-  __device__ Lane() : g((threadIdx.x & 31) >> 2), t(threadIdx.x & 3) {}
+  int lane, g, t;
+  __device__ Lane() : lane(threadIdx.x & 31), g((threadIdx.x & 31) >> 2), t(threadIdx.x & 3) {}
 };
 
 #if ZT_WARP_EMULATION
-using ::zt::emu::mma;  // the emulator's warp-collective product with the same fragment layouts
+// The emulator's versions, with the same layouts and semantics.
+using ::zt::emu::cp_async16;
+using ::zt::emu::cp_async_commit;
+using ::zt::emu::cp_async_wait;
+using ::zt::emu::ldmatrix_x4;
+using ::zt::emu::mma;
 #else
 template <typename T>
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
@@ -83,6 +94,36 @@ __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory: lane 8 i + j
+// gives the address of row j of matrix i (16-byte aligned); register i of
+// lane 4 g + t receives row g, elements 2t and 2t + 1 of matrix i - or, with
+// trans, rows 2t and 2t + 1, element g (the matrix read transposed).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// 16 bytes global -> shared without staging in registers; zeros when !valid
+// (src is then not read). Complete after cp_async_wait.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 #endif
 
@@ -103,36 +144,48 @@ __device__ __forceinline__ uint32_t pack<__half>(float lo, float hi) {
   return u;
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t lds32(const T* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// Queues the copy of rows [0, min(valid, kTileRows)) of a (kTileRows, kD)
+// tile from global (rows `stride` elements apart, 16-byte aligned) into
+// shared (rows kLd apart), zeros below. The caller commits and waits.
+template <typename T, int kD, int kTileRows>
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int64_t stride, int64_t valid) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  for (int c = threadIdx.x; c < kTileRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool in = r < valid;
+    cp_async16(dst + r * kLd<kD> + col, in ? src + r * stride + col : src, in);
+  }
+}
 
-// The A fragment of the 16 x 16 block at column k0 of 16 shared rows m.
+// The A fragment of the 16 x 16 block at column k0 of 16 shared rows m:
+// matrices (rows 0-7, cols k0..), (rows 8-15, cols k0..), (rows 0-7, cols
+// k0 + 8..), (rows 8-15, cols k0 + 8..) are a[0..3].
 template <typename T, int kD>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* m, int k0, const Lane& l) {
-  constexpr int ld = kLd<kD>;
-  a[0] = lds32(m + l.g * ld + k0 + 2 * l.t);
-  a[1] = lds32(m + (l.g + 8) * ld + k0 + 2 * l.t);
-  a[2] = lds32(m + l.g * ld + k0 + 8 + 2 * l.t);
-  a[3] = lds32(m + (l.g + 8) * ld + k0 + 8 + 2 * l.t);
+  const int i = l.lane >> 3, j = l.lane & 7;
+  ldmatrix_x4<false>(a, m + (j + 8 * (i & 1)) * kLd<kD> + k0 + 8 * (i >> 1));
 }
 
-// The B fragment B[k][n] = M[n0 + n][k0 + k]: M's rows are B's columns
-// (K in S = Q K^T, Q in S^T = K Q^T).
+// The B fragments of n-tiles n0 and n0 + 8 at k-step k0 with
+// B[k][n] = M[n][k]: M's rows are B's columns (K in S = Q K^T, Q in S^T =
+// K Q^T, V in dP = dO V^T, dO in dP^T = V dO^T). b[p] is n-tile n0 + 8 p.
 template <typename T, int kD>
-__device__ __forceinline__ void load_b_rows(uint32_t (&b)[2], const T* m, int n0, int k0, const Lane& l) {
-  const T* r = m + (n0 + l.g) * kLd<kD> + k0 + 2 * l.t;
-  b[0] = lds32(r);
-  b[1] = lds32(r + 8);
+__device__ __forceinline__ void load_b_rows(uint32_t (&b)[2][2], const T* m, int n0, int k0, const Lane& l) {
+  const int i = l.lane >> 3, j = l.lane & 7;
+  uint32_t r[4];
+  ldmatrix_x4<false>(r, m + (n0 + j + 8 * (i >> 1)) * kLd<kD> + k0 + 8 * (i & 1));
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
-// The B fragment B[k][n] = M[k0 + k][n0 + n]: M's rows are B's rows (V in
-// O = P V, dO and Q in dV = P^T dO and dK = dS^T Q, K in dQ = dS K).
+// The B fragments of n-tiles n0 and n0 + 8 at k-step k0 with
+// B[k][n] = M[k][n]: M's rows are B's rows (V in O = P V, dO and Q in
+// dV = P^T dO and dK = dS^T Q, K in dQ = dS K), read transposed.
 template <typename T, int kD>
-__device__ __forceinline__ void load_b_cols(uint32_t (&b)[2], const T* m, int k0, int n0, const Lane& l) {
-  constexpr int ld = kLd<kD>;
-  const uint16_t* u = reinterpret_cast<const uint16_t*>(m) + (k0 + 2 * l.t) * ld + n0 + l.g;
-  b[0] = uint32_t(u[0]) | (uint32_t(u[ld]) << 16);
-  b[1] = uint32_t(u[8 * ld]) | (uint32_t(u[9 * ld]) << 16);
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[2][2], const T* m, int k0, int n0, const Lane& l) {
+  const int i = l.lane >> 3, j = l.lane & 7;
+  uint32_t r[4];
+  ldmatrix_x4<true>(r, m + (k0 + j + 8 * (i & 1)) * kLd<kD> + n0 + 8 * (i >> 1));
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
 // The A fragment of k-step j from the C fragments of n-tiles 2j and 2j+1.
@@ -142,6 +195,20 @@ __device__ __forceinline__ void a_from_c(uint32_t (&a)[4], const float (&c0)[4],
   a[1] = pack<T>(c0[2], c0[3]);
   a[2] = pack<T>(c1[0], c1[1]);
   a[3] = pack<T>(c1[2], c1[3]);
+}
+
+// c[n] += A B for every n-tile of M (kN columns): A one k-step's fragment,
+// M's rows k0.. are B's rows (load_b_cols).
+template <typename T, int kD, int kN>
+__device__ __forceinline__ void accumulate_cols(float (&c)[kN / 8][4], const uint32_t (&a)[4], const T* m, int k0,
+                                                const Lane& l) {
+#pragma unroll
+  for (int n = 0; n < kN / 8; n += 2) {
+    uint32_t b[2][2];
+    load_b_cols<T, kD>(b, m, k0, n * 8, l);
+    mma<T>(c[n], a, b[0]);
+    mma<T>(c[n + 1], a, b[1]);
+  }
 }
 
 // Sum or max over the 4 lanes of a quad (one fragment row).
@@ -163,6 +230,36 @@ __device__ __forceinline__ void store_row(T* dst, const float (&acc)[kD / 8][4],
     *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * l.t) = pack<T>(acc[n][2 * half] * mul, acc[n][2 * half + 1] * mul);
 }
 
+template <int kN>
+__device__ __forceinline__ void zero(float (&c)[kN][4]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+}
+
+// S (or dP) for the warp's 16 rows against a 64-row tile: c[n] = A_rows M^T,
+// A's fragments for every k-step, M's rows are the tile's (load_b_rows).
+template <typename T, int kD, int kN>
+__device__ __forceinline__ void scores(float (&c)[kN / 8][4], const uint32_t (&a)[kD / 16][4], const T* m,
+                                       const Lane& l) {
+  zero<kN / 8>(c);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < kN / 8; n += 2) {
+      uint32_t b[2][2];
+      load_b_rows<T, kD>(b, m, n * 8, kk * 16, l);
+      mma<T>(c[n], a[kk], b[0]);
+      mma<T>(c[n + 1], a[kk], b[1]);
+    }
+}
+
+// The warp's A fragments of 16 shared rows, every k-step.
+template <typename T, int kD>
+__device__ __forceinline__ void load_rows_a(uint32_t (&a)[kD / 16][4], const T* m, const Lane& l) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) load_a<T, kD>(a[kk], m, kk * 16, l);
+}
+
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     mma_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
@@ -170,41 +267,42 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int ld = kLd<kD>;
   ZT_SHARED_MEMORY(smem);
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + kRows * ld;
-  T* sV = sK + kKeys * ld;
+  T* sK[2] = {sQ + kRows * ld, sQ + (kRows + kKeys) * ld};
+  T* sV[2] = {sQ + (kRows + 2 * kKeys) * ld, sQ + (kRows + 3 * kKeys) * ld};
   const int warp = threadIdx.x >> 5;
   const Lane l;
   const int64_t qt = d.tiles(kRows) - 1 - blockIdx.x;  // the longest rows first
   const int64_t h = blockIdx.y, b = blockIdx.z, kvh = h / d.group(), q0 = qt * kRows;
-  attn::load_tile<T, kD, kRows>(sQ, ld, q + ((b * d.T + q0) * d.Hq + h) * kD, d.Hq * kD, d.T - q0);
-  __syncthreads();
+  const int64_t kv_stride = d.Hkv * kD, tiles = (q0 + kRows - 1) / kKeys + 1;  // key tiles up to the diagonal
+  auto load_kv = [&](int64_t kt, int buf) {
+    const int64_t k0 = kt * kKeys, off = ((b * d.T + k0) * d.Hkv + kvh) * kD;
+    load_tile_async<T, kD, kKeys>(sK[buf], k + off, kv_stride, d.T - k0);
+    load_tile_async<T, kD, kKeys>(sV[buf], v + off, kv_stride, d.T - k0);
+  };
+  load_tile_async<T, kD, kRows>(sQ, q + ((b * d.T + q0) * d.Hq + h) * kD, d.Hq * kD, d.T - q0);
+  load_kv(0, 0);
+  cp_async_commit();
   uint32_t qa[kD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) load_a<T, kD>(qa[kk], sQ + warp * 16 * ld, kk * 16, l);
   float o[kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  zero<kD / 8>(o);
   // Rows g and g + 8 of the warp: running max, and this lane's share of the running sum.
   float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
   const int64_t row0 = q0 + warp * 16 + l.g;
 
-  for (int64_t kt = 0; kt * kKeys <= q0 + kRows - 1 && kt * kKeys < d.T; ++kt) {
-    const int64_t k0 = kt * kKeys;
-    __syncthreads();  // every warp is done with the previous K, V
-    attn::load_tile<T, kD, kKeys>(sK, ld, k + ((b * d.T + k0) * d.Hkv + kvh) * kD, d.Hkv * kD, d.T - k0);
-    attn::load_tile<T, kD, kKeys>(sV, ld, v + ((b * d.T + k0) * d.Hkv + kvh) * kD, d.Hkv * kD, d.T - k0);
-    __syncthreads();
-    float s[kKeys / 8][4];
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t bk[2];
-        load_b_rows<T, kD>(bk, sK, n * 8, kk * 16, l);
-        mma<T>(s[n], qa[kk], bk);
-      }
+  for (int64_t kt = 0; kt < tiles; ++kt) {
+    const int buf = int(kt & 1);
+    if (kt + 1 < tiles) {  // the next tile streams in while this one is used
+      load_kv(kt + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();
+    if (kt == 0) load_rows_a<T, kD>(qa, sQ + warp * 16 * ld, l);
+    const int64_t k0 = kt * kKeys;
+    float s[kKeys / 8][4];
+    scores<T, kD, kKeys>(s, qa, sK[buf], l);
     // Key k0 <= q0 <= every row's query: each row has a finite score in
     // every tile, so the max is finite and corr is 0 on the first tile.
     float mx[2] = {-INFINITY, -INFINITY};
@@ -242,13 +340,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kKeys / 16; ++j) {  // O += P V
       uint32_t pa[4];
       a_from_c<T>(pa, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        uint32_t bv[2];
-        load_b_cols<T, kD>(bv, sV, j * 16, n * 8, l);
-        mma<T>(o[n], pa, bv);
-      }
+      accumulate_cols<T, kD, kD>(o, pa, sV[buf], j * 16, l);
     }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -270,82 +364,77 @@ __global__ void __launch_bounds__(kThreads)
   ZT_SHARED_MEMORY(smem);
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kRows * ld;
-  T* sQ = sV + kRows * ld;
-  T* sdO = sQ + kQueries * ld;
-  float* sL = reinterpret_cast<float*>(sdO + kQueries * ld);
-  float* sDl = sL + kQueries;
+  T* sQ[2] = {sV + kRows * ld, sV + (kRows + kQueries) * ld};
+  T* sdO[2] = {sV + (kRows + 2 * kQueries) * ld, sV + (kRows + 3 * kQueries) * ld};
+  float* stats = reinterpret_cast<float*>(sV + (kRows + 4 * kQueries) * ld);
+  float* sL[2] = {stats, stats + kQueries};
+  float* sDl[2] = {stats + 2 * kQueries, stats + 3 * kQueries};
   const int warp = threadIdx.x >> 5;
   const Lane l;
   const int64_t kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, k0 = kt * kRows;
   const int64_t kv_off = ((b * d.T + k0) * d.Hkv + kvh) * kD;
-  attn::load_tile<T, kD, kRows>(sK, ld, k + kv_off, d.Hkv * kD, d.T - k0);
-  attn::load_tile<T, kD, kRows>(sV, ld, v + kv_off, d.Hkv * kD, d.T - k0);
-  const T* kw = sK + warp * 16 * ld;
-  const T* vw = sV + warp * 16 * ld;
+  // Items: (query head of the group, 32-query tile from the diagonal on);
+  // queries before k0 see none of these keys.
+  const int64_t qt0 = k0 / kQueries, per_head = d.tiles(kQueries) - qt0, items = d.group() * per_head;
+  auto load_item = [&](int64_t it, int buf) {
+    const int64_t h = kvh * d.group() + it / per_head, q0 = (qt0 + it % per_head) * kQueries;
+    const int64_t q_off = ((b * d.T + q0) * d.Hq + h) * kD;
+    load_tile_async<T, kD, kQueries>(sQ[buf], q + q_off, d.Hq * kD, d.T - q0);
+    load_tile_async<T, kD, kQueries>(sdO[buf], dout + q_off, d.Hq * kD, d.T - q0);
+    for (int c = threadIdx.x; c < kQueries; c += kThreads) {  // plain loads: read after the barrier
+      const bool in = q0 + c < d.T;
+      const int64_t row = (b * d.Hq + h) * d.T + q0 + c;
+      sL[buf][c] = in ? lse[row] : 0.0f;
+      sDl[buf][c] = in ? delta[row] : 0.0f;
+    }
+  };
+  load_tile_async<T, kD, kRows>(sK, k + kv_off, d.Hkv * kD, d.T - k0);
+  load_tile_async<T, kD, kRows>(sV, v + kv_off, d.Hkv * kD, d.T - k0);
+  load_item(0, 0);
+  cp_async_commit();
+  uint32_t ka[kD / 16][4], va[kD / 16][4];  // the warp's 16 keys as A operands
   float dk_acc[kD / 8][4], dv_acc[kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  zero<kD / 8>(dk_acc);
+  zero<kD / 8>(dv_acc);
   const int64_t key0 = k0 + warp * 16 + l.g;  // the lane's keys: key0, key0 + 8
 
-  for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-    for (int64_t qt = k0 / kQueries; qt < d.tiles(kQueries); ++qt) {  // queries before k0 see none of these keys
-      const int64_t q0 = qt * kQueries, q_off = ((b * d.T + q0) * d.Hq + h) * kD;
-      __syncthreads();  // every warp is done with the previous Q, dO, lse, delta
-      attn::load_tile<T, kD, kQueries>(sQ, ld, q + q_off, d.Hq * kD, d.T - q0);
-      attn::load_tile<T, kD, kQueries>(sdO, ld, dout + q_off, d.Hq * kD, d.T - q0);
-      for (int c = threadIdx.x; c < kQueries; c += kThreads) {
-        const bool in = q0 + c < d.T;
-        const int64_t row = (b * d.Hq + h) * d.T + q0 + c;
-        sL[c] = in ? lse[row] : 0.0f;
-        sDl[c] = in ? delta[row] : 0.0f;
-      }
-      __syncthreads();
-      float st[kQueries / 8][4], dpt[kQueries / 8][4];  // S^T, dP^T: the warp's 16 keys x 32 queries
-#pragma unroll
-      for (int n = 0; n < kQueries / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t ka[4], va[4];
-        load_a<T, kD>(ka, kw, kk * 16, l);
-        load_a<T, kD>(va, vw, kk * 16, l);
-#pragma unroll
-        for (int n = 0; n < kQueries / 8; ++n) {
-          uint32_t bq[2], bo[2];
-          load_b_rows<T, kD>(bq, sQ, n * 8, kk * 16, l);
-          mma<T>(st[n], ka, bq);
-          load_b_rows<T, kD>(bo, sdO, n * 8, kk * 16, l);
-          mma<T>(dpt[n], va, bo);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kQueries / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * l.t + (e & 1);
-          const int64_t qi = q0 + c, key = key0 + (e >> 1) * 8;
-          const float p = qi >= key && qi < d.T ? __expf(st[n][e] * scale - sL[c]) : 0.0f;
-          st[n][e] = p;                          // P^T
-          dpt[n][e] = p * (dpt[n][e] - sDl[c]);  // dS^T
-        }
-#pragma unroll
-      for (int j = 0; j < kQueries / 16; ++j) {
-        uint32_t pa[4], sa[4];
-        a_from_c<T>(pa, st[2 * j], st[2 * j + 1]);
-        a_from_c<T>(sa, dpt[2 * j], dpt[2 * j + 1]);
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          uint32_t bo[2], bq[2];
-          load_b_cols<T, kD>(bo, sdO, j * 16, n * 8, l);
-          mma<T>(dv_acc[n], pa, bo);  // dV += P^T dO
-          load_b_cols<T, kD>(bq, sQ, j * 16, n * 8, l);
-          mma<T>(dk_acc[n], sa, bq);  // dK += dS^T Q
-        }
-      }
+  for (int64_t it = 0; it < items; ++it) {
+    const int buf = int(it & 1);
+    if (it + 1 < items) {
+      load_item(it + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();
+    if (it == 0) {
+      load_rows_a<T, kD>(ka, sK + warp * 16 * ld, l);
+      load_rows_a<T, kD>(va, sV + warp * 16 * ld, l);
+    }
+    const int64_t q0 = (qt0 + it % per_head) * kQueries;
+    float st[kQueries / 8][4], dpt[kQueries / 8][4];  // S^T, dP^T: the warp's 16 keys x 32 queries
+    scores<T, kD, kQueries>(st, ka, sQ[buf], l);
+    scores<T, kD, kQueries>(dpt, va, sdO[buf], l);
+#pragma unroll
+    for (int n = 0; n < kQueries / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = n * 8 + 2 * l.t + (e & 1);
+        const int64_t qi = q0 + c, key = key0 + (e >> 1) * 8;
+        const float p = qi >= key && qi < d.T ? __expf(st[n][e] * scale - sL[buf][c]) : 0.0f;
+        st[n][e] = p;                               // P^T
+        dpt[n][e] = p * (dpt[n][e] - sDl[buf][c]);  // dS^T
+      }
+#pragma unroll
+    for (int j = 0; j < kQueries / 16; ++j) {
+      uint32_t pa[4], sa[4];
+      a_from_c<T>(pa, st[2 * j], st[2 * j + 1]);
+      a_from_c<T>(sa, dpt[2 * j], dpt[2 * j + 1]);
+      accumulate_cols<T, kD, kD>(dv_acc, pa, sdO[buf], j * 16, l);  // dV += P^T dO
+      accumulate_cols<T, kD, kD>(dk_acc, sa, sQ[buf], j * 16, l);   // dK += dS^T Q
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -367,15 +456,23 @@ __global__ void __launch_bounds__(kThreads)
   ZT_SHARED_MEMORY(smem);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + kRows * ld;
-  T* sK = sdO + kRows * ld;
-  T* sV = sK + kKeys * ld;
+  T* sK[2] = {sdO + kRows * ld, sdO + (kRows + kKeys) * ld};
+  T* sV[2] = {sdO + (kRows + 2 * kKeys) * ld, sdO + (kRows + 3 * kKeys) * ld};
   const int warp = threadIdx.x >> 5;
   const Lane l;
   const int64_t qt = d.tiles(kRows) - 1 - blockIdx.x;  // the longest rows first
   const int64_t h = blockIdx.y, b = blockIdx.z, kvh = h / d.group(), q0 = qt * kRows;
-  const int64_t q_off = ((b * d.T + q0) * d.Hq + h) * kD;
-  attn::load_tile<T, kD, kRows>(sQ, ld, q + q_off, d.Hq * kD, d.T - q0);
-  attn::load_tile<T, kD, kRows>(sdO, ld, dout + q_off, d.Hq * kD, d.T - q0);
+  const int64_t q_off = ((b * d.T + q0) * d.Hq + h) * kD, kv_stride = d.Hkv * kD;
+  const int64_t tiles = (q0 + kRows - 1) / kKeys + 1;  // key tiles up to the diagonal
+  auto load_kv = [&](int64_t kt, int buf) {
+    const int64_t k0 = kt * kKeys, off = ((b * d.T + k0) * d.Hkv + kvh) * kD;
+    load_tile_async<T, kD, kKeys>(sK[buf], k + off, kv_stride, d.T - k0);
+    load_tile_async<T, kD, kKeys>(sV[buf], v + off, kv_stride, d.T - k0);
+  };
+  load_tile_async<T, kD, kRows>(sQ, q + q_off, d.Hq * kD, d.T - q0);
+  load_tile_async<T, kD, kRows>(sdO, dout + q_off, d.Hq * kD, d.T - q0);
+  load_kv(0, 0);
+  cp_async_commit();
   const int64_t row0 = q0 + warp * 16 + l.g;  // the lane's queries: row0, row0 + 8
   float L[2], Dl[2];
 #pragma unroll
@@ -384,37 +481,28 @@ __global__ void __launch_bounds__(kThreads)
     L[r] = qi < d.T ? lse[(b * d.Hq + h) * d.T + qi] : 0.0f;
     Dl[r] = qi < d.T ? delta[(b * d.Hq + h) * d.T + qi] : 0.0f;
   }
+  uint32_t qa[kD / 16][4], oa[kD / 16][4];  // the warp's 16 queries of Q and dO as A operands
   float dq_acc[kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) dq_acc[n][0] = dq_acc[n][1] = dq_acc[n][2] = dq_acc[n][3] = 0.0f;
-  const T* qw = sQ + warp * 16 * ld;
-  const T* ow = sdO + warp * 16 * ld;
+  zero<kD / 8>(dq_acc);
 
-  for (int64_t kt = 0; kt * kKeys <= q0 + kRows - 1 && kt * kKeys < d.T; ++kt) {
-    const int64_t k0 = kt * kKeys, kv_off = ((b * d.T + k0) * d.Hkv + kvh) * kD;
-    __syncthreads();  // every warp is done with the previous K, V (and Q, dO are loaded)
-    attn::load_tile<T, kD, kKeys>(sK, ld, k + kv_off, d.Hkv * kD, d.T - k0);
-    attn::load_tile<T, kD, kKeys>(sV, ld, v + kv_off, d.Hkv * kD, d.T - k0);
-    __syncthreads();
-    float s[kKeys / 8][4], dp[kKeys / 8][4];
-#pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t qa[4], oa[4];
-      load_a<T, kD>(qa, qw, kk * 16, l);
-      load_a<T, kD>(oa, ow, kk * 16, l);
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        uint32_t bk[2], bv[2];
-        load_b_rows<T, kD>(bk, sK, n * 8, kk * 16, l);
-        mma<T>(s[n], qa, bk);  // S = Q K^T
-        load_b_rows<T, kD>(bv, sV, n * 8, kk * 16, l);
-        mma<T>(dp[n], oa, bv);  // dP = dO V^T
-      }
+  for (int64_t kt = 0; kt < tiles; ++kt) {
+    const int buf = int(kt & 1);
+    if (kt + 1 < tiles) {
+      load_kv(kt + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
+    __syncthreads();
+    if (kt == 0) {
+      load_rows_a<T, kD>(qa, sQ + warp * 16 * ld, l);
+      load_rows_a<T, kD>(oa, sdO + warp * 16 * ld, l);
+    }
+    const int64_t k0 = kt * kKeys;
+    float s[kKeys / 8][4], dp[kKeys / 8][4];
+    scores<T, kD, kKeys>(s, qa, sK[buf], l);   // S = Q K^T
+    scores<T, kD, kKeys>(dp, oa, sV[buf], l);  // dP = dO V^T
 #pragma unroll
     for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
@@ -428,13 +516,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kKeys / 16; ++j) {  // dQ += dS K
       uint32_t da[4];
       a_from_c<T>(da, dp[2 * j], dp[2 * j + 1]);
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        uint32_t bk[2];
-        load_b_cols<T, kD>(bk, sK, j * 16, n * 8, l);
-        mma<T>(dq_acc[n], da, bk);
-      }
+      accumulate_cols<T, kD, kD>(dq_acc, da, sK[buf], j * 16, l);
     }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
