@@ -25,28 +25,6 @@ namespace {
 namespace mk = cuda::mma_attention;
 namespace wk = cuda::wmma_attention;
 
-// The three kernels of one implementation and their shared memory (bytes).
-template <typename T, int kD>
-struct MmaKernels {
-  static constexpr auto forward = mk::mma_forward_kernel<T, kD>;
-  static constexpr auto dkdv = mk::mma_dkdv_kernel<T, kD>;
-  static constexpr auto dq = mk::mma_dq_kernel<T, kD>;
-  static constexpr size_t forward_bytes = mk::forward_bytes<kD>(sizeof(T));
-  static constexpr size_t dkdv_bytes = mk::dkdv_bytes<kD>(sizeof(T));
-  static constexpr size_t dq_bytes = mk::dq_bytes<kD>(sizeof(T));
-};
-template <typename T, int kD>
-struct WmmaKernels {
-  static constexpr auto forward = wk::flash_forward_kernel<T, kD>;
-  static constexpr auto dkdv = wk::flash_dkdv_kernel<T, kD>;
-  static constexpr auto dq = wk::flash_dq_kernel<T, kD>;
-  static constexpr size_t forward_bytes = wk::Geometry<T, kD>::forward_bytes;
-  static constexpr size_t dkdv_bytes = wk::Geometry<T, kD>::dkdv_bytes;
-  static constexpr size_t dq_bytes = wk::Geometry<T, kD>::dq_bytes;
-};
-constexpr int kBlockRows = 64;  // both implementations: 64 query rows (forward, dQ) or keys (dK dV) per block
-static_assert(mk::kRows == kBlockRows);
-
 struct Shape5 {
   int64_t B, T, Hq, Hkv, D;
 };
@@ -114,7 +92,7 @@ Reference reference(const Shape5& s, const std::vector<double>& q, const std::ve
 
 template <template <typename, int> class Kernels, typename T, int kD>
 void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
-  using K = Kernels<T, kD>;
+  using K = Kernels<T, kD>;  // the kernel header's own table, as the launcher uses it
   SCOPED_TRACE(::testing::Message() << "B " << s.B << " T " << s.T << " Hq " << s.Hq << " Hkv " << s.Hkv << " D "
                                     << s.D << " " << dtype_name(dt));
   const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
@@ -128,8 +106,8 @@ void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
   const mk::Dims d{s.B, s.T, s.Hq, s.Hkv};
   auto ptr = [](const Tensor& t) { return static_cast<T*>(t.data_ptr()); };
 
-  const unsigned tiles = unsigned(d.tiles(kBlockRows));
-  emu::launch(dim3(tiles, unsigned(s.Hq), unsigned(s.B)), mk::kThreads, K::forward_bytes, K::forward, ptr(out),
+  const unsigned tiles = unsigned(d.tiles(K::block_rows));
+  emu::launch(dim3(tiles, unsigned(s.Hq), unsigned(s.B)), mk::kThreads, K::forward_bytes, K::forward(), ptr(out),
               lse.data<float>(),
               static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)), static_cast<const T*>(ptr(v)), d, scale);
   // delta = rowsum(dout * out) in f32 from the stored output, as attention_delta computes it.
@@ -145,11 +123,11 @@ void run_case(const Shape5& s, DType dt, std::mt19937_64& rng) {
         }
         delta.data<float>()[(b * s.Hq + h) * s.T + t] = acc;
       }
-  emu::launch(dim3(tiles, unsigned(s.Hkv), unsigned(s.B)), mk::kThreads, K::dkdv_bytes, K::dkdv, ptr(dk), ptr(dv),
+  emu::launch(dim3(tiles, unsigned(s.Hkv), unsigned(s.B)), mk::kThreads, K::dkdv_bytes, K::dkdv(), ptr(dk), ptr(dv),
               static_cast<const T*>(ptr(dout)), static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)),
               static_cast<const T*>(ptr(v)), static_cast<const float*>(lse.data<float>()),
               static_cast<const float*>(delta.data<float>()), d, scale);
-  emu::launch(dim3(tiles, unsigned(s.Hq), unsigned(s.B)), mk::kThreads, K::dq_bytes, K::dq, ptr(dq),
+  emu::launch(dim3(tiles, unsigned(s.Hq), unsigned(s.B)), mk::kThreads, K::dq_bytes, K::dq(), ptr(dq),
               static_cast<const T*>(ptr(dout)),
               static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)), static_cast<const T*>(ptr(v)),
               static_cast<const float*>(lse.data<float>()), static_cast<const float*>(delta.data<float>()), d,
@@ -181,22 +159,22 @@ const Shape5 kShapes[] = {{1, 1, 1, 1, 16}, {2, 17, 4, 2, 32}, {1, 70, 4, 1, 16}
 
 TEST(FusedAttentionEmulated, MmaMatchesFloat64ReferenceBf16) {
   auto rng = make_rng(31);
-  for (const Shape5& s : kShapes) run<MmaKernels, __nv_bfloat16>(s, DType::bf16, rng);
+  for (const Shape5& s : kShapes) run<mk::Kernels, __nv_bfloat16>(s, DType::bf16, rng);
 }
 
 TEST(FusedAttentionEmulated, MmaMatchesFloat64ReferenceF16) {
   auto rng = make_rng(32);
-  run<MmaKernels, __half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
+  run<mk::Kernels, __half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
 }
 
 TEST(FusedAttentionEmulated, WmmaMatchesFloat64ReferenceBf16) {
   auto rng = make_rng(33);
-  for (const Shape5& s : kShapes) run<WmmaKernels, __nv_bfloat16>(s, DType::bf16, rng);
+  for (const Shape5& s : kShapes) run<wk::Kernels, __nv_bfloat16>(s, DType::bf16, rng);
 }
 
 TEST(FusedAttentionEmulated, WmmaMatchesFloat64ReferenceF16) {
   auto rng = make_rng(34);
-  run<WmmaKernels, __half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
+  run<wk::Kernels, __half>(Shape5{1, 75, 2, 1, 32}, DType::f16, rng);
 }
 
 }  // namespace

@@ -359,4 +359,18 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<T, kD>(dq_acc, sS, scale, lr, in, dq + ((b * d.T + qi) * d.Hq + h) * kD);
 }
 
+// The three kernels and their shared memory (bytes): what the launcher
+// (attention_launch.cuh) and the warp emulator's tests need.
+template <typename T, int kD>
+struct Kernels {
+  static auto forward() { return &flash_forward_kernel<T, kD>; }
+  static auto dkdv() { return &flash_dkdv_kernel<T, kD>; }
+  static auto dq() { return &flash_dq_kernel<T, kD>; }
+  static constexpr size_t forward_bytes = Geometry<T, kD>::forward_bytes;
+  static constexpr size_t dkdv_bytes = Geometry<T, kD>::dkdv_bytes;
+  static constexpr size_t dq_bytes = Geometry<T, kD>::dq_bytes;
+  static constexpr int block_rows = kTile;  // query rows (forward, dQ) or keys (dK dV) per block
+};
+
 }  // namespace zt::cuda::wmma_attention
+

@@ -3,8 +3,10 @@
 // the shared-memory opt-in.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -53,4 +55,63 @@ void launch(Kernel kernel, const char* name, dim3 grid, size_t smem, cudaStream_
   ZT_CUDA_CHECK_LAUNCH(name);
 }
 
+// One fused implementation's host side, from its Kernels<T, kD> (the three
+// kernels, their shared memory and rows per block; the kernel headers define
+// them): why it cannot take a shape, forward, backward. `what` names it in
+// launch errors.
+template <template <typename, int> class Kernels>
+std::string fused_unsupported(const Tensor& q) {
+  if (std::string shape = shape_blocker(q); !shape.empty()) return shape;
+  size_t need = 0;
+  dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
+    using K = Kernels<T, kD>;
+    need = std::max({K::forward_bytes, K::dkdv_bytes, K::dq_bytes});
+  });
+  const int have = max_shared_optin(q.device());
+  if (need > size_t(have))
+    return ::zt::detail::concat("needs ", need, " bytes of shared memory per block, the GPU allows ", have);
+  return {};
+}
+
+template <template <typename, int> class Kernels>
+void fused_forward(const char* what, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                   const Tensor& v, float scale) {
+  if (q.numel() == 0) return;
+  const Dims d = dims_of(q, k);
+  dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
+    using K = Kernels<T, kD>;
+    launch(K::forward(), what, dim3(unsigned(d.tiles(K::block_rows)), unsigned(d.Hq), unsigned(d.B)),
+           K::forward_bytes, stream_of(out), static_cast<T*>(out.data_ptr()), lse.data<float>(),
+           static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
+           static_cast<const T*>(v.data_ptr()), d, scale);
+  });
+}
+
+// delta = rowsum(dout * out) first (attention_delta), then dK, dV and dQ.
+template <template <typename, int> class Kernels>
+void fused_backward(const char* what, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                    float scale) {
+  if (q.numel() == 0) return;
+  const Dims d = dims_of(q, k);
+  Tensor delta = Tensor::empty(lse.shape(), DType::f32, q.device(), MemCategory::workspace);
+  attention_delta(delta, dout, out);
+  cudaStream_t stream = stream_of(dq);
+  dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
+    using K = Kernels<T, kD>;
+    const T* dop = static_cast<const T*>(dout.data_ptr());
+    const T* qp = static_cast<const T*>(q.data_ptr());
+    const T* kp = static_cast<const T*>(k.data_ptr());
+    const T* vp = static_cast<const T*>(v.data_ptr());
+    const unsigned tiles = unsigned(d.tiles(K::block_rows));
+    launch(K::dkdv(), what, dim3(tiles, unsigned(d.Hkv), unsigned(d.B)), K::dkdv_bytes, stream,
+           static_cast<T*>(dk.data_ptr()), static_cast<T*>(dv.data_ptr()), dop, qp, kp, vp, lse.data<float>(),
+           static_cast<const float*>(delta.data<float>()), d, scale);
+    launch(K::dq(), what, dim3(tiles, unsigned(d.Hq), unsigned(d.B)), K::dq_bytes, stream,
+           static_cast<T*>(dq.data_ptr()), dop, qp, kp, vp, lse.data<float>(),
+           static_cast<const float*>(delta.data<float>()), d, scale);
+  });
+}
+
 }  // namespace zt::cuda::attn
+

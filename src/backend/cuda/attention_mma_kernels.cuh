@@ -260,6 +260,21 @@ __device__ __forceinline__ void load_rows_a(uint32_t (&a)[kD / 16][4], const T* 
   for (int kk = 0; kk < kD / 16; ++kk) load_a<T, kD>(a[kk], m, kk * 16, l);
 }
 
+// The double-buffer step of item `it` of `items`: starts copying item it + 1
+// (load(it + 1, its buffer)) so it streams in during this item's products,
+// then waits until item it has landed and every thread sees it.
+template <typename Load>
+__device__ __forceinline__ void next_item(int64_t it, int64_t items, Load&& load) {
+  if (it + 1 < items) {
+    load(it + 1, int((it + 1) & 1));
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     mma_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
@@ -291,14 +306,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int buf = int(kt & 1);
-    if (kt + 1 < tiles) {  // the next tile streams in while this one is used
-      load_kv(kt + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_item(kt, tiles, load_kv);
     if (kt == 0) load_rows_a<T, kD>(qa, sQ + warp * 16 * ld, l);
     const int64_t k0 = kt * kKeys;
     float s[kKeys / 8][4];
@@ -400,14 +408,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t it = 0; it < items; ++it) {
     const int buf = int(it & 1);
-    if (it + 1 < items) {
-      load_item(it + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_item(it, items, load_item);
     if (it == 0) {
       load_rows_a<T, kD>(ka, sK + warp * 16 * ld, l);
       load_rows_a<T, kD>(va, sV + warp * 16 * ld, l);
@@ -487,14 +488,7 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int buf = int(kt & 1);
-    if (kt + 1 < tiles) {
-      load_kv(kt + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_item(kt, tiles, load_kv);
     if (kt == 0) {
       load_rows_a<T, kD>(qa, sQ + warp * 16 * ld, l);
       load_rows_a<T, kD>(oa, sdO + warp * 16 * ld, l);
@@ -526,5 +520,18 @@ __global__ void __launch_bounds__(kThreads)
     if (qi < d.T) store_row<T, kD>(dq + ((b * d.T + qi) * d.Hq + h) * kD, dq_acc, r, scale, l);
   }
 }
+
+// The three kernels and their shared memory (bytes): what the launcher
+// (attention_launch.cuh) and the warp emulator's tests need.
+template <typename T, int kD>
+struct Kernels {
+  static auto forward() { return &mma_forward_kernel<T, kD>; }
+  static auto dkdv() { return &mma_dkdv_kernel<T, kD>; }
+  static auto dq() { return &mma_dq_kernel<T, kD>; }
+  static constexpr size_t forward_bytes = mma_attention::forward_bytes<kD>(sizeof(T));
+  static constexpr size_t dkdv_bytes = mma_attention::dkdv_bytes<kD>(sizeof(T));
+  static constexpr size_t dq_bytes = mma_attention::dq_bytes<kD>(sizeof(T));
+  static constexpr int block_rows = kRows;  // query rows (forward, dQ) or keys (dK dV) per block
+};
 
 }  // namespace zt::cuda::mma_attention
