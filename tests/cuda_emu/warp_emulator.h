@@ -12,14 +12,20 @@
 // assume; ldmatrix likewise, and cp.async with its copies deferred to the
 // wait. Shared memory is filled with NaN bytes before each block, so a
 // read of a byte the block did not write shows. Blocks run one at a time.
-// Not modelled: memory ordering beyond the barriers, timing, warp divergence
-// (every lane must reach every collective, as on the GPU).
+// Static __shared__ arrays become function-local statics (one block runs at
+// a time). Not modelled: memory ordering beyond the barriers, timing, warp
+// divergence (every lane must reach every collective, as on the GPU).
 #pragma once
 
+// The CUDA headers kernels pull in, first: they name parameters blockDim,
+// gridDim, ... which the macros below would otherwise rewrite.
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <vector_types.h>
 
+#include <algorithm>
 #include <array>
 #include <barrier>
 #include <cmath>
@@ -60,30 +66,34 @@ struct Block {
   }
 };
 
-inline thread_local dim3 t_thread, t_block;
+inline thread_local dim3 t_thread, t_block, t_block_dim, t_grid_dim;
 inline thread_local Block* t_current = nullptr;
 
 inline Warp& this_warp() { return *t_current->warps[t_thread.x / 32]; }
 inline int this_lane() { return int(t_thread.x % 32); }
 
 // Runs kernel(args...) over grid x threads (1-D blocks) with shared_bytes of
-// dynamic shared memory, block after block.
+// dynamic shared memory, block after block (x fastest), on one pool of host
+// threads; between blocks the shared memory is poisoned again.
 template <typename Kernel, typename... Args>
 void launch(dim3 grid, int threads, size_t shared_bytes, Kernel kernel, Args... args) {
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        Block block(threads, shared_bytes);
-        std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            t_thread = dim3(unsigned(t), 0, 0);
-            t_block = dim3(x, y, z);
-            t_current = &block;
-            kernel(args...);
-          });
-        for (std::thread& th : pool) th.join();
+  const unsigned blocks = grid.x * grid.y * grid.z;
+  Block block(threads, shared_bytes);
+  std::barrier next_block(threads, [&]() noexcept { std::fill(block.shared.begin(), block.shared.end(), 0xFF); });
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      t_thread = dim3(unsigned(t), 0, 0);
+      t_block_dim = dim3(unsigned(threads), 1, 1);
+      t_grid_dim = grid;
+      t_current = &block;
+      for (unsigned i = 0; i < blocks; ++i) {
+        t_block = dim3(i % grid.x, (i / grid.x) % grid.y, i / (grid.x * grid.y));
+        kernel(args...);
+        next_block.arrive_and_wait();
       }
+    });
+  for (std::thread& th : pool) th.join();
 }
 
 // The low (j = 0) or high (j = 1) 16-bit element of a packed pair, as f32.
@@ -259,6 +269,12 @@ void cp_async_wait() {
 
 #define threadIdx (::zt::emu::t_thread)
 #define blockIdx (::zt::emu::t_block)
+#define blockDim (::zt::emu::t_block_dim)
+#define gridDim (::zt::emu::t_grid_dim)
+// A kernel's static __shared__ array is one per block; blocks run one at a
+// time, so a function-local static is exactly that.
+#undef __shared__
+#define __shared__ static
 #define ZT_SHARED_MEMORY(name) unsigned char* name = ::zt::emu::t_current->shared_memory()
 
 inline void __syncthreads() { ::zt::emu::t_current->sync.arrive_and_wait(); }
@@ -273,3 +289,5 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return other;
 }
 inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -1,0 +1,147 @@
+// The CUDA LayerNorm / RMSNorm kernels (norm_kernels.cuh) and the fused
+// classifier (cross_entropy_kernels.cuh), run by the warp emulator on the CPU
+// with the launches of norm.cu / cross_entropy.cu, against the CPU backend
+// (itself checked against float64 references in tests/ops): forward with and
+// without the fused residual, backward dx (with dx_add) and the two-stage
+// dw / db, and the loss with its in-place gradient (padding columns, an
+// ignored row). f32 and bf16; outputs poisoned first.
+#include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
+
+#include "backend/cuda/cross_entropy_kernels.cuh"
+#include "backend/cuda/norm_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops/cross_entropy.h"
+#include "ops/norm.h"
+#include "test_util.h"
+
+namespace zt::test {
+namespace {
+
+namespace nk = cuda::norm_kernels;
+namespace ck = cuda::ce_kernels;
+
+double tol(DType dt) { return dt == DType::f32 ? 1e-5 : 2e-2; }
+
+::testing::AssertionResult close(const Tensor& got, const Tensor& ref, double limit, const char* what) {
+  const double err = max_rel_error(got, to_f64(ref));
+  if (err <= limit) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": relative error " << err << " > " << limit << " (seed "
+                                       << test_seed() << ")";
+}
+
+Tensor poisoned(const Shape& shape, DType dt) {
+  Tensor t = Tensor::empty(shape, dt);
+  poison(t);
+  return t;
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype());
+  std::memcpy(c.data_ptr(), t.data_ptr(), t.nbytes());
+  return c;
+}
+
+template <typename T>
+T* p(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+template <typename T>
+void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt, std::mt19937_64& rng) {
+  SCOPED_TRACE(::testing::Message() << (kind == ops::NormKind::rmsnorm ? "rmsnorm" : "layernorm") << " " << N << "x"
+                                    << C << (residual ? " residual" : "") << " " << dtype_name(dt));
+  const bool rms = kind == ops::NormKind::rmsnorm;
+  const Tensor x = random_tensor(Shape{N, C}, dt, rng), r_in = random_tensor(Shape{N, C}, dt, rng);
+  const Tensor w = random_tensor(Shape{C}, dt, rng, 0.5, 1.5), b = rms ? Tensor() : random_tensor(Shape{C}, dt, rng);
+  const Tensor dy = random_tensor(Shape{N, C}, dt, rng), dx_add = random_tensor(Shape{N, C}, dt, rng);
+  const Tensor dw0 = random_tensor(Shape{C}, DType::f32, rng), db0 = random_tensor(Shape{C}, DType::f32, rng);
+  // The CPU backend.
+  Tensor y = Tensor::empty(Shape{N, C}, dt), mean = rms ? Tensor() : Tensor::empty(Shape{N}, DType::f32);
+  Tensor rstd = Tensor::empty(Shape{N}, DType::f32), r_out = Tensor::empty(Shape{N, C}, dt);
+  if (residual)
+    ops::residual_norm_forward(kind, r_out, y, mean, rstd, r_in, x, w, b, 1e-5f);
+  else
+    ops::norm_forward(kind, y, mean, rstd, x, w, b, 1e-5f);
+  const Tensor normed = residual ? r_out : x;
+  Tensor dx = Tensor::empty(Shape{N, C}, dt), dw = copy_of(dw0), db = rms ? Tensor() : copy_of(db0);
+  ops::norm_backward(kind, dx, dw, db, dy, normed, w, mean, rstd, dx_add);
+  // The kernels, launched as norm.cu launches them.
+  Tensor gy = poisoned(y.shape(), dt), grstd = poisoned(rstd.shape(), DType::f32);
+  Tensor gmean = rms ? Tensor() : poisoned(Shape{N}, DType::f32), gr_out = poisoned(Shape{N, C}, dt);
+  emu::launch(dim3(unsigned(N)), nk::kThreads, 0, nk::norm_forward_kernel<T, T>, rms, p<T>(gy), p<float>(gmean),
+              p<float>(grstd), static_cast<const T*>(p<T>(x)), residual ? static_cast<const T*>(p<T>(r_in)) : nullptr,
+              residual ? p<T>(gr_out) : nullptr, static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), C,
+              1e-5f);
+  EXPECT_TRUE(close(gy, y, tol(dt), "y"));
+  EXPECT_TRUE(close(grstd, rstd, 1e-5, "rstd"));
+  if (!rms) {
+    EXPECT_TRUE(close(gmean, mean, 1e-5, "mean"));
+  }
+  if (residual) {
+    EXPECT_EQ(to_f64(gr_out), to_f64(r_out)) << "the rounded residual sum";
+  }
+  const int64_t chunks = (N + nk::kRowsPerChunk - 1) / nk::kRowsPerChunk;
+  Tensor pdw = poisoned(Shape{chunks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{chunks, C}, DType::f32);
+  const unsigned col_blocks = unsigned((C + nk::kThreads - 1) / nk::kThreads);
+  emu::launch(dim3(col_blocks, unsigned(chunks)), nk::kThreads, 0, nk::norm_dwdb_partial_kernel<T>, rms, p<float>(pdw),
+              p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C);
+  Tensor gdw = copy_of(dw0), gdb = rms ? Tensor() : copy_of(db0);
+  emu::launch(dim3(col_blocks), nk::kThreads, 0, nk::add_partials_kernel<float>, p<float>(gdw),
+              static_cast<const float*>(p<float>(pdw)), chunks, C);
+  if (!rms)
+    emu::launch(dim3(col_blocks), nk::kThreads, 0, nk::add_partials_kernel<float>, p<float>(gdb),
+                static_cast<const float*>(p<float>(pdb)), chunks, C);
+  Tensor gdx = poisoned(Shape{N, C}, dt);
+  emu::launch(dim3(unsigned(N)), nk::kThreads, 0, nk::norm_dx_kernel<T, T>, rms, p<T>(gdx),
+              static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)), static_cast<const T*>(p<T>(w)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
+              static_cast<const T*>(p<T>(dx_add)), C);
+  EXPECT_TRUE(close(gdx, dx, tol(dt), "dx"));
+  EXPECT_TRUE(close(gdw, dw, 1e-5, "dw"));
+  if (!rms) {
+    EXPECT_TRUE(close(gdb, db, 1e-5, "db"));
+  }
+}
+
+template <typename T>
+void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
+  SCOPED_TRACE(::testing::Message() << N << " rows, Vp " << Vp << ", V " << V << " " << dtype_name(dt));
+  const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
+  Tensor targets = random_tokens(Shape{N}, V, rng);
+  targets.data<int32_t>()[0] = -1;  // an ignored row
+  Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, dt);
+  ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
+  Tensor gl = copy_of(logits), glosses = poisoned(Shape{N}, DType::f32);
+  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T>, p<float>(glosses), p<T>(gl),
+              static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), Vp, V, 0.25f);
+  EXPECT_TRUE(close(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses"));
+  EXPECT_TRUE(close(gl, d, tol(dt), "dlogits (in place)"));
+}
+
+TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
+  auto rng = make_rng(41);
+  // 70 rows: two 64-row chunks of dw / db partials (one block runs at a time,
+  // so the rest stay small); C = 300 > the 256 threads of a row.
+  norm_case<float>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
+  for (const auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm})
+    for (const bool residual : {false, true}) {
+      norm_case<float>(kind, 4, 300, residual, DType::f32, rng);
+      norm_case<__nv_bfloat16>(kind, 3, 64, residual, DType::bf16, rng);
+    }
+}
+
+TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {
+  auto rng = make_rng(42);
+  ce_case<float>(5, 1000, 997, DType::f32, rng);
+  ce_case<__nv_bfloat16>(3, 520, 515, DType::bf16, rng);
+}
+
+}  // namespace
+}  // namespace zt::test
