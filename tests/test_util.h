@@ -153,6 +153,16 @@ inline double max_rel_error(const Tensor& got, const std::vector<double>& ref) {
   return den > 0 ? num / den : num;
 }
 
+// max_rel_error(got, ref) <= limit, or a failure naming `what`, the error
+// and the seed.
+inline ::testing::AssertionResult rel_error_within(const Tensor& got, const std::vector<double>& ref, double limit,
+                                                   const char* what) {
+  const double err = max_rel_error(got, ref);
+  if (err <= limit) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": relative error " << err << " > " << limit << " (seed "
+                                       << test_seed() << ")";
+}
+
 // The message of the zt::Error that fn throws (a marker string if none).
 template <typename Fn>
 std::string error_of(Fn&& fn) {

@@ -26,7 +26,7 @@ export PKG_CONFIG_PATH="$lib/pkgconfig"
 export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
 echo "gpu-build: $(nvcc --version | tail -1); $(g++ --version | head -1); $(cmake --version | head -1)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
-# NCCL: the toolkit's if it has one, else PyTorch's wheel (nvidia/nccl).
+# NCCL: PyTorch's wheel (nvidia/nccl) when it is installed, else the toolkit's (NCCL_ROOT comes first).
 nccl_root=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DZT_FUZZ=OFF ${nccl_root:+-DNCCL_ROOT="$nccl_root"} "$@" > build-gpu.configure.log 2>&1 \

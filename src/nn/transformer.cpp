@@ -37,11 +37,6 @@ namespace {
 
 std::string layer_prefix(size_t i) { return "layers." + std::to_string(i) + "."; }
 
-// t itself when it already lives on `device`, else a copy there.
-Tensor on_device(const Tensor& t, Device device) {
-  return t.device() == device ? t : ops::to_device(t, device, MemCategory::activations);
-}
-
 Tensor act_tensor(const Shape& s, DType dt, Device dev) { return Tensor::empty(s, dt, dev, MemCategory::activations); }
 Tensor stat_tensor(int64_t n, Device dev) { return Tensor::empty(Shape{n}, DType::f32, dev, MemCategory::activations); }
 
@@ -543,7 +538,7 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
   const float grad_scale = ctx.grad_scale;
   // The caller's targets, on the host: counted there, and the loss op
   // validates them there and uploads what its kernel reads.
-  const Tensor targets = on_device(ctx.targets, Device::cpu());
+  const Tensor targets = ops::on_device(ctx.targets, Device::cpu());
   const Tensor lnf = gather_rows(m, lnf_rows);  // (N, C)
   // Fused (train without head_keeps_dlogits): each chunk's backward runs at
   // once. Kept: every chunk's dlogits stay in ctx.dlogits for head_backward.
@@ -582,7 +577,7 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
 }
 
 double sum_token_losses(const Tensor& token_losses) {
-  const Tensor host = on_device(token_losses, Device::cpu());
+  const Tensor host = ops::on_device(token_losses, Device::cpu());
   const float* l = host.data<float>();
   double sum = 0.0;  // f64, in token order; ignored tokens add their loss of 0 exactly
   for (int64_t i = 0; i < host.numel(); ++i) sum += double(l[i]);
@@ -600,7 +595,7 @@ Tensor Transformer::part_input(const TensorParallel& m, const Tensor& input, con
   const int64_t C = cfg_.d_model;
   ZT_CHECK(input.defined() && input.shape() == (Shape{rows, C}) && input.dtype() == dtype_, "stage input must be ",
            dtype_name(dtype_), " (", rows, ", ", C, ") (the previous stage's output), got ", input.str());
-  return on_device(input, device_);
+  return ops::on_device(input, device_);
 }
 
 double Transformer::forward(ForwardContext& ctx, const Tensor& tokens, const Tensor& targets, bool train,

@@ -79,7 +79,7 @@ struct ForwardContext {
   bool train = false;
   bool sequence_parallel = false;         // the residual stream is sharded in this pass
   float grad_scale = 0.0f;
-  Tensor tokens;                          // (B, T) i32, a host copy of the batch's
+  Tensor tokens;                          // (B, T) i32, a host copy of the batch's tokens
   std::vector<BlockActivations> blocks;   // n_layer
   Tensor x_final;                         // (R, C) residual after the last block
   Tensor lnf_mean, lnf_rstd;              // (R) f32
@@ -231,9 +231,10 @@ class Transformer {
   // sequence parallelism, else out == partial (all-reduced in place).
   comm::WorkHandle start_reduce_rows(const TensorParallel& m, const Tensor& out, const Tensor& partial) const;
   Tensor embed(const TensorParallel& m, const Tensor& tokens) const;  // (R, C)
-  // A part's input rows: the embeddings of dev_tokens on the embedding part,
-  // else `input` (rows, C) from the previous stage, checked, on the device.
-  Tensor part_input(const TensorParallel& m, const Tensor& input, const Tensor& dev_tokens, int64_t rows) const;
+  // A part's input rows: the embeddings of `tokens` (host or device) on the
+  // embedding part, else `input` (rows, C) from the previous stage, checked,
+  // on the device.
+  Tensor part_input(const TensorParallel& m, const Tensor& input, const Tensor& tokens, int64_t rows) const;
   Tensor block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T,
                        const TensorParallel& m) const;
   void release_for_policy(BlockActivations& a) const;

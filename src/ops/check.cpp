@@ -1,7 +1,5 @@
 #include "ops/check.h"
 
-#include "ops/device.h"
-
 #if ZT_WITH_CUDA
 #include "backend/cuda/runtime.h"
 #endif
@@ -54,14 +52,6 @@ void check_ids_device(const char* op, const char* name, const Tensor& ids, Devic
   if (ids.defined())
     ZT_CHECK(ids.device() == device || ids.device().is_cpu(), op, ": '", name, "' is on ", ids.device().str(),
              " but the op runs on ", device.str(), "; pass ids on that device or on the host");
-}
-
-Tensor host_ids(const Tensor& ids) {
-  return ids.device().is_cpu() ? ids : to_device(ids, Device::cpu(), MemCategory::workspace);
-}
-
-Tensor ids_on(const Tensor& ids, Device device) {
-  return ids.device() == device ? ids : to_device(ids, device, MemCategory::workspace);
 }
 
 void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {

@@ -26,11 +26,6 @@ void check_device(const char* op, Device device, std::initializer_list<std::pair
 // device or on the host: ids are validated on the host before anything is
 // written, so host ids save a device-to-host copy (a sync) per call.
 void check_ids_device(const char* op, const char* name, const Tensor& ids, Device device);
-// The ids on the host: themselves, or a copy (waits for the device).
-Tensor host_ids(const Tensor& ids);
-// The ids on `device`: themselves, or an upload (ordered on the device's
-// stream; the host does not wait).
-Tensor ids_on(const Tensor& ids, Device device);
 // Two tensors must have the same dtype.
 void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b);
 // True when the op must run its CUDA kernel: `device` is cuda:N and this

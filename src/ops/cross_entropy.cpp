@@ -59,14 +59,15 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
 
   // Targets are read on the host, before anything is written (targets on a
   // GPU are copied back: N ints, and a wait for the GPU).
-  const Tensor host_targets = host_ids(targets);
+  const Tensor host_targets = on_device(targets, Device::cpu(), MemCategory::workspace);
   const int32_t* tg = host_targets.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
     ZT_CHECK(tg[n] < vocab, op, ": target ", tg[n], " at row ", n, " is out of range: targets must be < vocab (",
              vocab, "), or negative to ignore the row");
 #if ZT_WITH_CUDA
-  if (on_gpu) return cuda::softmax_cross_entropy(losses, dlogits, logits, ids_on(targets, logits.device()), vocab,
-                                                 grad_scale);
+  if (on_gpu)
+    return cuda::softmax_cross_entropy(losses, dlogits, logits,
+                                       on_device(targets, logits.device(), MemCategory::workspace), vocab, grad_scale);
 #endif
   cpu::softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale);
 }

@@ -58,6 +58,10 @@ Tensor to_device(const Tensor& src, Device device, MemCategory category) {
   return out;
 }
 
+Tensor on_device(const Tensor& src, Device device, MemCategory category) {
+  return src.device() == device ? src : to_device(src, device, category);
+}
+
 void synchronize(Device device) {
   if (device.is_cpu()) return;
 #if ZT_WITH_CUDA

@@ -17,12 +17,14 @@ int gpu_count();
 void copy(const Tensor& dst, const Tensor& src);
 // A new tensor on `device` holding src's values (same shape and dtype).
 Tensor to_device(const Tensor& src, Device device, MemCategory category = MemCategory::activations);
+// src itself when it is already on `device`, else to_device.
+Tensor on_device(const Tensor& src, Device device, MemCategory category = MemCategory::activations);
 // Waits for every kernel queued on the device (a no-op for the CPU).
 void synchronize(Device device);
 
 // A point in a device's stream of work, for timing it without blocking: the
 // host clock on the CPU; on a GPU an event on the compute stream, read only
-// by seconds_between. Movable, not copyable (a GPU mark holds a pooled event).
+// by seconds_since. Movable, not copyable (a GPU mark holds a pooled event).
 class DeviceMark {
  public:
   DeviceMark() = default;
@@ -32,7 +34,6 @@ class DeviceMark {
   DeviceMark& operator=(DeviceMark&& o) noexcept;
   DeviceMark(const DeviceMark&) = delete;
   DeviceMark& operator=(const DeviceMark&) = delete;
-  bool defined() const { return defined_; }
   bool on_gpu() const { return event_ != nullptr; }  // reading it may wait for the GPU
   // Seconds of device work from `start` to this mark (waits for this mark's
   // work on a GPU). Both marks of one device.

@@ -89,8 +89,10 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
 #if ZT_WITH_CUDA
   if (use_cuda(op, out.device())) {
     no_cuda_slice(op, slice);
-    check_token_ids(op, host_ids(tokens), ids);  // validated before any write
-    return cuda::embedding_forward(out, ids_on(tokens, out.device()), wte, wpe, pos_offset);
+    // Validated on the host before any write; uploaded (no wait) when they came from the host.
+    check_token_ids(op, on_device(tokens, Device::cpu(), MemCategory::workspace), ids);
+    return cuda::embedding_forward(out, on_device(tokens, out.device(), MemCategory::workspace), wte, wpe,
+                                   pos_offset);
   }
 #endif
   if (!out.device().is_cpu()) no_backend(op, out.device());
@@ -138,7 +140,7 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
 #if ZT_WITH_CUDA
   if (use_cuda(op, dout.device())) {
     no_cuda_slice(op, slice);
-    const Tensor host_tokens = host_ids(tokens);  // grouped by id on the host
+    const Tensor host_tokens = on_device(tokens, Device::cpu(), MemCategory::workspace);  // grouped by id here
     if (dwte.defined()) check_token_ids(op, host_tokens, dwte.size(0));
     return cuda::embedding_backward(dwte, dwpe, dout, host_tokens, pos_offset);
   }

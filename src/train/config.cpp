@@ -1,7 +1,6 @@
 #include "train/config.h"
 
 #include "comm/process_group.h"
-
 #include "nn/tensor_parallel.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
@@ -472,9 +471,8 @@ void Config::validate() const {
 }
 
 Device Config::device(bool multi_process) const {
-  const Device d = parse_device(train.device);
-  if (d.is_cuda() && train.device == "cuda" && multi_process) return Device::cuda(comm::world_info().local_rank);
-  return d;
+  if (train.device == "cuda" && multi_process) return Device::cuda(comm::world_info().local_rank);
+  return parse_device(train.device);
 }
 
 std::string Config::checkpoint_dir() const {

@@ -289,7 +289,7 @@ double load(const Tensor& t, int64_t i) {
 
 // A new CPU f32 tensor with t's values (exact for f32/bf16/f16).
 Tensor to_f32(const Tensor& src) {
-  const Tensor t = src.device().is_cpu() ? src : ops::to_device(src, Device::cpu(), MemCategory::workspace);
+  const Tensor t = ops::on_device(src, Device::cpu(), MemCategory::workspace);
   ZT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16, "tensor ", t.str(),
            " is not a float tensor; HF weights are F32, BF16 or F16");
   Tensor out = Tensor::empty(t.shape(), DType::f32, Device::cpu(), MemCategory::params);

@@ -28,10 +28,7 @@ double tol(DType dt) { return dt == DType::f32 ? 1e-5 : 2e-2; }
 
 // GPU result vs CPU result.
 ::testing::AssertionResult matches(const Tensor& gpu_out, const Tensor& cpu_out, double limit, const char* what) {
-  const double err = max_rel_error(to_host(gpu_out), to_f64(cpu_out));
-  if (err <= limit) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": relative error " << err << " > " << limit << " (seed "
-                                       << test_seed() << ")";
+  return rel_error_within(to_host(gpu_out), to_f64(cpu_out), limit, what);
 }
 
 Tensor gpu_copy_of(const Tensor& host) { return to_gpu(host); }

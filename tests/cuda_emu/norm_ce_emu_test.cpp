@@ -12,11 +12,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "ops/cross_entropy.h"
+#include "ops/device.h"
 #include "ops/norm.h"
 #include "test_util.h"
 
@@ -29,10 +29,7 @@ namespace ck = cuda::ce_kernels;
 double tol(DType dt) { return dt == DType::f32 ? 1e-5 : 2e-2; }
 
 ::testing::AssertionResult close(const Tensor& got, const Tensor& ref, double limit, const char* what) {
-  const double err = max_rel_error(got, to_f64(ref));
-  if (err <= limit) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": relative error " << err << " > " << limit << " (seed "
-                                       << test_seed() << ")";
+  return rel_error_within(got, to_f64(ref), limit, what);
 }
 
 Tensor poisoned(const Shape& shape, DType dt) {
@@ -41,11 +38,7 @@ Tensor poisoned(const Shape& shape, DType dt) {
   return t;
 }
 
-Tensor copy_of(const Tensor& t) {
-  Tensor c = Tensor::empty(t.shape(), t.dtype());
-  std::memcpy(c.data_ptr(), t.data_ptr(), t.nbytes());
-  return c;
-}
+Tensor copy_of(const Tensor& t) { return ops::to_device(t, Device::cpu()); }  // a fresh host copy
 
 template <typename T>
 T* p(const Tensor& t) {

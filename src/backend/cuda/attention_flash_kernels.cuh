@@ -144,7 +144,7 @@ __device__ __forceinline__ void write_row(T* __restrict__ dst, const float* scra
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) {
     const int c = 2 * i + lr.half;
-    dst[c] = attn::round_to<T>(row[c] * mul);
+    dst[c] = from_f32<T>(row[c] * mul);
   }
 }
 
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kTile / 2; ++i) {
       const float p = __expf(s[i] - m_new);
       sum += p;
-      prow[2 * i + lr.half] = attn::round_to<T>(p);
+      prow[2 * i + lr.half] = from_f32<T>(p);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l = l * corr + sum;
@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(kThreads)
         const int c = 2 * i + lr.half;
         const int64_t qi = q0 + c;
         const float p = qi >= key && qi < d.T ? __expf(srow[c] * scale - sLse[c]) : 0.0f;
-        sP[lr.r * G::ldp + c] = attn::round_to<T>(p);
-        sdS[lr.r * G::ldp + c] = attn::round_to<T>(p * (dprow[c] - sDelta[c]));
+        sP[lr.r * G::ldp + c] = from_f32<T>(p);
+        sdS[lr.r * G::ldp + c] = from_f32<T>(p * (dprow[c] - sDelta[c]));
       }
       __syncwarp();
       accumulate_ab<T, kD>(dv_acc, sP, sdO);  // dV += P^T dO
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kTile / 2; ++i) {
       const int c = 2 * i + lr.half;
       const float p = in && k0 + c <= qi ? __expf(srow[c] * scale - L) : 0.0f;
-      sdS[lr.r * G::ldp + c] = attn::round_to<T>(p * (dprow[c] - dl));
+      sdS[lr.r * G::ldp + c] = from_f32<T>(p * (dprow[c] - dl));
     }
     __syncwarp();
     accumulate_ab<T, kD>(dq_acc, sdS, sK);  // dQ += dS K

@@ -197,13 +197,13 @@ __device__ __forceinline__ void a_from_c(uint32_t (&a)[4], const float (&c0)[4],
   a[3] = pack<T>(c1[2], c1[3]);
 }
 
-// c[n] += A B for every n-tile of M (kN columns): A one k-step's fragment,
+// c[n] += A B for every n-tile of M's D columns: A one k-step's fragment,
 // M's rows k0.. are B's rows (load_b_cols).
-template <typename T, int kD, int kN>
-__device__ __forceinline__ void accumulate_cols(float (&c)[kN / 8][4], const uint32_t (&a)[4], const T* m, int k0,
+template <typename T, int kD>
+__device__ __forceinline__ void accumulate_cols(float (&c)[kD / 8][4], const uint32_t (&a)[4], const T* m, int k0,
                                                 const Lane& l) {
 #pragma unroll
-  for (int n = 0; n < kN / 8; n += 2) {
+  for (int n = 0; n < kD / 8; n += 2) {
     uint32_t b[2][2];
     load_b_cols<T, kD>(b, m, k0, n * 8, l);
     mma<T>(c[n], a, b[0]);
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kKeys / 16; ++j) {  // O += P V
       uint32_t pa[4];
       a_from_c<T>(pa, s[2 * j], s[2 * j + 1]);
-      accumulate_cols<T, kD, kD>(o, pa, sV[buf], j * 16, l);
+      accumulate_cols<T, kD>(o, pa, sV[buf], j * 16, l);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t pa[4], sa[4];
       a_from_c<T>(pa, st[2 * j], st[2 * j + 1]);
       a_from_c<T>(sa, dpt[2 * j], dpt[2 * j + 1]);
-      accumulate_cols<T, kD, kD>(dv_acc, pa, sdO[buf], j * 16, l);  // dV += P^T dO
-      accumulate_cols<T, kD, kD>(dk_acc, sa, sQ[buf], j * 16, l);   // dK += dS^T Q
+      accumulate_cols<T, kD>(dv_acc, pa, sdO[buf], j * 16, l);  // dV += P^T dO
+      accumulate_cols<T, kD>(dk_acc, sa, sQ[buf], j * 16, l);   // dK += dS^T Q
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kKeys / 16; ++j) {  // dQ += dS K
       uint32_t da[4];
       a_from_c<T>(da, dp[2 * j], dp[2 * j + 1]);
-      accumulate_cols<T, kD, kD>(dq_acc, da, sK[buf], j * 16, l);
+      accumulate_cols<T, kD>(dq_acc, da, sK[buf], j * 16, l);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }

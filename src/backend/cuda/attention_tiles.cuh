@@ -1,15 +1,16 @@
-// Device-side pieces shared by the fused attention kernels (attention_flash.cu:
-// WMMA, attention_mma_kernels.cuh: mma.sync): the block shape, the problem's
-// dims and the global-to-shared tile copy. Plain CUDA C++ with no host API,
-// so the warp emulator (tests/cuda_emu) compiles it too.
+// Device-side pieces shared by the fused attention kernels
+// (attention_flash_kernels.cuh: WMMA, attention_mma_kernels.cuh: mma.sync):
+// the block shape, the problem's dims, the shared-memory declaration and the
+// global-to-shared tile copy; the warp emulator (tests/cuda_emu) compiles it
+// too.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <vector_functions.h>
 #include <vector_types.h>
 
 #include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"  // to_f32 / from_f32
 
 #ifndef ZT_SHARED_MEMORY
 // The block's dynamic shared memory as `unsigned char name[]`, 128-byte
@@ -28,14 +29,6 @@ struct Dims {
   __host__ __device__ int64_t tiles(int rows) const { return (T + rows - 1) / rows; }
   __host__ __device__ int64_t group() const { return Hq / Hkv; }
 };
-
-// f32 -> the operand type, round to nearest even.
-template <typename T>
-__device__ __forceinline__ T round_to(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 round_to<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half round_to<__half>(float x) { return __float2half_rn(x); }
 
 // Copies rows [0, min(valid, kRows)) of a (kRows, kD) tile from global (rows
 // `stride` elements apart, 16-byte aligned) into shared (rows `ld` elements

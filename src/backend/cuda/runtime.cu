@@ -242,27 +242,22 @@ DeviceInfo device_info(int index) {
   return d;
 }
 
-EventTimer::EventTimer(Device device) : device_(device) {
-  ensure_initialized(device);
-  cudaEvent_t a, b;
-  ZT_CUDA_CHECK(cudaEventCreate(&a));
-  ZT_CUDA_CHECK(cudaEventCreate(&b));
-  start_ = a;
-  stop_ = b;
-}
+EventTimer::EventTimer(Device device) : device_(device) { ensure_initialized(device); }
 
 EventTimer::~EventTimer() {
-  (void)cudaEventDestroy(static_cast<cudaEvent_t>(start_));
-  (void)cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+  if (start_) release_mark(start_);
 }
 
-void EventTimer::start() { ZT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), compute_stream(device_))); }
+void EventTimer::start() {
+  if (start_) release_mark(start_);
+  start_ = record_mark(device_);
+}
 
 float EventTimer::stop_ms() {
-  ZT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), compute_stream(device_)));
-  ZT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
-  float ms = 0;
-  ZT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
+  ZT_CHECK(start_ != nullptr, "internal: EventTimer::stop_ms before start");
+  const TimingMark stop = record_mark(device_);
+  const float ms = elapsed_ms(start_, stop);
+  release_mark(stop);
   return ms;
 }
 

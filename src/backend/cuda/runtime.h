@@ -50,8 +50,18 @@ struct DeviceInfo {
 };
 DeviceInfo device_info(int index);
 
-// Times device work with events on the compute stream: start() records, stop()
-// records and returns the elapsed milliseconds (it waits for the stop event).
+// Timing marks (ops::DeviceMark, EventTimer): record_mark puts an
+// event on the device's compute stream (events come from a pool, so a mark
+// costs one cudaEventRecord); elapsed_ms waits for `end` and returns the time
+// between two marks of one device; release_mark returns a mark to the pool.
+using TimingMark = void*;
+TimingMark record_mark(Device device);
+float elapsed_ms(TimingMark start, TimingMark end);
+void release_mark(TimingMark mark);
+
+// Times device work with timing marks on the compute stream: start() records,
+// stop_ms() records and returns the milliseconds since start (it waits for
+// the stop mark; it may be called again after the same start).
 class EventTimer {
  public:
   explicit EventTimer(Device device);
@@ -63,17 +73,7 @@ class EventTimer {
 
  private:
   Device device_;
-  void* start_ = nullptr;  // cudaEvent_t
-  void* stop_ = nullptr;
+  TimingMark start_ = nullptr;
 };
-
-// Timing marks for the op profiler (ops/op_profile.h): record_mark puts an
-// event on the device's compute stream (events come from a pool, so a mark
-// costs one cudaEventRecord); elapsed_ms waits for `end` and returns the time
-// between two marks of one device; release_mark returns a mark to the pool.
-using TimingMark = void*;
-TimingMark record_mark(Device device);
-float elapsed_ms(TimingMark start, TimingMark end);
-void release_mark(TimingMark mark);
 
 }  // namespace zt::cuda
