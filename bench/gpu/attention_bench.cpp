@@ -1,7 +1,7 @@
 // GPU attention timing (bench/gpu/run.sh attention): causal GQA attention
 // forward and forward + backward, bf16, at the two training benchmark shapes,
-// for each CUDA implementation (the fused mma and flash kernels, the
-// tensor-core gemm path and the simple kernel).
+// for each CUDA implementation (cuDNN's fused attention, our fused mma and
+// flash kernels, the tensor-core gemm path and the simple kernel).
 // Median of 10 timed runs after 3 warm-ups, CUDA events on the compute
 // stream. Prints one JSON line per (shape, kernel); bench/gpu/attention_peer.py
 // times PyTorch's flash SDPA on the same shapes for the ratio.
@@ -46,7 +46,8 @@ double median_ms(Device dev, F&& run) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Optional: one kernel by name (mma, flash, tensor-core, simple), so a kernel that faults spoils only its row.
+  // Optional: one kernel by name (cudnn, mma, flash, tensor-core, simple), so a kernel that faults spoils only its
+  // row.
   const std::string only = argc > 1 ? argv[1] : "";
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no GPU: nothing to time\n");
@@ -67,13 +68,23 @@ int main(int argc, char** argv) {
            dv = Tensor::empty(v.shape(), DType::bf16, dev);
     const float scale = float(1.0 / std::sqrt(double(c.D)));
     const double fwd_flops = 4.0 * double(c.B * c.Hq * c.D) * double(c.T) * double(c.T) / 2.0;
-    for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::mma, cuda::AttentionKernel::flash,
-                                               cuda::AttentionKernel::gemm, cuda::AttentionKernel::simple}) {
-      const char* kname = kernel == cuda::AttentionKernel::mma     ? "mma"
+    for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::mma,
+                                               cuda::AttentionKernel::flash, cuda::AttentionKernel::gemm,
+                                               cuda::AttentionKernel::simple}) {
+      const char* kname = kernel == cuda::AttentionKernel::cudnn   ? "cudnn"
+                          : kernel == cuda::AttentionKernel::mma   ? "mma"
                           : kernel == cuda::AttentionKernel::flash ? "flash"
                           : kernel == cuda::AttentionKernel::gemm  ? "tensor-core"
                                                                    : "simple";
       if (!only.empty() && only != kname) continue;
+      if (kernel == cuda::AttentionKernel::cudnn) {
+        const std::string why = cuda::cudnn_attention_unsupported(q, k, scale, false) + " " +
+                                cuda::cudnn_attention_unsupported(q, k, scale, true);
+        if (why != " ") {  // no row: the reason goes to stderr (run.sh shows it)
+          std::fprintf(stderr, "cuDNN cannot take %s: %s\n", c.name, why.c_str());
+          continue;
+        }
+      }
       const double fwd = median_ms(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
       const double both = median_ms(dev, [&] {
         cuda::attention_forward(out, lse, q, k, v, scale, kernel);

@@ -6,10 +6,10 @@
 # fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024 - and
 # prints a short table last, then where Zettatron's step goes (a short second
 # run with metrics.op_profile: GPU time per op from events). `attention` times
-# the CUDA attention kernels (mma, flash, tensor-core gemm path, simple kernel)
+# the CUDA attention kernels (cuDNN, mma, flash, tensor-core gemm path, simple)
 # against PyTorch's flash SDPA on the same shapes (bench/gpu/attention_bench.cpp,
 # attention_peer.py). Logs go to $OUT (or ./bench-gpu-out).
-# ZT_CUDA_ATTENTION=mma|flash|gemm|simple in the environment picks the kernel
+# ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h).
 #   usage: bash bench/gpu/run.sh [tests|attention|bench|all]   (default all)
 # On the lent machine (10 minutes a call) run it as three calls: tests,
@@ -21,24 +21,39 @@ out=$(realpath -m "${OUT:-bench-gpu-out}")
 mkdir -p "$out"
 bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 tail -3 "$out/build.log"
-export LD_LIBRARY_PATH=/tmp/zt-prefix/usr/lib/x86_64-linux-gnu/openblas-openmp:/tmp/zt-prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# cuDNN loads its engines and NVRTC (runtime-compiled fused attention) by name: the wheels' directories.
+wheel_libs=$(python3 - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit
+dirs = []
+for root in nvidia.__path__:
+    for pattern in ("libcudnn.so.9", "libnvrtc.so.*"):
+        dirs += [os.path.dirname(f) for f in glob.glob(os.path.join(root, "**", pattern), recursive=True)]
+print(":".join(dict.fromkeys(dirs)))
+PY
+)
+export LD_LIBRARY_PATH=/tmp/zt-prefix/usr/lib/x86_64-linux-gnu/openblas-openmp:/tmp/zt-prefix/usr/lib/x86_64-linux-gnu:${wheel_libs:+$wheel_libs:}${LD_LIBRARY_PATH:-}
 if [ "$what" != bench ]; then
   (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 > "$out/gpu-tests.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
 # The benchmarks use an attention kernel only if it passes its test on this
-# GPU (mma, else flash, else the tensor-core gemm path, else the simple
-# kernel), so one broken kernel cannot spoil a rare GPU session.
+# GPU (cuDNN, else mma, else flash, else the tensor-core gemm path, else the
+# simple kernel), so one broken kernel cannot spoil a rare GPU session.
 # ZT_CUDA_ATTENTION, if set, wins.
 if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
   log="$out/attention-test.log"
   if ! ./build-gpu/bin/zt_cuda_tests --gtest_filter='*AttentionForwardBackwardGqa*' > "$log" 2>&1; then
     choice=gemm  # a crash names no path: the cuBLASLt one
-    if grep -q "Failure" "$log"; then  # failure traces name the paths that failed
+    if grep -q "Failure" "$log"; then  # failure traces (": <path>" lines) name the paths that failed
       choice=""
-      for k in "mma:mma kernel" "flash:flash kernel" "gemm:tensor-core path" "simple:simple kernel"; do
-        if ! grep -q "${k#*:}" "$log"; then choice=${k%%:*}; break; fi
+      for k in "cudnn:cuDNN" "mma:mma kernel" "flash:flash kernel" "gemm:tensor-core path" "simple:simple kernel"; do
+        [ "${k%%:*}" = cudnn ] && grep -q "cuDNN refused a model shape" "$log" && continue
+        if ! grep -qE ": ${k#*:}\$" "$log"; then choice=${k%%:*}; break; fi
       done
     fi
     export ZT_CUDA_ATTENTION=${choice:-simple}
@@ -47,10 +62,11 @@ if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
 fi
 if [ "$what" = attention ] || [ "$what" = all ]; then
   : > "$out/attention-zt.jsonl"
-  for kernel in mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
+  for kernel in cudnn mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
     ./build-gpu/bin/zt_bench_gpu_attention $kernel >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
       || { echo "attention bench ($kernel) failed:"; tail -3 "$out/attention-zt.err"; }
   done
+  grep "cuDNN cannot" "$out/attention-zt.err" | head -4
   python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" 2> "$out/attention-pt.err" \
     || { echo "attention peer failed:"; tail -5 "$out/attention-pt.err"; }
   python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'

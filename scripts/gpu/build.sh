@@ -28,10 +28,16 @@ echo "gpu-build: $(nvcc --version | tail -1); $(g++ --version | head -1); $(cmak
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
 # NCCL: PyTorch's wheel (nvidia/nccl) when it is installed, else the toolkit's (NCCL_ROOT comes first).
 nccl_root=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
+# cuDNN: PyTorch's wheel (nvidia/cudnn or the like: the folder holding include/cudnn_graph.h) when installed.
+cudnn_root=$(python3 -c "
+import glob, os, nvidia
+hits = [h for r in nvidia.__path__ for h in glob.glob(os.path.join(r, '**', 'include', 'cudnn_graph.h'), recursive=True)]
+print(os.path.dirname(os.path.dirname(hits[0])) if hits else '')" 2>/dev/null || true)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX/usr" \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DZT_FUZZ=OFF ${nccl_root:+-DNCCL_ROOT="$nccl_root"} "$@" > build-gpu.configure.log 2>&1 \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DZT_FUZZ=OFF ${nccl_root:+-DNCCL_ROOT="$nccl_root"} \
+  ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} "$@" > build-gpu.configure.log 2>&1 \
   || { cat build-gpu.configure.log; exit 1; }
-grep -E "Zettatron: (CUDA|NCCL)" build-gpu.configure.log || true
+grep -E "Zettatron: (CUDA|NCCL|cuDNN)" build-gpu.configure.log || true
 cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E 'error|warning|FAILED' | head -50 || true
 test -x build-gpu/bin/zettatron
 echo "gpu-build: ok"

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "backend/cuda/attention.h"
@@ -251,17 +252,19 @@ TEST_P(CudaKernels, AdamWMatchesTheCpu) {
 }
 
 // Every implementation against the CPU backend: the ops entry (automatic:
-// mma for bf16, the tensor-core path for f32), the simple kernel, the
-// tensor-core path with a workspace budget of one kv head's group (head
-// chunks), and the two fused kernels, flash (WMMA) and mma (bf16). Shapes
-// cover partial tiles, several tiles, every head dim the fused kernels take
-// and GQA groups of 1, 2 and 4.
+// cuDNN or mma for bf16, the tensor-core path for f32), the simple kernel,
+// the tensor-core path with a workspace budget of one kv head's group (head
+// chunks), the two fused kernels, flash (WMMA) and mma (bf16), and cuDNN's
+// fused attention where this build has cuDNN. Shapes cover partial tiles,
+// several tiles, every head dim the fused kernels take and GQA groups of 1, 2
+// and 4. cuDNN must take the model shapes (head dim 64 or 128, T >= 64) and
+// its backward must be bitwise repeatable.
 TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(8);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  enum class Path { ops, simple, gemm_chunked, flash, mma };
+  enum class Path { ops, simple, gemm_chunked, flash, mma, cudnn };
   for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128},
               S{2, 130, 4, 2, 16}, S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
     const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
@@ -282,13 +285,25 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     EXPECT_EQ(cuda::mma_attention_unsupported(gq, gk), fused_blocker);
     if (dt == DType::f32) EXPECT_NE(fused_blocker.find("dtype f32"), std::string::npos) << fused_blocker;
     else EXPECT_EQ(fused_blocker, "");
-    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma}) {
+    const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(gq, gk, scale, false);
+    const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(gq, gk, scale, true);
+    const bool cudnn_takes_it = cudnn_fwd.empty() && cudnn_bwd.empty();
+    if (dt != DType::f32 && (s.D == 64 || s.D == 128) && s.T >= 64) {
+      EXPECT_TRUE(cudnn_takes_it) << "cuDNN refused a model shape, T " << s.T << " D " << s.D
+                                  << ": forward: " << cudnn_fwd << "; backward: " << cudnn_bwd;
+    } else if (!cudnn_takes_it) {
+      std::printf("[   INFO   ] cuDNN does not take %s T=%lld D=%lld: forward: %s; backward: %s\n", std::string(dtype_name(dt)).c_str(),
+                  (long long)s.T, (long long)s.D, cudnn_fwd.c_str(), cudnn_bwd.c_str());
+    }
+    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma, Path::cudnn}) {
       if ((path == Path::flash || path == Path::mma) && !fused_blocker.empty()) continue;
+      if (path == Path::cudnn && !cudnn_takes_it) continue;
       SCOPED_TRACE(path == Path::ops             ? "ops"
                    : path == Path::simple        ? "simple kernel"
                    : path == Path::gemm_chunked  ? "tensor-core path, chunked"
                    : path == Path::flash         ? "flash kernel"
-                                                 : "mma kernel");
+                   : path == Path::mma           ? "mma kernel"
+                                                 : "cuDNN");
       Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
       Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
       if (path == Path::ops) {
@@ -301,9 +316,18 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
         cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
         cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);
       } else {
-        const cuda::AttentionKernel kernel = path == Path::flash ? cuda::AttentionKernel::flash : cuda::AttentionKernel::mma;
+        const cuda::AttentionKernel kernel = path == Path::flash ? cuda::AttentionKernel::flash
+                                             : path == Path::mma ? cuda::AttentionKernel::mma
+                                                                 : cuda::AttentionKernel::cudnn;
         cuda::attention_forward(gout, glse, gq, gk, gv, scale, kernel);
         cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, kernel);
+        if (path == Path::cudnn) {  // deterministic: a second backward gives the same bits
+          Tensor again[3] = {gpu_poisoned(q.shape(), dt), gpu_poisoned(k.shape(), dt), gpu_poisoned(v.shape(), dt)};
+          cuda::attention_backward(again[0], again[1], again[2], gdout, gq, gk, gv, gout, glse, scale, kernel);
+          EXPECT_EQ(values_of(again[0]), values_of(gdq));
+          EXPECT_EQ(values_of(again[1]), values_of(gdk));
+          EXPECT_EQ(values_of(again[2]), values_of(gdv));
+        }
       }
       const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
       EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;

@@ -186,36 +186,51 @@ AttentionKernel environment_choice() {
     const char* env = std::getenv("ZT_CUDA_ATTENTION");
     const std::string_view v = env ? env : "";
     if (v.empty() || v == "auto") return AttentionKernel::automatic;
+    if (v == "cudnn") return AttentionKernel::cudnn;
     if (v == "mma") return AttentionKernel::mma;
     if (v == "flash") return AttentionKernel::flash;
     if (v == "gemm") return AttentionKernel::gemm;
     if (v == "simple") return AttentionKernel::simple;
-    ZT_FAIL("ZT_CUDA_ATTENTION = '", v, "' is not one of mma, flash, gemm, simple; unset it to let Zettatron choose");
+    ZT_FAIL("ZT_CUDA_ATTENTION = '", v, "' is not one of cudnn, mma, flash, gemm, simple; unset it to let Zettatron choose");
   }();
   return choice;
 }
 
-// Why a fused kernel cannot run on these tensors (empty when it can).
-std::string fused_blocker(AttentionKernel kernel, const Tensor& q, const Tensor& k,
+const char* name_of(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::cudnn: return "cudnn";
+    case AttentionKernel::mma: return "mma";
+    case AttentionKernel::flash: return "flash";
+    case AttentionKernel::gemm: return "gemm";
+    case AttentionKernel::simple: return "simple";
+    default: return "automatic";
+  }
+}
+
+// Why a fused kernel (cudnn, mma, flash) cannot run on these tensors (empty when it can).
+std::string fused_blocker(AttentionKernel kernel, bool backward, float scale, const Tensor& q, const Tensor& k,
                           std::initializer_list<const Tensor*> all) {
   for (const Tensor* t : all)
     if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return "a tensor is not 16-byte aligned";
-  return kernel == AttentionKernel::mma ? mma_attention_unsupported(q, k) : flash_attention_unsupported(q, k);
+  switch (kernel) {
+    case AttentionKernel::cudnn: return cudnn_attention_unsupported(q, k, scale, backward);
+    case AttentionKernel::mma: return mma_attention_unsupported(q, k);
+    default: return flash_attention_unsupported(q, k);
+  }
 }
 
-AttentionKernel choose(AttentionKernel kernel, bool backward, const Tensor& q, const Tensor& k,
+AttentionKernel choose(AttentionKernel kernel, bool backward, float scale, const Tensor& q, const Tensor& k,
                        std::initializer_list<const Tensor*> all) {
   if (kernel == AttentionKernel::automatic) kernel = environment_choice();
   if (kernel == AttentionKernel::gemm || kernel == AttentionKernel::simple) return kernel;
   if (kernel != AttentionKernel::automatic) {
-    const std::string blocker = fused_blocker(kernel, q, k, all);
-    ZT_CHECK(blocker.empty(), "attention: the ", kernel == AttentionKernel::mma ? "mma" : "flash",
-             " kernel cannot take this call: ", blocker,
-             "; choose gemm or simple (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
+    const std::string blocker = fused_blocker(kernel, backward, scale, q, k, all);
+    ZT_CHECK(blocker.empty(), "attention: the ", name_of(kernel), " kernel cannot take this call: ", blocker,
+             "; choose another (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
     return kernel;
   }
-  for (const AttentionKernel fused : {AttentionKernel::mma, AttentionKernel::flash})
-    if (fused_blocker(fused, q, k, all).empty()) return fused;
+  for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash})
+    if (fused_blocker(fused, backward, scale, q, k, all).empty()) return fused;
   return gemm_attention_fits(q, k, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
 }
 
@@ -223,7 +238,8 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, const Tensor& q, c
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel) {
-  switch (choose(kernel, false, q, k, {&out, &q, &k, &v})) {
+  switch (choose(kernel, false, scale, q, k, {&out, &lse, &q, &k, &v})) {
+    case AttentionKernel::cudnn: return cudnn_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::mma: return mma_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::flash: return flash_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::gemm: return gemm_attention_forward(out, lse, q, k, v, scale);
@@ -244,7 +260,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         AttentionKernel kernel) {
-  switch (choose(kernel, true, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
+  switch (choose(kernel, true, scale, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
+    case AttentionKernel::cudnn: return cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::mma: return mma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::flash: return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::gemm: return gemm_attention_backward(dq, dk, dv, dout, q, k, v, lse, scale);

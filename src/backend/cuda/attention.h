@@ -9,10 +9,13 @@
 
 namespace zt::cuda {
 
-// Four implementations:
+// Five implementations:
+//   cudnn   cuDNN's fused flash attention (SDPA graphs, attention_cudnn.cu):
+//           bf16 or f16, head dims multiple of 8 up to 128, where cuDNN has
+//           an engine for the shape on this GPU (asked once per shape).
 //   mma     FlashAttention-2 on mma.sync tensor-core instructions, scores,
 //           probabilities and outputs in registers, O(T) memory
-//           (attention_mma.cu): the fast path. bf16 or f16, head dims 16,
+//           (attention_mma.cu): our fast path. bf16 or f16, head dims 16,
 //           32, 64, 128, 16-byte aligned tensors.
 //   flash   the same schedule through WMMA, S and O staged in shared memory
 //           (attention_flash.cu): the same shapes; a second fused kernel.
@@ -24,11 +27,15 @@ namespace zt::cuda {
 //   simple  one warp per query (or key) row on CUDA cores, O(T) memory
 //           (attention.cu): the fallback when one head's matrices exceed the
 //           budget, and an implementation to test against.
-// automatic picks mma, else flash, else gemm when it fits, else simple. The
-// environment variable ZT_CUDA_ATTENTION = mma | flash | gemm | simple
-// overrides automatic (to compare, or to route around a kernel; a choice that
-// cannot take the call is an error). All four are deterministic.
-enum class AttentionKernel { automatic, mma, flash, gemm, simple };
+// automatic picks cudnn, else mma, else flash, else gemm when it fits, else
+// simple; forward and backward choose separately (all five write the same
+// lse, so any forward pairs with any backward). The environment variable
+// ZT_CUDA_ATTENTION = cudnn | mma | flash | gemm | simple overrides automatic
+// (to compare, or to route around a kernel; a choice that cannot take the
+// call is an error). All five are deterministic: cuDNN's backward is built
+// as the variant without an atomic dQ accumulator (the GPU test checks that
+// it repeats bit for bit).
+enum class AttentionKernel { automatic, cudnn, mma, flash, gemm, simple };
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
 // scale is resolved by the ops layer (> 0).
@@ -61,6 +68,15 @@ std::string flash_attention_unsupported(const Tensor& q, const Tensor& k);
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale);
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              float scale);
+
+// cuDNN's fused attention (attention_cudnn.cu), and why it cannot take a call
+// (empty when it can; builds and caches the plan for the shape on first use).
+std::string cudnn_attention_unsupported(const Tensor& q, const Tensor& k, float scale, bool backward);
+void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             float scale);
+void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale);
 

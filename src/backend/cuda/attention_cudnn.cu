@@ -1,0 +1,155 @@
+// Causal GQA attention through cuDNN's fused SDPA (graphs: cudnn_sdpa.h).
+// Plans are built on first use of a shape (cuDNN's heuristics, then its
+// runtime compilation: about a second) and cached per device, shape, dtype,
+// scale and direction. A shape cuDNN has no engine for is remembered with
+// cuDNN's reason, and the dispatcher (attention.cu) uses our own kernels.
+#include "backend/cuda/attention.h"
+
+#include "core/error.h"
+
+#if ZT_WITH_CUDNN
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cudnn_sdpa.h"
+
+namespace zt::cuda {
+
+namespace {
+
+using cudnn::Plan;
+
+// (device, B, T, Hq, Hkv, D, dtype, scale bits, backward)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, bool>;
+
+struct CachedPlan {
+  std::shared_ptr<const Plan> plan;  // null when cuDNN has no engine
+  std::string unsupported;           // cuDNN's reason, when plan is null
+  cudnn::SdpaForwardGraph forward;   // the uids of the graph's tensors
+  cudnn::SdpaBackwardGraph backward;
+};
+
+std::mutex g_mutex;  // guards the handles and the plan cache
+
+cudnnHandle_t handle_of(Device device) {
+  static std::map<int, cudnnHandle_t> handles;  // per device, for the process's lifetime
+  auto it = handles.find(device.index);
+  if (it != handles.end()) return it->second;
+  compute_stream(device);  // initialises the device and makes it current
+  cudnnHandle_t h = nullptr;
+  ZT_CUDNN_CHECK(cudnnCreate(&h));
+  handles.emplace(device.index, h);
+  return h;
+}
+
+cudnnDataType_t cudnn_type(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
+
+cudnn::SdpaShape shape_of(const Tensor& q, const Tensor& k, float scale) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), cudnn_type(q.dtype()), scale};
+}
+
+// Why cuDNN cannot take this call before any plan is built (empty when it may).
+std::string static_blocker(const Tensor& q, const Tensor& k) {
+  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return "cuDNN's fused attention takes bf16 or f16";
+  if (q.size(3) % 8 != 0 || q.size(3) > 128) return "cuDNN's fused attention takes head dims that are multiples of 8 up to 128";
+  if (q.size(2) % k.size(2) != 0) return "the query heads are not a multiple of the kv heads";
+  return "";
+}
+
+// The cached plan for this call, building it on first use.
+const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool backward) {
+  const cudnn::SdpaShape s = shape_of(q, k, scale);
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &scale, sizeof(scale));
+  const PlanKey key{q.device().index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, backward};
+  static std::map<PlanKey, CachedPlan> cache;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  CachedPlan entry;
+  try {
+    cudnn::Target target;
+    target.handle = handle_of(q.device());
+    if (backward) {
+      entry.backward = cudnn::sdpa_backward_graph(s);
+      entry.plan = std::make_shared<const Plan>(cudnn::make_plan(entry.backward.graph, target));
+    } else {
+      entry.forward = cudnn::sdpa_forward_graph(s);
+      entry.plan = std::make_shared<const Plan>(cudnn::make_plan(entry.forward.graph, target));
+    }
+  } catch (const Error& e) {
+    entry.plan.reset();
+    entry.unsupported = e.what();
+  }
+  return cache.emplace(key, std::move(entry)).first->second;
+}
+
+void* ptr(const Tensor& t) { return const_cast<void*>(t.data_ptr()); }
+
+void run(const Plan& plan, const Tensor& any, const std::vector<cudnn::Uid>& uids, const std::vector<void*>& pointers) {
+  cudnnHandle_t h;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    h = handle_of(any.device());
+  }
+  ZT_CUDNN_CHECK(cudnnSetStream(h, stream_of(any)));
+  Tensor workspace;
+  if (plan.workspace_bytes() > 0)
+    workspace = Tensor::empty(Shape{(plan.workspace_bytes() + 3) / 4}, DType::f32, any.device(),
+                              MemCategory::workspace);
+  plan.execute(h, uids, pointers, plan.workspace_bytes() > 0 ? ptr(workspace) : nullptr);
+}
+
+}  // namespace
+
+std::string cudnn_attention_unsupported(const Tensor& q, const Tensor& k, float scale, bool backward) {
+  std::string blocker = static_blocker(q, k);
+  if (!blocker.empty()) return blocker;
+  const CachedPlan& p = plan_for(q, k, scale, backward);
+  return p.plan ? "" : p.unsupported;
+}
+
+void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                             float scale) {
+  const CachedPlan& p = plan_for(q, k, scale, false);
+  ZT_CHECK(p.plan, "attention: cuDNN cannot take this call: ", p.unsupported);
+  const cudnn::SdpaForwardGraph& g = p.forward;
+  run(*p.plan, q, {g.q, g.k, g.v, g.out, g.lse}, {ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse)});
+}
+
+void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                              const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              float scale) {
+  const CachedPlan& p = plan_for(q, k, scale, true);
+  ZT_CHECK(p.plan, "attention: cuDNN cannot take this call: ", p.unsupported);
+  const cudnn::SdpaBackwardGraph& g = p.backward;
+  Tensor row_sums = Tensor::empty(lse.shape(), DType::f32, q.device(), MemCategory::workspace);
+  run(*p.plan, q, {g.q, g.k, g.v, g.out, g.dout, g.lse, g.dq, g.dk, g.dv, g.row_sums},
+      {ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse), ptr(dq), ptr(dk), ptr(dv), ptr(row_sums)});
+}
+
+}  // namespace zt::cuda
+
+#else  // no cuDNN in this build
+
+namespace zt::cuda {
+
+std::string cudnn_attention_unsupported(const Tensor&, const Tensor&, float, bool) {
+  return "this build has no cuDNN (configure with cuDNN's headers and library found, e.g. CUDNN_ROOT)";
+}
+void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+  ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
+}
+void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+  ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
+}
+
+}  // namespace zt::cuda
+
+#endif

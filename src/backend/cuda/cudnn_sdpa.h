@@ -1,0 +1,43 @@
+// cuDNN's fused flash attention (SDPA) as backend graphs: causal, grouped-query,
+// forward with softmax statistics and a deterministic backward. Host-only graph
+// construction (no GPU needed), so plans can be checked ahead of time on the
+// CPU; attention_cudnn.cpp runs them on a GPU.
+//
+// Our layouts, as cuDNN (b, h, s, d) views with strides:
+//   q, out, dq, dout (B, T, Hq, D);  k, v, dk, dv (B, T, Hkv, D);
+//   lse (B, Hq, T) f32: the natural-log sum of exp of the scaled, masked
+//   scores, which is exactly cuDNN's softmax "stats".
+// cuDNN recognises a fused attention by the shape of the graph: matmul, scale,
+// causal mask (row index >= column index, else -inf), softmax (max, subtract,
+// exp, sum, divide; log-sum-exp to stats), matmul - the pattern cuDNN's own
+// frontend emits. The backward is the variant whose dQ is a plain matmul
+// output (no f32 atomic accumulator): deterministic on Hopper.
+#pragma once
+
+#include <memory>
+
+#include "backend/cuda/cudnn_graph.h"
+
+namespace zt::cuda::cudnn {
+
+struct SdpaShape {
+  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
+  cudnnDataType_t io = CUDNN_DATA_BFLOAT16;  // q, k, v, out and gradients (bf16 or f16)
+  float scale = 1.0f;                        // applied to q.k
+};
+
+struct SdpaForwardGraph {
+  std::shared_ptr<Graph> graph;
+  Uid q, k, v, out, lse;
+};
+
+struct SdpaBackwardGraph {
+  std::shared_ptr<Graph> graph;
+  Uid q, k, v, out, dout, lse, dq, dk, dv;
+  Uid row_sums;  // (B, Hq, T) f32 scratch the caller provides: dout . out per row
+};
+
+SdpaForwardGraph sdpa_forward_graph(const SdpaShape& shape);
+SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& shape);
+
+}  // namespace zt::cuda::cudnn

@@ -1,0 +1,118 @@
+// cuDNN's fused attention graphs (backend/cuda/cudnn_sdpa.h) checked ahead of
+// time, without a GPU: cuDNN's heuristics, given an H100's device properties,
+// must offer engine configurations that pass cuDNN's own support checks for
+// the forward and the backward graph of the model shapes we train. This
+// catches graphs no engine fuses (an f32 probability operand in the forward,
+// or the backward's row sums taken from the wrong tensor, leave none), not
+// operand orientation or scale (a backward reading P for P^T still finds an
+// engine): the numbers are checked on a GPU by tests/cuda/kernels_test.cpp
+// against the CPU backend.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/cuda/cudnn_sdpa.h"
+#include "core/error.h"
+
+namespace zt::cuda::cudnn {
+namespace {
+
+// An H100 SXM (80 GB) as cuDNN's device-properties JSON describes a GPU.
+const char* kH100 = R"({"maxGridSize":[2147483647,65535,65535],"maxBlockSize":[1024,1024,64],
+"regsPerBlock":65536,"multiProcessorCount":132,"warpSize":32,"maxSharedMemoryPerBlock":49152,
+"maxSharedMemoryPerBlockOptin":232448,"reservedSharedMemoryPerBlock":1024,"maxRegistersPerSM":65536,
+"maxCtasPerSM":32,"maxThreadsPerBlock":1024,"maxThreadsPerSM":2048,"pciDeviceId":0,"isTccDriver":0,
+"supportCoopLaunch":1,"totalGlobalMem":85045870592,"smClockRateKHz":1980000,"memClockRateKHz":2619000,
+"l2CacheSize":52428800,"cudaDeviceId":0,"deviceVer":900,"driverVer":13000,"deviceName":"NVIDIA H100 80GB HBM3"})";
+
+Target h100() {
+  Target t;
+  t.device_json = kH100;
+  return t;
+}
+
+struct Case {
+  const char* name;
+  SdpaShape shape;
+};
+
+// GPT-2 124M; the Llama-3 1B shape (GQA 32/8); head dim 128 in f16; a length
+// that is not a multiple of any tile; multi-query attention.
+std::vector<Case> model_shapes() {
+  return {{"gpt2-124M", {8, 1024, 12, 12, 64, CUDNN_DATA_BFLOAT16, 0.125f}},
+          {"llama3-1B", {2, 2048, 32, 8, 64, CUDNN_DATA_BFLOAT16, 0.125f}},
+          {"d128-f16", {1, 512, 16, 8, 128, CUDNN_DATA_HALF, 0.08838835f}},
+          {"odd-length", {2, 130, 4, 2, 64, CUDNN_DATA_BFLOAT16, 0.125f}},
+          {"multi-query", {3, 256, 8, 1, 32, CUDNN_DATA_BFLOAT16, 0.17677669f}}};
+}
+
+TEST(CudnnSdpaPlan, ForwardHasAFusedEngineOnH100) {
+  for (const Case& c : model_shapes()) {
+    const SdpaForwardGraph f = sdpa_forward_graph(c.shape);
+    EXPECT_GT(count_engine_configs(*f.graph, h100()), 0) << c.name;
+  }
+}
+
+TEST(CudnnSdpaPlan, BackwardHasAFusedEngineOnH100) {
+  for (const Case& c : model_shapes()) {
+    const SdpaBackwardGraph b = sdpa_backward_graph(c.shape);
+    EXPECT_GT(count_engine_configs(*b.graph, h100()), 0) << c.name;
+  }
+}
+
+// Each caller-supplied tensor's (b, h, row, col) view must address exactly
+// the elements of our buffer: offsets 0 .. numel-1, each once.
+void expect_dense_view(const Layout& l, int64_t numel, const std::string& what) {
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> idx(l.dims.size(), 0);
+  const int64_t total = std::accumulate(l.dims.begin(), l.dims.end(), int64_t(1), std::multiplies<>());
+  ASSERT_EQ(total, numel) << what;
+  for (int64_t n = 0; n < total; ++n) {
+    int64_t off = 0;
+    for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * l.strides[d];
+    offsets.push_back(off);
+    for (size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < l.dims[d]) break;
+      idx[d] = 0;
+    }
+  }
+  std::sort(offsets.begin(), offsets.end());
+  for (int64_t n = 0; n < total; ++n) ASSERT_EQ(offsets[size_t(n)], n) << what << " misses or repeats an element";
+}
+
+TEST(CudnnSdpaPlan, TensorViewsCoverOurBuffersExactly) {
+  const SdpaShape s{2, 5, 4, 2, 8, CUDNN_DATA_BFLOAT16, 0.35f};
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D, nlse = s.B * s.Hq * s.T;
+  const SdpaForwardGraph f = sdpa_forward_graph(s);
+  for (auto [uid, n, what] : {std::tuple{f.q, nq, "q"}, {f.k, nkv, "k"}, {f.v, nkv, "v"}, {f.out, nq, "out"},
+                              {f.lse, nlse, "lse"}})
+    expect_dense_view(f.graph->layout(uid), n, std::string("forward ") + what);
+  const SdpaBackwardGraph b = sdpa_backward_graph(s);
+  for (auto [uid, n, what] :
+       {std::tuple{b.q, nq, "q"}, {b.k, nkv, "k"}, {b.v, nkv, "v"}, {b.out, nq, "out"}, {b.dout, nq, "dout"},
+        {b.lse, nlse, "lse"}, {b.dq, nq, "dq"}, {b.dk, nkv, "dk"}, {b.dv, nkv, "dv"}, {b.row_sums, nlse, "sums"}})
+    expect_dense_view(b.graph->layout(uid), n, std::string("backward ") + what);
+  // q's element (b, t, h, d) sits at ((b T + t) Hq + h) D + d: the view's
+  // (b, h, t, d) strides say the same.
+  EXPECT_EQ(f.graph->layout(f.q).strides, (std::vector<int64_t>{s.T * s.Hq * s.D, s.D, s.Hq * s.D, 1}));
+  // k enters q k^T transposed: (b, h, d, t).
+  EXPECT_EQ(f.graph->layout(f.k).dims, (std::vector<int64_t>{s.B, s.Hkv, s.D, s.T}));
+}
+
+TEST(CudnnSdpaPlan, ARefusedDescriptorNamesTheProblem) {
+  Graph g;
+  try {
+    g.tensor({{1, 1, -4, 4}, {16, 16, 4, 1}}, CUDNN_DATA_FLOAT);
+    FAIL() << "cuDNN accepted a tensor with a negative dimension";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuDNN refused the tensor descriptor: CUDNN_STATUS_BAD_PARAM"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace zt::cuda::cudnn
