@@ -65,6 +65,12 @@ Tensor RowParallelLinear::backward_data(const Tensor& dx, const Tensor& dy) cons
   return rows;
 }
 
+Tensor RowParallelLinear::backward_data_gelu(const Tensor& dx, const Tensor& dy, const Tensor& pre) const {
+  const Tensor rows = backward_data_rows(dy);
+  ops::matmul_gelu_backward(as_rows(dx), rows, w_, as_rows(pre));
+  return rows;
+}
+
 void RowParallelLinear::backward_weights(const Tensor& dy_rows, const Tensor& x) const {
   if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy_rows, as_rows(x), w_);
 }

@@ -68,6 +68,10 @@ class RowParallelLinear {
   // backward_data returns the (N, out) gradient backward_weights needs (dy
   // itself, or the rows gathered under sequence parallelism).
   Tensor backward_data(const Tensor& dx, const Tensor& dy) const;
+  // backward_data followed by the backward of the GeLU whose output this
+  // layer read: dx = gelu'(pre) * (dy W), pre the GeLU's input (N, in_local).
+  // One fused product where the backend has one (ops::matmul_gelu_backward).
+  Tensor backward_data_gelu(const Tensor& dx, const Tensor& dy, const Tensor& pre) const;
   void backward_weights(const Tensor& dy_rows, const Tensor& x) const;
   RowParallelLinear with_grads(Tensor dw, Tensor db) const {
     return RowParallelLinear(w_, b_, std::move(dw), std::move(db), tp_);

@@ -428,10 +428,19 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     return c;
   };
 
-  // MLP half. x_out = res_mid + mlp_out(act(mlp_in(ln2(res_mid)))).
-  Tensor d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
+  // MLP half. x_out = res_mid + mlp_out(act(mlp_in(ln2(res_mid)))). GPT-2's
+  // GeLU backward is fused into the product that computes its incoming
+  // gradient (no (N, F) gradient at the GeLU's output is materialised).
+  const bool gelu = cfg_.arch == Arch::gpt2;
+  Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input
+  if (gelu)
+    d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
+  else
+    d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
   {
-    const Tensor dy = keep(lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
+    const Tensor dy = keep(gelu ? lin.mlp_out.backward_data_gelu(d_mlp_in.view(Shape{N, F}), dres,
+                                                                 a.mlp_in.view(Shape{N, F}))
+                                : lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
     const Tensor act = a.act.view(Shape{N, F});
     const RowParallelLinear lin_now = lin.mlp_out;
     weights([this, layer, lin_now, dy, act] {
@@ -440,12 +449,11 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     });
   }
   a.act = Tensor();
-  Tensor d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
-  if (cfg_.arch == Arch::gpt2)
-    ops::gelu_backward(d_mlp_in, d_act, a.mlp_in);
-  else
+  if (!gelu) {
+    d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
     ops::swiglu_backward(d_mlp_in, d_act, a.mlp_in);
-  d_act = Tensor();
+    d_act = Tensor();
+  }
   Tensor ln2;
   comm::WorkHandle gather = start_input(a.ln2, ln2);
   lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);

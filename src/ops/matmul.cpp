@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/cpu/matmul.h"
+#include "ops/activation.h"
 #include "ops/check.h"
 #include "ops/op_profile.h"
 
@@ -184,6 +185,34 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
   if (use_cuda(op, dev)) return cuda::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w);
 #endif
   no_backend(op, dev);
+}
+
+void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) {
+  const char* op = "matmul_gelu_backward";
+  const OpScope scope(op, out);
+  check_defined(op, "out", out);
+  check_ndim(op, "a", a, 2);
+  check_ndim(op, "b", b, 2);
+  check_device(op, out.device(), {{"a", &a}, {"b", &b}, {"pre", &pre}});
+  check_compute_dtype(op, "a", a);
+  check_same_dtype(op, "a", a, "b", b);
+  check_same_dtype(op, "a", a, "out", out);
+  check_same_dtype(op, "a", a, "pre", pre);
+  ZT_CHECK(a.size(1) == b.size(0), op, ": inner dimensions do not match: 'a' is ", a.shape().str(), " and 'b' ",
+           b.shape().str(), "; need a (M, K) and b (K, N)");
+  check_shape(op, "out", out, Shape{a.size(0), b.size(1)});
+  check_shape(op, "pre", pre, out.shape());
+  check_no_overlap(op, "out", out, "pre", pre);
+#if ZT_WITH_CUDA
+  // One fused product where cuBLASLt has an algorithm; matmul() below checks the rest.
+  if (use_cuda(op, out.device())) {
+    check_no_overlap(op, "out", out, "a", a);
+    check_no_overlap(op, "out", out, "b", b);
+    if (cuda::matmul_gelu_backward(out, a, b, pre)) return;
+  }
+#endif
+  matmul(out, a, b);
+  gelu_backward(out, out, pre);
 }
 
 }  // namespace zt::ops

@@ -35,4 +35,14 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w);
 
+// The gradient through a GeLU after a product, fused where the backend can:
+//   out = gelu'(pre) * (a @ b)        (GeLU backward, tanh form, of activation_gelu)
+//   a: (M, K)   b: (K, N)   pre, out: (M, N) - pre is the GeLU's input
+// a, b, pre and out share a dtype (f32 or bf16). On CUDA one cuBLASLt product
+// with the DGELU epilogue (f32 accumulator times gelu'(pre), one rounding);
+// elsewhere, or when cuBLASLt has no algorithm for it, matmul then
+// gelu_backward (the product rounded to out's dtype first): the same bits as
+// calling the two. out must not share memory with a, b or pre.
+void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre);
+
 }  // namespace zt::ops

@@ -10,14 +10,17 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/matmul.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/activation.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/matmul.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -249,6 +252,31 @@ TEST_P(CudaKernels, AdamWMatchesTheCpu) {
   EXPECT_TRUE(matches(gm, m, 1e-6, "m"));
   EXPECT_TRUE(matches(gv, v, 1e-6, "v"));
   EXPECT_TRUE(matches(gcopy, copy, 1e-2, "model copy"));
+}
+
+// The GeLU backward fused into the product (cuBLASLt's DGELU epilogue)
+// against the CPU's matmul then gelu_backward. bf16 widths that are multiples
+// of 8 must take the fused path; other widths fall back to the two ops.
+TEST_P(CudaKernels, MatmulGeluBackwardMatchesTheCpu) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(12);
+  for (const auto& [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{64, 96, 128}, {300, 768, 3072}, {5, 40, 30}}) {
+    const Tensor a = random_tensor(Shape{M, K}, dt, rng), b = random_tensor(Shape{K, N}, dt, rng);
+    const Tensor pre = random_tensor(Shape{M, N}, dt, rng, -4.0, 4.0);
+    Tensor out = Tensor::empty(Shape{M, N}, dt);
+    ops::matmul_gelu_backward(out, a, b, pre);
+    const Tensor ga = to_gpu(a), gb = to_gpu(b), gpre = to_gpu(pre);
+    Tensor gout = gpu_poisoned(Shape{M, N}, dt);
+    const bool fused = cuda::matmul_gelu_backward(gout, ga, gb, gpre);
+    if (N % 8 != 0) {
+      EXPECT_FALSE(fused);
+    } else if (dt == DType::bf16) {  // the training dtype: the fused path must be there
+      EXPECT_TRUE(fused) << "cuBLASLt has no DGELU algorithm for " << M << "x" << K << "x" << N;
+    }
+    if (!fused) ops::matmul_gelu_backward(gout, ga, gb, gpre);
+    EXPECT_TRUE(matches(gout, out, dt == DType::f32 ? 1e-5 : 2e-2, "out")) << M << "x" << K << "x" << N;
+  }
 }
 
 // Every implementation against the CPU backend: the ops entry (automatic:

@@ -24,6 +24,9 @@
 //   itself when out is f32, else in an f32 scratch rounded once into out
 //   afterwards) and the product accumulates onto it with beta = 1: the CPU
 //   backend's order, one rounding of out.
+// DGELU: out = gelu'(pre) * (a @ b) through CUBLASLT_EPILOGUE_DGELU with pre
+//   as the epilogue's auxiliary input (same layout as out): the GeLU backward
+//   fused into the product that computes its incoming gradient.
 // Plans: matmul descriptor, layouts and the heuristic's algorithm are made
 //   once per (device, shape, transposes, dtypes, bias, alignments) key and
 //   cached for the process (thread-safe).
@@ -97,7 +100,8 @@ struct PlanKey {
   int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
   DType ab = DType::f32, out = DType::f32, bias = DType::f32;
   bool has_bias = false;
-  uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0;
+  bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
+  uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
 
   bool operator==(const PlanKey&) const = default;
 };
@@ -111,10 +115,11 @@ struct PlanKeyHash {
     mix(uint64_t(k.M));
     mix(uint64_t(k.N));
     mix(uint64_t(k.K));
-    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3);
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4);
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
+    mix(uint64_t(k.align_aux));
     return size_t(h);
   }
 };
@@ -130,7 +135,7 @@ struct Plan {
   cublasLtMatrixLayout_t lay_c = nullptr;  // C and D: out^T, (N, M) column-major
   cublasLtMatmulAlgo_t algo{};
   bool found = false;  // the heuristic returned an algorithm
-  std::mutex bias_mu;  // the bias pointer lives in `op`: set it and launch under this lock
+  std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
 
 std::string describe(const PlanKey& k) {
@@ -138,7 +143,8 @@ std::string describe(const PlanKey& k) {
                         k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
                         "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
-                        ", alignments a ", k.align_a, " b ", k.align_b, " out ", k.align_out, " bias ", k.align_bias);
+                        k.dgelu ? ", dgelu epilogue" : "", ", alignments a ", k.align_a, " b ", k.align_b, " out ",
+                        k.align_out, " bias ", k.align_bias, " aux ", k.align_aux);
 }
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
@@ -156,8 +162,9 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 
 // Builds the descriptors of `k` and asks the heuristic for the best algorithm
 // that fits the workspace and the alignments. `bias` is a pointer with the
-// key's bias alignment: the heuristic reads it from the descriptor.
-std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias) {
+// key's bias alignment, `aux` one with its aux alignment: the heuristic reads
+// them from the descriptor.
+std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* aux) {
   auto p = std::make_unique<Plan>();
   p->handle = cublaslt_handle(Device::cuda(k.device));
   p->workspace = cublaslt_workspace(Device::cuda(k.device));
@@ -173,6 +180,18 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias) {
     ZT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (k.dgelu) {
+    const uint32_t epi = CUBLASLT_EPILOGUE_DGELU;
+    const int32_t aux_type = lt_type(k.out);
+    const int64_t aux_ld = k.ldc;
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                                   sizeof(aux_type)));
   }
   const cudaDataType_t ab = lt_type(k.ab), out = lt_type(k.out);
   // Stored shapes, column-major: b (K, N) row-major is (N, K) with its row
@@ -209,24 +228,24 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias) {
 }
 
 // The cached plan of `k` (made on first use).
-Plan& plan_for(const PlanKey& k, const void* bias) {
+Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
   static std::mutex mu;
   static auto* cache = new std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash>();  // never freed
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(k);
-  if (it == cache->end()) it = cache->emplace(k, make_plan(k, bias)).first;
+  if (it == cache->end()) it = cache->emplace(k, make_plan(k, bias, aux)).first;
   return *it->second;
 }
 
 // Runs the cached plan of k: out = alpha * op(a) @ op(b) + beta * out (+ bias
-// through the epilogue). Returns false, having launched nothing, when a bias
-// is given and no algorithm applies it; throws when a product without bias
-// finds no algorithm.
-bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, float alpha_in,
-                 float beta_in, Device device) {
-  Plan& p = plan_for(k, bias);
+// through the epilogue; times gelu'(aux) with the DGELU one). Returns false,
+// having launched nothing, when an epilogue is asked for and no algorithm
+// applies it; throws when a plain product finds no algorithm.
+bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, const void* aux,
+                 float alpha_in, float beta_in, Device device) {
+  Plan& p = plan_for(k, bias, aux);
   if (!p.found) {
-    if (k.has_bias) return false;
+    if (k.has_bias || k.dgelu) return false;
     throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
   }
   const float alpha = alpha_in, beta = beta_in;
@@ -235,9 +254,13 @@ bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, cons
     ZT_CUBLAS_CHECK(cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, out, p.lay_c, out,
                                    p.lay_c, &p.algo, p.workspace, cublaslt_workspace_bytes(), stream));
   };
-  if (k.has_bias) {
-    std::lock_guard<std::mutex> lock(p.bias_mu);
-    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (k.has_bias || k.dgelu) {
+    std::lock_guard<std::mutex> lock(p.pointer_mu);
+    if (k.has_bias)
+      ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (k.dgelu)
+      ZT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     launch();
   } else {
     launch();
@@ -245,9 +268,9 @@ bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, cons
   return true;
 }
 
-// launch_plan for a GemmDesc (d already folded) over contiguous matrices.
-bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
-               const void* bias, DType bias_type, Device device) {
+// The plan key of a GemmDesc (d already folded) over contiguous matrices.
+PlanKey contiguous_key(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
+                       const void* bias, DType bias_type, Device device) {
   PlanKey k;
   k.device = device.index;
   k.batch = d.batch, k.M = d.M, k.N = d.N, k.K = d.K;
@@ -267,7 +290,14 @@ bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType 
   k.align_b = alignment_of(b, d.batch, k.stride_b, es);
   k.align_out = alignment_of(out, d.batch, k.stride_c, dtype_size(out_type));
   k.align_bias = k.has_bias ? alignment_of(bias, 1, 0, 0) : 0;
-  return launch_plan(k, a, b, out, bias, d.alpha, d.beta, device);
+  return k;
+}
+
+// launch_plan for a GemmDesc (d already folded) over contiguous matrices.
+bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
+               const void* bias, DType bias_type, Device device) {
+  const PlanKey k = contiguous_key(d, ab, a, b, out_type, out, bias, bias_type, device);
+  return launch_plan(k, a, b, out, bias, nullptr, d.alpha, d.beta, device);
 }
 
 // dst[i] = beta * prev[i] + bias[i % cols] in f32, rounded once to TDst.
@@ -416,7 +446,21 @@ void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, 
   k.align_a = alignment_of(a, g.batch, g.stride_a, es, g.lda);
   k.align_b = alignment_of(b, g.batch, g.stride_b, es, g.ldb);
   k.align_out = alignment_of(out, g.batch, g.stride_c, dtype_size(out_type), g.ldc);
-  launch_plan(k, a, b, out, nullptr, g.alpha, g.beta, device);
+  launch_plan(k, a, b, out, nullptr, nullptr, g.alpha, g.beta, device);
+}
+
+bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (M == 0 || N == 0) return true;
+  if (K == 0 || N % 8 != 0) return false;  // the epilogue's aux leading dimension must be a multiple of 8
+  GemmDesc d;
+  d.M = M, d.N = N, d.K = K;
+  PlanKey k = contiguous_key(d, a.dtype(), a.data_ptr(), b.data_ptr(), out.dtype(), out.data_ptr(), nullptr,
+                             out.dtype(), out.device());
+  k.dgelu = true;
+  k.align_aux = alignment_of(pre.data_ptr(), 1, 0, dtype_size(pre.dtype()), N);
+  return launch_plan(k, a.data_ptr(), b.data_ptr(), out.data_ptr(), nullptr, pre.data_ptr(), 1.0f, 0.0f,
+                     out.device());
 }
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& desc) {

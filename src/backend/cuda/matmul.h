@@ -42,6 +42,13 @@ struct StridedGemm {
 void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,
                   Device device);
 
+// out (M, N) = gelu'(pre) * (a @ b), a (M, K), b (K, N), pre (M, N), one dtype:
+// one cuBLASLt product with the DGELU epilogue (the f32 accumulator times
+// gelu'(pre), rounded once). Returns false, having launched nothing, when
+// cuBLASLt has no algorithm for it or N is not a multiple of 8 (the epilogue's
+// leading-dimension rule): the caller then runs matmul and gelu_backward.
+bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre);
+
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
