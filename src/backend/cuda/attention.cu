@@ -7,7 +7,9 @@
 // Layouts: q, out, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T).
 #include "backend/cuda/attention.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -207,6 +209,20 @@ const char* name_of(AttentionKernel kernel) {
   }
 }
 
+// The automatic choice, said once per process and direction (and again if
+// it changes, e.g. for a shape cuDNN does not take): which kernel runs
+// attention is a large part of a step's time.
+void report_choice(bool backward, AttentionKernel chosen, const std::string& why_not_cudnn) {
+  static std::mutex mu;
+  static AttentionKernel last[2] = {AttentionKernel::automatic, AttentionKernel::automatic};
+  std::lock_guard<std::mutex> lock(mu);
+  if (last[backward] == chosen) return;
+  last[backward] = chosen;
+  const std::string note = why_not_cudnn.empty() ? "" : " (not cuDNN: " + why_not_cudnn + ")";
+  std::fprintf(stderr, "zettatron: attention %s uses the %s kernel%s\n", backward ? "backward" : "forward",
+               name_of(chosen), note.c_str());
+}
+
 // Why a fused kernel (cudnn, mma, flash) cannot run on these tensors (empty when it can).
 std::string fused_blocker(AttentionKernel kernel, bool backward, float scale, const Tensor& q, const Tensor& k,
                           std::initializer_list<const Tensor*> all) {
@@ -229,9 +245,20 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, float scale, const
              "; choose another (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
     return kernel;
   }
-  for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash})
-    if (fused_blocker(fused, backward, scale, q, k, all).empty()) return fused;
-  return gemm_attention_fits(q, k, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
+  std::string why_not_cudnn;
+  AttentionKernel chosen = AttentionKernel::automatic;
+  for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash}) {
+    const std::string blocker = fused_blocker(fused, backward, scale, q, k, all);
+    if (blocker.empty()) {
+      chosen = fused;
+      break;
+    }
+    if (fused == AttentionKernel::cudnn) why_not_cudnn = blocker;
+  }
+  if (chosen == AttentionKernel::automatic)
+    chosen = gemm_attention_fits(q, k, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
+  report_choice(backward, chosen, why_not_cudnn);
+  return chosen;
 }
 
 }  // namespace
