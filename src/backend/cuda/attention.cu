@@ -209,15 +209,16 @@ const char* name_of(AttentionKernel kernel) {
   }
 }
 
-// The automatic choice, said once per process and direction (and again if
-// it changes, e.g. for a shape cuDNN does not take): which kernel runs
-// attention is a large part of a step's time.
+// The automatic choice, said the first time each kernel runs each direction
+// (so a shape cuDNN does not take is reported with cuDNN's reason): which
+// kernel runs attention is a large part of a step's time.
 void report_choice(bool backward, AttentionKernel chosen, const std::string& why_not_cudnn) {
   static std::mutex mu;
-  static AttentionKernel last[2] = {AttentionKernel::automatic, AttentionKernel::automatic};
+  static unsigned seen = 0;  // bit (direction, kernel)
+  const unsigned bit = 1u << (2 * unsigned(chosen) + unsigned(backward));
   std::lock_guard<std::mutex> lock(mu);
-  if (last[backward] == chosen) return;
-  last[backward] = chosen;
+  if (seen & bit) return;
+  seen |= bit;
   const std::string note = why_not_cudnn.empty() ? "" : " (not cuDNN: " + why_not_cudnn + ")";
   std::fprintf(stderr, "zettatron: attention %s uses the %s kernel%s\n", backward ? "backward" : "forward",
                name_of(chosen), note.c_str());
