@@ -18,6 +18,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/device.h"
 #include "ops/norm.h"
+#include "cuda_emu/emu_test_util.h"
 #include "test_util.h"
 
 namespace zt::test {
@@ -26,24 +27,7 @@ namespace {
 namespace nk = cuda::norm_kernels;
 namespace ck = cuda::ce_kernels;
 
-double tol(DType dt) { return dt == DType::f32 ? 1e-5 : 2e-2; }
-
-::testing::AssertionResult close(const Tensor& got, const Tensor& ref, double limit, const char* what) {
-  return rel_error_within(got, to_f64(ref), limit, what);
-}
-
-Tensor poisoned(const Shape& shape, DType dt) {
-  Tensor t = Tensor::empty(shape, dt);
-  poison(t);
-  return t;
-}
-
-Tensor copy_of(const Tensor& t) { return ops::to_device(t, Device::cpu()); }  // a fresh host copy
-
-template <typename T>
-T* p(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
-}
+using namespace emu_util;
 
 template <typename T>
 void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt, std::mt19937_64& rng) {

@@ -1,43 +1,26 @@
 // CUDA RoPE: one thread per channel pair, in place allowed (each pair is read
-// before it is written by the same thread).
+// before it is written by the same thread). The launches; the kernel and the
+// host-built table are in rope_kernels.cuh.
 #include "backend/cuda/rope.h"
 
-#include <cmath>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/rope_kernels.cuh"
 #include "backend/cuda/runtime.h"
 
 namespace zt::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-template <typename T>
-__global__ void rope_kernel(T* y, const T* x, const float* table, int64_t pairs, int64_t T_, int64_t H,
-                            int64_t half, int64_t pos_offset, float sign) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i % half, bth = i / half;  // bth = (b*T + t)*H + h
-    const int64_t t = (bth / H) % T_;
-    const float c = table[((t + pos_offset) * half + p) * 2], s = sign * table[((t + pos_offset) * half + p) * 2 + 1];
-    const float x0 = to_f32(x[2 * i]), x1 = to_f32(x[2 * i + 1]);
-    y[2 * i] = from_f32<T>(x0 * c - x1 * s);
-    y[2 * i + 1] = from_f32<T>(x0 * s + x1 * c);
-  }
-}
+using namespace rope_kernels;
 
 }  // namespace
 
 void rope_table(const Tensor& table, const double* freqs) {
   const int64_t T_max = table.size(0), half = table.size(1);
   std::vector<float> host(size_t(T_max * half * 2));
-  for (int64_t t = 0; t < T_max; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double a = double(t) * freqs[i];
-      host[size_t((t * half + i) * 2)] = float(std::cos(a));
-      host[size_t((t * half + i) * 2 + 1)] = float(std::sin(a));
-    }
+  rope_table_host(host.data(), T_max, half, freqs);
   copy_bytes(table.data_ptr(), table.device(), host.data(), Device::cpu(), host.size() * sizeof(float));
 }
 

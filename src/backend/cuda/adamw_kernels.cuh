@@ -1,0 +1,47 @@
+// The kernel of adamw.cu: one grid-stride pass that updates the f32 master,
+// m and v and writes the rounded model copy; the bias corrections are
+// computed once per step in f64 on the host (adamw_consts), as the CPU does.
+// A header so that the warp emulator (tests/cuda_emu) runs it on the CPU.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cpu/adamw.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace zt::cuda::adamw_kernels {
+
+constexpr int kThreads = 256;
+
+// The step's constants, passed by value: inv_bc1 = 1 / (1 - beta1^step),
+// inv_sqrt_bc2 = 1 / sqrt(1 - beta2^step).
+struct Consts {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, grad_scale, inv_bc1, inv_sqrt_bc2, eps, lr, weight_decay;
+};
+
+// Host side: the bias corrections in f64, rounded once to f32.
+inline Consts adamw_consts(const cpu::AdamWHyper& h) {
+  const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
+  const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
+  return Consts{h.beta1, 1.0f - h.beta1, h.beta2, 1.0f - h.beta2, h.grad_scale, float(1.0 / bc1),
+                float(1.0 / std::sqrt(bc2)), h.eps, h.lr, h.weight_decay};
+}
+
+// p, m, v: (n) f32, updated in place; g: (n) G; copy: (n) C or null.
+template <typename G, typename C>
+__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, int64_t n, Consts k) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float gi = to_f32(g[i]) * k.grad_scale;
+    const float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
+    const float vi = k.beta2 * v[i] + k.one_minus_beta2 * (gi * gi);
+    m[i] = mi;
+    v[i] = vi;
+    const float update = (mi * k.inv_bc1) / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+    const float pi = p[i] - k.lr * (update + k.weight_decay * p[i]);
+    p[i] = pi;
+    if (copy != nullptr) copy[i] = from_f32<C>(pi);
+  }
+}
+
+}  // namespace zt::cuda::adamw_kernels

@@ -1,0 +1,86 @@
+// The kernels of embedding.cu: the gather forward (out = wte[tok] (+ wpe)),
+// and a backward without atomics - positions are grouped by token id on the
+// host (group_by_token, a stable counting sort), one block sums a group's
+// rows in position order in f32 and adds the sum to dwte with one rounding;
+// dwpe likewise sums over the batch in order. A header so that the warp
+// emulator (tests/cuda_emu) runs them on the CPU with the same grouping.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace zt::cuda::embedding_kernels {
+
+constexpr int kThreads = 256;
+
+// out[p, c] = wte[tok[p], c] (+ wpe[p % T + pos_offset, c]); grid-stride over (B*T*C).
+template <typename T>
+__global__ void embed_fwd_kernel(T* out, const int32_t* tok, const T* wte, const T* wpe, int64_t N, int64_t T_,
+                                 int64_t C, int64_t pos_offset) {
+  const int64_t n = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = i / C, c = i - p * C;
+    float v = to_f32(wte[int64_t(tok[p]) * C + c]);
+    if (wpe != nullptr) v += to_f32(wpe[(p % T_ + pos_offset) * C + c]);
+    out[i] = from_f32<T>(v);
+  }
+}
+
+// Positions grouped by token id (host side): group g is the positions
+// order[begin[g] .. begin[g+1]) of token id token[g], in position order.
+struct TokenGroups {
+  std::vector<int32_t> order;  // (N) positions
+  std::vector<int32_t> begin;  // (groups + 1), begin[groups] = N
+  std::vector<int32_t> token;  // (groups) ids, ascending
+};
+
+// Counting sort of the N positions of tok (ids in [0, V)); stable, so a
+// group's positions stay in position order.
+inline TokenGroups group_by_token(const int32_t* tok, int64_t N, int64_t V) {
+  std::vector<int32_t> count(size_t(V) + 1, 0);  // count[v + 1]: occurrences of v, then prefix sums
+  for (int64_t p = 0; p < N; ++p) ++count[size_t(tok[p]) + 1];
+  for (int64_t v = 0; v < V; ++v) count[size_t(v) + 1] += count[size_t(v)];
+  TokenGroups g;
+  g.order.resize(size_t(N));
+  {
+    std::vector<int32_t> next(count.begin(), count.end() - 1);
+    for (int64_t p = 0; p < N; ++p) g.order[size_t(next[size_t(tok[p])]++)] = int32_t(p);
+  }
+  for (int64_t v = 0; v < V; ++v)
+    if (count[size_t(v) + 1] > count[size_t(v)]) {
+      g.begin.push_back(count[size_t(v)]);
+      g.token.push_back(int32_t(v));
+    }
+  g.begin.push_back(int32_t(N));
+  return g;
+}
+
+// Block (g, cb): token group g (positions order[begin[g] .. begin[g+1])),
+// channels cb*kThreads + threadIdx.x.
+template <typename T, typename G>
+__global__ void embed_bwd_wte_kernel(G* dwte, const T* dout, const int32_t* order, const int32_t* begin,
+                                     const int32_t* group_token, int64_t C) {
+  const int64_t c = blockIdx.y * int64_t(kThreads) + threadIdx.x;
+  if (c >= C) return;
+  const int g = blockIdx.x;
+  float s = 0.0f;
+  for (int32_t j = begin[g]; j < begin[g + 1]; ++j) s += to_f32(dout[int64_t(order[j]) * C + c]);
+  G* row = dwte + int64_t(group_token[g]) * C;
+  row[c] = from_f32<G>(to_f32(row[c]) + s);
+}
+
+// dwpe[t + pos_offset, c] += sum_b dout[b, t, c], b in order.
+template <typename T, typename G>
+__global__ void embed_bwd_wpe_kernel(G* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C, int64_t pos_offset) {
+  const int64_t n = T_ * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < B; ++b) s += to_f32(dout[b * n + i]);
+    G* p = dwpe + pos_offset * C + i;
+    *p = from_f32<G>(to_f32(*p) + s);
+  }
+}
+
+}  // namespace zt::cuda::embedding_kernels

@@ -1,0 +1,31 @@
+// Helpers the emulated kernel tests share: host tensors for kernels launched
+// by the warp emulator (raw pointers, poisoned outputs, fresh copies) and the
+// comparison against the CPU backend.
+#pragma once
+
+#include "ops/device.h"
+#include "test_util.h"
+
+namespace zt::test::emu_util {
+
+inline double tol(DType dt) { return dt == DType::f32 ? 1e-5 : 2e-2; }
+
+inline ::testing::AssertionResult close(const Tensor& got, const Tensor& ref, double limit, const char* what) {
+  return rel_error_within(got, to_f64(ref), limit, what);
+}
+
+inline Tensor poisoned(const Shape& shape, DType dt) {
+  Tensor t = Tensor::empty(shape, dt);
+  poison(t);
+  return t;
+}
+
+inline Tensor copy_of(const Tensor& t) { return ops::to_device(t, Device::cpu()); }  // a fresh host copy
+
+// The tensor's memory as the kernel's element type (null when undefined).
+template <typename T>
+T* p(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace zt::test::emu_util

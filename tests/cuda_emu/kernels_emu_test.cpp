@@ -1,0 +1,259 @@
+// The CUDA embedding (embedding_kernels.cuh), AdamW (adamw_kernels.cuh),
+// GeLU / SwiGLU (activation_kernels.cuh) and RoPE (rope_kernels.cuh) kernels,
+// run by the warp emulator on the CPU with the launches of embedding.cu,
+// adamw.cu, activation.cu and rope.cu and their host-side helpers (the token
+// grouping, the bias corrections, the cos/sin table), against the CPU backend
+// (itself checked against float64 references in tests/ops): the gather with
+// and without wpe and a position offset, the grouped dwte and the dwpe
+// backward accumulating into nonzero gradients (tokens repeated, so groups
+// have several positions), the AdamW step with every model-copy dtype, the
+// activations forward and backward, and the rotation and its inverse (in
+// place). f32 and bf16; sizes that leave partial blocks; the grid-stride
+// kernels on a few blocks, so the stride loop runs; outputs poisoned first.
+#include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
+
+#include "backend/cuda/activation_kernels.cuh"
+#include "backend/cuda/adamw_kernels.cuh"
+#include "backend/cuda/embedding_kernels.cuh"
+#include "backend/cuda/rope_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cpu/adamw.h"
+#include "ops/activation.h"
+#include "ops/adamw.h"
+#include "ops/device.h"
+#include "ops/embedding.h"
+#include "ops/rope.h"
+#include "cuda_emu/emu_test_util.h"
+#include "test_util.h"
+
+namespace zt::test {
+namespace {
+
+namespace actk = cuda::activation_kernels;
+namespace adk = cuda::adamw_kernels;
+namespace ek = cuda::embedding_kernels;
+namespace rk = cuda::rope_kernels;
+
+using namespace emu_util;
+
+template <typename T>
+DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DType::f32;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return DType::bf16;
+  } else {
+    return DType::f16;
+  }
+}
+
+// Blocks for a grid-stride launch over n elements of 256-thread blocks, in
+// place of grid_for (which asks the device): at most 3, so that n > 768 runs
+// the stride loop and its last sweep is partial.
+unsigned stride_grid(int64_t n) { return unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 3)); }
+
+// Embedding of B x T tokens (ids in [0, V)) in C channels; wte / wpe / out
+// of type T, gradients of type G.
+template <typename T, typename G>
+void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, int64_t pos_offset, bool with_wpe,
+                    std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>(), gdt = dtype_of<G>();
+  SCOPED_TRACE(::testing::Message() << B << "x" << T_ << " tokens of " << V << ", C " << C << (with_wpe ? ", wpe" : "")
+                                    << ", pos_offset " << pos_offset << " " << dtype_name(dt) << ", grads "
+                                    << dtype_name(gdt));
+  const int64_t N = B * T_;
+  ASSERT_GT(N, V) << "more positions than ids, so some id repeats";
+  const Tensor tokens = random_tokens(Shape{B, T_}, V, rng);
+  const Tensor wte = random_tensor(Shape{V, C}, dt, rng);
+  const Tensor wpe = with_wpe ? random_tensor(Shape{T_max, C}, dt, rng) : Tensor();
+  const Tensor dout = random_tensor(Shape{B, T_, C}, dt, rng);
+  const Tensor dwte0 = random_tensor(Shape{V, C}, gdt, rng), dwpe0 = random_tensor(Shape{T_max, C}, gdt, rng);
+  // The CPU backend.
+  Tensor out = Tensor::empty(Shape{B, T_, C}, dt);
+  ops::embedding_forward(out, tokens, wte, wpe, pos_offset);
+  Tensor dwte = copy_of(dwte0), dwpe = with_wpe ? copy_of(dwpe0) : Tensor();
+  ops::embedding_backward(dwte, dwpe, dout, tokens, pos_offset);
+  // The kernels, launched as embedding.cu launches them.
+  Tensor gout = poisoned(out.shape(), dt);
+  emu::launch(dim3(stride_grid(N * C)), ek::kThreads, 0, ek::embed_fwd_kernel<T>, p<T>(gout), p<int32_t>(tokens),
+              p<T>(wte), p<T>(wpe), N, T_, C, pos_offset);
+  // One addition rounded once (or a copy), as on the CPU: bitwise equal.
+  EXPECT_TRUE(all_close(gout, to_f64(out), 0.0, 0.0)) << "out";
+
+  const ek::TokenGroups g = ek::group_by_token(p<int32_t>(tokens), N, V);
+  const int64_t groups = int64_t(g.token.size());
+  // The grouping itself: every position once, ids ascending, positions ascending within a group.
+  ASSERT_EQ(int64_t(g.order.size()), N);
+  ASSERT_EQ(int64_t(g.begin.size()), groups + 1);
+  ASSERT_EQ(g.begin.back(), N);
+  int64_t largest = 0;
+  for (int64_t k = 0; k < groups; ++k) {
+    largest = std::max<int64_t>(largest, g.begin[size_t(k) + 1] - g.begin[size_t(k)]);
+    if (k > 0) {
+      EXPECT_LT(g.token[size_t(k) - 1], g.token[size_t(k)]);
+    }
+    for (int32_t j = g.begin[size_t(k)]; j < g.begin[size_t(k) + 1]; ++j) {
+      EXPECT_EQ(p<int32_t>(tokens)[g.order[size_t(j)]], g.token[size_t(k)]);
+      if (j > g.begin[size_t(k)]) {
+        EXPECT_LT(g.order[size_t(j) - 1], g.order[size_t(j)]);
+      }
+    }
+  }
+  EXPECT_GT(largest, 1);
+  Tensor gdwte = copy_of(dwte0);
+  emu::launch(dim3(unsigned(groups), unsigned((C + ek::kThreads - 1) / ek::kThreads)), ek::kThreads, 0,
+              ek::embed_bwd_wte_kernel<T, G>, p<G>(gdwte), p<T>(dout), g.order.data(), g.begin.data(),
+              g.token.data(), C);
+  EXPECT_TRUE(close(gdwte, dwte, tol(gdt), "dwte"));
+  if (with_wpe) {
+    Tensor gdwpe = copy_of(dwpe0);
+    emu::launch(dim3(stride_grid(T_ * C)), ek::kThreads, 0, ek::embed_bwd_wpe_kernel<T, G>, p<G>(gdwpe), p<T>(dout),
+                B, T_, C, pos_offset);
+    EXPECT_TRUE(close(gdwpe, dwpe, tol(gdt), "dwpe"));
+  }
+}
+
+// One AdamW step over n elements: gradient of type G, model copy of type C
+// (void: none).
+template <typename G, typename C>
+void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
+  constexpr bool kCopy = !std::is_void_v<C>;
+  using CopyT = std::conditional_t<kCopy, C, float>;
+  const DType gdt = dtype_of<G>(), cdt = dtype_of<CopyT>();
+  SCOPED_TRACE(::testing::Message() << n << " elements, step " << h.step << ", grad " << dtype_name(gdt) << ", copy "
+                                    << (kCopy ? dtype_name(cdt) : "none"));
+  const Tensor master0 = random_tensor(Shape{n}, DType::f32, rng), grad = random_tensor(Shape{n}, gdt, rng);
+  const Tensor m0 = random_tensor(Shape{n}, DType::f32, rng, -0.1, 0.1);
+  const Tensor v0 = random_tensor(Shape{n}, DType::f32, rng, 0.0, 0.01);  // a second moment: >= 0
+  // The CPU backend.
+  Tensor master = copy_of(master0), m = copy_of(m0), v = copy_of(v0);
+  Tensor copy = kCopy ? Tensor::empty(Shape{n}, cdt) : Tensor();
+  ops::adamw_step(master, grad, m, v, copy, h);
+  // The kernel, launched as adamw.cu launches it, with its host-side constants.
+  const adk::Consts k =
+      adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, h.grad_scale});
+  Tensor gmaster = copy_of(master0), gm = copy_of(m0), gv = copy_of(v0);
+  Tensor gcopy = kCopy ? poisoned(Shape{n}, cdt) : Tensor();
+  emu::launch(dim3(stride_grid(n)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT>, p<float>(gmaster), p<G>(grad),
+              p<float>(gm), p<float>(gv), p<CopyT>(gcopy), n, k);
+  EXPECT_TRUE(close(gmaster, master, 1e-6, "master"));
+  EXPECT_TRUE(close(gm, m, 1e-6, "m"));
+  EXPECT_TRUE(close(gv, v, 1e-6, "v"));
+  if (kCopy) {
+    EXPECT_TRUE(close(gcopy, copy, cdt == DType::f32 ? 1e-6 : 2e-2, "model copy"));
+  }
+}
+
+// GeLU on n elements and SwiGLU on rows x (2H -> H), forward and backward.
+template <typename T>
+void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>();
+  SCOPED_TRACE(::testing::Message() << "gelu " << n << ", swiglu " << rows << "x" << H << " " << dtype_name(dt));
+  const Tensor x = random_tensor(Shape{n}, dt, rng, -5, 5), dy = random_tensor(Shape{n}, dt, rng);
+  Tensor y = Tensor::empty(Shape{n}, dt), dx = Tensor::empty(Shape{n}, dt);
+  ops::gelu_forward(y, x);
+  ops::gelu_backward(dx, dy, x);
+  Tensor gy = poisoned(Shape{n}, dt), gdx = poisoned(Shape{n}, dt);
+  emu::launch(dim3(stride_grid(n)), actk::kThreads, 0, actk::gelu_fwd_kernel<T>, p<T>(gy), p<T>(x), n);
+  emu::launch(dim3(stride_grid(n)), actk::kThreads, 0, actk::gelu_bwd_kernel<T>, p<T>(gdx), p<T>(dy), p<T>(x), n);
+  EXPECT_TRUE(close(gy, y, tol(dt), "gelu y"));
+  EXPECT_TRUE(close(gdx, dx, tol(dt), "gelu dx"));
+
+  const Tensor sx = random_tensor(Shape{rows, 2 * H}, dt, rng, -5, 5), sdy = random_tensor(Shape{rows, H}, dt, rng);
+  Tensor sy = Tensor::empty(Shape{rows, H}, dt), sdx = Tensor::empty(Shape{rows, 2 * H}, dt);
+  ops::swiglu_forward(sy, sx);
+  ops::swiglu_backward(sdx, sdy, sx);
+  Tensor gsy = poisoned(sy.shape(), dt), gsdx = poisoned(sdx.shape(), dt);
+  emu::launch(dim3(stride_grid(rows * H)), actk::kThreads, 0, actk::swiglu_fwd_kernel<T>, p<T>(gsy), p<T>(sx), rows,
+              H);
+  emu::launch(dim3(stride_grid(rows * H)), actk::kThreads, 0, actk::swiglu_bwd_kernel<T>, p<T>(gsdx), p<T>(sdy),
+              p<T>(sx), rows, H);
+  EXPECT_TRUE(close(gsy, sy, tol(dt), "swiglu y"));
+  EXPECT_TRUE(close(gsdx, sdx, tol(dt), "swiglu dx"));
+}
+
+// RoPE on (B, T, H, D) at positions pos_offset.. of a T_max table: forward,
+// then the inverse in place (as the backward may run).
+template <typename T>
+void rope_case(int64_t B, int64_t T_, int64_t H, int64_t D, int64_t T_max, int64_t pos_offset,
+               const ops::RopeScaling& scaling, std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>();
+  SCOPED_TRACE(::testing::Message() << B << "x" << T_ << "x" << H << "x" << D << ", pos_offset " << pos_offset
+                                    << (scaling.enabled ? ", Llama 3 scaling " : " ") << dtype_name(dt));
+  const double theta = 10000.0;
+  const int64_t half_dim = D / 2, pairs = B * T_ * H * half_dim;
+  // The tables: the CPU's, and rope.cu's host code on the frequencies the ops layer passes it.
+  Tensor table = Tensor::empty(Shape{T_max, half_dim, 2}, DType::f32);
+  ops::rope_table(table, D, theta, scaling);
+  std::vector<double> freqs(static_cast<size_t>(half_dim));
+  for (int64_t i = 0; i < half_dim; ++i) freqs[size_t(i)] = ops::rope_frequency(i, D, theta, scaling);
+  Tensor gtable = poisoned(table.shape(), DType::f32);
+  rk::rope_table_host(p<float>(gtable), T_max, half_dim, freqs.data());
+  EXPECT_TRUE(all_close(gtable, to_f64(table), 0.0, 0.0)) << "the cos/sin tables are bitwise equal";
+
+  const Tensor x = random_tensor(Shape{B, T_, H, D}, dt, rng), dy = random_tensor(Shape{B, T_, H, D}, dt, rng);
+  Tensor y = Tensor::empty(x.shape(), dt), dx = Tensor::empty(x.shape(), dt);
+  ops::rope_forward(y, x, table, pos_offset);
+  ops::rope_backward(dx, dy, table, pos_offset);
+  Tensor gy = poisoned(x.shape(), dt), gdx = copy_of(dy);
+  emu::launch(dim3(stride_grid(pairs)), rk::kThreads, 0, rk::rope_kernel<T>, p<T>(gy), p<T>(x), p<float>(gtable),
+              pairs, T_, H, half_dim, pos_offset, 1.0f);
+  emu::launch(dim3(stride_grid(pairs)), rk::kThreads, 0, rk::rope_kernel<T>, p<T>(gdx), p<T>(gdx), p<float>(gtable),
+              pairs, T_, H, half_dim, pos_offset, -1.0f);
+  EXPECT_TRUE(close(gy, y, tol(dt), "y"));
+  EXPECT_TRUE(close(gdx, dx, tol(dt), "dx (in place)"));
+}
+
+TEST(CudaKernelsEmulated, EmbeddingForwardBackwardMatchTheCpu) {
+  auto rng = make_rng(43);
+  // C = 300: two 256-channel column blocks of dwte, the second partial; 15
+  // positions over 9 ids, so ids repeat.
+  embedding_case<float, float>(3, 5, 300, 9, 12, 4, true, rng);
+  embedding_case<float, float>(3, 5, 300, 9, 5, 0, false, rng);
+  embedding_case<__nv_bfloat16, __nv_bfloat16>(2, 7, 100, 6, 10, 3, true, rng);
+  embedding_case<__nv_bfloat16, float>(2, 7, 100, 6, 9, 2, true, rng);
+}
+
+TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {
+  auto rng = make_rng(44);
+  ops::AdamWParams h;
+  h.lr = 1e-2f;
+  h.weight_decay = 0.1f;
+  h.step = 7;
+  h.grad_scale = 0.5f;
+  adamw_case<float, void>(1000, h, rng);  // 1000 > 3 x 256: a second, partial sweep of the stride loop
+  adamw_case<float, float>(1000, h, rng);
+  h.beta1 = 0.8f;
+  h.beta2 = 0.999f;
+  h.step = 1;
+  h.grad_scale = 1.0f;
+  adamw_case<__nv_bfloat16, __nv_bfloat16>(700, h, rng);
+  adamw_case<__nv_bfloat16, __half>(700, h, rng);
+}
+
+TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {
+  auto rng = make_rng(45);
+  activation_case<float>(1000, 6, 150, rng);  // 1000 and 6*150 = 900 elements: the stride loop runs twice
+  activation_case<__nv_bfloat16>(300, 3, 70, rng);
+}
+
+TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {
+  auto rng = make_rng(46);
+  // 2*5*4*21 = 840 pairs: three blocks, then a partial second sweep.
+  rope_case<float>(2, 5, 4, 42, 12, 4, ops::RopeScaling{}, rng);
+  // Llama 3 scaling with a short original context, so pairs fall in all three of its bands.
+  ops::RopeScaling scaling;
+  scaling.enabled = true;
+  scaling.original_max_position = 64;
+  rope_case<float>(1, 9, 2, 32, 16, 7, scaling, rng);
+  rope_case<__nv_bfloat16>(2, 6, 2, 32, 9, 3, scaling, rng);
+}
+
+}  // namespace
+}  // namespace zt::test
