@@ -60,7 +60,7 @@ void Descriptor::finalize(const char* what) {
 
 Uid Graph::add_tensor(const Layout& layout, cudnnDataType_t dtype, bool is_virtual, bool by_value, float value) {
   ZT_ASSERT(layout.dims.size() == layout.strides.size() && !layout.dims.empty(), "cuDNN tensor layout rank");
-  const Uid uid = Uid(tensors_.size());
+  const Uid uid = Uid(tensors_.size()) + 1;  // uids from 1: 0 reads as "unset" in some cuDNN tools
   Descriptor d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const int64_t rank = int64_t(layout.dims.size());
   d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dtype);
@@ -86,8 +86,8 @@ Uid Graph::scalar(float value) {
 }
 
 cudnnBackendDescriptor_t Graph::desc(Uid uid) const {
-  ZT_ASSERT(uid >= 0 && size_t(uid) < tensors_.size(), "cuDNN graph: unknown tensor uid ", uid);
-  return tensors_[size_t(uid)].desc.get();
+  ZT_ASSERT(uid >= 1 && size_t(uid) <= tensors_.size(), "cuDNN graph: unknown tensor uid ", uid);
+  return tensors_[size_t(uid - 1)].desc.get();
 }
 
 void Graph::pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t math, Uid x, Uid b, Uid t, Uid y, int64_t axis) {
@@ -164,7 +164,7 @@ std::vector<cudnnBackendDescriptor_t> Graph::operations() const {
 std::vector<std::pair<Uid, float>> Graph::scalars() const {
   std::vector<std::pair<Uid, float>> out;
   for (size_t i = 0; i < tensors_.size(); ++i)
-    if (tensors_[i].by_value) out.emplace_back(Uid(i), tensors_[i].value);
+    if (tensors_[i].by_value) out.emplace_back(Uid(i) + 1, tensors_[i].value);
   return out;
 }
 

@@ -42,7 +42,7 @@ class Descriptor {
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
-using Uid = int64_t;
+using Uid = int64_t;  // a graph's tensors are numbered from 1
 constexpr Uid kNoTensor = -1;
 
 // Dims and strides in elements (cuDNN wants rank >= 3; we use 4: b, h, rows, cols).
@@ -89,7 +89,7 @@ class Graph {
   // y is x with other dims/strides (a transpose expressed as a view).
   void reshape(Uid x, Uid y);
 
-  const Layout& layout(Uid uid) const { return tensors_.at(size_t(uid)).layout; }
+  const Layout& layout(Uid uid) const { return tensors_.at(size_t(uid - 1)).layout; }
   size_t num_operations() const { return ops_.size(); }
 
   // The descriptors an operation graph needs (finalized, in order).
