@@ -19,7 +19,7 @@
 // vertical and run along vectors of queries.
 //
 // Every tile product is C (+)= A B with B's rows contiguous and padded to a
-// multiple of 16 floats, computed by a register-blocked micro-kernel (MR rows
+// multiple of kLanes floats, computed by a register-blocked micro-kernel (MR rows
 // x up to 64 columns of accumulators, A broadcast element by element, so A
 // may be read transposed through its strides). On AVX-512 this runs near the
 // FMA peak for 64-wide tiles, well above single-threaded sgemm calls on
@@ -50,23 +50,37 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cpu/scratch.h"
 
 namespace zt::cpu {
 namespace {
 
-constexpr int64_t kTile = 64;   // rows of a query tile and of a key tile
-constexpr int64_t kLanes = 16;  // floats per vector
+constexpr int64_t kTile = 64;  // rows of a query tile and of a key tile
+// Floats per vector: the target's widest. GCC splits wider generic vectors
+// into native ones for arithmetic, but compares, selects and conversions
+// become element-by-element code (about 7x slower on AVX2 machines).
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
 
-using vf = float __attribute__((vector_size(64)));
-using vi = int32_t __attribute__((vector_size(64)));
-using vf_unaligned = float __attribute__((vector_size(64), aligned(4), may_alias));
+using vf = float __attribute__((vector_size(4 * kLanes)));
+using vi = int32_t __attribute__((vector_size(4 * kLanes)));
+using vf_unaligned = float __attribute__((vector_size(4 * kLanes), aligned(4), may_alias));
 
 inline vf vload(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void vstore(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
 inline vf vsplat(float x) { return vf{} + x; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+// {0, 1, ..., kLanes - 1}
+inline vi lane_index() {
+  vi v{};
+  for (int l = 0; l < int(kLanes); ++l) v[l] = l;
+  return v;
+}
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -101,7 +115,7 @@ inline vf vexp(vf x) {
 // Tile products: C[M x N] = A[M x K] B[K x N]            (kSet)
 //                C[M x N] += A B                         (kAdd)
 //                C[M x N] = diag(row_scale) C + A B      (kScaleAdd)
-// with A(m, k) = A[m*rs + k*cs], B rows contiguous (ldb), N a multiple of 16;
+// with A(m, k) = A[m*rs + k*cs], B rows contiguous (ldb), N a multiple of kLanes;
 // C must not overlap A or B.
 
 enum class Update { kSet, kAdd, kScaleAdd };
@@ -135,9 +149,10 @@ inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* 
 }
 
 // Rows of one micro-kernel call for NV vectors of columns: 24 accumulators
-// for NV = 3, 4 (plus NV loads and one broadcast: within 32 registers).
+// for NV = 3, 4 (plus NV loads and one broadcast: within AVX-512's 32
+// registers); half that with AVX2's 16.
 template <int NV>
-constexpr int kRows = NV >= 3 ? 6 : 8;
+constexpr int kRows = kLanes == 16 ? (NV >= 3 ? 6 : 8) : (NV >= 3 ? 3 : 4);
 
 // Which k of a row block contribute on a diagonal tile, where row m and
 // column k index the same positions (the terms outside are exactly zero, so
@@ -201,14 +216,15 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t rs, int64_t c
   }
 }
 
-// In-register transpose of a 16 x 16 block held as 16 row vectors: at each
-// level W (8, 4, 2, 1) rows r and r + W (r & W == 0) swap their off-diagonal
-// W x W blocks; after all four levels x[c][r] holds the old x[r][c].
+// In-register transpose of a kLanes x kLanes block held as kLanes row
+// vectors: at each level W (kLanes / 2, ..., 2, 1) rows r and r + W
+// (r & W == 0) swap their off-diagonal W x W blocks; after all levels
+// x[c][r] holds the old x[r][c].
 template <int W, bool kHigh>
 constexpr std::array<int32_t, kLanes> swap_mask() {
   std::array<int32_t, kLanes> m{};
   for (int l = 0; l < int(kLanes); ++l) {
-    // Lanes 0..15 pick from the upper row a, 16..31 from the lower row b.
+    // Lanes 0..kLanes-1 pick from the upper row a, kLanes..2 kLanes-1 from the lower row b.
     if (!kHigh)
       m[size_t(l)] = (l & W) ? int32_t(kLanes) + l - W : l;
     else
@@ -217,11 +233,15 @@ constexpr std::array<int32_t, kLanes> swap_mask() {
   return m;
 }
 
+template <int W, bool kHigh, size_t... L>
+inline vf swap_blocks(vf a, vf b, std::index_sequence<L...>) {
+  constexpr std::array<int32_t, kLanes> m = swap_mask<W, kHigh>();
+  return __builtin_shuffle(a, b, vi{m[L]...});
+}
+
 template <int W, bool kHigh>
 inline vf swap_blocks(vf a, vf b) {
-  constexpr std::array<int32_t, kLanes> m = swap_mask<W, kHigh>();
-  return __builtin_shuffle(
-      a, b, vi{m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]});
+  return swap_blocks<W, kHigh>(a, b, std::make_index_sequence<size_t(kLanes)>());
 }
 
 template <int W>
@@ -234,14 +254,14 @@ inline void transpose_level(vf* x) {
   }
 }
 
-// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (both multiples of 16).
+// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (both multiples of kLanes).
 void transpose(const float* __restrict src, int64_t lds, float* __restrict dst, int64_t ldd, int64_t rows,
                int64_t cols) {
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
     for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
       vf x[kLanes];
       for (int r = 0; r < int(kLanes); ++r) x[r] = vload(src + (r0 + r) * lds + c0);
-      transpose_level<8>(x);
+      if constexpr (kLanes == 16) transpose_level<8>(x);
       transpose_level<4>(x);
       transpose_level<2>(x);
       transpose_level<1>(x);
@@ -339,7 +359,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
           for (int64_t s = 1; s < nk; ++s)
             for (int64_t i = 0; i < s; ++i) ST[s * kTile + i] = -INFINITY;
         }
-        // Online softmax, vertical over keys, 16 queries at a time.
+        // Online softmax, vertical over keys, kLanes queries at a time.
         for (int64_t c = 0; c < ncol; c += kLanes) {
           const vf m_old = vload(m + c);
           vf m_new = m_old;
@@ -471,8 +491,7 @@ struct Backward {
       for (int64_t c = 0; c < ncol; c += kLanes) {
         vf p = vexp(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
         if (i == j) {  // diagonal tile: key s > query c + lane is masked
-          vi col = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-          col += int32_t(c);
+          const vi col = lane_index() + int32_t(c);
           p = col < (vi{} + int32_t(s)) ? vf{} : p;
         }
         vstore(w.ST + s * kTile + c, p);
