@@ -9,8 +9,8 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <initializer_list>
+#include <mutex>
 #include <string>
 #include <string_view>
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cudnn_sdpa.h"
@@ -30,8 +31,11 @@ using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int
 struct CachedPlan {
   std::shared_ptr<const Plan> plan;  // null when cuDNN has no engine
   std::string unsupported;           // cuDNN's reason, when plan is null
-  cudnn::SdpaForwardGraph forward;   // the uids of the graph's tensors
-  cudnn::SdpaBackwardGraph backward;
+  cudnnHandle_t handle = nullptr;    // of the key's device
+  // The graph's caller-supplied tensors, in the order the entry points pass
+  // their memory: forward q, k, v, out, lse; backward q, k, v, out, dout,
+  // lse, dq, dk, dv, row sums.
+  std::vector<cudnn::Uid> uids;
 };
 
 std::mutex g_mutex;  // guards the handles and the plan cache
@@ -49,21 +53,16 @@ cudnnHandle_t handle_of(Device device) {
 
 cudnnDataType_t cudnn_type(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
 
-cudnn::SdpaShape shape_of(const Tensor& q, const Tensor& k, float scale) {
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), cudnn_type(q.dtype()), scale};
-}
-
 // Why cuDNN cannot take this call before any plan is built (empty when it may).
-std::string static_blocker(const Tensor& q, const Tensor& k) {
+std::string static_blocker(const Tensor& q) {
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return "cuDNN's fused attention takes bf16 or f16";
   if (q.size(3) % 8 != 0 || q.size(3) > 128) return "cuDNN's fused attention takes head dims that are multiples of 8 up to 128";
-  if (q.size(2) % k.size(2) != 0) return "the query heads are not a multiple of the kv heads";
   return "";
 }
 
 // The cached plan for this call, building it on first use.
 const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool backward) {
-  const cudnn::SdpaShape s = shape_of(q, k, scale);
+  const cudnn::SdpaShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), cudnn_type(q.dtype()), scale};
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
   const PlanKey key{q.device().index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, backward};
@@ -74,14 +73,18 @@ const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool b
   CachedPlan entry;
   try {
     cudnn::Target target;
-    target.handle = handle_of(q.device());
+    target.handle = entry.handle = handle_of(q.device());
+    std::shared_ptr<cudnn::Graph> graph;
     if (backward) {
-      entry.backward = cudnn::sdpa_backward_graph(s);
-      entry.plan = std::make_shared<const Plan>(cudnn::make_plan(entry.backward.graph, target));
+      const cudnn::SdpaBackwardGraph g = cudnn::sdpa_backward_graph(s);
+      graph = g.graph;
+      entry.uids = {g.q, g.k, g.v, g.out, g.dout, g.lse, g.dq, g.dk, g.dv, g.row_sums};
     } else {
-      entry.forward = cudnn::sdpa_forward_graph(s);
-      entry.plan = std::make_shared<const Plan>(cudnn::make_plan(entry.forward.graph, target));
+      const cudnn::SdpaForwardGraph g = cudnn::sdpa_forward_graph(s);
+      graph = g.graph;
+      entry.uids = {g.q, g.k, g.v, g.out, g.lse};
     }
+    entry.plan = std::make_shared<const Plan>(cudnn::make_plan(graph, target));
   } catch (const Error& e) {
     entry.plan.reset();
     entry.unsupported = e.what();
@@ -91,24 +94,21 @@ const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool b
 
 void* ptr(const Tensor& t) { return const_cast<void*>(t.data_ptr()); }
 
-void run(const Plan& plan, const Tensor& any, const std::vector<cudnn::Uid>& uids, const std::vector<void*>& pointers) {
-  cudnnHandle_t h;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    h = handle_of(any.device());
-  }
-  ZT_CUDNN_CHECK(cudnnSetStream(h, stream_of(any)));
+// Runs a cached plan on the compute stream of `any`'s device; pointers in the order of p.uids.
+void run(const CachedPlan& p, const Tensor& any, const std::vector<void*>& pointers) {
+  ZT_CHECK(p.plan, "attention: cuDNN cannot take this call: ", p.unsupported);
+  ZT_CUDNN_CHECK(cudnnSetStream(p.handle, stream_of(any)));
   Tensor workspace;
-  if (plan.workspace_bytes() > 0)
-    workspace = Tensor::empty(Shape{(plan.workspace_bytes() + 3) / 4}, DType::f32, any.device(),
+  if (p.plan->workspace_bytes() > 0)
+    workspace = Tensor::empty(Shape{(p.plan->workspace_bytes() + 3) / 4}, DType::f32, any.device(),
                               MemCategory::workspace);
-  plan.execute(h, uids, pointers, plan.workspace_bytes() > 0 ? ptr(workspace) : nullptr);
+  p.plan->execute(p.handle, p.uids, pointers, workspace.defined() ? ptr(workspace) : nullptr);
 }
 
 }  // namespace
 
 std::string cudnn_attention_unsupported(const Tensor& q, const Tensor& k, float scale, bool backward) {
-  std::string blocker = static_blocker(q, k);
+  std::string blocker = static_blocker(q);
   if (!blocker.empty()) return blocker;
   const CachedPlan& p = plan_for(q, k, scale, backward);
   return p.plan ? "" : p.unsupported;
@@ -116,20 +116,14 @@ std::string cudnn_attention_unsupported(const Tensor& q, const Tensor& k, float 
 
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale) {
-  const CachedPlan& p = plan_for(q, k, scale, false);
-  ZT_CHECK(p.plan, "attention: cuDNN cannot take this call: ", p.unsupported);
-  const cudnn::SdpaForwardGraph& g = p.forward;
-  run(*p.plan, q, {g.q, g.k, g.v, g.out, g.lse}, {ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse)});
+  run(plan_for(q, k, scale, false), q, {ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse)});
 }
 
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale) {
-  const CachedPlan& p = plan_for(q, k, scale, true);
-  ZT_CHECK(p.plan, "attention: cuDNN cannot take this call: ", p.unsupported);
-  const cudnn::SdpaBackwardGraph& g = p.backward;
   Tensor row_sums = Tensor::empty(lse.shape(), DType::f32, q.device(), MemCategory::workspace);
-  run(*p.plan, q, {g.q, g.k, g.v, g.out, g.dout, g.lse, g.dq, g.dk, g.dv, g.row_sums},
+  run(plan_for(q, k, scale, true), q,
       {ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse), ptr(dq), ptr(dk), ptr(dv), ptr(row_sums)});
 }
 

@@ -71,7 +71,7 @@ Uid Graph::add_tensor(const Layout& layout, cudnnDataType_t dtype, bool is_virtu
   d.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   if (by_value) d.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
   d.finalize("tensor descriptor");
-  tensors_.push_back({std::move(d), layout, dtype, is_virtual, by_value, value});
+  tensors_.push_back({std::move(d), layout, by_value, value});
   return uid;
 }
 
@@ -257,23 +257,9 @@ Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target) {
     int64_t elements = 0;
     ZT_CUDNN_CHECK(cudnnBackendGetAttribute(exec->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
                                             1, &elements, &plan.workspace_bytes_));
-    // The engine's global index names it in logs.
-    Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    cudnnBackendDescriptor_t e = engine.get();
-    int64_t n = 0, index = -1;
-    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) ==
-            CUDNN_STATUS_SUCCESS &&
-        cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
-            CUDNN_STATUS_SUCCESS)
-      plan.engine_ = "cudnn engine " + std::to_string(index);
-    else
-      plan.engine_ = "cudnn engine (index unknown)";
     plan.operation_graph_ = q.op_graph;
     plan.plan_ = exec;
-    for (const auto& [uid, value] : graph->scalars()) {
-      plan.scalar_uids_.push_back(uid);
-      plan.scalar_values_.push_back(value);
-    }
+    plan.scalars_ = graph->scalars();
     return plan;
   }
   ZT_FAIL("cuDNN has no engine for this graph on this GPU (", got, " engine configurations offered",
@@ -285,9 +271,9 @@ void Plan::execute(cudnnHandle_t handle, const std::vector<Uid>& uids, const std
   ZT_ASSERT(plan_ && uids.size() == pointers.size(), "cuDNN plan execute: no plan, or uids and pointers differ");
   std::vector<int64_t> all_uids(uids.begin(), uids.end());
   std::vector<void*> all_pointers(pointers.begin(), pointers.end());
-  for (size_t i = 0; i < scalar_uids_.size(); ++i) {
-    all_uids.push_back(scalar_uids_[i]);
-    all_pointers.push_back(const_cast<float*>(&scalar_values_[i]));
+  for (const auto& [uid, value] : scalars_) {  // by-value scalars: read from host memory during the call
+    all_uids.push_back(uid);
+    all_pointers.push_back(const_cast<float*>(&value));
   }
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(all_uids.size()), all_uids.data());

@@ -101,8 +101,7 @@ class Graph {
   struct TensorEntry {
     Descriptor desc;
     Layout layout;
-    cudnnDataType_t dtype;
-    bool is_virtual, by_value;
+    bool by_value;
     float value;  // by-value scalars
   };
   Uid add_tensor(const Layout& layout, cudnnDataType_t dtype, bool is_virtual, bool by_value, float value);
@@ -118,8 +117,6 @@ class Plan {
  public:
   Plan() = default;
   int64_t workspace_bytes() const { return workspace_bytes_; }
-  // A short name of the engine cuDNN chose (for logs and benchmarks).
-  const std::string& engine() const { return engine_; }
   // Runs on the handle's stream. pointers[i] is the memory of uids[i]; every
   // non-virtual tensor of the graph must be given; scalars are added here.
   void execute(cudnnHandle_t handle, const std::vector<Uid>& uids, const std::vector<void*>& pointers,
@@ -130,9 +127,7 @@ class Plan {
   std::shared_ptr<const Graph> graph_;
   std::shared_ptr<Descriptor> operation_graph_, plan_;
   int64_t workspace_bytes_ = 0;
-  std::string engine_;
-  std::vector<Uid> scalar_uids_;
-  std::vector<float> scalar_values_;
+  std::vector<std::pair<Uid, float>> scalars_;  // the graph's by-value scalars
 };
 
 }  // namespace zt::cuda::cudnn
