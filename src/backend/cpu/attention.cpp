@@ -53,63 +53,22 @@
 #include <utility>
 
 #include "backend/cpu/scratch.h"
+#include "backend/cpu/simd.h"
 
 namespace zt::cpu {
 namespace {
 
 constexpr int64_t kTile = 64;  // rows of a query tile and of a key tile
-// Floats per vector: the target's widest. GCC splits wider generic vectors
-// into native ones for arithmetic, but compares, selects and conversions
-// become element-by-element code (about 7x slower on AVX2 machines).
-#if defined(__AVX512F__)
-constexpr int64_t kLanes = 16;
-#else
-constexpr int64_t kLanes = 8;
-#endif
+// Floats per vector: the target's widest (simd.h says why).
+constexpr int64_t kLanes = simd::kV;
 
-using vf = float __attribute__((vector_size(4 * kLanes)));
-using vi = int32_t __attribute__((vector_size(4 * kLanes)));
-using vf_unaligned = float __attribute__((vector_size(4 * kLanes), aligned(4), may_alias));
+using vf = simd::f32v;
+using vi = simd::i32v;
 
-inline vf vload(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
-inline void vstore(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
-inline vf vsplat(float x) { return vf{} + x; }
-inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-// {0, 1, ..., kLanes - 1}
-inline vi lane_index() {
-  vi v{};
-  for (int l = 0; l < int(kLanes); ++l) v[l] = l;
-  return v;
-}
+inline vf vload(const float* p) { return simd::load(p); }
+inline void vstore(float* p, vf x) { simd::store(p, x); }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// exp(x) per lane, relative error ~1e-7 (a few ulp). x < -87.3 (including -inf)
-// gives exactly 0; x is clamped to <= 88. exp(x) = 2^n exp(r), n = round(x /
-// ln 2), r = x - n ln 2 (ln 2 split in two so n ln2_hi is exact), exp(r) by
-// its Taylor series to r^7 (|r| <= 0.347: truncation error < 6e-9).
-inline vf vexp(vf x) {
-  const vf lo = vsplat(-87.33654f), hi = vsplat(88.0f);
-  const vi underflow = x < lo;
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
-  const vf magic = vsplat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf n = x * 1.44269504088896341f + magic;
-  n = n - magic;
-  vf r = x - n * 0.693359375f;          // ln2_hi (9 significant bits)
-  r = r + n * 2.12194440054690583e-4f;  // -ln2_lo
-  vf p = vsplat(1.0f / 5040.0f);
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  const vf result = p * __builtin_bit_cast(vf, bits);
-  return underflow ? vf{} : result;
-}
 
 // ---------------------------------------------------------------------------
 // Tile products: C[M x N] = A[M x K] B[K x N]            (kSet)
@@ -140,7 +99,7 @@ inline __attribute__((always_inline)) void micro_kernel(int64_t K, const float* 
     vf b[NV];
     for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * kLanes);
     for (int r = 0; r < MR; ++r) {
-      const vf a = vsplat(A[r * rs + k * cs]);
+      const vf a = simd::splat(A[r * rs + k * cs]);
       for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
     }
   }
@@ -363,14 +322,14 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
         for (int64_t c = 0; c < ncol; c += kLanes) {
           const vf m_old = vload(m + c);
           vf m_new = m_old;
-          for (int64_t s = 0; s < nk; ++s) m_new = vmax(m_new, vload(ST + s * kTile + c));
+          for (int64_t s = 0; s < nk; ++s) m_new = simd::vmax(vload(ST + s * kTile + c), m_new);  // NaN scores propagate
           vf sum = vf{};
           for (int64_t s = 0; s < nk; ++s) {
-            const vf p = vexp(vload(ST + s * kTile + c) - m_new);
+            const vf p = simd::exp_flush(vload(ST + s * kTile + c) - m_new);
             vstore(ST + s * kTile + c, p);
             sum += p;
           }
-          const vf a = vexp(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+          const vf a = simd::exp_flush(m_old - m_new);  // 0 on the first tile (m_old = -inf)
           vstore(alpha + c, a);
           vstore(l + c, a * vload(l + c) + sum);
           vstore(m + c, m_new);
@@ -489,9 +448,9 @@ struct Backward {
     gemm<Update::kSet>(nk, ncol, D, w.V + j0 * Dp, Dp, 1, w.dOT + i0, Tp, w.dPT, kTile);
     for (int64_t s = 0; s < nk; ++s) {
       for (int64_t c = 0; c < ncol; c += kLanes) {
-        vf p = vexp(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
+        vf p = simd::exp_flush(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
         if (i == j) {  // diagonal tile: key s > query c + lane is masked
-          const vi col = lane_index() + int32_t(c);
+          const vi col = simd::iota() + int32_t(c);
           p = col < (vi{} + int32_t(s)) ? vf{} : p;
         }
         vstore(w.ST + s * kTile + c, p);

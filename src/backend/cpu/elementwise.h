@@ -1,6 +1,7 @@
 // CPU elementwise kernels (casts, add/scale/axpy, fill, sum of squares,
 // random fills) and the vectorisable scalar primitives the other CPU kernels
-// of this family share (bf16/f16 load/store, exp).
+// of this family share (bf16/f16/fp8 load/store, sqrt). Explicit-vector
+// primitives (exp among them) are in simd.h.
 //
 // Load/store primitives: `load_f32(x)` widens any floating storage type to
 // float; `store_as<T>(f)` narrows a float with the rounding of core/dtype.h
@@ -9,12 +10,6 @@
 // manipulation, bitwise identical to core/dtype.h's scalar conversions
 // (tests/ops/elementwise_test.cpp checks every 8/16-bit encoding and random
 // f32 bit patterns), written so that loops calling them vectorise.
-//
-// exp_nonpos_f32(x): e^x for x <= 0, the softmax case (arguments x - max).
-// Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, degree-7 Taylor
-// polynomial of e^r (truncation error < 0.1 ulp), exact scaling by 2^k:
-// within 1 ulp of e^x for x in [-87, 0]; 0 for x < -87, where e^x < 1.7e-38
-// (results that would be subnormal are flushed); -inf -> 0; NaN -> NaN.
 #pragma once
 
 #include <bit>
@@ -127,31 +122,6 @@ inline f8e4m3 store_as<f8e4m3>(float f) { return f8e4m3{detail::f32_to_fp8<4, 3,
 // E5M2: max 57344 (f32 0x47600000, encoding 0x7b), NaN 0x7e.
 template <>
 inline f8e5m2 store_as<f8e5m2>(float f) { return f8e5m2{detail::f32_to_fp8<5, 2, 0x47600000u, 0x7b, 0x7e>(f)}; }
-
-inline float exp_nonpos_f32(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;         // 12 significant bits: k * kLn2Hi is exact
-  constexpr float kLn2Lo = 1.428606820309417232e-6f;  // ln 2 - kLn2Hi
-  constexpr float kRound = 12582912.0f;                // 1.5 * 2^23: adding it rounds to an integer
-  constexpr float kMin = -87.0f;                       // e^-87 = 1.6e-38 is still a normal float
-  // No clamping (it defeats the vectoriser): for x < kMin the lanes compute
-  // garbage that the final select discards.
-  const float t = std::fma(x, kLog2e, kRound);
-  const float kf = t - kRound;  // round(x / ln 2)
-  const int32_t k = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
-  float r = std::fma(kf, -kLn2Hi, x);
-  r = std::fma(kf, -kLn2Lo, r);  // |r| <= ln2 / 2
-  float p = 1.0f / 5040;
-  p = std::fma(p, r, 1.0f / 720);
-  p = std::fma(p, r, 1.0f / 120);
-  p = std::fma(p, r, 1.0f / 24);
-  p = std::fma(p, r, 1.0f / 6);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  const float e = p * std::bit_cast<float>(uint32_t(k + 127) << 23);  // k in [-126, 0]: exact 2^k
-  return x < kMin ? 0.0f : e;  // NaN compares false: NaN -> NaN
-}
 
 // x[i] = sqrt(x[i]) (IEEE, correctly rounded: bitwise the same as std::sqrt).
 // GCC cannot vectorise std::sqrt without -fno-math-errno (it keeps a branch

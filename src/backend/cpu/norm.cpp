@@ -9,17 +9,13 @@
 //             buffer, and the partials are summed in chunk order afterwards, so
 //             dw/db do not depend on the thread count. dx is two passes per row
 //             (the two row sums, then the output).
-// Rows are processed in 32-element blocks with simd16's load32/store32 (see
-// activation.h): for bf16 the two vectors of a block hold the even and the odd
-// elements. Row sums do not care about that order; the per-column f32 arrays
-// (w, b and the dw/db partials) are kept in the same block order ("column
-// layout", padded to a multiple of 32 columns) so that lanes line up.
+// Rows are processed in kV2-element blocks with simd.h's load_pair/store_pair:
+// for bf16 the two vectors of a block hold the even and the odd elements. Row
+// sums do not care about that order; the per-column f32 arrays (w, b and the
+// dw/db partials) are kept in the same block order ("column layout", padded
+// to a multiple of kV2 columns) so that lanes line up.
 // RMSNorm is LayerNorm with mean fixed at 0 and without the mean(g) term, so
 // both share the kernels below.
-
-// 64-byte vectors by value (simd16 in activation.h) without AVX-512 make GCC
-// warn about an ABI change; everything here is internal to one build.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 #include "backend/cpu/norm.h"
 
@@ -29,8 +25,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "backend/cpu/activation.h"  // simd16 vector primitives
 #include "backend/cpu/scratch.h"
+#include "backend/cpu/simd.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -45,28 +41,20 @@ constexpr int64_t kParallelMinElems = int64_t(1) << 15;
 constexpr int64_t kGradChunks = 64;
 constexpr int64_t kGradRows = 16;
 
-using namespace simd16;
+using namespace simd;
 
 // --- column layout ------------------------------------------------------------------
 
-// C rounded up to whole 32-element blocks.
+// C rounded up to whole kV2-element blocks.
 inline int64_t padded_cols(int64_t C) { return (C + kV2 - 1) / kV2 * kV2; }
 
-// Where column c lives in the column layout of T: within its 32-block, lane
-// order of load32<T> (f32: natural; bf16: 16 even columns, then 16 odd ones).
+// Where column c lives in the column layout of T: within its kV2-block, lane
+// order of load_pair<T> (f32: natural; bf16: kV even columns, then kV odd ones).
 template <typename T>
 inline int64_t col_pos(int64_t c) {
   const int64_t blk = c - c % kV2, k = c % kV2;
   if constexpr (std::is_same_v<T, float>) return c;
   return blk + (k % 2) * kV + k / 2;
-}
-
-// The element index (within a 32-block) held by each lane of v0 / v1.
-template <typename T>
-inline i32x16 lane_elems(int half) {
-  const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  if constexpr (std::is_same_v<T, float>) return iota + int32_t(half * kV);
-  return iota * 2 + half;
 }
 
 // w or b (C, f32 or bf16) in T's column layout, zero-padded, in the calling
@@ -87,10 +75,10 @@ const float* columns_f32(const Tensor& t, int slot) {
   return buf;
 }
 
-inline F32x32 load_cols(const float* p) { return {load16(p), load16(p + kV)}; }
-inline void store_cols(float* p, F32x32 v) {
-  store16(p, v.v0);
-  store16(p + kV, v.v1);
+inline Pair load_cols(const float* p) { return {load(p), load(p + kV)}; }
+inline void store_cols(float* p, Pair v) {
+  store(p, v.v0);
+  store(p + kV, v.v1);
 }
 
 // Sum over the row of f applied to the blocks of x (both halves; lanes past
@@ -98,25 +86,25 @@ inline void store_cols(float* p, F32x32 v) {
 // at the latency of one add per vector), then a fixed-order horizontal sum.
 template <typename T, typename F>
 inline float row_sum(const T* x, int64_t C, F&& f) {
-  f32x16 a0{}, a1{}, a2{}, a3{};
+  f32v a0{}, a1{}, a2{}, a3{};
   int64_t c = 0;
   for (; c + 2 * kV2 <= C; c += 2 * kV2) {
-    const F32x32 p = load32(x + c), q = load32(x + c + kV2);
+    const Pair p = load_pair(x + c), q = load_pair(x + c + kV2);
     a0 += f(p.v0);
     a1 += f(p.v1);
     a2 += f(q.v0);
     a3 += f(q.v1);
   }
   for (; c + kV2 <= C; c += kV2) {
-    const F32x32 p = load32(x + c);
+    const Pair p = load_pair(x + c);
     a0 += f(p.v0);
     a1 += f(p.v1);
   }
   if (c < C) {
     const int64_t n = C - c;
-    const F32x32 p = load32_partial(x + c, n);
-    a2 += lane_elems<T>(0) < int32_t(n) ? f(p.v0) : f32x16{};
-    a3 += lane_elems<T>(1) < int32_t(n) ? f(p.v1) : f32x16{};
+    const Pair p = load_pair_partial(x + c, n);
+    a2 += pair_lane_elems<T>(0) < int32_t(n) ? f(p.v0) : f32v{};
+    a3 += pair_lane_elems<T>(1) < int32_t(n) ? f(p.v1) : f32v{};
   }
   return hsum((a0 + a1) + (a2 + a3));
 }
@@ -137,32 +125,32 @@ inline void norm_row(bool rms, T* y, const T* x, const float* w, const float* b,
   float mh = 0.0f, ml = 0.0f;
   if (!rms) {
     const float x0 = to_float(x[0]);
-    const f32x16 vx0 = splat(x0);
-    const float s = row_sum(x, C, [&](f32x16 v) __attribute__((always_inline)) { return v - vx0; });
+    const f32v vx0 = splat(x0);
+    const float s = row_sum(x, C, [&](f32v v) __attribute__((always_inline)) { return v - vx0; });
     const double mean = double(x0) + double(s) / double(C);
     mh = float(mean);
     ml = float(mean - double(mh));
   }
-  const f32x16 vmh = splat(mh), vml = splat(ml);
-  const float v = row_sum(x, C, [&](f32x16 xv) __attribute__((always_inline)) {
-    const f32x16 d = (xv - vmh) - vml;
+  const f32v vmh = splat(mh), vml = splat(ml);
+  const float v = row_sum(x, C, [&](f32v xv) __attribute__((always_inline)) {
+    const f32v d = (xv - vmh) - vml;
     return d * d;
   });
   const float r = 1.0f / std::sqrt(v / float(C) + eps);
-  const f32x16 vr = splat(r);
-  auto out = [&](F32x32 xv, int64_t c) __attribute__((always_inline)) {
-    const F32x32 wv = load_cols(w + c);
-    F32x32 yv{((xv.v0 - vmh) - vml) * (vr * wv.v0), ((xv.v1 - vmh) - vml) * (vr * wv.v1)};
+  const f32v vr = splat(r);
+  auto out = [&](Pair xv, int64_t c) __attribute__((always_inline)) {
+    const Pair wv = load_cols(w + c);
+    Pair yv{((xv.v0 - vmh) - vml) * (vr * wv.v0), ((xv.v1 - vmh) - vml) * (vr * wv.v1)};
     if constexpr (HasBias) {
-      const F32x32 bv = load_cols(b + c);
+      const Pair bv = load_cols(b + c);
       yv.v0 += bv.v0;
       yv.v1 += bv.v1;
     }
     return yv;
   };
   int64_t c = 0;
-  for (; c + kV2 <= C; c += kV2) store32(y + c, out(load32(x + c), c));
-  if (c < C) store32_partial(y + c, out(load32_partial(x + c, C - c), c), C - c);
+  for (; c + kV2 <= C; c += kV2) store_pair(y + c, out(load_pair(x + c), c));
+  if (c < C) store_pair_partial(y + c, out(load_pair_partial(x + c, C - c), c), C - c);
   mean_out = mh;
   rstd_out = r;
 }
@@ -193,10 +181,10 @@ void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const
       // block is loaded before it is stored.
       T* ro = r_out + i * C;
       const T* ri = r_in + i * C;
-      auto add = [](F32x32 a, F32x32 c) { return F32x32{a.v0 + c.v0, a.v1 + c.v1}; };
+      auto add = [](Pair a, Pair c) { return Pair{a.v0 + c.v0, a.v1 + c.v1}; };
       int64_t c = 0;
-      for (; c + kV2 <= C; c += kV2) store32(ro + c, add(load32(ri + c), load32(src + c)));
-      if (c < C) store32_partial(ro + c, add(load32_partial(ri + c, C - c), load32_partial(src + c, C - c)), C - c);
+      for (; c + kV2 <= C; c += kV2) store_pair(ro + c, add(load_pair(ri + c), load_pair(src + c)));
+      if (c < C) store_pair_partial(ro + c, add(load_pair_partial(ri + c, C - c), load_pair_partial(src + c, C - c)), C - c);
       src = ro;
     }
     float mu, rs;
@@ -218,48 +206,48 @@ void norm_forward_impl(bool rms, const Tensor& r_out_t, const Tensor& y_t, const
 template <typename T, bool HasDb, bool HasAdd>
 inline void norm_backward_row(bool rms, T* dx, const T* dy, const T* x, const float* w, float mean, float rstd,
                               const T* dx_add, float* pdw, float* pdb, int64_t C) {
-  const f32x16 vmean = splat(mean), vrstd = splat(rstd);
+  const f32v vmean = splat(mean), vrstd = splat(rstd);
   // Row sums of g = dy w and g xhat.
-  f32x16 g0{}, g1{}, h0{}, h1{};
-  auto sums = [&](F32x32 d, F32x32 xv, int64_t c) __attribute__((always_inline)) {
-    const F32x32 wv = load_cols(w + c);
-    const f32x16 ga = d.v0 * wv.v0, gb = d.v1 * wv.v1;
+  f32v g0{}, g1{}, h0{}, h1{};
+  auto sums = [&](Pair d, Pair xv, int64_t c) __attribute__((always_inline)) {
+    const Pair wv = load_cols(w + c);
+    const f32v ga = d.v0 * wv.v0, gb = d.v1 * wv.v1;
     g0 += ga;
     g1 += gb;
     h0 += ga * ((xv.v0 - vmean) * vrstd);
     h1 += gb * ((xv.v1 - vmean) * vrstd);
   };
   int64_t c = 0;
-  for (; c + kV2 <= C; c += kV2) sums(load32(dy + c), load32(x + c), c);
-  if (c < C) sums(load32_partial(dy + c, C - c), load32_partial(x + c, C - c), c);
+  for (; c + kV2 <= C; c += kV2) sums(load_pair(dy + c), load_pair(x + c), c);
+  if (c < C) sums(load_pair_partial(dy + c, C - c), load_pair_partial(x + c, C - c), c);
   const float sg = hsum(g0 + g1), sgx = hsum(h0 + h1);
-  const f32x16 vmg = splat(rms ? 0.0f : sg / float(C)), vmgx = splat(sgx / float(C));
+  const f32v vmg = splat(rms ? 0.0f : sg / float(C)), vmgx = splat(sgx / float(C));
 
   // dx = rstd (g - mean(g) - xhat mean(g xhat)) (+ dx_add); pdw += dy xhat; pdb += dy.
-  auto half = [&](f32x16 d, f32x16 xv, f32x16 wv, f32x16 add, f32x16& pw, f32x16& pb)
+  auto half = [&](f32v d, f32v xv, f32v wv, f32v add, f32v& pw, f32v& pb)
       __attribute__((always_inline)) {
-    const f32x16 xh = (xv - vmean) * vrstd;
-    f32x16 v = vrstd * ((d * wv - vmg) - xh * vmgx);
+    const f32v xh = (xv - vmean) * vrstd;
+    f32v v = vrstd * ((d * wv - vmg) - xh * vmgx);
     if constexpr (HasAdd) v += add;
     pw += d * xh;
     if constexpr (HasDb) pb += d;
     return v;
   };
-  auto block = [&](F32x32 d, F32x32 xv, F32x32 add, int64_t c) __attribute__((always_inline)) {
-    const F32x32 wv = load_cols(w + c);
-    F32x32 pw = load_cols(pdw + c), pb = HasDb ? load_cols(pdb + c) : F32x32{};
-    const F32x32 v{half(d.v0, xv.v0, wv.v0, add.v0, pw.v0, pb.v0), half(d.v1, xv.v1, wv.v1, add.v1, pw.v1, pb.v1)};
+  auto block = [&](Pair d, Pair xv, Pair add, int64_t c) __attribute__((always_inline)) {
+    const Pair wv = load_cols(w + c);
+    Pair pw = load_cols(pdw + c), pb = HasDb ? load_cols(pdb + c) : Pair{};
+    const Pair v{half(d.v0, xv.v0, wv.v0, add.v0, pw.v0, pb.v0), half(d.v1, xv.v1, wv.v1, add.v1, pw.v1, pb.v1)};
     store_cols(pdw + c, pw);
     if constexpr (HasDb) store_cols(pdb + c, pb);
     return v;
   };
   for (c = 0; c + kV2 <= C; c += kV2)
-    store32(dx + c, block(load32(dy + c), load32(x + c), HasAdd ? load32(dx_add + c) : F32x32{}, c));
+    store_pair(dx + c, block(load_pair(dy + c), load_pair(x + c), HasAdd ? load_pair(dx_add + c) : Pair{}, c));
   if (c < C) {
     const int64_t n = C - c;
-    store32_partial(dx + c,
-                    block(load32_partial(dy + c, n), load32_partial(x + c, n),
-                          HasAdd ? load32_partial(dx_add + c, n) : F32x32{}, c),
+    store_pair_partial(dx + c,
+                    block(load_pair_partial(dy + c, n), load_pair_partial(x + c, n),
+                          HasAdd ? load_pair_partial(dx_add + c, n) : Pair{}, c),
                     n);
   }
 }
@@ -290,9 +278,9 @@ void sum_partials(float* partials, int64_t chunks, int64_t stride, int64_t width
 #pragma omp parallel for schedule(static) if (chunks * width >= kParallelMinElems)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     float* acc = partials + blk * kV;
-    f32x16 s = load16(acc);
-    for (int64_t k = 1; k < chunks; ++k) s += load16(acc + k * stride);
-    store16(acc, s);
+    f32v s = load(acc);
+    for (int64_t k = 1; k < chunks; ++k) s += load(acc + k * stride);
+    store(acc, s);
   }
 }
 
