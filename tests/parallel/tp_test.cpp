@@ -152,6 +152,14 @@ Run train_run(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh) {
   return r;
 }
 
+// The single-process run of a case (tp = 1, so no sequence parallelism),
+// shared by every test and layout that compares against it.
+const Run& reference(const Case& c) {
+  std::string key = c.preset;
+  for (const auto& e : c.extra) key += " " + e;
+  return test::cached_reference<Run>(key, [&c] { return train_run(case_config(c, 1), nullptr); });
+}
+
 void expect_same_training(const Run& got, const Run& ref, const nn::ModelConfig& mc) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s)
@@ -169,7 +177,7 @@ TEST(TensorParallel, TenStepsMatchOneProcess) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(std::string(c.what) + ", tp = " + std::to_string(p));
     const Config cfg = case_config(c, p);
-    expect_same_training(train_run(cfg, mesh), train_run(case_config(c, 1), nullptr), cfg.model);
+    expect_same_training(train_run(cfg, mesh), reference(c), cfg.model);
   }
 }
 
@@ -185,7 +193,7 @@ TEST(TensorParallel, ComposesWithDataParallelAndZero) {
       SCOPED_TRACE(std::string(preset) + ", tp 2 x dp 2, ZeRO-" + std::to_string(zero));
       const std::vector<std::string> z{"parallel.zero_stage=" + std::to_string(zero)};
       const Config cfg = case_config(c, 2, z);
-      expect_same_training(train_run(cfg, mesh), train_run(case_config(c, 1), nullptr), cfg.model);
+      expect_same_training(train_run(cfg, mesh), reference(c), cfg.model);
     }
 }
 
