@@ -18,6 +18,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define ZT_HOST_DEVICE __host__ __device__
@@ -77,6 +78,37 @@ ZT_HOST_DEVICE inline float philox_normal_at(uint64_t seed, uint64_t offset, uin
   philox_box_muller(b.w[0], b.w[1], &n[0], &n[1]);
   philox_box_muller(b.w[2], b.w[3], &n[2], &n[3]);
   return n[i % 4];
+}
+
+// --- stochastic rounding ---------------------------------------------------------
+// 32 random bits for element i of stream `stream` under `seed`: word i % 4 of
+// the Philox block with counter (i / 4, stream). A pure function of (seed,
+// stream, i), so results do not depend on how elements are split into calls,
+// threads or GPU blocks.
+ZT_HOST_DEVICE inline uint32_t philox_word_at(uint64_t seed, uint64_t stream, uint64_t i) {
+  const PhiloxBlock b = philox4x32_10(uint32_t(i / 4), uint32_t((i / 4) >> 32), uint32_t(stream),
+                                      uint32_t(stream >> 32), uint32_t(seed), uint32_t(seed >> 32));
+  return b.w[i % 4];
+}
+
+// The bf16 bits of f rounded stochastically with the low 16 bits of `random`:
+// to the bf16 neighbour above in magnitude with probability (dropped bits) /
+// 2^16, else truncated, so E[result] = f for finite f (up to the 2^-16
+// granularity of the probability). bf16 values stay exact; NaN -> quiet NaN
+// as float_to_bf16 gives; infinities stay; a finite f beyond the largest
+// bf16 rounds to infinity with the probability it lies beyond.
+ZT_HOST_DEVICE inline uint16_t float_to_bf16_bits_stochastic(float f, uint32_t random) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);  // quiet NaN
+  return uint16_t((u + (random & 0xffffu)) >> 16);  // a carry out of the dropped bits rounds up
+}
+
+// Element i of a stochastically rounded stream: f rounded with word i of
+// (seed, stream). AdamW's bf16 copy uses it with stream = step and i = the
+// element's offset in its parameter set (ops/adamw.h).
+ZT_HOST_DEVICE inline uint16_t bf16_bits_stochastic_at(float f, uint64_t seed, uint64_t stream, uint64_t i) {
+  return float_to_bf16_bits_stochastic(f, philox_word_at(seed, stream, i));
 }
 
 // Host fills of float buffers (threaded). out[i] = the i-th element of the draw.

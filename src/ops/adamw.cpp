@@ -61,14 +61,21 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
   ZT_CHECK(std::isfinite(p.weight_decay) && p.weight_decay >= 0.0f, op, ": weight_decay is ", p.weight_decay,
            " but must be finite and >= 0");
   ZT_CHECK(std::isfinite(p.grad_scale), op, ": grad_scale is ", p.grad_scale, " but must be finite");
+  if (p.stochastic_rounding) {
+    ZT_CHECK(model_copy.defined() && model_copy.dtype() == DType::bf16, op,
+             ": stochastic rounding writes a bf16 model copy, but 'model_copy' is ",
+             model_copy.defined() ? dtype_name(model_copy.dtype()) : "undefined",
+             "; round to nearest instead, or keep the model in bf16");
+    ZT_CHECK(p.rounding_offset >= 0, op, ": rounding_offset is ", p.rounding_offset, " but must be >= 0");
+  }
+  const cpu::AdamWHyper h{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale,
+                          p.stochastic_rounding, p.rounding_seed, p.rounding_offset};
 #if ZT_WITH_CUDA
   if (use_cuda(op, master.device()))
-    return cuda::adamw_step(master, grad, m, v, model_copy,
-                            cpu::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale});
+    return cuda::adamw_step(master, grad, m, v, model_copy, h);
 #endif
   if (!master.device().is_cpu()) no_backend(op, master.device());
-  cpu::adamw_step(master, grad, m, v, model_copy,
-                  cpu::AdamWHyper{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale});
+  cpu::adamw_step(master, grad, m, v, model_copy, h);
 }
 
 }  // namespace zt::ops

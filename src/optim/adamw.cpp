@@ -4,6 +4,7 @@
 #include "optim/adamw.h"
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 
@@ -14,6 +15,9 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vecto
   if (shards_.empty())
     for (nn::ParamSet* s : sets_) shards_.push_back(OptimShard{0, s->numel(), s->grad_flat(), {}});
   ZT_ASSERT(shards_.size() == sets_.size(), "one optimizer shard per parameter set");
+  constexpr uint64_t kRoundingSalt = 0x5354524f554e4453ull;  // keeps these bits apart from the init's
+  for (nn::ParamSet* s : sets_)
+    rounding_seeds_.push_back(s->size() > 0 ? nn::param_seed(cfg_.seed ^ kRoundingSalt, s->spec(0).name) : 0);
   for (size_t si = 0; si < sets_.size(); ++si) {
     OptimShard& sh = shards_[si];
     const int64_t n = sh.end - sh.begin;
@@ -41,6 +45,20 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vecto
 Tensor AdamW::master(size_t i) const {
   if (master_[i].defined()) return master_[i];
   return shards_[i].param;
+}
+
+Tensor AdamW::rounded_weights(size_t i, int64_t offset, const Tensor& values, DType dtype) const {
+  ZT_ASSERT(values.device().is_cpu() && values.dtype() == DType::f32, "rounded_weights takes f32 host values");
+  Tensor out = Tensor::empty(values.shape(), dtype);
+  if (!(cfg_.stochastic_rounding && dtype == DType::bf16 && step_ > 0)) {
+    ops::cast(out, values);
+    return out;
+  }
+  const float* v = values.data<float>();
+  bf16* o = out.data<bf16>();
+  for (int64_t k = 0; k < values.numel(); ++k)
+    o[k] = bf16{bf16_bits_stochastic_at(v[k], rounding_seeds_[i], uint64_t(step_), uint64_t(offset + k))};
+  return out;
 }
 
 void AdamW::step(double lr, float grad_scale) {
@@ -76,6 +94,9 @@ void AdamW::step(double lr, float grad_scale) {
       p.step = step_;
       p.grad_scale = grad_scale;
       const int64_t lo = lo_of(i), hi = hi_of(end - 1);
+      p.stochastic_rounding = cfg_.stochastic_rounding && has_copy;
+      p.rounding_seed = rounding_seeds_[si];
+      p.rounding_offset = lo;  // the set's flat offset: the same bits under any ZeRO sharding
       const int64_t off = lo - sh.begin;  // into the shard's state
       const Shape flat{hi - lo};
       ops::adamw_step(master_flat.flat_view(off, flat), sh.grad.flat_view(off, flat), m_[si].flat_view(off, flat),

@@ -7,6 +7,11 @@
 // Weight decay is decoupled and applied per tensor: not to tensors whose
 // ParamSpec says decay = false (norms, biases, embeddings) unless
 // decay_embeddings is set, which re-enables it for "embed.*".
+// stochastic_rounding rounds the bf16 weights from the master stochastically
+// (unbiased: E[weight] = master) instead of to nearest. The random bits of an
+// element are a function of (seed, its set's first parameter name, step, its
+// offset in the set's flat buffer): the same under any data-parallel / ZeRO
+// layout and on resume; tensor parallelism (local offsets) draws others.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +28,8 @@ struct AdamWConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   bool decay_embeddings = false;
+  bool stochastic_rounding = false;  // of bf16 weights; needs a bf16 model
+  uint64_t seed = 0;                 // of the rounding's random bits
 };
 
 // The part of a ParamSet's flat buffer this process updates: [begin, end)
@@ -52,6 +59,11 @@ class AdamW {
   // params themselves when they are f32), m, v - all (end - begin) f32,
   // element k belonging to flat element begin + k.
   Tensor master(size_t i) const;
+  // `values` (f32, host) of set i's flat elements [offset, offset + n) in
+  // `dtype`, rounded as the last step rounded the weights: to nearest, or
+  // stochastically with that step's bits (what a restore writes, so that a
+  // resumed run continues bit for bit). A new host tensor.
+  Tensor rounded_weights(size_t i, int64_t offset, const Tensor& values, DType dtype) const;
   Tensor exp_avg(size_t i) const { return m_[i]; }
   Tensor exp_avg_sq(size_t i) const { return v_[i]; }
   const OptimShard& shard(size_t i) const { return shards_[i]; }
@@ -63,6 +75,7 @@ class AdamW {
   AdamWConfig cfg_;
   std::vector<OptimShard> shards_;
   std::vector<Tensor> master_, m_, v_;  // per set shard; master_ undefined when params are f32
+  std::vector<uint64_t> rounding_seeds_;  // per set: stochastic rounding's Philox key
   int64_t step_ = 0;
 };
 

@@ -132,19 +132,19 @@ Tensor read_flat_f32(const ckpt::Checkpoint& ck, const std::string& key, const n
 // can load any checkpoint.
 void load_weights_and_state(Trainer& t, const ckpt::Checkpoint& ck, bool with_state) {
   const optim::AdamW& opt = t.optimizer();
-  // The weights in compute dtype are the master's rounding.
-  auto rounded = [&](const Tensor& w, DType dtype) {
-    if (dtype == DType::f32) return w;
-    Tensor r = Tensor::empty(w.shape(), dtype);
-    ops::cast(r, w);
-    return r;
+  // The weights in compute dtype are the master's rounding (as the optimizer's
+  // last step rounded them: stochastic rounding redraws the same bits).
+  auto rounded = [&](const Tensor& w, DType dtype, size_t si, int64_t offset) {
+    return dtype == DType::f32 ? w : opt.rounded_weights(si, offset, w, dtype);
   };
   for_each_tensor(t, [&](const nn::ParamSpec& spec, size_t si, int64_t off, const nn::ParamSet& set, size_t index) {
     const std::string& name = spec.name;
     const int64_t n = spec.shape.numel();
     // This rank's whole tensor (its tensor-parallel slice), on every rank that
     // keeps full weights (not ZeRO-3).
-    if (set.has_params()) ops::copy(set.param(index), rounded(read_flat_f32(ck, "model." + name, spec, 0, n), set.dtype()).view(spec.shape));
+    if (set.has_params())
+      ops::copy(set.param(index),
+                rounded(read_flat_f32(ck, "model." + name, spec, 0, n), set.dtype(), si, off).view(spec.shape));
     const optim::OptimShard& sh = opt.shard(si);
     const int64_t lo = std::max(off, sh.begin), hi = std::min(off + n, sh.end);
     if (hi <= lo) return;
@@ -153,7 +153,7 @@ void load_weights_and_state(Trainer& t, const ckpt::Checkpoint& ck, bool with_st
     auto part = [&](const std::string& key) { return read_flat_f32(ck, key, spec, lo - off, hi - off); };
     const Tensor w = part("model." + name);
     ops::copy(mine(opt.master(si)), w);
-    ops::copy(mine(sh.param), rounded(w, set.dtype()));
+    ops::copy(mine(sh.param), rounded(w, set.dtype(), si, lo));
     if (with_state) {
       ops::copy(mine(opt.exp_avg(si)), part("optim.exp_avg." + name));
       ops::copy(mine(opt.exp_avg_sq(si)), part("optim.exp_avg_sq." + name));
@@ -311,8 +311,9 @@ std::string restore_checkpoint(Trainer& t, const std::string& path) {
            " holds no training state (progress, optimizer, data): it is a weights-only checkpoint (e.g. imported "
            "with `zettatron convert --from-hf`); start from it with --init-from instead of --resume");
   check_model_tensors(t, ck, true);
-  load_weights_and_state(t, ck, true);
+  // Steps first: the weights are rounded from the master as that step rounded them.
   t.optimizer().set_steps_taken(state["optimizer"].value("steps_taken", int64_t(0)));
+  load_weights_and_state(t, ck, true);
   const TrainProgress p = progress_from(state["progress"], where);
   ZT_CHECK(p.steps_done == ck.manifest().step, where, ": state.progress.steps_done = ", p.steps_done,
            " but the checkpoint is for step ", ck.manifest().step);

@@ -82,6 +82,8 @@ const std::vector<Field>& fields() {
       ZT_F("optim", "eps", optim.eps, "AdamW epsilon"),
       ZT_F("optim", "weight_decay", optim.weight_decay, "decoupled weight decay"),
       ZT_F("optim", "decay_embeddings", optim.decay_embeddings, "apply weight decay to embeddings too"),
+      ZT_F("optim", "stochastic_rounding", optim.stochastic_rounding,
+           "round the bf16 weights from the f32 master stochastically (unbiased) instead of to nearest"),
       ZT_F("optim", "grad_clip", optim.grad_clip, "max global gradient norm (0: off)"),
       ZT_F("sample", "prompt", sample.prompt, "prompt text (empty: end-of-text token)"),
       ZT_F("sample", "tokens", sample.tokens, "tokens per sample"),
@@ -398,6 +400,8 @@ optim::AdamWConfig Config::adamw() const {
   a.eps = optim.eps;
   a.weight_decay = optim.weight_decay;
   a.decay_embeddings = optim.decay_embeddings;
+  a.stochastic_rounding = optim.stochastic_rounding;
+  a.seed = uint64_t(train.seed);
   return a;
 }
 
@@ -405,6 +409,10 @@ void Config::validate() const {
   model.validate();
   parse_device(train.device);
   compute_dtype();
+  ZT_CHECK(!optim.stochastic_rounding || compute_dtype() == DType::bf16, "optim.stochastic_rounding rounds bf16 "
+           "weights from their f32 master, but train.dtype = \"", train.dtype, "\" has ",
+           compute_dtype() == DType::f32 ? "no rounded copy (f32 weights are their own master)" : "f16 weights",
+           "; set train.dtype = \"bf16\" or optim.stochastic_rounding = false");
   recompute();
   loss_scaling();
   lr_schedule().validate();

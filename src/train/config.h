@@ -40,7 +40,7 @@ struct TrainSettings {
   int64_t global_batch = 8;           // sequences per optimizer step (all ranks)
   int64_t micro_batch = 8;            // sequences per forward/backward pass on one rank
   int64_t steps = 100;                // optimizer steps
-  int64_t seed = 1337;                // initialisation and data order
+  int64_t seed = 1337;                // initialisation, data order, stochastic rounding
   std::string recompute = "none";     // none | selective | full
   int64_t eval_every = 0;             // steps between evaluations (0: never)
   int64_t eval_batches = 4;           // validation micro-batches per evaluation
@@ -64,6 +64,7 @@ struct OptimSettings {
   double eps = 1e-8;
   double weight_decay = 0.1;
   bool decay_embeddings = false;
+  bool stochastic_rounding = false;   // bf16 weights rounded from the f32 master stochastically
   double grad_clip = 1.0;             // max global grad norm (0: off)
 };
 

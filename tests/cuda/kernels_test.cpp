@@ -16,6 +16,7 @@
 #include "backend/cuda/matmul.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/activation.h"
+#include "core/rng.h"
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
@@ -252,6 +253,19 @@ TEST_P(CudaKernels, AdamWMatchesTheCpu) {
   EXPECT_TRUE(matches(gm, m, 1e-6, "m"));
   EXPECT_TRUE(matches(gv, v, 1e-6, "v"));
   EXPECT_TRUE(matches(gcopy, copy, 1e-2, "model copy"));
+  // Stochastic rounding: the GPU's copy is its own master rounded with each
+  // element's random word (the CPU rule; the masters may differ in the last place).
+  hp.step = 4;
+  hp.stochastic_rounding = true;
+  hp.rounding_seed = 99;
+  hp.rounding_offset = 13;
+  ops::adamw_step(gp, gg, gm, gv, gcopy, hp);
+  const Tensor host_master = ops::to_device(gp, Device::cpu()), host_copy = ops::to_device(gcopy, Device::cpu());
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    bad += host_copy.data<bf16>()[i].bits !=
+           bf16_bits_stochastic_at(host_master.data<float>()[i], 99, 4, uint64_t(13 + i));
+  EXPECT_EQ(bad, 0) << "of " << n << " stochastically rounded elements differ from the CPU's rule";
 }
 
 // The GeLU backward fused into the product (cuBLASLt's DGELU epilogue)

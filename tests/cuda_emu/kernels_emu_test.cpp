@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cpu/adamw.h"
+#include "core/rng.h"
 #include "ops/activation.h"
 #include "ops/adamw.h"
 #include "ops/device.h"
@@ -136,8 +137,9 @@ void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
   Tensor copy = kCopy ? Tensor::empty(Shape{n}, cdt) : Tensor();
   ops::adamw_step(master, grad, m, v, copy, h);
   // The kernel, launched as adamw.cu launches it, with its host-side constants.
-  const adk::Consts k =
-      adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step, h.grad_scale});
+  const adk::Consts k = adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
+                                                          h.grad_scale, h.stochastic_rounding, h.rounding_seed,
+                                                          h.rounding_offset});
   Tensor gmaster = copy_of(master0), gm = copy_of(m0), gv = copy_of(v0);
   Tensor gcopy = kCopy ? poisoned(Shape{n}, cdt) : Tensor();
   emu::launch(dim3(stride_grid(n)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT>, p<float>(gmaster), p<G>(grad),
@@ -147,6 +149,18 @@ void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
   EXPECT_TRUE(close(gv, v, 1e-6, "v"));
   if (kCopy) {
     EXPECT_TRUE(close(gcopy, copy, cdt == DType::f32 ? 1e-6 : 2e-2, "model copy"));
+  }
+  if (h.stochastic_rounding) {
+    // The kernel's own master, rounded with the random word of each element's
+    // position: the same bits as the CPU draws (the masters themselves may
+    // differ in the last place, which moves a rounding, hence this form).
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t r = philox_word_at(h.rounding_seed, uint64_t(h.step), uint64_t(h.rounding_offset + i));
+      const uint16_t want = float_to_bf16_bits_stochastic(gmaster.data<float>()[i], r);
+      bad += p<uint16_t>(gcopy)[i] != want;
+    }
+    EXPECT_EQ(bad, 0) << "of " << n << " stochastically rounded copy elements differ from the CPU's rule";
   }
 }
 
@@ -235,6 +249,11 @@ TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {
   h.grad_scale = 1.0f;
   adamw_case<__nv_bfloat16, __nv_bfloat16>(700, h, rng);
   adamw_case<__nv_bfloat16, __half>(700, h, rng);
+  h.stochastic_rounding = true;
+  h.rounding_seed = 0x1234abcd5678ull;
+  h.rounding_offset = 4099;  // not a multiple of 4: words from the middle of Philox blocks
+  adamw_case<__nv_bfloat16, __nv_bfloat16>(700, h, rng);
+  adamw_case<float, __nv_bfloat16>(1000, h, rng);
 }
 
 TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {

@@ -15,10 +15,12 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/rng.h"
 #include "test_util.h"
 
 namespace zt {
@@ -151,6 +153,118 @@ TEST(AdamWTest, BiasCorrectionAndWeightDecayAtLateStep) {
   EXPECT_TRUE(test::all_close(p, want, 1e-6, 0));
 }
 
+// --- stochastic rounding of the bf16 model copy ------------------------------------
+
+// bf16 neighbours of f (finite): the truncation and the next value up in magnitude.
+std::pair<uint16_t, uint16_t> bf16_neighbours(float f) {
+  const uint16_t lo = uint16_t(std::bit_cast<uint32_t>(f) >> 16);
+  return {lo, uint16_t(lo + ((std::bit_cast<uint32_t>(f) & 0xffffu) ? 1 : 0))};
+}
+
+// One step with lr = 0 (the master stays as set) writing a stochastically
+// rounded copy of `values`.
+std::vector<uint16_t> rounded_copy(const std::vector<float>& values, uint64_t seed, int64_t step, int64_t offset) {
+  const int64_t n = int64_t(values.size());
+  Tensor p = Tensor::empty(Shape{n}, DType::f32), g = Tensor::empty(Shape{n}, DType::f32);
+  Tensor m = Tensor::empty(Shape{n}, DType::f32), v = Tensor::empty(Shape{n}, DType::f32);
+  Tensor copy = Tensor::empty(Shape{n}, DType::bf16);
+  std::memcpy(p.data<float>(), values.data(), values.size() * sizeof(float));
+  set_all(g, 0.5);
+  set_all(m, 0.0);
+  set_all(v, 0.0);
+  poison(copy);
+  ops::AdamWParams hp;
+  hp.lr = 0.0f;
+  hp.step = step;
+  hp.stochastic_rounding = true;
+  hp.rounding_seed = seed;
+  hp.rounding_offset = offset;
+  ops::adamw_step(p, g, m, v, copy, hp);
+  std::vector<uint16_t> bits(values.size());
+  for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = copy.data<bf16>()[i].bits;
+  return bits;
+}
+
+TEST(AdamWTest, StochasticRoundingPicksANeighbourWithoutBias) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(31);
+  const int64_t n = int64_t(1) << 20;
+  // A quarter at 1 + 0.3 ulp (ulp = 2^-7 at 1), a quarter at its negative,
+  // half random of every magnitude from 1e-30 to 1e30.
+  const float x = 1.0f + 0.3f * 0x1p-7f;
+  std::vector<float> values(static_cast<size_t>(n));
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t q = i % 4;
+    values[size_t(i)] = q == 0 ? x : q == 1 ? -x
+                        : std::ldexp(mant(rng), int(rng() % 200) - 100) * ((rng() & 1) ? 1.0f : -1.0f);
+  }
+  const std::vector<uint16_t> bits = rounded_copy(values, rng(), 3, 0);
+  int64_t up_x = 0, up_neg = 0;
+  double bias = 0, variance = 0;  // sum of (copy - master), and its variance under the contract
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = values[size_t(i)];
+    const auto [lo, hi] = bf16_neighbours(f);
+    const uint16_t b = bits[size_t(i)];
+    ASSERT_TRUE(b == lo || b == hi) << "element " << i << " = " << f << ": bits " << b << " not " << lo << "/" << hi;
+    const double lo_v = bf16_to_float(bf16{lo}), hi_v = bf16_to_float(bf16{hi});
+    const double frac = hi == lo ? 0.0 : (double(f) - lo_v) / (hi_v - lo_v);  // P(round up)
+    bias += double(bf16_to_float(bf16{b})) - double(f);
+    variance += (hi_v - lo_v) * (hi_v - lo_v) * frac * (1 - frac);
+    if (i % 4 == 0) up_x += b == hi;
+    if (i % 4 == 1) up_neg += b == hi;
+  }
+  // 0.3 of each, within 6 standard deviations; the total error within 6 of its own.
+  const double count = double(n / 4), sd = std::sqrt(count * 0.3 * 0.7);
+  EXPECT_NEAR(double(up_x), 0.3 * count, 6 * sd);
+  EXPECT_NEAR(double(up_neg), 0.3 * count, 6 * sd);
+  EXPECT_LT(std::fabs(bias), 6 * std::sqrt(variance)) << "the rounding is biased";
+  // The rounding itself (an AdamW step turns an infinite master into NaN):
+  // representable values stay, NaN becomes the quiet NaN float_to_bf16
+  // gives, infinities stay, whatever the random word.
+  const float special[] = {1.0f, -2.5f, 0.0f, -0.0f, 0x1p-130f, INFINITY, -INFINITY, NAN,
+                           std::bit_cast<float>(0x7fbfffffu)};  // a signalling NaN
+  for (uint32_t r : {0u, 1u, 0x7fffu, 0x8000u, 0xffffu, 0xffffffffu, uint32_t(rng())})
+    for (float f : special) EXPECT_EQ(float_to_bf16_bits_stochastic(f, r), float_to_bf16(f).bits) << f << " " << r;
+  // Beyond the largest bf16 (0x7f7f) a value rounds to infinity with the
+  // probability that it lies beyond: here 3/4 of the way.
+  const float beyond = std::bit_cast<float>(0x7f7fc000u);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(beyond, 0x3fffu), 0x7f7fu);
+  EXPECT_EQ(float_to_bf16_bits_stochastic(beyond, 0x4000u), 0x7f80u);
+}
+
+TEST(AdamWTest, StochasticRoundingBitsDependOnPositionStepAndSeedOnly) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(32);
+  const int64_t n = 5000;
+  std::vector<float> values(static_cast<size_t>(n));
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (auto& f : values) f = u(rng);
+  const uint64_t seed = rng();
+  const std::vector<uint16_t> whole = rounded_copy(values, seed, 5, 100);
+  EXPECT_EQ(rounded_copy(values, seed, 5, 100), whole) << "not repeatable";
+  // Split into two calls at an odd point, each told where it starts.
+  const int64_t cut = 1237;
+  std::vector<float> a(values.begin(), values.begin() + cut), b(values.begin() + cut, values.end());
+  std::vector<uint16_t> split = rounded_copy(a, seed, 5, 100);
+  const std::vector<uint16_t> tail = rounded_copy(b, seed, 5, 100 + cut);
+  split.insert(split.end(), tail.begin(), tail.end());
+  EXPECT_EQ(split, whole) << "the bits depend on how the buffer is split";
+  // The word is the documented one.
+  for (int64_t i = 0; i < n; i += 97)
+    EXPECT_EQ(whole[size_t(i)], float_to_bf16_bits_stochastic(values[size_t(i)], philox_word_at(seed, 5, 100 + i)));
+  // Another step, seed or position draws other bits (each element rounds
+  // differently with probability ~1/2 or less; thousands cannot all agree).
+  auto differing = [&](const std::vector<uint16_t>& other) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; ++i) d += other[size_t(i)] != whole[size_t(i)];
+    return d;
+  };
+  EXPECT_GT(differing(rounded_copy(values, seed, 6, 100)), n / 20) << "step";
+  EXPECT_GT(differing(rounded_copy(values, seed + 1, 5, 100)), n / 20) << "seed";
+  EXPECT_GT(differing(rounded_copy(values, seed, 5, 101)), n / 20) << "offset";
+}
+
 TEST(AdamWTest, BadArguments) {
   ZT_TEST_TRACE_SEED();
   const int64_t n = 12;
@@ -191,6 +305,14 @@ TEST(AdamWTest, BadArguments) {
   bad = hp;
   bad.lr = NAN;
   expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "lr");
+  bad = hp;
+  bad.stochastic_rounding = true;
+  EXPECT_NO_THROW(ops::adamw_step(p, g, m, v, copy, bad));
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, Tensor::empty(Shape{n}, DType::f16), bad); }),
+             "stochastic rounding writes a bf16 model copy, but 'model_copy' is f16");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, Tensor(), bad); }), "'model_copy' is undefined");
+  bad.rounding_offset = -1;
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "rounding_offset");
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ TEST(Config, PresetThenOverrides) {
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_EQ(c.data.dir, "a/b c");
   EXPECT_EQ(c.grad_accum_steps(), 2);
+  EXPECT_FALSE(c.adamw().stochastic_rounding);
+  c = parse_config(kBase, "t", {"train.dtype=\"bf16\"", "optim.stochastic_rounding=true", "train.seed=42"});
+  EXPECT_TRUE(c.adamw().stochastic_rounding);
+  EXPECT_EQ(c.adamw().seed, 42u);
 }
 
 TEST(Config, UnknownKeyNamesTheClosestValidOne) {
@@ -75,6 +79,10 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"model.preset=\"gpt5\""}), "unknown model preset 'gpt5'"));
   EXPECT_TRUE(has(error_of(kBase, {"optim.min_lr=1.0"}), "optim.min_lr"));
   EXPECT_TRUE(has(error_of(kBase, {"data.dir=\"\""}), "data.dir is empty"));
+  EXPECT_TRUE(has(error_of(kBase, {"optim.stochastic_rounding=true"}),
+                  "optim.stochastic_rounding rounds bf16 weights from their f32 master, but train.dtype = \"f32\""));
+  EXPECT_TRUE(has(error_of(kBase, {"optim.stochastic_rounding=true", "train.dtype=\"f16\"", "train.device=\"cuda\""}),
+                  "has f16 weights"));
 }
 
 // Parallel layouts the model or schedule cannot take: one message naming the

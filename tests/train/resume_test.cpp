@@ -97,20 +97,24 @@ fs::path* ResumeTest::root_ = nullptr;
 struct Variant {
   const char* preset;
   const char* dtype;
+  std::vector<std::string> settings = {};
 };
 
 // 6 steps straight vs 3 steps, a new Trainer restored from the checkpoint,
 // 3 more: the same losses and the same checkpoint bytes (master weights,
 // both AdamW moments) at step 6, bit for bit.
 TEST_F(ResumeTest, RestoredTrainerContinuesBitForBit) {
-  for (const Variant v : {Variant{"gpt2-tiny", "f32"}, Variant{"llama3-tiny", "bf16"}}) {
-    SCOPED_TRACE(std::string(v.preset) + " " + v.dtype);
-    const std::string tag = std::string(v.preset) + "-" + v.dtype;
-    const Config straight_cfg = config(v.preset, v.dtype, "straight-" + tag);
+  // Stochastic rounding draws its bits from (seed, step, position): a resumed
+  // run rounds exactly as the straight one.
+  for (const Variant& v : {Variant{"gpt2-tiny", "f32"}, Variant{"llama3-tiny", "bf16"},
+                           Variant{"gpt2-tiny", "bf16", {"optim.stochastic_rounding=true"}}}) {
+    SCOPED_TRACE(std::string(v.preset) + " " + v.dtype + (v.settings.empty() ? "" : " " + v.settings[0]));
+    const std::string tag = std::string(v.preset) + "-" + v.dtype + (v.settings.empty() ? "" : "-sr");
+    const Config straight_cfg = config(v.preset, v.dtype, "straight-" + tag, v.settings);
     const TrainResult straight = trainer(straight_cfg)->run();
     ASSERT_EQ(straight.losses.size(), 6u);
 
-    const Config cfg = config(v.preset, v.dtype, "resumed-" + tag);
+    const Config cfg = config(v.preset, v.dtype, "resumed-" + tag, v.settings);
     {
       const TrainResult first = trainer(cfg)->run(3);
       ASSERT_EQ(first.losses.size(), 3u);

@@ -5,6 +5,8 @@
 //   v  = beta2 v + (1 - beta2) g^2
 //   p -= lr * ( (m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + weight_decay * p )
 //   model_copy = round_to_nearest_even(p)   (bitwise core/dtype.h rounding)
+//                or, stochastic rounding to bf16, core/rng.h's
+//                float_to_bf16_bits_stochastic(p, philox_word_at(seed, step, offset + i))
 // with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed in f64 once per call.
 #include "backend/cpu/adamw.h"
 
@@ -14,6 +16,7 @@
 #include <type_traits>
 
 #include "backend/cpu/elementwise.h"
+#include "core/rng.h"
 
 namespace zt::cpu {
 
@@ -22,9 +25,12 @@ namespace {
 struct Consts {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, grad_scale;
   float inv_bc1, inv_sqrt_bc2, eps, lr, weight_decay;
+  uint64_t rounding_seed, rounding_stream, rounding_offset;  // stochastic rounding
 };
 
 struct NoCopy {};
+// A bf16 model copy rounded stochastically.
+struct StochasticBf16 {};
 
 // Blocks of kBlock elements: pass 1 updates m and v and stages v for the
 // square root, sqrt_inplace takes the roots (see elementwise.h for why), pass
@@ -57,17 +63,27 @@ void adamw_kernel(float* __restrict p, const G* __restrict g, float* __restrict 
       const float update = (mb[i] * k.inv_bc1) / (root[i] * k.inv_sqrt_bc2 + k.eps);
       const float pi = pb[i] - k.lr * (update + k.weight_decay * pb[i]);
       pb[i] = pi;
-      if constexpr (!std::is_same_v<C, NoCopy>) copy[b0 + i] = store_as<C>(pi);
+      if constexpr (std::is_same_v<C, StochasticBf16>) {
+        const uint64_t e = k.rounding_offset + uint64_t(b0 + i);
+        reinterpret_cast<bf16*>(copy)[b0 + i] =
+            bf16{bf16_bits_stochastic_at(pi, k.rounding_seed, k.rounding_stream, e)};
+      } else if constexpr (!std::is_same_v<C, NoCopy>) {
+        copy[b0 + i] = store_as<C>(pi);
+      }
     }
   }
 }
 
 template <typename G>
 void with_copy(const Tensor& master, const G* g, const Tensor& m, const Tensor& v, const Tensor& copy,
-               const Consts& k) {
+               bool stochastic, const Consts& k) {
   float* p = master.data<float>();
   const int64_t n = master.numel();
   if (!copy.defined()) return adamw_kernel<G, NoCopy>(p, g, m.data<float>(), v.data<float>(), nullptr, n, k);
+  if (stochastic) {
+    auto* c = reinterpret_cast<StochasticBf16*>(copy.data<bf16>());
+    return adamw_kernel(p, g, m.data<float>(), v.data<float>(), c, n, k);
+  }
   switch (copy.dtype()) {
     case DType::bf16: return adamw_kernel(p, g, m.data<float>(), v.data<float>(), copy.data<bf16>(), n, k);
     case DType::f16: return adamw_kernel(p, g, m.data<float>(), v.data<float>(), copy.data<f16>(), n, k);
@@ -86,10 +102,13 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
                  p.beta2,       float(1.0 - double(p.beta2)),
                  p.grad_scale,  float(1.0 / bc1),
                  float(1.0 / std::sqrt(bc2)), p.eps,
-                 p.lr,          p.weight_decay};
-  if (grad.dtype() == DType::f32) return with_copy(master, grad.data<float>(), m, v, model_copy, k);
+                 p.lr,          p.weight_decay,
+                 p.rounding_seed, uint64_t(p.step),
+                 uint64_t(p.rounding_offset)};
+  const bool sr = p.stochastic_rounding;
+  if (grad.dtype() == DType::f32) return with_copy(master, grad.data<float>(), m, v, model_copy, sr, k);
   ZT_ASSERT(grad.dtype() == DType::bf16, "adamw_step: grad dtype ", dtype_name(grad.dtype()));
-  with_copy(master, grad.data<bf16>(), m, v, model_copy, k);
+  with_copy(master, grad.data<bf16>(), m, v, model_copy, sr, k);
 }
 
 }  // namespace zt::cpu

@@ -14,6 +14,9 @@ struct AdamWHyper {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;
   float grad_scale;
+  bool stochastic_rounding = false;  // bf16 model copy only (ops/adamw.h)
+  uint64_t rounding_seed = 0;
+  int64_t rounding_offset = 0;
 };
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const Tensor& model_copy, const AdamWHyper& p);

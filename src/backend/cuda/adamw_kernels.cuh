@@ -1,14 +1,18 @@
 // The kernel of adamw.cu: one grid-stride pass that updates the f32 master,
-// m and v and writes the rounded model copy; the bias corrections are
-// computed once per step in f64 on the host (adamw_consts), as the CPU does.
+// m and v and writes the rounded model copy (to nearest, or for bf16
+// stochastically with the CPU's random bits: core/rng.h); the bias
+// corrections are computed once per step in f64 on the host (adamw_consts),
+// as the CPU does.
 // A header so that the warp emulator (tests/cuda_emu) runs it on the CPU.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cpu/adamw.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "core/rng.h"
 
 namespace zt::cuda::adamw_kernels {
 
@@ -18,14 +22,28 @@ constexpr int kThreads = 256;
 // inv_sqrt_bc2 = 1 / sqrt(1 - beta2^step).
 struct Consts {
   float beta1, one_minus_beta1, beta2, one_minus_beta2, grad_scale, inv_bc1, inv_sqrt_bc2, eps, lr, weight_decay;
+  bool stochastic;  // bf16 copies only (ops/adamw.h)
+  uint64_t rounding_seed, rounding_stream, rounding_offset;
 };
 
 // Host side: the bias corrections in f64, rounded once to f32.
 inline Consts adamw_consts(const cpu::AdamWHyper& h) {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
-  return Consts{h.beta1, 1.0f - h.beta1, h.beta2, 1.0f - h.beta2, h.grad_scale, float(1.0 / bc1),
-                float(1.0 / std::sqrt(bc2)), h.eps, h.lr, h.weight_decay};
+  return Consts{h.beta1,
+                1.0f - h.beta1,
+                h.beta2,
+                1.0f - h.beta2,
+                h.grad_scale,
+                float(1.0 / bc1),
+                float(1.0 / std::sqrt(bc2)),
+                h.eps,
+                h.lr,
+                h.weight_decay,
+                h.stochastic_rounding,
+                h.rounding_seed,
+                uint64_t(h.step),
+                uint64_t(h.rounding_offset)};
 }
 
 // p, m, v: (n) f32, updated in place; g: (n) G; copy: (n) C or null.
@@ -40,7 +58,16 @@ __global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, 
     const float update = (mi * k.inv_bc1) / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
     const float pi = p[i] - k.lr * (update + k.weight_decay * p[i]);
     p[i] = pi;
-    if (copy != nullptr) copy[i] = from_f32<C>(pi);
+    if (copy == nullptr) continue;
+    if constexpr (std::is_same_v<C, __nv_bfloat16>) {
+      if (k.stochastic) {
+        __nv_bfloat16_raw raw;
+        raw.x = bf16_bits_stochastic_at(pi, k.rounding_seed, k.rounding_stream, k.rounding_offset + uint64_t(i));
+        copy[i] = __nv_bfloat16(raw);
+        continue;
+      }
+    }
+    copy[i] = from_f32<C>(pi);
   }
 }
 
