@@ -15,7 +15,7 @@ using namespace zt;
 
 constexpr int64_t kN = int64_t(1) << 24;
 
-void BM_adamw(benchmark::State& state, DType grad_dt, bool bf16_copy) {
+void BM_adamw(benchmark::State& state, DType grad_dt, bool bf16_copy, bool stochastic = false) {
   Tensor p = Tensor::empty(Shape{kN}, DType::f32), m = Tensor::empty(Shape{kN}, DType::f32);
   Tensor v = Tensor::empty(Shape{kN}, DType::f32), g = Tensor::empty(Shape{kN}, grad_dt);
   Tensor copy = bf16_copy ? Tensor::empty(Shape{kN}, DType::bf16) : Tensor();
@@ -26,6 +26,7 @@ void BM_adamw(benchmark::State& state, DType grad_dt, bool bf16_copy) {
   ops::fill(v, 0.0);
   ops::AdamWParams hp;
   hp.weight_decay = 0.1f;
+  hp.stochastic_rounding = stochastic;
   for (auto _ : state) {
     ops::adamw_step(p, g, m, v, copy, hp);
     ++hp.step;
@@ -36,5 +37,8 @@ void BM_adamw(benchmark::State& state, DType grad_dt, bool bf16_copy) {
 }
 BENCHMARK_CAPTURE(BM_adamw, f32_grads, DType::f32, false)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_adamw, bf16_grads_bf16_copy, DType::bf16, true)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_adamw, bf16_grads_bf16_copy_stochastic, DType::bf16, true, true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -36,6 +36,11 @@ ZT_HOST_DEVICE inline PhiloxBlock philox4x32_10(uint32_t c0, uint32_t c1, uint32
                                                 uint32_t k1) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  // Fully unrolled, so that host loops over blocks vectorise (philox_words;
+  // nvcc unrolls a constant trip count on its own and does not know the GCC form).
+#if !defined(__CUDACC__)
+#pragma GCC unroll 10
+#endif
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = uint64_t(kMul0) * c0;
     const uint64_t p1 = uint64_t(kMul1) * c2;
@@ -102,6 +107,31 @@ ZT_HOST_DEVICE inline uint16_t float_to_bf16_bits_stochastic(float f, uint32_t r
   memcpy(&u, &f, sizeof u);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);  // quiet NaN
   return uint16_t((u + (random & 0xffffu)) >> 16);  // a carry out of the dropped bits rounds up
+}
+
+// out[k] = philox_word_at(seed, stream, first + k) for k < n (host code):
+// one Philox block per 4 words, in a loop over blocks that GCC vectorises
+// (not under `omp simd`, which keeps the returned block in memory).
+inline void philox_words(uint64_t seed, uint64_t stream, uint64_t first, int64_t n, uint32_t* out) {
+  if (n <= 0) return;
+  const uint64_t b0 = first / 4, b1 = (first + uint64_t(n) + 3) / 4;
+  const int64_t skip = int64_t(first % 4);
+  constexpr int64_t kChunk = 64;  // blocks per staging buffer
+  uint32_t words[4][kChunk];  // word w of block c + j: words[w][j] (contiguous stores: the loop vectorises)
+  for (uint64_t c = b0; c < b1; c += kChunk) {
+    const int64_t blocks = int64_t(b1 - c < uint64_t(kChunk) ? b1 - c : uint64_t(kChunk));
+    for (int64_t j = 0; j < blocks; ++j) {
+      const uint64_t b = c + uint64_t(j);
+      const PhiloxBlock blk = philox4x32_10(uint32_t(b), uint32_t(b >> 32), uint32_t(stream), uint32_t(stream >> 32),
+                                            uint32_t(seed), uint32_t(seed >> 32));
+      for (int w = 0; w < 4; ++w) words[w][j] = blk.w[w];
+    }
+    // Element 4 (c + j) + w is out[base + 4 j + w], kept when in [0, n).
+    const int64_t base = int64_t(4 * (c - b0)) - skip;
+    for (int64_t j = 0; j < blocks; ++j)
+      for (int w = 0; w < 4; ++w)
+        if (const int64_t k = base + 4 * j + w; k >= 0 && k < n) out[k] = words[w][j];
+  }
 }
 
 // Element i of a stochastically rounded stream: f rounded with word i of

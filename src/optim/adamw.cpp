@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "optim/adamw.h"
 
@@ -56,8 +57,9 @@ Tensor AdamW::rounded_weights(size_t i, int64_t offset, const Tensor& values, DT
   }
   const float* v = values.data<float>();
   bf16* o = out.data<bf16>();
-  for (int64_t k = 0; k < values.numel(); ++k)
-    o[k] = bf16{bf16_bits_stochastic_at(v[k], rounding_seeds_[i], uint64_t(step_), uint64_t(offset + k))};
+  std::vector<uint32_t> words(size_t(values.numel()));
+  philox_words(rounding_seeds_[i], uint64_t(step_), uint64_t(offset), values.numel(), words.data());
+  for (int64_t k = 0; k < values.numel(); ++k) o[k] = bf16{float_to_bf16_bits_stochastic(v[k], words[size_t(k)])};
   return out;
 }
 

@@ -44,6 +44,25 @@ TEST(Philox, FillEqualsPointwiseDraws) {
   }
 }
 
+// The batched words (stochastic rounding's) are the pointwise ones, for any
+// start (mid-block too), length and chunk boundary; nothing outside is written.
+TEST(Philox, WordsEqualPointwiseWords) {
+  const uint64_t seed = 0x9e3779b97f4a7c15ull, stream = (uint64_t(3) << 32) | 17;
+  for (uint64_t first : {uint64_t(0), uint64_t(1), uint64_t(6), (uint64_t(1) << 34) + 3})
+    for (int64_t n : {1, 3, 4, 5, 255, 256, 257, 1031}) {
+      std::vector<uint32_t> out(size_t(n) + 2, 0xdeadbeefu);
+      philox_words(seed, stream, first, n, out.data() + 1);
+      EXPECT_EQ(out[0], 0xdeadbeefu);
+      EXPECT_EQ(out[size_t(n) + 1], 0xdeadbeefu) << "wrote past n = " << n;
+      for (int64_t k = 0; k < n; ++k)
+        ASSERT_EQ(out[size_t(k) + 1], philox_word_at(seed, stream, first + uint64_t(k))) << first << " + " << k;
+    }
+  // The pointwise word is word i % 4 of block (i / 4, stream).
+  const PhiloxBlock b = philox4x32_10(2, 0, uint32_t(stream), uint32_t(stream >> 32), uint32_t(seed),
+                                      uint32_t(seed >> 32));
+  EXPECT_EQ(philox_word_at(seed, stream, 9), b.w[1]);
+}
+
 TEST(Philox, StreamDependsOnlyOnSeedAndOffset) {
   // A draw at offset 5 equals the tail of a draw at offset 4 (4 values per counter).
   std::vector<float> a(12), b(8);

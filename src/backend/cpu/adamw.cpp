@@ -6,7 +6,8 @@
 //   p -= lr * ( (m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + weight_decay * p )
 //   model_copy = round_to_nearest_even(p)   (bitwise core/dtype.h rounding)
 //                or, stochastic rounding to bf16, core/rng.h's
-//                float_to_bf16_bits_stochastic(p, philox_word_at(seed, step, offset + i))
+//                float_to_bf16_bits_stochastic(p, philox_word_at(seed, step, offset + i)),
+//                the words of a block drawn by philox_words after its update
 // with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed in f64 once per call.
 #include "backend/cpu/adamw.h"
 
@@ -63,13 +64,15 @@ void adamw_kernel(float* __restrict p, const G* __restrict g, float* __restrict 
       const float update = (mb[i] * k.inv_bc1) / (root[i] * k.inv_sqrt_bc2 + k.eps);
       const float pi = pb[i] - k.lr * (update + k.weight_decay * pb[i]);
       pb[i] = pi;
-      if constexpr (std::is_same_v<C, StochasticBf16>) {
-        const uint64_t e = k.rounding_offset + uint64_t(b0 + i);
-        reinterpret_cast<bf16*>(copy)[b0 + i] =
-            bf16{bf16_bits_stochastic_at(pi, k.rounding_seed, k.rounding_stream, e)};
-      } else if constexpr (!std::is_same_v<C, NoCopy>) {
-        copy[b0 + i] = store_as<C>(pi);
-      }
+      if constexpr (!std::is_same_v<C, NoCopy> && !std::is_same_v<C, StochasticBf16>) copy[b0 + i] = store_as<C>(pi);
+    }
+    if constexpr (std::is_same_v<C, StochasticBf16>) {
+      // The block's random words (one Philox block per 4), then the rounding.
+      alignas(64) uint32_t words[kBlock];
+      philox_words(k.rounding_seed, k.rounding_stream, k.rounding_offset + uint64_t(b0), len, words);
+      bf16* out = reinterpret_cast<bf16*>(copy) + b0;
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) out[i] = bf16{float_to_bf16_bits_stochastic(pb[i], words[i])};
     }
   }
 }
