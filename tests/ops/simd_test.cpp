@@ -40,12 +40,20 @@ std::vector<float> map_vectors(const std::vector<float>& xs, F f) {
   return out;
 }
 
+// The exps' error bound in ulps: 1 where the build has FMA; without it each
+// Horner step rounds twice (measured max 1.23 ulp; simd.h).
+#if defined(__FMA__)
+constexpr double kExpUlps = 1.0;
+#else
+constexpr double kExpUlps = 1.3;
+#endif
+
 // |got - want| in units of the last place of the f32 nearest want.
 double ulps(float got, double want) {
   return std::fabs(double(got) - want) / std::ldexp(1.0, std::ilogb(float(want)) - 23);
 }
 
-TEST(Simd, ExpFlushWithinOneUlpAndFlushesBelowMinus87) {
+TEST(Simd, ExpFlushWithinItsBoundAndFlushesBelowMinus87) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(1);
   std::uniform_real_distribution<float> u(-90.0f, 0.0f);
@@ -61,7 +69,7 @@ TEST(Simd, ExpFlushWithinOneUlpAndFlushesBelowMinus87) {
       ASSERT_EQ(got[i], 0.0f) << "x = " << xs[i];
       continue;
     }
-    ASSERT_LE(ulps(got[i], std::exp(double(xs[i]))), 1.0) << "x = " << xs[i] << " got " << got[i];
+    ASSERT_LE(ulps(got[i], std::exp(double(xs[i]))), kExpUlps) << "x = " << xs[i] << " got " << got[i];
   }
   const f32v specials = simd::exp_flush(simd::splat(NAN));
   EXPECT_TRUE(std::isnan(specials[0]));
@@ -69,7 +77,7 @@ TEST(Simd, ExpFlushWithinOneUlpAndFlushesBelowMinus87) {
   EXPECT_EQ(simd::exp_flush(simd::splat(0.0f))[0], 1.0f);
 }
 
-TEST(Simd, ExpAndExp2WithinOneUlpOverTheirRanges) {
+TEST(Simd, ExpAndExp2WithinTheirBoundOverTheirRanges) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(2);
   std::uniform_real_distribution<float> ue(-87.3f, 87.3f), u2(-126.0f, 126.0f);
@@ -82,9 +90,9 @@ TEST(Simd, ExpAndExp2WithinOneUlpOverTheirRanges) {
   const std::vector<float> ge = map_vectors(xe, [](f32v v) { return simd::exp(v); });
   const std::vector<float> g2 = map_vectors(x2, [](f32v v) { return simd::exp2(v); });
   for (size_t i = 0; i < xe.size(); ++i)
-    ASSERT_LE(ulps(ge[i], std::exp(double(xe[i]))), 1.0) << "exp(" << xe[i] << ") = " << ge[i];
+    ASSERT_LE(ulps(ge[i], std::exp(double(xe[i]))), kExpUlps) << "exp(" << xe[i] << ") = " << ge[i];
   for (size_t i = 0; i < x2.size(); ++i)
-    ASSERT_LE(ulps(g2[i], std::exp2(double(x2[i]))), 1.0) << "exp2(" << x2[i] << ") = " << g2[i];
+    ASSERT_LE(ulps(g2[i], std::exp2(double(x2[i]))), kExpUlps) << "exp2(" << x2[i] << ") = " << g2[i];
   EXPECT_TRUE(std::isnan(simd::exp(simd::splat(NAN))[1]));
 }
 
