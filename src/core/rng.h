@@ -141,6 +141,19 @@ ZT_HOST_DEVICE inline uint16_t bf16_bits_stochastic_at(float f, uint64_t seed, u
   return float_to_bf16_bits_stochastic(f, philox_word_at(seed, stream, i));
 }
 
+// out[k] = bf16_bits_stochastic_at(in[k], seed, stream, first + k) for k < n
+// (host code; the words drawn by philox_words).
+inline void bf16_bits_stochastic(const float* in, uint16_t* out, int64_t n, uint64_t seed, uint64_t stream,
+                                 uint64_t first) {
+  constexpr int64_t kChunk = 512;
+  uint32_t words[kChunk];
+  for (int64_t k0 = 0; k0 < n; k0 += kChunk) {
+    const int64_t len = n - k0 < kChunk ? n - k0 : kChunk;
+    philox_words(seed, stream, first + uint64_t(k0), len, words);
+    for (int64_t k = 0; k < len; ++k) out[k0 + k] = float_to_bf16_bits_stochastic(in[k0 + k], words[k]);
+  }
+}
+
 // Host fills of float buffers (threaded). out[i] = the i-th element of the draw.
 void philox_fill_uniform(float* out, int64_t n, uint64_t seed, uint64_t offset, float lo, float hi);
 void philox_fill_normal(float* out, int64_t n, uint64_t seed, uint64_t offset, float mean, float std);

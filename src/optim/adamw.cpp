@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "optim/adamw.h"
 
@@ -55,11 +54,8 @@ Tensor AdamW::rounded_weights(size_t i, int64_t offset, const Tensor& values, DT
     ops::cast(out, values);
     return out;
   }
-  const float* v = values.data<float>();
-  bf16* o = out.data<bf16>();
-  std::vector<uint32_t> words(size_t(values.numel()));
-  philox_words(rounding_seeds_[i], uint64_t(step_), uint64_t(offset), values.numel(), words.data());
-  for (int64_t k = 0; k < values.numel(); ++k) o[k] = bf16{float_to_bf16_bits_stochastic(v[k], words[size_t(k)])};
+  bf16_bits_stochastic(values.data<float>(), &out.data<bf16>()->bits, values.numel(), rounding_seeds_[i],
+                       uint64_t(step_), uint64_t(offset));
   return out;
 }
 

@@ -6,8 +6,8 @@
 //   p -= lr * ( (m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + weight_decay * p )
 //   model_copy = round_to_nearest_even(p)   (bitwise core/dtype.h rounding)
 //                or, stochastic rounding to bf16, core/rng.h's
-//                float_to_bf16_bits_stochastic(p, philox_word_at(seed, step, offset + i)),
-//                the words of a block drawn by philox_words after its update
+//                bf16_bits_stochastic_at(p, seed, step, offset + i), a block at a time
+//                after its update
 // with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed in f64 once per call.
 #include "backend/cpu/adamw.h"
 
@@ -66,14 +66,9 @@ void adamw_kernel(float* __restrict p, const G* __restrict g, float* __restrict 
       pb[i] = pi;
       if constexpr (!std::is_same_v<C, NoCopy> && !std::is_same_v<C, StochasticBf16>) copy[b0 + i] = store_as<C>(pi);
     }
-    if constexpr (std::is_same_v<C, StochasticBf16>) {
-      // The block's random words (one Philox block per 4), then the rounding.
-      alignas(64) uint32_t words[kBlock];
-      philox_words(k.rounding_seed, k.rounding_stream, k.rounding_offset + uint64_t(b0), len, words);
-      bf16* out = reinterpret_cast<bf16*>(copy) + b0;
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) out[i] = bf16{float_to_bf16_bits_stochastic(pb[i], words[i])};
-    }
+    if constexpr (std::is_same_v<C, StochasticBf16>)  // the block's copy, once its masters are final
+      bf16_bits_stochastic(pb, &reinterpret_cast<bf16*>(copy)[b0].bits, len, k.rounding_seed, k.rounding_stream,
+                           k.rounding_offset + uint64_t(b0));
   }
 }
 
@@ -101,12 +96,12 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
                 const Tensor& model_copy, const AdamWHyper& p) {
   const double bc1 = 1.0 - std::pow(double(p.beta1), double(p.step));
   const double bc2 = 1.0 - std::pow(double(p.beta2), double(p.step));
-  const Consts k{p.beta1,       float(1.0 - double(p.beta1)),
-                 p.beta2,       float(1.0 - double(p.beta2)),
-                 p.grad_scale,  float(1.0 / bc1),
+  const Consts k{p.beta1,         float(1.0 - double(p.beta1)),
+                 p.beta2,         float(1.0 - double(p.beta2)),
+                 p.grad_scale,    float(1.0 / bc1),
                  float(1.0 / std::sqrt(bc2)), p.eps,
-                 p.lr,          p.weight_decay,
-                 p.rounding_seed, uint64_t(p.step),
+                 p.lr,            p.weight_decay,
+                 p.rounding_seed, uint64_t(p.step),  // stochastic rounding: stream = step
                  uint64_t(p.rounding_offset)};
   const bool sr = p.stochastic_rounding;
   if (grad.dtype() == DType::f32) return with_copy(master, grad.data<float>(), m, v, model_copy, sr, k);

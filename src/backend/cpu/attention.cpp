@@ -203,14 +203,16 @@ inline vf swap_blocks(vf a, vf b) {
   return swap_blocks<W, kHigh>(a, b, std::make_index_sequence<size_t(kLanes)>());
 }
 
+// Levels W, W / 2, ..., 1 (W < kLanes).
 template <int W>
-inline void transpose_level(vf* x) {
+inline void transpose_levels(vf* x) {
   for (int r = 0; r < int(kLanes); ++r) {
     if (r & W) continue;
     const vf a = x[r], b = x[r + W];
     x[r] = swap_blocks<W, false>(a, b);
     x[r + W] = swap_blocks<W, true>(a, b);
   }
+  if constexpr (W > 1) transpose_levels<W / 2>(x);
 }
 
 // dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (both multiples of kLanes).
@@ -220,10 +222,7 @@ void transpose(const float* __restrict src, int64_t lds, float* __restrict dst, 
     for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
       vf x[kLanes];
       for (int r = 0; r < int(kLanes); ++r) x[r] = vload(src + (r0 + r) * lds + c0);
-      if constexpr (kLanes == 16) transpose_level<8>(x);
-      transpose_level<4>(x);
-      transpose_level<2>(x);
-      transpose_level<1>(x);
+      transpose_levels<int(kLanes) / 2>(x);
       for (int c = 0; c < int(kLanes); ++c) vstore(dst + (c0 + c) * ldd + r0, x[c]);
     }
   }
