@@ -64,6 +64,9 @@ class AdamW {
   // stochastically with that step's bits (what a restore writes, so that a
   // resumed run continues bit for bit). A new host tensor.
   Tensor rounded_weights(size_t i, int64_t offset, const Tensor& values, DType dtype) const;
+  // The Philox key of set i's stochastic rounding (stream = the step count,
+  // counter = the element's flat offset in the set).
+  uint64_t rounding_seed(size_t i) const { return rounding_seeds_[i]; }
   Tensor exp_avg(size_t i) const { return m_[i]; }
   Tensor exp_avg_sq(size_t i) const { return v_[i]; }
   const OptimShard& shard(size_t i) const { return shards_[i]; }
