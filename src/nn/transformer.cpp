@@ -82,6 +82,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   ZT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16 || (dtype_ == DType::f16 && device_.is_cuda()),
            "model compute dtype must be f32 or bf16 (or f16 on a CUDA device), got ", dtype_name(dtype_), " on ",
            device_.str());
+  head_chunk_elems = default_head_chunk_elems(device_);
   if (part_.last_layer < 0) part_.last_layer = cfg_.n_layer;
   ZT_CHECK(0 <= part_.first_layer && part_.first_layer <= part_.last_layer && part_.last_layer <= cfg_.n_layer,
            "model part: blocks [", part_.first_layer, ", ", part_.last_layer, ") are not within the model's ",
@@ -697,11 +698,18 @@ void Transformer::backward_weight(ForwardContext& ctx) {
   ctx = ForwardContext{};
 }
 
+int64_t default_head_chunk_elems(Device device) {
+  return device.is_cpu() ? (int64_t(1) << 26) : (int64_t(1) << 28);
+}
+
+int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems) {
+  const int64_t most = std::max<int64_t>(1, chunk_elems / std::max<int64_t>(1, vocab_rows));
+  const int64_t chunks = (rows + most - 1) / most;
+  return std::max<int64_t>(1, (rows + chunks - 1) / std::max<int64_t>(1, chunks));
+}
+
 int64_t Transformer::head_chunk_rows(int64_t N) const {
-  // 4M logits keep a CPU chunk in cache; a GPU wants large GEMMs and has the
-  // memory (256M elements: 512 MiB in bf16).
-  const int64_t chunk_elems = device_.is_cpu() ? (int64_t(1) << 22) : (int64_t(1) << 28);
-  return std::max<int64_t>(1, std::min<int64_t>(N, chunk_elems / shares_.vocab_rows));
+  return nn::head_chunk_rows(N, shares_.vocab_rows, head_chunk_elems);
 }
 
 Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m,

@@ -1,5 +1,6 @@
 #include "train/info.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -24,10 +25,14 @@ int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
   if (policy == nn::Recompute::selective) per_block -= s * (C + F) + 4 * m.n_head;
   if (policy == nn::Recompute::full) per_block = s * C;
   int64_t bytes = tokens * per_block * m.n_layer;
-  if (policy == nn::Recompute::full) bytes += tokens * full_block;  // one block rebuilt during backward
   // Head: final residual, d(final norm), norm stats.
   bytes += tokens * (2 * s * C + 4 * stats / 2);
-  return bytes;
+  // At the peak, either the LM head's chunk of logits (while the head runs)
+  // or, under full recompute, the one block rebuilt during backward.
+  const int64_t vocab = m.padded_vocab();
+  const int64_t logits =
+      s * vocab * nn::head_chunk_rows(tokens, vocab, nn::default_head_chunk_elems(parse_device(cfg.train.device)));
+  return bytes + std::max(logits, policy == nn::Recompute::full ? tokens * full_block : 0);
 }
 
 InfoReport make_info(const Config& cfg, bool measure) {
@@ -59,6 +64,7 @@ InfoReport make_info(const Config& cfg, bool measure) {
     if (measure) {
       nn::Transformer model(m, cfg.compute_dtype());
       model.recompute = policy;
+      model.head_chunk_elems = nn::default_head_chunk_elems(parse_device(cfg.train.device));  // as the run will chunk
       model.init_weights(uint64_t(cfg.train.seed));
       const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
       Tensor tokens = Tensor::empty(Shape{B, T}, DType::i32), targets = Tensor::empty(Shape{B, T}, DType::i32);

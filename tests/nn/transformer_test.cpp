@@ -1,6 +1,7 @@
 #include <cstdint>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "core/allocator.h"
@@ -282,6 +283,52 @@ TEST(Transformer, HeadKeepingDlogitsGivesTheSameNumbers) {
       for (size_t i = 0; i < sa.size(); ++i)
         EXPECT_EQ(std::memcmp(sa[i]->grad_flat().data_ptr(), sb[i]->grad_flat().data_ptr(), sa[i]->grad_flat().nbytes()), 0)
             << "set " << i;
+    }
+  }
+}
+
+// Rows per chunk of the LM head: as few chunks as the budget allows, of equal
+// size up to the last.
+TEST(Transformer, HeadChunkRowsAreBalanced) {
+  EXPECT_EQ(head_chunk_rows(1024, 50304, int64_t(1) << 26), 1024);  // 1334 fit: one chunk
+  EXPECT_EQ(head_chunk_rows(1024, 50304, int64_t(1) << 25), 512);   // 667 fit: two of 512, not 667 + 357
+  EXPECT_EQ(head_chunk_rows(1000, 10, 3330), 250);                  // 333 fit: four of 250
+  EXPECT_EQ(head_chunk_rows(7, 100, 50), 1);                         // not even one row fits: one row
+  EXPECT_EQ(head_chunk_rows(5, 100, 1000), 5);
+  EXPECT_EQ(head_chunk_rows(0, 100, 1000), 1);
+}
+
+// The LM head in chunks of 1 row, of 5 rows (the last one short) and whole:
+// the same loss and gradients, fused with the loss and with kept dlogits.
+TEST(Transformer, HeadChunksGiveTheSameLossAndGradients) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    for (const bool keep : {false, true}) {
+      const ModelConfig c = model_preset(preset);
+      auto rng = test::make_rng(79);
+      const Tensor tokens = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+      Tensor targets = test::random_tokens(Shape{2, 16}, c.vocab_size, rng);
+      targets.data<int32_t>()[7] = -1;
+      auto run = [&](int64_t chunk_rows, Transformer& m) {
+        m.init_weights(6);
+        m.head_keeps_dlogits = keep;
+        m.head_chunk_elems = chunk_rows * c.padded_vocab();
+        ForwardContext ctx;
+        const double loss = m.forward(ctx, tokens, targets, true, 0.03f);
+        m.backward(ctx);
+        return loss;
+      };
+      Transformer whole(c, DType::f32);
+      const double ref = run(32, whole);
+      for (const int64_t rows : {1, 5}) {
+        SCOPED_TRACE(std::string(preset) + (keep ? " keeping dlogits" : " fused") + ", chunks of " +
+                     std::to_string(rows) + " rows");
+        Transformer m(c, DType::f32);
+        EXPECT_NEAR(run(rows, m), ref, 1e-6 * std::fabs(ref));
+        const auto sm = m.param_sets(), sw = whole.param_sets();
+        for (size_t i = 0; i < sw.size(); ++i)
+          EXPECT_TRUE(test::rel_error_within(sm[i]->grad_flat(), test::to_f64(sw[i]->grad_flat()), 1e-6, "gradients"))
+              << "set " << i;
+      }
     }
   }
 }
