@@ -97,11 +97,15 @@ int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_s
     for (size_t j = i + 1; j < all.size(); ++j)
       ZT_CHECK(!bytes_overlap(*all[i].second, *all[j].second), op, ": '", all[i].first, "' overlaps '",
                all[j].first, "'");
-  ZT_CHECK(logits.device().is_cpu(), op, ": vocabulary-parallel cross-entropy runs on the CPU backend only so far "
-           "(tensor parallelism on GPUs needs the NCCL backend, #7); got logits on ", logits.device().str());
-  for (const auto& [name, t] : per_row)
-    ZT_CHECK(t->device() == logits.device(), op, ": '", name, "' is on ", t->device().str(), ", logits on ",
-             logits.device().str());
+  // Targets may come from the host (uploaded for a GPU); the rest live with the logits.
+  for (const auto& [name, t] : per_row) {
+    if (std::string_view(name) == "targets")
+      check_ids_device(op, name, *t, logits.device());
+    else
+      ZT_CHECK(t->device() == logits.device(), op, ": '", name, "' is on ", t->device().str(), ", logits on ",
+               logits.device().str());
+  }
+  if (!logits.device().is_cpu() && !use_cuda(op, logits.device())) no_backend(op, logits.device());
   return std::clamp<int64_t>(vocab - col_start, 0, Vl);
 }
 
@@ -110,6 +114,9 @@ int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_s
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t col_start, int64_t vocab) {
   const OpScope scope("vocab_parallel_ce_max", logits);
   const int64_t real = check_vocab_parallel("vocab_parallel_ce_max", logits, col_start, vocab, {{"row_max", &row_max}});
+#if ZT_WITH_CUDA
+  if (logits.device().is_cuda()) return cuda::vocab_parallel_ce_max(row_max, logits, real);
+#endif
   cpu::vocab_parallel_ce_max(row_max, logits, real);
 }
 
@@ -120,10 +127,17 @@ void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, c
   const int64_t real = check_vocab_parallel(
       op, logits, col_start, vocab,
       {{"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"row_max", &row_max}, {"targets", &targets}});
-  const int32_t* tg = targets.data<int32_t>();
-  for (int64_t n = 0; n < targets.numel(); ++n)
+  // Read on the host before anything is written (GPU targets are copied back).
+  const Tensor host_targets = on_device(targets, Device::cpu(), MemCategory::workspace);
+  const int32_t* tg = host_targets.data<int32_t>();
+  for (int64_t n = 0; n < host_targets.numel(); ++n)
     ZT_CHECK(tg[n] < vocab, op, ": target ", tg[n], " at row ", n, " is out of range: targets must be < vocab (",
              vocab, "), or negative to ignore the row");
+#if ZT_WITH_CUDA
+  if (logits.device().is_cuda())
+    return cuda::vocab_parallel_ce_sums(sum_exp, target_logit, logits, row_max,
+                                        on_device(targets, logits.device(), MemCategory::workspace), col_start, real);
+#endif
   cpu::vocab_parallel_ce_sums(sum_exp, target_logit, logits, row_max, targets, col_start, real);
 }
 
@@ -147,6 +161,12 @@ void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const
       ZT_CHECK(!bytes_overlap(dlogits, *t), op, ": 'dlogits' overlaps a per-row argument");
     ZT_CHECK(dlogits.device() == logits.device(), op, ": 'dlogits' is on another device than 'logits'");
   }
+#if ZT_WITH_CUDA
+  if (logits.device().is_cuda())
+    return cuda::vocab_parallel_ce_finish(losses, dlogits, logits, row_max, sum_exp, target_logit,
+                                          on_device(targets, logits.device(), MemCategory::workspace), col_start,
+                                          real, grad_scale);
+#endif
   cpu::vocab_parallel_ce_finish(losses, dlogits, logits, row_max, sum_exp, target_logit, targets, col_start, real,
                                 grad_scale);
 }

@@ -39,8 +39,8 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
 //      dlogits (N, Vl) logits' dtype (may alias logits; undefined: no gradient)
 //      = grad_scale * (exp(x - row_max) / sum_exp - [column == target]), 0 in
 //      padding columns and ignored rows.
-// Targets must be < vocab (checked in pass 2, before anything is written).
-// CPU backend (tensor parallelism runs on CPUs until the NCCL backend lands).
+// Targets must be < vocab (checked in pass 2, before anything is written);
+// they may be on the host when the logits are on a GPU.
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t col_start, int64_t vocab);
 void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
                             const Tensor& row_max, const Tensor& targets, int64_t col_start, int64_t vocab);

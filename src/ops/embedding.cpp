@@ -52,13 +52,6 @@ void check_slice(const char* op, const VocabSlice& slice, int64_t rows) {
            rows, " rows held)");
 }
 
-// The CUDA kernels index the whole vocabulary; tensor parallelism on GPUs
-// needs the NCCL backend first (#7), which brings the sliced kernels.
-void no_cuda_slice(const char* op, const VocabSlice& slice) {
-  ZT_CHECK(!slice.partial(), op, ": a tensor-parallel vocabulary slice is not supported on CUDA yet; run "
-           "tensor parallelism on the CPU backend (parallel.tp > 1 needs train.device = cpu for now)");
-}
-
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
@@ -88,11 +81,10 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   const int64_t ids = slice.partial() ? slice.vocab : V;
 #if ZT_WITH_CUDA
   if (use_cuda(op, out.device())) {
-    no_cuda_slice(op, slice);
     // Validated on the host before any write; uploaded (no wait) when they came from the host.
     check_token_ids(op, on_device(tokens, Device::cpu(), MemCategory::workspace), ids);
     return cuda::embedding_forward(out, on_device(tokens, out.device(), MemCategory::workspace), wte, wpe,
-                                   pos_offset);
+                                   pos_offset, slice.start);
   }
 #endif
   if (!out.device().is_cpu()) no_backend(op, out.device());
@@ -139,10 +131,9 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
   if (dwte.defined()) check_slice(op, slice, dwte.size(0));
 #if ZT_WITH_CUDA
   if (use_cuda(op, dout.device())) {
-    no_cuda_slice(op, slice);
     const Tensor host_tokens = on_device(tokens, Device::cpu(), MemCategory::workspace);  // grouped by id here
-    if (dwte.defined()) check_token_ids(op, host_tokens, dwte.size(0));
-    return cuda::embedding_backward(dwte, dwpe, dout, host_tokens, pos_offset);
+    if (dwte.defined()) check_token_ids(op, host_tokens, slice.partial() ? slice.vocab : dwte.size(0));
+    return cuda::embedding_backward(dwte, dwpe, dout, host_tokens, pos_offset, slice.start);
   }
 #endif
   if (!dout.device().is_cpu()) no_backend(op, dout.device());

@@ -462,8 +462,8 @@ void Config::validate() const {
            "parallel.sequence_parallel shards the micro_batch x seq_len = ", train.micro_batch * train.seq_len,
            " tokens of a micro-batch over tp = ", parallel.tp, " ranks: make it a multiple of tp");
   ZT_CHECK(parallel.tp == 1 || train.device == "cpu", "parallel.tp = ", parallel.tp, " runs on the CPU backend so "
-           "far (tensor parallelism on GPUs needs vocabulary-parallel CUDA kernels, #7); set train.device = cpu or "
-           "parallel.tp = 1");
+           "far (the vocabulary-parallel CUDA kernels exist, but tensor parallelism has not yet run on several GPUs, "
+           "#7); set train.device = cpu or parallel.tp = 1");
   ZT_CHECK(parallel.zero_stage >= 0 && parallel.zero_stage <= 3, "parallel.zero_stage = ", parallel.zero_stage,
            " does not exist: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)");
   ZT_CHECK(parallel.bucket_mb > 0, "parallel.bucket_mb must be positive");

@@ -7,10 +7,13 @@
 // themselves checked against float64 references in tests/ops.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/matmul.h"
@@ -230,6 +233,70 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
     ops::softmax_cross_entropy(hlosses, hl, hl, targets, V, 0.25f);
     EXPECT_EQ(values_of(hlosses), values_of(glosses)) << Vp;
     EXPECT_EQ(values_of(hl), values_of(gl)) << Vp;
+  }
+}
+
+// Tensor parallelism's vocabulary slices: a rank's embedding rows (the last
+// one past the vocabulary, padding) and the three cross-entropy passes over its
+// logit columns, against the CPU backend with the same reduced statistics.
+TEST_P(CudaKernels, VocabularySlicesOfEmbeddingAndCrossEntropy) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(8);
+  const int64_t B = 2, T = 40, V = 12, C = 130, Tmax = 48;
+  const Tensor tok = random_tokens(Shape{B, T}, V, rng);
+  for (const auto& [start, rows] : {std::pair<int64_t, int64_t>{4, 4}, {8, 5}}) {
+    SCOPED_TRACE("embedding rows [" + std::to_string(start) + ", " + std::to_string(start + rows) + ")");
+    const ops::VocabSlice slice{start, V};
+    const Tensor wte = random_tensor(Shape{rows, C}, dt, rng), wpe = random_tensor(Shape{Tmax, C}, dt, rng);
+    Tensor out = Tensor::empty(Shape{B, T, C}, dt), gout = gpu_poisoned(Shape{B, T, C}, dt);
+    ops::embedding_forward(out, tok, wte, wpe, 3, slice);
+    ops::embedding_forward(gout, tok, to_gpu(wte), to_gpu(wpe), 3, slice);
+    EXPECT_TRUE(matches(gout, out, tol(dt), "embedding out"));
+    const Tensor dout = random_tensor(Shape{B, T, C}, dt, rng), dwte0 = random_tensor(Shape{rows, C}, DType::f32, rng);
+    Tensor dwte = to_host(to_gpu(dwte0)), gdwte = to_gpu(dwte0);
+    ops::embedding_backward(dwte, Tensor(), dout, tok, 3, slice);
+    ops::embedding_backward(gdwte, Tensor(), to_gpu(dout), tok, 3, slice);
+    EXPECT_TRUE(matches(gdwte, dwte, 1e-5, "dwte"));
+  }
+  // Cross entropy: 1000 ids over 2 ranks of 520 columns (40 padding columns on rank 1).
+  const int64_t N = 37, Vv = 1000, Vl = 520;
+  Tensor targets = random_tokens(Shape{N}, Vv, rng);
+  targets.data<int32_t>()[2] = -1;
+  std::vector<Tensor> logits;
+  for (int r = 0; r < 2; ++r) logits.push_back(random_tensor(Shape{N, Vl}, dt, rng, -8, 8));
+  Tensor row_max = Tensor::empty(Shape{N}, DType::f32), grow_max = gpu_poisoned(Shape{N}, DType::f32);
+  Tensor m1 = Tensor::empty(Shape{N}, DType::f32);
+  ops::vocab_parallel_ce_max(row_max, logits[0], 0, Vv);
+  ops::vocab_parallel_ce_max(m1, logits[1], Vl, Vv);
+  ops::vocab_parallel_ce_max(grow_max, to_gpu(logits[1]), Vl, Vv);
+  EXPECT_EQ(values_of(grow_max), to_f64(m1)) << "row max of rank 1";
+  for (int64_t n = 0; n < N; ++n) row_max.data<float>()[n] = std::max(row_max.data<float>()[n], m1.data<float>()[n]);
+  const Tensor g_rm = to_gpu(row_max);
+  Tensor se[2], tl[2];
+  for (int r = 0; r < 2; ++r) {
+    se[r] = Tensor::empty(Shape{N}, DType::f32);
+    tl[r] = Tensor::empty(Shape{N}, DType::f32);
+    ops::vocab_parallel_ce_sums(se[r], tl[r], logits[size_t(r)], row_max, targets, r * Vl, Vv);
+    Tensor gse = gpu_poisoned(Shape{N}, DType::f32), gtl = gpu_poisoned(Shape{N}, DType::f32);
+    ops::vocab_parallel_ce_sums(gse, gtl, to_gpu(logits[size_t(r)]), g_rm, targets, r * Vl, Vv);
+    EXPECT_TRUE(matches(gse, se[r], 1e-5, "exp sums")) << "rank " << r;
+    EXPECT_EQ(values_of(gtl), to_f64(tl[r])) << "target logits of rank " << r;
+  }
+  Tensor sum_exp = Tensor::empty(Shape{N}, DType::f32), target_logit = Tensor::empty(Shape{N}, DType::f32);
+  for (int64_t n = 0; n < N; ++n) {
+    sum_exp.data<float>()[n] = se[0].data<float>()[n] + se[1].data<float>()[n];
+    target_logit.data<float>()[n] = tl[0].data<float>()[n] + tl[1].data<float>()[n];
+  }
+  for (int r = 0; r < 2; ++r) {
+    Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vl}, dt);
+    ops::vocab_parallel_ce_finish(losses, d, logits[size_t(r)], row_max, sum_exp, target_logit, targets, r * Vl, Vv,
+                                  0.25f);
+    Tensor gl = to_gpu(logits[size_t(r)]), glosses = gpu_poisoned(Shape{N}, DType::f32);
+    ops::vocab_parallel_ce_finish(glosses, gl, gl, g_rm, to_gpu(sum_exp), to_gpu(target_logit), targets, r * Vl, Vv,
+                                  0.25f);  // in place, host targets
+    EXPECT_TRUE(matches(glosses, losses, 1e-5, "losses")) << "rank " << r;
+    EXPECT_TRUE(matches(gl, d, tol(dt), "dlogits")) << "rank " << r;
   }
 }
 

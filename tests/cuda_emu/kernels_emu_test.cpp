@@ -4,7 +4,8 @@
 // adamw.cu, activation.cu and rope.cu and their host-side helpers (the token
 // grouping, the bias corrections, the cos/sin table), against the CPU backend
 // (itself checked against float64 references in tests/ops): the gather with
-// and without wpe and a position offset, the grouped dwte and the dwpe
+// and without wpe and a position offset, of a whole table and of a
+// tensor-parallel vocabulary slice, the grouped dwte and the dwpe
 // backward accumulating into nonzero gradients (tokens repeated, so groups
 // have several positions), the AdamW step with every model-copy dtype, the
 // activations forward and backward, and the rotation and its inverse (in
@@ -61,38 +62,50 @@ unsigned stride_grid(int64_t n) { return unsigned(std::clamp<int64_t>((n + 255) 
 
 // Embedding of B x T tokens (ids in [0, V)) in C channels; wte / wpe / out
 // of type T, gradients of type G.
+// A tensor-parallel slice: wte holds rows [start, start + rows) of the V
+// ids (rows < 0: the whole table, no slice).
 template <typename T, typename G>
 void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, int64_t pos_offset, bool with_wpe,
-                    std::mt19937_64& rng) {
+                    std::mt19937_64& rng, int64_t start = 0, int64_t rows = -1) {
   const DType dt = dtype_of<T>(), gdt = dtype_of<G>();
+  const bool sliced = rows >= 0;
+  const int64_t R = sliced ? rows : V;
   SCOPED_TRACE(::testing::Message() << B << "x" << T_ << " tokens of " << V << ", C " << C << (with_wpe ? ", wpe" : "")
                                     << ", pos_offset " << pos_offset << " " << dtype_name(dt) << ", grads "
-                                    << dtype_name(gdt));
+                                    << dtype_name(gdt) << ", rows [" << start << ", " << start + R << ")");
   const int64_t N = B * T_;
   ASSERT_GT(N, V) << "more positions than ids, so some id repeats";
   const Tensor tokens = random_tokens(Shape{B, T_}, V, rng);
-  const Tensor wte = random_tensor(Shape{V, C}, dt, rng);
+  const Tensor wte = random_tensor(Shape{R, C}, dt, rng);
   const Tensor wpe = with_wpe ? random_tensor(Shape{T_max, C}, dt, rng) : Tensor();
   const Tensor dout = random_tensor(Shape{B, T_, C}, dt, rng);
-  const Tensor dwte0 = random_tensor(Shape{V, C}, gdt, rng), dwpe0 = random_tensor(Shape{T_max, C}, gdt, rng);
+  const Tensor dwte0 = random_tensor(Shape{R, C}, gdt, rng), dwpe0 = random_tensor(Shape{T_max, C}, gdt, rng);
   // The CPU backend.
+  const ops::VocabSlice slice = sliced ? ops::VocabSlice{start, V} : ops::VocabSlice{};
   Tensor out = Tensor::empty(Shape{B, T_, C}, dt);
-  ops::embedding_forward(out, tokens, wte, wpe, pos_offset);
+  ops::embedding_forward(out, tokens, wte, wpe, pos_offset, slice);
   Tensor dwte = copy_of(dwte0), dwpe = with_wpe ? copy_of(dwpe0) : Tensor();
-  ops::embedding_backward(dwte, dwpe, dout, tokens, pos_offset);
+  ops::embedding_backward(dwte, dwpe, dout, tokens, pos_offset, slice);
   // The kernels, launched as embedding.cu launches them.
   Tensor gout = poisoned(out.shape(), dt);
   emu::launch(dim3(stride_grid(N * C)), ek::kThreads, 0, ek::embed_fwd_kernel<T>, p<T>(gout), p<int32_t>(tokens),
-              p<T>(wte), p<T>(wpe), N, T_, C, pos_offset);
+              p<T>(wte), p<T>(wpe), N, T_, C, pos_offset, start, R);
   // One addition rounded once (or a copy), as on the CPU: bitwise equal.
   EXPECT_TRUE(all_close(gout, to_f64(out), 0.0, 0.0)) << "out";
 
-  const ek::TokenGroups g = ek::group_by_token(p<int32_t>(tokens), N, V);
+  const ek::TokenGroups g = ek::group_by_token(p<int32_t>(tokens), N, R, start);
   const int64_t groups = int64_t(g.token.size());
-  // The grouping itself: every position once, ids ascending, positions ascending within a group.
-  ASSERT_EQ(int64_t(g.order.size()), N);
+  // The grouping itself: every position whose id is in the table once, rows
+  // ascending, positions ascending within a group.
+  int64_t in_table = 0;
+  for (int64_t i = 0; i < N; ++i) in_table += p<int32_t>(tokens)[i] >= start && p<int32_t>(tokens)[i] < start + R;
+  if (sliced) {
+    ASSERT_GT(in_table, 0);
+    ASSERT_LT(in_table, N) << "some tokens fall outside the slice";
+  }
+  ASSERT_EQ(int64_t(g.order.size()), in_table);
   ASSERT_EQ(int64_t(g.begin.size()), groups + 1);
-  ASSERT_EQ(g.begin.back(), N);
+  ASSERT_EQ(g.begin.back(), in_table);
   int64_t largest = 0;
   for (int64_t k = 0; k < groups; ++k) {
     largest = std::max<int64_t>(largest, g.begin[size_t(k) + 1] - g.begin[size_t(k)]);
@@ -100,7 +113,7 @@ void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, 
       EXPECT_LT(g.token[size_t(k) - 1], g.token[size_t(k)]);
     }
     for (int32_t j = g.begin[size_t(k)]; j < g.begin[size_t(k) + 1]; ++j) {
-      EXPECT_EQ(p<int32_t>(tokens)[g.order[size_t(j)]], g.token[size_t(k)]);
+      EXPECT_EQ(p<int32_t>(tokens)[g.order[size_t(j)]], g.token[size_t(k)] + start);
       if (j > g.begin[size_t(k)]) {
         EXPECT_LT(g.order[size_t(j) - 1], g.order[size_t(j)]);
       }
@@ -232,6 +245,10 @@ TEST(CudaKernelsEmulated, EmbeddingForwardBackwardMatchTheCpu) {
   embedding_case<float, float>(3, 5, 300, 9, 5, 0, false, rng);
   embedding_case<__nv_bfloat16, __nv_bfloat16>(2, 7, 100, 6, 10, 3, true, rng);
   embedding_case<__nv_bfloat16, float>(2, 7, 100, 6, 9, 2, true, rng);
+  // Tensor-parallel slices (rank 1 of 3 over 12 ids; the last rank's
+  // padded slice past the vocabulary): other ids add nothing and get no gradient.
+  embedding_case<float, float>(4, 6, 300, 12, 8, 1, true, rng, 4, 4);
+  embedding_case<__nv_bfloat16, float>(4, 6, 100, 12, 6, 0, false, rng, 8, 5);
 }
 
 TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {

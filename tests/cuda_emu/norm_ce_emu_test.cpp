@@ -4,7 +4,8 @@
 // (itself checked against float64 references in tests/ops): forward with and
 // without the fused residual, backward dx (with dx_add) and the two-stage
 // dw / db, and the loss with its in-place gradient (padding columns, an
-// ignored row). f32 and bf16; outputs poisoned first.
+// ignored row), whole or in the three vocabulary-parallel passes. f32 and
+// bf16; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
 #include "backend/cuda/cross_entropy_kernels.cuh"
@@ -12,6 +13,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -102,6 +106,70 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
   EXPECT_TRUE(close(gl, d, tol(dt), "dlogits (in place)"));
 }
 
+// The vocabulary-parallel passes for `ranks` ranks of Vl columns each over N
+// rows of V ids (the last ranks' columns past V are padding; a rank may hold
+// none): each pass on the kernels against the CPU backend's pass, both fed the
+// same statistics reduced over the ranks (as the all-reduces would).
+template <typename T>
+void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::mt19937_64& rng) {
+  SCOPED_TRACE(::testing::Message() << N << " rows, V " << V << " over " << ranks << " ranks of " << Vl << " columns "
+                                    << dtype_name(dt));
+  const int64_t es = int64_t(dtype_size(dt));
+  const Tensor logits = random_tensor(Shape{N, ranks * Vl}, dt, rng, -8, 8);
+  Tensor targets = random_tokens(Shape{N}, V, rng);
+  targets.data<int32_t>()[1] = -1;  // an ignored row
+  std::vector<Tensor> slice(static_cast<size_t>(ranks));
+  for (int64_t r = 0; r < ranks; ++r) {
+    slice[size_t(r)] = Tensor::empty(Shape{N, Vl}, dt);
+    for (int64_t n = 0; n < N; ++n)
+      std::memcpy(static_cast<char*>(slice[size_t(r)].data_ptr()) + n * Vl * es,
+                  static_cast<const char*>(logits.data_ptr()) + (n * ranks * Vl + r * Vl) * es, size_t(Vl * es));
+  }
+  auto real_of = [&](int64_t r) { return std::clamp<int64_t>(V - r * Vl, 0, Vl); };
+  // Pass 1, and the max over the ranks.
+  std::vector<float> row_max(static_cast<size_t>(N), -INFINITY);
+  for (int64_t r = 0; r < ranks; ++r) {
+    Tensor m = Tensor::empty(Shape{N}, DType::f32), gm = poisoned(Shape{N}, DType::f32);
+    ops::vocab_parallel_ce_max(m, slice[size_t(r)], r * Vl, V);
+    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_max_kernel<T>, p<float>(gm),
+                static_cast<const T*>(p<T>(slice[size_t(r)])), Vl, real_of(r));
+    for (int64_t n = 0; n < N; ++n)  // exact; -inf where the rank holds no real column
+      EXPECT_EQ(gm.data<float>()[n], m.data<float>()[n]) << "row max of rank " << r << ", row " << n;
+    for (int64_t n = 0; n < N; ++n) row_max[size_t(n)] = std::max(row_max[size_t(n)], m.data<float>()[n]);
+  }
+  Tensor rm = Tensor::empty(Shape{N}, DType::f32);
+  std::copy(row_max.begin(), row_max.end(), rm.data<float>());
+  // Pass 2, and the sums over the ranks.
+  Tensor sum_exp = Tensor::empty(Shape{N}, DType::f32), target_logit = Tensor::empty(Shape{N}, DType::f32);
+  for (int64_t n = 0; n < N; ++n) sum_exp.data<float>()[n] = target_logit.data<float>()[n] = 0.0f;
+  for (int64_t r = 0; r < ranks; ++r) {
+    Tensor se = Tensor::empty(Shape{N}, DType::f32), tl = Tensor::empty(Shape{N}, DType::f32);
+    Tensor gse = poisoned(Shape{N}, DType::f32), gtl = poisoned(Shape{N}, DType::f32);
+    ops::vocab_parallel_ce_sums(se, tl, slice[size_t(r)], rm, targets, r * Vl, V);
+    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_sums_kernel<T>, p<float>(gse), p<float>(gtl),
+                static_cast<const T*>(p<T>(slice[size_t(r)])), static_cast<const float*>(p<float>(rm)),
+                static_cast<const int32_t*>(p<int32_t>(targets)), Vl, r * Vl, real_of(r));
+    EXPECT_TRUE(close(gse, se, 1e-5, "exp sums")) << "rank " << r;
+    EXPECT_TRUE(all_close(gtl, to_f64(tl), 0.0, 0.0)) << "target logits of rank " << r;
+    for (int64_t n = 0; n < N; ++n) {
+      sum_exp.data<float>()[n] += se.data<float>()[n];
+      target_logit.data<float>()[n] += tl.data<float>()[n];
+    }
+  }
+  // Pass 3: every rank's losses (the same on each) and its dlogits, in place.
+  for (int64_t r = 0; r < ranks; ++r) {
+    Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = copy_of(slice[size_t(r)]);
+    ops::vocab_parallel_ce_finish(losses, d, d, rm, sum_exp, target_logit, targets, r * Vl, V, 0.25f);
+    Tensor glosses = poisoned(Shape{N}, DType::f32), gd = copy_of(slice[size_t(r)]);
+    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_finish_kernel<T>, p<float>(glosses), p<T>(gd),
+                static_cast<const T*>(p<T>(gd)), static_cast<const float*>(p<float>(rm)),
+                static_cast<const float*>(p<float>(sum_exp)), static_cast<const float*>(p<float>(target_logit)),
+                static_cast<const int32_t*>(p<int32_t>(targets)), Vl, r * Vl, real_of(r), 0.25f);
+    EXPECT_TRUE(close(glosses, losses, 1e-5, "losses")) << "rank " << r;
+    EXPECT_TRUE(close(gd, d, tol(dt), "dlogits (in place)")) << "rank " << r;
+  }
+}
+
 TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   auto rng = make_rng(41);
   // 70 rows: two 64-row chunks of dw / db partials (one block runs at a time,
@@ -118,6 +186,15 @@ TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {
   auto rng = make_rng(42);
   ce_case<float>(5, 1000, 997, DType::f32, rng);
   ce_case<__nv_bfloat16>(3, 520, 515, DType::bf16, rng);
+}
+
+TEST(CudaKernelsEmulated, VocabParallelCrossEntropyMatchesTheCpu) {
+  auto rng = make_rng(44);
+  // 9 ids over 4 ranks of 3 columns: the last rank holds only padding.
+  vp_ce_case<float>(5, 9, 4, 3, DType::f32, rng);
+  // 1000 ids over 2 ranks of 520 (> the 512 threads of a row; 40 padding columns).
+  vp_ce_case<float>(4, 1000, 2, 520, DType::f32, rng);
+  vp_ce_case<__nv_bfloat16>(3, 1000, 2, 520, DType::bf16, rng);
 }
 
 }  // namespace

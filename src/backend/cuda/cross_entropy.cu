@@ -1,5 +1,6 @@
-// CUDA fused classifier (softmax + cross-entropy + dlogits): the launch; the
-// kernel is in cross_entropy_kernels.cuh.
+// CUDA fused classifier (softmax + cross-entropy + dlogits) and its
+// vocabulary-parallel passes: the launches; the kernels are in
+// cross_entropy_kernels.cuh.
 #include "backend/cuda/cross_entropy.h"
 
 #include "backend/cuda/cross_entropy_kernels.cuh"
@@ -23,6 +24,42 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
         static_cast<const T*>(logits.data_ptr()), targets.data<int32_t>(), Vp, vocab, grad_scale);
   });
   ZT_CUDA_CHECK_LAUNCH("ce_kernel");
+}
+
+void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t real) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  if (N == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "vocab_parallel_ce_max", [&] {
+    vp_max_kernel<T><<<unsigned(N), kThreads, 0, stream_of(row_max)>>>(
+        row_max.data<float>(), static_cast<const T*>(logits.data_ptr()), Vl, real);
+  });
+  ZT_CUDA_CHECK_LAUNCH("vp_max_kernel");
+}
+
+void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
+                            const Tensor& row_max, const Tensor& targets, int64_t col_start, int64_t real) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  if (N == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "vocab_parallel_ce_sums", [&] {
+    vp_sums_kernel<T><<<unsigned(N), kThreads, 0, stream_of(sum_exp)>>>(
+        sum_exp.data<float>(), target_logit.data<float>(), static_cast<const T*>(logits.data_ptr()),
+        row_max.data<float>(), targets.data<int32_t>(), Vl, col_start, real);
+  });
+  ZT_CUDA_CHECK_LAUNCH("vp_sums_kernel");
+}
+
+void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                              const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                              const Tensor& targets, int64_t col_start, int64_t real, float grad_scale) {
+  const int64_t N = logits.size(0), Vl = logits.size(1);
+  if (N == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "vocab_parallel_ce_finish", [&] {
+    vp_finish_kernel<T><<<unsigned(N), kThreads, 0, stream_of(losses)>>>(
+        losses.data<float>(), dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr,
+        static_cast<const T*>(logits.data_ptr()), row_max.data<float>(), sum_exp.data<float>(),
+        target_logit.data<float>(), targets.data<int32_t>(), Vl, col_start, real, grad_scale);
+  });
+  ZT_CUDA_CHECK_LAUNCH("vp_finish_kernel");
 }
 
 }  // namespace zt::cuda

@@ -2,8 +2,11 @@
 // pass 1 is an online max/sum over the real vocabulary (per thread, then
 // merged across the block), pass 2 writes dlogits = (softmax - onehot) *
 // grad_scale (in place allowed: each element is read before the same thread
-// overwrites it). No probability matrix is stored. A header so that the warp
-// emulator (tests/cuda_emu) runs it on the CPU.
+// overwrites it). No probability matrix is stored. The vocabulary-parallel
+// passes (ops/cross_entropy.h: max, then exp sums and the target logit, then
+// losses and dlogits, the caller reducing over the tensor-parallel group in
+// between) are one block per row each too. A header so that the warp
+// emulator (tests/cuda_emu) runs them on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +48,63 @@ __global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int3
   for (int64_t c = threadIdx.x; c < Vp; c += blockDim.x) {
     float g = 0.0f;
     if (!ignored && c < vocab) g = (__expf(to_f32(lr[c]) - lse) - (c == target ? 1.0f : 0.0f)) * grad_scale;
+    dr[c] = from_f32<T>(g);
+  }
+}
+
+// Vocabulary-parallel pass 1: row_max[row] = max of the row's `real` columns
+// (this rank's columns below the vocabulary; -inf if none).
+template <typename T>
+__global__ void vp_max_kernel(float* row_max, const T* logits, int64_t Vl, int64_t real) {
+  __shared__ float scratch[32];
+  const T* lr = logits + int64_t(blockIdx.x) * Vl;
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < real; c += blockDim.x) m = fmaxf(m, to_f32(lr[c]));
+  m = block_max(m, scratch);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+// Pass 2, after the max is reduced over the group: sum_exp = sum over the
+// real columns of exp(x - row_max) (0 if none); target_logit = x[target] where
+// this rank holds the target (global id - col_start in [0, real)), else 0.
+template <typename T>
+__global__ void vp_sums_kernel(float* sum_exp, float* target_logit, const T* logits, const float* row_max,
+                               const int32_t* targets, int64_t Vl, int64_t col_start, int64_t real) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* lr = logits + row * Vl;
+  const float m = row_max[row];
+  float s = 0.0f;
+  for (int64_t c = threadIdx.x; c < real; c += blockDim.x) s += __expf(to_f32(lr[c]) - m);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) {
+    const int64_t t = int64_t(targets[row]) - col_start;
+    target_logit[row] = targets[row] >= 0 && t >= 0 && t < real ? to_f32(lr[t]) : 0.0f;
+    sum_exp[row] = s;
+  }
+}
+
+// Pass 3, after the sums are reduced: losses = row_max + log(sum_exp) -
+// target_logit (0 for ignored rows); dlogits (may be logits itself: each
+// element is read before the same thread overwrites it) = grad_scale *
+// (exp(x - row_max) / sum_exp - [column is the target]), 0 in padding
+// columns and ignored rows.
+template <typename T>
+__global__ void vp_finish_kernel(float* losses, T* dlogits, const T* logits, const float* row_max,
+                                 const float* sum_exp, const float* target_logit, const int32_t* targets, int64_t Vl,
+                                 int64_t col_start, int64_t real, float grad_scale) {
+  const int64_t row = blockIdx.x;
+  const bool ignored = targets[row] < 0;
+  const float m = row_max[row], S = sum_exp[row];
+  if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : (m - target_logit[row]) + logf(S);
+  if (dlogits == nullptr) return;
+  const T* lr = logits + row * Vl;
+  T* dr = dlogits + row * Vl;
+  const float r = grad_scale / S;
+  const int64_t t = int64_t(targets[row]) - col_start;
+  for (int64_t c = threadIdx.x; c < Vl; c += blockDim.x) {
+    float g = 0.0f;
+    if (!ignored && c < real) g = __expf(to_f32(lr[c]) - m) * r - (c == t ? grad_scale : 0.0f);
     dr[c] = from_f32<T>(g);
   }
 }

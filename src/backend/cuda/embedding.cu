@@ -22,41 +22,44 @@ const T* cptr(const Tensor& t) {
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t pos_offset) {
+                       int64_t pos_offset, int64_t vocab_start) {
   const int64_t T_ = tokens.size(1), N = tokens.numel(), C = wte.size(1);
   if (N * C == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(wte.dtype(), "embedding_forward", [&] {
     embed_fwd_kernel<T><<<grid_for(N * C, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
-        static_cast<T*>(out.data_ptr()), tokens.data<int32_t>(), cptr<T>(wte), cptr<T>(wpe), N, T_, C, pos_offset);
+        static_cast<T*>(out.data_ptr()), tokens.data<int32_t>(), cptr<T>(wte), cptr<T>(wpe), N, T_, C, pos_offset,
+        vocab_start, wte.size(0));
   });
   ZT_CUDA_CHECK_LAUNCH("embed_fwd_kernel");
 }
 
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& host_tokens,
-                        int64_t pos_offset) {
+                        int64_t pos_offset, int64_t vocab_start) {
   const int64_t B = dout.size(0), T_ = dout.size(1), C = dout.size(2), N = B * T_;
   if (N * C == 0) return;
   cudaStream_t s = stream_of(dout);
   if (dwte.defined()) {
     // Positions grouped by token id on the host (stable counting sort: position order within a group).
-    const TokenGroups grouped = group_by_token(host_tokens.data<int32_t>(), N, dwte.size(0));
-    const int64_t groups = int64_t(grouped.token.size());
-    // One device buffer: order | begin | token.
-    Tensor meta = Tensor::empty(Shape{N + 2 * groups + 1}, DType::i32, dout.device(), MemCategory::workspace);
-    int32_t* d = meta.data<int32_t>();
-    copy_bytes(d, dout.device(), grouped.order.data(), Device::cpu(), size_t(N) * 4);
-    copy_bytes(d + N, dout.device(), grouped.begin.data(), Device::cpu(), size_t(groups + 1) * 4);
-    copy_bytes(d + N + groups + 1, dout.device(), grouped.token.data(), Device::cpu(), size_t(groups) * 4);
-    const dim3 grid(unsigned(groups), unsigned((C + kThreads - 1) / kThreads));
-    ZT_CUDA_DISPATCH_FLOAT(dout.dtype(), "embedding_backward", [&] {
-      using TD = T;
-      ZT_CUDA_DISPATCH_FLOAT(dwte.dtype(), "embedding_backward", [&] {
-        embed_bwd_wte_kernel<TD, T><<<grid, kThreads, 0, s>>>(static_cast<T*>(dwte.data_ptr()),
-                                                             static_cast<const TD*>(dout.data_ptr()), d, d + N,
-                                                             d + N + groups + 1, C);
+    const TokenGroups grouped = group_by_token(host_tokens.data<int32_t>(), N, dwte.size(0), vocab_start);
+    const int64_t groups = int64_t(grouped.token.size()), M = int64_t(grouped.order.size());
+    if (groups > 0) {
+      // One device buffer: order | begin | token.
+      Tensor meta = Tensor::empty(Shape{M + 2 * groups + 1}, DType::i32, dout.device(), MemCategory::workspace);
+      int32_t* d = meta.data<int32_t>();
+      copy_bytes(d, dout.device(), grouped.order.data(), Device::cpu(), size_t(M) * 4);
+      copy_bytes(d + M, dout.device(), grouped.begin.data(), Device::cpu(), size_t(groups + 1) * 4);
+      copy_bytes(d + M + groups + 1, dout.device(), grouped.token.data(), Device::cpu(), size_t(groups) * 4);
+      const dim3 grid(unsigned(groups), unsigned((C + kThreads - 1) / kThreads));
+      ZT_CUDA_DISPATCH_FLOAT(dout.dtype(), "embedding_backward", [&] {
+        using TD = T;
+        ZT_CUDA_DISPATCH_FLOAT(dwte.dtype(), "embedding_backward", [&] {
+          embed_bwd_wte_kernel<TD, T><<<grid, kThreads, 0, s>>>(static_cast<T*>(dwte.data_ptr()),
+                                                               static_cast<const TD*>(dout.data_ptr()), d, d + M,
+                                                               d + M + groups + 1, C);
+        });
       });
-    });
-    ZT_CUDA_CHECK_LAUNCH("embed_bwd_wte_kernel");
+      ZT_CUDA_CHECK_LAUNCH("embed_bwd_wte_kernel");
+    }
   }
   if (dwpe.defined()) {
     ZT_CUDA_DISPATCH_FLOAT(dout.dtype(), "embedding_backward", [&] {

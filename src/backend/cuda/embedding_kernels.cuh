@@ -1,6 +1,7 @@
 // The kernels of embedding.cu: the gather forward (out = wte[tok] (+ wpe)),
 // and a backward without atomics - positions are grouped by token id on the
-// host (group_by_token, a stable counting sort), one block sums a group's
+// host (group_by_token, a stable counting sort; under tensor parallelism only
+// the ids of the rank's vocabulary slice), one block sums a group's
 // rows in position order in f32 and adds the sum to dwte with one rounding;
 // dwpe likewise sums over the batch in order. A header so that the warp
 // emulator (tests/cuda_emu) runs them on the CPU with the same grouping.
@@ -15,45 +16,53 @@ namespace zt::cuda::embedding_kernels {
 
 constexpr int kThreads = 256;
 
-// out[p, c] = wte[tok[p], c] (+ wpe[p % T + pos_offset, c]); grid-stride over (B*T*C).
+// out[p, c] = wte[tok[p] - start, c] (+ wpe[p % T + pos_offset, c]); grid-stride
+// over (B*T*C). wte holds ids [start, start + rows) (a tensor-parallel
+// vocabulary slice; start 0 and every id for a whole table): ids outside it
+// add nothing.
 template <typename T>
 __global__ void embed_fwd_kernel(T* out, const int32_t* tok, const T* wte, const T* wpe, int64_t N, int64_t T_,
-                                 int64_t C, int64_t pos_offset) {
+                                 int64_t C, int64_t pos_offset, int64_t start, int64_t rows) {
   const int64_t n = N * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i / C, c = i - p * C;
-    float v = to_f32(wte[int64_t(tok[p]) * C + c]);
+    const int64_t p = i / C, c = i - p * C, id = int64_t(tok[p]) - start;
+    float v = id >= 0 && id < rows ? to_f32(wte[id * C + c]) : 0.0f;
     if (wpe != nullptr) v += to_f32(wpe[(p % T_ + pos_offset) * C + c]);
     out[i] = from_f32<T>(v);
   }
 }
 
 // Positions grouped by token id (host side): group g is the positions
-// order[begin[g] .. begin[g+1]) of token id token[g], in position order.
+// order[begin[g] .. begin[g+1]) of token id token[g] (a row of the table:
+// id - start), in position order.
 struct TokenGroups {
-  std::vector<int32_t> order;  // (N) positions
-  std::vector<int32_t> begin;  // (groups + 1), begin[groups] = N
-  std::vector<int32_t> token;  // (groups) ids, ascending
+  std::vector<int32_t> order;  // (M) positions whose id is in the table, M <= N
+  std::vector<int32_t> begin;  // (groups + 1), begin[groups] = M
+  std::vector<int32_t> token;  // (groups) rows, ascending
 };
 
-// Counting sort of the N positions of tok (ids in [0, V)); stable, so a
+// Counting sort of the N positions of tok by row id - start, keeping those in
+// [0, V) (a table of V rows holding ids [start, start + V)); stable, so a
 // group's positions stay in position order.
-inline TokenGroups group_by_token(const int32_t* tok, int64_t N, int64_t V) {
-  std::vector<int32_t> count(size_t(V) + 1, 0);  // count[v + 1]: occurrences of v, then prefix sums
-  for (int64_t p = 0; p < N; ++p) ++count[size_t(tok[p]) + 1];
+inline TokenGroups group_by_token(const int32_t* tok, int64_t N, int64_t V, int64_t start = 0) {
+  auto row = [&](int64_t p) { return int64_t(tok[p]) - start; };
+  std::vector<int32_t> count(size_t(V) + 1, 0);  // count[v + 1]: occurrences of row v, then prefix sums
+  for (int64_t p = 0; p < N; ++p)
+    if (row(p) >= 0 && row(p) < V) ++count[size_t(row(p)) + 1];
   for (int64_t v = 0; v < V; ++v) count[size_t(v) + 1] += count[size_t(v)];
   TokenGroups g;
-  g.order.resize(size_t(N));
+  g.order.resize(size_t(count[size_t(V)]));
   {
     std::vector<int32_t> next(count.begin(), count.end() - 1);
-    for (int64_t p = 0; p < N; ++p) g.order[size_t(next[size_t(tok[p])]++)] = int32_t(p);
+    for (int64_t p = 0; p < N; ++p)
+      if (row(p) >= 0 && row(p) < V) g.order[size_t(next[size_t(row(p))]++)] = int32_t(p);
   }
   for (int64_t v = 0; v < V; ++v)
     if (count[size_t(v) + 1] > count[size_t(v)]) {
       g.begin.push_back(count[size_t(v)]);
       g.token.push_back(int32_t(v));
     }
-  g.begin.push_back(int32_t(N));
+  g.begin.push_back(count[size_t(V)]);
   return g;
 }
 
