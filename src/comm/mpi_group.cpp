@@ -112,7 +112,7 @@ MpiGroup::MpiGroup(MPI_Comm comm, std::string name, double timeout_seconds) : co
   mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, world_ranks_.data(), 1, MPI_INT, comm_),
             where("create", *this));
   thread_ = std::make_unique<CommThread>([this](double s) { add_busy(s); });
-  watch({thread_.get(), name_, world_ranks_, world_rank, timeout_});
+  watch({thread_.get(), [t = thread_.get()] { return t->in_flight(); }, name_, world_ranks_, world_rank, timeout_});
 }
 
 MpiGroup::~MpiGroup() {

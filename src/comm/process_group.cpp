@@ -98,6 +98,7 @@ double sum_exact(ProcessGroup& g, double v) {
 }
 
 CommStats ProcessGroup::stats() const {
+  update_stats();
   std::lock_guard<std::mutex> lock(stats_mu_);
   return stats_;
 }
@@ -131,6 +132,7 @@ ProcessGroup& world(const CommOptions& options) {
   if (const char* env = std::getenv("ZT_COMM_TIMEOUT")) timeout = std::atof(env);
   ZT_CHECK(timeout > 0, "the comm timeout must be positive, got ", timeout, " s");
   w.info.backend = backend;
+  w.info.timeout_seconds = timeout;
   if (backend == "solo") {
     w.group = std::make_unique<SoloGroup>("world");
   } else {

@@ -97,6 +97,9 @@ class ProcessGroup {
   CommStats stats() const;
 
  protected:
+  // Called by stats() first: a backend whose operations finish on a device
+  // counts the ones that have finished since.
+  virtual void update_stats() const {}
   void count_op(int64_t bytes_sent);
   void add_busy(double seconds);
   void add_wait(double seconds);
@@ -116,6 +119,7 @@ struct WorldInfo {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;  // on this node (device selection)
   std::string backend;                 // "solo" | "mpi"
+  double timeout_seconds = 600;        // the comm watchdog's limit for every group of this process
 };
 
 // The world group (initialises MPI on first use when the backend is mpi;

@@ -52,7 +52,7 @@ void monitor() {
     std::lock_guard<std::mutex> lock(r.mu);
     const auto now = Clock::now();
     for (const WatchedGroup& g : r.groups) {
-      const CommThread::InFlight f = g.thread->in_flight();
+      const CommThread::InFlight f = g.in_flight();
       if (f.op.empty()) continue;
       const double age = std::chrono::duration<double>(now - f.since).count();
       if (age > g.timeout_seconds) fire(g, f.op, age);
@@ -72,11 +72,11 @@ void watch(const WatchedGroup& g) {
   }
 }
 
-void unwatch(const CommThread* thread) {
+void unwatch(const void* owner) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   for (size_t i = 0; i < r.groups.size(); ++i)
-    if (r.groups[i].thread == thread) {
+    if (r.groups[i].owner == owner) {
       r.groups.erase(r.groups.begin() + long(i));
       return;
     }

@@ -1,10 +1,12 @@
 // The comm watchdog: one monitor thread per process watching every group's
-// comm thread. An operation in flight longer than the timeout is fatal: one
+// oldest operation in flight (an MPI group's comm thread, an NCCL group's
+// operations on its GPU stream). One in flight longer than the timeout is fatal: one
 // line on stderr naming the operation, the group, its ranks and the step,
 // then MPI_Abort (the launcher tears the whole job down; a collective stuck
 // in MPI cannot be cancelled, and waiting forever is the worst outcome).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,7 +15,10 @@
 namespace zt::comm {
 
 struct WatchedGroup {
-  const CommThread* thread;
+  const void* owner;  // what unwatch names
+  // The oldest operation not yet complete and since when (empty op when
+  // idle); called from the monitor thread every 200 ms.
+  std::function<CommThread::InFlight()> in_flight;
   std::string name;
   std::vector<int> world_ranks;
   int world_rank;
@@ -22,6 +27,6 @@ struct WatchedGroup {
 
 // Registration (the group's lifetime brackets it).
 void watch(const WatchedGroup& g);
-void unwatch(const CommThread* thread);
+void unwatch(const void* owner);
 
 }  // namespace zt::comm

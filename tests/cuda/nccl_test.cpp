@@ -71,6 +71,17 @@ TEST_F(NcclGroupTest, WorkCompletesAndCountsBytes) {
   w->wait();
   EXPECT_EQ(group_->stats().ops, 1);
   EXPECT_EQ(group_->stats().bytes_sent, 0) << "one rank sends nothing (2 n (p - 1) / p)";
+  // Busy time is the operations' GPU time, counted once stats() sees them
+  // complete: a 64 MiB out-of-place gather (a device copy) takes some.
+  const double busy_before = group_->stats().busy_seconds;
+  Tensor in = gpu_poisoned(Shape{int64_t(1) << 24}, DType::f32), out = gpu_poisoned(Shape{int64_t(1) << 24}, DType::f32);
+  ops::fill(in, 2.0);
+  group_->all_gather(out, in)->wait();
+  cuda::synchronize(gpu());
+  const double busy = group_->stats().busy_seconds - busy_before;
+  EXPECT_GT(busy, 0.0);
+  EXPECT_LT(busy, 10.0);
+  EXPECT_EQ(group_->stats().wait_seconds, 0.0) << "wait() does not block the host";
 }
 
 TEST_F(NcclGroupTest, HostTensorsGoToTheHostGroupAndSplitsWork) {

@@ -9,8 +9,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -18,6 +21,7 @@
 
 #include "backend/cuda/runtime.h"
 #include "comm/checks.h"
+#include "comm/watchdog.h"
 #endif
 
 namespace zt::comm {
@@ -68,14 +72,26 @@ ncclRedOp_t reduce_op(ReduceOp op) {
   return ncclSum;
 }
 
+// A CUDA event shared by the Work handed to the caller and the group's list
+// of operations in flight (destroyed with the last owner; CUDA releases it
+// once it has completed).
+using SharedEvent = std::shared_ptr<CUevent_st>;
+
+SharedEvent record_timed_event(cudaStream_t stream, const std::string& at) {
+  cudaEvent_t e = nullptr;
+  ZT_CUDART(cudaEventCreate(&e), at);  // with timing: busy time is done - start
+  SharedEvent shared(e, [](cudaEvent_t ev) { (void)cudaEventDestroy(ev); });
+  ZT_CUDART(cudaEventRecord(e, stream), at);
+  return shared;
+}
+
 // An operation on the communication stream: complete when its event is.
 class NcclWork : public Work {
  public:
-  NcclWork(cudaEvent_t done, cudaStream_t compute, std::string where)
-      : done_(done), compute_(compute), where_(std::move(where)) {}
-  ~NcclWork() override { (void)cudaEventDestroy(done_); }  // released once the event completes
+  NcclWork(SharedEvent done, cudaStream_t compute, std::string where)
+      : done_(std::move(done)), compute_(compute), where_(std::move(where)) {}
   bool test() override {
-    const cudaError_t e = cudaEventQuery(done_);
+    const cudaError_t e = cudaEventQuery(done_.get());
     if (e == cudaErrorNotReady) return false;
     ZT_CUDART(e, where_);
     return true;
@@ -83,12 +99,12 @@ class NcclWork : public Work {
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (waited_) return;
-    ZT_CUDART(cudaStreamWaitEvent(compute_, done_, 0), where_);
+    ZT_CUDART(cudaStreamWaitEvent(compute_, done_.get(), 0), where_);
     waited_ = true;
   }
 
  private:
-  cudaEvent_t done_;
+  SharedEvent done_;
   cudaStream_t compute_;
   std::string where_;
   std::mutex mu_;
@@ -105,8 +121,14 @@ class NcclGroup : public ProcessGroup {
     name_ = std::move(name);
     compute_ = static_cast<cudaStream_t>(cuda::compute_stream_handle(device_));
     stream_ = static_cast<cudaStream_t>(cuda::comm_stream_handle(device_));
+    // The watchdog sees the oldest GPU operation not yet complete: a hang on
+    // the device ends the job with a message instead of blocking the next
+    // host synchronisation forever.
+    watch({this, [this] { return settle(); }, name_ + " (NCCL)", world_ranks_, world_ranks_[size_t(rank_)],
+           world_info().timeout_seconds});
   }
   ~NcclGroup() override {
+    unwatch(this);
     (void)cudaStreamSynchronize(stream_);  // nothing of ours in flight when the communicator goes
     (void)ncclCommDestroy(comm_);
   }
@@ -217,27 +239,54 @@ class NcclGroup : public ProcessGroup {
              device_.str(), " (pass tensors of this process's GPU, or host tensors)");
   }
 
+  // Operations that finished since the last call leave the front of the
+  // list (they finish in stream order), adding their GPU time to busy_seconds;
+  // returns the oldest one still in flight and when it was issued.
+  // Called from the watchdog's thread too (its current device set first).
+  CommThread::InFlight settle() {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    (void)cudaSetDevice(device_.index);
+    while (!pending_.empty()) {
+      const Pending& p = pending_.front();
+      // Not ready, or failed: a failure surfaces in the caller's next CUDA call.
+      if (cudaEventQuery(p.done.get()) != cudaSuccess) return {p.op, p.issued};
+      float ms = 0.0f;
+      if (cudaEventElapsedTime(&ms, p.start.get(), p.done.get()) == cudaSuccess) add_busy(double(ms) * 1e-3);
+      pending_.pop_front();
+    }
+    return {};
+  }
+  // stats() is const; settling moves only the counters and this list.
+  void update_stats() const override { const_cast<NcclGroup*>(this)->settle(); }
+
   [[noreturn]] void no_device_p2p(const char* op) const {
     ZT_FAIL(where(op, *this), "point-to-point transfers of GPU tensors are not in the NCCL backend yet (pipeline "
             "parallelism on GPUs, issue #7); pass host tensors");
   }
 
   // Runs body(stream) on the communication stream after the compute stream's
-  // queued work; the Work completes with it.
+  // queued work; the Work completes with it. Timed on the device (start and
+  // done events) and listed for the watchdog until it completes.
   WorkHandle launch(const char* op, int64_t bytes_sent, const std::function<void(cudaStream_t)>& body) {
     const std::string at = where(op, *this);
     std::lock_guard<std::mutex> lock(mu_);  // one thread at a time in a communicator
     cuda::ensure_initialized(device_);
-    cudaEvent_t ready = nullptr, done = nullptr;
+    settle();
+    cudaEvent_t ready = nullptr;
     ZT_CUDART(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), at);
     ZT_CUDART(cudaEventRecord(ready, compute_), at);
     ZT_CUDART(cudaStreamWaitEvent(stream_, ready, 0), at);
     ZT_CUDART(cudaEventDestroy(ready), at);
+    const auto issued = std::chrono::steady_clock::now();
+    SharedEvent start = record_timed_event(stream_, at);
     body(stream_);
-    ZT_CUDART(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), at);
-    ZT_CUDART(cudaEventRecord(done, stream_), at);
+    SharedEvent done = record_timed_event(stream_, at);
     count_op(bytes_sent);
-    return std::make_shared<NcclWork>(done, compute_, at);
+    {
+      std::lock_guard<std::mutex> plock(pending_mu_);
+      pending_.push_back({start, done, op, issued});
+    }
+    return std::make_shared<NcclWork>(std::move(done), compute_, at);
   }
 
   // Block r of `in` (in_counts[r] elements) to rank r; block r of `out`
@@ -264,11 +313,19 @@ class NcclGroup : public ProcessGroup {
     });
   }
 
+  struct Pending {
+    SharedEvent start, done;
+    std::string op;
+    std::chrono::steady_clock::time_point issued;
+  };
+
   std::unique_ptr<ProcessGroup> host_;
   Device device_;
   ncclComm_t comm_;
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   std::mutex mu_;
+  std::mutex pending_mu_;        // after mu_ when both are held
+  std::deque<Pending> pending_;  // issued, not yet seen complete, in stream order
 };
 
 }  // namespace

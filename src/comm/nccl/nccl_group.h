@@ -12,9 +12,14 @@
 // only after the operation (the caching allocator orders reuse by the
 // compute stream). Work::test() asks the operation's event.
 //
+// Each GPU operation is timed on the device (events before and after it):
+// busy_seconds is its GPU time, counted once it is seen complete (stats()
+// looks). The comm watchdog watches the oldest one not complete: past
+// parallel.comm_timeout it ends the job with a message naming it. bytes_sent
+// is counted as for MPI; wait_seconds stays 0 (wait() does not block the host).
+//
 // Not yet on GPU tensors: send / recv (pipelines on GPUs; the config refuses
-// them with a message). bytes_sent is counted as for MPI; busy / wait time
-// of GPU operations is not measured (they run on the device's stream).
+// them with a message).
 #pragma once
 
 #include <memory>
