@@ -1,6 +1,8 @@
 // zettatron: the command-line front door. Subcommands live in *_cmd.cpp.
 #include <cstdio>
+#include <exception>
 #include <iostream>
+#include <new>
 #include <vector>
 
 #include "cli/commands.h"
@@ -34,6 +36,15 @@ int main(int argc, char** argv) {
   } catch (const zt::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     zt::comm::abort_job_after_error(1);  // the other ranks must not wait for this one
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory outside the tensor allocator; `zettatron info CONFIG` shows "
+                         "what a config needs (lower train.micro_batch, or use train.recompute or parallel.zero_stage)\n");
+    zt::comm::abort_job_after_error(1);
+    return 1;
+  } catch (const std::exception& e) {  // not ours (the standard library, a dependency): still one line, whole job
+    std::fprintf(stderr, "error: %s\n", e.what());
+    zt::comm::abort_job_after_error(1);
     return 1;
   }
 }
