@@ -8,6 +8,9 @@
 
 #include "backend/cuda/device_probe.h"
 #include "backend/cuda/runtime.h"
+#include "core/tensor.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
 
 namespace {
 
@@ -46,6 +49,36 @@ TEST(CudaRuntime, StagedUploadsLandIntactWhileTheHostBufferIsReused) {
     for (int32_t x : back) ASSERT_EQ(x, int32_t(i)) << "upload " << i;
     cudaFree(uploads[i].first);
   }
+}
+
+// An event that is not ready yet leaves no error behind: cudaEventQuery's
+// "not ready" also sets the thread's last CUDA error, and the next kernel's
+// launch check would report it as a failure. Both places that poll events
+// (the staging buffers, event_completed) must clear it.
+TEST(CudaRuntime, PollingABusyEventDoesNotFailTheNextLaunch) {
+  if (!have_gpu()) GTEST_SKIP() << "no usable GPU here";
+  const zt::Device gpu = zt::Device::cuda(0);
+  zt::cuda::ensure_initialized(gpu);
+  using zt::Shape;
+  const zt::Tensor a = zt::Tensor::empty(Shape{8192, 8192}, zt::DType::bf16, gpu);
+  zt::Tensor c = zt::Tensor::empty(Shape{8192, 8192}, zt::DType::bf16, gpu);
+  zt::ops::fill(a, 0.5);
+  for (int i = 0; i < 4; ++i) zt::ops::matmul(c, a, a);  // ~4 TFLOP: milliseconds of queued work
+  const zt::cuda::TimingMark mark = zt::cuda::record_mark(gpu);
+  const bool done_at_once = zt::cuda::event_completed(mark, "test");
+  // Uploads of one size while the GPU is busy: later ones find earlier staging buffers in use.
+  std::vector<float> host(1 << 12, 1.0f);
+  std::vector<zt::Tensor> dst;
+  for (int i = 0; i < 8; ++i) {
+    dst.push_back(zt::Tensor::empty(Shape{1 << 12}, zt::DType::f32, gpu));
+    zt::cuda::copy_bytes(dst.back().data_ptr(), gpu, host.data(), zt::Device::cpu(), host.size() * 4);
+  }
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  EXPECT_NO_THROW(zt::ops::fill(c, 1.0));  // a kernel launch and its check
+  zt::cuda::synchronize(gpu);
+  EXPECT_TRUE(zt::cuda::event_completed(mark, "test"));
+  zt::cuda::release_mark(mark);
+  if (done_at_once) GTEST_SKIP() << "the GPU finished the products before the first poll: the not-ready path did not run";
 }
 
 }  // namespace

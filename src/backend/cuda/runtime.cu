@@ -170,12 +170,7 @@ bool staged_upload(void* dst, Device dst_device, const void* src, size_t bytes) 
   StagingBuffer* buf = nullptr;
   for (StagingBuffer& b : g_staging)  // the smallest free one that fits
     if (b.device == dst_device.index && b.bytes >= bytes && (!buf || b.bytes < buf->bytes)) {
-      const cudaError_t q = cudaEventQuery(b.done);
-      if (q == cudaSuccess) {
-        buf = &b;
-      } else if (q != cudaErrorNotReady) {
-        ZT_CUDA_CHECK(q);
-      }
+      if (event_completed(b.done, "staged upload: a staging buffer's event")) buf = &b;
     }
   if (!buf) {
     StagingBuffer b;
@@ -279,6 +274,20 @@ TimingMark record_mark(Device device) {
   if (!e) ZT_CUDA_CHECK(cudaEventCreate(&e));
   ZT_CUDA_CHECK(cudaEventRecord(e, stream));
   return e;
+}
+
+int event_query(void* event) {
+  static_assert(kEventNotReady == int(cudaErrorNotReady));
+  const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (q == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: do not let a launch check see it
+  return int(q);
+}
+
+bool event_completed(void* event, const char* where) {
+  const int q = event_query(event);
+  if (q == kEventNotReady) return false;
+  if (q != int(cudaSuccess)) ZT_FAIL(where, ": ", cudaGetErrorString(cudaError_t(q)));
+  return true;
 }
 
 float elapsed_ms(TimingMark start, TimingMark end) {

@@ -90,12 +90,7 @@ class NcclWork : public Work {
  public:
   NcclWork(SharedEvent done, cudaStream_t compute, std::string where)
       : done_(std::move(done)), compute_(compute), where_(std::move(where)) {}
-  bool test() override {
-    const cudaError_t e = cudaEventQuery(done_.get());
-    if (e == cudaErrorNotReady) return false;
-    ZT_CUDART(e, where_);
-    return true;
-  }
+  bool test() override { return cuda::event_completed(done_.get(), where_.c_str()); }
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (waited_) return;
@@ -248,8 +243,8 @@ class NcclGroup : public ProcessGroup {
     (void)cudaSetDevice(device_.index);
     while (!pending_.empty()) {
       const Pending& p = pending_.front();
-      // Not ready, or failed: a failure surfaces in the caller's next CUDA call.
-      if (cudaEventQuery(p.done.get()) != cudaSuccess) return {p.op, p.issued};
+      // Not ready, or failed (the failure surfaces in the caller's next CUDA call).
+      if (cuda::event_query(p.done.get()) != 0) return {p.op, p.issued};
       float ms = 0.0f;
       if (cudaEventElapsedTime(&ms, p.start.get(), p.done.get()) == cudaSuccess) add_busy(double(ms) * 1e-3);
       pending_.pop_front();
