@@ -246,7 +246,10 @@ class NcclGroup : public ProcessGroup {
       // Not ready, or failed (the failure surfaces in the caller's next CUDA call).
       if (cuda::event_query(p.done.get()) != 0) return {p.op, p.issued};
       float ms = 0.0f;
-      if (cudaEventElapsedTime(&ms, p.start.get(), p.done.get()) == cudaSuccess) add_busy(double(ms) * 1e-3);
+      if (cudaEventElapsedTime(&ms, p.start.get(), p.done.get()) == cudaSuccess)
+        add_busy(double(ms) * 1e-3);
+      else
+        (void)cudaGetLastError();  // no time, and no error left for the next launch check
       pending_.pop_front();
     }
     return {};
