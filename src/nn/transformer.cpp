@@ -703,9 +703,10 @@ int64_t default_head_chunk_elems(Device device) {
 }
 
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems) {
+  if (rows <= 0) return 1;
   const int64_t most = std::max<int64_t>(1, chunk_elems / std::max<int64_t>(1, vocab_rows));
   const int64_t chunks = (rows + most - 1) / most;
-  return std::max<int64_t>(1, (rows + chunks - 1) / std::max<int64_t>(1, chunks));
+  return (rows + chunks - 1) / chunks;
 }
 
 int64_t Transformer::head_chunk_rows(int64_t N) const {

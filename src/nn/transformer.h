@@ -152,8 +152,9 @@ class Transformer {
   // slice; see head_chunk_rows). Larger chunks run the head's three matmuls
   // at the sgemm rate (the weight gradient contracts over the chunk's rows:
   // 83 rows ran at 0.48x of 1024 on a 2-core AVX2 CPU) and hold more memory
-  // while the head runs. Tests set it small to cover the chunking.
-  int64_t head_chunk_elems = default_head_chunk_elems(Device::cpu());
+  // while the head runs. The constructor sets the device's default; tests
+  // set it small to cover the chunking.
+  int64_t head_chunk_elems = 0;
   // Forward leaves ctx.loss_sum unset and the per-token losses in
   // ctx.token_losses, for the caller to sum later (sum_token_losses): on a GPU
   // reading them waits for the forward, which the trainer defers to the end

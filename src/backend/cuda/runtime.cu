@@ -276,17 +276,25 @@ TimingMark record_mark(Device device) {
   return e;
 }
 
-int event_query(void* event) {
-  static_assert(kEventNotReady == int(cudaErrorNotReady));
+namespace {
+
+cudaError_t query_event(void* event) {
   const cudaError_t q = cudaEventQuery(static_cast<cudaEvent_t>(event));
   if (q == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: do not let a launch check see it
-  return int(q);
+  return q;
+}
+
+}  // namespace
+
+EventState event_state(void* event) {
+  const cudaError_t q = query_event(event);
+  return q == cudaSuccess ? EventState::complete : q == cudaErrorNotReady ? EventState::pending : EventState::failed;
 }
 
 bool event_completed(void* event, const char* where) {
-  const int q = event_query(event);
-  if (q == kEventNotReady) return false;
-  if (q != int(cudaSuccess)) ZT_FAIL(where, ": ", cudaGetErrorString(cudaError_t(q)));
+  const cudaError_t q = query_event(event);
+  if (q == cudaErrorNotReady) return false;
+  if (q != cudaSuccess) ZT_FAIL(where, ": ", cudaGetErrorString(q));
   return true;
 }
 

@@ -40,14 +40,13 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // Sets `bytes` bytes at ptr to `value` on the device's compute stream.
 void memset_bytes(void* ptr, Device device, int value, size_t bytes);
 
-// Whether `event` (a cudaEvent_t) has completed. cudaEventQuery's "not ready"
-// also becomes the calling thread's last CUDA error, which the next kernel
-// launch check would report as a failure: it is cleared here. Any other
-// error is returned as is (cudaError_t as int; 0 = complete, and
-// kEventNotReady), for callers that must not throw (the watchdog's thread).
-constexpr int kEventNotReady = 600;  // cudaErrorNotReady
-int event_query(void* event);
-// event_query that throws zt::Error (naming `where`) on an error.
+// Polls `event` (a cudaEvent_t). cudaEventQuery's "not ready" also becomes the
+// calling thread's last CUDA error, which the next kernel launch check would
+// report as a failure: both functions clear it. event_state never throws (the
+// watchdog's thread uses it); event_completed throws zt::Error naming `where`
+// on a failed event.
+enum class EventState { complete, pending, failed };
+EventState event_state(void* event);
 bool event_completed(void* event, const char* where);
 
 // Device facts for metrics and the planner.

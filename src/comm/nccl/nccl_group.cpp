@@ -119,7 +119,11 @@ class NcclGroup : public ProcessGroup {
     // The watchdog sees the oldest GPU operation not yet complete: a hang on
     // the device ends the job with a message instead of blocking the next
     // host synchronisation forever.
-    watch({this, [this] { return settle(); }, name_ + " (NCCL)", world_ranks_, world_ranks_[size_t(rank_)],
+    auto from_monitor = [this] {
+      (void)cudaSetDevice(device_.index);  // the monitor thread's current device, for the event queries
+      return settle();
+    };
+    watch({this, from_monitor, name_ + " (NCCL)", world_ranks_, world_ranks_[size_t(rank_)],
            world_info().timeout_seconds});
   }
   ~NcclGroup() override {
@@ -237,14 +241,13 @@ class NcclGroup : public ProcessGroup {
   // Operations that finished since the last call leave the front of the
   // list (they finish in stream order), adding their GPU time to busy_seconds;
   // returns the oldest one still in flight and when it was issued.
-  // Called from the watchdog's thread too (its current device set first).
+  // Called from the watchdog's thread too.
   CommThread::InFlight settle() {
     std::lock_guard<std::mutex> lock(pending_mu_);
-    (void)cudaSetDevice(device_.index);
     while (!pending_.empty()) {
       const Pending& p = pending_.front();
       // Not ready, or failed (the failure surfaces in the caller's next CUDA call).
-      if (cuda::event_query(p.done.get()) != 0) return {p.op, p.issued};
+      if (cuda::event_state(p.done.get()) != cuda::EventState::complete) return {p.op, p.issued};
       float ms = 0.0f;
       if (cudaEventElapsedTime(&ms, p.start.get(), p.done.get()) == cudaSuccess)
         add_busy(double(ms) * 1e-3);
