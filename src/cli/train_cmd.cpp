@@ -4,7 +4,9 @@
 #include "cli/commands.h"
 #include "comm/nccl/nccl_group.h"
 #include "comm/process_group.h"
+#include "comm/staged_group.h"
 #include "core/error.h"
+#include "ops/device.h"
 #include "parallel/mesh.h"
 #include "train/checkpointing.h"
 #include "train/data_source.h"
@@ -48,16 +50,21 @@ Command add_train_command(CLI::App& app) {
     ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
              "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
              opts->stop_after, ")");
-    // Host collectives over MPI (or solo); GPU tensors over NCCL when asked, or
-    // by default when several processes train on GPUs. The NCCL group also
-    // serves host tensors, so the mesh's groups are all split from it.
+    // Host collectives over MPI (or solo). GPU tensors over NCCL when asked, or
+    // by default when several processes train on GPUs; with comm_backend = mpi
+    // they are staged through host memory and MPI (slow; processes may share
+    // a GPU). Either group also serves host tensors, so the mesh's groups are
+    // all split from it.
     const bool nccl_asked = cfg.parallel.comm_backend == "nccl";
     comm::ProcessGroup& world =
         comm::world({nccl_asked ? "auto" : cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
-    std::unique_ptr<comm::ProcessGroup> nccl_world;  // outlives the mesh and trainer below
-    if (nccl_asked || (cfg.parallel.comm_backend == "auto" && cfg.train.device == "cuda" && world.size() > 1))
-      nccl_world = comm::make_nccl_group(world.split(0, world.rank(), "world"), cfg.device(true), "world");
-    comm::ProcessGroup& mesh_world = nccl_world ? *nccl_world : world;
+    const bool gpu = cfg.device(false).is_cuda();
+    std::unique_ptr<comm::ProcessGroup> gpu_world;  // outlives the mesh and trainer below
+    if (nccl_asked || (cfg.parallel.comm_backend == "auto" && gpu && world.size() > 1))
+      gpu_world = comm::make_nccl_group(world.split(0, world.rank(), "world"), cfg.device(true), "world");
+    else if (gpu && world.size() > 1)
+      gpu_world = comm::make_host_staged_group(world.split(0, world.rank(), "world"), ops::copy);
+    comm::ProcessGroup& mesh_world = gpu_world ? *gpu_world : world;
     const parallel::MeshShape shape = parallel::resolve_mesh_shape(
         {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, mesh_world.size());
     ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * shape.dp) == 0, "train.global_batch = ",

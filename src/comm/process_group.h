@@ -6,8 +6,9 @@
 // Collectives must be issued in the same order on every member (the MPI
 // rule). A blocking call is op(...)->wait().
 //
-// Tensors are contiguous host tensors for the MPI and solo backends (GPU
-// tensors go through NCCL's backend behind this interface later). Reductions
+// Tensors are contiguous host tensors for the MPI and solo backends; GPU
+// tensors go through the NCCL backend (comm/nccl) or are staged through host
+// memory (comm/staged_group.h). Reductions
 // take f32, i32 or i64 (and bf16, reduced in f32); data movement
 // (gather, broadcast, send/recv, all-to-all) takes any dtype. The caller
 // keeps the tensors alive and untouched until the Work completes.
@@ -93,8 +94,9 @@ class ProcessGroup {
   // same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
 
-  // A snapshot of the counters (they are updated by the comm thread).
-  CommStats stats() const;
+  // A snapshot of the counters (they are updated by the comm thread). A
+  // group that forwards its operations to another reports that one's.
+  virtual CommStats stats() const;
 
  protected:
   // Called by stats() first: a backend whose operations finish on a device

@@ -2,6 +2,7 @@
 
 #include "comm/process_group.h"
 #include "nn/tensor_parallel.h"
+#include "ops/device.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
 
@@ -454,16 +455,11 @@ void Config::validate() const {
     parallel::check_pipeline_schedule(schedule, {parallel.pp, std::max<int64_t>(parallel.pp, 1), parallel.virtual_stages});
     parallel::plan_pipeline_stages(model, train.seq_len, parallel.pp * parallel.virtual_stages,
                                    parallel::parse_stage_layers(parallel.pp_layers));
-    ZT_CHECK(train.device == "cpu", "parallel.pp = ", parallel.pp, " runs on the CPU backend so far (the NCCL "
-             "backend has no point-to-point transfers of GPU tensors yet, #7); set train.device = cpu or parallel.pp = 1");
   }
   nn::check_tensor_parallel(model, parallel.tp);
   ZT_CHECK(!parallel.sequence_parallel || (train.micro_batch * train.seq_len) % parallel.tp == 0,
            "parallel.sequence_parallel shards the micro_batch x seq_len = ", train.micro_batch * train.seq_len,
            " tokens of a micro-batch over tp = ", parallel.tp, " ranks: make it a multiple of tp");
-  ZT_CHECK(parallel.tp == 1 || train.device == "cpu", "parallel.tp = ", parallel.tp, " runs on the CPU backend so "
-           "far (the vocabulary-parallel CUDA kernels exist, but tensor parallelism has not yet run on several GPUs, "
-           "#7); set train.device = cpu or parallel.tp = 1");
   ZT_CHECK(parallel.zero_stage >= 0 && parallel.zero_stage <= 3, "parallel.zero_stage = ", parallel.zero_stage,
            " does not exist: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters)");
   ZT_CHECK(parallel.bucket_mb > 0, "parallel.bucket_mb must be positive");
@@ -478,9 +474,19 @@ void Config::validate() const {
            "checkpoint.every, checkpoint.keep_last and checkpoint.keep_every must be >= 0 (0: off / keep all / none)");
 }
 
+Device local_gpu(int local_rank, int local_size, int gpus, const std::string& comm_backend) {
+  if (local_size <= gpus || gpus == 0) return Device::cuda(local_rank);  // none: init_device says why
+  ZT_CHECK(comm_backend == "mpi", local_size, " processes on this node share its ", gpus,
+           " GPU(s), but NCCL needs one GPU per process: launch at most ", gpus, " processes per node, or set "
+           "parallel.comm_backend = mpi (GPU tensors staged through host memory and MPI: slow, for testing "
+           "layouts on few GPUs)");
+  return Device::cuda(local_rank % gpus);
+}
+
 Device Config::device(bool multi_process) const {
-  if (train.device == "cuda" && multi_process) return Device::cuda(comm::world_info().local_rank);
-  return parse_device(train.device);
+  if (train.device != "cuda" || !multi_process) return parse_device(train.device);
+  const comm::WorldInfo w = comm::world_info();
+  return local_gpu(w.local_rank, w.local_size, ops::gpu_count(), parallel.comm_backend);
 }
 
 std::string Config::checkpoint_dir() const {

@@ -128,9 +128,17 @@ struct Config {
   std::optional<optim::LossScaleConfig> loss_scaling() const;
   std::string checkpoint_dir() const;
   // The device this process trains on: train.device, where a bare `cuda`
-  // under a multi-process launch means one GPU per local rank.
+  // under a multi-process launch means the local rank's GPU (local rank
+  // modulo the GPU count when parallel.comm_backend = mpi lets processes
+  // share a GPU; else an error names the fix when there are too few).
   Device device(bool multi_process) const;
 };
+
+// The GPU of local rank `local_rank` of the `local_size` processes on a node
+// with `gpus` GPUs: cuda:local_rank, or local_rank modulo gpus when
+// comm_backend = "mpi" lets processes share a GPU (staged through host
+// memory). With too few GPUs for NCCL, throws naming both fixes.
+Device local_gpu(int local_rank, int local_size, int gpus, const std::string& comm_backend);
 
 // Reads a TOML file and applies `overrides` ("section.key=value", value in
 // TOML syntax or a bare string). Throws zt::Error naming the file and key.

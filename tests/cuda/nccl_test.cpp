@@ -101,8 +101,11 @@ TEST_F(NcclGroupTest, HostTensorsGoToTheHostGroupAndSplitsWork) {
 
 TEST_F(NcclGroupTest, ErrorsNameTheProblem) {
   const Tensor g = gpu_poisoned(Shape{4}, DType::f32);
-  EXPECT_NE(error_of([&] { group_->send(g, 0, 0); }).find("point-to-point transfers of GPU tensors"),
+  // GPU sends go through the host group, whose checks name the problem.
+  EXPECT_NE(error_of([&] { group_->send(g, 0, 0); }).find("rank 0 is this rank (no peer to talk to)"),
             std::string::npos);
+  const Tensor elsewhere = fake_cuda(Shape{4}, DType::f32);
+  EXPECT_NE(error_of([&] { group_->send(elsewhere, 0, 0); }).find("but this group's GPU is"), std::string::npos);
   const Tensor u = gpu_poisoned(Shape{4}, DType::u16);
   EXPECT_NE(error_of([&] { group_->all_reduce(u); }).find("cannot reduce u16"), std::string::npos);
   const Tensor small = gpu_poisoned(Shape{3}, DType::f32);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "test_util.h"
 #include "train/config.h"
 
 namespace zt::train {
@@ -104,6 +105,24 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_layers=\"2,1\""}), "adds up to 3 blocks, but the model has 2"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"gloo\""}), "choose auto, mpi, solo or nccl"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"nccl\""}), "it needs train.device = cuda"));
+}
+
+TEST(Config, LocalRanksGetTheirGpuOrShareOnlyThroughTheStagedMpiPath) {
+  // One GPU per process: the local rank's, whatever the backend.
+  EXPECT_EQ(local_gpu(3, 8, 8, "auto"), Device::cuda(3));
+  EXPECT_EQ(local_gpu(1, 2, 4, "nccl"), Device::cuda(1));
+  // Fewer GPUs than processes: shared round-robin through host staging ...
+  EXPECT_EQ(local_gpu(0, 2, 1, "mpi"), Device::cuda(0));
+  EXPECT_EQ(local_gpu(1, 2, 1, "mpi"), Device::cuda(0));
+  EXPECT_EQ(local_gpu(5, 8, 2, "mpi"), Device::cuda(1));
+  // ... and refused for NCCL, naming both fixes.
+  for (const char* backend : {"auto", "nccl"}) {
+    const std::string e = test::error_of([&] { local_gpu(1, 2, 1, backend); });
+    EXPECT_TRUE(has(e, "2 processes on this node share its 1 GPU(s), but NCCL needs one GPU per process")) << e;
+    EXPECT_TRUE(has(e, "launch at most 1 processes per node, or set parallel.comm_backend = mpi")) << e;
+  }
+  // No GPU at all: the device's own initialisation names the problem later.
+  EXPECT_EQ(local_gpu(1, 2, 0, "auto"), Device::cuda(1));
 }
 
 TEST(Config, Gpt2KvHeadsFollowHeads) {

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/runtime.h"
 #include "comm/checks.h"
+#include "comm/staged_group.h"
 #include "comm/watchdog.h"
 #endif
 
@@ -182,13 +183,20 @@ class NcclGroup : public ProcessGroup {
     });
   }
 
+  // GPU tensors through host memory (host_ stages them): NCCL's transfers
+  // carry no tag, and a receive posted early on the comm stream would hold
+  // up every later operation until its sender got there.
   WorkHandle send(const Tensor& t, int dst, int tag) override {
     if (on_host(t)) return host_->send(t, dst, tag);
-    no_device_p2p("send");
+    check_device("send", t);
+    count_op(int64_t(t.nbytes()));
+    return host_->send(t, dst, tag);
   }
   WorkHandle recv(const Tensor& t, int src, int tag) override {
     if (on_host(t)) return host_->recv(t, src, tag);
-    no_device_p2p("recv");
+    check_device("recv", t);
+    count_op(0);
+    return host_->recv(t, src, tag);
   }
 
   WorkHandle all_to_all(const Tensor& out, const Tensor& in) override {
@@ -259,11 +267,6 @@ class NcclGroup : public ProcessGroup {
   }
   // stats() is const; settling moves only the counters and this list.
   void update_stats() const override { const_cast<NcclGroup*>(this)->settle(); }
-
-  [[noreturn]] void no_device_p2p(const char* op) const {
-    ZT_FAIL(where(op, *this), "point-to-point transfers of GPU tensors are not in the NCCL backend yet (pipeline "
-            "parallelism on GPUs, issue #7); pass host tensors");
-  }
 
   // Runs body(stream) on the communication stream after the compute stream's
   // queued work; the Work completes with it. Timed on the device (start and
@@ -350,7 +353,11 @@ std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host
   std::memcpy(&id, id_words.data_ptr(), sizeof id);
   ncclComm_t comm = nullptr;
   ZT_NCCL(ncclCommInitRank(&comm, host->size(), id, host->rank()), at);
-  return std::make_unique<NcclGroup>(std::move(host), device, comm, name);
+  // Point-to-point transfers of GPU tensors are staged through the host group.
+  auto copy = [](const Tensor& dst, const Tensor& src) {
+    cuda::copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
+  };
+  return std::make_unique<NcclGroup>(make_host_staged_group(std::move(host), copy), device, comm, name);
 }
 
 #endif

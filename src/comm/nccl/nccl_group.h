@@ -18,8 +18,10 @@
 // parallel.comm_timeout it ends the job with a message naming it. bytes_sent
 // is counted as for MPI; wait_seconds stays 0 (wait() does not block the host).
 //
-// Not yet on GPU tensors: send / recv (pipelines on GPUs; the config refuses
-// them with a message).
+// Point-to-point transfers of GPU tensors (pipelines) go through host memory
+// and the host group (comm/staged_group.h), which matches them by tag: slow
+// (the host waits for the tensor's producers; two copies over the host bus),
+// counted in ops and bytes_sent but not in busy_seconds.
 #pragma once
 
 #include <memory>

@@ -1,0 +1,63 @@
+#!/bin/bash
+# Every parallel layout on GPUs against the single-GPU run, on the one GPU
+# of the lent machine: several processes share it with
+# parallel.comm_backend = mpi (GPU tensors staged through host memory and
+# MPI; NCCL refuses a GPU twice in one communicator). 10 steps of
+# llama3-tiny in f32 (seq 32, 4 micro-batches of 2 per step): the losses of
+# every step must match the single-GPU run to relative 1e-5, as the CPU
+# layouts match the single process.
+#   dp = 2 (ZeRO-1), tp = 2 with sequence parallelism, pp = 2 (1F1B),
+#   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3);
+# and NCCL's rule: two processes on one GPU without comm_backend = mpi
+# stop with a message that names the fix.
+# Exit 77 (skipped, saying why) without a GPU, mpirun or the corpus.
+# Usage: layouts_on_one_gpu_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+bin="$build/bin/zettatron"
+devices=$("$bin" devices)
+grep -q "cuda:0 " <<< "$devices" || { echo "SKIP: no GPU ($(tail -1 <<< "$devices"))"; exit 77; }
+command -v mpirun > /dev/null || { echo "SKIP: no mpirun on this machine"; exit 77; }
+mpi=(mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
+tmp=$(mktemp -d /tmp/zt_gpu_layouts.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+source "$src/tests/parallel/resume_lib.sh"
+data="$src/data/fortunes-gpt2"  # the demo corpus (the GPU machine gets it carried)
+if [ ! -f "$data/index.json" ]; then
+  [ -d /usr/share/games/fortunes ] || { echo "SKIP: no corpus ($data, or /usr/share/games/fortunes to prepare)"; exit 77; }
+  data="$tmp/data"
+  prepare_fortunes "$data"
+fi
+write_config "$tmp/cfg.toml" llama3-tiny "$data"
+gpu=(--set train.device=cuda --set train.dtype=f32 --set checkpoint.every=0)
+staged=(--set parallel.comm_backend=mpi)
+
+"$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/ref" > "$tmp/ref.log"
+ref=$(losses "$tmp/ref")
+echo "one GPU: $ref"
+
+run() {  # run NAME NP SETTINGS...
+  local name=$1 np=$2
+  shift 2
+  "${mpi[@]}" -np "$np" "$bin" train "$tmp/cfg.toml" "${gpu[@]}" "${staged[@]}" --set train.run_dir="$tmp/$name" \
+    "$@" > "$tmp/$name.log" 2>&1 || { echo "FAIL: $name"; tail -20 "$tmp/$name.log"; exit 1; }
+  same "$ref" "$(losses "$tmp/$name")" || { echo "FAIL: $name: losses differ from the one-GPU run"; exit 1; }
+  echo "$name: losses match the one-GPU run"
+}
+run dp2-zero1 2 --set parallel.dp=2 --set parallel.zero_stage=1
+run tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+run pp2-1f1b 2 --set parallel.pp=2 --set parallel.pp_schedule=1f1b
+run pp2-tp2-zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb
+run tp2-dp2-zero3 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero_stage=3
+
+# Two processes on one GPU over NCCL (the default under mpirun): refused, naming the fix, on every rank.
+if "${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/nccl" --set parallel.dp=2 \
+    > "$tmp/nccl.log" 2>&1; then
+  echo "FAIL: two processes on one GPU over NCCL were not refused"
+  exit 1
+fi
+grep -q "NCCL needs one GPU per process.*parallel.comm_backend = mpi" "$tmp/nccl.log" \
+  || { echo "FAIL: the refusal does not name the fix:"; tail -5 "$tmp/nccl.log"; exit 1; }
+echo "two processes on one GPU over NCCL: refused, naming comm_backend = mpi"
