@@ -16,20 +16,13 @@ set -euo pipefail
 build=$1
 src=$2
 bin="$build/bin/zettatron"
-devices=$("$bin" devices)
-grep -q "cuda:0 " <<< "$devices" || { echo "SKIP: no GPU ($(tail -1 <<< "$devices"))"; exit 77; }
 command -v mpirun > /dev/null || { echo "SKIP: no mpirun on this machine"; exit 77; }
 mpi=(mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
 tmp=$(mktemp -d /tmp/zt_gpu_layouts.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
 source "$src/tests/parallel/resume_lib.sh"
-data="$src/data/fortunes-gpt2"  # the demo corpus (the GPU machine gets it carried)
-if [ ! -f "$data/index.json" ]; then
-  [ -d /usr/share/games/fortunes ] || { echo "SKIP: no corpus ($data, or /usr/share/games/fortunes to prepare)"; exit 77; }
-  data="$tmp/data"
-  prepare_fortunes "$data"
-fi
+gpu_test_setup "$src" "$tmp"
 write_config "$tmp/cfg.toml" llama3-tiny "$data"
 gpu=(--set train.device=cuda --set train.dtype=f32 --set checkpoint.every=0)
 staged=(--set parallel.comm_backend=mpi)

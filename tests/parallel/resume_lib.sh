@@ -7,6 +7,21 @@ prepare_fortunes() {
     --val-fraction 0.05 --output "$1" > /dev/null 2>&1
 }
 
+# gpu_test_setup SOURCE_DIR TMP: for the GPU scripts (tests/cuda/*.sh): exits
+# 77 (skipped, saying why) without a GPU; sets `data` to the demo corpus
+# (carried to the GPU machine) or prepares it into TMP/data.
+gpu_test_setup() {
+  local devices
+  devices=$("$bin" devices)
+  grep -q "cuda:0 " <<< "$devices" || { echo "SKIP: no GPU ($(tail -1 <<< "$devices"))"; exit 77; }
+  data="$1/data/fortunes-gpt2"
+  if [ ! -f "$data/index.json" ]; then
+    [ -d /usr/share/games/fortunes ] || { echo "SKIP: no corpus ($data, or /usr/share/games/fortunes to prepare)"; exit 77; }
+    data="$2/data"
+    prepare_fortunes "$data"
+  fi
+}
+
 # write_config FILE PRESET DATA_DIR: 10 steps of a tiny model, a checkpoint every 2 steps, all kept.
 write_config() {
   cat > "$1" <<TOML
