@@ -3,7 +3,8 @@
 # builds with the CUDA backend (scripts/gpu/build.sh, carried .debs), runs the
 # GPU tests (ctest -L gpu), then the training benchmark - Zettatron against
 # PyTorch (bench/gpu/pytorch_peer.py: torch.compile, flash SDPA, bf16 autocast,
-# fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024 - and
+# fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024, each at
+# the largest power-of-two micro-batch that fits (2-step probes) - and
 # prints a short table last, then where Zettatron's step goes (a short second
 # run with metrics.op_profile: GPU time per op from events). `attention` times
 # the CUDA attention kernels (cuDNN, mma, flash, tensor-core gemm path, simple)
@@ -84,31 +85,61 @@ PY
 fi
 [ "$what" = attention ] && exit 0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+# The issue's rule: the largest power-of-two micro-batch that fits. Zettatron's
+# is found by 2-step probes from the top down (an allocator "out of memory"
+# means too large; any other failure stops the search); PyTorch runs the same
+# micro-batch, or (if that does not fit it) its own largest, and the table
+# says which.
+declare -A mb_of=([gpt2]=128 [llama]=64)  # where the search starts
+mkdir -p "$out/probes"
+largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
+  local arch=$1 mb=${mb_of[$1]} log
+  while [ "$mb" -ge 1 ]; do
+    log="$out/probes/$arch-$mb.log"
+    if ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml --set train.micro_batch=$mb \
+        --set train.global_batch=$mb --set train.steps=2 --set train.run_dir="$out/probes/run-$arch-$mb" > "$log" 2>&1; then
+      echo "$mb"
+      return
+    fi
+    grep -q "out of memory" "$log" || { echo "zettatron $arch probe at micro-batch $mb failed:" >&2; tail -5 "$log" >&2; return; }
+    mb=$((mb / 2))
+  done
+}
 for arch in gpt2 llama; do
   cfg=configs/bench-gpu-$arch.toml
-  ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$out/run-$arch" > "$out/zt-$arch.log" 2>&1 \
+  mb=$(largest_fitting_micro_batch $arch)
+  [ -n "$mb" ] || continue
+  mb_of[$arch]=$mb
+  ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
+    --set train.run_dir="$out/run-$arch" > "$out/zt-$arch.log" 2>&1 \
     || { echo "zettatron $arch failed:"; tail -20 "$out/zt-$arch.log"; continue; }
-  mb=$(grep -E '^micro_batch' $cfg | grep -o '[0-9]*')
-  python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$mb" --seq 1024 > "$out/pt-$arch.json" 2> "$out/pt-$arch.err" \
-    || { echo "pytorch $arch failed:"; tail -5 "$out/pt-$arch.err"; }
-  python3 - "$out/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" <<'PY'
+  pt_mb=$mb
+  while [ "$pt_mb" -ge 1 ]; do
+    python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 > "$out/pt-$arch.json" 2> "$out/pt-$arch.err" && break
+    grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { echo "pytorch $arch failed:"; tail -5 "$out/pt-$arch.err"; break; }
+    pt_mb=$((pt_mb / 2))
+  done
+  python3 - "$out/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][5:]
 zt = statistics.median(r["tokens_per_s"] for r in rows)
 mfu = statistics.median(r["mfu"] for r in rows)
+peak = max(r["peak_memory_bytes"]["total"] for r in rows) / 2**30
 try:
     pt = json.loads(open(sys.argv[2]).read())
 except Exception:
     pt = None
-line = f"{sys.argv[3]:6} zettatron {zt:10.0f} tok/s  MFU {100 * mfu:5.1f}%"
+line = f"{sys.argv[3]:6} B={sys.argv[4]:>3} zettatron {zt:10.0f} tok/s  MFU {100 * mfu:5.1f}%  peak {peak:5.1f} GiB"
 if pt:
-    line += f" | pytorch {pt['version']} {pt['tokens_per_s']:10.0f} tok/s | ratio {zt / pt['tokens_per_s']:.2f}x"
+    line += (f" | pytorch {pt['version']} B={pt['batch']} {pt['tokens_per_s']:10.0f} tok/s  peak {pt['peak_mem_gib']:5.1f} GiB"
+             f" | ratio {zt / pt['tokens_per_s']:.2f}x")
 print(line)
 PY
 done
 for arch in gpt2 llama; do
   cfg=configs/bench-gpu-$arch.toml
   ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$out/profile-$arch" --set train.steps=6 \
+    --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
     --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1 \
     || { echo "zettatron $arch profile run failed:"; tail -20 "$out/zt-$arch-profile.log"; continue; }
   echo "$arch: time per op (steps 2-6)"
