@@ -106,7 +106,7 @@ const std::vector<Field>& fields() {
       ZT_F("parallel", "zero_stage", parallel.zero_stage, "0: replicate; 1: shard optimizer state; 2: and gradients; 3: and parameters"),
       ZT_F("parallel", "shard_group", parallel.shard_group, "ZeRO shards span groups of this many dp ranks, replicated across groups (HSDP; 0: all of dp)"),
       ZT_F("parallel", "bucket_mb", parallel.bucket_mb, "gradient reduction bucket size in MiB"),
-      ZT_F("parallel", "comm_backend", parallel.comm_backend, "auto (mpi under mpirun/srun; GPU tensors over NCCL when train.device = cuda and there are several processes) | mpi | solo | nccl (GPU tensors over NCCL even for one process)"),
+      ZT_F("parallel", "comm_backend", parallel.comm_backend, "auto (mpi under mpirun/srun; GPU tensors over NCCL when train.device = cuda and there are several processes) | mpi (GPU tensors staged through host memory: slow; processes may share a GPU) | solo | nccl (GPU tensors over NCCL even for one process)"),
       ZT_F("parallel", "comm_timeout", parallel.comm_timeout, "seconds before a stuck collective ends the job"),
       ZT_F("checkpoint", "every", checkpoint.every, "steps between checkpoints (0: none); the last step is saved too"),
       ZT_F("checkpoint", "keep_last", checkpoint.keep_last, "checkpoints kept, newest first (0: all)"),

@@ -33,8 +33,8 @@ bool nccl_available() { return false; }
 
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup>, Device, const std::string&) {
   ZT_FAIL("comm: this build has no NCCL backend (NCCL was not found when it was built: install NCCL or point "
-          "NCCL_ROOT at it and rebuild), so GPU tensors cannot be communicated; use parallel.comm_backend = mpi "
-          "with train.device = cpu");
+          "NCCL_ROOT at it and rebuild), so GPU tensors cannot go over NCCL; set parallel.comm_backend = mpi to "
+          "stage them through host memory and MPI (slow), or train.device = cpu");
 }
 
 #else
