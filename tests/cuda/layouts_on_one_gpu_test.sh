@@ -9,7 +9,8 @@
 #   dp = 2 (ZeRO-1), tp = 2 with sequence parallelism, pp = 2 (1F1B),
 #   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3);
 # and NCCL's rule: two processes on one GPU without comm_backend = mpi
-# stop with a message that names the fix.
+# stop with a message that names the fix. On a machine with several GPUs
+# the layouts that fit run over NCCL too (one GPU per process).
 # Exit 77 (skipped, saying why) without a GPU, mpirun or the corpus.
 # Usage: layouts_on_one_gpu_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -25,25 +26,33 @@ source "$src/tests/parallel/resume_lib.sh"
 gpu_test_setup "$src" "$tmp"
 write_config "$tmp/cfg.toml" llama3-tiny "$data"
 gpu=(--set train.device=cuda --set train.dtype=f32 --set checkpoint.every=0)
-staged=(--set parallel.comm_backend=mpi)
 
 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/ref" > "$tmp/ref.log"
 ref=$(losses "$tmp/ref")
 echo "one GPU: $ref"
 
-run() {  # run NAME NP SETTINGS...
-  local name=$1 np=$2
-  shift 2
-  "${mpi[@]}" -np "$np" "$bin" train "$tmp/cfg.toml" "${gpu[@]}" "${staged[@]}" --set train.run_dir="$tmp/$name" \
-    "$@" > "$tmp/$name.log" 2>&1 || { echo "FAIL: $name"; tail -20 "$tmp/$name.log"; exit 1; }
+run() {  # run BACKEND NAME NP SETTINGS...
+  local backend=$1 name=$2-$1 np=$3
+  shift 3
+  "${mpi[@]}" -np "$np" "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set parallel.comm_backend=$backend \
+    --set train.run_dir="$tmp/$name" "$@" > "$tmp/$name.log" 2>&1 || { echo "FAIL: $name"; tail -20 "$tmp/$name.log"; exit 1; }
   same "$ref" "$(losses "$tmp/$name")" || { echo "FAIL: $name: losses differ from the one-GPU run"; exit 1; }
   echo "$name: losses match the one-GPU run"
 }
-run dp2-zero1 2 --set parallel.dp=2 --set parallel.zero_stage=1
-run tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
-run pp2-1f1b 2 --set parallel.pp=2 --set parallel.pp_schedule=1f1b
-run pp2-tp2-zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb
-run tp2-dp2-zero3 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero_stage=3
+layouts() {  # layouts BACKEND MAX_PROCESSES
+  run "$1" dp2-zero1 2 --set parallel.dp=2 --set parallel.zero_stage=1
+  run "$1" tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+  run "$1" pp2-1f1b 2 --set parallel.pp=2 --set parallel.pp_schedule=1f1b
+  [ "$2" -ge 4 ] || return 0
+  run "$1" pp2-tp2-zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb
+  run "$1" tp2-dp2-zero3 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero_stage=3
+}
+layouts mpi 4  # GPU tensors staged through host memory: processes share the GPU(s)
+gpus=$(grep -c "cuda:[0-9]* " <<< "$("$bin" devices)" || true)
+if [ "$gpus" -ge 2 ]; then
+  layouts nccl "$gpus"
+  exit 0
+fi
 
 # Two processes on one GPU over NCCL (the default under mpirun): refused, naming the fix, on every rank.
 if "${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/nccl" --set parallel.dp=2 \
