@@ -56,7 +56,7 @@ const std::vector<Field>& fields() {
       ZT_F("model", "init_std", model.init_std, "init N(0, std); residual projections / sqrt(2 L)"),
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
-      ZT_F("train", "device", train.device, "cpu | cuda[:N]"),
+      ZT_F("train", "device", train.device, "cpu | cuda[:N] | auto (cuda when this machine has a usable GPU, else cpu)"),
       ZT_F("train", "dtype", train.dtype, "f32 | bf16 | f16 (CUDA only; dynamic loss scaling) - master weights stay f32"),
       ZT_F("train", "seq_len", train.seq_len, "tokens per sequence T"),
       ZT_F("train", "global_batch", train.global_batch, "sequences per optimizer step"),
@@ -295,6 +295,9 @@ Config parse_toml(const std::string& toml_text, const std::string& origin, const
   const toml::table* model_tbl = tbl["model"].as_table();
   if (c.model.arch == nn::Arch::gpt2 && !(model_tbl && model_tbl->contains("n_kv_head")))
     c.model.n_kv_head = c.model.n_head;
+  // "auto": this machine's GPU when it has a usable one, else the CPU, so one
+  // config trains wherever it runs (resolved here: the rest sees cpu or cuda).
+  if (c.train.device == "auto") c.train.device = ops::gpu_count() > 0 ? "cuda" : "cpu";
   if (check_all)
     c.validate();
   else
@@ -408,7 +411,12 @@ optim::AdamWConfig Config::adamw() const {
 
 void Config::validate() const {
   model.validate();
-  parse_device(train.device);
+  try {
+    parse_device(train.device);
+  } catch (const Error&) {
+    ZT_FAIL("train.device = \"", train.device, "\" is not a device: use \"cpu\", \"cuda\", \"cuda:N\" or \"auto\" "
+            "(a GPU when there is one)");
+  }
   compute_dtype();
   ZT_CHECK(!optim.stochastic_rounding || compute_dtype() == DType::bf16, "optim.stochastic_rounding rounds bf16 "
            "weights from their f32 master, but train.dtype = \"", train.dtype, "\" has ",

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "test_util.h"
+#include "ops/device.h"
 #include "train/config.h"
 
 namespace zt::train {
@@ -105,6 +106,14 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"parallel.pp=2", "parallel.pp_layers=\"2,1\""}), "adds up to 3 blocks, but the model has 2"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"gloo\""}), "choose auto, mpi, solo or nccl"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"nccl\""}), "it needs train.device = cuda"));
+}
+
+TEST(Config, AutoDeviceIsThisMachinesGpuElseTheCpu) {
+  const Config c = parse_config(kBase, "t", {"train.device=\"auto\""});
+  EXPECT_EQ(c.train.device, ops::gpu_count() > 0 ? "cuda" : "cpu") << "GPUs usable here: " << ops::gpu_count();
+  EXPECT_TRUE(has(to_toml(c), "device = \"" + c.train.device + "\"")) << "runs record the device they ran on";
+  EXPECT_TRUE(has(error_of(kBase, {"train.device=\"gpu\""}),
+                  "train.device = \"gpu\" is not a device: use \"cpu\", \"cuda\", \"cuda:N\" or \"auto\""));
 }
 
 TEST(Config, LocalRanksGetTheirGpuOrShareOnlyThroughTheStagedMpiPath) {
