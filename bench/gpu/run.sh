@@ -12,12 +12,18 @@
 # attention_peer.py). Logs go to $OUT (or ./bench-gpu-out).
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h).
-#   usage: bash bench/gpu/run.sh [tests|attention|bench|all]   (default all)
-# On the lent machine (10 minutes a call) run it as three calls: tests,
-# attention, bench (the build is kept between calls while the machine is warm).
+#   usage: bash bench/gpu/run.sh [tests|attention|bench|all] [gpt2|llama ...]
+#   (default all, both models)
+# On the lent machine (10 minutes a call) run it as four calls: tests,
+# attention, bench gpt2, bench llama (the build is kept between calls while
+# the machine is warm; the micro-batch probes and PyTorch's compilations make
+# one model's benchmark a few minutes).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
+shift || true
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(gpt2 llama)
 out=$(realpath -m "${OUT:-bench-gpu-out}")
 mkdir -p "$out"
 bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
@@ -105,7 +111,7 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
     mb=$((mb / 2))
   done
 }
-for arch in gpt2 llama; do
+for arch in "${models[@]}"; do
   cfg=configs/bench-gpu-$arch.toml
   mb=$(largest_fitting_micro_batch $arch)
   [ -n "$mb" ] || continue
@@ -136,7 +142,7 @@ if pt:
 print(line)
 PY
 done
-for arch in gpt2 llama; do
+for arch in "${models[@]}"; do
   cfg=configs/bench-gpu-$arch.toml
   ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$out/profile-$arch" --set train.steps=6 \
     --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
