@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "ops/device.h"
 #ifdef ZT_WITH_CUDA
 #include "backend/cuda/device_probe.h"
 #endif
@@ -18,6 +19,7 @@ Command add_devices_command(CLI::App& app) {
 #else
     std::cout << "CUDA: not built (no nvcc at configure time)\n";
 #endif
+    std::cout << "train.device = \"auto\" trains on: " << (ops::gpu_count() > 0 ? "cuda" : "cpu") << "\n";
     return 0;
   };
   return c;
