@@ -7,7 +7,9 @@
 # every step must match the single-GPU run to relative 1e-5, as the CPU
 # layouts match the single process.
 #   dp = 2 (ZeRO-1), tp = 2 with sequence parallelism, pp = 2 (1F1B),
-#   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3);
+#   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3); then GPT-2
+#   (tied embeddings: the head's copy on the last stage, a vocabulary-parallel
+#   tied head) at tp = 2 with SP, pp = 2 and pp = 2 x tp = 2;
 # and NCCL's rule: two processes on one GPU without comm_backend = mpi
 # stop with a message that names the fix. On a machine with several GPUs
 # the layouts that fit run over NCCL too (one GPU per process).
@@ -24,17 +26,21 @@ trap 'rm -rf "$tmp"' EXIT
 
 source "$src/tests/parallel/resume_lib.sh"
 gpu_test_setup "$src" "$tmp"
-write_config "$tmp/cfg.toml" llama3-tiny "$data"
 gpu=(--set train.device=cuda --set train.dtype=f32 --set checkpoint.every=0)
-
-"$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/ref" > "$tmp/ref.log"
-ref=$(losses "$tmp/ref")
-echo "one GPU: $ref"
+reference() {  # reference PRESET: its config in $cfg, its one-GPU losses in $ref
+  cfg="$tmp/$1.toml"
+  write_config "$cfg" "$1" "$data"
+  "$bin" train "$cfg" "${gpu[@]}" --set train.run_dir="$tmp/ref-$1" > "$tmp/ref-$1.log" 2>&1 \
+    || { echo "FAIL: the one-GPU run of $1"; tail -20 "$tmp/ref-$1.log"; exit 1; }
+  ref=$(losses "$tmp/ref-$1")
+  echo "$1 on one GPU: $ref"
+}
+reference llama3-tiny
 
 run() {  # run BACKEND NAME NP SETTINGS...
   local backend=$1 name=$2-$1 np=$3
   shift 3
-  "${mpi[@]}" -np "$np" "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set parallel.comm_backend=$backend \
+  "${mpi[@]}" -np "$np" "$bin" train "$cfg" "${gpu[@]}" --set parallel.comm_backend=$backend \
     --set train.run_dir="$tmp/$name" "$@" > "$tmp/$name.log" 2>&1 || { echo "FAIL: $name"; tail -20 "$tmp/$name.log"; exit 1; }
   same "$ref" "$(losses "$tmp/$name")" || { echo "FAIL: $name: losses differ from the one-GPU run"; exit 1; }
   echo "$name: losses match the one-GPU run"
@@ -47,15 +53,27 @@ layouts() {  # layouts BACKEND MAX_PROCESSES
   run "$1" pp2-tp2-zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb
   run "$1" tp2-dp2-zero3 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero_stage=3
 }
+gpt2_layouts() {  # gpt2_layouts BACKEND MAX_PROCESSES
+  run "$1" gpt2-tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+  run "$1" gpt2-pp2 2 --set parallel.pp=2
+  [ "$2" -ge 4 ] || return 0
+  run "$1" gpt2-pp2-tp2 4 --set parallel.pp=2 --set parallel.tp=2
+}
+llama=$cfg llama_ref=$ref
 layouts mpi 4  # GPU tensors staged through host memory: processes share the GPU(s)
+reference gpt2-tiny
+gpt2_layouts mpi 4
 gpus=$(grep -c "cuda:[0-9]* " <<< "$("$bin" devices)" || true)
 if [ "$gpus" -ge 2 ]; then
+  gpt2_layouts nccl "$gpus"
+  cfg=$llama ref=$llama_ref
   layouts nccl "$gpus"
   exit 0
 fi
+cfg=$llama
 
 # Two processes on one GPU over NCCL (the default under mpirun): refused, naming the fix, on every rank.
-if "${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/nccl" --set parallel.dp=2 \
+if "${mpi[@]}" -np 2 "$bin" train "$cfg" "${gpu[@]}" --set train.run_dir="$tmp/nccl" --set parallel.dp=2 \
     > "$tmp/nccl.log" 2>&1; then
   echo "FAIL: two processes on one GPU over NCCL were not refused"
   exit 1
