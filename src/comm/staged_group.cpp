@@ -37,12 +37,11 @@ class Staging {
     back_.push_back({t, h});
     return h;
   }
-  // A tensor the operation reads and writes (all_reduce; broadcast, whose
-  // root reads only).
-  Tensor in_out(const Tensor& t, bool written = true) {
+  // A tensor the operation reads and writes.
+  Tensor in_out(const Tensor& t) {
     if (on_host(t)) return t;
     Tensor h = in(t);
-    if (written) back_.push_back({t, h});
+    back_.push_back({t, h});
     return h;
   }
   bool staged() const { return !kept_.empty() || !back_.empty(); }
@@ -121,7 +120,7 @@ class StagedGroup : public ProcessGroup {
   }
   WorkHandle broadcast(const Tensor& t, int root) override {
     Staging s(copy_);
-    const Tensor h = s.in_out(t, /*written=*/rank_ != root);
+    const Tensor h = rank_ == root ? s.in(t) : s.in_out(t);  // the root's values do not change
     return done_after(host_->broadcast(h, root), std::move(s));
   }
   WorkHandle send(const Tensor& t, int dst, int tag) override {

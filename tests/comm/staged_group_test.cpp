@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -148,8 +149,7 @@ TEST_F(StagedGroupTest, ReceivesPostedFirstAndOutOfTagOrderMatchTheirSends) {
     std::memset(sent.back().bytes->data(), 0, sent.back().bytes->size());  // the send took its own copy
   }
   for (size_t k = 0; k < recvs.size(); ++k) {
-    while (!recvs[k]->test()) {
-    }
+    while (!recvs[k]->test()) std::this_thread::yield();
     EXPECT_TRUE(recvs[k]->test()) << "complete stays complete";
     const int tag = kMessages - 1 - int(k);
     for (int64_t i = 0; i < n + tag; ++i) ASSERT_EQ(got[k].t.data<float>()[i], value(prev, i, 10 + tag)) << tag << " " << i;

@@ -75,7 +75,8 @@ TEST_P(GpuModelTest, LossAndGradientsMatchTheCpuModel) {
     gpu_model.init_weights(7);
     const Tensor gpu_logits = gpu_poisoned(Shape{B, T, Vp}, DType::f32);
     gpu_model.logits(gpu_logits, b.tokens);
-    EXPECT_TRUE(rel_error_within(to_host(gpu_logits), want_logits, dt == DType::f32 ? 1e-5 : 3e-2, "logits"))
+    // bf16: the CPU's own bf16 logits are within 3.8e-3 (gpt2) and 4.7e-3 (llama3) of its f32 ones.
+    EXPECT_TRUE(rel_error_within(to_host(gpu_logits), want_logits, dt == DType::f32 ? 1e-5 : 1.5e-2, "logits"))
         << GetParam() << " " << dtype_name(dt);
     ForwardContext gctx;
     const double gpu_loss = gpu_model.forward(gctx, b.tokens, b.targets, true, scale);
@@ -130,10 +131,12 @@ TEST_P(GpuModelTest, TwentyTrainingStepsTrackTheCpuAtEveryStep) {
   Transformer cm(c, DType::f32);
   cm.init_weights(4);
   const std::vector<double> cpu = train_losses(cm, kSteps, 8);
+  // Measured on the CPU: 6.27 -> 4.72 (gpt2-tiny), 6.29 -> 4.54 (llama3-tiny).
   EXPECT_LT(cpu.back(), cpu.front() * 0.8) << "the CPU run should learn its four batches";
   // f32: summation order only. bf16 (f32 master weights): rounding of the
-  // weights and activations, growing over the steps.
-  for (const auto& [dt, tolerance] : {std::pair{DType::f32, 1e-3}, std::pair{DType::bf16, 3e-2}}) {
+  // weights and activations, growing over the steps; the CPU's own bf16 run
+  // stays within 5e-4 (gpt2) and 3.9e-3 (llama3) of its f32 run at every step.
+  for (const auto& [dt, tolerance] : {std::pair{DType::f32, 1e-3}, std::pair{DType::bf16, 1e-2}}) {
     Transformer gm(c, dt, gpu());
     gm.init_weights(4);
     const std::vector<double> got = train_losses(gm, kSteps, 8);

@@ -6,7 +6,8 @@
 #      the same losses to the last printed digit (exact resume: every kernel is
 #      deterministic, cuBLASLt's plans and cuDNN's graphs included);
 #   3. that GPU checkpoint resumed on the CPU (bf16) tracks the GPU run
-#      (relative 3e-2: other kernels, other rounding), so checkpoints move
+#      (relative 1e-2: other kernels, other rounding; on the CPU, 20 bf16
+#      steps of the tiny models stay within 4e-3 of f32), so checkpoints move
 #      between devices.
 # Exit 77 (skipped, saying why) without a GPU or the corpus.
 # Usage: train_on_gpu_test.sh BUILD_DIR SOURCE_DIR
@@ -46,13 +47,5 @@ echo "stopped after step 4 and resumed: the same losses, every digit"
 
 "$bin" train "$tmp/cfg.toml" --set train.device=cpu --set train.dtype=bf16 --set train.run_dir="$tmp/cpu" --resume \
   > "$tmp/cpu.log" 2>&1 || { echo "FAIL: resuming the GPU checkpoint on the CPU"; tail -20 "$tmp/cpu.log"; exit 1; }
-/usr/bin/python3 - "$ref" "$(losses "$tmp/cpu")" <<'PY'
-import sys
-a = [float(x) for x in sys.argv[1].split()]
-b = [float(x) for x in sys.argv[2].split()]
-assert len(a) == len(b) == 10, (len(a), len(b))
-assert a[:4] == b[:4], "steps 1-4 come from the GPU run's metrics"
-for i in range(4, 10):
-    assert abs(a[i] - b[i]) <= 3e-2 * abs(a[i]), f"step {i + 1}: GPU {a[i]!r}, CPU from the GPU checkpoint {b[i]!r}"
-PY
+same "$ref" "$(losses "$tmp/cpu")" 1e-2 || { echo "FAIL: the GPU checkpoint resumed on the CPU drifts from the GPU run"; exit 1; }
 echo "the GPU checkpoint resumed on the CPU tracks the GPU run"

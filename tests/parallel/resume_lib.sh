@@ -53,14 +53,15 @@ TOML
 # losses RUN_DIR: the per-step losses of metrics.jsonl, space-separated.
 losses() { /usr/bin/python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l))" "$1/metrics.jsonl"; }
 
-# same REF GOT: ten losses each, every one within relative 1e-5.
+# same REF GOT [TOLERANCE]: ten losses each, every one within relative TOLERANCE (default 1e-5).
 same() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
+  /usr/bin/python3 - "$1" "$2" "${3:-1e-5}" <<'PY'
 import sys
 a = [float(x) for x in sys.argv[1].split()]
 b = [float(x) for x in sys.argv[2].split()]
+tolerance = float(sys.argv[3])
 assert len(a) == len(b) == 10, (len(a), len(b))
 for i, (x, y) in enumerate(zip(a, b)):
-    assert abs(x - y) <= 1e-5 * abs(x), f"step {i + 1}: reference {x!r}, resumed {y!r}"
+    assert abs(x - y) <= tolerance * abs(x), f"step {i + 1}: reference {x!r}, other run {y!r}"
 PY
 }

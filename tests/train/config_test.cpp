@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "test_util.h"
 #include "ops/device.h"
+#include "test_util.h"
 #include "train/config.h"
 
 namespace zt::train {

@@ -187,15 +187,17 @@ class NcclGroup : public ProcessGroup {
   // carry no tag, and a receive posted early on the comm stream would hold
   // up every later operation until its sender got there.
   WorkHandle send(const Tensor& t, int dst, int tag) override {
-    if (on_host(t)) return host_->send(t, dst, tag);
-    check_device("send", t);
-    count_op(int64_t(t.nbytes()));
+    if (!on_host(t)) {
+      check_device("send", t);
+      count_op(int64_t(t.nbytes()));
+    }
     return host_->send(t, dst, tag);
   }
   WorkHandle recv(const Tensor& t, int src, int tag) override {
-    if (on_host(t)) return host_->recv(t, src, tag);
-    check_device("recv", t);
-    count_op(0);
+    if (!on_host(t)) {
+      check_device("recv", t);
+      count_op(0);
+    }
     return host_->recv(t, src, tag);
   }
 
