@@ -20,9 +20,13 @@ print(json.dumps({"tokens_per_s": statistics.median(r["tokens_per_s"] for r in r
                   "mfu": statistics.median(r["mfu"] for r in rows)}))
 PY
 )
-pt=$(/usr/bin/python3 bench/train/pytorch_peer.py --steps "$steps" --threads "$threads")
+# The peer's products run the same OpenBLAS kernels as ours: the ones
+# Zettatron chose for this CPU (backend/cpu/blas_kernels.h), which PyTorch's
+# process, loading the same library, would not otherwise get.
+kernels=$(./build/bin/zettatron devices | sed -n 's/^cpu: available; BLAS: OpenBLAS \([A-Za-z0-9]*\) kernels.*/\1/p')
+pt=$(OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$kernels} /usr/bin/python3 bench/train/pytorch_peer.py --steps "$steps" --threads "$threads")
 peak=$(grep -o "MFU peak [0-9.]* GFLOP/s" "$out/zt.log" | awk '{print $3}')
-/usr/bin/python3 - "$zt" "$pt" "$peak" <<'PY'
+/usr/bin/python3 - "$zt" "$pt" "$peak" "${OPENBLAS_CORETYPE:-$kernels}" <<'PY'
 import json, sys
 zt, pt, peak = json.loads(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3])
 ratio = zt["tokens_per_s"] / pt["tokens_per_s"]
@@ -30,6 +34,7 @@ print(f"model: configs/bench.toml (GPT-2 style, 6 x 384, T=256, B=8, vocab 50257
 print(f"{'':24}{'tokens/s':>12}")
 print(f"{'zettatron':24}{zt['tokens_per_s']:12.0f}")
 print(f"{'pytorch ' + pt['version']:24}{pt['tokens_per_s']:12.0f}   ({pt['threads']} threads)")
+print(f"OpenBLAS kernels (both): {sys.argv[4]}")
 print(f"ratio zettatron / pytorch: {ratio:.2f}x")
 print(f"zettatron MFU (6N + 12 L d T, N incl. LM head, over sgemm {peak:.0f} GFLOP/s): {100 * zt['mfu']:.1f}%")
 PY

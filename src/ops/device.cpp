@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "backend/cpu/blas_kernels.h"
 #include "ops/check.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/runtime.h"
@@ -30,6 +31,8 @@ int gpu_count() {
   return 0;
 #endif
 }
+
+std::string describe_cpu() { return cpu::describe_blas_kernels(); }
 
 void copy(const Tensor& dst, const Tensor& src) {
   const char* op = "copy";

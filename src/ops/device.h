@@ -1,6 +1,8 @@
 // Moving tensors between devices, and bringing a device's backend up.
 #pragma once
 
+#include <string>
+
 #include "core/tensor.h"
 
 namespace zt::ops {
@@ -11,6 +13,9 @@ namespace zt::ops {
 void init_device(Device device);
 // Number of usable GPUs (0 in a build without CUDA).
 int gpu_count();
+// The CPU's product kernels in one line (which OpenBLAS kernels, and whether
+// Zettatron replaced the library's pick: backend/cpu/blas_kernels.h).
+std::string describe_cpu();
 // dst = src, bytes copied between any two devices. Same dtype and numel
 // (shapes may differ); no overlap unless exactly the same tensor. When dst or
 // src is on the host, the host side is complete when this returns.

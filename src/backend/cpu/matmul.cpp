@@ -36,11 +36,16 @@
 #include <bit>
 #include <type_traits>
 
+#include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/scratch.h"
 
 namespace zt::cpu {
 
 namespace {
+
+// OpenBLAS's kernels are checked (and a stale pick replaced) while the
+// process starts, before any thread can run a product (blas_kernels.h).
+[[maybe_unused]] const bool g_blas_checked = (blas_kernels(), true);
 
 std::atomic<size_t> g_scratch_budget{size_t(16) << 20};  // floats
 

@@ -6,9 +6,12 @@
 #include <chrono>
 #include <vector>
 
+#include "backend/cpu/blas_kernels.h"
+
 namespace zt::cpu {
 
 double measure_sgemm_gflops(double seconds) {
+  blas_kernels();  // the kernels products will run
   constexpr int n = 1024;
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
   auto run = [&] {
