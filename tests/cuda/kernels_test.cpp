@@ -93,25 +93,29 @@ TEST_P(CudaKernels, ActivationsForwardAndBackward) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(2);
-  const int64_t N = 33, H = 257;
-  const Tensor x = random_tensor(Shape{N, 2 * H}, dt, rng, -4, 4), dy2 = random_tensor(Shape{N, 2 * H}, dt, rng);
-  const Tensor dy = random_tensor(Shape{N, H}, dt, rng);
-  Tensor y = Tensor::empty(Shape{N, 2 * H}, dt), dx = Tensor::empty(Shape{N, 2 * H}, dt);
-  ops::gelu_forward(y, x);
-  ops::gelu_backward(dx, dy2, x);
-  Tensor gy = gpu_poisoned(Shape{N, 2 * H}, dt), gdx = gpu_poisoned(Shape{N, 2 * H}, dt);
-  ops::gelu_forward(gy, to_gpu(x));
-  ops::gelu_backward(gdx, to_gpu(dy2), to_gpu(x));
-  EXPECT_TRUE(matches(gy, y, tol(dt), "gelu y"));
-  EXPECT_TRUE(matches(gdx, dx, tol(dt), "gelu dx"));
-  Tensor s = Tensor::empty(Shape{N, H}, dt), ds = Tensor::empty(Shape{N, 2 * H}, dt);
-  ops::swiglu_forward(s, x);
-  ops::swiglu_backward(ds, dy, x);
-  Tensor gs = gpu_poisoned(Shape{N, H}, dt), gds = gpu_poisoned(Shape{N, 2 * H}, dt);
-  ops::swiglu_forward(gs, to_gpu(x));
-  ops::swiglu_backward(gds, to_gpu(dy), to_gpu(x));
-  EXPECT_TRUE(matches(gs, s, tol(dt), "swiglu y"));
-  EXPECT_TRUE(matches(gds, ds, tol(dt), "swiglu dx"));
+  // H = 257: an element per load; H = 256: 16-byte packs (the launch's choice).
+  for (const int64_t H : {int64_t(257), int64_t(256)}) {
+    SCOPED_TRACE(::testing::Message() << "H " << H);
+    const int64_t N = 33;
+    const Tensor x = random_tensor(Shape{N, 2 * H}, dt, rng, -4, 4), dy2 = random_tensor(Shape{N, 2 * H}, dt, rng);
+    const Tensor dy = random_tensor(Shape{N, H}, dt, rng);
+    Tensor y = Tensor::empty(Shape{N, 2 * H}, dt), dx = Tensor::empty(Shape{N, 2 * H}, dt);
+    ops::gelu_forward(y, x);
+    ops::gelu_backward(dx, dy2, x);
+    Tensor gy = gpu_poisoned(Shape{N, 2 * H}, dt), gdx = gpu_poisoned(Shape{N, 2 * H}, dt);
+    ops::gelu_forward(gy, to_gpu(x));
+    ops::gelu_backward(gdx, to_gpu(dy2), to_gpu(x));
+    EXPECT_TRUE(matches(gy, y, tol(dt), "gelu y"));
+    EXPECT_TRUE(matches(gdx, dx, tol(dt), "gelu dx"));
+    Tensor s = Tensor::empty(Shape{N, H}, dt), ds = Tensor::empty(Shape{N, 2 * H}, dt);
+    ops::swiglu_forward(s, x);
+    ops::swiglu_backward(ds, dy, x);
+    Tensor gs = gpu_poisoned(Shape{N, H}, dt), gds = gpu_poisoned(Shape{N, 2 * H}, dt);
+    ops::swiglu_forward(gs, to_gpu(x));
+    ops::swiglu_backward(gds, to_gpu(dy), to_gpu(x));
+    EXPECT_TRUE(matches(gs, s, tol(dt), "swiglu y"));
+    EXPECT_TRUE(matches(gds, ds, tol(dt), "swiglu dx"));
+  }
 }
 
 TEST_P(CudaKernels, ElementwiseAndReductions) {

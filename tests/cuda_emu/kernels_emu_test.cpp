@@ -8,9 +8,10 @@
 // tensor-parallel vocabulary slice, the grouped dwte and the dwpe
 // backward accumulating into nonzero gradients (tokens repeated, so groups
 // have several positions), the AdamW step with every model-copy dtype, the
-// activations forward and backward, and the rotation and its inverse (in
-// place). f32 and bf16; sizes that leave partial blocks; the grid-stride
-// kernels on a few blocks, so the stride loop runs; outputs poisoned first.
+// activations forward and backward (an element or a 16-byte pack per load),
+// and the rotation and its inverse (in place). f32 and bf16; sizes that
+// leave partial blocks; the grid-stride kernels on a few blocks, so the
+// stride loop runs; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
 #include "backend/cuda/activation_kernels.cuh"
@@ -177,18 +178,22 @@ void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
   }
 }
 
-// GeLU on n elements and SwiGLU on rows x (2H -> H), forward and backward.
-template <typename T>
+// GeLU on n elements and SwiGLU on rows x (2H -> H), forward and backward,
+// V elements per load and store (1, or a 16-byte pack: n and H multiples of V).
+template <typename T, int V>
 void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
   const DType dt = dtype_of<T>();
-  SCOPED_TRACE(::testing::Message() << "gelu " << n << ", swiglu " << rows << "x" << H << " " << dtype_name(dt));
+  SCOPED_TRACE(::testing::Message() << "gelu " << n << ", swiglu " << rows << "x" << H << " " << dtype_name(dt)
+                                    << ", " << V << " per load");
+  ASSERT_TRUE(n % V == 0 && H % V == 0);
   const Tensor x = random_tensor(Shape{n}, dt, rng, -5, 5), dy = random_tensor(Shape{n}, dt, rng);
   Tensor y = Tensor::empty(Shape{n}, dt), dx = Tensor::empty(Shape{n}, dt);
   ops::gelu_forward(y, x);
   ops::gelu_backward(dx, dy, x);
   Tensor gy = poisoned(Shape{n}, dt), gdx = poisoned(Shape{n}, dt);
-  emu::launch(dim3(stride_grid(n)), actk::kThreads, 0, actk::gelu_fwd_kernel<T>, p<T>(gy), p<T>(x), n);
-  emu::launch(dim3(stride_grid(n)), actk::kThreads, 0, actk::gelu_bwd_kernel<T>, p<T>(gdx), p<T>(dy), p<T>(x), n);
+  emu::launch(dim3(stride_grid(n / V)), actk::kThreads, 0, actk::gelu_fwd_kernel<T, V>, p<T>(gy), p<T>(x), n);
+  emu::launch(dim3(stride_grid(n / V)), actk::kThreads, 0, actk::gelu_bwd_kernel<T, V>, p<T>(gdx), p<T>(dy), p<T>(x),
+              n);
   EXPECT_TRUE(close(gy, y, tol(dt), "gelu y"));
   EXPECT_TRUE(close(gdx, dx, tol(dt), "gelu dx"));
 
@@ -197,10 +202,10 @@ void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
   ops::swiglu_forward(sy, sx);
   ops::swiglu_backward(sdx, sdy, sx);
   Tensor gsy = poisoned(sy.shape(), dt), gsdx = poisoned(sdx.shape(), dt);
-  emu::launch(dim3(stride_grid(rows * H)), actk::kThreads, 0, actk::swiglu_fwd_kernel<T>, p<T>(gsy), p<T>(sx), rows,
-              H);
-  emu::launch(dim3(stride_grid(rows * H)), actk::kThreads, 0, actk::swiglu_bwd_kernel<T>, p<T>(gsdx), p<T>(sdy),
-              p<T>(sx), rows, H);
+  emu::launch(dim3(stride_grid(rows * H / V)), actk::kThreads, 0, actk::swiglu_fwd_kernel<T, V>, p<T>(gsy), p<T>(sx),
+              rows, H);
+  emu::launch(dim3(stride_grid(rows * H / V)), actk::kThreads, 0, actk::swiglu_bwd_kernel<T, V>, p<T>(gsdx),
+              p<T>(sdy), p<T>(sx), rows, H);
   EXPECT_TRUE(close(gsy, sy, tol(dt), "swiglu y"));
   EXPECT_TRUE(close(gsdx, sdx, tol(dt), "swiglu dx"));
 }
@@ -275,8 +280,13 @@ TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {
 
 TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {
   auto rng = make_rng(45);
-  activation_case<float>(1000, 6, 150, rng);  // 1000 and 6*150 = 900 elements: the stride loop runs twice
-  activation_case<__nv_bfloat16>(300, 3, 70, rng);
+  activation_case<float, 1>(1000, 6, 150, rng);  // 1000 and 6*150 = 900 elements: the stride loop runs twice
+  activation_case<__nv_bfloat16, 1>(300, 3, 70, rng);
+  // 16-byte packs (4 floats, 8 bf16): 3 blocks of 256 threads take 768 packs
+  // a sweep, so GeLU's 800 and 1000 packs run a second, partial sweep; a
+  // SwiGLU row is 38 or 40 packs, so rows start mid-warp.
+  activation_case<float, 4>(3200, 6, 152, rng);
+  activation_case<__nv_bfloat16, 8>(1000 * 8, 10, 320, rng);
 }
 
 TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {

@@ -77,6 +77,30 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { retu
 template <>
 __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
+// ---- packed access: V consecutive elements in one load or store ----
+// 16 bytes (V = 16 / sizeof(T)) is one 128-bit memory instruction, the widest;
+// the address must be a multiple of sizeof(T) * V.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <typename T>
+inline constexpr int kPack16 = int(16 / sizeof(T));
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
+  *reinterpret_cast<Pack<T, V>*>(p) = v;
+}
+// True when every pointer is 16-byte aligned and `len` (the length the packs
+// tile: a row, or the whole tensor) is a multiple of V: 16-byte packs fit.
+template <typename T, typename... Ptrs>
+inline bool packs_of_16_fit(int64_t len, const Ptrs*... ptrs) {
+  return len % kPack16<T> == 0 && ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+}
+
 // ---- reductions (f32) ----
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
