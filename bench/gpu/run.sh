@@ -14,10 +14,12 @@
 # of the training runs (backend/cuda/attention.h).
 #   usage: bash bench/gpu/run.sh [tests|attention|bench|all] [gpt2|llama ...]
 #   (default all, both models)
-# On the lent machine (10 minutes a call) run it as four calls: tests,
-# attention, bench gpt2, bench llama (the build is kept between calls while
-# the machine is warm; the micro-batch probes and PyTorch's compilations make
-# one model's benchmark a few minutes).
+# A lease has 15 minutes of device time in all, its start included, and 10
+# minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
+# packed, nothing compiles there), then two calls carrying what it names:
+# `bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention` and
+# `bash bench/gpu/run.sh bench gpt2 llama` (the micro-batch probes and
+# PyTorch's compilations make one model's benchmark a few minutes).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -26,23 +28,23 @@ models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(gpt2 llama)
 out=$(realpath -m "${OUT:-bench-gpu-out}")
 mkdir -p "$out"
+# Training runs (checkpoints, final weights: hundreds of MB) stay out of $OUT;
+# what comes back from a lease is at most 8 files, so on exit the logs are
+# packed into one archive per call (gpu-<what>-logs.tgz; each run's
+# metrics.jsonl is copied in first).
+runs=/tmp/zt-bench-runs
+rm -rf "$runs" && mkdir -p "$runs"  # a warm machine keeps the last call's
+pack_logs() {
+  [ -n "${OUT:-}" ] || return 0  # by hand: the logs stay as they are
+  for m in "$runs"/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$out/metrics-$(basename "$(dirname "$m")").jsonl"; done
+  local IFS=-
+  local archive="gpu-$what-${models[*]}-logs.tgz"
+  tar czf "/tmp/$archive" -C "$out" . 2>/dev/null && rm -rf "${out:?}"/* && mv "/tmp/$archive" "$out/"
+}
+trap pack_logs EXIT
 bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 tail -3 "$out/build.log"
-# cuDNN loads its engines and NVRTC (runtime-compiled fused attention) by name: the wheels' directories.
-wheel_libs=$(python3 - <<'PY' 2>/dev/null
-import glob, os
-try:
-    import nvidia
-except ImportError:
-    raise SystemExit
-dirs = []
-for root in nvidia.__path__:
-    for pattern in ("libcudnn.so.9", "libnvrtc.so.*"):
-        dirs += [os.path.dirname(f) for f in glob.glob(os.path.join(root, "**", pattern), recursive=True)]
-print(":".join(dict.fromkeys(dirs)))
-PY
-)
-export LD_LIBRARY_PATH=/tmp/zt-prefix/usr/lib/x86_64-linux-gnu/openblas-openmp:/tmp/zt-prefix/usr/lib/x86_64-linux-gnu:${wheel_libs:+$wheel_libs:}${LD_LIBRARY_PATH:-}
+source scripts/gpu/env.sh
 if [ "$what" != bench ]; then
   (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 > "$out/gpu-tests.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
@@ -97,13 +99,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
 # micro-batch, or (if that does not fit it) its own largest, and the table
 # says which.
 declare -A mb_of=([gpt2]=128 [llama]=64)  # where the search starts
-mkdir -p "$out/probes"
+mkdir -p "$out/probes" "$runs/probes"
 largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   local arch=$1 mb=${mb_of[$1]} log
   while [ "$mb" -ge 1 ]; do
     log="$out/probes/$arch-$mb.log"
     if ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml --set train.micro_batch=$mb \
-        --set train.global_batch=$mb --set train.steps=2 --set train.run_dir="$out/probes/run-$arch-$mb" > "$log" 2>&1; then
+        --set train.global_batch=$mb --set train.steps=2 --set train.run_dir="$runs/probes/run-$arch-$mb" > "$log" 2>&1; then
       echo "$mb"
       return
     fi
@@ -117,7 +119,7 @@ for arch in "${models[@]}"; do
   [ -n "$mb" ] || continue
   mb_of[$arch]=$mb
   ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
-    --set train.run_dir="$out/run-$arch" > "$out/zt-$arch.log" 2>&1 \
+    --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
     || { echo "zettatron $arch failed:"; tail -20 "$out/zt-$arch.log"; continue; }
   pt_mb=$mb
   while [ "$pt_mb" -ge 1 ]; do
@@ -125,7 +127,7 @@ for arch in "${models[@]}"; do
     grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { echo "pytorch $arch failed:"; tail -5 "$out/pt-$arch.err"; break; }
     pt_mb=$((pt_mb / 2))
   done
-  python3 - "$out/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" <<'PY'
+  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][5:]
 zt = statistics.median(r["tokens_per_s"] for r in rows)
@@ -144,7 +146,7 @@ PY
 done
 for arch in "${models[@]}"; do
   cfg=configs/bench-gpu-$arch.toml
-  ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$out/profile-$arch" --set train.steps=6 \
+  ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" --set train.steps=6 \
     --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
     --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1 \
     || { echo "zettatron $arch profile run failed:"; tail -20 "$out/zt-$arch-profile.log"; continue; }

@@ -21,11 +21,26 @@ Cflags: -I$PREFIX/usr/include/x86_64-linux-gnu/openblas-openmp
 Libs: -L$lib/openblas-openmp -lopenblas
 PC
 fi
-lib="$PREFIX/usr/lib/x86_64-linux-gnu"
-export PKG_CONFIG_PATH="$lib/pkgconfig"
-export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
+export PKG_CONFIG_PATH="$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig"
+source scripts/gpu/env.sh
 echo "gpu-build: $(nvcc --version | tail -1); $(g++ --version | head -1); $(cmake --version | head -1)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
+# The pack made here by scripts/gpu/prebuild.sh, while every source it was
+# built from is unchanged and every library it loads is found (LD_LIBRARY_PATH
+# as run.sh sets it): no compiling on device time.
+if [ -f .gpu-lease/prebuilt.sha256 ]; then
+  if ! sha256sum -c --quiet .gpu-lease/prebuilt.sha256 > build-gpu.prebuilt.log 2>&1; then
+    echo "gpu-build: .gpu-lease is stale ($(grep -c FAILED build-gpu.prebuilt.log) sources changed since prebuild.sh), building here"
+  elif missing=$(ldd .gpu-lease/bin/zettatron .gpu-lease/bin/zt_cuda_tests | grep "not found" | sort -u) && [ -n "$missing" ]; then
+    echo "gpu-build: .gpu-lease cannot load: $missing; building here"
+  else
+    rm -rf build-gpu
+    cp -r .gpu-lease build-gpu
+    ln -sfn "$(pwd -P)" /tmp/zettatron-src  # the path its ctest files name
+    echo "gpu-build: ok (prebuilt here by scripts/gpu/prebuild.sh; sources match)"
+    exit 0
+  fi
+fi
 # NCCL: PyTorch's wheel (nvidia/nccl) when it is installed, else the toolkit's (NCCL_ROOT comes first).
 nccl_root=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null || true)
 # cuDNN: PyTorch's wheel (nvidia/cudnn or the like: the folder holding include/cudnn_graph.h) when installed.

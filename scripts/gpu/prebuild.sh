@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Run HERE (no GPU needed: CUDA 13 is installed): builds for sm_90a exactly as
+# scripts/gpu/build.sh would on the GPU machine, and packs what a lease runs
+# (stripped binaries, ctest's files) into .gpu-lease/, so that a lease - 15
+# minutes of device time, its start included - spends none of them compiling
+# (ctest -L gpu and bench/gpu/run.sh run from it).
+# CMake writes absolute paths into ctest's files, so the build is configured
+# through the path /tmp/zettatron-src (a link to this checkout) and its tree
+# is build-gpu/; scripts/gpu/build.sh there unpacks .gpu-lease/ as build-gpu/
+# and points the link at the copy it runs in. .gpu-lease/prebuilt.sha256 holds
+# the checksums of every file the build read: build.sh uses the pack only
+# while they all match (edit a source and it builds there again).
+#   usage: bash scripts/gpu/prebuild.sh        (then carry .gpu-lease)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+link=/tmp/zettatron-src
+ln -sfn "$(pwd -P)" "$link"
+# The lease's binaries load its own CUDA 13, cuDNN 9 and NCCL 2 (the PyTorch
+# wheels') by soname through LD_LIBRARY_PATH (bench/gpu/run.sh). Its CPU is
+# not this one: host code for x86-64-v3 (AVX2, FMA), which every lent
+# machine's CPU runs, instead of -march=native.
+cmake -S "$link" -B "$link/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DZT_FUZZ=OFF -DZT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 > build-gpu.configure.log 2>&1 \
+  || { cat build-gpu.configure.log; exit 1; }
+for need in "CUDA backend ON" "NCCL backend ON" "cuDNN ON"; do
+  grep -q "Zettatron: $need" build-gpu.configure.log || { grep "Zettatron:" build-gpu.configure.log; echo "prebuild: $need is missing here"; exit 1; }
+done
+cmake --build "$link/build-gpu" -j "$(nproc)" 2>&1 | grep -E 'error|warning|FAILED' | head -50 || true
+test -x build-gpu/bin/zettatron
+rm -rf .gpu-lease
+mkdir -p .gpu-lease/bin
+# What a lease runs, without debug symbols: the CLI (the GPU test scripts and
+# the benchmark), the GPU test binary and the attention benchmark. Not every
+# test binary: each holds its own sm_90a kernels, 61 MiB for all of them,
+# and a lease carries at most 64 MiB with the tree.
+for b in zettatron zt_cuda_tests zt_bench_gpu_attention; do cp "build-gpu/bin/$b" .gpu-lease/bin/; done
+strip --strip-unneeded .gpu-lease/bin/*
+# ctest's files: each directory's CTestTestfile.cmake and the lists of
+# discovered GoogleTest cases it includes.
+(cd build-gpu && find . \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) \
+  -exec cp --parents {} ../.gpu-lease/ \;)
+# The files the build read (sources, headers, CMake files), as sha256sum -c
+# reads them, relative to the repository root.
+git ls-files -- CMakeLists.txt '*.cmake' src tests bench \
+  | grep -E '(CMakeLists\.txt|\.(cmake|c|cc|cpp|h|hpp|cu|cuh|in))$' \
+  | xargs -d '\n' sha256sum > .gpu-lease/prebuilt.sha256
+echo "prebuild: ok, .gpu-lease is $(du -sh .gpu-lease | cut -f1) ($(wc -l < .gpu-lease/prebuilt.sha256) sources checked)"

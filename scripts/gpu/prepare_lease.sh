@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run HERE, before a GPU lease (15 minutes of device time in all, the start
+# included): stages everything the GPU machine needs, so that its time goes
+# to tests and benchmarks:
+#   .debs/              the Debian packages the binaries load (fetch_debs.sh)
+#   .gpu-lease/         the sm_90a build, packed (prebuild.sh)
+#   .cache/zettatron/   the tokenizer files (ZT_CACHE_DIR there: scripts/gpu/env.sh)
+#   data/fortunes-gpt2  the benchmark corpus
+# and prints the carry list and what would travel (at most 64 MiB).
+#   usage: bash scripts/gpu/prepare_lease.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash scripts/gpu/fetch_debs.sh
+bash scripts/gpu/prebuild.sh
+bash scripts/fetch_vocab.sh > /dev/null
+cache="${ZT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zettatron}"
+if [ "$(realpath -m "$cache")" != "$(realpath -m .cache/zettatron)" ]; then
+  mkdir -p .cache/zettatron
+  rm -rf .cache/zettatron/tokenizers
+  cp -r "$cache/tokenizers" .cache/zettatron/
+fi
+[ -f data/fortunes-gpt2/index.json ] \
+  || build-gpu/bin/zettatron prepare --config configs/data/fortunes-gpt2.toml > /dev/null
+tree_mib=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | awk '{print int($1 / 1048576)}')
+carry_mib=$(du -cb .debs .gpu-lease .cache/zettatron/tokenizers data/fortunes-gpt2 | tail -1 | awk '{print int($1 / 1048576)}')
+echo "prepare_lease: the tree ${tree_mib} MiB + carried ${carry_mib} MiB (the limit is 64 MiB)"
+echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
+echo "then: bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention   (one call)"
+echo "      bash bench/gpu/run.sh bench gpt2 llama                         (a second call)"
+[ $((tree_mib + carry_mib)) -lt 64 ] || { echo "prepare_lease: too large to travel"; exit 1; }
