@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/peak_rate.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/runtime.h"
@@ -137,7 +138,11 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     peak_source_ = "configured";
   } else if (device.is_cpu()) {
     peak_gflops_ = cpu::measure_sgemm_gflops();
+    // Which kernels that rate is of: a stale OpenBLAS pick is several times slower (blas_kernels.h).
+    const cpu::BlasKernels& k = cpu::blas_kernels();
     peak_source_ = "measured sgemm";
+    if (!k.in_use.empty()) peak_source_ += ", OpenBLAS " + k.in_use + " kernels";
+    if (k.replaced) peak_source_ += " in place of its " + k.library_pick + " pick";
   } else {
 #if ZT_WITH_CUDA
     const cuda::DeviceInfo info = cuda::device_info(device.index);
