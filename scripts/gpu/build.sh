@@ -53,6 +53,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=
   ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} "$@" > build-gpu.configure.log 2>&1 \
   || { cat build-gpu.configure.log; exit 1; }
 grep -E "Zettatron: (CUDA|NCCL|cuDNN)" build-gpu.configure.log || true
-cmake --build build-gpu -j "$(nproc)" 2>&1 | grep -E 'error|warning|FAILED' | head -50 || true
-test -x build-gpu/bin/zettatron
+# A failed build stops here (binaries of an earlier build would pass for it).
+cmake --build build-gpu -j "$(nproc)" > build-gpu.build.log 2>&1 \
+  || { grep -E 'error|FAILED' build-gpu.build.log | head -50; exit 1; }
 echo "gpu-build: ok"

@@ -25,10 +25,18 @@ cmake -S "$link" -B "$link/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAK
 for need in "CUDA backend ON" "NCCL backend ON" "cuDNN ON"; do
   grep -q "Zettatron: $need" build-gpu.configure.log || { grep "Zettatron:" build-gpu.configure.log; echo "prebuild: $need is missing here"; exit 1; }
 done
-cmake --build "$link/build-gpu" -j "$(nproc)" 2>&1 | grep -E 'error|warning|FAILED' | head -50 || true
-test -x build-gpu/bin/zettatron
+# The checksums of the files the build reads (sources, headers, CMake files),
+# as sha256sum -c reads them, relative to the repository root - taken before
+# building, so a file edited meanwhile reads as changed there.
 rm -rf .gpu-lease
 mkdir -p .gpu-lease/bin
+git ls-files -- CMakeLists.txt '*.cmake' src tests bench \
+  | grep -E '(CMakeLists\.txt|\.(cmake|c|cc|cpp|h|hpp|cu|cuh|in))$' \
+  | xargs -d '\n' sha256sum > build-gpu.sha256
+# A failed build stops here: binaries left from an earlier one must not be
+# packed under these checksums.
+cmake --build "$link/build-gpu" -j "$(nproc)" > build-gpu.build.log 2>&1 \
+  || { grep -E 'error|FAILED' build-gpu.build.log | head -50; exit 1; }
 # What a lease runs, without debug symbols: the CLI (the GPU test scripts and
 # the benchmark), the GPU test binary and the attention benchmark. Not every
 # test binary: each holds its own sm_90a kernels, 61 MiB for all of them,
@@ -39,9 +47,5 @@ strip --strip-unneeded .gpu-lease/bin/*
 # discovered GoogleTest cases it includes.
 (cd build-gpu && find . \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) \
   -exec cp --parents {} ../.gpu-lease/ \;)
-# The files the build read (sources, headers, CMake files), as sha256sum -c
-# reads them, relative to the repository root.
-git ls-files -- CMakeLists.txt '*.cmake' src tests bench \
-  | grep -E '(CMakeLists\.txt|\.(cmake|c|cc|cpp|h|hpp|cu|cuh|in))$' \
-  | xargs -d '\n' sha256sum > .gpu-lease/prebuilt.sha256
+mv build-gpu.sha256 .gpu-lease/prebuilt.sha256
 echo "prebuild: ok, .gpu-lease is $(du -sh .gpu-lease | cut -f1) ($(wc -l < .gpu-lease/prebuilt.sha256) sources checked)"

@@ -13,7 +13,7 @@ Command add_devices_command(CLI::App& app) {
   Command c;
   c.app = app.add_subcommand("devices", "List the compute devices this build can use");
   c.run = [] {
-    std::cout << "cpu: available; " << ops::describe_cpu() << "\n";
+    std::cout << "cpu: available; BLAS: " << ops::describe_cpu() << "\n";
 #ifdef ZT_WITH_CUDA
     std::cout << zt::cuda::describe_devices() << "\n";
 #else

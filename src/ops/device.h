@@ -13,8 +13,8 @@ namespace zt::ops {
 void init_device(Device device);
 // Number of usable GPUs (0 in a build without CUDA).
 int gpu_count();
-// The CPU's product kernels in one line (which OpenBLAS kernels, and whether
-// Zettatron replaced the library's pick: backend/cpu/blas_kernels.h).
+// The CPU's product kernels in one phrase (which OpenBLAS kernels, and
+// whether Zettatron replaced the library's pick: backend/cpu/blas_kernels.h).
 std::string describe_cpu();
 // dst = src, bytes copied between any two devices. Same dtype and numel
 // (shapes may differ); no overlap unless exactly the same tensor. When dst or

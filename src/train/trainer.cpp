@@ -139,10 +139,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   } else if (device.is_cpu()) {
     peak_gflops_ = cpu::measure_sgemm_gflops();
     // Which kernels that rate is of: a stale OpenBLAS pick is several times slower (blas_kernels.h).
-    const cpu::BlasKernels& k = cpu::blas_kernels();
-    peak_source_ = "measured sgemm";
-    if (!k.in_use.empty()) peak_source_ += ", OpenBLAS " + k.in_use + " kernels";
-    if (k.replaced) peak_source_ += " in place of its " + k.library_pick + " pick";
+    peak_source_ = "measured sgemm, " + cpu::describe_blas_kernels();
   } else {
 #if ZT_WITH_CUDA
     const cuda::DeviceInfo info = cuda::device_info(device.index);

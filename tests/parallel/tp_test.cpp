@@ -192,21 +192,20 @@ const std::map<std::string, double>& noise_floors(const Case& c, const nn::Model
     constexpr int kPatterns = 4;
     const Run& ref = reference(c);
     comm::ProcessGroup& world = comm::world();
-    std::map<std::string, double> floors;
-    for (const auto& [name, w] : ref.weights) floors[name] = 0;
+    std::vector<float> largest(ref.weights.size(), 0.0f);  // per tensor, in the map's order
     for (int pattern = int(world.rank()); pattern < kPatterns; pattern += int(world.size())) {
       const Run nudged = train_run(case_config(c, 1), nullptr, uint64_t(7 + pattern));
-      for (auto& [name, f] : floors)
-        f = std::max(f, test::weight_rel_diff(name, nudged.weights.at(name), ref.weights.at(name), mc));
+      size_t i = 0;
+      for (const auto& [name, w] : ref.weights) {
+        largest[i] = std::max(largest[i], float(test::weight_rel_diff(name, nudged.weights.at(name), w, mc)));
+        ++i;
+      }
     }
-    std::vector<double> mine;
-    for (const auto& [name, f] : floors) mine.push_back(f);
-    const std::vector<double> all = comm::all_gather_doubles(world, mine);  // world size x tensors
+    world.all_reduce(Tensor::wrap(largest.data(), Shape{int64_t(largest.size())}, DType::f32), comm::ReduceOp::max)
+        ->wait();
+    std::map<std::string, double> floors;
     size_t i = 0;
-    for (auto& [name, f] : floors) {
-      for (size_t r = 0; r < all.size() / mine.size(); ++r) f = std::max(f, all[r * mine.size() + i]);
-      ++i;
-    }
+    for (const auto& [name, w] : ref.weights) floors[name] = largest[i++];
     return floors;
   });
 }

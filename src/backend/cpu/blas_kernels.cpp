@@ -24,18 +24,15 @@ bool one_of(const std::string& name, std::initializer_list<const char*> names) {
   return false;
 }
 
-// The best kernels this CPU's instruction sets allow, when the pick is
-// weaker; nullptr to keep it.
-const char* better_kernels(const std::string& pick) {
+bool has_avx512() {
   __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512cd");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx512 && !one_of(pick, {"SkylakeX", "Cooperlake", "SapphireRapids"})) return "SkylakeX";
-  if (!avx512 && avx2 && !one_of(pick, {"Haswell", "Zen", "Excavator", "SkylakeX", "Cooperlake", "SapphireRapids"}))
-    return "Haswell";
-  return nullptr;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd");
+}
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 BlasKernels check() {
@@ -44,8 +41,8 @@ BlasKernels check() {
   k.library_pick = k.in_use = openblas_get_corename();
   k.user_choice = std::getenv("OPENBLAS_CORETYPE") != nullptr;
   if (k.user_choice || gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) return k;
-  const char* better = better_kernels(k.library_pick);
-  if (better == nullptr) return k;
+  if (kernels_fit_this_cpu(k.library_pick)) return k;
+  const char* better = has_avx512() ? "SkylakeX" : "Haswell";
   // Re-run the library's selection with the choice it reads from the
   // environment; nothing has run a product yet, so no buffers or threads
   // hold the old kernels. The variable is removed again, so that programs
@@ -61,6 +58,12 @@ BlasKernels check() {
 
 }  // namespace
 
+bool kernels_fit_this_cpu(const std::string& kernels) {
+  if (has_avx512()) return one_of(kernels, {"SkylakeX", "Cooperlake", "SapphireRapids"});
+  if (has_avx2()) return one_of(kernels, {"Haswell", "Zen", "Excavator", "SkylakeX", "Cooperlake", "SapphireRapids"});
+  return true;
+}
+
 const BlasKernels& blas_kernels() {
   static const BlasKernels k = check();
   return k;
@@ -68,8 +71,8 @@ const BlasKernels& blas_kernels() {
 
 std::string describe_blas_kernels() {
   const BlasKernels& k = blas_kernels();
-  if (k.in_use.empty()) return "BLAS: not OpenBLAS with run-time kernel choice";
-  std::string s = "BLAS: OpenBLAS " + k.in_use + " kernels";
+  if (k.in_use.empty()) return "not OpenBLAS with run-time kernel choice";
+  std::string s = "OpenBLAS " + k.in_use + " kernels";
   if (k.replaced) s += " (OpenBLAS picked " + k.library_pick + ", which this CPU's instruction sets outgrow)";
   if (k.user_choice) s += " (OPENBLAS_CORETYPE)";
   return s;

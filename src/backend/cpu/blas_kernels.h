@@ -26,7 +26,13 @@ struct BlasKernels {
 // before any thread runs a product) and reports.
 const BlasKernels& blas_kernels();
 
-// One line for `zettatron devices`: "OpenBLAS SkylakeX kernels (...)".
+// True when OpenBLAS kernels of this name use what this CPU's instruction
+// sets offer (AVX-512: the SkylakeX family; AVX2 + FMA: Haswell, Zen,
+// Excavator or better; any kernels on older CPUs).
+bool kernels_fit_this_cpu(const std::string& kernels);
+
+// The kernels in one phrase, e.g. "OpenBLAS SkylakeX kernels (OpenBLAS
+// picked Prescott, which this CPU's instruction sets outgrow)".
 std::string describe_blas_kernels();
 
 }  // namespace zt::cpu

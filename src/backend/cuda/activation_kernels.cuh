@@ -1,7 +1,7 @@
 // The kernels of activation.cu: GeLU (tanh approximation) and SwiGLU,
 // forward and backward, grid-stride pointwise loops in f32 with one rounding
-// per output, over packs of 16 bytes where they fit. A header so that the warp emulator (tests/cuda_emu) runs them
-// on the CPU.
+// per output, over packs of 16 bytes where they fit. A header so that the
+// warp emulator (tests/cuda_emu) runs them on the CPU.
 #pragma once
 
 #include <cstdint>
