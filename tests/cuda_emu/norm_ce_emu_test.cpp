@@ -33,10 +33,13 @@ namespace ck = cuda::ce_kernels;
 
 using namespace emu_util;
 
-template <typename T>
+// V elements per load (1, or a 16-byte pack: C a multiple of V), as norm.cu
+// chooses from the row length and the pointers.
+template <typename T, int V>
 void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt, std::mt19937_64& rng) {
   SCOPED_TRACE(::testing::Message() << (kind == ops::NormKind::rmsnorm ? "rmsnorm" : "layernorm") << " " << N << "x"
-                                    << C << (residual ? " residual" : "") << " " << dtype_name(dt));
+                                    << C << (residual ? " residual" : "") << " " << dtype_name(dt) << ", " << V
+                                    << " per load");
   const bool rms = kind == ops::NormKind::rmsnorm;
   const Tensor x = random_tensor(Shape{N, C}, dt, rng), r_in = random_tensor(Shape{N, C}, dt, rng);
   const Tensor w = random_tensor(Shape{C}, dt, rng, 0.5, 1.5), b = rms ? Tensor() : random_tensor(Shape{C}, dt, rng);
@@ -55,10 +58,10 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   // The kernels, launched as norm.cu launches them.
   Tensor gy = poisoned(y.shape(), dt), grstd = poisoned(rstd.shape(), DType::f32);
   Tensor gmean = rms ? Tensor() : poisoned(Shape{N}, DType::f32), gr_out = poisoned(Shape{N, C}, dt);
-  emu::launch(dim3(unsigned(N)), nk::kThreads, 0, nk::norm_forward_kernel<T, T>, rms, p<T>(gy), p<float>(gmean),
-              p<float>(grstd), static_cast<const T*>(p<T>(x)), residual ? static_cast<const T*>(p<T>(r_in)) : nullptr,
-              residual ? p<T>(gr_out) : nullptr, static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), C,
-              1e-5f);
+  emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_forward_kernel<T, T, V>, rms, p<T>(gy),
+              p<float>(gmean), p<float>(grstd), static_cast<const T*>(p<T>(x)),
+              residual ? static_cast<const T*>(p<T>(r_in)) : nullptr, residual ? p<T>(gr_out) : nullptr,
+              static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), N, C, 1e-5f);
   EXPECT_TRUE(close(gy, y, tol(dt), "y"));
   EXPECT_TRUE(close(grstd, rstd, 1e-5, "rstd"));
   if (!rms) {
@@ -80,27 +83,35 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
     emu::launch(dim3(col_blocks), nk::kThreads, 0, nk::add_partials_kernel<float>, p<float>(gdb),
                 static_cast<const float*>(p<float>(pdb)), chunks, C);
   Tensor gdx = poisoned(Shape{N, C}, dt);
-  emu::launch(dim3(unsigned(N)), nk::kThreads, 0, nk::norm_dx_kernel<T, T>, rms, p<T>(gdx),
+  emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_dx_kernel<T, T, V>, rms, p<T>(gdx),
               static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)), static_cast<const T*>(p<T>(w)),
               static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
-              static_cast<const T*>(p<T>(dx_add)), C);
+              static_cast<const T*>(p<T>(dx_add)), N, C);
   EXPECT_TRUE(close(gdx, dx, tol(dt), "dx"));
+  // In place, as the model calls it (dx = dx_add = the residual gradient).
+  Tensor gdx_in_place = copy_of(dx_add);
+  emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_dx_kernel<T, T, V>, rms, p<T>(gdx_in_place),
+              static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)), static_cast<const T*>(p<T>(w)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
+              static_cast<const T*>(p<T>(gdx_in_place)), N, C);
+  EXPECT_EQ(to_f64(gdx_in_place), to_f64(gdx)) << "dx written over dx_add";
   EXPECT_TRUE(close(gdw, dw, 1e-5, "dw"));
   if (!rms) {
     EXPECT_TRUE(close(gdb, db, 1e-5, "db"));
   }
 }
 
-template <typename T>
+template <typename T, int P>  // P elements per load (1, or a 16-byte pack: Vp a multiple of P)
 void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
-  SCOPED_TRACE(::testing::Message() << N << " rows, Vp " << Vp << ", V " << V << " " << dtype_name(dt));
+  SCOPED_TRACE(::testing::Message() << N << " rows, Vp " << Vp << ", V " << V << " " << dtype_name(dt) << ", " << P
+                                    << " per load");
   const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
   Tensor targets = random_tokens(Shape{N}, V, rng);
   targets.data<int32_t>()[0] = -1;  // an ignored row
   Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, dt);
   ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
   Tensor gl = copy_of(logits), glosses = poisoned(Shape{N}, DType::f32);
-  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T>, p<float>(glosses), p<T>(gl),
+  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P>, p<float>(glosses), p<T>(gl),
               static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), Vp, V, 0.25f);
   EXPECT_TRUE(close(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses"));
   EXPECT_TRUE(close(gl, d, tol(dt), "dlogits (in place)"));
@@ -110,10 +121,10 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
 // rows of V ids (the last ranks' columns past V are padding; a rank may hold
 // none): each pass on the kernels against the CPU backend's pass, both fed the
 // same statistics reduced over the ranks (as the all-reduces would).
-template <typename T>
+template <typename T, int P>  // P elements per load (1, or a 16-byte pack: Vl a multiple of P)
 void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::mt19937_64& rng) {
   SCOPED_TRACE(::testing::Message() << N << " rows, V " << V << " over " << ranks << " ranks of " << Vl << " columns "
-                                    << dtype_name(dt));
+                                    << dtype_name(dt) << ", " << P << " per load");
   const int64_t es = int64_t(dtype_size(dt));
   const Tensor logits = random_tensor(Shape{N, ranks * Vl}, dt, rng, -8, 8);
   Tensor targets = random_tokens(Shape{N}, V, rng);
@@ -131,7 +142,7 @@ void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::
   for (int64_t r = 0; r < ranks; ++r) {
     Tensor m = Tensor::empty(Shape{N}, DType::f32), gm = poisoned(Shape{N}, DType::f32);
     ops::vocab_parallel_ce_max(m, slice[size_t(r)], r * Vl, V);
-    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_max_kernel<T>, p<float>(gm),
+    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_max_kernel<T, P>, p<float>(gm),
                 static_cast<const T*>(p<T>(slice[size_t(r)])), Vl, real_of(r));
     for (int64_t n = 0; n < N; ++n)  // exact; -inf where the rank holds no real column
       EXPECT_EQ(gm.data<float>()[n], m.data<float>()[n]) << "row max of rank " << r << ", row " << n;
@@ -146,7 +157,7 @@ void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::
     Tensor se = Tensor::empty(Shape{N}, DType::f32), tl = Tensor::empty(Shape{N}, DType::f32);
     Tensor gse = poisoned(Shape{N}, DType::f32), gtl = poisoned(Shape{N}, DType::f32);
     ops::vocab_parallel_ce_sums(se, tl, slice[size_t(r)], rm, targets, r * Vl, V);
-    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_sums_kernel<T>, p<float>(gse), p<float>(gtl),
+    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_sums_kernel<T, P>, p<float>(gse), p<float>(gtl),
                 static_cast<const T*>(p<T>(slice[size_t(r)])), static_cast<const float*>(p<float>(rm)),
                 static_cast<const int32_t*>(p<int32_t>(targets)), Vl, r * Vl, real_of(r));
     EXPECT_TRUE(close(gse, se, 1e-5, "exp sums")) << "rank " << r;
@@ -161,7 +172,7 @@ void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::
     Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = copy_of(slice[size_t(r)]);
     ops::vocab_parallel_ce_finish(losses, d, d, rm, sum_exp, target_logit, targets, r * Vl, V, 0.25f);
     Tensor glosses = poisoned(Shape{N}, DType::f32), gd = copy_of(slice[size_t(r)]);
-    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_finish_kernel<T>, p<float>(glosses), p<T>(gd),
+    emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::vp_finish_kernel<T, P>, p<float>(glosses), p<T>(gd),
                 static_cast<const T*>(p<T>(gd)), static_cast<const float*>(p<float>(rm)),
                 static_cast<const float*>(p<float>(sum_exp)), static_cast<const float*>(p<float>(target_logit)),
                 static_cast<const int32_t*>(p<int32_t>(targets)), Vl, r * Vl, real_of(r), 0.25f);
@@ -172,29 +183,45 @@ void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::
 
 TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   auto rng = make_rng(41);
-  // 70 rows: two 64-row chunks of dw / db partials (one block runs at a time,
-  // so the rest stay small); C = 300 > the 256 threads of a row.
-  norm_case<float>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
+  constexpr int kF32Pack = cuda::kPack16<float>, kBf16Pack = cuda::kPack16<__nv_bfloat16>;
+  // 70 rows: two 64-row chunks of dw / db partials and 9 blocks of 8 row warps,
+  // the last partial (one block runs at a time, so the rest stay small).
+  // C = 300: 75 packs of 4 floats, more than the 32 lanes of a warp.
+  norm_case<float, 1>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
+  norm_case<float, kF32Pack>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
   for (const auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm})
     for (const bool residual : {false, true}) {
-      norm_case<float>(kind, 4, 300, residual, DType::f32, rng);
-      norm_case<__nv_bfloat16>(kind, 3, 64, residual, DType::bf16, rng);
+      norm_case<float, 1>(kind, 4, 301, residual, DType::f32, rng);
+      norm_case<float, kF32Pack>(kind, 4, 300, residual, DType::f32, rng);
+      norm_case<__nv_bfloat16, 1>(kind, 3, 70, residual, DType::bf16, rng);
+      // 8 packs: lanes 8-31 hold none; 97 packs: a fourth, partial sweep.
+      norm_case<__nv_bfloat16, kBf16Pack>(kind, 3, 64, residual, DType::bf16, rng);
+      norm_case<__nv_bfloat16, kBf16Pack>(kind, 9, 776, residual, DType::bf16, rng);
     }
 }
 
 TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {
   auto rng = make_rng(42);
-  ce_case<float>(5, 1000, 997, DType::f32, rng);
-  ce_case<__nv_bfloat16>(3, 520, 515, DType::bf16, rng);
+  constexpr int kF32Pack = cuda::kPack16<float>, kBf16Pack = cuda::kPack16<__nv_bfloat16>;
+  // The last real column mid-pack (997 = 249 x 4 + 1, 515 = 64 x 8 + 3); 513
+  // packs of 4 floats: a second, partial sweep of the 512 threads.
+  ce_case<float, 1>(5, 1000, 997, DType::f32, rng);
+  ce_case<float, kF32Pack>(5, 1000, 997, DType::f32, rng);
+  ce_case<float, kF32Pack>(2, 2052, 2050, DType::f32, rng);
+  ce_case<__nv_bfloat16, 1>(3, 520, 515, DType::bf16, rng);
+  ce_case<__nv_bfloat16, kBf16Pack>(3, 520, 515, DType::bf16, rng);
 }
 
 TEST(CudaKernelsEmulated, VocabParallelCrossEntropyMatchesTheCpu) {
   auto rng = make_rng(44);
   // 9 ids over 4 ranks of 3 columns: the last rank holds only padding.
-  vp_ce_case<float>(5, 9, 4, 3, DType::f32, rng);
+  vp_ce_case<float, 1>(5, 9, 4, 3, DType::f32, rng);
   // 1000 ids over 2 ranks of 520 (> the 512 threads of a row; 40 padding columns).
-  vp_ce_case<float>(4, 1000, 2, 520, DType::f32, rng);
-  vp_ce_case<__nv_bfloat16>(3, 1000, 2, 520, DType::bf16, rng);
+  vp_ce_case<float, 1>(4, 1000, 2, 520, DType::f32, rng);
+  vp_ce_case<float, cuda::kPack16<float>>(4, 1000, 2, 520, DType::f32, rng);
+  vp_ce_case<__nv_bfloat16, 1>(3, 1000, 2, 520, DType::bf16, rng);
+  // 1003 ids: rank 1's last real column mid-pack (483 = 60 x 8 + 3).
+  vp_ce_case<__nv_bfloat16, cuda::kPack16<__nv_bfloat16>>(3, 1003, 2, 520, DType::bf16, rng);
 }
 
 }  // namespace

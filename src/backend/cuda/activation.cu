@@ -4,7 +4,6 @@
 #include "backend/cuda/activation.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "backend/cuda/activation_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -14,17 +13,6 @@ namespace zt::cuda {
 namespace {
 
 using namespace activation_kernels;
-
-// Calls launch(std::integral_constant<int, V>{}) with V = kPack16<T> where
-// 16-byte packs fit, else V = 1 (one element per load).
-template <typename T, typename Launch>
-void with_pack_width(bool packs_fit, Launch&& launch) {
-  if (packs_fit) {
-    launch(std::integral_constant<int, kPack16<T>>{});
-  } else {
-    launch(std::integral_constant<int, 1>{});
-  }
-}
 
 }  // namespace
 

@@ -1,6 +1,6 @@
 // CUDA fused classifier (softmax + cross-entropy + dlogits) and its
-// vocabulary-parallel passes: the launches; the kernels are in
-// cross_entropy_kernels.cuh.
+// vocabulary-parallel passes: the launches (16-byte packs where they tile the
+// rows); the kernels are in cross_entropy_kernels.cuh.
 #include "backend/cuda/cross_entropy.h"
 
 #include "backend/cuda/cross_entropy_kernels.cuh"
@@ -19,9 +19,12 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
   const int64_t N = logits.size(0), Vp = logits.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "softmax_cross_entropy", [&] {
-    ce_kernel<T><<<unsigned(N), kThreads, 0, stream_of(losses)>>>(
-        losses.data<float>(), dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr,
-        static_cast<const T*>(logits.data_ptr()), targets.data<int32_t>(), Vp, vocab, grad_scale);
+    T* dp = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
+    const T* lp = static_cast<const T*>(logits.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(Vp, lp, dp), [&](auto v) {
+      ce_kernel<T, decltype(v)::value><<<unsigned(N), kThreads, 0, stream_of(losses)>>>(
+          losses.data<float>(), dp, lp, targets.data<int32_t>(), Vp, vocab, grad_scale);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("ce_kernel");
 }
@@ -30,8 +33,11 @@ void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t 
   const int64_t N = logits.size(0), Vl = logits.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "vocab_parallel_ce_max", [&] {
-    vp_max_kernel<T><<<unsigned(N), kThreads, 0, stream_of(row_max)>>>(
-        row_max.data<float>(), static_cast<const T*>(logits.data_ptr()), Vl, real);
+    const T* lp = static_cast<const T*>(logits.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(Vl, lp), [&](auto v) {
+      vp_max_kernel<T, decltype(v)::value><<<unsigned(N), kThreads, 0, stream_of(row_max)>>>(row_max.data<float>(),
+                                                                                              lp, Vl, real);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("vp_max_kernel");
 }
@@ -41,9 +47,12 @@ void vocab_parallel_ce_sums(const Tensor& sum_exp, const Tensor& target_logit, c
   const int64_t N = logits.size(0), Vl = logits.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "vocab_parallel_ce_sums", [&] {
-    vp_sums_kernel<T><<<unsigned(N), kThreads, 0, stream_of(sum_exp)>>>(
-        sum_exp.data<float>(), target_logit.data<float>(), static_cast<const T*>(logits.data_ptr()),
-        row_max.data<float>(), targets.data<int32_t>(), Vl, col_start, real);
+    const T* lp = static_cast<const T*>(logits.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(Vl, lp), [&](auto v) {
+      vp_sums_kernel<T, decltype(v)::value><<<unsigned(N), kThreads, 0, stream_of(sum_exp)>>>(
+          sum_exp.data<float>(), target_logit.data<float>(), lp, row_max.data<float>(), targets.data<int32_t>(), Vl,
+          col_start, real);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("vp_sums_kernel");
 }
@@ -54,10 +63,13 @@ void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const
   const int64_t N = logits.size(0), Vl = logits.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "vocab_parallel_ce_finish", [&] {
-    vp_finish_kernel<T><<<unsigned(N), kThreads, 0, stream_of(losses)>>>(
-        losses.data<float>(), dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr,
-        static_cast<const T*>(logits.data_ptr()), row_max.data<float>(), sum_exp.data<float>(),
-        target_logit.data<float>(), targets.data<int32_t>(), Vl, col_start, real, grad_scale);
+    T* dp = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
+    const T* lp = static_cast<const T*>(logits.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(Vl, lp, dp), [&](auto v) {
+      vp_finish_kernel<T, decltype(v)::value><<<unsigned(N), kThreads, 0, stream_of(losses)>>>(
+          losses.data<float>(), dp, lp, row_max.data<float>(), sum_exp.data<float>(), target_logit.data<float>(),
+          targets.data<int32_t>(), Vl, col_start, real, grad_scale);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("vp_finish_kernel");
 }

@@ -5,7 +5,12 @@
 // overwrites it). No probability matrix is stored. The vocabulary-parallel
 // passes (ops/cross_entropy.h: max, then exp sums and the target logit, then
 // losses and dlogits, the caller reducing over the tensor-parallel group in
-// between) are one block per row each too. A header so that the warp
+// between) are one block per row each too.
+//
+// Rows are swept in packs of V elements (V = 1, or kPack16<T> when the launch
+// checked that 16-byte packs tile the rows: one 128-bit memory instruction
+// per pack; a GPT-2 row of 50304 bf16 is 6288 packs). The last real column
+// need not end a pack: columns past it are masked. A header so that the warp
 // emulator (tests/cuda_emu) runs them on the CPU.
 #pragma once
 
@@ -17,23 +22,41 @@ namespace zt::cuda::ce_kernels {
 
 constexpr int kThreads = 512;
 
-template <typename T>
+// The packs holding columns [0, real) of a row.
+__host__ __device__ constexpr int64_t packs_holding(int64_t real, int V) { return (real + V - 1) / V; }
+
+// Pack j's elements as f32, -inf past the real columns; returns their max.
+template <typename T, int V>
+__device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t j, int64_t real) {
+  const Pack<T, V> p = load_pack<T, V>(row + j * V);
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    xs[k] = j * V + k < real ? to_f32(p.v[k]) : -INFINITY;
+    m = fmaxf(m, xs[k]);
+  }
+  return m;
+}
+
+template <typename T, int V>
 __global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t Vp,
                           int64_t vocab, float grad_scale) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const T* lr = logits + row * Vp;
   const int32_t target = targets[row];
-  // Per-thread running max and sum of exp(x - max).
+  // Per-thread running max m and sum of exp(x - m), a pack at a time.
   float m = -INFINITY, s = 0.0f;
-  for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-    const float x = to_f32(lr[c]);
-    if (x > m) {
-      s = s * __expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += __expf(x - m);
+  for (int64_t j = threadIdx.x; j < packs_holding(vocab, V); j += blockDim.x) {
+    float xs[V];
+    const float pm = load_real<T, V>(xs, lr, j, vocab);
+    if (pm == -INFINITY) continue;  // nothing to add (and -inf - -inf is NaN)
+    if (pm > m) {
+      s *= __expf(m - pm);  // 0 while m is still -inf
+      m = pm;
     }
+#pragma unroll
+    for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);
   }
   const float row_max = block_max(m, scratch);
   const float sum = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - row_max), scratch);
@@ -45,21 +68,31 @@ __global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int3
   if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - target_logit;
   if (dlogits == nullptr) return;
   T* dr = dlogits + row * Vp;
-  for (int64_t c = threadIdx.x; c < Vp; c += blockDim.x) {
-    float g = 0.0f;
-    if (!ignored && c < vocab) g = (__expf(to_f32(lr[c]) - lse) - (c == target ? 1.0f : 0.0f)) * grad_scale;
-    dr[c] = from_f32<T>(g);
+  for (int64_t j = threadIdx.x; j < Vp / V; j += blockDim.x) {
+    const Pack<T, V> p = load_pack<T, V>(lr + j * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = j * V + k;
+      float g = 0.0f;
+      if (!ignored && c < vocab) g = (__expf(to_f32(p.v[k]) - lse) - (c == target ? 1.0f : 0.0f)) * grad_scale;
+      out.v[k] = from_f32<T>(g);
+    }
+    store_pack<T, V>(dr + j * V, out);
   }
 }
 
 // Vocabulary-parallel pass 1: row_max[row] = max of the row's `real` columns
 // (this rank's columns below the vocabulary; -inf if none).
-template <typename T>
+template <typename T, int V>
 __global__ void vp_max_kernel(float* row_max, const T* logits, int64_t Vl, int64_t real) {
   __shared__ float scratch[32];
   const T* lr = logits + int64_t(blockIdx.x) * Vl;
   float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < real; c += blockDim.x) m = fmaxf(m, to_f32(lr[c]));
+  for (int64_t j = threadIdx.x; j < packs_holding(real, V); j += blockDim.x) {
+    float xs[V];
+    m = fmaxf(m, load_real<T, V>(xs, lr, j, real));
+  }
   m = block_max(m, scratch);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
 }
@@ -67,7 +100,7 @@ __global__ void vp_max_kernel(float* row_max, const T* logits, int64_t Vl, int64
 // Pass 2, after the max is reduced over the group: sum_exp = sum over the
 // real columns of exp(x - row_max) (0 if none); target_logit = x[target] where
 // this rank holds the target (global id - col_start in [0, real)), else 0.
-template <typename T>
+template <typename T, int V>
 __global__ void vp_sums_kernel(float* sum_exp, float* target_logit, const T* logits, const float* row_max,
                                const int32_t* targets, int64_t Vl, int64_t col_start, int64_t real) {
   __shared__ float scratch[32];
@@ -75,7 +108,12 @@ __global__ void vp_sums_kernel(float* sum_exp, float* target_logit, const T* log
   const T* lr = logits + row * Vl;
   const float m = row_max[row];
   float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < real; c += blockDim.x) s += __expf(to_f32(lr[c]) - m);
+  for (int64_t j = threadIdx.x; j < packs_holding(real, V); j += blockDim.x) {
+    float xs[V];
+    load_real<T, V>(xs, lr, j, real);
+#pragma unroll
+    for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);  // 0 past the real columns
+  }
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) {
     const int64_t t = int64_t(targets[row]) - col_start;
@@ -89,7 +127,7 @@ __global__ void vp_sums_kernel(float* sum_exp, float* target_logit, const T* log
 // element is read before the same thread overwrites it) = grad_scale *
 // (exp(x - row_max) / sum_exp - [column is the target]), 0 in padding
 // columns and ignored rows.
-template <typename T>
+template <typename T, int V>
 __global__ void vp_finish_kernel(float* losses, T* dlogits, const T* logits, const float* row_max,
                                  const float* sum_exp, const float* target_logit, const int32_t* targets, int64_t Vl,
                                  int64_t col_start, int64_t real, float grad_scale) {
@@ -102,10 +140,17 @@ __global__ void vp_finish_kernel(float* losses, T* dlogits, const T* logits, con
   T* dr = dlogits + row * Vl;
   const float r = grad_scale / S;
   const int64_t t = int64_t(targets[row]) - col_start;
-  for (int64_t c = threadIdx.x; c < Vl; c += blockDim.x) {
-    float g = 0.0f;
-    if (!ignored && c < real) g = __expf(to_f32(lr[c]) - m) * r - (c == t ? grad_scale : 0.0f);
-    dr[c] = from_f32<T>(g);
+  for (int64_t j = threadIdx.x; j < Vl / V; j += blockDim.x) {
+    const Pack<T, V> p = load_pack<T, V>(lr + j * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = j * V + k;
+      float g = 0.0f;
+      if (!ignored && c < real) g = __expf(to_f32(p.v[k]) - m) * r - (c == t ? grad_scale : 0.0f);
+      out.v[k] = from_f32<T>(g);
+    }
+    store_pack<T, V>(dr + j * V, out);
   }
 }
 

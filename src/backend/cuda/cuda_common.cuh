@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -99,6 +100,18 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
 template <typename T, typename... Ptrs>
 inline bool packs_of_16_fit(int64_t len, const Ptrs*... ptrs) {
   return len % kPack16<T> == 0 && ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+}
+
+// Calls launch(std::integral_constant<int, V>{}) with V = kPack16<T> where
+// 16-byte packs fit, else V = 1 (one element per load): the kernel is
+// instantiated for both widths and the launch picks one at run time.
+template <typename T, typename Launch>
+void with_pack_width(bool packs_fit, Launch&& launch) {
+  if (packs_fit) {
+    launch(std::integral_constant<int, kPack16<T>>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
 }
 
 // ---- reductions (f32) ----

@@ -1,5 +1,5 @@
-// CUDA LayerNorm / RMSNorm forward and backward: the launches; the kernels
-// are in norm_kernels.cuh.
+// CUDA LayerNorm / RMSNorm forward and backward: the launches (16-byte packs
+// where they fit the rows); the kernels are in norm_kernels.cuh.
 #include "backend/cuda/norm.h"
 
 #include "backend/cuda/cuda_common.cuh"
@@ -24,12 +24,17 @@ void launch_forward(bool rms, const Tensor& y, const Tensor& mean, const Tensor&
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_forward", [&] {
     using TX = T;
+    TX* yp = static_cast<TX*>(y.data_ptr());
+    const TX *xp = static_cast<const TX*>(x.data_ptr()), *rip = ptr_or_null<TX>(r_in);
+    TX* rop = r_out.defined() ? static_cast<TX*>(r_out.data_ptr()) : nullptr;
     ZT_CUDA_DISPATCH_FLOAT(w.dtype(), "norm_forward", [&] {
-      norm_forward_kernel<TX, T><<<unsigned(N), kThreads, 0, stream_of(y)>>>(
-          rms, static_cast<TX*>(y.data_ptr()), mean.defined() ? mean.data<float>() : nullptr, rstd.data<float>(),
-          static_cast<const TX*>(x.data_ptr()), ptr_or_null<TX>(r_in),
-          r_out.defined() ? static_cast<TX*>(r_out.data_ptr()) : nullptr, static_cast<const T*>(w.data_ptr()),
-          ptr_or_null<T>(b), C, eps);
+      const T *wp = static_cast<const T*>(w.data_ptr()), *bp = ptr_or_null<T>(b);
+      with_pack_width<TX>(row_packs_fit<TX>(C, wp, bp, yp, xp, rip, rop), [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        norm_forward_kernel<TX, T, V><<<row_blocks(N), kRowWarps * 32, 0, stream_of(y)>>>(
+            rms, yp, mean.defined() ? mean.data<float>() : nullptr, rstd.data<float>(), xp, rip, rop, wp, bp, N, C,
+            eps);
+      });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_forward_kernel");
@@ -78,11 +83,16 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
   if (db.defined()) add_partials(db, pdb, chunks, C);
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     using TX = T;
+    TX* dxp = static_cast<TX*>(dx.data_ptr());
+    const TX *dyp = static_cast<const TX*>(dy.data_ptr()), *xp = static_cast<const TX*>(x.data_ptr());
+    const TX* addp = ptr_or_null<TX>(dx_add);
     ZT_CUDA_DISPATCH_FLOAT(w.dtype(), "norm_backward", [&] {
-      norm_dx_kernel<TX, T><<<unsigned(N), kThreads, 0, s>>>(
-          rms, static_cast<TX*>(dx.data_ptr()), static_cast<const TX*>(dy.data_ptr()),
-          static_cast<const TX*>(x.data_ptr()), static_cast<const T*>(w.data_ptr()), f32_or_null(mean),
-          rstd.data<float>(), ptr_or_null<TX>(dx_add), C);
+      const T* wp = static_cast<const T*>(w.data_ptr());
+      with_pack_width<TX>(row_packs_fit<TX>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp), [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        norm_dx_kernel<TX, T, V><<<row_blocks(N), kRowWarps * 32, 0, s>>>(rms, dxp, dyp, xp, wp, f32_or_null(mean),
+                                                                          rstd.data<float>(), addp, N, C);
+      });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_dx_kernel");

@@ -1,7 +1,14 @@
-// The kernels of norm.cu: LayerNorm / RMSNorm forward and backward, one
-// block per row, f32 statistics (LayerNorm variance from (x - mean)^2, as
-// the CPU computes it), and deterministic two-stage weight/bias gradients.
-// A header so that the warp emulator (tests/cuda_emu) runs them on the CPU.
+// The kernels of norm.cu: LayerNorm / RMSNorm forward and backward, one warp
+// per row, f32 statistics (LayerNorm variance from (x - mean)^2, as the CPU
+// computes it), and deterministic two-stage weight/bias gradients.
+//
+// A row is swept in packs of V elements (V = 1, or kPack16<T> when the launch
+// checked that 16-byte packs fit: one 128-bit memory instruction per pack),
+// lane l taking packs l, l + 32, ...; the later sweeps re-read the row from
+// cache. A warp per row, not a block: the statistics are warp shuffles with
+// no block barrier, and a GPT-2 row (768 bf16 = 96 packs) keeps every lane
+// busy. A header so that the warp emulator (tests/cuda_emu) runs them on the
+// CPU.
 #pragma once
 
 #include <cstdint>
@@ -10,77 +17,133 @@
 
 namespace zt::cuda::norm_kernels {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;          // dw/db partials and their sum: a thread per column
+constexpr int kRowWarps = 8;           // row kernels: rows (warps) per block of kRowWarps * 32 threads
 constexpr int64_t kRowsPerChunk = 64;  // rows per dw/db partial (fixed: results do not depend on the grid)
 
-// One block per row. When r_in is given: r = r_in + x is rounded, written to
-// r_out, and normalised (the backward sees the same rounded r_out).
-template <typename T, typename W>
-__global__ void norm_forward_kernel(bool rms, T* y, float* mean_out, float* rstd_out, const T* x, const T* r_in,
-                                    T* r_out, const W* w, const W* b, int64_t C, float eps) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * C;
-  const T* src = xr;
+inline unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowWarps - 1) / kRowWarps); }
+
+// True when V-element packs of T (and of the weights' type W) tile rows of C
+// at every pointer given: 16-byte packs of T, and the matching W packs
+// aligned to their own width.
+template <typename T, typename W, typename... Ptrs>
+inline bool row_packs_fit(int64_t C, const W* w, const W* b, const Ptrs*... ptrs) {
+  constexpr uintptr_t w_bytes = sizeof(W) * kPack16<T>;
+  return packs_of_16_fit<T>(C, ptrs...) && reinterpret_cast<uintptr_t>(w) % w_bytes == 0 &&
+         reinterpret_cast<uintptr_t>(b) % w_bytes == 0;
+}
+
+// Rows of N, one per warp. When r_in is given: r = r_in + x is rounded,
+// written to r_out, and normalised (the backward sees the same rounded r_out).
+template <typename T, typename W, int V>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    norm_forward_kernel(bool rms, T* y, float* mean_out, float* rstd_out, const T* x, const T* r_in, T* r_out,
+                        const W* w, const W* b, int64_t N, int64_t C, float eps) {
+  const int lane = int(threadIdx.x & 31);
+  const int64_t row = int64_t(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (row >= N) return;  // the whole warp: nothing below waits for the block
+  const int64_t packs = C / V;
+  const T* src = x + row * C;
+  float s = 0.0f;  // sum of the normalised row's values (LayerNorm's mean)
   if (r_in != nullptr) {
     T* rr = r_out + row * C;
     const T* ri = r_in + row * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) rr[c] = from_f32<T>(to_f32(ri[c]) + to_f32(xr[c]));
-    src = rr;  // each thread re-reads only the elements it wrote
+    for (int64_t j = lane; j < packs; j += 32) {
+      const Pack<T, V> a = load_pack<T, V>(ri + j * V), xv = load_pack<T, V>(src + j * V);
+      Pack<T, V> r;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        r.v[k] = from_f32<T>(to_f32(a.v[k]) + to_f32(xv.v[k]));
+        s += to_f32(r.v[k]);
+      }
+      store_pack<T, V>(rr + j * V, r);
+    }
+    src = rr;  // each lane re-reads only the packs it wrote
+  } else if (!rms) {
+    for (int64_t j = lane; j < packs; j += 32) {
+      const Pack<T, V> xv = load_pack<T, V>(src + j * V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) s += to_f32(xv.v[k]);
+    }
   }
-  float mean = 0.0f;
-  if (!rms) {
-    float s = 0.0f;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += to_f32(src[c]);
-    mean = block_sum(s, scratch) / float(C);
-  }
+  const float mean = rms ? 0.0f : warp_sum(s) / float(C);
   float ss = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float d = to_f32(src[c]) - mean;
-    ss += d * d;
+  for (int64_t j = lane; j < packs; j += 32) {
+    const Pack<T, V> xv = load_pack<T, V>(src + j * V);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float d = to_f32(xv.v[k]) - mean;
+      ss += d * d;
+    }
   }
-  const float rstd = rsqrtf(block_sum(ss, scratch) / float(C) + eps);
+  const float rstd = rsqrtf(warp_sum(ss) / float(C) + eps);
   T* yr = y + row * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float v = (to_f32(src[c]) - mean) * rstd * to_f32(w[c]);
-    if (b != nullptr) v += to_f32(b[c]);
-    yr[c] = from_f32<T>(v);
+  for (int64_t j = lane; j < packs; j += 32) {
+    const Pack<T, V> xv = load_pack<T, V>(src + j * V);
+    const Pack<W, V> wv = load_pack<W, V>(w + j * V);
+    Pack<W, V> bv{};
+    if (b != nullptr) bv = load_pack<W, V>(b + j * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float v = (to_f32(xv.v[k]) - mean) * rstd * to_f32(wv.v[k]);
+      if (b != nullptr) v += to_f32(bv.v[k]);
+      out.v[k] = from_f32<T>(v);
+    }
+    store_pack<T, V>(yr + j * V, out);
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
 }
 
-// dx for one row per block:
+// dx for one row per warp:
 //   g = dy * w, xhat = (x - mean) * rstd
 //   LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   RMSNorm:   dx = rstd * (g - xhat * mean(g * xhat))
-template <typename T, typename W>
-__global__ void norm_dx_kernel(bool rms, T* dx, const T* dy, const T* x, const W* w, const float* mean,
-                               const float* rstd, const T* dx_add, int64_t C) {
-  __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
+// dx may be dy or dx_add (in place): a lane reads a pack before it writes it.
+template <typename T, typename W, int V>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    norm_dx_kernel(bool rms, T* dx, const T* dy, const T* x, const W* w, const float* mean, const float* rstd,
+                   const T* dx_add, int64_t N, int64_t C) {
+  const int lane = int(threadIdx.x & 31);
+  const int64_t row = int64_t(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const int64_t packs = C / V;
   const T* dyr = dy + row * C;
   const T* xr = x + row * C;
   const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
   float sg = 0.0f, sgx = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float g = to_f32(dyr[c]) * to_f32(w[c]);
-    const float xhat = (to_f32(xr[c]) - mu) * rs;
-    sg += g;
-    sgx += g * xhat;
+  for (int64_t j = lane; j < packs; j += 32) {
+    const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
+    const Pack<W, V> wv = load_pack<W, V>(w + j * V);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
+      sg += g;
+      sgx += g * (to_f32(xv.v[k]) - mu) * rs;
+    }
   }
-  const float mg = rms ? 0.0f : block_sum(sg, scratch) / float(C);
-  const float mgx = block_sum(sgx, scratch) / float(C);
+  const float mg = rms ? 0.0f : warp_sum(sg) / float(C);
+  const float mgx = warp_sum(sgx) / float(C);
   T* dxr = dx + row * C;
   const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float g = to_f32(dyr[c]) * to_f32(w[c]);
-    const float xhat = (to_f32(xr[c]) - mu) * rs;
-    float v = rs * (g - mg - xhat * mgx);
-    if (addr != nullptr) v += to_f32(addr[c]);
-    dxr[c] = from_f32<T>(v);
+  for (int64_t j = lane; j < packs; j += 32) {
+    const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
+    const Pack<W, V> wv = load_pack<W, V>(w + j * V);
+    Pack<T, V> av{};
+    if (addr != nullptr) av = load_pack<T, V>(addr + j * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
+      const float xhat = (to_f32(xv.v[k]) - mu) * rs;
+      float v = rs * (g - mg - xhat * mgx);
+      if (addr != nullptr) v += to_f32(av.v[k]);
+      out.v[k] = from_f32<T>(v);
+    }
+    store_pack<T, V>(dxr + j * V, out);
   }
 }
 
