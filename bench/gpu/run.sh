@@ -9,15 +9,18 @@
 # run with metrics.op_profile: GPU time per op from events). `attention` times
 # the CUDA attention kernels (cuDNN, mma, flash, tensor-core gemm path, simple)
 # against PyTorch's flash SDPA on the same shapes (bench/gpu/attention_bench.cpp,
-# attention_peer.py). Logs go to $OUT (or ./bench-gpu-out).
+# attention_peer.py). `kernels` times the step's memory-bound ops (norms, the
+# fused classifier, activations, embedding, AdamW, ...) against the device's
+# copy rate and PyTorch's eager kernels (bench/gpu/kernels_bench.cpp,
+# kernels_peer.py). Logs go to $OUT (or ./bench-gpu-out).
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h).
-#   usage: bash bench/gpu/run.sh [tests|attention|bench|all] [gpt2|llama ...]
+#   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|all] [gpt2|llama ...]
 #   (default all, both models)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
 # packed, nothing compiles there), then two calls carrying what it names:
-# `bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention` and
+# `bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention; bash bench/gpu/run.sh kernels` and
 # `bash bench/gpu/run.sh bench gpt2 llama` (the micro-batch probes and
 # PyTorch's compilations make one model's benchmark a few minutes).
 set -uo pipefail
@@ -54,6 +57,31 @@ if [ "$what" != bench ]; then
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
+if [ "$what" = kernels ] || [ "$what" = all ]; then
+  # The step's memory-bound ops one by one against the copy rate, and PyTorch's
+  # eager kernels on the same rows (seconds, not minutes).
+  ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
+    || { echo "kernels bench failed:"; tail -3 "$out/kernels-zt.err"; }
+  python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" \
+    || { echo "kernels peer failed:"; tail -5 "$out/kernels-pt.err"; }
+  python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
+import json, sys
+ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+peer = {(r["model"], r["op"]): r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
+copy = [r for r in ours if "copy_gbps" in r]
+if copy:
+    print(f"device copy rate (read + write): {copy[0]['copy_gbps']:.0f} GB/s")
+print("| model | op | shape | ms | GB/s | of copy | torch eager ms | torch / ours |")
+print("|---|---|---|---|---|---|---|---|")
+for r in ours:
+    if "op" not in r:
+        continue
+    p = peer.get((r["model"], r["op"]))
+    pm, ratio = (f"{p['ms']:.3f}", f"{p['ms'] / r['ms']:.2f}x") if p else ("-", "-")
+    print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['of_copy']:.0%} | {pm} | {ratio} |")
+PY
+fi
+[ "$what" = kernels ] && exit 0
 # The benchmarks use an attention kernel only if it passes its test on this
 # GPU (cuDNN, else mma, else flash, else the tensor-core gemm path, else the
 # simple kernel), so one broken kernel cannot spoil a rare GPU session.

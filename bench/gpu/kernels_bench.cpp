@@ -1,0 +1,236 @@
+// The memory-bound ops of a training step, timed one by one at the two GPU
+// benchmark shapes (bench/gpu/run.sh kernels): what each reaches against the
+// device's own copy rate, measured in the same run, and (bench/gpu/kernels_peer.py)
+// against PyTorch's kernels for the same work. Together with the op profile of
+// a training run this says which kernel to work on next.
+//
+// Shapes are those of configs/bench-gpu-{gpt2,llama}.toml's models at T = 1024
+// (GPT-2 124M at micro-batch 16, Llama 3 1B at 8), bf16 activations, f32
+// gradients of the weights and optimizer state; the logits rows are the LM
+// head's chunk (nn::head_chunk_rows). bytes = the least memory traffic of the
+// op: every tensor it must read read once, every tensor it writes written
+// once (per-row statistics left out). GB/s = bytes / median time.
+//
+//   usage: zt_bench_gpu_kernels [cuda|cpu] [row divisor]
+// cpu with a divisor (e.g. 64) runs the same code on small shapes: a check of
+// the harness on a machine without a GPU. Prints one JSON line per op.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "core/rng.h"
+#include "nn/transformer.h"
+#include "ops/activation.h"
+#include "ops/adamw.h"
+#include "ops/cross_entropy.h"
+#include "ops/device.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace {
+
+using namespace zt;
+
+struct Model {
+  const char* name;
+  bool llama;
+  int64_t B, T, C, F, Vp, V, Hq, Hkv, D, params;
+};
+
+// Median seconds of `reps` runs after 3 warm-ups, each between two marks on
+// the device's stream (events on a GPU, the host clock on the CPU).
+double median_seconds(Device dev, const std::function<void()>& run, int reps = 10) {
+  for (int i = 0; i < 3; ++i) run();
+  std::vector<double> s;
+  for (int i = 0; i < reps; ++i) {
+    const ops::DeviceMark start(dev);
+    run();
+    s.push_back(ops::DeviceMark(dev).seconds_since(start));
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+// `vocab` (ids in [0, vocab); 0: none) lets the peer build the same inputs.
+void print_row(const char* model, const char* op, const std::string& shape, int64_t vocab, double seconds,
+               double bytes, double copy_gbps) {
+  const double gbps = bytes / seconds / 1e9;
+  std::printf("{\"model\": \"%s\", \"op\": \"%s\", \"shape\": \"%s\", \"vocab\": %lld, \"ms\": %.4f, "
+              "\"bytes\": %.0f, \"gbps\": %.1f, \"of_copy\": %.3f}\n",
+              model, op, shape.c_str(), static_cast<long long>(vocab), seconds * 1e3, bytes, gbps, gbps / copy_gbps);
+  std::fflush(stdout);
+}
+
+std::string dims(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (int64_t x : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+class Bench {
+ public:
+  Bench(Device dev, const Model& m, double copy_gbps) : dev_(dev), m_(m), copy_gbps_(copy_gbps), gen_(7) {}
+
+  void run_all() {
+    const int64_t N = m_.B * m_.T, C = m_.C;
+    const DType bf = DType::bf16;
+    const double es = 2.0;  // bytes per bf16 element
+    const ops::NormKind kind = m_.llama ? ops::NormKind::rmsnorm : ops::NormKind::layernorm;
+    const char* norm = m_.llama ? "rmsnorm" : "layernorm";
+    {  // norms: forward, the fused residual forward, backward with the residual gradient added
+      const Tensor x = rand({N, C}, bf), r_in = rand({N, C}, bf), w = rand({C}, bf, 0.5f, 1.5f);
+      const Tensor b = m_.llama ? Tensor() : rand({C}, bf);
+      Tensor y = empty({N, C}, bf), r_out = empty({N, C}, bf), rstd = empty({N}, DType::f32);
+      Tensor mean = m_.llama ? Tensor() : empty({N}, DType::f32);
+      time(std::string(norm) + "_forward", dims({N, C}), 2 * N * C * es,
+           [&] { ops::norm_forward(kind, y, mean, rstd, x, w, b, 1e-5f); });
+      time("residual_" + std::string(norm) + "_forward", dims({N, C}), 4 * N * C * es,
+           [&] { ops::residual_norm_forward(kind, r_out, y, mean, rstd, r_in, x, w, b, 1e-5f); });
+      const Tensor dy = rand({N, C}, bf), dres = rand({N, C}, bf);
+      Tensor dx = empty({N, C}, bf), dw = zeros({C}), db = m_.llama ? Tensor() : zeros({C});
+      // dy, x and the residual gradient read, dx written (dw, db: C each).
+      time(std::string(norm) + "_backward", dims({N, C}), 4 * N * C * es,
+           [&] { ops::norm_backward(kind, dx, dw, db, dy, r_out, w, mean, rstd, dres); });
+      time("add", dims({N, C}), 3 * N * C * es, [&] { ops::add(y, x, r_in); });
+    }
+    if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place
+      const int64_t F = m_.F;
+      const Tensor x = rand({N, 2 * F}, bf, -4, 4), dy = rand({N, F}, bf);
+      Tensor y = empty({N, F}, bf), dx = empty({N, 2 * F}, bf);
+      time("swiglu_forward", dims({N, 2 * F}), 3 * N * F * es, [&] { ops::swiglu_forward(y, x); });
+      time("swiglu_backward", dims({N, 2 * F}), 5 * N * F * es, [&] { ops::swiglu_backward(dx, dy, x); });
+      Tensor table = Tensor::empty(Shape{m_.T, m_.D / 2, 2}, DType::f32, dev_);
+      ops::rope_table(table, m_.D, 500000.0, ops::RopeScaling{});
+      Tensor q = rand({m_.B, m_.T, m_.Hq, m_.D}, bf);
+      time("rope_forward", dims({m_.B, m_.T, m_.Hq, m_.D}), 2 * N * m_.Hq * m_.D * es,
+           [&] { ops::rope_forward(q, q, table, 0); });
+    } else {  // GeLU forward (its backward is fused into a product)
+      const int64_t F = m_.F;
+      const Tensor x = rand({N, F}, bf, -4, 4);
+      Tensor y = empty({N, F}, bf);
+      time("gelu_forward", dims({N, F}), 2 * N * F * es, [&] { ops::gelu_forward(y, x); });
+    }
+    {  // the fused classifier over one LM-head chunk, dlogits in place over the logits
+      const int64_t rows = nn::head_chunk_rows(N, m_.Vp, nn::default_head_chunk_elems(dev_));
+      const Tensor logits0 = rand({rows, m_.Vp}, bf, -8, 8);
+      Tensor logits = empty({rows, m_.Vp}, bf), losses = empty({rows}, DType::f32);
+      const Tensor targets = ops::to_device(random_ids(rows), dev_);
+      ops::copy(logits, logits0);
+      // Each run overwrites the logits with dlogits: the later runs read
+      // gradients (finite, the same work), not the first logits.
+      time("cross_entropy_fused", dims({rows, m_.Vp}), 2 * rows * m_.Vp * es,
+           [&] { ops::softmax_cross_entropy(losses, logits, logits, targets, m_.V, 1.0f / float(N)); }, m_.V);
+    }
+    {  // embedding: wte (+ wpe) gather; backward into f32 gradients (positions grouped on the host)
+      const Tensor wte = rand({m_.Vp, m_.C}, bf), wpe = m_.llama ? Tensor() : rand({m_.T, m_.C}, bf);
+      const Tensor tokens = random_ids(N).view(Shape{m_.B, m_.T});
+      Tensor out = empty({m_.B, m_.T, m_.C}, bf);
+      const double wpe_bytes = m_.llama ? 0.0 : double(m_.T * C) * es;
+      time("embedding_forward", dims({m_.B, m_.T, C}), 2 * N * C * es + wpe_bytes,
+           [&] { ops::embedding_forward(out, tokens, wte, wpe); }, m_.V);
+      Tensor dwte = zeros({m_.Vp, m_.C}), dwpe = m_.llama ? Tensor() : zeros({m_.T, m_.C});
+      const int32_t* t = tokens.data<int32_t>();
+      const double distinct = double(std::unordered_set<int32_t>(t, t + N).size());
+      // dout read; each distinct id's f32 row (and each position's) read and written.
+      time("embedding_backward", dims({m_.B, m_.T, C}),
+           N * C * es + 2 * distinct * double(C) * 4 + (m_.llama ? 0.0 : 2.0 * double(m_.T * C) * 4),
+           [&] { ops::embedding_backward(dwte, dwpe, out, tokens); }, m_.V);
+    }
+    if (!m_.llama) {  // the optimizer step and the gradient norm over every parameter (f32 state, bf16 copy)
+      const int64_t P = m_.params;
+      const Tensor g = rand({P}, DType::f32, -1e-3f, 1e-3f);
+      Tensor p = rand({P}, DType::f32), mo = zeros({P}), v = zeros({P}), copy = empty({P}, bf);
+      ops::AdamWParams hp;
+      hp.lr = 1e-4f;
+      hp.weight_decay = 0.1f;
+      // p, g, m, v read; p, m, v and the bf16 copy written.
+      time("adamw_step", dims({P}), double(P) * (16 + 12 + 2), [&] { ops::adamw_step(p, g, mo, v, copy, hp); });
+      time("global_norm", dims({P}), double(P) * 4, [&] { ops::global_norm(std::span<const Tensor>(&g, 1)); });
+      time("zero_grads", dims({P}), double(P) * 4, [&] { ops::fill(mo, 0.0); });
+    }
+  }
+
+ private:
+  Tensor empty(std::initializer_list<int64_t> s, DType dt) { return Tensor::empty(Shape(s), dt, dev_); }
+  Tensor zeros(std::initializer_list<int64_t> s) {
+    Tensor t = empty(s, DType::f32);
+    ops::fill(t, 0.0);
+    return t;
+  }
+  Tensor rand(std::initializer_list<int64_t> s, DType dt, float lo = -1.0f, float hi = 1.0f) {
+    Tensor t = empty(s, dt);
+    ops::fill_uniform(t, gen_, lo, hi);
+    return t;
+  }
+  // Host i32 ids in [0, V) (the ops validate ids on the host and upload them).
+  Tensor random_ids(int64_t n) {
+    Tensor ids = Tensor::empty(Shape{n}, DType::i32);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < n; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      ids.data<int32_t>()[i] = int32_t((s >> 33) % uint64_t(m_.V));
+    }
+    return ids;
+  }
+  void time(const std::string& op, const std::string& shape, double bytes, const std::function<void()>& run,
+            int64_t vocab = 0) {
+    print_row(m_.name, op.c_str(), shape, vocab, median_seconds(dev_, run), bytes, copy_gbps_);
+  }
+
+  Device dev_;
+  Model m_;
+  double copy_gbps_;
+  Generator gen_;
+};
+
+// The model with its tokens (B x T), vocabulary and parameters divided by
+// `divisor` (a harness check on small shapes); widths kept.
+Model shrunk(Model m, int64_t divisor) {
+  if (divisor == 1) return m;
+  int64_t tokens = std::max<int64_t>(64, m.B * m.T / divisor);
+  m.B = 1;
+  m.T = std::min<int64_t>(m.T, tokens);
+  m.Vp = std::max<int64_t>(128, m.Vp / divisor / 128 * 128);
+  m.V = std::min(m.V, m.Vp - 3);  // a few padding columns
+  m.params /= divisor;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string where = argc > 1 ? argv[1] : "cuda";
+  const int64_t divisor = argc > 2 ? std::max<int64_t>(1, std::stoll(argv[2])) : 1;
+  if (where != "cuda" && where != "cpu") {
+    std::fprintf(stderr, "usage: zt_bench_gpu_kernels [cuda|cpu] [row divisor]\n");
+    return 2;
+  }
+  if (where == "cuda" && ops::gpu_count() == 0) {
+    std::fprintf(stderr, "no GPU: nothing to time (zt_bench_gpu_kernels cpu 64 checks the harness)\n");
+    return 1;
+  }
+  const Device dev = where == "cuda" ? Device::cuda(0) : Device::cpu();
+  ops::init_device(dev);
+  // The device's copy rate (bytes read + written) on a 1 GiB buffer (scaled with the rows).
+  const int64_t n = (int64_t(1) << 28) / divisor;
+  Tensor a = Tensor::empty(Shape{n}, DType::f32, dev), b = Tensor::empty(Shape{n}, DType::f32, dev);
+  ops::fill(a, 1.0);
+  const double copy_gbps = 2.0 * double(a.nbytes()) / median_seconds(dev, [&] { ops::copy(b, a); }) / 1e9;
+  std::printf("{\"copy_gbps\": %.1f, \"device\": \"%s\"}\n", copy_gbps, where.c_str());
+  a = b = Tensor();
+  // name, llama, B, T, C, F, Vp, V, Hq, Hkv, D, parameters (GPT-2 124M: the
+  // padded vocabulary's tied embedding included).
+  const Model gpt2{"gpt2-124m", false, 16, 1024, 768, 3072, 50304, 50257, 12, 12, 64, 124475904};
+  const Model llama{"llama3-1b", true, 8, 1024, 2048, 8192, 128256, 128256, 32, 8, 64, 0};
+  Bench(dev, shrunk(gpt2, divisor), copy_gbps).run_all();
+  Bench(dev, shrunk(llama, divisor), copy_gbps).run_all();
+  return 0;
+}

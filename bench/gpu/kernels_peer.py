@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""PyTorch's peer of bench/gpu/kernels_bench.cpp: the same memory-bound work
+of a training step, at the shapes that bench printed (its JSON lines are the
+input, so both time the same rows), through PyTorch's eager kernels (one op
+or the few an eager model runs for it; torch.compile would fuse some of
+them, at a compile per shape). Median of 10 timed runs after 3 warm-ups
+(CUDA events; the host clock on the CPU). Prints one JSON line per op.
+
+    python3 bench/gpu/kernels_peer.py kernels-zt.jsonl [cuda|cpu]
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def median_ms(fn, device):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(10):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def rms_norm(x, w, eps=1e-5):
+    if hasattr(F, "rms_norm"):
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def norm(kind, x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5) if kind == "layernorm" else rms_norm(x, w)
+
+
+def work(row, dev):
+    """The callable for one row of kernels_bench's output (None: no peer)."""
+    op, dims = row["op"], [int(d) for d in row["shape"].split("x")]
+    bf = dict(device=dev, dtype=torch.bfloat16)
+    rand = lambda *s, lo=-1.0, hi=1.0, **kw: torch.empty(*s, **{**bf, **kw}).uniform_(lo, hi)
+    kind = "rmsnorm" if "rmsnorm" in op else "layernorm"
+    if op.endswith("norm_forward") or op.endswith("norm_backward"):
+        N, C = dims
+        x, r_in, dy, dres = rand(N, C), rand(N, C), rand(N, C), rand(N, C)
+        w, b = rand(C, lo=0.5, hi=1.5), (rand(C) if kind == "layernorm" else None)
+        if op.startswith("residual_"):
+            return lambda: norm(kind, x + r_in, w, b)
+        if op.endswith("_forward"):
+            return lambda: norm(kind, x, w, b)
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = norm(kind, xg, wg, b)
+        return lambda: torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)[0] + dres
+    if op == "add":
+        N, C = dims
+        a, b, out = rand(N, C), rand(N, C), torch.empty(N, C, **bf)
+        return lambda: torch.add(a, b, out=out)
+    if op == "gelu_forward":
+        x = rand(*dims, lo=-4, hi=4)
+        return lambda: F.gelu(x, approximate="tanh")
+    if op.startswith("swiglu"):
+        N, F2 = dims
+        x = rand(N, F2, lo=-4, hi=4)
+        if op == "swiglu_forward":
+            return lambda: F.silu(x[:, : F2 // 2]) * x[:, F2 // 2:]
+        xg = x.clone().requires_grad_()
+        y = F.silu(xg[:, : F2 // 2]) * xg[:, F2 // 2:]
+        dy = rand(N, F2 // 2)
+        return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
+    if op == "rope_forward":
+        B, T, H, D = dims
+        q = rand(B, T, H, D)
+        ang = torch.arange(T, device=dev).float()[:, None] * (500000.0 ** (-torch.arange(0, D, 2, device=dev) / D))
+        cos, sin = ang.cos()[None, :, None, :].to(q.dtype), ang.sin()[None, :, None, :].to(q.dtype)
+
+        def rope():
+            q0, q1 = q[..., 0::2], q[..., 1::2]
+            return torch.stack((q0 * cos - q1 * sin, q0 * sin + q1 * cos), -1).flatten(-2)
+        return rope
+    if op == "cross_entropy_fused":
+        rows, Vp = dims
+        V = row["vocab"]  # real columns; the rest padding
+        logits = rand(rows, Vp, lo=-8, hi=8).requires_grad_()
+        t = torch.randint(0, V, (rows,), device=dev)
+
+        def ce():
+            loss = F.cross_entropy(logits[:, :V], t)
+            return torch.autograd.grad(loss, logits)
+        return ce
+    if op.startswith("embedding"):
+        B, T, C = dims
+        gpt2 = row["model"].startswith("gpt2")  # learned positions
+        wte, wpe = rand(row["vocab"], C), (rand(T, C) if gpt2 else None)
+        ids = torch.randint(0, row["vocab"], (B, T), device=dev)
+        if op == "embedding_forward":
+            return lambda: F.embedding(ids, wte) + wpe if gpt2 else F.embedding(ids, wte)
+        wg = wte.clone().requires_grad_()
+        pg = wpe.clone().requires_grad_() if gpt2 else None
+        y = F.embedding(ids, wg) + pg if gpt2 else F.embedding(ids, wg)
+        dout = rand(B, T, C)
+        return lambda: torch.autograd.grad(y, [wg] + ([pg] if gpt2 else []), dout, retain_graph=True)
+    if op in ("adamw_step", "global_norm", "zero_grads"):
+        (P,) = dims
+        p = torch.empty(P, device=dev).uniform_(-1, 1)
+        p.grad = torch.empty(P, device=dev).uniform_(-1e-3, 1e-3)
+        if op == "adamw_step":
+            fused = {"fused": True} if dev == "cuda" else {}  # one kernel for all (CUDA only)
+            opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, **fused)
+            return opt.step
+        if op == "global_norm":  # read on the host, as the trainer's clipping does
+            return lambda: torch.linalg.vector_norm(p.grad).item()
+        return p.grad.zero_
+    return None
+
+
+def main():
+    rows = [json.loads(l) for l in open(sys.argv[1]) if '"op"' in l]
+    dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
+    torch.manual_seed(0)
+    for row in rows:
+        fn = work(row, dev)
+        if fn is None:
+            continue
+        print(json.dumps({"model": row["model"], "op": row["op"], "shape": row["shape"],
+                          "kernel": f"torch {torch.__version__} eager", "ms": round(median_ms(fn, dev), 4)}))
+        sys.stdout.flush()
+        del fn
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
