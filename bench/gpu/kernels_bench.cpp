@@ -1,8 +1,9 @@
-// The memory-bound ops of a training step, timed one by one at the two GPU
-// benchmark shapes (bench/gpu/run.sh kernels): what each reaches against the
-// device's own copy rate, measured in the same run, and (bench/gpu/kernels_peer.py)
-// against PyTorch's kernels for the same work. Together with the op profile of
-// a training run this says which kernel to work on next.
+// The ops of a training step, timed one by one at the two GPU benchmark
+// shapes (bench/gpu/run.sh kernels): each memory-bound op against the
+// device's own copy rate, each product against its dense bf16 GEMM rate (an
+// 8192^3 product), both measured in the same run, and (bench/gpu/kernels_peer.py)
+// every row against PyTorch's kernels for the same work. Together with the op
+// profile of a training run this says which kernel to work on next.
 //
 // Shapes are those of configs/bench-gpu-{gpt2,llama}.toml's models at T = 1024
 // (GPT-2 124M at micro-batch 16, Llama 3 1B at 8), bf16 activations, f32
@@ -22,6 +23,9 @@
 #include <vector>
 
 #include "core/rng.h"
+#ifdef ZT_WITH_CUDA
+#include "backend/cuda/matmul.h"
+#endif
 #include "nn/transformer.h"
 #include "ops/activation.h"
 #include "ops/adamw.h"
@@ -29,6 +33,7 @@
 #include "ops/device.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 
@@ -66,6 +71,20 @@ void print_row(const char* model, const char* op, const std::string& shape, int6
   std::fflush(stdout);
 }
 
+// A product: 2 M N K flops over the median time, against the device's
+// measured dense bf16 GEMM rate (gemm_tflops; 0: not measured, on the CPU).
+void print_product(const char* model, const std::string& op, int64_t M, int64_t K, int64_t N, bool bias,
+                   double seconds, double gemm_tflops) {
+  const double tflops = 2.0 * double(M) * double(N) * double(K) / seconds / 1e12;
+  char peak[32] = "null";
+  if (gemm_tflops > 0) std::snprintf(peak, sizeof peak, "%.3f", tflops / gemm_tflops);
+  std::printf("{\"model\": \"%s\", \"op\": \"%s\", \"shape\": \"%lldx%lldx%lld\", \"bias\": %s, \"ms\": %.4f, "
+              "\"tflops\": %.1f, \"of_gemm\": %s}\n",
+              model, op.c_str(), static_cast<long long>(M), static_cast<long long>(K), static_cast<long long>(N),
+              bias ? "true" : "false", seconds * 1e3, tflops, peak);
+  std::fflush(stdout);
+}
+
 std::string dims(std::initializer_list<int64_t> d) {
   std::string s;
   for (int64_t x : d) {
@@ -77,7 +96,52 @@ std::string dims(std::initializer_list<int64_t> d) {
 
 class Bench {
  public:
-  Bench(Device dev, const Model& m, double copy_gbps) : dev_(dev), m_(m), copy_gbps_(copy_gbps), gen_(7) {}
+  Bench(Device dev, const Model& m, double copy_gbps, double gemm_tflops)
+      : dev_(dev), m_(m), copy_gbps_(copy_gbps), gemm_tflops_(gemm_tflops), gen_(7) {}
+
+  // The step's products, one layer of each shape (q, k, v run as three
+  // products per layer; GPT-2's k and v have q's shape, Llama's v has k's):
+  // forward y (M, N) = x (M, K) W (N, K)^T + b; dgrad dx = dy W (GPT-2's
+  // mlp.out with the GeLU backward in its epilogue); wgrad dW += dy^T x (f32),
+  // db += column sums of dy. M = the micro-batch's tokens, or a head chunk.
+  void run_products() {
+    struct Product {
+      const char* name;
+      int64_t M, K, N;
+      bool bias, gelu_dgrad;
+    };
+    const int64_t N = m_.B * m_.T, C = m_.C, q = m_.Hq * m_.D, kv = m_.Hkv * m_.D;
+    const int64_t head_rows = nn::head_chunk_rows(N, m_.Vp, nn::default_head_chunk_elems(dev_));
+    std::vector<Product> products;
+    if (m_.llama) {
+      products = {{"attn.q", N, C, q, false, false},        {"attn.k", N, C, kv, false, false},
+                  {"attn.proj", N, q, C, false, false},     {"mlp.in", N, C, 2 * m_.F, false, false},
+                  {"mlp.out", N, m_.F, C, false, false},    {"head", head_rows, C, m_.Vp, false, false}};
+    } else {
+      products = {{"attn.q", N, C, q, true, false},         {"attn.proj", N, q, C, true, false},
+                  {"mlp.in", N, C, m_.F, true, false},      {"mlp.out", N, m_.F, C, true, true},
+                  {"head", head_rows, C, m_.Vp, false, false}};
+    }
+    const DType bf = DType::bf16;
+    for (const Product& p : products) {
+      const Tensor x = rand({p.M, p.K}, bf), w = rand({p.N, p.K}, bf, -0.05f, 0.05f), dy = rand({p.M, p.N}, bf);
+      const Tensor b = p.bias ? rand({p.N}, bf) : Tensor();
+      Tensor y = empty({p.M, p.N}, bf), dx = empty({p.M, p.K}, bf), dw = zeros({p.N, p.K});
+      Tensor db = p.bias ? zeros({p.N}) : Tensor();
+      auto row = [&](const char* kind, const std::function<void()>& run) {
+        print_product(m_.name, std::string(p.name) + "." + kind, p.M, p.K, p.N, p.bias, median_seconds(dev_, run),
+                      gemm_tflops_);
+      };
+      row("forward", [&] { ops::linear_forward(y, x, w, b); });
+      if (p.gelu_dgrad) {
+        const Tensor pre = rand({p.M, p.K}, bf, -4, 4);
+        row("dgrad_gelu", [&] { ops::matmul_gelu_backward(dx, dy, w, pre); });
+      } else {
+        row("dgrad", [&] { ops::matmul(dx, dy, w); });
+      }
+      row("wgrad", [&] { ops::linear_backward(Tensor(), dw, db, dy, x, w); });
+    }
+  }
 
   void run_all() {
     const int64_t N = m_.B * m_.T, C = m_.C;
@@ -187,7 +251,7 @@ class Bench {
 
   Device dev_;
   Model m_;
-  double copy_gbps_;
+  double copy_gbps_, gemm_tflops_;
   Generator gen_;
 };
 
@@ -230,7 +294,15 @@ int main(int argc, char** argv) {
   // padded vocabulary's tied embedding included).
   const Model gpt2{"gpt2-124m", false, 16, 1024, 768, 3072, 50304, 50257, 12, 12, 64, 124475904};
   const Model llama{"llama3-1b", true, 8, 1024, 2048, 8192, 128256, 128256, 32, 8, 64, 0};
-  Bench(dev, shrunk(gpt2, divisor), copy_gbps).run_all();
-  Bench(dev, shrunk(llama, divisor), copy_gbps).run_all();
+  double gemm_tflops = 0;  // the products' yardstick: this GPU's dense bf16 GEMM rate
+#ifdef ZT_WITH_CUDA
+  if (dev.is_cuda()) gemm_tflops = cuda::measure_bf16_gemm_tflops(dev);
+#endif
+  std::printf("{\"gemm_tflops\": %.1f}\n", gemm_tflops);
+  for (const Model& m : {shrunk(gpt2, divisor), shrunk(llama, divisor)}) {
+    Bench bench(dev, m, copy_gbps, gemm_tflops);
+    bench.run_all();
+    bench.run_products();
+  }
   return 0;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch's peer of bench/gpu/kernels_bench.cpp: the same memory-bound work
-of a training step, at the shapes that bench printed (its JSON lines are the
+"""PyTorch's peer of bench/gpu/kernels_bench.cpp: the same work of a training
+step (memory-bound ops and the products), at the shapes that bench printed (its JSON lines are the
 input, so both time the same rows), through PyTorch's eager kernels (one op
 or the few an eager model runs for it; torch.compile would fuse some of
 them, at a compile per shape). Median of 10 timed runs after 3 warm-ups
@@ -122,11 +122,34 @@ def work(row, dev):
         if op == "global_norm":  # read on the host, as the trainer's clipping does
             return lambda: torch.linalg.vector_norm(p.grad).item()
         return p.grad.zero_
+    kind = op.rsplit(".", 1)[-1]
+    if kind in ("forward", "dgrad", "dgrad_gelu", "wgrad") and "tflops" in row:
+        # A product: y (M, N) = x (M, K) W (N, K)^T + b, its input gradient
+        # (GPT-2's mlp.out through the GeLU backward: two kernels here), and the
+        # weight and bias gradients accumulated into f32, as autocast leaves them.
+        M, K, N = dims
+        x, w, dy = rand(M, K), rand(N, K, lo=-0.05, hi=0.05), rand(M, N)
+        b = rand(N) if row["bias"] else None
+        if kind == "forward":
+            return lambda: F.linear(x, w, b)
+        if kind == "dgrad":
+            return lambda: dy @ w
+        if kind == "dgrad_gelu":
+            pre = rand(M, K, lo=-4, hi=4)
+            return lambda: torch.ops.aten.gelu_backward(dy @ w, pre, approximate="tanh")
+        dw = torch.zeros(N, K, device=dev)
+        db = torch.zeros(N, device=dev) if row["bias"] else None
+
+        def wgrad():
+            dw.add_(dy.t() @ x)
+            if db is not None:
+                db.add_(dy.sum(0))
+        return wgrad
     return None
 
 
 def main():
-    rows = [json.loads(l) for l in open(sys.argv[1]) if '"op"' in l]
+    rows = [json.loads(l) for l in open(sys.argv[1]) if '"op"' in l]  # not the rate lines
     dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
     torch.manual_seed(0)
     for row in rows:

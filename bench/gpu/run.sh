@@ -58,8 +58,9 @@ if [ "$what" != bench ]; then
 fi
 [ "$what" = tests ] && exit 0
 if [ "$what" = kernels ] || [ "$what" = all ]; then
-  # The step's memory-bound ops one by one against the copy rate, and PyTorch's
-  # eager kernels on the same rows (seconds, not minutes).
+  # The step's memory-bound ops one by one against the copy rate, its products
+  # against the GEMM rate, and PyTorch's eager kernels on the same rows (about a
+  # minute).
   ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
     || { echo "kernels bench failed:"; tail -3 "$out/kernels-zt.err"; }
   python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" \
@@ -68,17 +69,25 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
 import json, sys
 ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 peer = {(r["model"], r["op"]): r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
-copy = [r for r in ours if "copy_gbps" in r]
-if copy:
-    print(f"device copy rate (read + write): {copy[0]['copy_gbps']:.0f} GB/s")
+rate = {k: r[k] for r in ours for k in ("copy_gbps", "gemm_tflops") if k in r}
+def vs_torch(r):
+    p = peer.get((r["model"], r["op"]))
+    return (f"{p['ms']:.3f}", f"{p['ms'] / r['ms']:.2f}x") if p else ("-", "-")
+print(f"device copy rate (read + write): {rate.get('copy_gbps', 0):.0f} GB/s")
 print("| model | op | shape | ms | GB/s | of copy | torch eager ms | torch / ours |")
 print("|---|---|---|---|---|---|---|---|")
 for r in ours:
-    if "op" not in r:
-        continue
-    p = peer.get((r["model"], r["op"]))
-    pm, ratio = (f"{p['ms']:.3f}", f"{p['ms'] / r['ms']:.2f}x") if p else ("-", "-")
-    print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['of_copy']:.0%} | {pm} | {ratio} |")
+    if "gbps" in r:
+        print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['of_copy']:.0%} | "
+              + " | ".join(vs_torch(r)) + " |")
+print(f"\ndense bf16 GEMM 8192^3: {rate.get('gemm_tflops', 0):.0f} TFLOP/s")
+print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours |")
+print("|---|---|---|---|---|---|---|---|")
+for r in ours:
+    if "tflops" in r:
+        of = f"{r['of_gemm']:.0%}" if r["of_gemm"] is not None else "-"
+        print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['tflops']:.1f} | {of} | "
+              + " | ".join(vs_torch(r)) + " |")
 PY
 fi
 [ "$what" = kernels ] && exit 0
