@@ -4,24 +4,11 @@ through F.scaled_dot_product_attention (flash backend where available), bf16,
 forward and forward + backward, median of 10 timed runs after 3 warm-ups (CUDA
 events), on the same two shapes. Prints one JSON line per shape."""
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-
-def median_ms(fn):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+from peer_timing import median_ms
 
 
 def main():

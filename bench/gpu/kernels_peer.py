@@ -9,31 +9,12 @@ them, at a compile per shape). Median of 10 timed runs after 3 warm-ups
     python3 bench/gpu/kernels_peer.py kernels-zt.jsonl [cuda|cpu]
 """
 import json
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
-
-def median_ms(fn, device):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(10):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+from peer_timing import median_ms
 
 
 def rms_norm(x, w, eps=1e-5):

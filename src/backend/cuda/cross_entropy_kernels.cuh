@@ -38,6 +38,27 @@ __device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t
   return m;
 }
 
+// dlogits of one row (may be the logits themselves: a thread reads each pack
+// before it writes it): exp(x - m) * r - grad_scale [column is the target],
+// r = grad_scale / (the row's sum of exp(x - m)); 0 past the `real` columns
+// and in an ignored row.
+template <typename T, int V>
+__device__ __forceinline__ void write_dlogits(T* dr, const T* lr, int64_t cols, int64_t real, int64_t target,
+                                              bool ignored, float m, float r, float grad_scale) {
+  for (int64_t j = threadIdx.x; j < cols / V; j += blockDim.x) {
+    const Pack<T, V> p = load_pack<T, V>(lr + j * V);
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = j * V + k;
+      float g = 0.0f;
+      if (!ignored && c < real) g = __expf(to_f32(p.v[k]) - m) * r - (c == target ? grad_scale : 0.0f);
+      out.v[k] = from_f32<T>(g);
+    }
+    store_pack<T, V>(dr + j * V, out);
+  }
+}
+
 template <typename T, int V>
 __global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t Vp,
                           int64_t vocab, float grad_scale) {
@@ -67,19 +88,7 @@ __global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int3
   __syncthreads();
   if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - target_logit;
   if (dlogits == nullptr) return;
-  T* dr = dlogits + row * Vp;
-  for (int64_t j = threadIdx.x; j < Vp / V; j += blockDim.x) {
-    const Pack<T, V> p = load_pack<T, V>(lr + j * V);
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t c = j * V + k;
-      float g = 0.0f;
-      if (!ignored && c < vocab) g = (__expf(to_f32(p.v[k]) - lse) - (c == target ? 1.0f : 0.0f)) * grad_scale;
-      out.v[k] = from_f32<T>(g);
-    }
-    store_pack<T, V>(dr + j * V, out);
-  }
+  write_dlogits<T, V>(dlogits + row * Vp, lr, Vp, vocab, target, ignored, lse, grad_scale, grad_scale);
 }
 
 // Vocabulary-parallel pass 1: row_max[row] = max of the row's `real` columns
@@ -136,22 +145,8 @@ __global__ void vp_finish_kernel(float* losses, T* dlogits, const T* logits, con
   const float m = row_max[row], S = sum_exp[row];
   if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : (m - target_logit[row]) + logf(S);
   if (dlogits == nullptr) return;
-  const T* lr = logits + row * Vl;
-  T* dr = dlogits + row * Vl;
-  const float r = grad_scale / S;
-  const int64_t t = int64_t(targets[row]) - col_start;
-  for (int64_t j = threadIdx.x; j < Vl / V; j += blockDim.x) {
-    const Pack<T, V> p = load_pack<T, V>(lr + j * V);
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t c = j * V + k;
-      float g = 0.0f;
-      if (!ignored && c < real) g = __expf(to_f32(p.v[k]) - m) * r - (c == t ? grad_scale : 0.0f);
-      out.v[k] = from_f32<T>(g);
-    }
-    store_pack<T, V>(dr + j * V, out);
-  }
+  const int64_t t = int64_t(targets[row]) - col_start;  // this rank's column of the target, if it holds it
+  write_dlogits<T, V>(dlogits + row * Vl, logits + row * Vl, Vl, real, t, ignored, m, grad_scale / S, grad_scale);
 }
 
 }  // namespace zt::cuda::ce_kernels

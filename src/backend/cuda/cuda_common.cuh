@@ -95,6 +95,13 @@ template <typename T, int V>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
   *reinterpret_cast<Pack<T, V>*>(p) = v;
 }
+// The pack at p + offset, or zeros when p is null (an optional operand).
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack_or_zero(const T* p, int64_t offset) {
+  Pack<T, V> v{};
+  if (p != nullptr) v = load_pack<T, V>(p + offset);
+  return v;
+}
 // True when every pointer is 16-byte aligned and `len` (the length the packs
 // tile: a row, or the whole tensor) is a multiple of V: 16-byte packs fit.
 template <typename T, typename... Ptrs>

@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   for (int64_t j = lane; j < packs; j += 32) {
     const Pack<T, V> xv = load_pack<T, V>(src + j * V);
     const Pack<W, V> wv = load_pack<W, V>(w + j * V);
-    Pack<W, V> bv{};
-    if (b != nullptr) bv = load_pack<W, V>(b + j * V);
+    const Pack<W, V> bv = load_pack_or_zero<W, V>(b, j * V);
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -132,8 +131,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   for (int64_t j = lane; j < packs; j += 32) {
     const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
     const Pack<W, V> wv = load_pack<W, V>(w + j * V);
-    Pack<T, V> av{};
-    if (addr != nullptr) av = load_pack<T, V>(addr + j * V);
+    const Pack<T, V> av = load_pack_or_zero<T, V>(addr, j * V);
     Pack<T, V> out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
