@@ -199,23 +199,27 @@ TEST_P(CudaKernels, RopeTableAndRotation) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(5);
-  const int64_t B = 2, T = 19, H = 3, D = 64, Tmax = 40;
-  ops::RopeScaling sc;
-  sc.enabled = true;
-  sc.original_max_position = 16;
-  Tensor table = Tensor::empty(Shape{Tmax, D / 2, 2}, DType::f32);
-  Tensor gtable = gpu_poisoned(Shape{Tmax, D / 2, 2}, DType::f32);
-  ops::rope_table(table, D, 500000.0, sc);
-  ops::rope_table(gtable, D, 500000.0, sc);
-  EXPECT_EQ(values_of(gtable), to_f64(table));
-  const Tensor x = random_tensor(Shape{B, T, H, D}, dt, rng);
-  Tensor y = Tensor::empty(x.shape(), dt);
-  ops::rope_forward(y, x, table, 3);
-  Tensor gx = to_gpu(x);
-  ops::rope_forward(gx, gx, gtable, 3);  // in place
-  EXPECT_TRUE(matches(gx, y, tol(dt), "rope"));
-  ops::rope_backward(gx, gx, gtable, 3);
-  EXPECT_TRUE(matches(gx, x, dt == DType::f32 ? 1e-5 : 2e-2, "rope inverse"));
+  // D = 64: 16-byte packs of pairs; D = 42: a pair per thread (the launch's choice).
+  for (const int64_t D : {int64_t(64), int64_t(42)}) {
+    SCOPED_TRACE(::testing::Message() << "D " << D);
+    const int64_t B = 2, T = 19, H = 3, Tmax = 40;
+    ops::RopeScaling sc;
+    sc.enabled = true;
+    sc.original_max_position = 16;
+    Tensor table = Tensor::empty(Shape{Tmax, D / 2, 2}, DType::f32);
+    Tensor gtable = gpu_poisoned(Shape{Tmax, D / 2, 2}, DType::f32);
+    ops::rope_table(table, D, 500000.0, sc);
+    ops::rope_table(gtable, D, 500000.0, sc);
+    EXPECT_EQ(values_of(gtable), to_f64(table));
+    const Tensor x = random_tensor(Shape{B, T, H, D}, dt, rng);
+    Tensor y = Tensor::empty(x.shape(), dt);
+    ops::rope_forward(y, x, table, 3);
+    Tensor gx = to_gpu(x);
+    ops::rope_forward(gx, gx, gtable, 3);  // in place
+    EXPECT_TRUE(matches(gx, y, tol(dt), "rope"));
+    ops::rope_backward(gx, gx, gtable, 3);
+    EXPECT_TRUE(matches(gx, x, dt == DType::f32 ? 1e-5 : 2e-2, "rope inverse"));
+  }
 }
 
 TEST_P(CudaKernels, CrossEntropyLossAndGradient) {

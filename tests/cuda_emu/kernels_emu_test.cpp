@@ -211,15 +211,17 @@ void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
 }
 
 // RoPE on (B, T, H, D) at positions pos_offset.. of a T_max table: forward,
-// then the inverse in place (as the backward may run).
-template <typename T>
+// then the inverse in place (as the backward may run). V elements per thread:
+// one pair (2), or a 16-byte pack (D a multiple of V).
+template <typename T, int V>
 void rope_case(int64_t B, int64_t T_, int64_t H, int64_t D, int64_t T_max, int64_t pos_offset,
                const ops::RopeScaling& scaling, std::mt19937_64& rng) {
   const DType dt = dtype_of<T>();
   SCOPED_TRACE(::testing::Message() << B << "x" << T_ << "x" << H << "x" << D << ", pos_offset " << pos_offset
-                                    << (scaling.enabled ? ", Llama 3 scaling " : " ") << dtype_name(dt));
+                                    << (scaling.enabled ? ", Llama 3 scaling " : " ") << dtype_name(dt) << ", " << V
+                                    << " per thread");
   const double theta = 10000.0;
-  const int64_t half_dim = D / 2, pairs = B * T_ * H * half_dim;
+  const int64_t half_dim = D / 2, units = B * T_ * H * D / V;
   // The tables: the CPU's, and rope.cu's host code on the frequencies the ops layer passes it.
   Tensor table = Tensor::empty(Shape{T_max, half_dim, 2}, DType::f32);
   ops::rope_table(table, D, theta, scaling);
@@ -234,10 +236,10 @@ void rope_case(int64_t B, int64_t T_, int64_t H, int64_t D, int64_t T_max, int64
   ops::rope_forward(y, x, table, pos_offset);
   ops::rope_backward(dx, dy, table, pos_offset);
   Tensor gy = poisoned(x.shape(), dt), gdx = copy_of(dy);
-  emu::launch(dim3(stride_grid(pairs)), rk::kThreads, 0, rk::rope_kernel<T>, p<T>(gy), p<T>(x), p<float>(gtable),
-              pairs, T_, H, half_dim, pos_offset, 1.0f);
-  emu::launch(dim3(stride_grid(pairs)), rk::kThreads, 0, rk::rope_kernel<T>, p<T>(gdx), p<T>(gdx), p<float>(gtable),
-              pairs, T_, H, half_dim, pos_offset, -1.0f);
+  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>, p<T>(gy), p<T>(x),
+              p<float>(gtable), units, T_, H, half_dim, pos_offset, 1.0f);
+  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>, p<T>(gdx), p<T>(gdx),
+              p<float>(gtable), units, T_, H, half_dim, pos_offset, -1.0f);
   EXPECT_TRUE(close(gy, y, tol(dt), "y"));
   EXPECT_TRUE(close(gdx, dx, tol(dt), "dx (in place)"));
 }
@@ -291,14 +293,19 @@ TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {
 
 TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {
   auto rng = make_rng(46);
+  constexpr int kF32Pack = cuda::kPack16<float>, kBf16Pack = cuda::kPack16<__nv_bfloat16>;
   // 2*5*4*21 = 840 pairs: three blocks, then a partial second sweep.
-  rope_case<float>(2, 5, 4, 42, 12, 4, ops::RopeScaling{}, rng);
+  rope_case<float, 2>(2, 5, 4, 42, 12, 4, ops::RopeScaling{}, rng);
   // Llama 3 scaling with a short original context, so pairs fall in all three of its bands.
   ops::RopeScaling scaling;
   scaling.enabled = true;
   scaling.original_max_position = 64;
-  rope_case<float>(1, 9, 2, 32, 16, 7, scaling, rng);
-  rope_case<__nv_bfloat16>(2, 6, 2, 32, 9, 3, scaling, rng);
+  rope_case<float, 2>(1, 9, 2, 32, 16, 7, scaling, rng);
+  rope_case<float, kF32Pack>(1, 9, 2, 32, 16, 7, scaling, rng);
+  rope_case<__nv_bfloat16, 2>(2, 6, 2, 32, 9, 3, scaling, rng);
+  rope_case<__nv_bfloat16, kBf16Pack>(2, 6, 2, 32, 9, 3, scaling, rng);
+  // Packs of 8 at D = 64 (Llama's head dim): 2560 of them, more than a sweep of 768 threads.
+  rope_case<__nv_bfloat16, kBf16Pack>(2, 40, 4, 64, 48, 5, scaling, rng);
 }
 
 }  // namespace

@@ -25,12 +25,22 @@ void rope_table(const Tensor& table, const double* freqs) {
 }
 
 void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse) {
-  const int64_t T_ = x.size(1), H = x.size(2), half = x.size(3) / 2, pairs = x.numel() / 2;
-  if (pairs == 0) return;
+  const int64_t T_ = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+  if (x.numel() == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "rope", [&] {
-    rope_kernel<T><<<grid_for(pairs, kThreads, x.device()), kThreads, 0, stream_of(y)>>>(
-        static_cast<T*>(y.data_ptr()), static_cast<const T*>(x.data_ptr()), table.data<float>(), pairs, T_, H, half,
-        pos_offset, inverse ? -1.0f : 1.0f);
+    T* yp = static_cast<T*>(y.data_ptr());
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    // 16-byte packs where they tile a head row (V divides D); else a pair per thread.
+    auto launch = [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const int64_t units = x.numel() / V;
+      rope_kernel<T, V><<<grid_for(units, kThreads, x.device()), kThreads, 0, stream_of(y)>>>(
+          yp, xp, table.data<float>(), units, T_, H, half, pos_offset, inverse ? -1.0f : 1.0f);
+    };
+    if (packs_of_16_fit<T>(D, yp, xp))
+      launch(std::integral_constant<int, kPack16<T>>{});
+    else
+      launch(std::integral_constant<int, 2>{});
   });
   ZT_CUDA_CHECK_LAUNCH("rope_kernel");
 }

@@ -1,6 +1,6 @@
-// The kernel of rope.cu: one thread per channel pair (Meta's interleaved
-// pairs), in place allowed (each pair is read before the same thread writes
-// it); the inverse rotation (the gradient) flips the sign of sin. The
+// The kernel of rope.cu: Meta's interleaved channel pairs, a thread per
+// pair or per 16-byte pack of pairs, in place allowed (each pair is read
+// before the same thread writes it); the inverse rotation (the gradient) flips the sign of sin. The
 // (T_max, D/2, 2) cos/sin table is built on the host (rope_table_host) in
 // f64, rounded once, as the CPU builds it. A header so that the warp
 // emulator (tests/cuda_emu) runs the kernel on the CPU with the same table.
@@ -26,17 +26,39 @@ inline void rope_table_host(float* table, int64_t T_max, int64_t half, const dou
     }
 }
 
-// x, y: (B, T, H, D) with pairs = B*T*H*D/2, half = D/2; sign = -1 for the inverse.
-template <typename T>
-__global__ void rope_kernel(T* y, const T* x, const float* table, int64_t pairs, int64_t T_, int64_t H,
+// x, y: (B, T, H, D), half = D/2; sign = -1 for the inverse. Each thread
+// takes V consecutive elements (V / 2 pairs of one head row): V = 2, one
+// pair by element loads, or V = kPack16<T> in 16-byte packs when the launch
+// checked that they fit (V divides D, aligned pointers). units = numel / V.
+// The position and pair index cost 64-bit divisions, once per unit.
+template <typename T, int V>
+__global__ void rope_kernel(T* y, const T* x, const float* table, int64_t units, int64_t T_, int64_t H,
                             int64_t half, int64_t pos_offset, float sign) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i % half, bth = i / half;  // bth = (b*T + t)*H + h
-    const int64_t t = (bth / H) % T_;
-    const float c = table[((t + pos_offset) * half + p) * 2], s = sign * table[((t + pos_offset) * half + p) * 2 + 1];
-    const float x0 = to_f32(x[2 * i]), x1 = to_f32(x[2 * i + 1]);
-    y[2 * i] = from_f32<T>(x0 * c - x1 * s);
-    y[2 * i + 1] = from_f32<T>(x0 * s + x1 * c);
+  static_assert(V % 2 == 0, "a unit holds whole pairs");
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t pair0 = i * (V / 2), bth = pair0 / half;  // bth = (b*T + t)*H + h
+    const int64_t p0 = pair0 - bth * half, t = (bth / H) % T_;
+    const float* cs = table + ((t + pos_offset) * half + p0) * 2;  // (cos, sin) of pairs p0, p0 + 1, ...
+    Pack<T, V> in, out;
+    if constexpr (V == 2) {
+      in.v[0] = x[2 * pair0];
+      in.v[1] = x[2 * pair0 + 1];
+    } else {
+      in = load_pack<T, V>(x + 2 * pair0);
+    }
+#pragma unroll
+    for (int q = 0; q < V / 2; ++q) {
+      const float c = cs[2 * q], s = sign * cs[2 * q + 1];
+      const float x0 = to_f32(in.v[2 * q]), x1 = to_f32(in.v[2 * q + 1]);
+      out.v[2 * q] = from_f32<T>(x0 * c - x1 * s);
+      out.v[2 * q + 1] = from_f32<T>(x0 * s + x1 * c);
+    }
+    if constexpr (V == 2) {
+      y[2 * pair0] = out.v[0];
+      y[2 * pair0 + 1] = out.v[1];
+    } else {
+      store_pack<T, V>(y + 2 * pair0, out);
+    }
   }
 }
 
