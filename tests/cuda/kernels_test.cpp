@@ -122,14 +122,18 @@ TEST_P(CudaKernels, ElementwiseAndReductions) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(3);
-  const Tensor a = random_tensor(Shape{1001}, dt, rng), b = random_tensor(Shape{1001}, dt, rng);
-  Tensor out = Tensor::empty(Shape{1001}, dt), gout = gpu_poisoned(Shape{1001}, dt);
-  ops::add(out, a, b);
-  ops::add(gout, to_gpu(a), to_gpu(b));
-  EXPECT_TRUE(matches(gout, out, tol(dt), "add"));
-  ops::scale(out, a, -0.37f);
-  ops::scale(gout, to_gpu(a), -0.37f);
-  EXPECT_TRUE(matches(gout, out, tol(dt), "scale"));
+  // 1024 elements: add and scale in 16-byte packs; 1001: an element per load.
+  for (const int64_t n : {int64_t(1024), int64_t(1001)}) {
+    const Tensor a = random_tensor(Shape{n}, dt, rng), b = random_tensor(Shape{n}, dt, rng);
+    Tensor out = Tensor::empty(Shape{n}, dt), gout = gpu_poisoned(Shape{n}, dt);
+    ops::add(out, a, b);
+    ops::add(gout, to_gpu(a), to_gpu(b));
+    EXPECT_TRUE(matches(gout, out, tol(dt), "add")) << n;
+    ops::scale(out, a, -0.37f);
+    ops::scale(gout, to_gpu(a), -0.37f);
+    EXPECT_TRUE(matches(gout, out, tol(dt), "scale")) << n;
+  }
+  const Tensor a = random_tensor(Shape{1001}, dt, rng);
   Tensor y = random_tensor(Shape{1001}, DType::f32, rng), gy = to_gpu(y);
   ops::axpy(y, 0.5f, a);
   ops::axpy(gy, 0.5f, to_gpu(a));

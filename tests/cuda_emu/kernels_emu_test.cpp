@@ -1,7 +1,8 @@
 // The CUDA embedding (embedding_kernels.cuh), AdamW (adamw_kernels.cuh),
-// GeLU / SwiGLU (activation_kernels.cuh) and RoPE (rope_kernels.cuh) kernels,
-// run by the warp emulator on the CPU with the launches of embedding.cu,
-// adamw.cu, activation.cu and rope.cu and their host-side helpers (the token
+// GeLU / SwiGLU (activation_kernels.cuh), RoPE (rope_kernels.cuh) and
+// add / scale / axpy (elementwise_kernels.cuh) kernels, run by the warp
+// emulator on the CPU with the launches of embedding.cu, adamw.cu,
+// activation.cu, rope.cu and elementwise.cu and their host-side helpers (the token
 // grouping, the bias corrections, the cos/sin table), against the CPU backend
 // (itself checked against float64 references in tests/ops): the gather with
 // and without wpe and a position offset, of a whole table and of a
@@ -9,13 +10,15 @@
 // backward accumulating into nonzero gradients (tokens repeated, so groups
 // have several positions), the AdamW step with every model-copy dtype, the
 // activations forward and backward (an element or a 16-byte pack per load),
-// and the rotation and its inverse (in place). f32 and bf16; sizes that
+// the rotation and its inverse (in place), and the residual add, scale and
+// axpy. f32 and bf16; sizes that
 // leave partial blocks; the grid-stride kernels on a few blocks, so the
 // stride loop runs; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
 #include "backend/cuda/activation_kernels.cuh"
 #include "backend/cuda/adamw_kernels.cuh"
+#include "backend/cuda/elementwise_kernels.cuh"
 #include "backend/cuda/embedding_kernels.cuh"
 #include "backend/cuda/rope_kernels.cuh"
 
@@ -30,6 +33,7 @@
 #include "ops/activation.h"
 #include "ops/adamw.h"
 #include "ops/device.h"
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/rope.h"
 #include "cuda_emu/emu_test_util.h"
@@ -41,6 +45,7 @@ namespace {
 namespace actk = cuda::activation_kernels;
 namespace adk = cuda::adamw_kernels;
 namespace ek = cuda::embedding_kernels;
+namespace elk = cuda::elementwise_kernels;
 namespace rk = cuda::rope_kernels;
 
 using namespace emu_util;
@@ -210,6 +215,32 @@ void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
   EXPECT_TRUE(close(gsdx, sdx, tol(dt), "swiglu dx"));
 }
 
+// add and scale on n elements, V per load and store (1, or a 16-byte pack: n
+// a multiple of V); axpy into f32 from T (an element per load).
+template <typename T, int V>
+void elementwise_case(int64_t n, std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>();
+  SCOPED_TRACE(::testing::Message() << n << " " << dtype_name(dt) << ", " << V << " per load");
+  ASSERT_EQ(n % V, 0);
+  const Tensor a = random_tensor(Shape{n}, dt, rng), b = random_tensor(Shape{n}, dt, rng);
+  const Tensor y0 = random_tensor(Shape{n}, DType::f32, rng);
+  Tensor sum = Tensor::empty(Shape{n}, dt), scaled = Tensor::empty(Shape{n}, dt), y = copy_of(y0);
+  ops::add(sum, a, b);
+  ops::scale(scaled, a, -0.37f);
+  ops::axpy(y, 0.5f, a);
+  Tensor gsum = poisoned(Shape{n}, dt), gscaled = poisoned(Shape{n}, dt), gy = copy_of(y0);
+  emu::launch(dim3(stride_grid(n / V)), elk::kThreads, 0, elk::add_kernel<T, V>, p<T>(gsum),
+              static_cast<const T*>(p<T>(a)), static_cast<const T*>(p<T>(b)), n);
+  emu::launch(dim3(stride_grid(n / V)), elk::kThreads, 0, elk::scale_kernel<T, V>, p<T>(gscaled),
+              static_cast<const T*>(p<T>(a)), -0.37f, n);
+  emu::launch(dim3(stride_grid(n)), elk::kThreads, 0, elk::axpy_kernel<float, T>, p<float>(gy),
+              0.5f, static_cast<const T*>(p<T>(a)), n);
+  // One rounding of the same f32 value on both sides: bitwise equal.
+  EXPECT_EQ(to_f64(gsum), to_f64(sum)) << "add";
+  EXPECT_EQ(to_f64(gscaled), to_f64(scaled)) << "scale";
+  EXPECT_TRUE(close(gy, y, 1e-6, "axpy"));
+}
+
 // RoPE on (B, T, H, D) at positions pos_offset.. of a T_max table: forward,
 // then the inverse in place (as the backward may run). V elements per thread:
 // one pair (2), or a 16-byte pack (D a multiple of V).
@@ -289,6 +320,15 @@ TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {
   // SwiGLU row is 38 or 40 packs, so rows start mid-warp.
   activation_case<float, 4>(3200, 6, 152, rng);
   activation_case<__nv_bfloat16, 8>(1000 * 8, 10, 320, rng);
+}
+
+TEST(CudaKernelsEmulated, AddScaleAxpyMatchTheCpu) {
+  auto rng = make_rng(47);
+  // 1000 elements, or 1000 packs: past the 768 threads of 3 blocks, a second, partial sweep.
+  elementwise_case<float, 1>(1000, rng);
+  elementwise_case<__nv_bfloat16, 1>(1000, rng);
+  elementwise_case<float, cuda::kPack16<float>>(4000, rng);
+  elementwise_case<__nv_bfloat16, cuda::kPack16<__nv_bfloat16>>(8000, rng);
 }
 
 TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {

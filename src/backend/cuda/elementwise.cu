@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/elementwise_kernels.cuh"
 #include "backend/cuda/runtime.h"
 #include "core/rng.h"
 
@@ -13,7 +14,7 @@ namespace zt::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+using namespace elementwise_kernels;
 
 template <typename T>
 __global__ void fill_kernel(T* out, int64_t n, T v) {
@@ -25,24 +26,6 @@ template <typename To, typename From>
 __global__ void cast_kernel(To* out, const From* in, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = from_f32<To>(to_f32(in[i]));
-}
-
-template <typename T>
-__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
-}
-
-template <typename T>
-__global__ void scale_kernel(T* out, const T* x, float alpha, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f32<T>(alpha * to_f32(x[i]));
-}
-
-template <typename TY, typename TX>
-__global__ void axpy_kernel(TY* y, float alpha, const TX* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_f32<TY>(fmaf(alpha, to_f32(x[i]), to_f32(y[i])));
 }
 
 // Block b sums x^2 over its fixed chunk [b*chunk, (b+1)*chunk) in f64; the
@@ -120,8 +103,12 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b) {
   const int64_t n = out.numel();
   if (n == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "add", [&] {
-    add_kernel<T><<<grid_for(n, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
-        static_cast<T*>(out.data_ptr()), static_cast<const T*>(a.data_ptr()), static_cast<const T*>(b.data_ptr()), n);
+    T* op = static_cast<T*>(out.data_ptr());
+    const T *ap = static_cast<const T*>(a.data_ptr()), *bp = static_cast<const T*>(b.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(n, op, ap, bp), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      add_kernel<T, V><<<grid_for(n / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(op, ap, bp, n);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("add_kernel");
 }
@@ -130,8 +117,12 @@ void scale(const Tensor& out, const Tensor& x, float alpha) {
   const int64_t n = out.numel();
   if (n == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "scale", [&] {
-    scale_kernel<T><<<grid_for(n, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
-        static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()), alpha, n);
+    T* op = static_cast<T*>(out.data_ptr());
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(n, op, xp), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      scale_kernel<T, V><<<grid_for(n / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(op, xp, alpha, n);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("scale_kernel");
 }
