@@ -1,6 +1,7 @@
 // The CUDA embedding (embedding_kernels.cuh), AdamW (adamw_kernels.cuh),
-// GeLU / SwiGLU (activation_kernels.cuh), RoPE (rope_kernels.cuh) and
-// add / scale / axpy (elementwise_kernels.cuh) kernels, run by the warp
+// GeLU / SwiGLU (activation_kernels.cuh), RoPE (rope_kernels.cuh),
+// add / scale / axpy (elementwise_kernels.cuh) and bias-gradient column sum
+// (colsum_kernels.cuh) kernels, run by the warp
 // emulator on the CPU with the launches of embedding.cu, adamw.cu,
 // activation.cu, rope.cu and elementwise.cu and their host-side helpers (the token
 // grouping, the bias corrections, the cos/sin table), against the CPU backend
@@ -10,14 +11,15 @@
 // backward accumulating into nonzero gradients (tokens repeated, so groups
 // have several positions), the AdamW step with every model-copy dtype, the
 // activations forward and backward (an element or a 16-byte pack per load),
-// the rotation and its inverse (in place), and the residual add, scale and
-// axpy. f32 and bf16; sizes that
+// the rotation and its inverse (in place), the residual add, scale and
+// axpy, and db += column sums of dy against a float64 reference. f32 and bf16; sizes that
 // leave partial blocks; the grid-stride kernels on a few blocks, so the
 // stride loop runs; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
 #include "backend/cuda/activation_kernels.cuh"
 #include "backend/cuda/adamw_kernels.cuh"
+#include "backend/cuda/colsum_kernels.cuh"
 #include "backend/cuda/elementwise_kernels.cuh"
 #include "backend/cuda/embedding_kernels.cuh"
 #include "backend/cuda/rope_kernels.cuh"
@@ -44,6 +46,7 @@ namespace {
 
 namespace actk = cuda::activation_kernels;
 namespace adk = cuda::adamw_kernels;
+namespace csk = cuda::colsum_kernels;
 namespace ek = cuda::embedding_kernels;
 namespace elk = cuda::elementwise_kernels;
 namespace rk = cuda::rope_kernels;
@@ -241,6 +244,43 @@ void elementwise_case(int64_t n, std::mt19937_64& rng) {
   EXPECT_TRUE(close(gy, y, 1e-6, "axpy"));
 }
 
+// db (cols, f32) += column sums of dy (rows, cols), as matmul.cu's
+// colsum_accumulate launches it with V columns per lane; returns db.
+template <typename T, int V>
+Tensor colsum_on_emulator(const Tensor& dy, const Tensor& db0) {
+  const int64_t rows = dy.size(0), cols = dy.size(1), per_chunk = csk::chunk_rows(rows);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  Tensor db = copy_of(db0), partial = chunks > 1 ? poisoned(Shape{chunks * cols}, DType::f32) : Tensor();
+  const dim3 grid(unsigned((cols / V + csk::kSumCols - 1) / csk::kSumCols), unsigned(chunks));
+  emu::launch(grid, dim3(csk::kSumCols, csk::kSumLanes), 0, csk::colsum_chunk_kernel<T, float, V>,
+              static_cast<const T*>(p<T>(dy)), rows, cols, per_chunk, p<float>(partial), p<float>(db));
+  if (chunks > 1)
+    emu::launch(dim3(unsigned((cols + 255) / 256)), 256, 0, csk::colsum_finish_kernel<float>,
+                static_cast<const float*>(p<float>(partial)), chunks, cols, p<float>(db));
+  return db;
+}
+
+template <typename T>
+void colsum_case(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>();
+  SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " " << dtype_name(dt));
+  const Tensor dy = random_tensor(Shape{rows, cols}, dt, rng), db0 = random_tensor(Shape{cols}, DType::f32, rng);
+  const std::vector<double> y = to_f64(dy), b0 = to_f64(db0);
+  std::vector<double> want(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    double s = b0[size_t(c)];
+    for (int64_t r = 0; r < rows; ++r) s += y[size_t(r * cols + c)];
+    want[size_t(c)] = s;
+  }
+  const Tensor one = colsum_on_emulator<T, 1>(dy, db0);
+  EXPECT_TRUE(rel_error_within(one, want, 1e-5, "db, a column per lane"));
+  constexpr int kPack = cuda::kPack16<T>;
+  if (cols % kPack == 0) {
+    // The same summation order per column at any pack width: the same bits.
+    EXPECT_EQ(to_f64(colsum_on_emulator<T, kPack>(dy, db0)), to_f64(one)) << "db, 16-byte packs per lane";
+  }
+}
+
 // RoPE on (B, T, H, D) at positions pos_offset.. of a T_max table: forward,
 // then the inverse in place (as the backward may run). V elements per thread:
 // one pair (2), or a 16-byte pack (D a multiple of V).
@@ -329,6 +369,17 @@ TEST(CudaKernelsEmulated, AddScaleAxpyMatchTheCpu) {
   elementwise_case<__nv_bfloat16, 1>(1000, rng);
   elementwise_case<float, cuda::kPack16<float>>(4000, rng);
   elementwise_case<__nv_bfloat16, cuda::kPack16<__nv_bfloat16>>(8000, rng);
+}
+
+TEST(CudaKernelsEmulated, BiasGradientColumnSumsMatchFloat64) {
+  auto rng = make_rng(48);
+  // 600 rows: three 256-row chunks (the last partial) and their partials; 100
+  // rows: one chunk, added straight into db. 520 bf16 columns: 65 packs, past
+  // a block's 32 lanes; 300 f32: 75 packs; 77 columns: an element per lane.
+  colsum_case<__nv_bfloat16>(600, 520, rng);
+  colsum_case<__nv_bfloat16>(100, 520, rng);
+  colsum_case<float>(600, 300, rng);
+  colsum_case<float>(37, 77, rng);
 }
 
 TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {

@@ -4,7 +4,7 @@
 // that supports ZT_WARP_EMULATION (backend/cuda/attention_mma_kernels.cuh,
 // attention_flash_kernels.cuh).
 //
-// A block runs as one host thread per CUDA thread; __syncthreads and
+// A block (1-, 2- or 3-D) runs as one host thread per CUDA thread; __syncthreads and
 // __syncwarp are barriers, __shfl_xor_sync an exchange through the warp's
 // slots, and mma (m16n8k16, f32 accumulate) a warp-collective product that
 // assembles A and B from every lane's fragment registers exactly as the PTX
@@ -67,24 +67,28 @@ struct Block {
 };
 
 inline thread_local dim3 t_thread, t_block, t_block_dim, t_grid_dim;
+inline thread_local int t_linear = 0;  // the thread's index in its block, x fastest (as CUDA forms warps)
 inline thread_local Block* t_current = nullptr;
 
-inline Warp& this_warp() { return *t_current->warps[t_thread.x / 32]; }
-inline int this_lane() { return int(t_thread.x % 32); }
+inline Warp& this_warp() { return *t_current->warps[size_t(t_linear / 32)]; }
+inline int this_lane() { return t_linear % 32; }
 
-// Runs kernel(args...) over grid x threads (1-D blocks) with shared_bytes of
+// Runs kernel(args...) over grid x block_dim threads with shared_bytes of
 // dynamic shared memory, block after block (x fastest), on one pool of host
 // threads; between blocks the shared memory is poisoned again.
 template <typename Kernel, typename... Args>
-void launch(dim3 grid, int threads, size_t shared_bytes, Kernel kernel, Args... args) {
+void launch(dim3 grid, dim3 block_dim, size_t shared_bytes, Kernel kernel, Args... args) {
   const unsigned blocks = grid.x * grid.y * grid.z;
+  const int threads = int(block_dim.x * block_dim.y * block_dim.z);
   Block block(threads, shared_bytes);
   std::barrier next_block(threads, [&]() noexcept { std::fill(block.shared.begin(), block.shared.end(), 0xFF); });
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
-      t_thread = dim3(unsigned(t), 0, 0);
-      t_block_dim = dim3(unsigned(threads), 1, 1);
+      t_linear = t;
+      t_thread = dim3(unsigned(t) % block_dim.x, (unsigned(t) / block_dim.x) % block_dim.y,
+                      unsigned(t) / (block_dim.x * block_dim.y));
+      t_block_dim = block_dim;
       t_grid_dim = grid;
       t_current = &block;
       for (unsigned i = 0; i < blocks; ++i) {
@@ -94,6 +98,12 @@ void launch(dim3 grid, int threads, size_t shared_bytes, Kernel kernel, Args... 
       }
     });
   for (std::thread& th : pool) th.join();
+}
+
+// 1-D blocks of `threads`.
+template <typename Kernel, typename... Args>
+void launch(dim3 grid, int threads, size_t shared_bytes, Kernel kernel, Args... args) {
+  launch(grid, dim3(unsigned(threads), 1, 1), shared_bytes, kernel, args...);
 }
 
 // The low (j = 0) or high (j = 1) 16-bit element of a packed pair, as f32.

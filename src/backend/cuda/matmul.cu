@@ -47,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cuda/colsum_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/runtime.h"
 
@@ -335,75 +336,30 @@ void beta_bias(void* dst, DType dst_type, const void* prev, DType prev_type, con
   });
 }
 
-// ---- db += column sums of dy ----
-
-constexpr int kSumCols = 32;   // columns per block (one per lane)
-constexpr int kSumLanes = 8;   // row lanes per block: lane j sums rows j, j + 8, ... of the chunk
-constexpr int64_t kMinChunkRows = 256;
-constexpr int64_t kMaxChunks = 64;
-
-// Rows per chunk: a function of the row count only, so the summation order
-// (and the bits of db) never depends on the GPU or the launch.
-int64_t chunk_rows(int64_t rows) { return std::max(kMinChunkRows, (rows + kMaxChunks - 1) / kMaxChunks); }
-
-// Block (kSumCols, kSumLanes) sums rows [chunk * per_chunk, ...) of columns
-// [blockIdx.x * kSumCols, ...): each row lane in row order, then the lanes in
-// lane order. Writes the chunk's f32 partial, or (partial null: one chunk)
-// adds it into db.
-template <typename TDy, typename TDb>
-__global__ void colsum_chunk_kernel(const TDy* __restrict__ dy, int64_t rows, int64_t cols, int64_t per_chunk,
-                                    float* __restrict__ partial, TDb* __restrict__ db) {
-  __shared__ float sums[kSumLanes][kSumCols + 1];
-  const int64_t col = int64_t(blockIdx.x) * kSumCols + threadIdx.x;
-  const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
-  const int64_t r1 = r0 + per_chunk < rows ? r0 + per_chunk : rows;
-  float acc = 0.0f;
-  if (col < cols) {
-#pragma unroll 4  // several loads in flight; the additions stay in row order
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumLanes) acc += to_f32(dy[r * cols + col]);
-  }
-  sums[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < cols) {
-    float s = sums[0][threadIdx.x];
-#pragma unroll
-    for (int j = 1; j < kSumLanes; ++j) s += sums[j][threadIdx.x];
-    if (partial) {
-      partial[int64_t(blockIdx.y) * cols + col] = s;
-    } else {
-      db[col] = from_f32<TDb>(to_f32(db[col]) + s);
-    }
-  }
-}
-
-// db[c] += sum over chunks, in chunk order, of partial[chunk][c]; one rounding.
-template <typename TDb>
-__global__ void colsum_finish_kernel(const float* __restrict__ partial, int64_t chunks, int64_t cols,
-                                     TDb* __restrict__ db) {
-  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
-  float s = partial[col];
-  for (int64_t c = 1; c < chunks; ++c) s += partial[c * cols + col];
-  db[col] = from_f32<TDb>(to_f32(db[col]) + s);
-}
+// ---- db += column sums of dy (kernels: colsum_kernels.cuh) ----
 
 void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   const Device device = db.device();
   cudaStream_t s = stream_of(db);
+  using namespace colsum_kernels;
   const int64_t per_chunk = chunk_rows(rows);
   const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
   Tensor partial;
   if (chunks > 1) partial = Tensor::empty(Shape{chunks * cols}, DType::f32, device, MemCategory::workspace);
   float* part = chunks > 1 ? partial.data<float>() : nullptr;
   const dim3 block(kSumCols, kSumLanes);
-  const dim3 grid(unsigned((cols + kSumCols - 1) / kSumCols), unsigned(chunks));
   with_type(dy.dtype(), [&](auto dy_tag) {
     using TDy = decltype(dy_tag);
+    const TDy* dyp = static_cast<const TDy*>(dy.data_ptr());
     with_type(db.dtype(), [&](auto db_tag) {
       using TDb = decltype(db_tag);
-      colsum_chunk_kernel<TDy, TDb><<<grid, block, 0, s>>>(static_cast<const TDy*>(dy.data_ptr()), rows, cols,
-                                                           per_chunk, part, static_cast<TDb*>(db.data_ptr()));
+      with_pack_width<TDy>(packs_of_16_fit<TDy>(cols, dyp), [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        const dim3 grid(unsigned((cols / V + kSumCols - 1) / kSumCols), unsigned(chunks));
+        colsum_chunk_kernel<TDy, TDb, V><<<grid, block, 0, s>>>(dyp, rows, cols, per_chunk, part,
+                                                               static_cast<TDb*>(db.data_ptr()));
+      });
       ZT_CUDA_CHECK_LAUNCH("colsum_chunk_kernel");
       if (part) {
         constexpr int kThreads = 256;
