@@ -73,7 +73,8 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   const int64_t chunks = (N + nk::kRowsPerChunk - 1) / nk::kRowsPerChunk;
   Tensor pdw = poisoned(Shape{chunks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{chunks, C}, DType::f32);
   const unsigned col_blocks = unsigned((C + nk::kThreads - 1) / nk::kThreads);
-  emu::launch(dim3(col_blocks, unsigned(chunks)), nk::kThreads, 0, nk::norm_dwdb_partial_kernel<T>, rms, p<float>(pdw),
+  emu::launch(dim3(unsigned((C / V + nk::kThreads - 1) / nk::kThreads), unsigned(chunks)), nk::kThreads, 0,
+              nk::norm_dwdb_partial_kernel<T, V>, rms, p<float>(pdw),
               p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)),
               static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C);
   Tensor gdw = copy_of(dw0), gdb = rms ? Tensor() : copy_of(db0);

@@ -72,11 +72,14 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
   Tensor pdb = db.defined() ? Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace)
                             : Tensor();
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
-    const dim3 grid(unsigned((C + kThreads - 1) / kThreads), unsigned(chunks));
-    norm_dwdb_partial_kernel<T><<<grid, kThreads, 0, s>>>(rms, pdw.data<float>(), pdb.defined() ? pdb.data<float>() : nullptr,
-                                                          static_cast<const T*>(dy.data_ptr()),
-                                                          static_cast<const T*>(x.data_ptr()), f32_or_null(mean),
-                                                          rstd.data<float>(), N, C);
+    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(C, dyp, xp), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const dim3 grid(unsigned((C / V + kThreads - 1) / kThreads), unsigned(chunks));
+      norm_dwdb_partial_kernel<T, V><<<grid, kThreads, 0, s>>>(rms, pdw.data<float>(),
+                                                              pdb.defined() ? pdb.data<float>() : nullptr, dyp, xp,
+                                                              f32_or_null(mean), rstd.data<float>(), N, C);
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
   add_partials(dw, pdw, chunks, C);

@@ -145,23 +145,34 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// Partials of dw (and db) over rows [chunk*R, (chunk+1)*R): thread per column.
-template <typename T>
+// Partials of dw (and db) over rows [chunk*R, (chunk+1)*R), R = kRowsPerChunk:
+// a thread per V adjacent columns (V = 1, or a 16-byte pack when packs tile the
+// rows), each column summed over the chunk's rows in row order (the same bits
+// at any V).
+template <typename T, int V>
 __global__ void norm_dwdb_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x,
                                          const float* mean, const float* rstd, int64_t N, int64_t C) {
   const int64_t chunk = blockIdx.y;
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
+  const int64_t c0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
+  if (c0 >= C) return;
   const int64_t r0 = chunk * kRowsPerChunk, r1 = min(N, r0 + kRowsPerChunk);
-  float sw = 0.0f, sb = 0.0f;
+  float sw[V] = {}, sb[V] = {};
+#pragma unroll 4  // several rows' loads in flight; the additions stay in row order
   for (int64_t r = r0; r < r1; ++r) {
-    const float g = to_f32(dy[r * C + c]);
-    const float xhat = (to_f32(x[r * C + c]) - (rms ? 0.0f : mean[r])) * rstd[r];
-    sw += g * xhat;
-    sb += g;
+    const Pack<T, V> g = load_pack<T, V>(dy + r * C + c0), xv = load_pack<T, V>(x + r * C + c0);
+    const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float gk = to_f32(g.v[k]);
+      sw[k] += gk * ((to_f32(xv.v[k]) - mu) * rs);
+      sb[k] += gk;
+    }
   }
-  pdw[chunk * C + c] = sw;
-  if (pdb != nullptr) pdb[chunk * C + c] = sb;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    pdw[chunk * C + c0 + k] = sw[k];
+    if (pdb != nullptr) pdb[chunk * C + c0 + k] = sb[k];
+  }
 }
 
 template <typename G>
