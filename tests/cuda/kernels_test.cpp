@@ -170,6 +170,13 @@ TEST_P(CudaKernels, EmbeddingWithRepeatedTokensIsDeterministic) {
   ops::embedding_forward(out, tok, wte, wpe, 5);
   ops::embedding_forward(gout, to_gpu(tok), to_gpu(wte), to_gpu(wpe), 5);
   EXPECT_TRUE(matches(gout, out, tol(dt), "embedding out"));
+  {  // C = 128: the gather in 16-byte packs (130: an element per load)
+    const Tensor w128 = random_tensor(Shape{V, 128}, dt, rng), p128 = random_tensor(Shape{Tmax, 128}, dt, rng);
+    Tensor o128 = Tensor::empty(Shape{B, T, 128}, dt), go128 = gpu_poisoned(Shape{B, T, 128}, dt);
+    ops::embedding_forward(o128, tok, w128, p128, 5);
+    ops::embedding_forward(go128, tok, to_gpu(w128), to_gpu(p128), 5);
+    EXPECT_EQ(values_of(go128), to_f64(o128)) << "embedding out, packs";
+  }
   const Tensor dout = random_tensor(Shape{B, T, C}, dt, rng);
   const Tensor dwte0 = random_tensor(Shape{V, C}, DType::f32, rng), dwpe0 = random_tensor(Shape{Tmax, C}, DType::f32, rng);
   Tensor dwte = to_host(to_gpu(dwte0)), dwpe = to_host(to_gpu(dwpe0));

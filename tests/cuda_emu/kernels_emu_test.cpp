@@ -96,11 +96,19 @@ void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, 
   Tensor dwte = copy_of(dwte0), dwpe = with_wpe ? copy_of(dwpe0) : Tensor();
   ops::embedding_backward(dwte, dwpe, dout, tokens, pos_offset, slice);
   // The kernels, launched as embedding.cu launches them.
+  // One addition rounded once (or a copy), as on the CPU: bitwise equal, an
+  // element per load and (C a multiple of a pack) 16-byte packs.
   Tensor gout = poisoned(out.shape(), dt);
-  emu::launch(dim3(stride_grid(N * C)), ek::kThreads, 0, ek::embed_fwd_kernel<T>, p<T>(gout), p<int32_t>(tokens),
-              p<T>(wte), p<T>(wpe), N, T_, C, pos_offset, start, R);
-  // One addition rounded once (or a copy), as on the CPU: bitwise equal.
+  emu::launch(dim3(stride_grid(N * C)), ek::kThreads, 0, ek::embed_fwd_kernel<T, 1>, p<T>(gout),
+              p<int32_t>(tokens), p<T>(wte), p<T>(wpe), N, T_, C, pos_offset, start, R);
   EXPECT_TRUE(all_close(gout, to_f64(out), 0.0, 0.0)) << "out";
+  constexpr int kPack = cuda::kPack16<T>;
+  if (C % kPack == 0) {
+    Tensor gpacked = poisoned(out.shape(), dt);
+    emu::launch(dim3(stride_grid(N * C / kPack)), ek::kThreads, 0, ek::embed_fwd_kernel<T, kPack>, p<T>(gpacked),
+                p<int32_t>(tokens), p<T>(wte), p<T>(wpe), N, T_, C, pos_offset, start, R);
+    EXPECT_TRUE(all_close(gpacked, to_f64(out), 0.0, 0.0)) << "out, 16-byte packs";
+  }
 
   const ek::TokenGroups g = ek::group_by_token(p<int32_t>(tokens), N, R, start);
   const int64_t groups = int64_t(g.token.size());
@@ -323,6 +331,7 @@ TEST(CudaKernelsEmulated, EmbeddingForwardBackwardMatchTheCpu) {
   embedding_case<float, float>(3, 5, 300, 9, 5, 0, false, rng);
   embedding_case<__nv_bfloat16, __nv_bfloat16>(2, 7, 100, 6, 10, 3, true, rng);
   embedding_case<__nv_bfloat16, float>(2, 7, 100, 6, 9, 2, true, rng);
+  embedding_case<__nv_bfloat16, float>(2, 7, 96, 6, 9, 2, true, rng);  // 12 packs of 8 a row
   // Tensor-parallel slices (rank 1 of 3 over 12 ids; the last rank's
   // padded slice past the vocabulary): other ids add nothing and get no gradient.
   embedding_case<float, float>(4, 6, 300, 12, 8, 1, true, rng, 4, 4);

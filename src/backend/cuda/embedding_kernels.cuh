@@ -17,18 +17,27 @@ namespace zt::cuda::embedding_kernels {
 constexpr int kThreads = 256;
 
 // out[p, c] = wte[tok[p] - start, c] (+ wpe[p % T + pos_offset, c]); grid-stride
-// over (B*T*C). wte holds ids [start, start + rows) (a tensor-parallel
-// vocabulary slice; start 0 and every id for a whole table): ids outside it
-// add nothing.
-template <typename T>
+// over the (B*T*C) outputs in units of V elements of one row (V = 1, or a
+// 16-byte pack when packs tile the rows): the row's position (64-bit
+// divisions) once per unit. wte holds ids [start, start + rows) (a
+// tensor-parallel vocabulary slice; start 0 and every id for a whole table):
+// ids outside it add nothing.
+template <typename T, int V>
 __global__ void embed_fwd_kernel(T* out, const int32_t* tok, const T* wte, const T* wpe, int64_t N, int64_t T_,
                                  int64_t C, int64_t pos_offset, int64_t start, int64_t rows) {
-  const int64_t n = N * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t p = i / C, c = i - p * C, id = int64_t(tok[p]) - start;
-    float v = id >= 0 && id < rows ? to_f32(wte[id * C + c]) : 0.0f;
-    if (wpe != nullptr) v += to_f32(wpe[(p % T_ + pos_offset) * C + c]);
-    out[i] = from_f32<T>(v);
+  const int64_t units = N * C / V;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = i * V / C, c = i * V - p * C, id = int64_t(tok[p]) - start;
+    const Pack<T, V> e = id >= 0 && id < rows ? load_pack<T, V>(wte + id * C + c) : Pack<T, V>{};
+    const Pack<T, V> pos = load_pack_or_zero<T, V>(wpe, (p % T_ + pos_offset) * C + c);
+    Pack<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float v = id >= 0 && id < rows ? to_f32(e.v[k]) : 0.0f;
+      if (wpe != nullptr) v += to_f32(pos.v[k]);
+      o.v[k] = from_f32<T>(v);
+    }
+    store_pack<T, V>(out + i * V, o);
   }
 }
 
