@@ -186,7 +186,7 @@ class Bench {
       const int64_t rows = nn::head_chunk_rows(N, m_.Vp, nn::default_head_chunk_elems(dev_));
       const Tensor logits0 = rand({rows, m_.Vp}, bf, -8, 8);
       Tensor logits = empty({rows, m_.Vp}, bf), losses = empty({rows}, DType::f32);
-      const Tensor targets = ops::to_device(random_ids(rows), dev_);
+      const Tensor targets = random_ids(rows);  // on the host, as the model passes them
       ops::copy(logits, logits0);
       // Each run overwrites the logits with dlogits: the later runs read
       // gradients (finite, the same work), not the first logits.
