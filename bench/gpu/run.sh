@@ -42,13 +42,18 @@ pack_logs() {
   for m in "$runs"/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$out/metrics-$(basename "$(dirname "$m")").jsonl"; done
   local IFS=-
   local archive="gpu-$what-${models[*]}-logs.tgz"
-  tar czf "/tmp/$archive" -C "$out" . 2>/dev/null && rm -rf "${out:?}"/* && mv "/tmp/$archive" "$out/"
+  # This call's files only: an earlier call's archive (one call runs several
+  # run.sh) stays beside it, not inside.
+  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs.tgz' -print0 \
+     | tar czf "/tmp/$archive" --null -T - 2>/dev/null \
+     && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs.tgz' -exec rm -rf {} +) \
+    && mv "/tmp/$archive" "$out/"
 }
 trap pack_logs EXIT
 bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 tail -3 "$out/build.log"
 source scripts/gpu/env.sh
-if [ "$what" != bench ]; then
+if [ "$what" = tests ] || [ "$what" = all ]; then
   # All of them within ZT_GPU_TESTS_SECONDS (default 360): a test that hangs
   # (a collective waiting forever) ends there, not at the call's limit, and
   # the rest of the call still runs.
