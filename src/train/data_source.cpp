@@ -47,7 +47,9 @@ TrainingData open_training_data(const Config& cfg, int dp_rank, int dp_size) {
   auto train = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::train, T, seed, dp_rank, dp_size);
   train->set_global_batch(cfg.train.global_batch);
   out.train = std::make_unique<LoaderSource>(std::move(train));
-  if (index.val.tokens > uint64_t(T)) {
+  // Validation is read only by evaluations (train.eval_every > 0): without
+  // them a split smaller than a micro-batch is no error.
+  if (cfg.train.eval_every > 0 && index.val.tokens > uint64_t(T)) {
     // Validation is read in order from the start at every evaluation.
     auto val = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::val, T, seed, 0, 1);
     const int64_t needed = cfg.train.micro_batch * cfg.train.eval_batches;

@@ -121,6 +121,40 @@ double unigram_entropy(const std::string& dir) {
   return h;
 }
 
+// The validation split is opened only for evaluations: a micro-batch larger
+// than the split is an error naming the fix with train.eval_every > 0, and
+// no error without evaluations (the GPU benchmark's micro-batch probes).
+TEST(TrainingData, ValidationSplitIsOpenedOnlyWhenEvaluating) {
+  const fs::path dir = fs::temp_directory_path() / ("zt_val_split_" + std::to_string(test::test_seed()));
+  const std::string prepare = std::string(ZT_BINARY_DIR) +
+                              "/bin/zettatron prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes "
+                              "--doc-split percent --val-fraction 0.05 --output " +
+                              dir.string() + " > /dev/null";
+  ASSERT_EQ(std::system(prepare.c_str()), 0) << prepare;
+  const int64_t T = 16;
+  const data::DatasetIndex index = data::DatasetIndex::load(dir.string());
+  const int64_t micro = int64_t(index.val.tokens) / T + 1;  // more samples than the split holds
+  ASSERT_LT(micro * (T + 1), int64_t(index.train.tokens)) << "the train split must hold a micro-batch";
+  auto config = [&](int eval_every) {
+    return parse_config(kTiny, "tiny", {"data.dir=" + dir.string(), "model.vocab_size=50257",
+                                        "train.seq_len=" + std::to_string(T),
+                                "train.micro_batch=" + std::to_string(micro),
+                                "train.global_batch=" + std::to_string(micro),
+                                "train.eval_every=" + std::to_string(eval_every)});
+  };
+  const TrainingData without = open_training_data(config(0));
+  EXPECT_NE(without.train, nullptr);
+  EXPECT_EQ(without.val, nullptr) << "no evaluations: no validation source";
+  const std::string err = test::error_of([&] { open_training_data(config(10)); });
+  EXPECT_NE(err.find("fewer than one micro-batch"), std::string::npos) << err;
+  EXPECT_NE(err.find("train.eval_every = 0"), std::string::npos) << err;
+  const TrainingData small = open_training_data(parse_config(
+      kTiny, "tiny",
+      {"data.dir=" + dir.string(), "model.vocab_size=50257", "train.seq_len=" + std::to_string(T), "train.eval_every=10"}));
+  EXPECT_NE(small.val, nullptr) << "evaluations with a split that holds a micro-batch";
+  fs::remove_all(dir);
+}
+
 TEST(Trainer, DemoSetupLearnsBelowTheUnigramEntropy) {
   const fs::path dir = fs::temp_directory_path() / ("zt_demo_data_" + std::to_string(test::test_seed()));
   const std::string prepare = std::string(ZT_BINARY_DIR) +
