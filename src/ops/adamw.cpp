@@ -68,14 +68,38 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
              "; round to nearest instead, or keep the model in bf16");
     ZT_CHECK(p.rounding_offset >= 0, op, ": rounding_offset is ", p.rounding_offset, " but must be >= 0");
   }
+  for (size_t i = 0; i < p.no_decay.size(); ++i) {
+    const auto [begin, end] = p.no_decay[i];
+    const int64_t prev_end = i == 0 ? 0 : p.no_decay[i - 1].second;
+    ZT_CHECK(begin >= prev_end && begin < end && end <= n, op, ": no_decay span ", i, " [", begin, ", ", end,
+             ") must be non-empty, within the ", n, " elements and after the previous span (end ", prev_end,
+             "); pass spans sorted and disjoint");
+  }
   const cpu::AdamWHyper h{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale,
                           p.stochastic_rounding, p.rounding_seed, p.rounding_offset};
 #if ZT_WITH_CUDA
   if (use_cuda(op, master.device()))
-    return cuda::adamw_step(master, grad, m, v, model_copy, h);
+    return cuda::adamw_step(master, grad, m, v, model_copy, h, p.no_decay);
 #endif
   if (!master.device().is_cpu()) no_backend(op, master.device());
-  cpu::adamw_step(master, grad, m, v, model_copy, h);
+  // The runs of one decay rule, each as its own call (the same bits as a
+  // caller's call per run).
+  auto run = [&](int64_t begin, int64_t end, bool decays) {
+    if (end <= begin) return;
+    const Shape len{end - begin};
+    cpu::AdamWHyper hr = h;
+    hr.weight_decay = decays ? p.weight_decay : 0.0f;
+    hr.rounding_offset = p.rounding_offset + begin;
+    cpu::adamw_step(master.flat_view(begin, len), grad.flat_view(begin, len), m.flat_view(begin, len),
+                    v.flat_view(begin, len), model_copy.defined() ? model_copy.flat_view(begin, len) : Tensor(), hr);
+  };
+  int64_t at = 0;
+  for (const auto& [begin, end] : p.no_decay) {
+    run(at, begin, true);
+    run(begin, end, false);
+    at = end;
+  }
+  run(at, n, true);
 }
 
 }  // namespace zt::ops

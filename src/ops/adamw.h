@@ -20,6 +20,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -36,6 +38,11 @@ struct AdamWParams {
   bool stochastic_rounding = false;  // of a bf16 model copy (else nearest even)
   uint64_t rounding_seed = 0;
   int64_t rounding_offset = 0;
+  // Element ranges [first, second) of the buffers that take no weight decay
+  // (norm gains, biases, ...): sorted, disjoint, within the buffers. One call
+  // then updates parameters with both rules (on a GPU one launch, not one per
+  // run of tensors); each element's bits are those of a call on its run alone.
+  std::vector<std::pair<int64_t, int64_t>> no_decay;
 };
 
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -73,34 +73,37 @@ void AdamW::step(double lr, float grad_scale) {
     // The elements [lo, hi) of tensor i that lie in the shard.
     auto lo_of = [&](size_t i) { return std::max(s.offset(i), sh.begin); };
     auto hi_of = [&](size_t i) { return std::min(s.offset(i) + s.spec(i).shape.numel(), sh.end); };
-    // Consecutive parameters with the same decay rule are contiguous in the
-    // flat buffers: one fused update per run (few kernel launches on a GPU).
-    for (size_t i = 0; i < s.size();) {
-      if (hi_of(i) <= lo_of(i)) {
-        ++i;
-        continue;
-      }
-      const bool decay = decays(i);
-      size_t end = i + 1;
-      while (end < s.size() && decays(end) == decay && hi_of(end) > lo_of(end)) ++end;
-      ops::AdamWParams p;
-      p.lr = float(lr);
-      p.beta1 = float(cfg_.beta1);
-      p.beta2 = float(cfg_.beta2);
-      p.eps = float(cfg_.eps);
-      p.weight_decay = decay ? float(cfg_.weight_decay) : 0.0f;
-      p.step = step_;
-      p.grad_scale = grad_scale;
-      const int64_t lo = lo_of(i), hi = hi_of(end - 1);
-      p.stochastic_rounding = cfg_.stochastic_rounding && has_copy;
-      p.rounding_seed = rounding_seeds_[si];
-      p.rounding_offset = lo;  // the set's flat offset: the same bits under any ZeRO sharding
-      const int64_t off = lo - sh.begin;  // into the shard's state
-      const Shape flat{hi - lo};
-      ops::adamw_step(master_flat.flat_view(off, flat), sh.grad.flat_view(off, flat), m_[si].flat_view(off, flat),
-                      v_[si].flat_view(off, flat), has_copy ? sh.param.flat_view(off, flat) : Tensor(), p);
-      i = end;
+    // One update of the shard's tensors (contiguous in the flat buffers),
+    // weight decay off in the spans of those that take none: on a GPU one
+    // launch per set, not one per run of tensors with one rule.
+    ops::AdamWParams p;
+    p.lr = float(lr);
+    p.beta1 = float(cfg_.beta1);
+    p.beta2 = float(cfg_.beta2);
+    p.eps = float(cfg_.eps);
+    p.weight_decay = float(cfg_.weight_decay);
+    p.step = step_;
+    p.grad_scale = grad_scale;
+    p.stochastic_rounding = cfg_.stochastic_rounding && has_copy;
+    p.rounding_seed = rounding_seeds_[si];
+    int64_t lo = -1, hi = -1;  // the set's elements [lo, hi) this shard updates
+    for (size_t i = 0; i < s.size(); ++i) {
+      const int64_t a = lo_of(i), b = hi_of(i);
+      if (b <= a) continue;
+      if (lo < 0) lo = a;
+      hi = b;
+      if (decays(i)) continue;
+      if (!p.no_decay.empty() && p.no_decay.back().second == a - lo)
+        p.no_decay.back().second = b - lo;  // merged with the previous tensor's span
+      else
+        p.no_decay.emplace_back(a - lo, b - lo);
     }
+    if (lo < 0) continue;
+    p.rounding_offset = lo;  // the set's flat offset: the same bits under any ZeRO sharding
+    const int64_t off = lo - sh.begin;  // into the shard's state
+    const Shape flat{hi - lo};
+    ops::adamw_step(master_flat.flat_view(off, flat), sh.grad.flat_view(off, flat), m_[si].flat_view(off, flat),
+                    v_[si].flat_view(off, flat), has_copy ? sh.param.flat_view(off, flat) : Tensor(), p);
   }
 }
 

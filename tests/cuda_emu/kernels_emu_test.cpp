@@ -172,8 +172,13 @@ void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
                                                           h.rounding_offset});
   Tensor gmaster = copy_of(master0), gm = copy_of(m0), gv = copy_of(v0);
   Tensor gcopy = kCopy ? poisoned(Shape{n}, cdt) : Tensor();
+  adk::NoDecay nd;  // the caller's spans (one launch's worth: at most kMaxNoDecaySpans)
+  for (const auto& [begin, end] : h.no_decay) {
+    nd.begin[nd.count] = begin;
+    nd.end[nd.count++] = end;
+  }
   emu::launch(dim3(stride_grid(n)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT>, p<float>(gmaster), p<G>(grad),
-              p<float>(gm), p<float>(gv), p<CopyT>(gcopy), n, k);
+              p<float>(gm), p<float>(gv), p<CopyT>(gcopy), n, k, nd);
   EXPECT_TRUE(close(gmaster, master, 1e-6, "master"));
   EXPECT_TRUE(close(gm, m, 1e-6, "m"));
   EXPECT_TRUE(close(gv, v, 1e-6, "v"));
@@ -358,6 +363,13 @@ TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {
   h.rounding_offset = 4099;  // not a multiple of 4: words from the middle of Philox blocks
   adamw_case<__nv_bfloat16, __nv_bfloat16>(700, h, rng);
   adamw_case<float, __nv_bfloat16>(1000, h, rng);
+  // Weight decay off in spans (a set's gains and biases among its weights):
+  // the first elements, some in the middle, the last ones.
+  h.weight_decay = 0.1f;
+  h.no_decay = {{0, 30}, {300, 301}, {520, 777}, {990, 1000}};
+  adamw_case<float, __nv_bfloat16>(1000, h, rng);
+  h.stochastic_rounding = false;
+  adamw_case<__nv_bfloat16, __nv_bfloat16>(1000, h, rng);
 }
 
 TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {

@@ -313,6 +313,66 @@ TEST(AdamWTest, BadArguments) {
   expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, Tensor(), bad); }), "'model_copy' is undefined");
   bad.rounding_offset = -1;
   expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "rounding_offset");
+  bad = hp;
+  bad.no_decay = {{5, 9}, {7, 12}};
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "no_decay span 1 [7, 12)");
+  bad.no_decay = {{5, 5}};
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "sorted and disjoint");
+  bad.no_decay = {{5, n + 1}};
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "within the");
+}
+
+// Weight decay off in spans: every element gets the bits of a call on its run
+// of one rule alone (with the run's rounding offset), and the float64
+// reference with decay only outside the spans.
+TEST(AdamWTest, NoDecaySpansEqualACallPerRun) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(24);
+  const int64_t n = 1000;
+  const Tensor p0 = random_tensor(Shape{n}, DType::f32, rng, -2, 2), g = random_tensor(Shape{n}, DType::bf16, rng);
+  const Tensor m0 = random_tensor(Shape{n}, DType::f32, rng, -0.1, 0.1);
+  const Tensor v0 = random_tensor(Shape{n}, DType::f32, rng, 1e-6, 1e-2);
+  ops::AdamWParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.5f;
+  hp.step = 3;
+  hp.stochastic_rounding = true;
+  hp.rounding_seed = 77;
+  hp.rounding_offset = 4099;
+  hp.no_decay = {{0, 30}, {300, 301}, {520, 777}, {990, 1000}};
+  auto fresh = [](const Tensor& t) {
+    Tensor c = Tensor::empty(t.shape(), t.dtype());
+    std::memcpy(c.data_ptr(), t.data_ptr(), t.nbytes());
+    return c;
+  };
+  Tensor p = fresh(p0), m = fresh(m0), v = fresh(v0), copy = Tensor::empty(Shape{n}, DType::bf16);
+  ops::adamw_step(p, g, m, v, copy, hp);
+  Tensor rp = fresh(p0), rm = fresh(m0), rv = fresh(v0), rcopy = Tensor::empty(Shape{n}, DType::bf16);
+  const std::array<std::array<int64_t, 3>, 7> runs = {
+      {{0, 30, 0}, {30, 300, 1}, {300, 301, 0}, {301, 520, 1}, {520, 777, 0}, {777, 990, 1}, {990, 1000, 0}}};
+  for (const auto& [begin, end, decays] : runs) {
+    ops::AdamWParams run = hp;
+    run.no_decay.clear();
+    run.weight_decay = decays ? hp.weight_decay : 0.0f;
+    run.rounding_offset = hp.rounding_offset + begin;
+    const Shape len{end - begin};
+    ops::adamw_step(rp.flat_view(begin, len), g.flat_view(begin, len), rm.flat_view(begin, len),
+                    rv.flat_view(begin, len), rcopy.flat_view(begin, len), run);
+  }
+  EXPECT_EQ(to_f64(p), to_f64(rp));
+  EXPECT_EQ(to_f64(m), to_f64(rm));
+  EXPECT_EQ(to_f64(v), to_f64(rv));
+  EXPECT_EQ(to_f64(copy), to_f64(rcopy));
+  // Against float64: decayed and undecayed runs, one step each.
+  State ref{to_f64(p0), to_f64(m0), to_f64(v0)};
+  State undecayed = ref;
+  ops::AdamWParams no_wd = hp;
+  no_wd.weight_decay = 0.0f;
+  reference_step(ref, to_f64(g), hp);
+  reference_step(undecayed, to_f64(g), no_wd);
+  for (const auto& [begin, end] : hp.no_decay)
+    for (int64_t i = begin; i < end; ++i) ref.p[size_t(i)] = undecayed.p[size_t(i)];
+  EXPECT_TRUE(test::all_close(p, ref.p, 1e-6, 1e-6 * double(hp.lr)));
 }
 
 }  // namespace

@@ -46,9 +46,25 @@ inline Consts adamw_consts(const cpu::AdamWHyper& h) {
                 uint64_t(h.rounding_offset)};
 }
 
-// p, m, v: (n) f32, updated in place; g: (n) G; copy: (n) C or null.
+// Up to kMaxNoDecaySpans element ranges [begin, end) of one launch that take
+// no weight decay (sorted, disjoint; norm gains and biases among a set's
+// weights), passed by value: a launch updates every run of a parameter set.
+constexpr int kMaxNoDecaySpans = 16;
+struct NoDecay {
+  int count = 0;
+  int64_t begin[kMaxNoDecaySpans] = {}, end[kMaxNoDecaySpans] = {};
+};
+__device__ __forceinline__ bool decays(int64_t i, const NoDecay& nd) {
+  for (int s = 0; s < nd.count; ++s)
+    if (i >= nd.begin[s] && i < nd.end[s]) return false;
+  return true;
+}
+
+// p, m, v: (n) f32, updated in place; g: (n) G; copy: (n) C or null. An
+// element without decay computes update + 0 * p: the bits of a launch with
+// weight_decay 0.
 template <typename G, typename C>
-__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, int64_t n, Consts k) {
+__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, int64_t n, Consts k, NoDecay nd) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gi = to_f32(g[i]) * k.grad_scale;
     const float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
@@ -56,7 +72,8 @@ __global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, 
     m[i] = mi;
     v[i] = vi;
     const float update = (mi * k.inv_bc1) / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
-    const float pi = p[i] - k.lr * (update + k.weight_decay * p[i]);
+    const float wd = decays(i, nd) ? k.weight_decay : 0.0f;
+    const float pi = p[i] - k.lr * (update + wd * p[i]);
     p[i] = pi;
     if (copy == nullptr) continue;
     if constexpr (std::is_same_v<C, __nv_bfloat16>) {
