@@ -121,16 +121,22 @@ double unigram_entropy(const std::string& dir) {
   return h;
 }
 
-// The validation split is opened only for evaluations: a micro-batch larger
-// than the split is an error naming the fix with train.eval_every > 0, and
-// no error without evaluations (the GPU benchmark's micro-batch probes).
-TEST(TrainingData, ValidationSplitIsOpenedOnlyWhenEvaluating) {
-  const fs::path dir = fs::temp_directory_path() / ("zt_val_split_" + std::to_string(test::test_seed()));
+// The demo corpus (fortunes with GPT-2's tokenizer, 5% validation) prepared
+// into dir by the CLI.
+void prepare_fortunes(const fs::path& dir) {
   const std::string prepare = std::string(ZT_BINARY_DIR) +
                               "/bin/zettatron prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes "
                               "--doc-split percent --val-fraction 0.05 --output " +
                               dir.string() + " > /dev/null";
   ASSERT_EQ(std::system(prepare.c_str()), 0) << prepare;
+}
+
+// The validation split is opened only for evaluations: a micro-batch larger
+// than the split is an error naming the fix with train.eval_every > 0, and
+// no error without evaluations (the GPU benchmark's micro-batch probes).
+TEST(TrainingData, ValidationSplitIsOpenedOnlyWhenEvaluating) {
+  const fs::path dir = fs::temp_directory_path() / ("zt_val_split_" + std::to_string(test::test_seed()));
+  ASSERT_NO_FATAL_FAILURE(prepare_fortunes(dir));
   const int64_t T = 16;
   const data::DatasetIndex index = data::DatasetIndex::load(dir.string());
   const int64_t micro = int64_t(index.val.tokens) / T + 1;  // more samples than the split holds
@@ -157,11 +163,7 @@ TEST(TrainingData, ValidationSplitIsOpenedOnlyWhenEvaluating) {
 
 TEST(Trainer, DemoSetupLearnsBelowTheUnigramEntropy) {
   const fs::path dir = fs::temp_directory_path() / ("zt_demo_data_" + std::to_string(test::test_seed()));
-  const std::string prepare = std::string(ZT_BINARY_DIR) +
-                              "/bin/zettatron prepare --force --tokenizer gpt2 --input /usr/share/games/fortunes "
-                              "--doc-split percent --val-fraction 0.05 --output " +
-                              dir.string() + " > /dev/null";
-  ASSERT_EQ(std::system(prepare.c_str()), 0) << prepare;
+  ASSERT_NO_FATAL_FAILURE(prepare_fortunes(dir));
   const double h = unigram_entropy(dir.string());
   // The demo config as shipped (200 steps, seeded): only the data and run
   // folders move, samples are off and evaluation happens once at the end.
