@@ -76,30 +76,13 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
              "); pass spans sorted and disjoint");
   }
   const cpu::AdamWHyper h{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale,
-                          p.stochastic_rounding, p.rounding_seed, p.rounding_offset};
+                          p.stochastic_rounding, p.rounding_seed, p.rounding_offset, p.no_decay};
 #if ZT_WITH_CUDA
   if (use_cuda(op, master.device()))
-    return cuda::adamw_step(master, grad, m, v, model_copy, h, p.no_decay);
+    return cuda::adamw_step(master, grad, m, v, model_copy, h);
 #endif
   if (!master.device().is_cpu()) no_backend(op, master.device());
-  // The runs of one decay rule, each as its own call (the same bits as a
-  // caller's call per run).
-  auto run = [&](int64_t begin, int64_t end, bool decays) {
-    if (end <= begin) return;
-    const Shape len{end - begin};
-    cpu::AdamWHyper hr = h;
-    hr.weight_decay = decays ? p.weight_decay : 0.0f;
-    hr.rounding_offset = p.rounding_offset + begin;
-    cpu::adamw_step(master.flat_view(begin, len), grad.flat_view(begin, len), m.flat_view(begin, len),
-                    v.flat_view(begin, len), model_copy.defined() ? model_copy.flat_view(begin, len) : Tensor(), hr);
-  };
-  int64_t at = 0;
-  for (const auto& [begin, end] : p.no_decay) {
-    run(at, begin, true);
-    run(begin, end, false);
-    at = end;
-  }
-  run(at, n, true);
+  cpu::adamw_step(master, grad, m, v, model_copy, h);
 }
 
 }  // namespace zt::ops

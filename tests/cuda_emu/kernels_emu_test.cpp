@@ -167,18 +167,17 @@ void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
   Tensor copy = kCopy ? Tensor::empty(Shape{n}, cdt) : Tensor();
   ops::adamw_step(master, grad, m, v, copy, h);
   // The kernel, launched as adamw.cu launches it, with its host-side constants.
-  const adk::Consts k = adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
-                                                          h.grad_scale, h.stochastic_rounding, h.rounding_seed,
-                                                          h.rounding_offset});
   Tensor gmaster = copy_of(master0), gm = copy_of(m0), gv = copy_of(v0);
   Tensor gcopy = kCopy ? poisoned(Shape{n}, cdt) : Tensor();
-  adk::NoDecay nd;  // the caller's spans (one launch's worth: at most kMaxNoDecaySpans)
-  for (const auto& [begin, end] : h.no_decay) {
-    nd.begin[nd.count] = begin;
-    nd.end[nd.count++] = end;
+  for (const adk::LaunchPart& part : adk::launch_parts(n, h.no_decay)) {
+    const adk::Consts k = adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
+                                                            h.grad_scale, h.stochastic_rounding, h.rounding_seed,
+                                                            h.rounding_offset + part.lo});
+    const int64_t lo = part.lo, len = part.hi - part.lo;
+    emu::launch(dim3(stride_grid(len)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT>, p<float>(gmaster) + lo,
+                p<G>(grad) + lo, p<float>(gm) + lo, p<float>(gv) + lo, kCopy ? p<CopyT>(gcopy) + lo : nullptr, len,
+                k, part.nd);
   }
-  emu::launch(dim3(stride_grid(n)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT>, p<float>(gmaster), p<G>(grad),
-              p<float>(gm), p<float>(gv), p<CopyT>(gcopy), n, k, nd);
   EXPECT_TRUE(close(gmaster, master, 1e-6, "master"));
   EXPECT_TRUE(close(gm, m, 1e-6, "m"));
   EXPECT_TRUE(close(gv, v, 1e-6, "v"));
@@ -370,6 +369,11 @@ TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {
   adamw_case<float, __nv_bfloat16>(1000, h, rng);
   h.stochastic_rounding = false;
   adamw_case<__nv_bfloat16, __nv_bfloat16>(1000, h, rng);
+  // 40 spans: three launches of at most 16 (launch_parts), the last span
+  // ending the buffer.
+  h.no_decay.clear();
+  for (int64_t s = 0; s < 40; ++s) h.no_decay.emplace_back(25 * s + 10, 25 * s + 17 + (s == 39 ? 8 : 0));
+  adamw_case<float, float>(1000, h, rng);
 }
 
 TEST(CudaKernelsEmulated, GeluSwigluMatchTheCpu) {

@@ -8,7 +8,8 @@
 //                or, stochastic rounding to bf16, core/rng.h's
 //                bf16_bits_stochastic_at(p, seed, step, offset + i), a block at a time
 //                after its update
-// with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed in f64 once per call.
+// with bc1 = 1 - beta1^step, bc2 = 1 - beta2^step computed in f64 once per call,
+// and weight_decay 0 in the caller's no_decay spans (a pass per run of one rule).
 #include "backend/cpu/adamw.h"
 
 #include <algorithm>
@@ -103,10 +104,29 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
                  p.lr,            p.weight_decay,
                  p.rounding_seed, uint64_t(p.step),  // stochastic rounding: stream = step
                  uint64_t(p.rounding_offset)};
-  const bool sr = p.stochastic_rounding;
-  if (grad.dtype() == DType::f32) return with_copy(master, grad.data<float>(), m, v, model_copy, sr, k);
-  ZT_ASSERT(grad.dtype() == DType::bf16, "adamw_step: grad dtype ", dtype_name(grad.dtype()));
-  with_copy(master, grad.data<bf16>(), m, v, model_copy, sr, k);
+  ZT_ASSERT(grad.dtype() == DType::f32 || grad.dtype() == DType::bf16, "adamw_step: grad dtype ",
+            dtype_name(grad.dtype()));
+  // Elements [begin, end) with decay on or off: their own pass, their own offset for the rounding bits.
+  auto run = [&](int64_t begin, int64_t end, bool decays) {
+    if (end <= begin) return;
+    Consts kr = k;
+    kr.weight_decay = decays ? p.weight_decay : 0.0f;
+    kr.rounding_offset = k.rounding_offset + uint64_t(begin);
+    const Shape len{end - begin};
+    auto part = [&](const Tensor& t) { return t.defined() ? t.flat_view(begin, len) : Tensor(); };
+    const Tensor g = part(grad);
+    if (g.dtype() == DType::f32)
+      with_copy(part(master), g.data<float>(), part(m), part(v), part(model_copy), p.stochastic_rounding, kr);
+    else
+      with_copy(part(master), g.data<bf16>(), part(m), part(v), part(model_copy), p.stochastic_rounding, kr);
+  };
+  int64_t at = 0;
+  for (const auto& [begin, end] : p.no_decay) {
+    run(at, begin, true);
+    run(begin, end, false);
+    at = end;
+  }
+  run(at, master.numel(), true);
 }
 
 }  // namespace zt::cpu

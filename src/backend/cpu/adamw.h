@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -17,6 +19,10 @@ struct AdamWHyper {
   bool stochastic_rounding = false;  // bf16 model copy only (ops/adamw.h)
   uint64_t rounding_seed = 0;
   int64_t rounding_offset = 0;
+  // Elements [first, second) without weight decay: sorted, disjoint, within
+  // the buffers (ops::AdamWParams::no_decay, validated). Each run of one rule
+  // is its own pass here: the bits of a call per run.
+  std::span<const std::pair<int64_t, int64_t>> no_decay = {};
 };
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const Tensor& model_copy, const AdamWHyper& p);

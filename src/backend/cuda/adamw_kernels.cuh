@@ -6,9 +6,13 @@
 // A header so that the warp emulator (tests/cuda_emu) runs it on the CPU.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/adamw.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -54,6 +58,27 @@ struct NoDecay {
   int count = 0;
   int64_t begin[kMaxNoDecaySpans] = {}, end[kMaxNoDecaySpans] = {};
 };
+// One launch's share of a call: elements [lo, hi) and the spans among them
+// (relative to lo). A call's spans go kMaxNoDecaySpans to a launch: part j
+// runs from its first span's begin (0 for the first part) to the next part's.
+struct LaunchPart {
+  int64_t lo, hi;
+  NoDecay nd;
+};
+inline std::vector<LaunchPart> launch_parts(int64_t n, std::span<const std::pair<int64_t, int64_t>> no_decay) {
+  std::vector<LaunchPart> parts;
+  for (size_t first = 0; first == 0 || first < no_decay.size(); first += kMaxNoDecaySpans) {
+    const size_t last = std::min(no_decay.size(), first + kMaxNoDecaySpans);
+    LaunchPart part{first == 0 ? 0 : no_decay[first].first, last < no_decay.size() ? no_decay[last].first : n, {}};
+    for (size_t i = first; i < last; ++i, ++part.nd.count) {
+      part.nd.begin[part.nd.count] = no_decay[i].first - part.lo;
+      part.nd.end[part.nd.count] = no_decay[i].second - part.lo;
+    }
+    parts.push_back(part);
+  }
+  return parts;
+}
+
 __device__ __forceinline__ bool decays(int64_t i, const NoDecay& nd) {
   for (int s = 0; s < nd.count; ++s)
     if (i >= nd.begin[s] && i < nd.end[s]) return false;
