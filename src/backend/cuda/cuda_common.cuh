@@ -110,14 +110,15 @@ inline bool packs_of_16_fit(int64_t len, const Ptrs*... ptrs) {
 }
 
 // Calls launch(std::integral_constant<int, V>{}) with V = kPack16<T> where
-// 16-byte packs fit, else V = 1 (one element per load): the kernel is
-// instantiated for both widths and the launch picks one at run time.
-template <typename T, typename Launch>
+// 16-byte packs fit, else V = Fallback (one element per load, or the least a
+// kernel's unit holds: RoPE's pair): the kernel is instantiated for both
+// widths and the launch picks one at run time.
+template <typename T, int Fallback = 1, typename Launch>
 void with_pack_width(bool packs_fit, Launch&& launch) {
   if (packs_fit) {
     launch(std::integral_constant<int, kPack16<T>>{});
   } else {
-    launch(std::integral_constant<int, 1>{});
+    launch(std::integral_constant<int, Fallback>{});
   }
 }
 

@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
+      const float xhat = (to_f32(xv.v[k]) - mu) * rs;
       sg += g;
-      sgx += g * (to_f32(xv.v[k]) - mu) * rs;
+      sgx += g * xhat;
     }
   }
   const float mg = rms ? 0.0f : warp_sum(sg) / float(C);

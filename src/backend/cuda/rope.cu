@@ -30,17 +30,13 @@ void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t 
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "rope", [&] {
     T* yp = static_cast<T*>(y.data_ptr());
     const T* xp = static_cast<const T*>(x.data_ptr());
-    // 16-byte packs where they tile a head row (V divides D); else a pair per thread.
-    auto launch = [&](auto v) {
+    // 16-byte packs where they tile a head row; else a pair per thread.
+    with_pack_width<T, 2>(packs_of_16_fit<T>(D, yp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
       const int64_t units = x.numel() / V;
       rope_kernel<T, V><<<grid_for(units, kThreads, x.device()), kThreads, 0, stream_of(y)>>>(
           yp, xp, table.data<float>(), units, T_, H, half, pos_offset, inverse ? -1.0f : 1.0f);
-    };
-    if (packs_of_16_fit<T>(D, yp, xp))
-      launch(std::integral_constant<int, kPack16<T>>{});
-    else
-      launch(std::integral_constant<int, 2>{});
+    });
   });
   ZT_CUDA_CHECK_LAUNCH("rope_kernel");
 }
