@@ -3,20 +3,20 @@
 // for each CUDA implementation (cuDNN's fused attention, our fused mma and
 // flash kernels, the tensor-core gemm path and the simple kernel).
 // Median of 10 timed runs after 3 warm-ups, CUDA events on the compute
-// stream. Prints one JSON line per (shape, kernel); bench/gpu/attention_peer.py
-// times PyTorch's flash SDPA on the same shapes for the ratio.
+// stream (gpu/median_time.h). Prints one JSON line per (shape, kernel);
+// bench/gpu/attention_peer.py times PyTorch's flash SDPA on the same shapes
+// for the ratio.
 //
 // FLOPs (causal, as FlashAttention counts them): forward 4 B Hq D T^2 / 2,
 // forward + backward 3.5x that.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <vector>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/runtime.h"
 #include "core/rng.h"
+#include "gpu/median_time.h"
 #include "ops/device.h"
 #include "ops/elementwise.h"
 
@@ -28,20 +28,6 @@ struct Case {
   const char* name;
   int64_t B, T, Hq, Hkv, D;
 };
-
-template <typename F>
-double median_ms(Device dev, F&& run) {
-  for (int i = 0; i < 3; ++i) run();
-  cuda::EventTimer timer(dev);
-  std::vector<double> ms;
-  for (int i = 0; i < 10; ++i) {
-    timer.start();
-    run();
-    ms.push_back(timer.stop_ms());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 }  // namespace
 
@@ -85,8 +71,9 @@ int main(int argc, char** argv) {
           continue;
         }
       }
-      const double fwd = median_ms(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
-      const double both = median_ms(dev, [&] {
+      const double fwd =
+          1e3 * bench::median_seconds(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
+      const double both = 1e3 * bench::median_seconds(dev, [&] {
         cuda::attention_forward(out, lse, q, k, v, scale, kernel);
         cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kernel);
       });

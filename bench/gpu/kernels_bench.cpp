@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "gpu/median_time.h"
 #ifdef ZT_WITH_CUDA
 #include "backend/cuda/matmul.h"
 #endif
@@ -40,26 +41,13 @@
 namespace {
 
 using namespace zt;
+using bench::median_seconds;
 
 struct Model {
   const char* name;
   bool llama;
   int64_t B, T, C, F, Vp, V, Hq, Hkv, D, params;
 };
-
-// Median seconds of `reps` runs after 3 warm-ups, each between two marks on
-// the device's stream (events on a GPU, the host clock on the CPU).
-double median_seconds(Device dev, const std::function<void()>& run, int reps = 10) {
-  for (int i = 0; i < 3; ++i) run();
-  std::vector<double> s;
-  for (int i = 0; i < reps; ++i) {
-    const ops::DeviceMark start(dev);
-    run();
-    s.push_back(ops::DeviceMark(dev).seconds_since(start));
-  }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
-}
 
 // `vocab` (ids in [0, vocab); 0: none) lets the peer build the same inputs.
 void print_row(const char* model, const char* op, const std::string& shape, int64_t vocab, double seconds,
@@ -111,7 +99,7 @@ class Bench {
       bool bias, gelu_dgrad;
     };
     const int64_t N = m_.B * m_.T, C = m_.C, q = m_.Hq * m_.D, kv = m_.Hkv * m_.D;
-    const int64_t head_rows = nn::head_chunk_rows(N, m_.Vp, nn::default_head_chunk_elems(dev_));
+    const int64_t head_rows = head_chunk_rows(N);
     std::vector<Product> products;
     if (m_.llama) {
       products = {{"attn.q", N, C, q, false, false},        {"attn.k", N, C, kv, false, false},
@@ -183,7 +171,7 @@ class Bench {
       time("gelu_forward", dims({N, F}), 2 * N * F * es, [&] { ops::gelu_forward(y, x); });
     }
     {  // the fused classifier over one LM-head chunk, dlogits in place over the logits
-      const int64_t rows = nn::head_chunk_rows(N, m_.Vp, nn::default_head_chunk_elems(dev_));
+      const int64_t rows = head_chunk_rows(N);
       const Tensor logits0 = rand({rows, m_.Vp}, bf, -8, 8);
       Tensor logits = empty({rows, m_.Vp}, bf), losses = empty({rows}, DType::f32);
       const Tensor targets = random_ids(rows);  // on the host, as the model passes them
@@ -223,6 +211,10 @@ class Bench {
   }
 
  private:
+  // Rows of one LM-head chunk of N tokens, as the model cuts them (nn::head_chunk_rows).
+  int64_t head_chunk_rows(int64_t N) const {
+    return nn::head_chunk_rows(N, m_.Vp, nn::default_head_chunk_elems(dev_));
+  }
   Tensor empty(std::initializer_list<int64_t> s, DType dt) { return Tensor::empty(Shape(s), dt, dev_); }
   Tensor zeros(std::initializer_list<int64_t> s) {
     Tensor t = empty(s, DType::f32);

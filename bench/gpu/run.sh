@@ -19,10 +19,9 @@
 #   (default all, both models)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
-# packed, nothing compiles there), then two calls carrying what it names:
-# `bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention; bash bench/gpu/run.sh kernels` and
-# `bash bench/gpu/run.sh bench gpt2 llama` (the micro-batch probes and
-# PyTorch's compilations make one model's benchmark a few minutes).
+# packed, nothing compiles there); it prints what to carry and the two calls
+# (the micro-batch probes and PyTorch's compilations make one model's
+# benchmark a few minutes, hence `bench` in a call of its own).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -54,10 +53,10 @@ bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"
 tail -3 "$out/build.log"
 source scripts/gpu/env.sh
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  # All of them within ZT_GPU_TESTS_SECONDS (default 360): a test that hangs
+  # All of them within ZT_GPU_TESTS_SECONDS (default 300): a test that hangs
   # (a collective waiting forever) ends there, not at the call's limit, and
-  # the rest of the call still runs.
-  stop=$(date -d "+${ZT_GPU_TESTS_SECONDS:-360} seconds" +%H:%M:%S)
+  # the rest of the call (attention, kernels) still fits in its 10 minutes.
+  stop=$(date -d "+${ZT_GPU_TESTS_SECONDS:-300} seconds" +%H:%M:%S)
   (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 --stop-time "$stop" > "$out/gpu-tests.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi

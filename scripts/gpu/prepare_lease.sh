@@ -25,6 +25,6 @@ tree_mib=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | awk '{print
 carry_mib=$(du -cb .debs .gpu-lease .cache/zettatron/tokenizers data/fortunes-gpt2 | tail -1 | awk '{print int($1 / 1048576)}')
 echo "prepare_lease: the tree ${tree_mib} MiB + carried ${carry_mib} MiB (the limit is 64 MiB)"
 echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
-echo "then: ZT_GPU_TESTS_SECONDS=300 bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention; bash bench/gpu/run.sh kernels   (one call, timeout 560)"
-echo "      bash bench/gpu/run.sh bench gpt2 llama                         (a second call)"
+echo "then: bash bench/gpu/run.sh tests; bash bench/gpu/run.sh attention; bash bench/gpu/run.sh kernels   (one call, timeout 560)"
+echo "      bash bench/gpu/run.sh bench gpt2 llama   (a second call at once; then give the machine back)"
 [ $((tree_mib + carry_mib)) -lt 64 ] || { echo "prepare_lease: too large to travel"; exit 1; }
