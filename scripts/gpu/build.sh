@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run THERE (the GPU machine, repo root): unpacks the carried .debs/ into a
 # private prefix (never into /), then configures and builds Zettatron with the
-# CUDA backend for sm_90a into build-gpu/. Prints the toolchain it found.
+# CUDA backend for sm_90a into build-gpu/ - the binaries a lease runs
+# (lease_targets.sh), or everything with ZT_GPU_BUILD_ALL=1. Prints the
+# toolchain it found.
 #   usage: bash scripts/gpu/build.sh [extra cmake args]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,6 +56,10 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=
   || { cat build-gpu.configure.log; exit 1; }
 grep -E "Zettatron: (CUDA|NCCL|cuDNN)" build-gpu.configure.log || true
 # A failed build stops here (binaries of an earlier build would pass for it).
-cmake --build build-gpu -j "$(nproc)" > build-gpu.build.log 2>&1 \
+# Only what a lease runs (lease_targets.sh) unless ZT_GPU_BUILD_ALL=1.
+source scripts/gpu/lease_targets.sh
+targets=()
+[ "${ZT_GPU_BUILD_ALL:-0}" = 1 ] || targets=(--target "${zt_lease_targets[@]}")
+cmake --build build-gpu -j "$(nproc)" "${targets[@]}" > build-gpu.build.log 2>&1 \
   || { grep -E 'error|FAILED' build-gpu.build.log | head -50; exit 1; }
 echo "gpu-build: ok"

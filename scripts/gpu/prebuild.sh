@@ -35,13 +35,13 @@ git ls-files -- CMakeLists.txt '*.cmake' src tests bench \
   | xargs -d '\n' sha256sum > build-gpu.sha256
 # A failed build stops here: binaries left from an earlier one must not be
 # packed under these checksums.
-cmake --build "$link/build-gpu" -j "$(nproc)" > build-gpu.build.log 2>&1 \
+source scripts/gpu/lease_targets.sh
+cmake --build "$link/build-gpu" -j "$(nproc)" --target "${zt_lease_targets[@]}" > build-gpu.build.log 2>&1 \
   || { grep -E 'error|FAILED' build-gpu.build.log | head -50; exit 1; }
-# What a lease runs, without debug symbols: the CLI (the GPU test scripts and
-# the benchmark), the GPU test binary and the attention and kernel benchmarks. Not every
-# test binary: each holds its own sm_90a kernels, 61 MiB for all of them,
-# and a lease carries at most 64 MiB with the tree.
-for b in zettatron zt_cuda_tests zt_bench_gpu_attention zt_bench_gpu_kernels; do cp "build-gpu/bin/$b" .gpu-lease/bin/; done
+# What a lease runs (lease_targets.sh), without debug symbols. Not every test
+# binary: each holds its own sm_90a kernels, 61 MiB for all of them, and a
+# lease carries at most 64 MiB with the tree.
+for b in "${zt_lease_targets[@]}"; do cp "build-gpu/bin/$b" .gpu-lease/bin/; done
 strip --strip-unneeded .gpu-lease/bin/*
 # ctest's files: each directory's CTestTestfile.cmake and the lists of
 # discovered GoogleTest cases it includes.
