@@ -11,16 +11,23 @@ Command add_info_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     bool no_measure = false;
+    bool measure = false;
   };
   auto opts = std::make_shared<Opts>();
   Command c;
   c.app = app.add_subcommand("info", "Parameter count, FLOPs per token and memory (estimated and measured)");
   c.app->add_option("config", opts->config, "TOML config")->required()->check(CLI::ExistingFile);
   c.app->add_option("--set", opts->overrides, "Override a config value: section.key=value");
-  c.app->add_flag("--no-measure", opts->no_measure, "Skip the measured step (estimates only)");
+  auto* off = c.app->add_flag("--no-measure", opts->no_measure, "Skip the measured step (estimates only)");
+  c.app->add_flag("--measure", opts->measure,
+                  "Run the measured step even when it looks too large or slow for this machine")
+      ->excludes(off);
   c.run = [opts] {
     const train::Config cfg = train::load_config(opts->config, opts->overrides);
-    std::cout << train::format_info(cfg, train::make_info(cfg, !opts->no_measure));
+    const train::Measure measure = opts->no_measure ? train::Measure::off
+                                   : opts->measure  ? train::Measure::always
+                                                    : train::Measure::when_affordable;
+    std::cout << train::format_info(cfg, train::make_info(cfg, measure));
     return 0;
   };
   return c;

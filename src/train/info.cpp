@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <sstream>
+#include <string>
 
+#include "backend/cpu/peak_rate.h"
 #include "core/allocator.h"
+#include "core/error.h"
 #include "nn/transformer.h"
+#include "ops/device.h"
 
 namespace zt::train {
 
@@ -21,21 +26,109 @@ int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
   const int64_t full_block = s * (C /*x_in*/ + C /*ln1*/ + C /*q*/ + 2 * kv /*k,v*/ + C /*att*/ + C /*res_mid*/ +
                                   C /*ln2*/ + Fin /*mlp_in*/ + F /*act*/) +
                              4 * (m.n_head /*lse*/ + stats);
-  int64_t per_block = full_block;
-  if (policy == nn::Recompute::selective) per_block -= s * (C + F) + 4 * m.n_head;
-  if (policy == nn::Recompute::full) per_block = s * C;
-  int64_t bytes = tokens * per_block * m.n_layer;
-  // Head: final residual, d(final norm), norm stats.
-  bytes += tokens * (2 * s * C + 4 * stats / 2);
-  // At the peak, either the LM head's chunk of logits (while the head runs)
-  // or, under full recompute, the one block rebuilt during backward.
+  // Kept per token and block under the policy, and what its backward
+  // rebuilds of a block (selective: attention output, activation output and
+  // lse; full: all but the block's input).
+  int64_t kept = full_block, rebuilt = 0;
+  if (policy == nn::Recompute::selective) rebuilt = s * (C + F) + 4 * m.n_head;
+  if (policy == nn::Recompute::full) rebuilt = full_block - s * C;
+  kept -= rebuilt;
+  // Per token for the whole step: the losses (f32) and, on a CPU, the step's
+  // copy of the token ids (i32; a GPU keeps it in host memory).
+  const bool host = parse_device(cfg.train.device).is_cpu();
+  const int64_t step_tokens = 4 + (host ? 4 : 0);
+  // The peak is the end of the forward - every block's kept tensors, the
+  // head's (final residual, final norm output and its gradient, statistics)
+  // and a chunk of logits - or the backward of the last block: every block's
+  // kept tensors, what it rebuilds, and the gradients in flight (the
+  // residual stream's, one more of width C, one of the MLP's input width).
   const int64_t vocab = m.padded_vocab();
   const int64_t logits =
       s * vocab * nn::head_chunk_rows(tokens, vocab, nn::default_head_chunk_elems(parse_device(cfg.train.device)));
-  return bytes + std::max(logits, policy == nn::Recompute::full ? tokens * full_block : 0);
+  const int64_t blocks = tokens * kept * m.n_layer;
+  const int64_t forward_end = blocks + tokens * (3 * s * C + 4 * stats / 2 + step_tokens) + logits;
+  const int64_t backward = blocks + tokens * (rebuilt + s * (2 * C + Fin) + step_tokens);
+  return std::max(forward_end, backward);
 }
 
-InfoReport make_info(const Config& cfg, bool measure) {
+namespace {
+
+// Bytes the kernel would still give this process (MemAvailable), or 0 when
+// /proc/meminfo does not say.
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(int64_t(1) << 30));
+  return b;
+}
+
+// One training step of a random micro-batch per policy on `device`: the
+// allocator's peak of activations over each.
+void measure_activations(const Config& cfg, Device device, InfoReport& r) {
+  const nn::ModelConfig& m = cfg.model;
+  nn::Transformer model(m, cfg.compute_dtype(), device);
+  model.head_chunk_elems = nn::default_head_chunk_elems(device);  // as the run will chunk
+  model.init_weights(uint64_t(cfg.train.seed));
+  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
+  Tensor tokens = Tensor::empty(Shape{B, T}, DType::i32), targets = Tensor::empty(Shape{B, T}, DType::i32);
+  std::mt19937 gen(1);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens.data<int32_t>()[i] = int32_t(gen() % uint32_t(m.vocab_size));
+    targets.data<int32_t>()[i] = int32_t(gen() % uint32_t(m.vocab_size));
+  }
+  Allocator& alloc = allocator_for(device);
+  for (PolicyMemory& pm : r.activations) {
+    model.recompute = pm.policy;
+    const int64_t before = alloc.stats().current(MemCategory::activations);
+    alloc.reset_peak();
+    nn::ForwardContext ctx;
+    model.forward(ctx, tokens, targets, true, 1.0f / float(B * T));
+    model.backward(ctx);
+    pm.measured_activation_bytes = alloc.stats().peak(MemCategory::activations) - before;
+  }
+}
+
+}  // namespace
+
+int64_t measured_step_bytes(const InfoReport& r) {
+  int64_t act = 0;
+  for (const PolicyMemory& pm : r.activations) act = std::max(act, pm.estimated_activation_bytes);
+  return r.param_bytes + r.grad_bytes + act;
+}
+
+double measured_step_flops(const Config& cfg) {
+  const double step = cfg.model.train_flops_per_token(cfg.train.seq_len) * double(cfg.train.micro_batch) *
+                      double(cfg.train.seq_len);
+  return step * (1.0 + 1.0 + 4.0 / 3.0);  // none, selective, full (its blocks' forward twice)
+}
+
+std::string measure_cost_verdict(Device device, int64_t need_bytes, int64_t available_bytes, double flops,
+                                 double gflops) {
+  if (available_bytes > 0 && need_bytes > available_bytes)
+    return zt::detail::concat("it needs about ", gib(double(need_bytes)), " on ", device.str(), ", ",
+                              gib(double(available_bytes)), " are free");
+  if (device.is_cpu() && gflops > 0) {
+    const double seconds = flops / (gflops * 1e9);
+    if (seconds > kMeasureBudgetSeconds) {
+      char b[160];
+      std::snprintf(b, sizeof b, "it is %.0f TFLOP, about %.0f %s on the CPU (sgemm %.0f GFLOP/s)", flops / 1e12,
+                    seconds < 600 ? seconds : seconds / 60.0, seconds < 600 ? "seconds" : "minutes", gflops);
+      return b;
+    }
+  }
+  return "";
+}
+
+InfoReport make_info(const Config& cfg, Measure measure) {
   const nn::ModelConfig& m = cfg.model;
   InfoReport r;
   const int64_t C = m.d_model;
@@ -59,30 +152,36 @@ InfoReport make_info(const Config& cfg, bool measure) {
   r.grad_bytes = n_alloc * 4;
   r.optimizer_bytes = n_alloc * (mixed ? 12 : 8);  // m, v (+ f32 master)
 
-  for (nn::Recompute policy : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full}) {
-    PolicyMemory pm{policy, estimate_activation_bytes(cfg, policy), -1};
-    if (measure) {
-      nn::Transformer model(m, cfg.compute_dtype());
-      model.recompute = policy;
-      model.head_chunk_elems = nn::default_head_chunk_elems(parse_device(cfg.train.device));  // as the run will chunk
-      model.init_weights(uint64_t(cfg.train.seed));
-      const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
-      Tensor tokens = Tensor::empty(Shape{B, T}, DType::i32), targets = Tensor::empty(Shape{B, T}, DType::i32);
-      std::mt19937 gen(1);
-      for (int64_t i = 0; i < B * T; ++i) {
-        tokens.data<int32_t>()[i] = int32_t(gen() % uint32_t(m.vocab_size));
-        targets.data<int32_t>()[i] = int32_t(gen() % uint32_t(m.vocab_size));
-      }
-      Allocator& alloc = allocator_for(Device::cpu());
-      const int64_t before = alloc.stats().current(MemCategory::activations);
-      alloc.reset_peak();
-      nn::ForwardContext ctx;
-      model.forward(ctx, tokens, targets, true, 1.0f / float(B * T));
-      model.backward(ctx);
-      pm.measured_activation_bytes = alloc.stats().peak(MemCategory::activations) - before;
-    }
-    r.activations.push_back(pm);
+  for (nn::Recompute policy : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full})
+    r.activations.push_back({policy, estimate_activation_bytes(cfg, policy), -1});
+  if (measure == Measure::off) return r;
+  // On the config's device; the CPU when this machine lacks it (the
+  // allocator's accounting, and so the activation bytes, are the same).
+  Device device = parse_device(cfg.train.device);
+  std::string fallback;  // why not the config's device
+  if (device.is_cuda() && device.index >= ops::gpu_count()) {
+    fallback = "the config's " + device.str() + " is not on this machine";
+    device = Device::cpu();
   }
+  if (measure == Measure::when_affordable) {
+    const double gflops = device.is_cpu() ? cpu::measure_sgemm_gflops(0.2) : 0.0;
+    r.measure_skipped = measure_cost_verdict(device, measured_step_bytes(r),
+                                             device.is_cpu() ? host_available_bytes() : 0,
+                                             measured_step_flops(cfg), gflops);
+    if (!r.measure_skipped.empty()) {
+      if (!fallback.empty()) r.measure_skipped = fallback + " and " + r.measure_skipped;
+      return r;
+    }
+  }
+  ops::init_device(device);
+  try {
+    measure_activations(cfg, device, r);
+  } catch (const Error& e) {  // out of device memory: the estimates still stand
+    for (PolicyMemory& pm : r.activations) pm.measured_activation_bytes = -1;
+    r.measure_skipped = e.what();
+    return r;
+  }
+  r.measured_on = fallback.empty() ? device.str() : device.str() + " (" + fallback + ")";
   return r;
 }
 
@@ -125,6 +224,8 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                   double(a.estimated_activation_bytes) / MiB, measured);
     os << line;
   }
+  if (!r.measured_on.empty()) os << "  measured: one training step per policy on " << r.measured_on << "\n";
+  if (!r.measure_skipped.empty()) os << "  not measured: " << r.measure_skipped << "; `--measure` runs it anyway\n";
   return os.str();
 }
 

@@ -30,10 +30,32 @@ struct InfoReport {
   double flops_per_token = 0;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   std::vector<PolicyMemory> activations;
+  std::string measured_on;      // the device of the measured step ("" when it did not run)
+  std::string measure_skipped;  // why it did not run (with Measure::when_affordable, or a failure)
 };
 
-// measure = true runs one training step of a random micro-batch per policy.
-InfoReport make_info(const Config& cfg, bool measure);
+// The measured step: off; when_affordable (the default: run it unless it
+// needs more memory than the device has free, or, on a CPU, longer than
+// kMeasureBudgetSeconds - the report then says why not); always.
+enum class Measure { off, when_affordable, always };
+constexpr double kMeasureBudgetSeconds = 120;
+
+// Runs, unless `measure` says otherwise, one training step of a random
+// micro-batch per recompute policy on the config's device (the CPU when it
+// names a GPU this machine does not have).
+InfoReport make_info(const Config& cfg, Measure measure);
+// Why the measured step should not run, or "" when it may: it needs
+// `need_bytes` on `device` but `available_bytes` are free (0: unknown, not
+// checked; on the host a process past it is killed, not told), or it is
+// `flops` of work on a CPU doing `gflops`, over kMeasureBudgetSeconds.
+std::string measure_cost_verdict(Device device, int64_t need_bytes, int64_t available_bytes, double flops,
+                                 double gflops);
+// Bytes the measured step holds at its peak: weights, f32 gradients and the
+// largest policy's activation estimate.
+int64_t measured_step_bytes(const InfoReport& r);
+// FLOPs of the measured step, all three policies (full recompute reruns the
+// blocks' forward; selective's recompute is small and not counted).
+double measured_step_flops(const Config& cfg);
 // Analytic activation bytes kept for backward by one micro-batch under a policy.
 int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy);
 std::string format_info(const Config& cfg, const InfoReport& r);

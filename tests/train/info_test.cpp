@@ -1,0 +1,104 @@
+// `zettatron info`: the activation estimate against the allocator's
+// measurement of a real step, and when the measured step is skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "train/config.h"
+#include "train/info.h"
+
+namespace zt::train {
+namespace {
+
+Config config_of(const std::string& preset, const std::vector<std::string>& overrides = {}) {
+  const std::string toml = "[model]\npreset = \"" + preset +
+                           "\"\n[data]\ndir = \"somewhere\"\n[train]\ndevice = \"cpu\"\nseq_len = 64\n"
+                           "global_batch = 4\nmicro_batch = 4\nsteps = 1\n";
+  return parse_config(toml, "info_test.toml", overrides);
+}
+
+::testing::AssertionResult has(const std::string& msg, const std::string& part) {
+  if (msg.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << msg << "' lacks '" << part << "'";
+}
+
+// The analytic estimate (what a user plans with) within 1% of the bytes a
+// real step holds at its peak, for every policy, both architectures, f32 and
+// bf16, a shallow and a deeper shape: a tensor per block, or the backward's
+// gradients in flight, left out of the estimate are 3-20% of it.
+class InfoEstimate : public ::testing::TestWithParam<std::tuple<const char*, const char*, bool>> {};
+
+TEST_P(InfoEstimate, MatchesTheMeasuredStepForEveryPolicy) {
+  const auto [preset, dtype, deeper] = GetParam();
+  std::vector<std::string> overrides = {std::string("train.dtype=\"") + dtype + "\""};
+  if (deeper)  // 6 blocks of width 128, 2 x 128 tokens, a larger vocabulary
+    overrides.insert(overrides.end(), {"model.n_layer=6", "model.d_model=128", "model.max_seq_len=128",
+                                       "model.vocab_size=3000", "train.seq_len=128", "train.micro_batch=2",
+                                       "train.global_batch=2"});
+  const Config cfg = config_of(preset, overrides);
+  const InfoReport r = make_info(cfg, Measure::always);
+  EXPECT_EQ(r.measured_on, "cpu");
+  EXPECT_EQ(r.measure_skipped, "");
+  ASSERT_EQ(r.activations.size(), 3u);
+  for (const PolicyMemory& pm : r.activations) {
+    SCOPED_TRACE(std::string(nn::recompute_name(pm.policy)));
+    ASSERT_GT(pm.measured_activation_bytes, 0);
+    EXPECT_NEAR(double(pm.estimated_activation_bytes), double(pm.measured_activation_bytes),
+                0.01 * double(pm.measured_activation_bytes));
+  }
+  // Recompute keeps less: the policies are not measured the same by accident.
+  EXPECT_GT(r.activations[0].measured_activation_bytes, r.activations[1].measured_activation_bytes);
+  EXPECT_GT(r.activations[1].measured_activation_bytes, r.activations[2].measured_activation_bytes);
+  const std::string text = format_info(cfg, r);
+  EXPECT_TRUE(has(text, "measured: one training step per policy on cpu"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, InfoEstimate,
+                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama3-tiny"),
+                                            ::testing::Values("f32", "bf16"), ::testing::Bool()));
+
+TEST(Info, MeasureCostVerdictNamesWhatIsTooLarge) {
+  const int64_t GiB = int64_t(1) << 30;
+  // Affordable: fits, and 1 TFLOP at 100 GFLOP/s is 10 s.
+  EXPECT_EQ(measure_cost_verdict(Device::cpu(), 2 * GiB, 8 * GiB, 1e12, 100), "");
+  // Memory: both amounts named (a process past the host's memory is killed, not told).
+  const std::string mem = measure_cost_verdict(Device::cpu(), 80 * GiB, 23 * GiB, 1e12, 100);
+  EXPECT_TRUE(has(mem, "80.0 GiB on cpu")) << mem;
+  EXPECT_TRUE(has(mem, "23.0 GiB are free")) << mem;
+  // Time on a CPU: 200 TFLOP at 100 GFLOP/s is 2000 s.
+  const std::string slow = measure_cost_verdict(Device::cpu(), GiB, 0, 200e12, 100);
+  EXPECT_TRUE(has(slow, "200 TFLOP, about 33 minutes on the CPU (sgemm 100 GFLOP/s)")) << slow;
+  EXPECT_TRUE(has(measure_cost_verdict(Device::cpu(), GiB, 0, 15e12, 100), "about 150 seconds"));
+  // Unknown free memory is not checked; a GPU's time is not a concern.
+  EXPECT_EQ(measure_cost_verdict(Device::cpu(), 1000 * GiB, 0, 1e12, 100), "");
+  EXPECT_EQ(measure_cost_verdict(Device::cuda(0), GiB, 0, 200e12, 0), "");
+}
+
+TEST(Info, MeasuredStepIsSkippedWhenUnaffordable) {
+  // Llama 3 8B at micro-batch 8 x 1024 is out of reach of any CPU's budget
+  // (and of most hosts' memory): estimates only, and the reason says so.
+  const Config cfg = config_of("llama3-8b", {"train.seq_len=1024", "train.global_batch=8", "train.micro_batch=8",
+                                             "train.dtype=\"bf16\""});
+  const InfoReport r = make_info(cfg, Measure::when_affordable);
+  EXPECT_EQ(r.measured_on, "");
+  EXPECT_FALSE(r.measure_skipped.empty());
+  for (const PolicyMemory& pm : r.activations) {
+    EXPECT_EQ(pm.measured_activation_bytes, -1);
+    EXPECT_GT(pm.estimated_activation_bytes, 0);
+  }
+  EXPECT_TRUE(has(format_info(cfg, r), "not measured: " + r.measure_skipped + "; `--measure` runs it anyway"));
+  // The step's size: 6N + attention per token, three policies' worth.
+  EXPECT_GT(measured_step_flops(cfg), 3 * 6 * 8e9 * 8192);
+  EXPECT_GT(measured_step_bytes(r), r.param_bytes + r.grad_bytes);
+}
+
+TEST(Info, OffMeasuresNothing) {
+  const InfoReport r = make_info(config_of("gpt2-tiny"), Measure::off);
+  EXPECT_EQ(r.measured_on, "");
+  EXPECT_EQ(r.measure_skipped, "");
+  for (const PolicyMemory& pm : r.activations) EXPECT_EQ(pm.measured_activation_bytes, -1);
+}
+
+}  // namespace
+}  // namespace zt::train
