@@ -19,9 +19,11 @@
 #   (default all, both models)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
-# packed, nothing compiles there); it prints what to carry and the two calls
-# (the micro-batch probes and PyTorch's compilations make one model's
-# benchmark a few minutes, hence `bench` in a call of its own).
+# packed, nothing compiles there); it prints what to carry and the two calls,
+# most wanted first (the micro-batch probes and PyTorch's compilation make one
+# model's benchmark a few minutes). ZT_CALL_DEADLINE (epoch seconds) makes
+# every step of every run.sh in a call start only if it still fits and end
+# before the call does, so the call's logs always come back packed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -49,6 +51,31 @@ pack_logs() {
     && mv "/tmp/$archive" "$out/"
 }
 trap pack_logs EXIT
+# A call to the GPU machine ends at its limit (10 minutes at most), and a call
+# killed there brings back loose files, not this archive. ZT_CALL_DEADLINE
+# (epoch seconds, exported once at the start of a call for every run.sh in
+# it) bounds each step: it starts only if about the time it needs is left,
+# and runs under `timeout` until the deadline less the time packing takes.
+deadline=${ZT_CALL_DEADLINE:-0}
+exec 3>&1  # what bounded says reaches the call's output even where the step's output goes to a log
+seconds_left() {
+  if [ "$deadline" -gt 0 ]; then echo $((deadline - $(date +%s) - 20)); else echo 86400; fi
+}
+bounded() {  # bounded NEED_SECONDS NAME COMMAND...: 75 when skipped, 124 when cut off
+  local need=$1 name=$2 left
+  shift 2
+  left=$(seconds_left)
+  if [ "$left" -lt "$need" ]; then
+    echo "skipped: $name (${left}s left in this call, it needs about ${need}s)" >&3
+    return 75
+  fi
+  timeout -k 5 "$left" "$@"
+}
+said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's tail (not for a skipped step)
+  [ "$1" -eq 75 ] && return 0
+  echo "$2 failed:"
+  tail -"$4" "$3"
+}
 bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
 tail -3 "$out/build.log"
 source scripts/gpu/env.sh
@@ -56,8 +83,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   # All of them within ZT_GPU_TESTS_SECONDS (default 300): a test that hangs
   # (a collective waiting forever) ends there, not at the call's limit, and
   # the rest of the call (attention, kernels) still fits in its 10 minutes.
-  stop=$(date -d "+${ZT_GPU_TESTS_SECONDS:-300} seconds" +%H:%M:%S)
-  (cd build-gpu && ctest -L gpu --output-on-failure --timeout 300 --stop-time "$stop" > "$out/gpu-tests.log" 2>&1)
+  budget=${ZT_GPU_TESTS_SECONDS:-300}
+  left=$(seconds_left)
+  [ "$left" -ge "$budget" ] || budget=$((left - 10))
+  stop=$(date -d "+$budget seconds" +%H:%M:%S)
+  (cd build-gpu && bounded 30 "GPU tests" ctest -L gpu --output-on-failure --timeout 300 --stop-time "$stop" \
+     > "$out/gpu-tests.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
@@ -65,11 +96,11 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
   # The step's memory-bound ops one by one against the copy rate, its products
   # against the GEMM rate, and PyTorch's eager kernels on the same rows (about a
   # minute).
-  ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
-    || { echo "kernels bench failed:"; tail -3 "$out/kernels-zt.err"; }
-  python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" \
-    || { echo "kernels peer failed:"; tail -5 "$out/kernels-pt.err"; }
-  python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
+  bounded 90 "kernel bench" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
+    || said_failed $? "kernels bench" "$out/kernels-zt.err" 3
+  bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
+    > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" || said_failed $? "kernels peer" "$out/kernels-pt.err" 5
+  [ -s "$out/kernels-zt.jsonl" ] && python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
 import json, sys
 ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 peer = {(r["model"], r["op"]): r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
@@ -101,7 +132,8 @@ fi
 # ZT_CUDA_ATTENTION, if set, wins.
 if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
   log="$out/attention-test.log"
-  if ! ./build-gpu/bin/zt_cuda_tests --gtest_filter='*AttentionForwardBackwardGqa*' > "$log" 2>&1; then
+  if ! bounded 30 "attention test" ./build-gpu/bin/zt_cuda_tests --gtest_filter='*AttentionForwardBackwardGqa*' \
+      > "$log" 2>&1; then
     choice=gemm  # a crash names no path: the cuBLASLt one
     if grep -q "Failure" "$log"; then  # failure traces (": <path>" lines) name the paths that failed
       choice=""
@@ -117,13 +149,15 @@ fi
 if [ "$what" = attention ] || [ "$what" = all ]; then
   : > "$out/attention-zt.jsonl"
   for kernel in cudnn mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
-    ./build-gpu/bin/zt_bench_gpu_attention $kernel >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
-      || { echo "attention bench ($kernel) failed:"; tail -3 "$out/attention-zt.err"; }
+    bounded 20 "attention bench ($kernel)" ./build-gpu/bin/zt_bench_gpu_attention $kernel \
+      >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
+      || said_failed $? "attention bench ($kernel)" "$out/attention-zt.err" 3
   done
   grep "cuDNN cannot" "$out/attention-zt.err" | head -4
-  python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" 2> "$out/attention-pt.err" \
-    || { echo "attention peer failed:"; tail -5 "$out/attention-pt.err"; }
-  python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'
+  bounded 60 "attention bench's PyTorch peer" python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" \
+    2> "$out/attention-pt.err" \
+    || said_failed $? "attention peer" "$out/attention-pt.err" 5
+  [ -s "$out/attention-zt.jsonl" ] && python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.strip()]
 peer = {r["shape"]: r for r in rows if r["kernel"].startswith("torch")}
@@ -144,16 +178,19 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
 # micro-batch, or (if that does not fit it) its own largest, and the table
 # says which.
 declare -A mb_of=([gpt2]=128 [llama]=64)  # where the search starts
+declare -A trained=()
 mkdir -p "$out/probes" "$runs/probes"
 largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   local arch=$1 mb=${mb_of[$1]} log
   while [ "$mb" -ge 1 ]; do
     log="$out/probes/$arch-$mb.log"
-    if ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml --set train.micro_batch=$mb \
-        --set train.global_batch=$mb --set train.steps=2 --set train.run_dir="$runs/probes/run-$arch-$mb" > "$log" 2>&1; then
-      echo "$mb"
-      return
-    fi
+    bounded 40 "$arch probe at micro-batch $mb" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
+      --set train.micro_batch=$mb --set train.global_batch=$mb --set train.steps=2 \
+      --set train.run_dir="$runs/probes/run-$arch-$mb" > "$log" 2>&1
+    case $? in
+      0) echo "$mb"; return ;;
+      75) return ;;  # no time left for it
+    esac
     grep -q "out of memory" "$log" || { echo "zettatron $arch probe at micro-batch $mb failed:" >&2; tail -5 "$log" >&2; return; }
     mb=$((mb / 2))
   done
@@ -163,12 +200,15 @@ for arch in "${models[@]}"; do
   mb=$(largest_fitting_micro_batch $arch)
   [ -n "$mb" ] || continue
   mb_of[$arch]=$mb
-  ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
-    --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
-    || { echo "zettatron $arch failed:"; tail -20 "$out/zt-$arch.log"; continue; }
+  bounded 60 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
+    --set train.global_batch=$mb --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
+    || { said_failed $? "zettatron $arch" "$out/zt-$arch.log" 20; continue; }
+  trained[$arch]=1
   pt_mb=$mb
   while [ "$pt_mb" -ge 1 ]; do
-    python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 > "$out/pt-$arch.json" 2> "$out/pt-$arch.err" && break
+    bounded 150 "pytorch $arch" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
+      > "$out/pt-$arch.json" 2> "$out/pt-$arch.err"
+    case $? in 0 | 75) break ;; esac
     grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { echo "pytorch $arch failed:"; tail -5 "$out/pt-$arch.err"; break; }
     pt_mb=$((pt_mb / 2))
   done
@@ -190,11 +230,13 @@ print(line)
 PY
 done
 for arch in "${models[@]}"; do
+  [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml
-  ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" --set train.steps=6 \
+  bounded 40 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
+    --set train.steps=6 \
     --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
     --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1 \
-    || { echo "zettatron $arch profile run failed:"; tail -20 "$out/zt-$arch-profile.log"; continue; }
+    || { said_failed $? "zettatron $arch profile run" "$out/zt-$arch-profile.log" 20; continue; }
   echo "$arch: time per op (steps 2-6)"
   sed -n '/time per op/,/outside ops/p' "$out/zt-$arch-profile.log" | tail -n +2 | head -24
 done
