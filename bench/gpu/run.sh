@@ -6,7 +6,8 @@
 # fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024, each at
 # the largest power-of-two micro-batch that fits (2-step probes) - and
 # prints a short table last, then where Zettatron's step goes (a short second
-# run with metrics.op_profile: GPU time per op from events). `attention` times
+# run with metrics.op_profile: GPU time per op from events) and the activation
+# memory `zettatron info` estimates against its peak on the GPU. `attention` times
 # the CUDA attention kernels (cuDNN, mma, flash, tensor-core gemm path, simple)
 # against PyTorch's flash SDPA on the same shapes (bench/gpu/attention_bench.cpp,
 # attention_peer.py). `kernels` times the step's memory-bound ops (norms, the
@@ -239,4 +240,14 @@ for arch in "${models[@]}"; do
     || { said_failed $? "zettatron $arch profile run" "$out/zt-$arch-profile.log" 20; continue; }
   echo "$arch: time per op (steps 2-6)"
   sed -n '/time per op/,/outside ops/p' "$out/zt-$arch-profile.log" | tail -n +2 | head -24
+done
+# The memory planner on the GPU: `zettatron info`'s activation estimate for
+# each recompute policy next to the allocator's peak of a step on this GPU.
+for arch in "${models[@]}"; do
+  [ -n "${trained[$arch]:-}" ] || continue
+  bounded 40 "zettatron info $arch" ./build-gpu/bin/zettatron info configs/bench-gpu-$arch.toml \
+    --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} > "$out/zt-$arch-info.log" 2>&1 \
+    || { said_failed $? "zettatron info $arch" "$out/zt-$arch-info.log" 10; continue; }
+  echo "$arch: activation memory per micro-batch of ${mb_of[$arch]}, estimated and measured on this GPU"
+  sed -n '/recompute /,$p' "$out/zt-$arch-info.log"
 done
