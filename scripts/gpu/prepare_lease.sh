@@ -31,5 +31,6 @@ echo 'then, call 1 (timeout_s 590): export ZT_CALL_DEADLINE=$(( $(date +%s) + 57
 echo '        bash bench/gpu/run.sh bench gpt2; bash bench/gpu/run.sh kernels'
 echo '      call 2 at once (timeout_s: the budget left less 60 s, at most 600; D = that less 20):'
 echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh bench llama; bash bench/gpu/run.sh attention'
+echo '        (first `bash bench/gpu/run.sh kernels` if call 1 skipped it)'
 echo '      then give the machine back; a step a call skipped for time says "skipped:" in its output'
 [ $((tree_mib + carry_mib)) -lt 64 ] || { echo "prepare_lease: too large to travel"; exit 1; }
