@@ -7,8 +7,12 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/peak_rate.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/runtime.h"
+#endif
 #include "core/allocator.h"
 #include "core/error.h"
 #include "nn/transformer.h"
@@ -53,17 +57,19 @@ int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
 
 namespace {
 
-// Bytes the kernel would still give this process (MemAvailable), or 0 when
-// /proc/meminfo does not say.
-int64_t host_available_bytes() {
+// A line of /proc/meminfo in bytes ("MemTotal", "MemAvailable"), or 0 when
+// it does not say.
+int64_t meminfo_bytes(const std::string& name) {
   std::ifstream in("/proc/meminfo");
   std::string key;
   int64_t kib = 0;
   std::string unit;
   while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == name + ":") return kib * 1024;
   return 0;
 }
+
+int64_t host_available_bytes() { return meminfo_bytes("MemAvailable"); }
 
 std::string gib(double bytes) {
   char b[32];
@@ -98,6 +104,90 @@ void measure_activations(const Config& cfg, Device device, InfoReport& r) {
 }
 
 }  // namespace
+
+MemoryPlan plan_memory(const Config& cfg) {
+  const nn::ModelConfig& m = cfg.model;
+  // Buffers hold padded vocabulary rows; count what is allocated.
+  const int64_t padded_extra = (m.padded_vocab() - m.vocab_size) * m.d_model * (m.tied_embeddings ? 1 : 2);
+  const int64_t n_alloc = m.total_params() + padded_extra;
+  const bool mixed = cfg.compute_dtype() != DType::f32;
+  MemoryPlan p;
+  p.weights = n_alloc * int64_t(dtype_size(cfg.compute_dtype()));
+  p.gradients = n_alloc * 4;
+  p.optimizer = n_alloc * (mixed ? 12 : 8);  // m, v (+ f32 master)
+  p.activations = estimate_activation_bytes(cfg, cfg.recompute());
+  return p;
+}
+
+int64_t device_capacity_bytes(Device device) {
+  if (device.is_cpu()) return meminfo_bytes("MemTotal");
+#if ZT_WITH_CUDA
+  return int64_t(cuda::device_info(device.index).total_memory);
+#else
+  return 0;
+#endif
+}
+
+std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capacity_bytes) {
+  // In the unit of the total: MiB under a GiB.
+  const bool in_gib = p.total() >= (int64_t(1) << 30);
+  const double unit = double(int64_t(1) << (in_gib ? 30 : 20));
+  char b[256];
+  std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f = %.*f %s",
+                in_gib ? 2 : 1, double(p.weights) / unit, in_gib ? 2 : 1, double(p.gradients) / unit, in_gib ? 2 : 1,
+                double(p.optimizer) / unit, in_gib ? 2 : 1, double(p.activations) / unit, in_gib ? 2 : 1,
+                double(p.total()) / unit, in_gib ? "GiB" : "MiB");
+  std::string out = b;
+  if (capacity_bytes > 0) out += " of " + device.str() + "'s " + gib(double(capacity_bytes));
+  return out;
+}
+
+std::string memory_plan_verdict(const Config& cfg, Device device, int64_t capacity_bytes) {
+  const MemoryPlan plan = plan_memory(cfg);
+  const auto fits = [&](const MemoryPlan& p) { return double(p.total()) <= 1.02 * double(capacity_bytes); };
+  if (capacity_bytes <= 0 || fits(plan)) return "";
+  const double G = double(int64_t(1) << 30);
+  char items[200];
+  std::snprintf(items, sizeof items, "weights %.2f, gradients %.2f, optimizer %.2f, activations %.2f GiB",
+                double(plan.weights) / G, double(plan.gradients) / G, double(plan.optimizer) / G,
+                double(plan.activations) / G);
+  std::string msg = zt::detail::concat("train.micro_batch = ", cfg.train.micro_batch, " would run out of memory on ",
+                                       device.str(), ": it needs about ", gib(double(plan.total())), " (", items,
+                                       " with recompute ", cfg.train.recompute, ") and ", device.str(), " holds ",
+                                       gib(double(capacity_bytes)));
+  // What would fit: the largest smaller micro-batch that divides the batch
+  // (gradient accumulation keeps the global batch), another policy.
+  std::vector<std::string> options;
+  std::vector<int64_t> divisors;  // of the global batch, below the micro-batch
+  const int64_t g = cfg.train.global_batch;
+  for (int64_t d = 1; d * d <= g; ++d)
+    if (g % d == 0)
+      for (int64_t x : {d, g / d})
+        if (x < cfg.train.micro_batch) divisors.push_back(x);
+  std::sort(divisors.rbegin(), divisors.rend());
+  for (int64_t mb : divisors) {
+    Config c = cfg;
+    c.train.micro_batch = mb;
+    const MemoryPlan p = plan_memory(c);
+    if (fits(p)) {
+      options.push_back(zt::detail::concat("train.micro_batch = ", mb, " needs about ", gib(double(p.total()))));
+      break;
+    }
+  }
+  for (const char* policy : {"selective", "full"}) {
+    if (cfg.train.recompute == policy) continue;
+    Config c = cfg;
+    c.train.recompute = policy;
+    const MemoryPlan p = plan_memory(c);
+    if (fits(p)) options.push_back(zt::detail::concat("train.recompute = \"", policy, "\" about ", gib(double(p.total()))));
+  }
+  if (options.empty())
+    return msg + "; no smaller micro-batch or recompute policy fits one device: split the model over more devices "
+                 "(parallel.tp, parallel.pp) or shard its state (parallel.dp with parallel.zero_stage)";
+  msg += "; ";
+  for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
+  return msg + " (`zettatron info CONFIG` itemises it)";
+}
 
 int64_t measured_step_bytes(const InfoReport& r) {
   int64_t act = 0;
@@ -144,13 +234,10 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   r.total_params = m.total_params();
   r.non_embedding_params = m.non_embedding_params();
   r.flops_per_token = m.train_flops_per_token(cfg.train.seq_len);
-  // Buffers hold padded vocabulary rows; count what is allocated.
-  const int64_t padded_extra = (m.padded_vocab() - m.vocab_size) * C * (m.tied_embeddings ? 1 : 2);
-  const int64_t n_alloc = r.total_params + padded_extra;
-  const bool mixed = cfg.compute_dtype() != DType::f32;
-  r.param_bytes = n_alloc * int64_t(dtype_size(cfg.compute_dtype()));
-  r.grad_bytes = n_alloc * 4;
-  r.optimizer_bytes = n_alloc * (mixed ? 12 : 8);  // m, v (+ f32 master)
+  const MemoryPlan plan = plan_memory(cfg);
+  r.param_bytes = plan.weights;
+  r.grad_bytes = plan.gradients;
+  r.optimizer_bytes = plan.optimizer;
 
   for (nn::Recompute policy : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full})
     r.activations.push_back({policy, estimate_activation_bytes(cfg, policy), -1});

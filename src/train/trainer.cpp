@@ -20,6 +20,7 @@
 #include "ops/op_profile.h"
 #include "train/checkpointing.h"
 #include "train/generate.h"
+#include "train/info.h"
 
 namespace zt::train {
 
@@ -65,6 +66,14 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
+  if (!mesh_ || mesh_->shape().world() == 1) {
+    // A run that cannot fit stops now, before allocating, saying what would
+    // fit (one process: the plan does not model sharding).
+    const int64_t capacity = device_capacity_bytes(device);
+    const std::string verdict = memory_plan_verdict(cfg_, device, capacity);
+    ZT_CHECK(verdict.empty(), verdict);
+    memory_plan_ = format_memory_plan(plan_memory(cfg_), device, capacity);
+  }
   schedule_ = cfg_.lr_schedule();
   if (const auto ls = cfg_.loss_scaling()) {
     scaler_.emplace(*ls);
@@ -470,6 +479,7 @@ TrainResult Trainer::run(int64_t stop_after) {
                 (long long)cfg_.grad_accum_steps(dp_->size()), (long long)cfg_.train.steps, peak_gflops_,
                 (" (" + peak_source_ + ")").c_str());
   say(head);
+  if (!memory_plan_.empty()) say("memory plan (estimated): " + memory_plan_);
   say("run directory: " + run_dir.string());
   if (resumed)
     say("resuming after step " + std::to_string(first_step) + " (" + std::to_string(progress_.tokens_seen) +

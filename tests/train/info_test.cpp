@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "train/config.h"
 #include "train/info.h"
+#include "train/trainer.h"
+#include "train/train_test_util.h"
+#include "core/error.h"
 
 namespace zt::train {
 namespace {
@@ -91,6 +95,64 @@ TEST(Info, MeasuredStepIsSkippedWhenUnaffordable) {
   // The step's size: 6N + attention per token, three policies' worth.
   EXPECT_GT(measured_step_flops(cfg), 3 * 6 * 8e9 * 8192);
   EXPECT_GT(measured_step_bytes(r), r.param_bytes + r.grad_bytes);
+}
+
+// The plan a run is checked against before it allocates: the same bytes
+// `info` reports, a verdict only past the 2% margin, and the way out it names
+// fits the same capacity.
+TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
+  const Config cfg = config_of("gpt2-tiny", {"train.global_batch=8", "train.micro_batch=8"});
+  const MemoryPlan plan = plan_memory(cfg);
+  const InfoReport r = make_info(cfg, Measure::off);
+  EXPECT_EQ(plan.weights, r.param_bytes);
+  EXPECT_EQ(plan.gradients, r.grad_bytes);
+  EXPECT_EQ(plan.optimizer, r.optimizer_bytes);
+  EXPECT_EQ(plan.activations, r.activations[0].estimated_activation_bytes);  // recompute none
+  EXPECT_EQ(memory_plan_verdict(cfg, Device::cpu(), plan.total()), "");
+  EXPECT_EQ(memory_plan_verdict(cfg, Device::cpu(), int64_t(double(plan.total()) / 1.01)), "");
+  EXPECT_EQ(memory_plan_verdict(cfg, Device::cpu(), 0), "") << "an unknown capacity is not checked";
+  // Between micro-batch 4's plan and 8's: 4 is named (it divides the batch).
+  Config half = cfg;
+  half.train.micro_batch = 4;
+  const int64_t between = (plan_memory(half).total() + int64_t(double(plan.total()) / 1.02)) / 2;
+  ASSERT_LT(plan_memory(half).total(), between);
+  const std::string v = memory_plan_verdict(cfg, Device::cpu(), between);
+  EXPECT_TRUE(has(v, "train.micro_batch = 8 would run out of memory on cpu")) << v;
+  EXPECT_TRUE(has(v, "with recompute none")) << v;
+  EXPECT_TRUE(has(v, "train.micro_batch = 4 needs about")) << v;
+  // Each way out it names passes the same capacity.
+  EXPECT_EQ(memory_plan_verdict(half, Device::cpu(), between), "");
+  if (has(v, "train.recompute = \"full\"")) {
+    Config full = cfg;
+    full.train.recompute = "full";
+    EXPECT_EQ(memory_plan_verdict(full, Device::cpu(), between), "");
+  }
+  // Nothing fits: the way out is more devices.
+  const std::string none = memory_plan_verdict(cfg, Device::cuda(0), 1024);
+  EXPECT_TRUE(has(none, "out of memory on cuda:0")) << none;
+  EXPECT_TRUE(has(none, "parallel.zero_stage")) << none;
+}
+
+TEST(MemoryPlan, ARunThatCannotFitStopsBeforeAllocating) {
+  // 2^26 sequences of 64 tokens: terabytes of activations, more than any
+  // host has; the trainer refuses before the model is allocated.
+  const Config cfg = config_of("gpt2-tiny", {"train.global_batch=67108864", "train.micro_batch=67108864"});
+  try {
+    Trainer t(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 1), nullptr, nullptr);
+    FAIL() << "the trainer started a run that cannot fit";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "train.micro_batch = 67108864 would run out of memory on cpu")) << e.what();
+  }
+  // One that fits says its plan in the log.
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "zt_memory_plan";
+  const Config small = config_of("gpt2-tiny", {"train.steps=1", "train.run_dir=" + dir.string()});
+  Trainer t(small, std::make_unique<RandomBatches>(small.model.vocab_size, 1), nullptr, nullptr);
+  std::string said;
+  t.log = [&](const std::string& line) { said += line + "\n"; };
+  t.run();
+  EXPECT_TRUE(has(said, "memory plan (estimated): weights ")) << said;
+  EXPECT_TRUE(has(said, " of cpu's ")) << said;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Info, OffMeasuresNothing) {
