@@ -209,8 +209,9 @@ for arch in "${models[@]}"; do
   while [ "$pt_mb" -ge 1 ]; do
     bounded 150 "pytorch $arch" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
       > "$out/pt-$arch.json" 2> "$out/pt-$arch.err"
-    case $? in 0 | 75) break ;; esac
-    grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { echo "pytorch $arch failed:"; tail -5 "$out/pt-$arch.err"; break; }
+    rc=$?
+    case $rc in 0 | 75) break ;; esac
+    grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { said_failed $rc "pytorch $arch" "$out/pt-$arch.err" 5; break; }
     pt_mb=$((pt_mb / 2))
   done
   python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" <<'PY'
@@ -233,18 +234,16 @@ done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml
-  bounded 40 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
-    --set train.steps=6 \
-    --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
-    --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1 \
-    || { said_failed $? "zettatron $arch profile run" "$out/zt-$arch-profile.log" 20; continue; }
-  echo "$arch: time per op (steps 2-6)"
-  sed -n '/time per op/,/outside ops/p' "$out/zt-$arch-profile.log" | tail -n +2 | head -24
-done
-# The memory planner on the GPU: `zettatron info`'s activation estimate for
-# each recompute policy next to the allocator's peak of a step on this GPU.
-for arch in "${models[@]}"; do
-  [ -n "${trained[$arch]:-}" ] || continue
+  if bounded 40 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
+      --set train.steps=6 --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
+      --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1; then
+    echo "$arch: time per op (steps 2-6)"
+    sed -n '/time per op/,/outside ops/p' "$out/zt-$arch-profile.log" | tail -n +2 | head -24
+  else
+    said_failed $? "zettatron $arch profile run" "$out/zt-$arch-profile.log" 20
+  fi
+  # The memory planner on the GPU: `zettatron info`'s activation estimate for
+  # each recompute policy next to the allocator's peak of a step on this GPU.
   bounded 40 "zettatron info $arch" ./build-gpu/bin/zettatron info configs/bench-gpu-$arch.toml \
     --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} > "$out/zt-$arch-info.log" 2>&1 \
     || { said_failed $? "zettatron info $arch" "$out/zt-$arch-info.log" 10; continue; }

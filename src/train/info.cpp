@@ -69,8 +69,6 @@ int64_t meminfo_bytes(const std::string& name) {
   return 0;
 }
 
-int64_t host_available_bytes() { return meminfo_bytes("MemAvailable"); }
-
 std::string gib(double bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(int64_t(1) << 30));
@@ -146,14 +144,9 @@ std::string memory_plan_verdict(const Config& cfg, Device device, int64_t capaci
   const MemoryPlan plan = plan_memory(cfg);
   const auto fits = [&](const MemoryPlan& p) { return double(p.total()) <= 1.02 * double(capacity_bytes); };
   if (capacity_bytes <= 0 || fits(plan)) return "";
-  const double G = double(int64_t(1) << 30);
-  char items[200];
-  std::snprintf(items, sizeof items, "weights %.2f, gradients %.2f, optimizer %.2f, activations %.2f GiB",
-                double(plan.weights) / G, double(plan.gradients) / G, double(plan.optimizer) / G,
-                double(plan.activations) / G);
   std::string msg = zt::detail::concat("train.micro_batch = ", cfg.train.micro_batch, " would run out of memory on ",
-                                       device.str(), ": it needs about ", gib(double(plan.total())), " (", items,
-                                       " with recompute ", cfg.train.recompute, ") and ", device.str(), " holds ",
+                                       device.str(), ": it needs about ", format_memory_plan(plan, device, 0),
+                                       " with recompute ", cfg.train.recompute, ", and ", device.str(), " holds ",
                                        gib(double(capacity_bytes)));
   // What would fit: the largest smaller micro-batch that divides the batch
   // (gradient accumulation keeps the global batch), another policy.
@@ -253,7 +246,7 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   if (measure == Measure::when_affordable) {
     const double gflops = device.is_cpu() ? cpu::measure_sgemm_gflops(0.2) : 0.0;
     r.measure_skipped = measure_cost_verdict(device, measured_step_bytes(r),
-                                             device.is_cpu() ? host_available_bytes() : 0,
+                                             device.is_cpu() ? meminfo_bytes("MemAvailable") : 0,
                                              measured_step_flops(cfg), gflops);
     if (!r.measure_skipped.empty()) {
       if (!fallback.empty()) r.measure_skipped = fallback + " and " + r.measure_skipped;

@@ -142,11 +142,10 @@ TEST(TrainingData, ValidationSplitIsOpenedOnlyWhenEvaluating) {
   const int64_t micro = int64_t(index.val.tokens) / T + 1;  // more samples than the split holds
   ASSERT_LT(micro * (T + 1), int64_t(index.train.tokens)) << "the train split must hold a micro-batch";
   auto config = [&](int eval_every) {
-    return parse_config(kTiny, "tiny", {"data.dir=" + dir.string(), "model.vocab_size=50257",
-                                        "train.seq_len=" + std::to_string(T),
-                                "train.micro_batch=" + std::to_string(micro),
-                                "train.global_batch=" + std::to_string(micro),
-                                "train.eval_every=" + std::to_string(eval_every)});
+    return parse_config(kTiny, "tiny",
+                        {"data.dir=" + dir.string(), "model.vocab_size=50257", "train.seq_len=" + std::to_string(T),
+                         "train.micro_batch=" + std::to_string(micro), "train.global_batch=" + std::to_string(micro),
+                         "train.eval_every=" + std::to_string(eval_every)});
   };
   const TrainingData without = open_training_data(config(0));
   EXPECT_NE(without.train, nullptr);
