@@ -2,6 +2,7 @@
 // measurement of a real step, and when the measured step is skipped.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -31,7 +32,7 @@ Config config_of(const std::string& preset, const std::vector<std::string>& over
 // real step holds at its peak, for every policy, both architectures, f32 and
 // bf16, a shallow and a deeper shape: a tensor per block, or the backward's
 // gradients in flight, left out of the estimate are 3-20% of it.
-class InfoEstimate : public ::testing::TestWithParam<std::tuple<const char*, const char*, bool>> {};
+class InfoEstimate : public ::testing::TestWithParam<std::tuple<std::string, std::string, bool>> {};
 
 TEST_P(InfoEstimate, MatchesTheMeasuredStepForEveryPolicy) {
   const auto [preset, dtype, deeper] = GetParam();
@@ -59,8 +60,15 @@ TEST_P(InfoEstimate, MatchesTheMeasuredStepForEveryPolicy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, InfoEstimate,
-                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama3-tiny"),
-                                            ::testing::Values("f32", "bf16"), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(std::string("gpt2-tiny"), std::string("llama3-tiny")),
+                                            ::testing::Values(std::string("f32"), std::string("bf16")),
+                                            ::testing::Bool()),
+                         [](const auto& info) {  // gpt2_tiny_f32, ..._deeper
+                           std::string name = std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                              (std::get<2>(info.param) ? "_deeper" : "");
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(Info, MeasureCostVerdictNamesWhatIsTooLarge) {
   const int64_t GiB = int64_t(1) << 30;
