@@ -1,4 +1,5 @@
 // `zettatron info CONFIG`: parameters, FLOPs per token, memory estimate vs measured.
+#include <algorithm>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -12,6 +13,7 @@ Command add_info_command(CLI::App& app) {
     std::vector<std::string> overrides;
     bool no_measure = false;
     bool measure = false;
+    int64_t ranks = 0;
   };
   auto opts = std::make_shared<Opts>();
   Command c;
@@ -22,12 +24,19 @@ Command add_info_command(CLI::App& app) {
   c.app->add_flag("--measure", opts->measure,
                   "Run the measured step even when it looks too large or slow for this machine")
       ->excludes(off);
+  c.app->add_option("--ranks", opts->ranks,
+                    "Processes the run will have: adds the memory of each rank of the config's parallel layout "
+                    "(parallel.dp = 0 takes the rest; default: dp x tp x pp with dp = 0 counted as 1)")
+      ->check(CLI::PositiveNumber);
   c.run = [opts] {
     const train::Config cfg = train::load_config(opts->config, opts->overrides);
     const train::Measure measure = opts->no_measure ? train::Measure::off
                                    : opts->measure  ? train::Measure::always
                                                     : train::Measure::when_affordable;
     std::cout << train::format_info(cfg, train::make_info(cfg, measure));
+    const int64_t ranks = opts->ranks > 0 ? opts->ranks
+                                          : std::max<int64_t>(1, cfg.parallel.dp) * cfg.parallel.tp * cfg.parallel.pp;
+    if (ranks > 1) std::cout << train::format_layout_plan(cfg, train::plan_layout(cfg, ranks));
     return 0;
   };
   return c;

@@ -112,9 +112,8 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   std::vector<std::vector<nn::ForwardContext>> contexts(static_cast<size_t>(v));
   for (auto& c : contexts) c.resize(static_cast<size_t>(m));
   int64_t in_flight = 0;
-  constexpr size_t kLookahead = 3;  // receives posted this many actions ahead
   for (size_t i = 0; i < actions.size(); ++i) {
-    for (size_t j = i; j < std::min(actions.size(), i + kLookahead); ++j) post_recv(actions[j]);
+    for (size_t j = i; j < std::min(actions.size(), i + kRecvLookahead); ++j) post_recv(actions[j]);
     const Action& a = actions[i];
     const int64_t s = stage_of(a);
     nn::Transformer& chunk = *chunks_[size_t(a.chunk)];

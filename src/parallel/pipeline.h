@@ -46,6 +46,9 @@ class PipelineRunner {
   // form a group).
   PipelineRunner(comm::ProcessGroup& pp, std::vector<nn::Transformer*> chunks, PipelineSchedule kind);
 
+  // Receives are posted this many actions ahead, each an (R, C) buffer.
+  static constexpr size_t kRecvLookahead = 3;
+
   int64_t stages() const { return pp_->size() * int64_t(chunks_.size()); }
   bool first_rank() const { return pp_->rank() == 0; }
   bool last_rank() const { return pp_->rank() == pp_->size() - 1; }

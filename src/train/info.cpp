@@ -20,60 +20,7 @@
 
 namespace zt::train {
 
-int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
-  const nn::ModelConfig& m = cfg.model;
-  const int64_t tokens = cfg.train.micro_batch * cfg.train.seq_len;
-  const int64_t s = int64_t(dtype_size(cfg.compute_dtype()));
-  const int64_t C = m.d_model, kv = m.n_kv_head * m.head_dim(), F = m.d_ff, Fin = m.mlp_in_width();
-  const int64_t stats = m.arch == nn::Arch::gpt2 ? 4 : 2;  // f32 norm statistics per token (mean?, rstd) x 2 norms
-  // Per token and block, what BlockActivations keeps (see nn/transformer.h).
-  const int64_t full_block = s * (C /*x_in*/ + C /*ln1*/ + C /*q*/ + 2 * kv /*k,v*/ + C /*att*/ + C /*res_mid*/ +
-                                  C /*ln2*/ + Fin /*mlp_in*/ + F /*act*/) +
-                             4 * (m.n_head /*lse*/ + stats);
-  // Kept per token and block under the policy, and what its backward
-  // rebuilds of a block (selective: attention output, activation output and
-  // lse; full: all but the block's input).
-  int64_t kept = full_block, rebuilt = 0;
-  if (policy == nn::Recompute::selective) rebuilt = s * (C + F) + 4 * m.n_head;
-  if (policy == nn::Recompute::full) rebuilt = full_block - s * C;
-  kept -= rebuilt;
-  // Per token for the whole step: the losses (f32) and, on a CPU, the step's
-  // copy of the token ids (i32; a GPU keeps it in host memory).
-  const bool host = parse_device(cfg.train.device).is_cpu();
-  const int64_t step_tokens = 4 + (host ? 4 : 0);
-  // The peak is the end of the forward - every block's kept tensors, the
-  // head's (final residual, final norm output and its gradient, statistics)
-  // and a chunk of logits - or the backward of the last block: every block's
-  // kept tensors, what it rebuilds, and the gradients in flight (the
-  // residual stream's, one more of width C, one of the MLP's input width).
-  const int64_t vocab = m.padded_vocab();
-  const int64_t logits =
-      s * vocab * nn::head_chunk_rows(tokens, vocab, nn::default_head_chunk_elems(parse_device(cfg.train.device)));
-  const int64_t blocks = tokens * kept * m.n_layer;
-  const int64_t forward_end = blocks + tokens * (3 * s * C + 4 * stats / 2 + step_tokens) + logits;
-  const int64_t backward = blocks + tokens * (rebuilt + s * (2 * C + Fin) + step_tokens);
-  return std::max(forward_end, backward);
-}
-
 namespace {
-
-// A line of /proc/meminfo in bytes ("MemTotal", "MemAvailable"), or 0 when
-// it does not say.
-int64_t meminfo_bytes(const std::string& name) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == name + ":") return kib * 1024;
-  return 0;
-}
-
-std::string gib(double bytes) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(int64_t(1) << 30));
-  return b;
-}
 
 // One training step of a random micro-batch per policy on `device`: the
 // allocator's peak of activations over each.
@@ -103,85 +50,6 @@ void measure_activations(const Config& cfg, Device device, InfoReport& r) {
 
 }  // namespace
 
-MemoryPlan plan_memory(const Config& cfg) {
-  const nn::ModelConfig& m = cfg.model;
-  // Buffers hold padded vocabulary rows; count what is allocated.
-  const int64_t padded_extra = (m.padded_vocab() - m.vocab_size) * m.d_model * (m.tied_embeddings ? 1 : 2);
-  const int64_t n_alloc = m.total_params() + padded_extra;
-  const bool mixed = cfg.compute_dtype() != DType::f32;
-  MemoryPlan p;
-  p.weights = n_alloc * int64_t(dtype_size(cfg.compute_dtype()));
-  p.gradients = n_alloc * 4;
-  p.optimizer = n_alloc * (mixed ? 12 : 8);  // m, v (+ f32 master)
-  p.activations = estimate_activation_bytes(cfg, cfg.recompute());
-  return p;
-}
-
-int64_t device_capacity_bytes(Device device) {
-  if (device.is_cpu()) return meminfo_bytes("MemTotal");
-#if ZT_WITH_CUDA
-  return int64_t(cuda::device_info(device.index).total_memory);
-#else
-  return 0;
-#endif
-}
-
-std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capacity_bytes) {
-  // In the unit of the total: MiB under a GiB.
-  const bool in_gib = p.total() >= (int64_t(1) << 30);
-  const double unit = double(int64_t(1) << (in_gib ? 30 : 20));
-  char b[256];
-  std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f = %.*f %s",
-                in_gib ? 2 : 1, double(p.weights) / unit, in_gib ? 2 : 1, double(p.gradients) / unit, in_gib ? 2 : 1,
-                double(p.optimizer) / unit, in_gib ? 2 : 1, double(p.activations) / unit, in_gib ? 2 : 1,
-                double(p.total()) / unit, in_gib ? "GiB" : "MiB");
-  std::string out = b;
-  if (capacity_bytes > 0) out += " of " + device.str() + "'s " + gib(double(capacity_bytes));
-  return out;
-}
-
-std::string memory_plan_verdict(const Config& cfg, Device device, int64_t capacity_bytes) {
-  const MemoryPlan plan = plan_memory(cfg);
-  const auto fits = [&](const MemoryPlan& p) { return double(p.total()) <= 1.02 * double(capacity_bytes); };
-  if (capacity_bytes <= 0 || fits(plan)) return "";
-  std::string msg = zt::detail::concat("train.micro_batch = ", cfg.train.micro_batch, " would run out of memory on ",
-                                       device.str(), ": it needs about ", format_memory_plan(plan, device, 0),
-                                       " with recompute ", cfg.train.recompute, ", and ", device.str(), " holds ",
-                                       gib(double(capacity_bytes)));
-  // What would fit: the largest smaller micro-batch that divides the batch
-  // (gradient accumulation keeps the global batch), another policy.
-  std::vector<std::string> options;
-  std::vector<int64_t> divisors;  // of the global batch, below the micro-batch
-  const int64_t g = cfg.train.global_batch;
-  for (int64_t d = 1; d * d <= g; ++d)
-    if (g % d == 0)
-      for (int64_t x : {d, g / d})
-        if (x < cfg.train.micro_batch) divisors.push_back(x);
-  std::sort(divisors.rbegin(), divisors.rend());
-  for (int64_t mb : divisors) {
-    Config c = cfg;
-    c.train.micro_batch = mb;
-    const MemoryPlan p = plan_memory(c);
-    if (fits(p)) {
-      options.push_back(zt::detail::concat("train.micro_batch = ", mb, " needs about ", gib(double(p.total()))));
-      break;
-    }
-  }
-  for (const char* policy : {"selective", "full"}) {
-    if (cfg.train.recompute == policy) continue;
-    Config c = cfg;
-    c.train.recompute = policy;
-    const MemoryPlan p = plan_memory(c);
-    if (fits(p)) options.push_back(zt::detail::concat("train.recompute = \"", policy, "\" about ", gib(double(p.total()))));
-  }
-  if (options.empty())
-    return msg + "; no smaller micro-batch or recompute policy fits one device: split the model over more devices "
-                 "(parallel.tp, parallel.pp) or shard its state (parallel.dp with parallel.zero_stage)";
-  msg += "; ";
-  for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
-  return msg + " (`zettatron info CONFIG` itemises it)";
-}
-
 int64_t measured_step_bytes(const InfoReport& r) {
   int64_t act = 0;
   for (const PolicyMemory& pm : r.activations) act = std::max(act, pm.estimated_activation_bytes);
@@ -197,8 +65,8 @@ double measured_step_flops(const Config& cfg) {
 std::string measure_cost_verdict(Device device, int64_t need_bytes, int64_t available_bytes, double flops,
                                  double gflops) {
   if (available_bytes > 0 && need_bytes > available_bytes)
-    return zt::detail::concat("it needs about ", gib(double(need_bytes)), " on ", device.str(), ", ",
-                              gib(double(available_bytes)), " are free");
+    return zt::detail::concat("it needs about ", format_gib(double(need_bytes)), " on ", device.str(), ", ",
+                              format_gib(double(available_bytes)), " are free");
   if (device.is_cpu() && gflops > 0) {
     const double seconds = flops / (gflops * 1e9);
     if (seconds > kMeasureBudgetSeconds) {
@@ -246,7 +114,7 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   if (measure == Measure::when_affordable) {
     const double gflops = device.is_cpu() ? cpu::measure_sgemm_gflops(0.2) : 0.0;
     r.measure_skipped = measure_cost_verdict(device, measured_step_bytes(r),
-                                             device.is_cpu() ? meminfo_bytes("MemAvailable") : 0,
+                                             device.is_cpu() ? host_meminfo_bytes("MemAvailable") : 0,
                                              measured_step_flops(cfg), gflops);
     if (!r.measure_skipped.empty()) {
       if (!fallback.empty()) r.measure_skipped = fallback + " and " + r.measure_skipped;
@@ -306,6 +174,32 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
   }
   if (!r.measured_on.empty()) os << "  measured: one training step per policy on " << r.measured_on << "\n";
   if (!r.measure_skipped.empty()) os << "  not measured: " << r.measure_skipped << "; `--measure` runs it anyway\n";
+  return os.str();
+}
+
+std::string format_layout_plan(const Config& cfg, const PlanPlace& layout) {
+  std::ostringstream os;
+  os << "\nmemory per rank: " << describe_layout(layout) << " ("
+     << layout.dp * layout.tp * layout.pp << " processes), " << cfg.train.dtype << ", micro-batch "
+     << cfg.train.micro_batch << ", recompute " << cfg.train.recompute << ", zero_stage " << cfg.parallel.zero_stage;
+  if (layout.pp > 1) os << ", " << cfg.parallel.pp_schedule << " schedule";
+  if (layout.tp > 1 && cfg.parallel.sequence_parallel) os << ", sequence parallel";
+  os << "\n";
+  for (int64_t r = 0; r < layout.pp; ++r) {
+    PlanPlace at;  // this stage's largest tp rank
+    MemoryPlan best;
+    for (int64_t t = 0; t < layout.tp; ++t) {
+      PlanPlace here = layout;
+      here.pp_rank = r;
+      here.tp_rank = t;
+      const MemoryPlan p = plan_memory(cfg, here);
+      if (t == 0 || p.total() > best.total()) best = p, at = here;
+    }
+    os << "  " << describe_place(at) << ": " << format_memory_plan(best, Device::cpu(), 0) << "\n";
+  }
+  PlanPlace worst;
+  const MemoryPlan p = largest_rank_plan(cfg, layout, &worst);
+  os << "  largest: " << describe_place(worst) << "\n";
   return os.str();
 }
 

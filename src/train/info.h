@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "train/memory_plan.h"
 
 namespace zt::train {
 
@@ -34,28 +35,6 @@ struct InfoReport {
   std::string measure_skipped;  // why it did not run (with Measure::when_affordable, or a failure)
 };
 
-// One process's memory for a config without parallelism: weights (the
-// compute dtype), f32 gradients, the optimizer's state (AdamW m, v and, in
-// mixed precision, the f32 master) and a micro-batch's activations at the
-// config's recompute policy (estimate_activation_bytes).
-struct MemoryPlan {
-  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
-  int64_t total() const { return weights + gradients + optimizer + activations; }
-};
-MemoryPlan plan_memory(const Config& cfg);
-// The memory `device` holds: a GPU's, or the host's physical memory (0 when
-// unknown).
-int64_t device_capacity_bytes(Device device);
-// "" when plan_memory(cfg) can fit `capacity_bytes` (0: unknown, not
-// checked); else the error a run stops with before allocating anything:
-// what it needs, item by item, what the device holds, and what would fit - a
-// smaller micro-batch dividing the batch, another recompute policy, or
-// sharding. A plan within 2% over still passes (the estimate's margin), and
-// one that fits may still fail: the CUDA context and workspaces are not in it.
-std::string memory_plan_verdict(const Config& cfg, Device device, int64_t capacity_bytes);
-// One line for the trainer's log: the plan, item by item, and the capacity.
-std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capacity_bytes);
-
 // The measured step: off; when_affordable (the default: run it unless it
 // needs more memory than the device has free, or, on a CPU, longer than
 // kMeasureBudgetSeconds - the report then says why not); always.
@@ -78,8 +57,9 @@ int64_t measured_step_bytes(const InfoReport& r);
 // FLOPs of the measured step, all three policies (full recompute reruns the
 // blocks' forward; selective's recompute is small and not counted).
 double measured_step_flops(const Config& cfg);
-// Analytic activation bytes kept for backward by one micro-batch under a policy.
-int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy);
 std::string format_info(const Config& cfg, const InfoReport& r);
+// The memory plan of every pipeline stage of a parallel layout (its largest
+// tensor-parallel rank), and which rank is the largest.
+std::string format_layout_plan(const Config& cfg, const PlanPlace& layout);
 
 }  // namespace zt::train

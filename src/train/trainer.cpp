@@ -34,6 +34,16 @@ std::string format_mib(double v) {
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
+// How many of this node's processes share `device`'s memory: all of them
+// share the host's; a GPU is shared when there are more processes than GPUs
+// (parallel.comm_backend = mpi).
+int64_t processes_sharing_device(Device device, bool multi_process) {
+  if (!multi_process) return 1;
+  const comm::WorldInfo w = comm::world_info();
+  if (device.is_cpu()) return w.local_size;
+  const int64_t gpus = std::max(1, ops::gpu_count());
+  return (w.local_size + gpus - 1) / gpus;
+}
 }  // namespace
 
 json BatchSource::state() const {
@@ -66,13 +76,20 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
-  if (!mesh_ || mesh_->shape().world() == 1) {
-    // A run that cannot fit stops now, before allocating, saying what would
-    // fit (one process: the plan does not model sharding).
-    const int64_t capacity = device_capacity_bytes(device);
-    const std::string verdict = memory_plan_verdict(cfg_, device, capacity);
+  {
+    // A run that cannot fit stops now, before allocating or any collective,
+    // saying what would fit: the plan of the layout's largest rank (a pure
+    // function of the config, so every rank reaches the same verdict).
+    PlanPlace layout;
+    if (mesh_) layout = {mesh_->shape().dp, mesh_->shape().tp, mesh_->shape().pp, 0, 0};
+    const int64_t capacity = device_capacity_bytes(device, processes_sharing_device(device, mesh_ != nullptr));
+    const std::string verdict = memory_plan_verdict(cfg_, layout, device, capacity);
     ZT_CHECK(verdict.empty(), verdict);
-    memory_plan_ = format_memory_plan(plan_memory(cfg_), device, capacity);
+    PlanPlace at = layout;
+    if (mesh_) at.tp_rank = mesh_->coord().tp, at.pp_rank = mesh_->coord().pp;
+    const std::string where = describe_place(at);
+    memory_plan_ = format_memory_plan(plan_memory(cfg_, at), device, capacity) +
+                   (where.empty() ? "" : " (" + where + " of " + describe_layout(at) + ")");
   }
   schedule_ = cfg_.lr_schedule();
   if (const auto ls = cfg_.loss_scaling()) {

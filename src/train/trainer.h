@@ -143,7 +143,7 @@ class Trainer {
   optim::LrSchedule schedule_;
   std::optional<optim::LossScaler> scaler_;  // dynamic loss scaling, when on (state in progress_)
   double peak_gflops_ = 0;
-  std::string memory_plan_;  // one process's estimated memory, for the log ("" under parallelism)
+  std::string memory_plan_;  // this rank's estimated memory, for the log
   std::string peak_source_;  // where peak_gflops_ came from, for the log
   TrainProgress progress_;
   Tensor inputs_, targets_;  // (micro_batch, T) i32

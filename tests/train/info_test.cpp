@@ -116,27 +116,27 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   EXPECT_EQ(plan.gradients, r.grad_bytes);
   EXPECT_EQ(plan.optimizer, r.optimizer_bytes);
   EXPECT_EQ(plan.activations, r.activations[0].estimated_activation_bytes);  // recompute none
-  EXPECT_EQ(memory_plan_verdict(cfg, Device::cpu(), plan.total()), "");
-  EXPECT_EQ(memory_plan_verdict(cfg, Device::cpu(), int64_t(double(plan.total()) / 1.01)), "");
-  EXPECT_EQ(memory_plan_verdict(cfg, Device::cpu(), 0), "") << "an unknown capacity is not checked";
+  EXPECT_EQ(memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), plan.total()), "");
+  EXPECT_EQ(memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), int64_t(double(plan.total()) / 1.01)), "");
+  EXPECT_EQ(memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), 0), "") << "an unknown capacity is not checked";
   // Between micro-batch 4's plan and 8's: 4 is named (it divides the batch).
   Config half = cfg;
   half.train.micro_batch = 4;
   const int64_t between = (plan_memory(half).total() + int64_t(double(plan.total()) / 1.02)) / 2;
   ASSERT_LT(plan_memory(half).total(), between);
-  const std::string v = memory_plan_verdict(cfg, Device::cpu(), between);
+  const std::string v = memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), between);
   EXPECT_TRUE(has(v, "train.micro_batch = 8 would run out of memory on cpu")) << v;
   EXPECT_TRUE(has(v, "with recompute none")) << v;
   EXPECT_TRUE(has(v, "train.micro_batch = 4 needs about")) << v;
   // Full recompute keeps a third of the blocks' bytes: it fits too, and is
   // named. Each way out it names passes the same capacity.
   EXPECT_TRUE(has(v, "or train.recompute = \"full\" about")) << v;
-  EXPECT_EQ(memory_plan_verdict(half, Device::cpu(), between), "");
+  EXPECT_EQ(memory_plan_verdict(half, PlanPlace{}, Device::cpu(), between), "");
   Config full = cfg;
   full.train.recompute = "full";
-  EXPECT_EQ(memory_plan_verdict(full, Device::cpu(), between), "");
+  EXPECT_EQ(memory_plan_verdict(full, PlanPlace{}, Device::cpu(), between), "");
   // Nothing fits: the way out is more devices.
-  const std::string none = memory_plan_verdict(cfg, Device::cuda(0), 1024);
+  const std::string none = memory_plan_verdict(cfg, PlanPlace{}, Device::cuda(0), 1024);
   EXPECT_TRUE(has(none, "out of memory on cuda:0")) << none;
   EXPECT_TRUE(has(none, "parallel.zero_stage")) << none;
 }

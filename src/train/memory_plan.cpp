@@ -1,0 +1,412 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#if ZT_WITH_CUDA
+#include "backend/cuda/runtime.h"
+#endif
+#include "core/error.h"
+#include "nn/tensor_parallel.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+
+namespace zt::train {
+
+namespace {
+
+int64_t padded(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+int64_t numel_of(const std::vector<nn::ParamSpec>& specs) {
+  int64_t n = 0;
+  for (const nn::ParamSpec& s : specs) n += s.shape.numel();
+  return n;
+}
+
+// The model chunks a rank holds, as the trainer builds them: the whole
+// model, or stage c pp + pp_rank for chunk c of v.
+std::vector<nn::ModelPart> rank_parts(const Config& cfg, const PlanPlace& at) {
+  if (at.pp == 1) return {nn::ModelPart{0, cfg.model.n_layer, true, true}};
+  const int64_t v = cfg.parallel.virtual_stages;
+  const auto plan = parallel::plan_pipeline_stages(cfg.model, cfg.train.seq_len, at.pp * v,
+                                                   parallel::parse_stage_layers(cfg.parallel.pp_layers));
+  std::vector<nn::ModelPart> parts;
+  for (int64_t c = 0; c < v; ++c) {
+    const parallel::StageLayers& st = plan[size_t(c * at.pp + at.pp_rank)];
+    parts.push_back({st.first, st.last, st.embedding, st.head});
+  }
+  return parts;
+}
+
+// Flat buffer lengths (elements, padding included) of one chunk's parameter
+// sets in the model's order: embeddings, blocks, head (with the head
+// stage's copy of a tied embedding). *tied: that copy's or the tied
+// embedding's set, whose gradient lives through the whole pass (-1: none).
+std::vector<int64_t> chunk_sets(const Config& cfg, const nn::TpShares& sh, const nn::ModelPart& part, int64_t pad,
+                                int64_t* tied) {
+  const nn::ModelConfig& m = cfg.model;
+  std::vector<int64_t> sets;
+  *tied = -1;
+  if (part.embedding) {
+    if (m.tied_embeddings) *tied = 0;
+    sets.push_back(padded(numel_of(nn::embedding_specs(m, sh)), pad));
+  }
+  for (int64_t l = part.first_layer; l < part.last_layer; ++l)
+    sets.push_back(padded(numel_of(nn::block_specs(m, sh, size_t(l))), pad));
+  if (part.head) {
+    int64_t n = numel_of(nn::head_specs(m, sh));
+    if (m.tied_embeddings && !part.embedding) {
+      n += nn::embedding_specs(m, sh).front().shape.numel();
+      *tied = int64_t(sets.size());
+    }
+    sets.push_back(padded(n, pad));
+  }
+  return sets;
+}
+
+// Activation bytes of one chunk for one micro-batch: what it keeps between
+// its forward and its backward, and what it holds at the peak of each pass
+// (the end of the forward; the backward of its last block).
+struct ChunkActivations {
+  int64_t kept = 0, forward_peak = 0, backward_peak = 0;
+  // zb: what a micro-batch holds between its input-gradient pass and its
+  // weight pass - each linear layer's input and output gradient - and at
+  // the end of the input-gradient pass (that, and the last block's work).
+  int64_t held_for_weights = 0, backward_input_peak = 0;
+  int64_t rows = 0;  // one (R, C) tensor of the residual stream: what pipeline stages exchange
+  int64_t peak() const { return std::max(forward_peak, backward_peak); }
+};
+
+ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, const nn::ModelPart& part,
+                                   bool sequence_parallel, bool pipelined, nn::Recompute policy) {
+  const nn::ModelConfig& m = cfg.model;
+  const int64_t N = cfg.train.micro_batch * cfg.train.seq_len;  // tokens of a micro-batch
+  const int64_t R = sequence_parallel ? N / sh.tp : N;          // rows of the residual stream on this rank
+  const int64_t s = int64_t(dtype_size(cfg.compute_dtype()));
+  const int64_t C = m.d_model, D = m.head_dim(), q = sh.q_heads * D, kv = sh.kv_heads * D;
+  const int64_t W = m.mlp_in_width() / sh.tp, F = sh.ff;
+  const int64_t stats = m.arch == nn::Arch::gpt2 ? 2 : 1;  // f32 per row and norm: (mean,) rstd
+  // What BlockActivations keeps (see nn/transformer.h): (R, C) rows of the
+  // residual stream, (N, local width) matmul outputs, f32 statistics.
+  const int64_t rows_c = s * R * C;
+  const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv + W + F) /*q, att, k, v,
+      mlp_in, act*/ + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
+  // What backward rebuilds of one block (selective: attention output, lse
+  // and activation output; full: all but the block's input).
+  int64_t rebuilt = 0;
+  if (policy == nn::Recompute::selective) rebuilt = s * N * (q + F) + 4 * N * sh.q_heads;
+  if (policy == nn::Recompute::full) rebuilt = full_block - rows_c;
+  const int64_t layers = part.last_layer - part.first_layer;
+  const int64_t blocks = layers * (full_block - rebuilt);
+  // The inputs (ln1 and ln2 as all N rows, att, act) and output gradients
+  // (the row-parallel layers' two, all N rows; d mlp_in, dq, dk, dv) the
+  // deferred weight gradients of a block read.
+  const int64_t held_block = s * N * (4 * C + 2 * q + 2 * kv + W + F);
+  // The step's host copy of the token ids (i32) per chunk and micro-batch:
+  // device memory only when the device is the host.
+  const bool host = parse_device(cfg.train.device).is_cpu();
+  const int64_t ids = host ? 4 * N : 0;
+  ChunkActivations a;
+  a.rows = rows_c;
+  // The gradients in flight in a block's backward: the residual stream's,
+  // one more of width C, one of the MLP's input width; under sequence
+  // parallelism also a norm's output gathered to all N rows and the (N, C)
+  // partial input gradient before its reduce-scatter.
+  const int64_t gradients = 2 * rows_c + s * N * W + (sequence_parallel ? 2 * s * N * C : 0);
+  const int64_t backward = blocks + ids + rebuilt + gradients;
+  // zb's input-gradient pass ends at the first block: the later blocks'
+  // held tensors, this block's activations (rebuilt whole under full
+  // recompute, with the rerun forward's two (R, C) temporaries) and its
+  // gradients in flight.
+  const int64_t last_block_of_held = layers > 0 ? full_block - held_block + gradients +
+                                                     (policy == nn::Recompute::full ? 2 * rows_c : 0)
+                                                : 0;
+  if (!part.head) {
+    a.kept = blocks + ids;
+    // The embedding's backward is a weight pass too: it keeps every token's gradient row.
+    a.held_for_weights = layers * held_block + ids + (part.embedding ? s * N * C : 0);
+    a.forward_peak = a.kept + rows_c;  // the output, until sent
+    a.backward_peak = backward;
+    a.backward_input_peak = a.held_for_weights + last_block_of_held;
+    return a;
+  }
+  const int64_t losses = 4 * N;
+  const int64_t head_stats = 4 * stats * R;
+  if (pipelined) {
+    // The head keeps its input (all rows) and the logits' gradient between
+    // forward and backward, as a block keeps its matmul inputs.
+    a.kept = blocks + ids + rows_c /*x_final*/ + head_stats + s * N * C /*head_in*/ + s * N * sh.vocab_rows + losses;
+    a.held_for_weights = a.kept - blocks + layers * held_block;
+    a.forward_peak = a.kept + (sequence_parallel ? rows_c : 0);
+    a.backward_peak = backward + losses;
+    a.backward_input_peak = a.held_for_weights + last_block_of_held;
+    return a;
+  }
+  // Fused head: one chunk of logits at a time; the final norm's output and
+  // its gradient.
+  const int64_t chunk = nn::head_chunk_rows(N, sh.vocab_rows, nn::default_head_chunk_elems(parse_device(cfg.train.device)));
+  const int64_t logits = s * chunk * sh.vocab_rows;
+  a.kept = blocks + ids + rows_c /*x_final*/ + head_stats + s * N * C /*d_lnf*/ + losses;
+  // Under sequence parallelism the final norm's output is gathered to all N
+  // rows for the head, and its gradient reduce-scattered back to (R, C).
+  a.forward_peak = a.kept + rows_c /*lnf rows*/ + logits + (sequence_parallel ? s * N * C + rows_c : 0);
+  a.backward_peak = backward + losses;
+  return a;
+}
+
+}  // namespace
+
+int64_t host_meminfo_bytes(const std::string& name) {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == name + ":") return kib * 1024;
+  return 0;
+}
+
+std::string format_gib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GiB", bytes / double(int64_t(1) << 30));
+  return b;
+}
+
+PlanPlace plan_layout(const Config& cfg, int64_t world) {
+  const parallel::MeshShape s = parallel::resolve_mesh_shape(
+      {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, world);
+  return {s.dp, s.tp, s.pp, 0, 0};
+}
+
+MemoryPlan plan_memory(const Config& cfg) { return plan_memory(cfg, PlanPlace{}); }
+
+MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
+  const nn::ModelConfig& m = cfg.model;
+  const int64_t s = int64_t(dtype_size(cfg.compute_dtype()));
+  const int64_t zero = cfg.parallel.zero_stage;
+  const int64_t shard = cfg.parallel.shard_group > 0 ? cfg.parallel.shard_group : at.dp;  // ZeRO shard group
+  const int64_t pad = zero >= 1 ? at.dp : 1;  // as the trainer pads the flat buffers
+  const nn::TpShares sh = nn::tp_shares(m, at.tp, at.tp_rank);
+  const bool sp = at.tp > 1 && cfg.parallel.sequence_parallel;
+  const std::vector<nn::ModelPart> parts = rank_parts(cfg, at);
+  const bool mixed = cfg.compute_dtype() != DType::f32;
+
+  // Parameter sets of every chunk, in forward order.
+  int64_t all = 0, in_use = 0, reducing = 0;
+  for (const nn::ModelPart& part : parts) {
+    int64_t tied = -1;
+    const std::vector<int64_t> sets = chunk_sets(cfg, sh, part, pad, &tied);
+    std::vector<int64_t> sorted = sets;
+    std::sort(sorted.rbegin(), sorted.rend());
+    for (size_t i = 0; i < sets.size(); ++i) {
+      all += sets[i];
+      // ZeRO-3 holds a layer's full weights while it runs and the next
+      // one's, prefetched; the LM head also reads a tied embedding held in
+      // another set of this chunk.
+      in_use = std::max(in_use, sets[i] + (i + 1 < sets.size() ? sets[i + 1] : 0));
+    }
+    const bool both_ends = part.embedding && part.head;
+    if (both_ends && tied >= 0) in_use = std::max(in_use, sets.back() + sets[size_t(tied)]);
+    // ZeRO-2/3: full gradient buffers of the layers in backward beside the
+    // shards - one being reduce-scattered with its result, and the next
+    // one being produced (data_parallel.cpp's back-pressure). Worst: the
+    // largest reducing while the next one is made; when one chunk holds
+    // both ends, the embedding's reduction overlaps the next micro-batch's
+    // LM head - the same tied buffer again, or an untied head that
+    // allocates its own result before the embedding's is done.
+    const int64_t big = sorted[0], next = sorted.size() > 1 ? sorted[1] : 0;
+    if (both_ends && tied >= 0)
+      reducing = std::max(reducing, 2 * big + big / shard);
+    else if (both_ends)
+      reducing = std::max(reducing, big + next + (big + next) / shard);
+    else
+      reducing = std::max(reducing, big + big / shard + next);
+  }
+  const int64_t shard_sets = all / shard;  // equal slices: every set is padded to a multiple of dp
+  MemoryPlan p;
+  // RoPE's table per chunk (f32, params).
+  const int64_t rope = m.arch == nn::Arch::llama3 ? 4 * m.max_seq_len * m.head_dim() * int64_t(parts.size()) : 0;
+  p.weights = rope + s * (zero >= 3 ? shard_sets + in_use : all);
+  // ZeRO-2/3: f32 shards plus the layers in flight; ZeRO-1 full buffers
+  // plus shards; ZeRO-0 full buffers.
+  p.gradients = 4 * (zero >= 2 ? shard_sets + reducing : zero == 1 ? all + shard_sets : all);
+  p.optimizer = (mixed ? 12 : 8) * (zero >= 1 ? shard_sets : all);  // m, v (+ f32 master)
+
+  // Activations: one micro-batch at a time, or under a pipeline schedule
+  // this rank's actions in order, each forward adding what its chunk keeps
+  // and each backward (zb: its weight pass) releasing it.
+  std::vector<ChunkActivations> acts;
+  for (const nn::ModelPart& part : parts)
+    acts.push_back(chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute()));
+  if (at.pp == 1) {
+    p.activations = acts.front().peak();
+    return p;
+  }
+  const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule);
+  const parallel::PipelineShape shape{at.pp, cfg.grad_accum_steps(at.dp), cfg.parallel.virtual_stages};
+  parallel::check_pipeline_schedule(kind, shape);
+  int64_t live = 0, in_flight = 0, most_in_flight = 0;
+  const auto schedule = parallel::build_pipeline_schedule(kind, shape);
+  for (const parallel::Action& a : schedule[size_t(at.pp_rank)]) {
+    const ChunkActivations& c = acts[size_t(a.chunk)];
+    switch (a.kind) {
+      case parallel::ActionKind::forward:
+        p.activations = std::max(p.activations, live + c.forward_peak);
+        live += c.kept;
+        most_in_flight = std::max(most_in_flight, ++in_flight);
+        break;
+      case parallel::ActionKind::backward:
+        p.activations = std::max(p.activations, live - c.kept + c.backward_peak);
+        live -= c.kept;
+        --in_flight;
+        break;
+      case parallel::ActionKind::backward_input:
+        p.activations = std::max(p.activations, live - c.kept + std::max(c.backward_peak, c.backward_input_peak));
+        live += c.held_for_weights - c.kept;
+        break;
+      case parallel::ActionKind::backward_weight:
+        live -= c.held_for_weights;
+        --in_flight;
+        break;
+    }
+  }
+  // The transfers: the receives posted ahead, and a send per micro-batch in
+  // flight until its neighbour has taken it.
+  p.activations += (int64_t(parallel::PipelineRunner::kRecvLookahead) + most_in_flight) * acts.front().rows;
+  return p;
+}
+
+MemoryPlan largest_rank_plan(const Config& cfg, const PlanPlace& layout, PlanPlace* where) {
+  MemoryPlan best;
+  PlanPlace best_at = layout;
+  bool first = true;
+  for (int64_t r = 0; r < layout.pp; ++r)
+    for (int64_t t = 0; t < layout.tp; ++t) {
+      PlanPlace at = layout;
+      at.pp_rank = r;
+      at.tp_rank = t;
+      const MemoryPlan p = plan_memory(cfg, at);
+      if (first || p.total() > best.total()) {
+        best = p;
+        best_at = at;
+        first = false;
+      }
+    }
+  if (where) *where = best_at;
+  return best;
+}
+
+int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
+  const nn::TpShares sh = nn::tp_shares(cfg.model, 1, 0);
+  return chunk_activations(cfg, sh, nn::ModelPart{0, cfg.model.n_layer, true, true}, false, false, policy).peak();
+}
+
+int64_t device_capacity_bytes(Device device, int64_t processes_sharing) {
+  int64_t total = 0;
+  if (device.is_cpu()) {
+    total = host_meminfo_bytes("MemTotal");
+  } else {
+#if ZT_WITH_CUDA
+    total = int64_t(cuda::device_info(device.index).total_memory);
+#endif
+  }
+  return total / std::max<int64_t>(1, processes_sharing);
+}
+
+std::string describe_layout(const PlanPlace& at) {
+  return "dp " + std::to_string(at.dp) + " x tp " + std::to_string(at.tp) + " x pp " + std::to_string(at.pp);
+}
+
+std::string describe_place(const PlanPlace& at) {
+  if (at.dp * at.tp * at.pp == 1) return "";
+  std::string where;
+  if (at.pp > 1) where += "pp stage " + std::to_string(at.pp_rank);
+  if (at.tp > 1) where += std::string(where.empty() ? "" : ", ") + "tp rank " + std::to_string(at.tp_rank);
+  return where.empty() ? "every rank" : where;
+}
+
+std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capacity_bytes) {
+  // In the unit of the total: MiB under a GiB.
+  const bool in_gib = p.total() >= (int64_t(1) << 30);
+  const double unit = double(int64_t(1) << (in_gib ? 30 : 20));
+  const int digits = in_gib ? 2 : 1;
+  char b[256];
+  std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f = %.*f %s", digits,
+                double(p.weights) / unit, digits, double(p.gradients) / unit, digits, double(p.optimizer) / unit,
+                digits, double(p.activations) / unit, digits, double(p.total()) / unit, in_gib ? "GiB" : "MiB");
+  std::string out = b;
+  if (capacity_bytes > 0) out += " of " + device.str() + "'s " + format_gib(double(capacity_bytes));
+  return out;
+}
+
+std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes) {
+  PlanPlace worst;
+  const MemoryPlan plan = largest_rank_plan(cfg, layout, &worst);
+  const auto fits = [&](const MemoryPlan& p) { return double(p.total()) <= 1.02 * double(capacity_bytes); };
+  if (capacity_bytes <= 0 || fits(plan)) return "";
+  const std::string where = describe_place(worst);
+  std::string msg = zt::detail::concat("train.micro_batch = ", cfg.train.micro_batch, " would run out of memory on ",
+                                       device.str(), ": ",
+                                       where.empty() ? "it" : where + " of " + describe_layout(worst),
+                                       " needs about ", format_memory_plan(plan, device, 0), " with recompute ",
+                                       cfg.train.recompute, ", and ", device.str(), " holds ",
+                                       format_gib(double(capacity_bytes)));
+  const auto largest_total = [&](const Config& c) {
+    try {
+      return largest_rank_plan(c, layout).total();
+    } catch (const Error&) {  // a setting the layout cannot run (a pipeline schedule's micro-batch count)
+      return int64_t(-1);
+    }
+  };
+  // What would fit: the largest smaller micro-batch that divides a data-
+  // parallel rank's share of the batch (gradient accumulation keeps the
+  // global batch), another policy, a higher ZeRO stage.
+  std::vector<std::string> options;
+  std::vector<int64_t> divisors;
+  const int64_t g = cfg.train.global_batch / layout.dp;
+  for (int64_t d = 1; d * d <= g; ++d)
+    if (g % d == 0)
+      for (int64_t x : {d, g / d})
+        if (x < cfg.train.micro_batch) divisors.push_back(x);
+  std::sort(divisors.rbegin(), divisors.rend());
+  for (int64_t mb : divisors) {
+    Config c = cfg;
+    c.train.micro_batch = mb;
+    const int64_t t = largest_total(c);
+    if (t >= 0 && fits({.weights = t})) {
+      options.push_back(zt::detail::concat("train.micro_batch = ", mb, " needs about ", format_gib(double(t))));
+      break;
+    }
+  }
+  for (const char* policy : {"selective", "full"}) {
+    if (cfg.train.recompute == policy) continue;
+    Config c = cfg;
+    c.train.recompute = policy;
+    const int64_t t = largest_total(c);
+    if (t >= 0 && fits({.weights = t}))
+      options.push_back(zt::detail::concat("train.recompute = \"", policy, "\" about ", format_gib(double(t))));
+  }
+  if (layout.dp > 1)
+    for (int64_t z = cfg.parallel.zero_stage + 1; z <= 3; ++z) {
+      Config c = cfg;
+      c.parallel.zero_stage = z;
+      const int64_t t = largest_total(c);
+      if (t >= 0 && fits({.weights = t})) {
+        options.push_back(zt::detail::concat("parallel.zero_stage = ", z, " about ", format_gib(double(t))));
+        break;
+      }
+    }
+  if (options.empty())
+    return msg + "; no smaller micro-batch, recompute policy or ZeRO stage fits: split the model over more "
+                 "devices (parallel.tp, parallel.pp) or shard its state over more data-parallel ranks "
+                 "(parallel.dp with parallel.zero_stage)";
+  msg += "; ";
+  for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
+  return msg + " (`zettatron info CONFIG` itemises it)";
+}
+
+}  // namespace zt::train

@@ -1,0 +1,81 @@
+// What one training process holds at its peak, predicted from the config
+// before anything is allocated: weights, gradients, optimizer state and
+// activations - for one process, or for one rank
+// of a data x tensor x pipeline parallel layout (ZeRO 0-3 and hybrid
+// sharding, sequence parallelism, every pipeline schedule). The trainer
+// checks the plan of its largest rank before allocating (the same verdict on
+// every rank, before any collective); `zettatron info` prints it.
+//
+// Parameter counts come from the very specs the model is built from
+// (nn/tensor_parallel.h), pipeline stages from the stage planner and the
+// micro-batches a rank keeps in flight from the schedule's simulator, so the
+// plan follows the code rather than a second description of it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/device.h"
+#include "nn/transformer.h"
+#include "train/config.h"
+
+namespace zt::train {
+
+// The mesh sizes a plan is for and the rank whose memory it predicts
+// (ranks of one pipeline stage and tensor-parallel rank hold the same
+// bytes whatever their dp rank: ZeRO shards are equal).
+struct PlanPlace {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int64_t tp_rank = 0, pp_rank = 0;
+};
+// The sizes of cfg's layout on `world` processes (parallel.dp = 0 takes the
+// rest); throws zt::Error as the mesh would when they do not multiply to it.
+PlanPlace plan_layout(const Config& cfg, int64_t world);
+
+// Bytes by category, as the allocator counts them (MemCategory params,
+// grads, optimizer, activations): each item is that category's peak over a
+// step, so the total bounds the step's peak from above (the categories peak
+// at nearly the same time). The comm category holds only the few bytes of
+// scalar exchanges (loss and norm sums) on the device: not planned.
+struct MemoryPlan {
+  int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
+  int64_t total() const { return weights + gradients + optimizer + activations; }
+};
+// One process running the whole model (no parallelism).
+MemoryPlan plan_memory(const Config& cfg);
+// The rank at `at`.
+MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at);
+// The rank of the layout with the largest total (its place in *where).
+MemoryPlan largest_rank_plan(const Config& cfg, const PlanPlace& layout, PlanPlace* where = nullptr);
+
+// Analytic activation bytes one process running the whole model keeps for
+// backward at its peak, for one micro-batch under `policy`.
+int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy);
+
+// The memory `device` holds for one of `processes_sharing` processes on it:
+// a GPU's total, or the host's physical memory (0 when unknown), divided
+// among the processes that share it.
+int64_t device_capacity_bytes(Device device, int64_t processes_sharing = 1);
+
+// A line of /proc/meminfo in bytes ("MemTotal", "MemAvailable"; 0 when it
+// does not say), and bytes as "12.3 GiB".
+int64_t host_meminfo_bytes(const std::string& name);
+std::string format_gib(double bytes);
+
+// "" when the largest rank's plan fits `capacity_bytes` (0: unknown, not
+// checked); else the error a run stops with before allocating anything: what
+// it needs, item by item, what the device holds, and what would fit - a
+// smaller micro-batch dividing the batch, another recompute policy, a higher
+// ZeRO stage, or more devices. A plan within 2% over still passes (the
+// estimate's margin), and one that fits may still fail: the CUDA context and
+// workspaces are not in it. Pure: the same text on every rank of a layout
+// (given the same capacity).
+std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes);
+// The plan, item by item, in GiB or MiB, and the capacity when known.
+std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capacity_bytes);
+// "pp stage 1, tp rank 0" ("every rank" under data parallelism alone, ""
+// for one process), and "dp 2 x tp 2 x pp 2".
+std::string describe_place(const PlanPlace& at);
+std::string describe_layout(const PlanPlace& at);
+
+}  // namespace zt::train
