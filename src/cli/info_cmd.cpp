@@ -3,6 +3,8 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "core/device.h"
+#include "ops/device.h"
 #include "train/info.h"
 
 namespace zt::cli {
@@ -14,6 +16,7 @@ Command add_info_command(CLI::App& app) {
     bool no_measure = false;
     bool measure = false;
     int64_t ranks = 0;
+    double device_gib = 0;
   };
   auto opts = std::make_shared<Opts>();
   Command c;
@@ -28,6 +31,10 @@ Command add_info_command(CLI::App& app) {
                     "Processes the run will have: adds the memory of each rank of the config's parallel layout "
                     "(parallel.dp = 0 takes the rest; default: dp x tp x pp with dp = 0 counted as 1)")
       ->check(CLI::PositiveNumber);
+  c.app->add_option("--device-gib", opts->device_gib,
+                    "Memory of each process's device in GiB for --ranks (default: the config's device on this "
+                    "machine, when it has one)")
+      ->check(CLI::PositiveNumber);
   c.run = [opts] {
     const train::Config cfg = train::load_config(opts->config, opts->overrides);
     const train::Measure measure = opts->no_measure ? train::Measure::off
@@ -36,7 +43,13 @@ Command add_info_command(CLI::App& app) {
     std::cout << train::format_info(cfg, train::make_info(cfg, measure));
     const int64_t ranks = opts->ranks > 0 ? opts->ranks
                                           : std::max<int64_t>(1, cfg.parallel.dp) * cfg.parallel.tp * cfg.parallel.pp;
-    if (ranks > 1) std::cout << train::format_layout_plan(cfg, train::plan_layout(cfg, ranks));
+    if (ranks > 1) {
+      const Device device = parse_device(cfg.train.device);
+      int64_t capacity = int64_t(opts->device_gib * double(int64_t(1) << 30));
+      if (capacity == 0 && (device.is_cpu() || device.index < ops::gpu_count()))
+        capacity = train::device_capacity_bytes(device);
+      std::cout << train::format_layout_plan(cfg, train::plan_layout(cfg, ranks), device, capacity);
+    }
     return 0;
   };
   return c;

@@ -177,11 +177,15 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
   return os.str();
 }
 
-std::string format_layout_plan(const Config& cfg, const PlanPlace& layout) {
+std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes) {
   std::ostringstream os;
-  os << "\nmemory per rank: " << describe_layout(layout) << " ("
-     << layout.dp * layout.tp * layout.pp << " processes), " << cfg.train.dtype << ", micro-batch "
-     << cfg.train.micro_batch << ", recompute " << cfg.train.recompute << ", zero_stage " << cfg.parallel.zero_stage;
+  const auto verdict = [&](int64_t total) -> std::string {
+    if (capacity_bytes <= 0) return "";
+    return double(total) <= 1.02 * double(capacity_bytes) ? "fits" : "does not fit";
+  };
+  os << "\nmemory per rank: " << describe_layout(layout) << " (" << layout.dp * layout.tp * layout.pp
+     << " processes), " << cfg.train.dtype << ", micro-batch " << cfg.train.micro_batch << ", recompute "
+     << cfg.train.recompute << ", zero_stage " << cfg.parallel.zero_stage;
   if (layout.pp > 1) os << ", " << cfg.parallel.pp_schedule << " schedule";
   if (layout.tp > 1 && cfg.parallel.sequence_parallel) os << ", sequence parallel";
   os << "\n";
@@ -195,11 +199,22 @@ std::string format_layout_plan(const Config& cfg, const PlanPlace& layout) {
       const MemoryPlan p = plan_memory(cfg, here);
       if (t == 0 || p.total() > best.total()) best = p, at = here;
     }
-    os << "  " << describe_place(at) << ": " << format_memory_plan(best, Device::cpu(), 0) << "\n";
+    os << "  " << describe_place(at) << ": " << format_memory_plan(best, device, 0) << "\n";
   }
   PlanPlace worst;
-  const MemoryPlan p = largest_rank_plan(cfg, layout, &worst);
-  os << "  largest: " << describe_place(worst) << "\n";
+  const MemoryPlan largest = largest_rank_plan(cfg, layout, &worst);
+  os << "  largest: " << describe_place(worst);
+  if (capacity_bytes > 0)
+    os << " (" << format_gib(double(largest.total())) << " of " << device.str() << "'s "
+       << format_gib(double(capacity_bytes)) << ": " << verdict(largest.total()) << ")";
+  os << "\n\nevery split of these processes with these settings (its largest rank; data parallelism first, then "
+        "pipeline, then tensor):\n";
+  char line[160];
+  for (const LayoutPlan& lp : plan_layouts(cfg, layout.dp * layout.tp * layout.pp)) {
+    std::snprintf(line, sizeof line, "  %-22s %10s  %s\n", describe_layout(lp.layout).c_str(),
+                  format_gib(double(lp.plan.total())).c_str(), verdict(lp.plan.total()).c_str());
+    os << line;
+  }
   return os.str();
 }
 

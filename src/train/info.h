@@ -59,7 +59,9 @@ int64_t measured_step_bytes(const InfoReport& r);
 double measured_step_flops(const Config& cfg);
 std::string format_info(const Config& cfg, const InfoReport& r);
 // The memory plan of every pipeline stage of a parallel layout (its largest
-// tensor-parallel rank), and which rank is the largest.
-std::string format_layout_plan(const Config& cfg, const PlanPlace& layout);
+// tensor-parallel rank), which rank is the largest and whether it fits
+// `capacity_bytes` of `device` (0: unknown, not said), then every other split
+// of the same processes (plan_layouts) and whether it fits.
+std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes);
 
 }  // namespace zt::train

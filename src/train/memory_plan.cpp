@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #if ZT_WITH_CUDA
@@ -343,6 +345,32 @@ std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capac
   return out;
 }
 
+std::vector<LayoutPlan> plan_layouts(const Config& cfg, int64_t world) {
+  std::vector<LayoutPlan> out;
+  for (int64_t tp = 1; tp <= world; ++tp)
+    for (int64_t pp = 1; world % tp == 0 && pp <= world / tp; ++pp) {
+      const int64_t dp = world / tp / pp;
+      if ((world / tp) % pp != 0 || cfg.train.global_batch % (cfg.train.micro_batch * dp) != 0) continue;
+      if (cfg.parallel.shard_group > 0 && dp % cfg.parallel.shard_group != 0) continue;
+      if (cfg.parallel.sequence_parallel && (cfg.train.micro_batch * cfg.train.seq_len) % tp != 0) continue;
+      LayoutPlan lp;
+      lp.layout = {dp, tp, pp, 0, 0};
+      try {
+        nn::check_tensor_parallel(cfg.model, tp);
+        lp.plan = largest_rank_plan(cfg, lp.layout, &lp.largest);
+      } catch (const Error&) {  // a split this model or schedule cannot run (heads, blocks, micro-batches)
+        continue;
+      }
+      out.push_back(lp);
+    }
+  // Data parallelism first (the least communication per step), then
+  // pipeline before tensor parallelism (which needs the fastest links).
+  std::stable_sort(out.begin(), out.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    return std::make_pair(a.layout.tp * a.layout.pp, a.layout.tp) < std::make_pair(b.layout.tp * b.layout.pp, b.layout.tp);
+  });
+  return out;
+}
+
 std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes) {
   PlanPlace worst;
   const MemoryPlan plan = largest_rank_plan(cfg, layout, &worst);
@@ -355,55 +383,68 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
                                        " needs about ", format_memory_plan(plan, device, 0), " with recompute ",
                                        cfg.train.recompute, ", and ", device.str(), " holds ",
                                        format_gib(double(capacity_bytes)));
-  const auto largest_total = [&](const Config& c) {
-    try {
-      return largest_rank_plan(c, layout).total();
-    } catch (const Error&) {  // a setting the layout cannot run (a pipeline schedule's micro-batch count)
-      return int64_t(-1);
+  // What would fit, one of each kind when any does: the largest smaller
+  // micro-batch that divides a data-parallel rank's share of the batch
+  // (gradient accumulation keeps the global batch), another recompute
+  // policy, a higher ZeRO stage, another split of the same processes.
+  std::vector<std::string> options;
+  // The first of `candidates` (setting, config, layout) that fits, as an option.
+  using Candidate = std::tuple<std::string, Config, PlanPlace>;
+  const auto first_fit = [&](const std::vector<Candidate>& candidates) {
+    for (const auto& [setting, c, l] : candidates) {
+      int64_t total = -1;
+      try {
+        total = largest_rank_plan(c, l).total();
+      } catch (const Error&) {  // a setting the layout cannot run (a pipeline schedule's micro-batch count)
+        continue;
+      }
+      if (fits({.weights = total})) {
+        options.push_back(setting + " about " + format_gib(double(total)));
+        return;
+      }
     }
   };
-  // What would fit: the largest smaller micro-batch that divides a data-
-  // parallel rank's share of the batch (gradient accumulation keeps the
-  // global batch), another policy, a higher ZeRO stage.
-  std::vector<std::string> options;
   std::vector<int64_t> divisors;
   const int64_t g = cfg.train.global_batch / layout.dp;
   for (int64_t d = 1; d * d <= g; ++d)
     if (g % d == 0)
       for (int64_t x : {d, g / d})
-        if (x < cfg.train.micro_batch) divisors.push_back(x);
+        if (x < cfg.train.micro_batch && std::find(divisors.begin(), divisors.end(), x) == divisors.end())
+          divisors.push_back(x);
   std::sort(divisors.rbegin(), divisors.rend());
+  std::vector<Candidate> batches, zero;
   for (int64_t mb : divisors) {
     Config c = cfg;
     c.train.micro_batch = mb;
-    const int64_t t = largest_total(c);
-    if (t >= 0 && fits({.weights = t})) {
-      options.push_back(zt::detail::concat("train.micro_batch = ", mb, " needs about ", format_gib(double(t))));
-      break;
-    }
+    batches.emplace_back(zt::detail::concat("train.micro_batch = ", mb), c, layout);
   }
+  first_fit(batches);
   for (const char* policy : {"selective", "full"}) {
     if (cfg.train.recompute == policy) continue;
     Config c = cfg;
     c.train.recompute = policy;
-    const int64_t t = largest_total(c);
-    if (t >= 0 && fits({.weights = t}))
-      options.push_back(zt::detail::concat("train.recompute = \"", policy, "\" about ", format_gib(double(t))));
+    first_fit({{zt::detail::concat("train.recompute = \"", policy, "\""), c, layout}});
   }
   if (layout.dp > 1)
     for (int64_t z = cfg.parallel.zero_stage + 1; z <= 3; ++z) {
       Config c = cfg;
       c.parallel.zero_stage = z;
-      const int64_t t = largest_total(c);
-      if (t >= 0 && fits({.weights = t})) {
-        options.push_back(zt::detail::concat("parallel.zero_stage = ", z, " about ", format_gib(double(t))));
-        break;
-      }
+      zero.emplace_back(zt::detail::concat("parallel.zero_stage = ", z), c, layout);
     }
+  first_fit(zero);
+  std::vector<Candidate> splits;
+  for (const LayoutPlan& lp : plan_layouts(cfg, layout.dp * layout.tp * layout.pp)) {
+    const PlanPlace& l = lp.layout;
+    if (l.dp == layout.dp && l.tp == layout.tp && l.pp == layout.pp) continue;
+    Config c = cfg;
+    c.parallel.dp = l.dp, c.parallel.tp = l.tp, c.parallel.pp = l.pp;
+    splits.emplace_back(zt::detail::concat("parallel.dp = ", l.dp, ", tp = ", l.tp, ", pp = ", l.pp), c, l);
+  }
+  first_fit(splits);
   if (options.empty())
-    return msg + "; no smaller micro-batch, recompute policy or ZeRO stage fits: split the model over more "
-                 "devices (parallel.tp, parallel.pp) or shard its state over more data-parallel ranks "
-                 "(parallel.dp with parallel.zero_stage)";
+    return msg + "; no smaller micro-batch, recompute policy, ZeRO stage or split of these processes fits: run on "
+                 "more devices, splitting the model (parallel.tp, parallel.pp) or sharding its state (parallel.dp "
+                 "with parallel.zero_stage)";
   msg += "; ";
   for (size_t i = 0; i < options.size(); ++i) msg += (i ? ", or " : "") + options[i];
   return msg + " (`zettatron info CONFIG` itemises it)";

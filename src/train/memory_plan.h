@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "nn/transformer.h"
@@ -48,6 +49,17 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at);
 // The rank of the layout with the largest total (its place in *where).
 MemoryPlan largest_rank_plan(const Config& cfg, const PlanPlace& layout, PlanPlace* where = nullptr);
 
+// Every dp x tp x pp split of `world` processes the config can run (tensor
+// parallelism dividing its heads, at most one pipeline stage per block, the
+// batch dividing into micro-batches, the schedule's constraints), with the
+// plan of its largest rank: data parallelism first, then pipeline before
+// tensor parallelism. An order of communication cost, not a throughput model.
+struct LayoutPlan {
+  PlanPlace layout, largest;
+  MemoryPlan plan;
+};
+std::vector<LayoutPlan> plan_layouts(const Config& cfg, int64_t world);
+
 // Analytic activation bytes one process running the whole model keeps for
 // backward at its peak, for one micro-batch under `policy`.
 int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy);
@@ -66,7 +78,8 @@ std::string format_gib(double bytes);
 // checked); else the error a run stops with before allocating anything: what
 // it needs, item by item, what the device holds, and what would fit - a
 // smaller micro-batch dividing the batch, another recompute policy, a higher
-// ZeRO stage, or more devices. A plan within 2% over still passes (the
+// ZeRO stage, another split of the same processes (plan_layouts' order), or
+// more devices. A plan within 2% over still passes (the
 // estimate's margin), and one that fits may still fail: the CUDA context and
 // workspaces are not in it. Pure: the same text on every rank of a layout
 // (given the same capacity).

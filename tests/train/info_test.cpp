@@ -127,7 +127,7 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   const std::string v = memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), between);
   EXPECT_TRUE(has(v, "train.micro_batch = 8 would run out of memory on cpu")) << v;
   EXPECT_TRUE(has(v, "with recompute none")) << v;
-  EXPECT_TRUE(has(v, "train.micro_batch = 4 needs about")) << v;
+  EXPECT_TRUE(has(v, "train.micro_batch = 4 about")) << v;
   // Full recompute keeps a third of the blocks' bytes: it fits too, and is
   // named. Each way out it names passes the same capacity.
   EXPECT_TRUE(has(v, "or train.recompute = \"full\" about")) << v;
@@ -139,6 +139,38 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   const std::string none = memory_plan_verdict(cfg, PlanPlace{}, Device::cuda(0), 1024);
   EXPECT_TRUE(has(none, "out of memory on cuda:0")) << none;
   EXPECT_TRUE(has(none, "parallel.zero_stage")) << none;
+}
+
+// The splits of a world the config can run, in their order, each with its
+// largest rank's plan; a run that fits only under another split is told so.
+TEST(MemoryPlan, SplitsOfTheProcessesAndTheVerdictNamesOneThatFits) {
+  // gpt2-tiny: 4 heads (tp 1, 2, 4), 2 blocks (pp 1, 2), 8 sequences in
+  // micro-batches of 2 (dp divides 4).
+  const Config cfg = config_of("gpt2-tiny", {"train.global_batch=8", "train.micro_batch=2"});
+  ASSERT_EQ(cfg.model.n_layer, 2);
+  const std::vector<LayoutPlan> splits = plan_layouts(cfg, 4);
+  std::vector<std::string> got;
+  for (const LayoutPlan& lp : splits) {
+    got.push_back(describe_layout(lp.layout));
+    EXPECT_EQ(lp.plan.total(), largest_rank_plan(cfg, lp.layout).total()) << got.back();
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"dp 4 x tp 1 x pp 1", "dp 2 x tp 1 x pp 2", "dp 2 x tp 2 x pp 1",
+                                           "dp 1 x tp 2 x pp 2", "dp 1 x tp 4 x pp 1"}));
+  // Pure data parallelism holds the whole model per rank: the most memory.
+  for (const LayoutPlan& lp : splits) EXPECT_LE(lp.plan.total(), splits.front().plan.total());
+  // A capacity only tensor parallelism over all four ranks fits: the verdict
+  // for dp 4 names it (micro-batch 1, recompute and ZeRO do not fit).
+  const LayoutPlan& tp4 = splits.back();
+  const int64_t capacity = tp4.plan.total();
+  const std::string v = memory_plan_verdict(cfg, splits.front().layout, Device::cpu(), capacity);
+  EXPECT_TRUE(has(v, "every rank of dp 4 x tp 1 x pp 1 needs about")) << v;
+  for (const LayoutPlan& lp : splits) {
+    if (double(lp.plan.total()) > 1.02 * double(capacity)) continue;
+    EXPECT_TRUE(has(v, zt::detail::concat("parallel.dp = ", lp.layout.dp, ", tp = ", lp.layout.tp, ", pp = ",
+                                          lp.layout.pp, " about ")))
+        << v;
+    break;  // the first split that fits
+  }
 }
 
 TEST(MemoryPlan, ARunThatCannotFitStopsBeforeAllocating) {
