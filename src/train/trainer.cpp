@@ -77,12 +77,16 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
   {
-    // A run that cannot fit stops now, before allocating or any collective,
-    // saying what would fit: the plan of the layout's largest rank (a pure
-    // function of the config, so every rank reaches the same verdict).
+    // A run that cannot fit stops now, before allocating, saying what would
+    // fit: the plan of the layout's largest rank (a pure function of the
+    // config) against the smallest device of the job, so that every rank
+    // reaches the same verdict.
     PlanPlace layout;
     if (mesh_) layout = {mesh_->shape().dp, mesh_->shape().tp, mesh_->shape().pp, 0, 0};
-    const int64_t capacity = device_capacity_bytes(device, processes_sharing_device(device, mesh_ != nullptr));
+    int64_t capacity = device_capacity_bytes(device, processes_sharing_device(device, mesh_ != nullptr));
+    if (mesh_)  // the minimum over the mesh: its dp, tp and pp groups in turn cover every rank
+      for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp()})
+        for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
     const std::string verdict = memory_plan_verdict(cfg_, layout, device, capacity);
     ZT_CHECK(verdict.empty(), verdict);
     PlanPlace at = layout;
