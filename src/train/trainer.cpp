@@ -77,6 +77,10 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
   {
+    const int64_t dp = mesh_ ? mesh_->shape().dp : 1;
+    ZT_CHECK(cfg_.train.global_batch % (cfg_.train.micro_batch * dp) == 0, "train.global_batch = ",
+             cfg_.train.global_batch, " is not divisible by micro_batch x dp = ", cfg_.train.micro_batch, " x ", dp,
+             "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
     // A run that cannot fit stops now, before allocating, saying what would
     // fit: the plan of the layout's largest rank (a pure function of the
     // config) against the smallest device of the job, so that every rank
@@ -104,9 +108,6 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   comm::ProcessGroup& dp_group = mesh_ ? mesh_->dp() : *solo_dp_;
   main_rank_ = !mesh_ || mesh_->world_rank() == 0;
   const int64_t dp = dp_group.size();
-  ZT_CHECK(cfg_.train.global_batch % (cfg_.train.micro_batch * dp) == 0, "train.global_batch = ",
-           cfg_.train.global_batch, " is not divisible by micro_batch x dp = ", cfg_.train.micro_batch, " x ", dp,
-           "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
   // ZeRO shards are equal slices of each layer's flat buffers: pad them to a multiple of dp.
   const int64_t pad = cfg_.parallel.zero_stage >= 1 ? dp : 1;
   // Tensor parallelism: this rank's slices of every layer (the mesh's tp group).
