@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "nn/transformer.h"
 #include "train/config.h"
@@ -86,6 +87,11 @@ std::string format_gib(double bytes);
 std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes);
 // The plan, item by item, in GiB or MiB, and the capacity when known.
 std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capacity_bytes);
+// The allocator's account of a run (category, current and peak MiB) with
+// this rank's plan beside the peaks of the four planned categories: how far
+// the pre-flight estimate was from what the run used.
+std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& plan);
+
 // "pp stage 1, tp rank 0" ("every rank" under data parallelism alone, ""
 // for one process), and "dp 2 x tp 2 x pp 2".
 std::string describe_place(const PlanPlace& at);

@@ -96,7 +96,8 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     PlanPlace at = layout;
     if (mesh_) at.tp_rank = mesh_->coord().tp, at.pp_rank = mesh_->coord().pp;
     const std::string where = describe_place(at);
-    memory_plan_ = format_memory_plan(plan_memory(cfg_, at), device, capacity) +
+    rank_plan_ = plan_memory(cfg_, at);
+    memory_plan_ = format_memory_plan(rank_plan_, device, capacity) +
                    (where.empty() ? "" : " (" + where + " of " + describe_layout(at) + ")");
   }
   schedule_ = cfg_.lr_schedule();
@@ -570,7 +571,9 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (checkpointer) checkpointer->wait();  // a background write must finish (and its error surface) before exit
   say("done: " + std::to_string(result.steps) + " steps in " + std::to_string(int(seconds_since(t_start))) +
       "s; run directory: " + run_dir.string());
-  say("memory by category (this process):\n" + format_mem_stats(allocator_for(model().device()).stats()));
+  say("memory by category (this process; peaks over the run, evaluation and checkpoints included; planned: the "
+      "pre-flight estimate of a training step):\n" +
+      format_memory_against_plan(allocator_for(model().device()).stats(), rank_plan_));
   if (op_steps > 0)
     say("time per op, mean of " + std::to_string(op_steps) + " step(s)" +
         (model().device().is_cuda() ? " (GPU time from events)" : "") + ", this process:\n" +

@@ -18,6 +18,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
 #include "train/config.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 
 namespace zt::train {
@@ -144,6 +145,7 @@ class Trainer {
   std::optional<optim::LossScaler> scaler_;  // dynamic loss scaling, when on (state in progress_)
   double peak_gflops_ = 0;
   std::string memory_plan_;  // this rank's estimated memory, for the log
+  MemoryPlan rank_plan_;     // the same, by category: compared with the run's peaks at the end
   std::string peak_source_;  // where peak_gflops_ came from, for the log
   TrainProgress progress_;
   Tensor inputs_, targets_;  // (micro_batch, T) i32

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -192,6 +194,13 @@ TEST(MemoryPlan, ARunThatCannotFitStopsBeforeAllocating) {
   t.run();
   EXPECT_TRUE(has(said, "memory plan (estimated): weights ")) << said;
   EXPECT_TRUE(has(said, " of cpu's ")) << said;
+  // The end of the run puts the plan beside the allocator's peaks.
+  char planned[64];
+  std::snprintf(planned, sizeof planned, "%.2f\n", double(plan_memory(small).activations) / (1024.0 * 1024.0));
+  EXPECT_TRUE(has(said, "planned MiB\n")) << said;
+  const size_t row = said.find("\nactivations ");
+  ASSERT_NE(row, std::string::npos) << said;
+  EXPECT_EQ(said.substr(said.find('\n', row + 1) - (strlen(planned) - 1), strlen(planned)), planned) << said;
   std::filesystem::remove_all(dir);
 }
 
