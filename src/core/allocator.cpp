@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -162,20 +163,38 @@ void register_allocator(Device device, std::unique_ptr<Allocator> alloc) {
   r.by_device[std::make_pair(int(device.type), device.index)] = std::move(alloc);
 }
 
-std::string format_mem_stats(const MemStats& s) {
+std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMemCategories>* planned,
+                             int64_t planned_total) {
   std::ostringstream os;
   char line[160];
   const double MiB = 1024.0 * 1024.0;
-  std::snprintf(line, sizeof line, "%-12s %12s %12s\n", "category", "current MiB", "peak MiB");
+  const auto mib = [&](int64_t bytes) {
+    char b[32] = "-";
+    if (bytes >= 0) std::snprintf(b, sizeof b, "%.2f", double(bytes) / MiB);
+    return std::string(b);
+  };
+  std::snprintf(line, sizeof line, "%-12s %12s %12s%s\n", "category", "current MiB", "peak MiB",
+                planned ? "  planned MiB" : "");
   os << line;
   for (int c = 0; c < kNumMemCategories; ++c) {
-    std::snprintf(line, sizeof line, "%-12s %12.2f %12.2f\n", std::string(mem_category_name(MemCategory(c))).c_str(),
+    std::snprintf(line, sizeof line, "%-12s %12.2f %12.2f", std::string(mem_category_name(MemCategory(c))).c_str(),
                   double(s.current_bytes[size_t(c)]) / MiB, double(s.peak_bytes[size_t(c)]) / MiB);
     os << line;
+    if (planned) {
+      std::snprintf(line, sizeof line, " %12s", mib((*planned)[size_t(c)]).c_str());
+      os << line;
+    }
+    os << '\n';
   }
-  std::snprintf(line, sizeof line, "%-12s %12.2f %12.2f\n%-12s %12.2f %12.2f\n", "total",
-                double(s.total_current_bytes) / MiB, double(s.total_peak_bytes) / MiB, "reserved",
-                double(s.reserved_bytes) / MiB, double(s.peak_reserved_bytes) / MiB);
+  std::snprintf(line, sizeof line, "%-12s %12.2f %12.2f", "total", double(s.total_current_bytes) / MiB,
+                double(s.total_peak_bytes) / MiB);
+  os << line;
+  if (planned) {
+    std::snprintf(line, sizeof line, " %12s", mib(planned_total).c_str());
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "\n%-12s %12.2f %12.2f\n", "reserved", double(s.reserved_bytes) / MiB,
+                double(s.peak_reserved_bytes) / MiB);
   os << line;
   return os.str();
 }

@@ -112,7 +112,10 @@ class CpuAllocator final : public Allocator {
 Allocator& allocator_for(Device device);
 void register_allocator(Device device, std::unique_ptr<Allocator> alloc);
 
-// Human-readable table of a MemStats (MiB per category, current and peak).
-std::string format_mem_stats(const MemStats& s);
+// Human-readable table of a MemStats (MiB per category, current and peak),
+// with a third column when `planned` is given: an estimate of each
+// category's peak in bytes (-1: not estimated), and of the total.
+std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMemCategories>* planned = nullptr,
+                             int64_t planned_total = 0);
 
 }  // namespace zt

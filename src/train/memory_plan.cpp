@@ -320,33 +320,13 @@ int64_t device_capacity_bytes(Device device, int64_t processes_sharing) {
 }
 
 std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& plan) {
-  const double MiB = 1024.0 * 1024.0;
-  const auto planned = [&](MemCategory c) -> int64_t {
-    switch (c) {
-      case MemCategory::params: return plan.weights;
-      case MemCategory::grads: return plan.gradients;
-      case MemCategory::optimizer: return plan.optimizer;
-      case MemCategory::activations: return plan.activations;
-      default: return -1;  // not planned
-    }
-  };
-  std::string out;
-  char line[160];
-  std::snprintf(line, sizeof line, "%-12s %12s %12s %12s\n", "category", "current MiB", "peak MiB", "planned MiB");
-  out += line;
-  for (int c = 0; c < kNumMemCategories; ++c) {
-    const int64_t p = planned(MemCategory(c));
-    char plan_text[32] = "-";
-    if (p >= 0) std::snprintf(plan_text, sizeof plan_text, "%.2f", double(p) / MiB);
-    std::snprintf(line, sizeof line, "%-12s %12.2f %12.2f %12s\n", std::string(mem_category_name(MemCategory(c))).c_str(),
-                  double(stats.current_bytes[size_t(c)]) / MiB, double(stats.peak_bytes[size_t(c)]) / MiB, plan_text);
-    out += line;
-  }
-  std::snprintf(line, sizeof line, "%-12s %12.2f %12.2f %12.2f\n%-12s %12.2f %12.2f\n", "total",
-                double(stats.total_current_bytes) / MiB, double(stats.total_peak_bytes) / MiB,
-                double(plan.total()) / MiB, "reserved", double(stats.reserved_bytes) / MiB,
-                double(stats.peak_reserved_bytes) / MiB);
-  return out + line;
+  std::array<int64_t, kNumMemCategories> planned;
+  planned.fill(-1);  // not planned
+  planned[size_t(MemCategory::params)] = plan.weights;
+  planned[size_t(MemCategory::grads)] = plan.gradients;
+  planned[size_t(MemCategory::optimizer)] = plan.optimizer;
+  planned[size_t(MemCategory::activations)] = plan.activations;
+  return format_mem_stats(stats, &planned, plan.total());
 }
 
 std::string describe_layout(const PlanPlace& at) {
