@@ -220,13 +220,18 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     // both ends, the embedding's reduction overlaps the next micro-batch's
     // LM head - the same tied buffer again, or an untied head that
     // allocates its own result before the embedding's is done.
+    // A shard group of one adds each buffer to its shard at once: only the
+    // layer being produced is in flight, beside a tied embedding's buffer,
+    // which lives through the whole backward.
     const int64_t big = sorted[0], next = sorted.size() > 1 ? sorted[1] : 0;
-    if (both_ends && tied >= 0)
+    if (shard == 1)
+      reducing = std::max(reducing, tied >= 0 ? big + next : big);
+    else if (both_ends && tied >= 0)
       reducing = std::max(reducing, 2 * big + big / shard);
     else if (both_ends)
       reducing = std::max(reducing, big + next + (big + next) / shard);
     else
-      reducing = std::max(reducing, big + big / shard + next);
+      reducing = std::max(reducing, big + next + big / shard);
   }
   const int64_t shard_sets = all / shard;  // equal slices: every set is padded to a multiple of dp
   MemoryPlan p;

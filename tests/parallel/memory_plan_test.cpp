@@ -59,6 +59,7 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
     layouts = {{1, 1, 1, {}},
                {1, 1, 1, {"train.recompute=selective"}},
                {1, 1, 1, {"parallel.zero_stage=1"}},
+               {1, 1, 1, {"parallel.zero_stage=2"}},
                {1, 1, 1, {"train.dtype=bf16", "train.recompute=full"}}};
   } else if (p == 2) {
     layouts = {{2, 1, 1, {"parallel.zero_stage=0"}},
