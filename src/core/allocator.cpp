@@ -1,5 +1,6 @@
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -163,8 +164,7 @@ void register_allocator(Device device, std::unique_ptr<Allocator> alloc) {
   r.by_device[std::make_pair(int(device.type), device.index)] = std::move(alloc);
 }
 
-std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMemCategories>* planned,
-                             int64_t planned_total) {
+std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMemCategories>* planned) {
   std::ostringstream os;
   char line[160];
   const double MiB = 1024.0 * 1024.0;
@@ -190,6 +190,8 @@ std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMe
                 double(s.total_peak_bytes) / MiB);
   os << line;
   if (planned) {
+    int64_t planned_total = 0;
+    for (int64_t b : *planned) planned_total += std::max<int64_t>(b, 0);
     std::snprintf(line, sizeof line, " %12s", mib(planned_total).c_str());
     os << line;
   }

@@ -114,8 +114,7 @@ void register_allocator(Device device, std::unique_ptr<Allocator> alloc);
 
 // Human-readable table of a MemStats (MiB per category, current and peak),
 // with a third column when `planned` is given: an estimate of each
-// category's peak in bytes (-1: not estimated), and of the total.
-std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMemCategories>* planned = nullptr,
-                             int64_t planned_total = 0);
+// category's peak in bytes (-1: not estimated), and their sum.
+std::string format_mem_stats(const MemStats& s, const std::array<int64_t, kNumMemCategories>* planned = nullptr);
 
 }  // namespace zt

@@ -10,9 +10,6 @@
 #include <vector>
 
 #include "backend/cpu/peak_rate.h"
-#if ZT_WITH_CUDA
-#include "backend/cuda/runtime.h"
-#endif
 #include "core/allocator.h"
 #include "core/error.h"
 #include "nn/transformer.h"
@@ -181,7 +178,7 @@ std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Devic
   std::ostringstream os;
   const auto verdict = [&](int64_t total) -> std::string {
     if (capacity_bytes <= 0) return "";
-    return double(total) <= 1.02 * double(capacity_bytes) ? "fits" : "does not fit";
+    return plan_fits(total, capacity_bytes) ? "fits" : "does not fit";
   };
   os << "\nmemory per rank: " << describe_layout(layout) << " (" << layout.dp * layout.tp * layout.pp
      << " processes), " << cfg.train.dtype << ", micro-batch " << cfg.train.micro_batch << ", recompute "
@@ -189,20 +186,14 @@ std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Devic
   if (layout.pp > 1) os << ", " << cfg.parallel.pp_schedule << " schedule";
   if (layout.tp > 1 && cfg.parallel.sequence_parallel) os << ", sequence parallel";
   os << "\n";
+  MemoryPlan largest;
+  PlanPlace worst;
   for (int64_t r = 0; r < layout.pp; ++r) {
     PlanPlace at;  // this stage's largest tp rank
-    MemoryPlan best;
-    for (int64_t t = 0; t < layout.tp; ++t) {
-      PlanPlace here = layout;
-      here.pp_rank = r;
-      here.tp_rank = t;
-      const MemoryPlan p = plan_memory(cfg, here);
-      if (t == 0 || p.total() > best.total()) best = p, at = here;
-    }
-    os << "  " << describe_place(at) << ": " << format_memory_plan(best, device, 0) << "\n";
+    const MemoryPlan p = stage_plan(cfg, layout, r, &at);
+    os << "  " << describe_place(at) << ": " << format_memory_plan(p, device, 0) << "\n";
+    if (r == 0 || p.total() > largest.total()) largest = p, worst = at;
   }
-  PlanPlace worst;
-  const MemoryPlan largest = largest_rank_plan(cfg, layout, &worst);
   os << "  largest: " << describe_place(worst);
   if (capacity_bytes > 0)
     os << " (" << format_gib(double(largest.total())) << " of " << device.str() << "'s "

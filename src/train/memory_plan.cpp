@@ -287,22 +287,32 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   return p;
 }
 
+bool plan_fits(int64_t total_bytes, int64_t capacity_bytes) {
+  return capacity_bytes <= 0 || double(total_bytes) <= 1.02 * double(capacity_bytes);
+}
+
+MemoryPlan stage_plan(const Config& cfg, const PlanPlace& layout, int64_t pp_rank, PlanPlace* where) {
+  MemoryPlan best;
+  PlanPlace best_at;
+  for (int64_t t = 0; t < layout.tp; ++t) {
+    PlanPlace at = layout;
+    at.pp_rank = pp_rank;
+    at.tp_rank = t;
+    const MemoryPlan p = plan_memory(cfg, at);
+    if (t == 0 || p.total() > best.total()) best = p, best_at = at;
+  }
+  if (where) *where = best_at;
+  return best;
+}
+
 MemoryPlan largest_rank_plan(const Config& cfg, const PlanPlace& layout, PlanPlace* where) {
   MemoryPlan best;
-  PlanPlace best_at = layout;
-  bool first = true;
-  for (int64_t r = 0; r < layout.pp; ++r)
-    for (int64_t t = 0; t < layout.tp; ++t) {
-      PlanPlace at = layout;
-      at.pp_rank = r;
-      at.tp_rank = t;
-      const MemoryPlan p = plan_memory(cfg, at);
-      if (first || p.total() > best.total()) {
-        best = p;
-        best_at = at;
-        first = false;
-      }
-    }
+  PlanPlace best_at;
+  for (int64_t r = 0; r < layout.pp; ++r) {
+    PlanPlace at;
+    const MemoryPlan p = stage_plan(cfg, layout, r, &at);
+    if (r == 0 || p.total() > best.total()) best = p, best_at = at;
+  }
   if (where) *where = best_at;
   return best;
 }
@@ -331,7 +341,7 @@ std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& 
   planned[size_t(MemCategory::grads)] = plan.gradients;
   planned[size_t(MemCategory::optimizer)] = plan.optimizer;
   planned[size_t(MemCategory::activations)] = plan.activations;
-  return format_mem_stats(stats, &planned, plan.total());
+  return format_mem_stats(stats, &planned);
 }
 
 std::string describe_layout(const PlanPlace& at) {
@@ -389,8 +399,7 @@ std::vector<LayoutPlan> plan_layouts(const Config& cfg, int64_t world) {
 std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes) {
   PlanPlace worst;
   const MemoryPlan plan = largest_rank_plan(cfg, layout, &worst);
-  const auto fits = [&](const MemoryPlan& p) { return double(p.total()) <= 1.02 * double(capacity_bytes); };
-  if (capacity_bytes <= 0 || fits(plan)) return "";
+  if (plan_fits(plan.total(), capacity_bytes)) return "";
   const std::string where = describe_place(worst);
   std::string msg = zt::detail::concat("train.micro_batch = ", cfg.train.micro_batch, " would run out of memory on ",
                                        device.str(), ": ",
@@ -413,7 +422,7 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
       } catch (const Error&) {  // a setting the layout cannot run (a pipeline schedule's micro-batch count)
         continue;
       }
-      if (fits({.weights = total})) {
+      if (plan_fits(total, capacity_bytes)) {
         options.push_back(setting + " about " + format_gib(double(total)));
         return;
       }

@@ -75,6 +75,13 @@ int64_t device_capacity_bytes(Device device, int64_t processes_sharing = 1);
 int64_t host_meminfo_bytes(const std::string& name);
 std::string format_gib(double bytes);
 
+// Whether a plan of `total_bytes` fits `capacity_bytes` (0: unknown, taken
+// as fitting): within the estimate's 2% margin.
+bool plan_fits(int64_t total_bytes, int64_t capacity_bytes);
+// The plan of pipeline stage `pp_rank`'s largest tensor-parallel rank (its
+// place in *where).
+MemoryPlan stage_plan(const Config& cfg, const PlanPlace& layout, int64_t pp_rank, PlanPlace* where = nullptr);
+
 // "" when the largest rank's plan fits `capacity_bytes` (0: unknown, not
 // checked); else the error a run stops with before allocating anything: what
 // it needs, item by item, what the device holds, and what would fit - a

@@ -20,7 +20,6 @@
 #include "ops/op_profile.h"
 #include "train/checkpointing.h"
 #include "train/generate.h"
-#include "train/info.h"
 
 namespace zt::train {
 
@@ -502,7 +501,7 @@ TrainResult Trainer::run(int64_t stop_after) {
                 (long long)cfg_.grad_accum_steps(dp_->size()), (long long)cfg_.train.steps, peak_gflops_,
                 (" (" + peak_source_ + ")").c_str());
   say(head);
-  if (!memory_plan_.empty()) say("memory plan (estimated): " + memory_plan_);
+  say("memory plan (estimated): " + memory_plan_);
   say("run directory: " + run_dir.string());
   if (resumed)
     say("resuming after step " + std::to_string(first_step) + " (" + std::to_string(progress_.tokens_seen) +
