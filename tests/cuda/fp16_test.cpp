@@ -16,30 +16,11 @@
 namespace zt::test {
 namespace {
 
-// The same (B, T) batch every time: a model can memorise it.
-class FixedBatch : public train::BatchSource {
- public:
-  FixedBatch(int64_t vocab, int64_t rows, int64_t T) {
-    auto rng = make_rng(21);
-    tokens_ = random_tokens(Shape{rows, T}, vocab, rng);
-    targets_ = random_tokens(Shape{rows, T}, vocab, rng);
-  }
-  void next(const Tensor& inputs, const Tensor& targets) override {
-    ZT_CHECK(inputs.numel() == tokens_.numel(), "fixed batch: unexpected micro-batch shape");
-    ops::copy(inputs, tokens_);
-    ops::copy(targets, targets_);
-  }
-  void reset() override {}
-
- private:
-  Tensor tokens_, targets_;
-};
-
 std::vector<train::StepMetrics> train_run(std::vector<std::string> settings, int64_t poison = -1) {
-  settings.insert(settings.begin(), {"model.n_layer=2", "train.seq_len=32", "train.micro_batch=4", "train.steps=25",
+  settings.insert(settings.begin(), {"model.n_layer=2", "train.seq_len=32", "train.micro_batch=4", "train.steps=40",
                                       "train.log_every=1000", "optim.lr=3e-3", "optim.warmup_steps=2"});
   const train::Config cfg = train::parse_config(train::kTiny, "fp16 test", settings);
-  train::Trainer t(cfg, std::make_unique<FixedBatch>(cfg.model.vocab_size, 4, 32), nullptr, nullptr);
+  train::Trainer t(cfg, std::make_unique<train::FixedBatch>(cfg.model.vocab_size, 4, 32), nullptr, nullptr);
   t.log = [](const std::string&) {};
   t.before_update = [&](int64_t step) {
     if (step == poison) ops::fill(t.model().grad("layers.0.mlp.in.weight").slice(0, 1), INFINITY);
@@ -58,6 +39,9 @@ TEST(Fp16, TrainsToTheLossOfBf16WithDynamicLossScaling) {
   EXPECT_GT(f16.front().loss_scale, 0.0) << "auto turns loss scaling on for f16";
   EXPECT_EQ(bf16.front().loss_scale, 0.0);
   for (const auto& m : f16) EXPECT_FALSE(m.skipped) << "step " << m.step << " overflowed at scale " << m.loss_scale;
+  // The CPU's f32 run of this config ends at 0.28 of its first loss (40
+  // steps; at 25 the cosine schedule has stopped it at 0.501, as the H100's
+  // bf16 run did on 2026-11-26: 3.1429 of 6.2719, the CPU's bf16 3.1430).
   EXPECT_LT(bf16.back().loss, 0.5 * bf16.front().loss) << "the bf16 run memorises the batch";
   EXPECT_NEAR(f16.back().loss, bf16.back().loss, 0.05 * bf16.back().loss);
 }

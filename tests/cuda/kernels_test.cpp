@@ -375,7 +375,10 @@ TEST_P(CudaKernels, MatmulGeluBackwardMatchesTheCpu) {
       EXPECT_TRUE(fused) << "cuBLASLt has no DGELU algorithm for " << M << "x" << K << "x" << N;
     }
     if (!fused) ops::matmul_gelu_backward(gout, ga, gb, gpre);
-    EXPECT_TRUE(matches(gout, out, dt == DType::f32 ? 1e-5 : 2e-2, "out")) << M << "x" << K << "x" << N;
+    // f32: the epilogue evaluates GeLU's derivative with its own tanh, not
+    // the CPU's tanhf; measured on an H100 (2026-11-26) 1.14e-5 at K = 96
+    // and 1.25e-5 at K = 768 (the same at any K: elementwise, not the sum).
+    EXPECT_TRUE(matches(gout, out, dt == DType::f32 ? 5e-5 : 2e-2, "out")) << M << "x" << K << "x" << N;
   }
 }
 

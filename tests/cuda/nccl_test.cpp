@@ -93,7 +93,7 @@ TEST_F(NcclGroupTest, HostTensorsGoToTheHostGroupAndSplitsWork) {
   const std::unique_ptr<comm::ProcessGroup> sub = group_->split(0, 0, "sub");
   EXPECT_EQ(sub->size(), 1);
   EXPECT_EQ(sub->name(), "sub");
-  Tensor t = gpu_poisoned(Shape{4}, DType::i64);
+  Tensor t = gpu_poisoned(Shape{3}, DType::i64);
   ops::copy(t, to_gpu(h));
   sub->all_reduce(t, comm::ReduceOp::min)->wait();
   EXPECT_EQ(host_values(t), (std::vector<double>{5, -2, 7}));

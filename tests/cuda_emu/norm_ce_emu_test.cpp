@@ -70,13 +70,13 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   if (residual) {
     EXPECT_EQ(to_f64(gr_out), to_f64(r_out)) << "the rounded residual sum";
   }
-  const int64_t chunks = (N + nk::kRowsPerChunk - 1) / nk::kRowsPerChunk;
+  const int64_t per_chunk = nk::chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
   Tensor pdw = poisoned(Shape{chunks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{chunks, C}, DType::f32);
   const unsigned col_blocks = unsigned((C + nk::kThreads - 1) / nk::kThreads);
-  emu::launch(dim3(unsigned((C / V + nk::kThreads - 1) / nk::kThreads), unsigned(chunks)), nk::kThreads, 0,
-              nk::norm_dwdb_partial_kernel<T, V>, rms, p<float>(pdw),
+  emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(chunks)),
+              dim3(nk::kSumCols, nk::kSumLanes), 0, nk::norm_dwdb_partial_kernel<T, V>, rms, p<float>(pdw),
               p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)),
-              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C);
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C, per_chunk);
   Tensor gdw = copy_of(dw0), gdb = rms ? Tensor() : copy_of(db0);
   emu::launch(dim3(col_blocks), nk::kThreads, 0, nk::add_partials_kernel<float>, p<float>(gdw),
               static_cast<const float*>(p<float>(pdw)), chunks, C);
@@ -185,11 +185,14 @@ void vp_ce_case(int64_t N, int64_t V, int64_t ranks, int64_t Vl, DType dt, std::
 TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   auto rng = make_rng(41);
   constexpr int kF32Pack = cuda::kPack16<float>, kBf16Pack = cuda::kPack16<__nv_bfloat16>;
-  // 70 rows: two 64-row chunks of dw / db partials and 9 blocks of 8 row warps,
-  // the last partial (one block runs at a time, so the rest stay small).
-  // C = 300: 75 packs of 4 floats, more than the 32 lanes of a warp.
+  // 70 rows: 9 blocks of 8 row warps, the last partial (one block runs at a
+  // time, so the rest stay small). C = 300: 75 packs of 4 floats, more than
+  // the 32 lanes of a warp.
   norm_case<float, 1>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
   norm_case<float, kF32Pack>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
+  // dw / db partials over several chunks (colsum_kernels::chunk_rows): 600
+  // rows are chunks of 256, 256 and 88 rows.
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 600, 264, true, DType::bf16, rng);
   for (const auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm})
     for (const bool residual : {false, true}) {
       norm_case<float, 1>(kind, 4, 301, residual, DType::f32, rng);

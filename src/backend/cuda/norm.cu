@@ -67,7 +67,7 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
   if (N == 0) return;
   cudaStream_t s = stream_of(dx);
   // Weight/bias partials first: dx may overwrite dy in place.
-  const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  const int64_t per_chunk = chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
   Tensor pdw = Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace);
   Tensor pdb = db.defined() ? Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace)
                             : Tensor();
@@ -75,10 +75,10 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(C, dyp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      const dim3 grid(unsigned((C / V + kThreads - 1) / kThreads), unsigned(chunks));
-      norm_dwdb_partial_kernel<T, V><<<grid, kThreads, 0, s>>>(rms, pdw.data<float>(),
-                                                              pdb.defined() ? pdb.data<float>() : nullptr, dyp, xp,
-                                                              f32_or_null(mean), rstd.data<float>(), N, C);
+      const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(chunks));
+      norm_dwdb_partial_kernel<T, V><<<grid, dim3(kSumCols, kSumLanes), 0, s>>>(
+          rms, pdw.data<float>(), pdb.defined() ? pdb.data<float>() : nullptr, dyp, xp, f32_or_null(mean),
+          rstd.data<float>(), N, C, per_chunk);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");

@@ -13,13 +13,20 @@
 
 #include <cstdint>
 
+#include "backend/cuda/colsum_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace zt::cuda::norm_kernels {
 
-constexpr int kThreads = 256;          // dw/db partials and their sum: a thread per column
-constexpr int kRowWarps = 8;           // row kernels: rows (warps) per block of kRowWarps * 32 threads
-constexpr int64_t kRowsPerChunk = 64;  // rows per dw/db partial (fixed: results do not depend on the grid)
+constexpr int kThreads = 256;  // the partials' sum: a thread per column
+constexpr int kRowWarps = 8;   // row kernels: rows (warps) per block of kRowWarps * 32 threads
+
+// dw/db partials: chunks of colsum_kernels::chunk_rows(N) rows (at most
+// kMaxChunks of them, so their sum is short), blocks of (kSumCols, kSumLanes)
+// threads as the bias-gradient column sums.
+using colsum_kernels::chunk_rows;
+using colsum_kernels::kSumCols;
+using colsum_kernels::kSumLanes;
 
 inline unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowWarps - 1) / kRowWarps); }
 
@@ -146,33 +153,51 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// Partials of dw (and db) over rows [chunk*R, (chunk+1)*R), R = kRowsPerChunk:
-// a thread per V adjacent columns (V = 1, or a 16-byte pack when packs tile the
-// rows), each column summed over the chunk's rows in row order (the same bits
-// at any V).
+// Partials of dw (and db) over the rows [chunk * R, (chunk + 1) * R) of chunk
+// blockIdx.y, R = per_chunk: lane threadIdx.x takes V adjacent columns (V = 1,
+// or a 16-byte pack when packs tile the rows: a warp reads 512 contiguous
+// bytes of a row per load), row lane j = threadIdx.y sums rows j, j + kSumLanes,
+// ... in row order, then the lanes are added in lane order. Every column's
+// summation order depends on the shape alone (the same bits at any V).
+// pdw, pdb: (chunks, C) f32.
 template <typename T, int V>
-__global__ void norm_dwdb_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x,
-                                         const float* mean, const float* rstd, int64_t N, int64_t C) {
-  const int64_t chunk = blockIdx.y;
-  const int64_t c0 = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
-  if (c0 >= C) return;
-  const int64_t r0 = chunk * kRowsPerChunk, r1 = min(N, r0 + kRowsPerChunk);
+__global__ void __launch_bounds__(kSumCols* kSumLanes)
+    norm_dwdb_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x, const float* mean,
+                             const float* rstd, int64_t N, int64_t C, int64_t per_chunk) {
+  __shared__ float lanes_dw[kSumLanes][kSumCols * V + 1], lanes_db[kSumLanes][kSumCols * V + 1];
+  const int64_t c0 = (int64_t(blockIdx.x) * kSumCols + threadIdx.x) * V;
+  const int64_t r0 = int64_t(blockIdx.y) * per_chunk, r1 = min(N, r0 + per_chunk);
   float sw[V] = {}, sb[V] = {};
+  if (c0 < C) {
 #pragma unroll 4  // several rows' loads in flight; the additions stay in row order
-  for (int64_t r = r0; r < r1; ++r) {
-    const Pack<T, V> g = load_pack<T, V>(dy + r * C + c0), xv = load_pack<T, V>(x + r * C + c0);
-    const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumLanes) {
+      const Pack<T, V> g = load_pack<T, V>(dy + r * C + c0), xv = load_pack<T, V>(x + r * C + c0);
+      const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float gk = to_f32(g.v[k]);
-      sw[k] += gk * ((to_f32(xv.v[k]) - mu) * rs);
-      sb[k] += gk;
+      for (int k = 0; k < V; ++k) {
+        const float gk = to_f32(g.v[k]);
+        sw[k] += gk * ((to_f32(xv.v[k]) - mu) * rs);
+        sb[k] += gk;
+      }
     }
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    pdw[chunk * C + c0 + k] = sw[k];
-    if (pdb != nullptr) pdb[chunk * C + c0 + k] = sb[k];
+    lanes_dw[threadIdx.y][threadIdx.x * V + k] = sw[k];
+    lanes_db[threadIdx.y][threadIdx.x * V + k] = sb[k];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || c0 >= C) return;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    float w = lanes_dw[0][threadIdx.x * V + k], b = lanes_db[0][threadIdx.x * V + k];
+#pragma unroll
+    for (int j = 1; j < kSumLanes; ++j) {
+      w += lanes_dw[j][threadIdx.x * V + k];
+      b += lanes_db[j][threadIdx.x * V + k];
+    }
+    pdw[int64_t(blockIdx.y) * C + c0 + k] = w;
+    if (pdb != nullptr) pdb[int64_t(blockIdx.y) * C + c0 + k] = b;
   }
 }
 
