@@ -324,9 +324,17 @@ TEST(Transformer, HeadChunksGiveTheSameLossAndGradients) {
                      std::to_string(rows) + " rows");
         Transformer m(c, DType::f32);
         EXPECT_NEAR(run(rows, m), ref, 1e-6 * std::fabs(ref));
+        // Chunks change only the f32 rounding: the head's products run with
+        // another row count, which BLAS blocks differently, and the rounding
+        // then travels back through every layer. Measured over 16 fresh seeds
+        // (2026-11-26): 3.4e-7 to 8.3e-7, and 1.05e-6 on seed
+        // 12462448193728561957 (llama3-tiny's embedding): 6 to 18 units of f32
+        // roundoff. A row dropped or counted twice is off by O(1).
+        constexpr double kF32Roundoff = 0x1p-24;
         const auto sm = m.param_sets(), sw = whole.param_sets();
         for (size_t i = 0; i < sw.size(); ++i)
-          EXPECT_TRUE(test::rel_error_within(sm[i]->grad_flat(), test::to_f64(sw[i]->grad_flat()), 1e-6, "gradients"))
+          EXPECT_TRUE(test::rel_error_within(sm[i]->grad_flat(), test::to_f64(sw[i]->grad_flat()), 32 * kF32Roundoff,
+                                             "gradients"))
               << "set " << i;
       }
     }
