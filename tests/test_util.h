@@ -153,6 +153,20 @@ inline double max_rel_error(const Tensor& got, const std::vector<double>& ref) {
   return den > 0 ? num / den : num;
 }
 
+// Relative error in the 2-norm: ||got - ref|| / ||ref|| (||got - ref|| when
+// ref is all zeros; infinite when got holds a NaN or an infinity). Host
+// tensors of equal numel.
+inline double rel_l2_error(const Tensor& got, const Tensor& ref) {
+  const std::vector<double> g = to_f64(got), r = to_f64(ref);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i])) return INFINITY;
+    num += (g[i] - r[i]) * (g[i] - r[i]);
+    den += r[i] * r[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 // max_rel_error(got, ref) <= limit, or a failure naming `what`, the error
 // and the seed.
 inline ::testing::AssertionResult rel_error_within(const Tensor& got, const std::vector<double>& ref, double limit,

@@ -22,17 +22,6 @@
 namespace zt::test {
 namespace {
 
-// ||a - b|| / ||b|| of two same-length vectors.
-double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 struct ParamDiff {
   std::string name;
   double rel;
@@ -44,7 +33,7 @@ std::vector<ParamDiff> param_diffs(const train::Trainer& gpu_run, const train::T
   const auto gs = gpu_run.model().param_sets(), cs = cpu_run.model().param_sets();
   for (size_t s = 0; s < cs.size(); ++s)
     for (size_t i = 0; i < cs[s]->size(); ++i)
-      out.push_back({cs[s]->spec(i).name, rel_diff(values_of(gs[s]->param(i)), values_of(cs[s]->param(i)))});
+      out.push_back({cs[s]->spec(i).name, rel_l2_error(to_host(gs[s]->param(i)), to_host(cs[s]->param(i)))});
   std::sort(out.begin(), out.end(), [](const ParamDiff& a, const ParamDiff& b) { return a.rel > b.rel; });
   return out;
 }

@@ -38,6 +38,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/rope.h"
+#include "cuda_emu/colsum_emu.h"
 #include "cuda_emu/emu_test_util.h"
 #include "test_util.h"
 
@@ -46,7 +47,6 @@ namespace {
 
 namespace actk = cuda::activation_kernels;
 namespace adk = cuda::adamw_kernels;
-namespace csk = cuda::colsum_kernels;
 namespace ek = cuda::embedding_kernels;
 namespace elk = cuda::elementwise_kernels;
 namespace rk = cuda::rope_kernels;
@@ -254,22 +254,6 @@ void elementwise_case(int64_t n, std::mt19937_64& rng) {
   EXPECT_EQ(to_f64(gsum), to_f64(sum)) << "add";
   EXPECT_EQ(to_f64(gscaled), to_f64(scaled)) << "scale";
   EXPECT_TRUE(close(gy, y, 1e-6, "axpy"));
-}
-
-// db (cols, f32) += column sums of dy (rows, cols), as matmul.cu's
-// colsum_accumulate launches it with V columns per lane; returns db.
-template <typename T, int V>
-Tensor colsum_on_emulator(const Tensor& dy, const Tensor& db0) {
-  const int64_t rows = dy.size(0), cols = dy.size(1), per_chunk = csk::chunk_rows(rows);
-  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
-  Tensor db = copy_of(db0), partial = chunks > 1 ? poisoned(Shape{chunks * cols}, DType::f32) : Tensor();
-  const dim3 grid(unsigned((cols / V + csk::kSumCols - 1) / csk::kSumCols), unsigned(chunks));
-  emu::launch(grid, dim3(csk::kSumCols, csk::kSumLanes), 0, csk::colsum_chunk_kernel<T, float, V>,
-              static_cast<const T*>(p<T>(dy)), rows, cols, per_chunk, p<float>(partial), p<float>(db));
-  if (chunks > 1)
-    emu::launch(dim3(unsigned((cols + 255) / 256)), 256, 0, csk::colsum_finish_kernel<float>,
-                static_cast<const float*>(p<float>(partial)), chunks, cols, p<float>(db));
-  return db;
 }
 
 template <typename T>

@@ -8,6 +8,8 @@
 // bf16; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
+#include "cuda_emu/colsum_emu.h"
+
 #include "backend/cuda/cross_entropy_kernels.cuh"
 #include "backend/cuda/norm_kernels.cuh"
 
@@ -32,6 +34,61 @@ namespace nk = cuda::norm_kernels;
 namespace ck = cuda::ce_kernels;
 
 using namespace emu_util;
+
+// The one-pass backward launched as norm.cu launches it (P packs per lane,
+// kDb with a bias gradient), into dx and the per-block partials.
+template <typename T, int V, int P, bool kDb>
+void fused_backward_on_emulator(const Tensor& dx, const Tensor& pdw, const Tensor& pdb, bool rms, const Tensor& dy,
+                                const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& dx_add, int64_t N, int64_t C) {
+  const int64_t per_block = nk::fused_rows(N), blocks = (N + per_block - 1) / per_block;
+  emu::launch(dim3(unsigned(blocks)), nk::kRowWarps * 32, 0, nk::norm_backward_fused_kernel<T, V, P, kDb>, rms,
+              p<T>(dx), p<float>(pdw), p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)),
+              static_cast<const T*>(p<T>(w)), static_cast<const float*>(p<float>(mean)),
+              static_cast<const float*>(p<float>(rstd)), static_cast<const T*>(p<T>(dx_add)), N, C, per_block);
+}
+
+// The fused backward where norm.cu takes it (16-byte packs, at most 4 packs
+// per lane with db, 8 without): dx, dw and db against the CPU's; dx in place
+// over dx_add with the bits of dx out of place. (Its dx may differ from the
+// two-pass kernel's in the last place: the compiler contracts multiply-adds
+// in each kernel its own way.)
+template <typename T, int V>
+void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx_add, const Tensor& dw0, const Tensor& db0,
+                         const Tensor& want_dx, const Tensor& want_dw, const Tensor& want_db) {
+  const int64_t N = x.size(0), C = x.size(1), packs = C / V;
+  if (packs > 32 * (rms ? 8 : 4)) return;
+  const int64_t per_block = nk::fused_rows(N), blocks = (N + per_block - 1) / per_block;
+  const DType dt = x.dtype();
+  Tensor out_of_place;
+  for (const bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "fused, dx over dx_add" : "fused");
+    Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
+    const Tensor add = in_place ? dx : dx_add;
+    Tensor pdw = poisoned(Shape{blocks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{blocks, C}, DType::f32);
+    if (packs <= 64 && rms)
+      fused_backward_on_emulator<T, V, 2, false>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
+    else if (packs <= 64)
+      fused_backward_on_emulator<T, V, 2, true>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
+    else if (packs <= 128 && rms)
+      fused_backward_on_emulator<T, V, 4, false>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
+    else if (packs <= 128)
+      fused_backward_on_emulator<T, V, 4, true>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
+    else
+      fused_backward_on_emulator<T, V, 8, false>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
+    EXPECT_TRUE(close(dx, want_dx, tol(dt), "dx"));
+    if (in_place) {
+      EXPECT_EQ(to_f64(dx), to_f64(out_of_place)) << "dx written over dx_add";
+    } else {
+      out_of_place = dx;
+    }
+    EXPECT_TRUE(close(colsum_on_emulator<float, 1>(pdw, dw0), want_dw, 1e-5, "dw"));
+    if (!rms) {
+      EXPECT_TRUE(close(colsum_on_emulator<float, 1>(pdb, db0), want_db, 1e-5, "db"));
+    }
+  }
+}
 
 // V elements per load (1, or a 16-byte pack: C a multiple of V), as norm.cu
 // chooses from the row length and the pointers.
@@ -100,6 +157,8 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   if (!rms) {
     EXPECT_TRUE(close(gdb, db, 1e-5, "db"));
   }
+  if constexpr (V == cuda::kPack16<T>)
+    fused_backward_case<T, V>(rms, dy, normed, w, mean, rstd, dx_add, dw0, db0, dx, dw, db);
 }
 
 template <typename T, int P>  // P elements per load (1, or a 16-byte pack: Vp a multiple of P)
@@ -113,9 +172,16 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
   ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
   Tensor gl = copy_of(logits), glosses = poisoned(Shape{N}, DType::f32);
   emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P>, p<float>(glosses), p<T>(gl),
-              static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), Vp, V, 0.25f);
+              static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f);
   EXPECT_TRUE(close(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses"));
   EXPECT_TRUE(close(gl, d, tol(dt), "dlogits (in place)"));
+  // Fewer blocks than rows (as ce_grid launches it: each block strides over
+  // rows): the same bits, a row being one block's work.
+  Tensor sl = copy_of(logits), slosses = poisoned(Shape{N}, DType::f32);
+  emu::launch(dim3(2), ck::kThreads, 0, ck::ce_kernel<T, P>, p<float>(slosses), p<T>(sl),
+              static_cast<const T*>(p<T>(sl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f);
+  EXPECT_EQ(to_f64(slosses), to_f64(glosses)) << "losses, 2 blocks striding over the rows";
+  EXPECT_EQ(to_f64(sl), to_f64(gl)) << "dlogits, 2 blocks striding over the rows";
 }
 
 // The vocabulary-parallel passes for `ranks` ranks of Vl columns each over N
@@ -191,8 +257,11 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   norm_case<float, 1>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
   norm_case<float, kF32Pack>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
   // dw / db partials over several chunks (colsum_kernels::chunk_rows): 600
-  // rows are chunks of 256, 256 and 88 rows.
+  // rows are chunks of 256, 256 and 88 rows; for the fused backward, 19
+  // blocks of 32 rows (4 per warp), the last of 24.
   norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 600, 264, true, DType::bf16, rng);
+  // RMSNorm over 256 packs: the fused backward's 8 packs per lane.
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::rmsnorm, 16, 2048, true, DType::bf16, rng);
   for (const auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm})
     for (const bool residual : {false, true}) {
       norm_case<float, 1>(kind, 4, 301, residual, DType::f32, rng);
@@ -202,6 +271,19 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
       norm_case<__nv_bfloat16, kBf16Pack>(kind, 3, 64, residual, DType::bf16, rng);
       norm_case<__nv_bfloat16, kBf16Pack>(kind, 9, 776, residual, DType::bf16, rng);
     }
+}
+
+// The classifier's grid: the GPU filled (up to 4 blocks per SM), never more
+// blocks than rows, the rows in flight within half the L2 but at least one
+// block per SM (H100: 132 SMs, 50 MiB).
+TEST(CudaKernelsLaunch, ClassifierGridKeepsTheRowsInFlightInHalfTheL2) {
+  constexpr int kSms = 132;
+  constexpr int64_t kL2 = 50 << 20;
+  EXPECT_EQ(ck::ce_grid(4096, 50304 * 2, kSms, kL2), 132u) << "GPT-2 bf16: 260 rows fit, one per SM";
+  EXPECT_EQ(ck::ce_grid(2048, 128256 * 2, kSms, kL2), 132u) << "Llama bf16: 102 fit, still one per SM";
+  EXPECT_EQ(ck::ce_grid(4096, 1000 * 4, kSms, kL2), 4u * kSms) << "small rows: occupancy's limit";
+  EXPECT_EQ(ck::ce_grid(300, 50304 * 2, kSms, kL2 * 4), 300u) << "never more blocks than rows";
+  EXPECT_EQ(ck::ce_grid(100, 50304 * 2, kSms, kL2), 100u);
 }
 
 TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {
@@ -214,6 +296,9 @@ TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {
   ce_case<float, kF32Pack>(2, 2052, 2050, DType::f32, rng);
   ce_case<__nv_bfloat16, 1>(3, 520, 515, DType::bf16, rng);
   ce_case<__nv_bfloat16, kBf16Pack>(3, 520, 515, DType::bf16, rng);
+  // 2513 packs of 8: past one round of kUnroll packs per thread (4 x 512), the
+  // second round partial.
+  ce_case<__nv_bfloat16, kBf16Pack>(3, 20104, 20100, DType::bf16, rng);
 }
 
 TEST(CudaKernelsEmulated, VocabParallelCrossEntropyMatchesTheCpu) {

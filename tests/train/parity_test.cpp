@@ -53,17 +53,7 @@ double rel_error(const Tensor& got, const Tensor& ref) {
   return den > 0 ? num / den : num;
 }
 
-// ||got - ref||_2 / ||ref||_2
-double rel_l2_error(const Tensor& got, const Tensor& ref) {
-  const auto g = test::to_f64(got), r = test::to_f64(ref);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (!std::isfinite(g[i])) return INFINITY;
-    num += (g[i] - r[i]) * (g[i] - r[i]);
-    den += r[i] * r[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using test::rel_l2_error;
 
 struct ParityCase {
   std::string name;

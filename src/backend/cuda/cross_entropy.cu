@@ -21,9 +21,10 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "softmax_cross_entropy", [&] {
     T* dp = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
     const T* lp = static_cast<const T*>(logits.data_ptr());
+    const unsigned grid = ce_grid(N, Vp * int64_t(sizeof(T)), num_sms(logits.device()), l2_cache_bytes(logits.device()));
     with_pack_width<T>(packs_of_16_fit<T>(Vp, lp, dp), [&](auto v) {
-      ce_kernel<T, decltype(v)::value><<<unsigned(N), kThreads, 0, stream_of(losses)>>>(
-          losses.data<float>(), dp, lp, targets.data<int32_t>(), Vp, vocab, grad_scale);
+      ce_kernel<T, decltype(v)::value><<<grid, kThreads, 0, stream_of(losses)>>>(
+          losses.data<float>(), dp, lp, targets.data<int32_t>(), N, Vp, vocab, grad_scale);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("ce_kernel");

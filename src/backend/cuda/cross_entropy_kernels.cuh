@@ -1,8 +1,12 @@
-// The kernel of cross_entropy.cu (the fused classifier): one block per row;
-// pass 1 is an online max/sum over the real vocabulary (per thread, then
-// merged across the block), pass 2 writes dlogits = (softmax - onehot) *
-// grad_scale (in place allowed: each element is read before the same thread
-// overwrites it). No probability matrix is stored. The vocabulary-parallel
+// The kernel of cross_entropy.cu (the fused classifier): a block per row at a
+// time, the blocks striding over the rows; pass 1 is an online max/sum over
+// the real vocabulary (per thread, then merged across the block), pass 2
+// writes dlogits = (softmax - onehot) * grad_scale (in place allowed: each
+// element is read before the same thread overwrites it). No probability
+// matrix is stored. Pass 2 re-reads the row: the launch sizes the grid so
+// that the rows in flight fit in half the L2 (ce_grid), and the re-read comes
+// from there, not from device memory (4 bytes moved per bf16 element, not 6).
+// Both passes keep kUnroll packs' loads in flight per thread. The vocabulary-parallel
 // passes (ops/cross_entropy.h: max, then exp sums and the target logit, then
 // losses and dlogits, the caller reducing over the tensor-parallel group in
 // between) are one block per row each too.
@@ -21,6 +25,18 @@
 namespace zt::cuda::ce_kernels {
 
 constexpr int kThreads = 512;
+constexpr int kUnroll = 4;  // packs a thread loads before it uses the first
+
+// ce_kernel's grid: enough blocks to fill the GPU (at most 4 of kThreads per
+// SM, its thread limit), no more than the rows, and at most as many rows in
+// flight as fill half the L2, but at least one per SM. Bits do not depend
+// on it: a row is one block's work.
+inline unsigned ce_grid(int64_t rows, int64_t row_bytes, int sms, int64_t l2_bytes) {
+  const int64_t fit = row_bytes > 0 ? l2_bytes / 2 / row_bytes : rows;
+  const int64_t per_sm = fit / sms < 1 ? 1 : (fit / sms > 4 ? 4 : fit / sms);
+  const int64_t grid = int64_t(sms) * per_sm;
+  return unsigned(grid < rows ? grid : rows);
+}
 
 // The packs holding columns [0, real) of a row.
 __host__ __device__ constexpr int64_t packs_holding(int64_t real, int V) { return (real + V - 1) / V; }
@@ -45,50 +61,72 @@ __device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t
 template <typename T, int V>
 __device__ __forceinline__ void write_dlogits(T* dr, const T* lr, int64_t cols, int64_t real, int64_t target,
                                               bool ignored, float m, float r, float grad_scale) {
-  for (int64_t j = threadIdx.x; j < cols / V; j += blockDim.x) {
-    const Pack<T, V> p = load_pack<T, V>(lr + j * V);
-    Pack<T, V> out;
+  const int64_t packs = cols / V;
+  for (int64_t j0 = threadIdx.x; j0 < packs; j0 += kUnroll * int64_t(blockDim.x)) {
+    Pack<T, V> p[kUnroll];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t c = j * V + k;
-      float g = 0.0f;
-      if (!ignored && c < real) g = __expf(to_f32(p.v[k]) - m) * r - (c == target ? grad_scale : 0.0f);
-      out.v[k] = from_f32<T>(g);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + u * int64_t(blockDim.x);
+      if (j < packs) p[u] = load_pack<T, V>(lr + j * V);
     }
-    store_pack<T, V>(dr + j * V, out);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + u * int64_t(blockDim.x);
+      if (j >= packs) break;
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int64_t c = j * V + k;
+        float g = 0.0f;
+        if (!ignored && c < real) g = __expf(to_f32(p[u].v[k]) - m) * r - (c == target ? grad_scale : 0.0f);
+        out.v[k] = from_f32<T>(g);
+      }
+      store_pack<T, V>(dr + j * V, out);
+    }
   }
 }
 
+// logits, dlogits: (N, Vp); losses, targets: (N).
 template <typename T, int V>
-__global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t Vp,
+__global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t Vp,
                           int64_t vocab, float grad_scale) {
   __shared__ float scratch[32];
-  const int64_t row = blockIdx.x;
-  const T* lr = logits + row * Vp;
-  const int32_t target = targets[row];
-  // Per-thread running max m and sum of exp(x - m), a pack at a time.
-  float m = -INFINITY, s = 0.0f;
-  for (int64_t j = threadIdx.x; j < packs_holding(vocab, V); j += blockDim.x) {
-    float xs[V];
-    const float pm = load_real<T, V>(xs, lr, j, vocab);
-    if (pm == -INFINITY) continue;  // nothing to add (and -inf - -inf is NaN)
-    if (pm > m) {
-      s *= __expf(m - pm);  // 0 while m is still -inf
-      m = pm;
-    }
+  const int64_t packs = packs_holding(vocab, V);
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const T* lr = logits + row * Vp;
+    const int32_t target = targets[row];
+    // Per-thread running max m and sum of exp(x - m), a pack at a time in
+    // the order j, j + blockDim.x, ... (kUnroll packs loaded ahead).
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t j0 = threadIdx.x; j0 < packs; j0 += kUnroll * int64_t(blockDim.x)) {
+      float xs[kUnroll][V], pm[kUnroll];
 #pragma unroll
-    for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = j0 + u * int64_t(blockDim.x);
+        pm[u] = j < packs ? load_real<T, V>(xs[u], lr, j, vocab) : -INFINITY;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (pm[u] == -INFINITY) continue;  // nothing to add (and -inf - -inf is NaN)
+        if (pm[u] > m) {
+          s *= __expf(m - pm[u]);  // 0 while m is still -inf
+          m = pm[u];
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) s += __expf(xs[u][k] - m);
+      }
+    }
+    const float row_max = block_max(m, scratch);
+    const float sum = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - row_max), scratch);
+    const float lse = row_max + logf(sum);
+    const bool ignored = target < 0;
+    // Read the target logit before any in-place write.
+    const float target_logit = ignored ? 0.0f : to_f32(lr[target]);
+    __syncthreads();
+    if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - target_logit;
+    if (dlogits != nullptr)
+      write_dlogits<T, V>(dlogits + row * Vp, lr, Vp, vocab, target, ignored, lse, grad_scale, grad_scale);
   }
-  const float row_max = block_max(m, scratch);
-  const float sum = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - row_max), scratch);
-  const float lse = row_max + logf(sum);
-  const bool ignored = target < 0;
-  // Read the target logit before any in-place write.
-  const float target_logit = ignored ? 0.0f : to_f32(lr[target]);
-  __syncthreads();
-  if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - target_logit;
-  if (dlogits == nullptr) return;
-  write_dlogits<T, V>(dlogits + row * Vp, lr, Vp, vocab, target, ignored, lse, grad_scale, grad_scale);
 }
 
 // Vocabulary-parallel pass 1: row_max[row] = max of the row's `real` columns

@@ -48,6 +48,8 @@ cudaStream_t compute_stream(Device device);
 cudaStream_t comm_stream(Device device);
 // The device's multiprocessor count (cached).
 int num_sms(Device device);
+// The L2 cache (bytes; 50 MiB on H100).
+int64_t l2_cache_bytes(Device device);
 // Shared memory one block may use after opting in (bytes; 227 KiB on H100).
 int max_shared_optin(Device device);
 // cuBLASLt handle of the device, and a workspace of workspace_bytes() on it.

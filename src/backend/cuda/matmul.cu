@@ -47,7 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/colsum_kernels.cuh"
+#include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/runtime.h"
 
@@ -332,41 +332,6 @@ void beta_bias(void* dst, DType dst_type, const void* prev, DType prev_type, con
             cols);
         ZT_CUDA_CHECK_LAUNCH("beta_bias_kernel");
       });
-    });
-  });
-}
-
-// ---- db += column sums of dy (kernels: colsum_kernels.cuh) ----
-
-void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols) {
-  if (rows == 0 || cols == 0) return;
-  const Device device = db.device();
-  cudaStream_t s = stream_of(db);
-  using namespace colsum_kernels;
-  const int64_t per_chunk = chunk_rows(rows);
-  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
-  Tensor partial;
-  if (chunks > 1) partial = Tensor::empty(Shape{chunks * cols}, DType::f32, device, MemCategory::workspace);
-  float* part = chunks > 1 ? partial.data<float>() : nullptr;
-  const dim3 block(kSumCols, kSumLanes);
-  with_type(dy.dtype(), [&](auto dy_tag) {
-    using TDy = decltype(dy_tag);
-    const TDy* dyp = static_cast<const TDy*>(dy.data_ptr());
-    with_type(db.dtype(), [&](auto db_tag) {
-      using TDb = decltype(db_tag);
-      with_pack_width<TDy>(packs_of_16_fit<TDy>(cols, dyp), [&](auto v) {
-        constexpr int V = decltype(v)::value;
-        const dim3 grid(unsigned((cols / V + kSumCols - 1) / kSumCols), unsigned(chunks));
-        colsum_chunk_kernel<TDy, TDb, V><<<grid, block, 0, s>>>(dyp, rows, cols, per_chunk, part,
-                                                               static_cast<TDb*>(db.data_ptr()));
-      });
-      ZT_CUDA_CHECK_LAUNCH("colsum_chunk_kernel");
-      if (part) {
-        constexpr int kThreads = 256;
-        colsum_finish_kernel<TDb><<<unsigned((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-            part, chunks, cols, static_cast<TDb*>(db.data_ptr()));
-        ZT_CUDA_CHECK_LAUNCH("colsum_finish_kernel");
-      }
     });
   });
 }

@@ -1,7 +1,14 @@
 // CUDA LayerNorm / RMSNorm forward and backward: the launches (16-byte packs
-// where they fit the rows); the kernels are in norm_kernels.cuh.
+// where they fit the rows); the kernels are in norm_kernels.cuh. The backward
+// is one pass where its sums fit in registers, else two (dw / db partials,
+// then dx); the partials are summed deterministically either way.
 #include "backend/cuda/norm.h"
 
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
+
+#include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/norm_kernels.cuh"
 
@@ -61,10 +68,80 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
   launch_forward(rms, y, mean, rstd, x, r_in, r_out, w, b, eps);
 }
 
+namespace {
+
+// ZT_CUDA_NORM_BACKWARD = two_pass keeps the backward in two passes where the
+// fused one could run: the A/B of the kernel bench (unset or "auto": fused).
+bool fused_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("ZT_CUDA_NORM_BACKWARD");
+    const std::string_view v = env ? env : "";
+    if (v.empty() || v == "auto" || v == "fused") return true;
+    if (v == "two_pass") return false;
+    ZT_FAIL("ZT_CUDA_NORM_BACKWARD = '", v, "' is not one of fused, two_pass; unset it to let Zettatron choose");
+  }();
+  return allowed;
+}
+
+// The one-pass backward (norm_backward_fused_kernel) when its sums fit in
+// registers: weights of the activations' dtype, 16-byte packs, at most 4
+// packs per lane with a bias gradient or 8 without (LayerNorm up to C = 1024
+// in bf16, RMSNorm up to 2048). Returns false, having done nothing, otherwise.
+bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                    const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  if (w.dtype() != x.dtype() || !fused_allowed()) return false;
+  bool done = false;
+  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
+    constexpr int V = kPack16<T>;
+    T* dxp = static_cast<T*>(dx.data_ptr());
+    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
+    const T *wp = static_cast<const T*>(w.data_ptr()), *addp = ptr_or_null<T>(dx_add);
+    const int64_t packs = C / V;
+    if (!row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp) ||
+        packs > 32 * (db.defined() ? 4 : 8))
+      return;
+    const int64_t per_block = fused_rows(N), blocks = (N + per_block - 1) / per_block;
+    Tensor pdw = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
+    Tensor pdb = db.defined() ? Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace)
+                              : Tensor();
+    cudaStream_t s = stream_of(dx);
+    auto launch = [&](auto p_tag, auto db_tag) {
+      constexpr int P = decltype(p_tag)::value;
+      constexpr bool kDb = decltype(db_tag)::value;
+      norm_backward_fused_kernel<T, V, P, kDb><<<unsigned(blocks), kRowWarps * 32, 0, s>>>(
+          rms, dxp, pdw.data<float>(), kDb ? pdb.data<float>() : nullptr, dyp, xp, wp, f32_or_null(mean),
+          rstd.data<float>(), addp, N, C, per_block);
+    };
+    using std::integral_constant;
+    if (db.defined()) {
+      if (packs <= 64)
+        launch(integral_constant<int, 2>{}, std::true_type{});
+      else
+        launch(integral_constant<int, 4>{}, std::true_type{});
+    } else if (packs <= 64) {
+      launch(integral_constant<int, 2>{}, std::false_type{});
+    } else if (packs <= 128) {
+      launch(integral_constant<int, 4>{}, std::false_type{});
+    } else {
+      launch(integral_constant<int, 8>{}, std::false_type{});
+    }
+    ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
+    colsum_accumulate(dw, pdw, blocks, C);
+    if (db.defined()) colsum_accumulate(db, pdb, blocks, C);
+    done = true;
+  });
+  return done;
+}
+
+}  // namespace
+
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
   const int64_t C = x.size(-1), N = x.numel() / C;
   if (N == 0) return;
+  if (fused_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add)) return;
+  // Two passes: the dw / db partials, then dx.
   cudaStream_t s = stream_of(dx);
   // Weight/bias partials first: dx may overwrite dy in place.
   const int64_t per_chunk = chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;

@@ -104,6 +104,37 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
+// One pack's share of a row's dx sums: sg += g, sgx += g * xhat, where
+// g = dy * w and xhat = (x - mean) * rstd.
+template <typename T, typename W, int V>
+__device__ __forceinline__ void add_dx_sums(float& sg, float& sgx, const Pack<T, V>& dv, const Pack<T, V>& xv,
+                                            const Pack<W, V>& wv, float mu, float rs) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
+    const float xhat = (to_f32(xv.v[k]) - mu) * rs;
+    sg += g;
+    sgx += g * xhat;
+  }
+}
+
+// One pack of dx = rstd * (g - mg - xhat * mgx), plus dx_add's pack when add.
+template <typename T, typename W, int V>
+__device__ __forceinline__ Pack<T, V> dx_pack(const Pack<T, V>& dv, const Pack<T, V>& xv, const Pack<W, V>& wv,
+                                              const Pack<T, V>& av, bool add, float mu, float rs, float mg,
+                                              float mgx) {
+  Pack<T, V> out;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
+    const float xhat = (to_f32(xv.v[k]) - mu) * rs;
+    float v = rs * (g - mg - xhat * mgx);
+    if (add) v += to_f32(av.v[k]);
+    out.v[k] = from_f32<T>(v);
+  }
+  return out;
+}
+
 // dx for one row per warp:
 //   g = dy * w, xhat = (x - mean) * rstd
 //   LayerNorm: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
@@ -121,36 +152,102 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const T* xr = x + row * C;
   const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
   float sg = 0.0f, sgx = 0.0f;
-  for (int64_t j = lane; j < packs; j += 32) {
-    const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
-    const Pack<W, V> wv = load_pack<W, V>(w + j * V);
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
-      const float xhat = (to_f32(xv.v[k]) - mu) * rs;
-      sg += g;
-      sgx += g * xhat;
-    }
-  }
+  for (int64_t j = lane; j < packs; j += 32)
+    add_dx_sums<T, W, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
+                         load_pack<W, V>(w + j * V), mu, rs);
   const float mg = rms ? 0.0f : warp_sum(sg) / float(C);
   const float mgx = warp_sum(sgx) / float(C);
   T* dxr = dx + row * C;
   const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
   for (int64_t j = lane; j < packs; j += 32) {
     const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
-    const Pack<W, V> wv = load_pack<W, V>(w + j * V);
-    const Pack<T, V> av = load_pack_or_zero<T, V>(addr, j * V);
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
-      const float xhat = (to_f32(xv.v[k]) - mu) * rs;
-      float v = rs * (g - mg - xhat * mgx);
-      if (addr != nullptr) v += to_f32(av.v[k]);
-      out.v[k] = from_f32<T>(v);
-    }
-    store_pack<T, V>(dxr + j * V, out);
+    store_pack<T, V>(dxr + j * V, dx_pack<T, W, V>(dv, xv, load_pack<W, V>(w + j * V),
+                                                   load_pack_or_zero<T, V>(addr, j * V), addr != nullptr, mu, rs,
+                                                   mg, mgx));
   }
+}
+
+// The backward in one pass over the rows (dy and x read once from device
+// memory, not twice): block b takes rows [b * R, (b + 1) * R), R = per_block
+// (fused_rows); warp w its rows w, w + kRowWarps, ... in order, each computing
+// dx with norm_dx_kernel's arithmetic (the last place may differ: each kernel
+// has its own multiply-add contractions) while lane l adds the row's
+// dy * xhat and dy into its dw / db sums of packs l, l + 32, ..., l + 32 (P - 1). The warps then add their sums into shared memory in warp
+// order, and the block writes its partials: pdw, pdb (blocks, C) f32, summed
+// over the blocks by colsum.h. Every order depends on the shape alone.
+// Requires C / V <= 32 P (V: 16-byte packs of T; weights of type T).
+template <typename T, int V, int P, bool kDb>
+__global__ void __launch_bounds__(kRowWarps * 32)
+    norm_backward_fused_kernel(bool rms, T* dx, float* pdw, float* pdb, const T* dy, const T* x, const T* w,
+                               const float* mean, const float* rstd, const T* dx_add, int64_t N, int64_t C,
+                               int64_t per_block) {
+  __shared__ float block_dw[32 * P * V], block_db[kDb ? 32 * P * V : 1];
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  const int64_t packs = C / V;
+  const int64_t r0 = int64_t(blockIdx.x) * per_block, r1 = min(N, r0 + per_block);
+  float sw[P][V] = {}, sb[kDb ? P : 1][V] = {};
+  for (int64_t row = r0 + warp; row < r1; row += kRowWarps) {
+    const T* dyr = dy + row * C;
+    const T* xr = x + row * C;
+    const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t j = lane + 32 * q;
+      if (j >= packs) break;
+      add_dx_sums<T, T, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
+                           load_pack<T, V>(w + j * V), mu, rs);
+    }
+    const float mg = rms ? 0.0f : warp_sum(sg) / float(C);
+    const float mgx = warp_sum(sgx) / float(C);
+    T* dxr = dx + row * C;
+    const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const int64_t j = lane + 32 * q;
+      if (j >= packs) break;
+      const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
+      const Pack<T, V> out = dx_pack<T, T, V>(dv, xv, load_pack<T, V>(w + j * V),
+                                              load_pack_or_zero<T, V>(addr, j * V), addr != nullptr, mu, rs, mg, mgx);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float gy = to_f32(dv.v[k]);
+        sw[q][k] += gy * ((to_f32(xv.v[k]) - mu) * rs);
+        if constexpr (kDb) sb[q][k] += gy;
+      }
+      store_pack<T, V>(dxr + j * V, out);
+    }
+  }
+  // The warps' sums into shared memory, warp 0 first (0 + s is exact).
+  for (int turn = 0; turn < kRowWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        const int64_t j = lane + 32 * q;
+        if (j >= packs) break;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const int64_t c = j * V + k;
+          block_dw[c] = (turn == 0 ? 0.0f : block_dw[c]) + sw[q][k];
+          if constexpr (kDb) block_db[c] = (turn == 0 ? 0.0f : block_db[c]) + sb[q][k];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    pdw[int64_t(blockIdx.x) * C + c] = block_dw[c];
+    if constexpr (kDb) pdb[int64_t(blockIdx.x) * C + c] = block_db[c];
+  }
+}
+
+// Rows per block of the fused backward: a function of the row count only;
+// at most kMaxFusedBlocks blocks (enough to fill an H100 several times over),
+// at least four rows per warp.
+constexpr int64_t kMaxFusedBlocks = 2048;
+inline int64_t fused_rows(int64_t rows) {
+  const int64_t spread = (rows + kMaxFusedBlocks - 1) / kMaxFusedBlocks;
+  return spread > 4 * kRowWarps ? spread : 4 * kRowWarps;
 }
 
 // Partials of dw (and db) over the rows [chunk * R, (chunk + 1) * R) of chunk

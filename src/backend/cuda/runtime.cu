@@ -77,6 +77,7 @@ struct DeviceState {
   void* workspace = nullptr;
   int sms = 0;
   int shared_optin = 0;  // bytes of shared memory a block may opt in to
+  int l2_bytes = 0;
 };
 
 std::mutex g_mu;
@@ -106,6 +107,7 @@ DeviceState& state(Device device) {
     ZT_CUBLAS_CHECK(cublasLtCreate(&s->lt));
     ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->sms, cudaDevAttrMultiProcessorCount, i));
     ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, i));
+    ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->l2_bytes, cudaDevAttrL2CacheSize, i));
     register_allocator(device, std::make_unique<CudaAllocator>(i));
     s->workspace = allocator_for(device).allocate(kCublasWorkspaceBytes, MemCategory::workspace);
     g_state[size_t(i)] = std::move(s);
@@ -133,6 +135,7 @@ void* compute_stream_handle(Device device) { return compute_stream(device); }
 void* comm_stream_handle(Device device) { return comm_stream(device); }
 int num_sms(Device device) { return state(device).sms; }
 int max_shared_optin(Device device) { return state(device).shared_optin; }
+int64_t l2_cache_bytes(Device device) { return state(device).l2_bytes; }
 cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }
 void* cublaslt_workspace(Device device) { return state(device).workspace; }
 size_t cublaslt_workspace_bytes() { return kCublasWorkspaceBytes; }

@@ -1,0 +1,17 @@
+// db += the column sums of a (rows x cols) matrix on the GPU, deterministic:
+// the summation order of every column depends on the shape alone (kernels
+// and the chunking rule: colsum_kernels.cuh). Bias gradients (matmul.cu) and
+// the norms' per-block weight-gradient partials (norm.cu) use it.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace zt::cuda {
+
+// dy: (rows, cols) f32, bf16 or f16, contiguous; db: (cols) f32, bf16 or f16,
+// on the same GPU; rounded once into db.
+void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols);
+
+}  // namespace zt::cuda
