@@ -71,6 +71,7 @@ void* Allocator::allocate(size_t bytes, MemCategory category) {
   const size_t c = size_t(category);
   stats_.current_bytes[c] += int64_t(bytes);
   stats_.peak_bytes[c] = std::max(stats_.peak_bytes[c], stats_.current_bytes[c]);
+  stats_.window_peak_bytes[c] = std::max(stats_.window_peak_bytes[c], stats_.current_bytes[c]);
   stats_.total_current_bytes += int64_t(bytes);
   stats_.total_peak_bytes = std::max(stats_.total_peak_bytes, stats_.total_current_bytes);
   return ptr;
@@ -99,6 +100,11 @@ void Allocator::reset_peak() {
   stats_.peak_bytes = stats_.current_bytes;
   stats_.total_peak_bytes = stats_.total_current_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void Allocator::reset_window_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.window_peak_bytes = stats_.current_bytes;
 }
 
 void Allocator::empty_cache() {

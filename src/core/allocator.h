@@ -52,11 +52,15 @@ struct MemStats {
   int64_t total_peak_bytes = 0;                            // max of the sum (not the sum of maxima)
   int64_t reserved_bytes = 0;                              // held from the system: live + cached
   int64_t peak_reserved_bytes = 0;
+  // max of current_bytes[c] since reset_window_peak(): a second peak for short
+  // windows (the op profiler's per-op high-water) that leaves the step's alone.
+  std::array<int64_t, kNumMemCategories> window_peak_bytes{};
   int64_t num_allocs = 0;       // allocate() calls since construction
   int64_t num_system_allocs = 0;  // of those, the ones that missed the cache
 
   int64_t current(MemCategory c) const { return current_bytes[size_t(c)]; }
   int64_t peak(MemCategory c) const { return peak_bytes[size_t(c)]; }
+  int64_t window_peak(MemCategory c) const { return window_peak_bytes[size_t(c)]; }
 };
 
 class Allocator {
@@ -74,6 +78,8 @@ class Allocator {
   MemStats stats() const;
   // Peaks restart from the current values (e.g. per training step).
   void reset_peak();
+  // The window peaks restart from the current values; the others go on.
+  void reset_window_peak();
   // Releases every cached (free) block to the system.
   void empty_cache();
 

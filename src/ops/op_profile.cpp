@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/allocator.h"
 
 namespace zt::ops {
 
@@ -14,6 +15,7 @@ namespace {
 struct PendingGpuOp {  // timed on the GPU, not yet read
   const char* name;
   DeviceMark start, end;
+  int64_t workspace_bytes;
 };
 
 struct Profile {
@@ -30,11 +32,12 @@ Profile& profile() {
   return p;
 }
 
-void add(Profile& p, const char* name, double seconds) {  // p.mu held
+void add(Profile& p, const char* name, double seconds, int64_t workspace_bytes) {  // p.mu held
   OpTotal& t = p.totals[name];
   t.name = name;
   ++t.calls;
   t.seconds += seconds;
+  t.workspace_peak_bytes = std::max(t.workspace_peak_bytes, workspace_bytes);
 }
 
 }  // namespace
@@ -45,7 +48,7 @@ bool op_profile_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 std::vector<OpTotal> take_op_profile() {
   Profile& p = profile();
   std::lock_guard<std::mutex> lock(p.mu);
-  for (const PendingGpuOp& op : p.pending) add(p, op.name, op.end.seconds_since(op.start));
+  for (const PendingGpuOp& op : p.pending) add(p, op.name, op.end.seconds_since(op.start), op.workspace_bytes);
   p.pending.clear();
   std::vector<OpTotal> out;
   for (auto& [name, t] : p.totals) out.push_back(t);
@@ -64,6 +67,9 @@ OpScope::OpScope(const char* name, const Tensor& on) {
   }
   try {
     device_ = on.defined() ? on.device() : Device::cpu();
+    Allocator& allocator = allocator_for(device_);
+    allocator.reset_window_peak();
+    workspace_at_start_ = allocator.stats().current(MemCategory::workspace);
     start_ = DeviceMark(device_);
     name_ = name;
   } catch (...) {  // a device that cannot be timed: the op reports the problem itself
@@ -76,15 +82,18 @@ OpScope::~OpScope() {
   --t_depth;
   Profile& p = profile();
   try {
+    // Allocations are accounted on the host as the op enqueues its work.
+    const int64_t workspace =
+        allocator_for(device_).stats().window_peak(MemCategory::workspace) - workspace_at_start_;
     DeviceMark end(device_);
     if (end.on_gpu()) {
       std::lock_guard<std::mutex> lock(p.mu);
-      p.pending.push_back({name_, std::move(start_), std::move(end)});
+      p.pending.push_back({name_, std::move(start_), std::move(end), workspace});
       return;
     }
     const double seconds = end.seconds_since(start_);
     std::lock_guard<std::mutex> lock(p.mu);
-    add(p, name_, seconds);
+    add(p, name_, seconds, workspace);
   } catch (...) {  // a failing device: the op's own error is the one to report
   }
 }

@@ -4,6 +4,10 @@
 // taken (so profiling adds no host synchronisation inside a step). An op
 // called inside another (linear_forward's matmul) counts once, in the outer
 // one: the totals never overlap, and their sum is at most the time spent.
+// Each op also records the most workspace memory (MemCategory::workspace:
+// its temporaries - cuBLASLt's, cuDNN's, partial sums) that one call held
+// above what was live when it began, from the device allocator's window peak:
+// memory the model's plan does not count.
 // Off by default; a scope then costs one relaxed atomic load.
 #pragma once
 
@@ -20,6 +24,7 @@ struct OpTotal {
   std::string name;     // the op's name, as its errors give it ("linear_forward")
   int64_t calls = 0;
   double seconds = 0;
+  int64_t workspace_peak_bytes = 0;  // the most workspace one call held above its start (max over calls)
 };
 
 void enable_op_profile(bool on);
@@ -42,6 +47,7 @@ class OpScope {
   const char* name_ = nullptr;  // null: not timing (profile off, or nested in another op)
   Device device_;
   DeviceMark start_;
+  int64_t workspace_at_start_ = 0;  // bytes live in the device's workspace category
 };
 
 }  // namespace zt::ops

@@ -1,6 +1,7 @@
 // The op profiler (ops/op_profile.h): off, it records nothing; on, every
 // public op adds one call under its own name, an op inside another counts
-// only in the outer one, and taking the totals clears them.
+// only in the outer one, each op keeps the most workspace one call held, and
+// taking the totals clears them.
 #include "ops/op_profile.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "core/allocator.h"
 #include "ops/activation.h"
 #include "ops/matmul.h"
 #include "test_util.h"
@@ -64,6 +66,43 @@ TEST(OpProfile, AnOpInsideAnotherCountsInTheOuterOnly) {
   }
   { const ops::OpScope after("inner_op", t); }  // the depth was restored: a later op counts again
   EXPECT_EQ(calls_of(ops::take_op_profile()), (std::map<std::string, int64_t>{{"inner_op", 1}, {"outer_op", 1}}));
+}
+
+// The most workspace one call held above what was live at its start: the
+// maximum over calls, nested ops' temporaries counted in the outer op, other
+// categories and memory live before the op not counted, the step's peaks
+// untouched.
+TEST(OpProfile, RecordsTheMostWorkspaceOneCallHeld) {
+  const ProfileOff off;
+  ops::enable_op_profile(true);
+  (void)ops::take_op_profile();
+  Allocator& cpu = allocator_for(Device::cpu());
+  const Tensor on = Tensor::empty(Shape{1}, DType::f32);
+  auto temporaries = [](int64_t floats) {
+    return Tensor::empty(Shape{floats}, DType::f32, Device::cpu(), MemCategory::workspace);
+  };
+  const Tensor held_before = temporaries(5000);
+  { const Tensor big = temporaries(100000); }  // before any op: the step's peak holds it
+  const int64_t step_peak = cpu.stats().peak(MemCategory::workspace);
+  {
+    const ops::OpScope op("workspace_op", on);
+    { const Tensor a = temporaries(1000); }
+    const Tensor b = temporaries(300);
+    const Tensor c = temporaries(200);  // b and c together: 500 floats, less than a's 1000
+  }
+  {
+    const ops::OpScope op("workspace_op", on);
+    const Tensor a = temporaries(1500);
+    const ops::OpScope nested("inner_op", on);
+    const Tensor b = temporaries(500);  // with a: 2000 floats at once
+    const Tensor not_workspace = Tensor::empty(Shape{9000}, DType::f32, Device::cpu(), MemCategory::activations);
+  }
+  { const ops::OpScope op("no_workspace_op", on); }
+  std::map<std::string, int64_t> peaks;
+  for (const ops::OpTotal& t : ops::take_op_profile()) peaks[t.name] = t.workspace_peak_bytes;
+  EXPECT_EQ(peaks, (std::map<std::string, int64_t>{{"no_workspace_op", 0}, {"workspace_op", 2000 * 4}}));
+  EXPECT_EQ(cpu.stats().peak(MemCategory::workspace), step_peak)
+      << "the ops' window resets leave the step's peak (the freed 100000 floats) alone";
 }
 
 }  // namespace

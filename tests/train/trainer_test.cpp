@@ -93,7 +93,10 @@ TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
       EXPECT_EQ(ops["attention_backward"]["calls"].get<int64_t>(), blocks * micro);
       EXPECT_GE(ops["adamw_step"]["calls"].get<int64_t>(), 1);
       double sum = 0;
-      for (const auto& [name, t] : ops.items()) sum += t["s"].get<double>();
+      for (const auto& [name, t] : ops.items()) {
+        sum += t["s"].get<double>();
+        EXPECT_GE(t.at("workspace_bytes").get<int64_t>(), 0) << name;
+      }
       EXPECT_LE(sum, j["time_s"]["step"].get<double>()) << line;
     }
     EXPECT_EQ(steps, 3);
