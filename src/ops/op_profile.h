@@ -7,7 +7,9 @@
 // Each op also records the most workspace memory (MemCategory::workspace:
 // its temporaries - cuBLASLt's, cuDNN's, partial sums) that one call held
 // above what was live when it began, from the device allocator's window peak:
-// memory the model's plan does not count.
+// memory the model's plan does not count. The window is the allocator's, so
+// the figure is exact while ops run on one thread, as the trainer runs them
+// (the communication and loader threads move bytes, not ops).
 // Off by default; a scope then costs one relaxed atomic load.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The deterministic column sum (colsum.h) run by the warp emulator, launched
 // as colsum.cu launches it: shared by the tests of the bias gradients and of
-// the norms' fused backward, whose per-block partials it sums.
+// the norms' backward, whose partials it sums.
 #pragma once
 
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
@@ -9,6 +9,13 @@
 #include "cuda_emu/emu_test_util.h"
 
 namespace zt::test::emu_util {
+
+// db (cols, f32) += the chunks' partials (chunks, cols) f32 in chunk order,
+// as colsum.cu's add_chunk_partials launches it.
+inline void add_chunk_partials_on_emulator(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols) {
+  emu::launch(dim3(unsigned((cols + 255) / 256)), 256, 0, cuda::colsum_kernels::colsum_finish_kernel<float>,
+              static_cast<const float*>(p<float>(partials)), chunks, cols, p<float>(db));
+}
 
 // db (cols, f32) += column sums of dy (rows, cols), V columns per lane;
 // returns db.
@@ -21,9 +28,7 @@ Tensor colsum_on_emulator(const Tensor& dy, const Tensor& db0) {
   const dim3 grid(unsigned((cols / V + csk::kSumCols - 1) / csk::kSumCols), unsigned(chunks));
   emu::launch(grid, dim3(csk::kSumCols, csk::kSumLanes), 0, csk::colsum_chunk_kernel<T, float, V>,
               static_cast<const T*>(p<T>(dy)), rows, cols, per_chunk, p<float>(partial), p<float>(db));
-  if (chunks > 1)
-    emu::launch(dim3(unsigned((cols + 255) / 256)), 256, 0, csk::colsum_finish_kernel<float>,
-                static_cast<const float*>(p<float>(partial)), chunks, cols, p<float>(db));
+  if (chunks > 1) add_chunk_partials_on_emulator(db, partial, chunks, cols);
   return db;
 }
 

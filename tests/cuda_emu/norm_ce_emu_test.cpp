@@ -48,8 +48,8 @@ void fused_backward_on_emulator(const Tensor& dx, const Tensor& pdw, const Tenso
               static_cast<const float*>(p<float>(rstd)), static_cast<const T*>(p<T>(dx_add)), N, C, per_block);
 }
 
-// The fused backward where norm.cu takes it (16-byte packs, at most 4 packs
-// per lane with db, 8 without): dx, dw and db against the CPU's; dx in place
+// The fused backward where norm.cu takes it (16-byte packs, a width
+// fused_packs_per_lane takes): dx, dw and db against the CPU's; dx in place
 // over dx_add with the bits of dx out of place. (Its dx may differ from the
 // two-pass kernel's in the last place: the compiler contracts multiply-adds
 // in each kernel its own way.)
@@ -57,8 +57,9 @@ template <typename T, int V>
 void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dx_add, const Tensor& dw0, const Tensor& db0,
                          const Tensor& want_dx, const Tensor& want_dw, const Tensor& want_db) {
-  const int64_t N = x.size(0), C = x.size(1), packs = C / V;
-  if (packs > 32 * (rms ? 8 : 4)) return;
+  const int64_t N = x.size(0), C = x.size(1);
+  const int P = nk::fused_packs_per_lane(C / V, !rms);
+  if (P == 0) return;
   const int64_t per_block = nk::fused_rows(N), blocks = (N + per_block - 1) / per_block;
   const DType dt = x.dtype();
   Tensor out_of_place;
@@ -67,16 +68,10 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
     Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
     const Tensor add = in_place ? dx : dx_add;
     Tensor pdw = poisoned(Shape{blocks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{blocks, C}, DType::f32);
-    if (packs <= 64 && rms)
-      fused_backward_on_emulator<T, V, 2, false>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
-    else if (packs <= 64)
-      fused_backward_on_emulator<T, V, 2, true>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
-    else if (packs <= 128 && rms)
-      fused_backward_on_emulator<T, V, 4, false>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
-    else if (packs <= 128)
-      fused_backward_on_emulator<T, V, 4, true>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
-    else
-      fused_backward_on_emulator<T, V, 8, false>(dx, pdw, pdb, rms, dy, x, w, mean, rstd, add, N, C);
+    nk::with_fused_shape(P, !rms, [&](auto p_tag, auto db_tag) {
+      fused_backward_on_emulator<T, V, decltype(p_tag)::value, decltype(db_tag)::value>(dx, pdw, pdb, rms, dy, x, w,
+                                                                                         mean, rstd, add, N, C);
+    });
     EXPECT_TRUE(close(dx, want_dx, tol(dt), "dx"));
     if (in_place) {
       EXPECT_EQ(to_f64(dx), to_f64(out_of_place)) << "dx written over dx_add";
@@ -129,17 +124,13 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   }
   const int64_t per_chunk = nk::chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
   Tensor pdw = poisoned(Shape{chunks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{chunks, C}, DType::f32);
-  const unsigned col_blocks = unsigned((C + nk::kThreads - 1) / nk::kThreads);
   emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(chunks)),
               dim3(nk::kSumCols, nk::kSumLanes), 0, nk::norm_dwdb_partial_kernel<T, V>, rms, p<float>(pdw),
               p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)),
               static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C, per_chunk);
   Tensor gdw = copy_of(dw0), gdb = rms ? Tensor() : copy_of(db0);
-  emu::launch(dim3(col_blocks), nk::kThreads, 0, nk::add_partials_kernel<float>, p<float>(gdw),
-              static_cast<const float*>(p<float>(pdw)), chunks, C);
-  if (!rms)
-    emu::launch(dim3(col_blocks), nk::kThreads, 0, nk::add_partials_kernel<float>, p<float>(gdb),
-                static_cast<const float*>(p<float>(pdb)), chunks, C);
+  add_chunk_partials_on_emulator(gdw, pdw, chunks, C);
+  if (!rms) add_chunk_partials_on_emulator(gdb, pdb, chunks, C);
   Tensor gdx = poisoned(Shape{N, C}, dt);
   emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_dx_kernel<T, T, V>, rms, p<T>(gdx),
               static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(normed)), static_cast<const T*>(p<T>(w)),

@@ -1,6 +1,7 @@
 // The launches of colsum.h: one pass of (kSumCols, kSumLanes) blocks over the
 // chunks of rows, then, when there are several chunks, their f32 partials
-// added in chunk order with one rounding into db.
+// added in chunk order with one rounding into db (add_chunk_partials, also
+// the second stage of the norms' weight gradients).
 #include "backend/cuda/colsum.h"
 
 #include "backend/cuda/colsum_kernels.cuh"
@@ -30,15 +31,20 @@ void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t
         colsum_chunk_kernel<TDy, TDb, V><<<grid, block, 0, s>>>(dyp, rows, cols, per_chunk, part,
                                                                static_cast<TDb*>(db.data_ptr()));
       });
-      ZT_CUDA_CHECK_LAUNCH("colsum_chunk_kernel");
-      if (part) {
-        constexpr int kThreads = 256;
-        colsum_finish_kernel<TDb><<<unsigned((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-            part, chunks, cols, static_cast<TDb*>(db.data_ptr()));
-        ZT_CUDA_CHECK_LAUNCH("colsum_finish_kernel");
-      }
     });
   });
+  ZT_CUDA_CHECK_LAUNCH("colsum_chunk_kernel");
+  if (part) add_chunk_partials(db, partial, chunks, cols);
+}
+
+void add_chunk_partials(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols) {
+  if (chunks == 0 || cols == 0) return;
+  constexpr int kThreads = 256;
+  ZT_CUDA_DISPATCH_FLOAT(db.dtype(), "add_chunk_partials", [&] {
+    colsum_kernels::colsum_finish_kernel<T><<<unsigned((cols + kThreads - 1) / kThreads), kThreads, 0, stream_of(db)>>>(
+        partials.data<float>(), chunks, cols, static_cast<T*>(db.data_ptr()));
+  });
+  ZT_CUDA_CHECK_LAUNCH("colsum_finish_kernel");
 }
 
 }  // namespace zt::cuda

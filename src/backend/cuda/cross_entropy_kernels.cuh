@@ -6,10 +6,10 @@
 // matrix is stored. Pass 2 re-reads the row: the launch sizes the grid so
 // that the rows in flight fit in half the L2 (ce_grid), and the re-read comes
 // from there, not from device memory (4 bytes moved per bf16 element, not 6).
-// Both passes keep kUnroll packs' loads in flight per thread. The vocabulary-parallel
-// passes (ops/cross_entropy.h: max, then exp sums and the target logit, then
-// losses and dlogits, the caller reducing over the tensor-parallel group in
-// between) are one block per row each too.
+// Both passes keep kUnroll packs' loads in flight per thread. The
+// vocabulary-parallel passes (ops/cross_entropy.h: max, then exp sums and the
+// target logit, then losses and dlogits, the caller reducing over the
+// tensor-parallel group in between) are one block per row each.
 //
 // Rows are swept in packs of V elements (V = 1, or kPack16<T> when the launch
 // checked that 16-byte packs tile the rows: one 128-bit memory instruction

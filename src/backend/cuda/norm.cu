@@ -6,7 +6,6 @@
 
 #include <cstdlib>
 #include <string_view>
-#include <type_traits>
 
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -47,15 +46,6 @@ void launch_forward(bool rms, const Tensor& y, const Tensor& mean, const Tensor&
   ZT_CUDA_CHECK_LAUNCH("norm_forward_kernel");
 }
 
-void add_partials(const Tensor& out, const Tensor& partials, int64_t chunks, int64_t C) {
-  const unsigned grid = unsigned((C + kThreads - 1) / kThreads);
-  ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "norm_backward", [&] {
-    add_partials_kernel<T><<<grid, kThreads, 0, stream_of(out)>>>(static_cast<T*>(out.data_ptr()),
-                                                                  partials.data<float>(), chunks, C);
-  });
-  ZT_CUDA_CHECK_LAUNCH("add_partials_kernel");
-}
-
 }  // namespace
 
 void norm_forward(bool rms, const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x,
@@ -84,9 +74,9 @@ bool fused_allowed() {
 }
 
 // The one-pass backward (norm_backward_fused_kernel) when its sums fit in
-// registers: weights of the activations' dtype, 16-byte packs, at most 4
-// packs per lane with a bias gradient or 8 without (LayerNorm up to C = 1024
-// in bf16, RMSNorm up to 2048). Returns false, having done nothing, otherwise.
+// registers: weights of the activations' dtype, 16-byte packs, and
+// fused_packs_per_lane's width (LayerNorm up to C = 1024 in bf16, RMSNorm up
+// to 2048). Returns false, having done nothing, otherwise.
 bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                     const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
   const int64_t C = x.size(-1), N = x.numel() / C;
@@ -97,35 +87,19 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
     T* dxp = static_cast<T*>(dx.data_ptr());
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     const T *wp = static_cast<const T*>(w.data_ptr()), *addp = ptr_or_null<T>(dx_add);
-    const int64_t packs = C / V;
-    if (!row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp) ||
-        packs > 32 * (db.defined() ? 4 : 8))
-      return;
+    const int P = fused_packs_per_lane(C / V, db.defined());
+    if (P == 0 || !row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp)) return;
     const int64_t per_block = fused_rows(N), blocks = (N + per_block - 1) / per_block;
     Tensor pdw = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
     Tensor pdb = db.defined() ? Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace)
                               : Tensor();
     cudaStream_t s = stream_of(dx);
-    auto launch = [&](auto p_tag, auto db_tag) {
-      constexpr int P = decltype(p_tag)::value;
+    with_fused_shape(P, db.defined(), [&](auto p_tag, auto db_tag) {
       constexpr bool kDb = decltype(db_tag)::value;
-      norm_backward_fused_kernel<T, V, P, kDb><<<unsigned(blocks), kRowWarps * 32, 0, s>>>(
+      norm_backward_fused_kernel<T, V, decltype(p_tag)::value, kDb><<<unsigned(blocks), kRowWarps * 32, 0, s>>>(
           rms, dxp, pdw.data<float>(), kDb ? pdb.data<float>() : nullptr, dyp, xp, wp, f32_or_null(mean),
           rstd.data<float>(), addp, N, C, per_block);
-    };
-    using std::integral_constant;
-    if (db.defined()) {
-      if (packs <= 64)
-        launch(integral_constant<int, 2>{}, std::true_type{});
-      else
-        launch(integral_constant<int, 4>{}, std::true_type{});
-    } else if (packs <= 64) {
-      launch(integral_constant<int, 2>{}, std::false_type{});
-    } else if (packs <= 128) {
-      launch(integral_constant<int, 4>{}, std::false_type{});
-    } else {
-      launch(integral_constant<int, 8>{}, std::false_type{});
-    }
+    });
     ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
     colsum_accumulate(dw, pdw, blocks, C);
     if (db.defined()) colsum_accumulate(db, pdb, blocks, C);
@@ -159,8 +133,8 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
-  add_partials(dw, pdw, chunks, C);
-  if (db.defined()) add_partials(db, pdb, chunks, C);
+  add_chunk_partials(dw, pdw, chunks, C);
+  if (db.defined()) add_chunk_partials(db, pdb, chunks, C);
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     using TX = T;
     TX* dxp = static_cast<TX*>(dx.data_ptr());

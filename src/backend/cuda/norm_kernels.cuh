@@ -12,18 +12,19 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/colsum_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace zt::cuda::norm_kernels {
 
-constexpr int kThreads = 256;  // the partials' sum: a thread per column
 constexpr int kRowWarps = 8;   // row kernels: rows (warps) per block of kRowWarps * 32 threads
 
 // dw/db partials: chunks of colsum_kernels::chunk_rows(N) rows (at most
-// kMaxChunks of them, so their sum is short), blocks of (kSumCols, kSumLanes)
-// threads as the bias-gradient column sums.
+// kMaxChunks of them, so their sum - colsum.h's add_chunk_partials - is
+// short), blocks of (kSumCols, kSumLanes) threads as the bias-gradient column
+// sums.
 using colsum_kernels::chunk_rows;
 using colsum_kernels::kSumCols;
 using colsum_kernels::kSumLanes;
@@ -241,6 +242,32 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
+// Packs per lane of the fused backward for rows of `packs` 16-byte packs: 2,
+// 4 or 8 - 8 only without a bias gradient (with one, 4 already takes 127
+// registers on sm_90a) -, 0 when the rows are wider (the two-pass backward).
+inline int fused_packs_per_lane(int64_t packs, bool db) {
+  if (packs <= 64) return 2;
+  if (packs <= 128) return 4;
+  return !db && packs <= 256 ? 8 : 0;
+}
+
+// Calls f(std::integral_constant<int, P>{}, std::bool_constant<db>{}) for a
+// nonzero P = fused_packs_per_lane(packs, db): the kernels instantiated.
+template <typename F>
+void with_fused_shape(int P, bool db, F&& f) {
+  using std::integral_constant;
+  if (db) {
+    if (P == 2) f(integral_constant<int, 2>{}, std::true_type{});
+    else f(integral_constant<int, 4>{}, std::true_type{});
+  } else if (P == 2) {
+    f(integral_constant<int, 2>{}, std::false_type{});
+  } else if (P == 4) {
+    f(integral_constant<int, 4>{}, std::false_type{});
+  } else {
+    f(integral_constant<int, 8>{}, std::false_type{});
+  }
+}
+
 // Rows per block of the fused backward: a function of the row count only;
 // at most kMaxFusedBlocks blocks (enough to fill an H100 several times over),
 // at least four rows per warp.
@@ -296,15 +323,6 @@ __global__ void __launch_bounds__(kSumCols* kSumLanes)
     pdw[int64_t(blockIdx.y) * C + c0 + k] = w;
     if (pdb != nullptr) pdb[int64_t(blockIdx.y) * C + c0 + k] = b;
   }
-}
-
-template <typename G>
-__global__ void add_partials_kernel(G* out, const float* partials, int64_t chunks, int64_t C) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float s = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += partials[k * C + c];  // chunk order: deterministic
-  out[c] = from_f32<G>(to_f32(out[c]) + s);
 }
 
 }  // namespace zt::cuda::norm_kernels
