@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
                                                                    : "simple";
       if (!only.empty() && only != kname) continue;
       if (kernel == cuda::AttentionKernel::cudnn) {
-        const std::string why = cuda::cudnn_attention_unsupported(q, k, scale, false) + " " +
-                                cuda::cudnn_attention_unsupported(q, k, scale, true);
+        const cuda::AttentionShape shape = cuda::attention_shape(q, k);
+        const std::string why = cuda::cudnn_attention_unsupported(shape, scale, false) + " " +
+                                cuda::cudnn_attention_unsupported(shape, scale, true);
         if (why != " ") {  // no row: the reason goes to stderr (run.sh shows it)
           std::fprintf(stderr, "cuDNN cannot take %s: %s\n", c.name, why.c_str());
           continue;

@@ -46,10 +46,12 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
 float resolve_scale(const char* op, float scale, int64_t D) {
   ZT_CHECK(!std::isnan(scale) && std::isfinite(scale), op, ": 'scale' is ", scale,
            "; pass a finite value (<= 0 selects 1/sqrt(D))");
-  return scale > 0.0f ? scale : float(1.0 / std::sqrt(double(D)));
+  return scale > 0.0f ? scale : default_attention_scale(D);
 }
 
 }  // namespace
+
+float default_attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale) {

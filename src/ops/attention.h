@@ -16,6 +16,9 @@
 
 namespace zt::ops {
 
+// The scale a call with scale <= 0 uses: 1/sqrt(D).
+float default_attention_scale(int64_t D);
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale = 0.0f);
 

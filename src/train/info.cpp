@@ -50,7 +50,7 @@ void measure_activations(const Config& cfg, Device device, InfoReport& r) {
 int64_t measured_step_bytes(const InfoReport& r) {
   int64_t act = 0;
   for (const PolicyMemory& pm : r.activations) act = std::max(act, pm.estimated_activation_bytes);
-  return r.param_bytes + r.grad_bytes + act;
+  return r.param_bytes + r.grad_bytes + act + std::max<int64_t>(r.workspace_bytes, 0);
 }
 
 double measured_step_flops(const Config& cfg) {
@@ -96,6 +96,7 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   r.param_bytes = plan.weights;
   r.grad_bytes = plan.gradients;
   r.optimizer_bytes = plan.optimizer;
+  r.workspace_bytes = plan.workspace;
 
   for (nn::Recompute policy : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full})
     r.activations.push_back({policy, estimate_activation_bytes(cfg, policy), -1});
@@ -157,6 +158,11 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                 cfg.train.dtype.c_str(), "parameters", double(r.param_bytes) / MiB, "gradients (f32)",
                 double(r.grad_bytes) / MiB, "optimizer (AdamW m, v[, master])", double(r.optimizer_bytes) / MiB);
   os << line;
+  if (r.workspace_bytes >= 0) {
+    std::snprintf(line, sizeof line, "  %-28s %10.1f MiB\n", "workspace (cuBLASLt, attention)",
+                  double(r.workspace_bytes) / MiB);
+    os << line;
+  }
   std::snprintf(line, sizeof line, "  activations per micro-batch (%lld x %lld tokens):\n    %-10s %14s %14s\n",
                 (long long)cfg.train.micro_batch, (long long)cfg.train.seq_len, "recompute", "estimate MiB",
                 "measured MiB");

@@ -30,6 +30,7 @@ struct InfoReport {
   int64_t non_embedding_params = 0;
   double flops_per_token = 0;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  int64_t workspace_bytes = -1;  // the backend's (MemoryPlan::workspace); -1: not planned
   std::vector<PolicyMemory> activations;
   std::string measured_on;      // the device of the measured step ("" when it did not run)
   std::string measure_skipped;  // why it did not run (with Measure::when_affordable, or a failure)
@@ -51,8 +52,8 @@ InfoReport make_info(const Config& cfg, Measure measure);
 // `flops` of work on a CPU doing `gflops`, over kMeasureBudgetSeconds.
 std::string measure_cost_verdict(Device device, int64_t need_bytes, int64_t available_bytes, double flops,
                                  double gflops);
-// Bytes the measured step holds at its peak: weights, f32 gradients and the
-// largest policy's activation estimate.
+// Bytes the measured step holds at its peak: weights, f32 gradients, the
+// largest policy's activation estimate and the backend's workspace.
 int64_t measured_step_bytes(const InfoReport& r);
 // FLOPs of the measured step, all three policies (full recompute reruns the
 // blocks' forward; selective's recompute is small and not counted).

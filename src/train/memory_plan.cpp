@@ -11,8 +11,10 @@
 #if ZT_WITH_CUDA
 #include "backend/cuda/runtime.h"
 #endif
+#include "comm/process_group.h"
 #include "core/error.h"
 #include "nn/tensor_parallel.h"
+#include "ops/workspace.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
@@ -243,6 +245,17 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   p.gradients = 4 * (zero >= 2 ? shard_sets + reducing : zero == 1 ? all + shard_sets : all);
   p.optimizer = (mixed ? 12 : 8) * (zero >= 1 ? shard_sets : all);  // m, v (+ f32 master)
 
+  // The backend's workspace: on a GPU, cuDNN's attention backward for this
+  // rank's heads (a stage without blocks runs no attention).
+  bool has_blocks = false;
+  for (const nn::ModelPart& part : parts) has_blocks = has_blocks || part.last_layer > part.first_layer;
+  const ops::AttentionDims attention{cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, m.head_dim(),
+                                     cfg.compute_dtype()};
+  // Asked of this process's GPU, the one its trainer uses.
+  const Device configured = parse_device(cfg.train.device);
+  const Device device = configured.is_cuda() ? cfg.device(comm::world_info().size > 1) : configured;
+  p.workspace = ops::step_workspace_bytes(device, has_blocks ? attention : ops::AttentionDims{});
+
   // Activations: one micro-batch at a time, or under a pipeline schedule
   // this rank's actions in order, each forward adding what its chunk keeps
   // and each backward (zb: its weight pass) releasing it.
@@ -341,6 +354,7 @@ std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& 
   planned[size_t(MemCategory::grads)] = plan.gradients;
   planned[size_t(MemCategory::optimizer)] = plan.optimizer;
   planned[size_t(MemCategory::activations)] = plan.activations;
+  planned[size_t(MemCategory::workspace)] = plan.workspace;
   return format_mem_stats(stats, &planned);
 }
 
@@ -361,10 +375,11 @@ std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capac
   const bool in_gib = p.total() >= (int64_t(1) << 30);
   const double unit = double(int64_t(1) << (in_gib ? 30 : 20));
   const int digits = in_gib ? 2 : 1;
-  char b[256];
-  std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f = %.*f %s", digits,
+  char b[256], ws[64] = "";
+  if (p.workspace >= 0) std::snprintf(ws, sizeof ws, " + workspace %.*f", digits, double(p.workspace) / unit);
+  std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f%s = %.*f %s", digits,
                 double(p.weights) / unit, digits, double(p.gradients) / unit, digits, double(p.optimizer) / unit,
-                digits, double(p.activations) / unit, digits, double(p.total()) / unit, in_gib ? "GiB" : "MiB");
+                digits, double(p.activations) / unit, ws, digits, double(p.total()) / unit, in_gib ? "GiB" : "MiB");
   std::string out = b;
   if (capacity_bytes > 0) out += " of " + device.str() + "'s " + format_gib(double(capacity_bytes));
   return out;

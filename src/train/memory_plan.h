@@ -12,6 +12,7 @@
 // plan follows the code rather than a second description of it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,13 +36,17 @@ struct PlanPlace {
 PlanPlace plan_layout(const Config& cfg, int64_t world);
 
 // Bytes by category, as the allocator counts them (MemCategory params,
-// grads, optimizer, activations): each item is that category's peak over a
-// step, so the total bounds the step's peak from above (the categories peak
-// at nearly the same time). The comm category holds only the few bytes of
-// scalar exchanges (loss and norm sums) on the device: not planned.
+// grads, optimizer, activations, workspace): each item is that category's
+// peak over a step, so the total bounds the step's peak from above (the
+// categories peak at nearly the same time). The comm category holds only the
+// few bytes of scalar exchanges (loss and norm sums) on the device: not
+// planned. The workspace is the backend's own (ops/workspace.h): asked of
+// the GPU's backend (cuDNN's plan for the rank's attention shape), -1 (not
+// planned) on the CPU and off the GPU's machine.
 struct MemoryPlan {
   int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
-  int64_t total() const { return weights + gradients + optimizer + activations; }
+  int64_t workspace = -1;
+  int64_t total() const { return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0); }
 };
 // One process running the whole model (no parallelism).
 MemoryPlan plan_memory(const Config& cfg);

@@ -415,12 +415,13 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     const int64_t ld = (s.T + 7) / 8 * 8;
     const int64_t one_group = (s.Hq / s.Hkv) * s.T * ld * (8 + 2 * int64_t(dtype_size(dt)));
     // The fused kernels take bf16 / f16 only; they must say so for f32 rather than run.
-    const std::string fused_blocker = cuda::flash_attention_unsupported(gq, gk);
-    EXPECT_EQ(cuda::mma_attention_unsupported(gq, gk), fused_blocker);
+    const cuda::AttentionShape shape = cuda::attention_shape(gq, gk);
+    const std::string fused_blocker = cuda::flash_attention_unsupported(shape);
+    EXPECT_EQ(cuda::mma_attention_unsupported(shape), fused_blocker);
     if (dt == DType::f32) EXPECT_NE(fused_blocker.find("dtype f32"), std::string::npos) << fused_blocker;
     else EXPECT_EQ(fused_blocker, "");
-    const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(gq, gk, scale, false);
-    const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(gq, gk, scale, true);
+    const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(shape, scale, false);
+    const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(shape, scale, true);
     const bool cudnn_takes_it = cudnn_fwd.empty() && cudnn_bwd.empty();
     if (dt != DType::f32 && (s.D == 64 || s.D == 128) && s.T >= 64) {
       EXPECT_TRUE(cudnn_takes_it) << "cuDNN refused a model shape, T " << s.T << " D " << s.D
@@ -441,8 +442,17 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
       Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
       if (path == Path::ops) {
-        ops::attention_forward(gout, glse, gq, gk, gv);
-        ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
+        // Each direction allocates for itself exactly the workspace the memory plan counts for it.
+        Allocator& alloc = allocator_for(gq.device());
+        for (const bool backward : {false, true}) {
+          const int64_t before = alloc.stats().current(MemCategory::workspace);
+          alloc.reset_window_peak();
+          if (backward) ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
+          else ops::attention_forward(gout, glse, gq, gk, gv);
+          EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
+                    cuda::attention_workspace_bytes(shape, scale, backward))
+              << (backward ? "backward" : "forward") << " T " << s.T << " D " << s.D;
+        }
       } else if (path == Path::simple) {
         cuda::attention_forward(gout, glse, gq, gk, gv, scale, cuda::AttentionKernel::simple);
         cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, cuda::AttentionKernel::simple);

@@ -118,6 +118,8 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   EXPECT_EQ(plan.gradients, r.grad_bytes);
   EXPECT_EQ(plan.optimizer, r.optimizer_bytes);
   EXPECT_EQ(plan.activations, r.activations[0].estimated_activation_bytes);  // recompute none
+  EXPECT_EQ(plan.workspace, -1) << "the CPU's scratch is not planned";
+  EXPECT_EQ(r.workspace_bytes, -1);
   EXPECT_EQ(memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), plan.total()), "");
   EXPECT_EQ(memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), int64_t(double(plan.total()) / 1.01)), "");
   EXPECT_EQ(memory_plan_verdict(cfg, PlanPlace{}, Device::cpu(), 0), "") << "an unknown capacity is not checked";
@@ -141,6 +143,25 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   const std::string none = memory_plan_verdict(cfg, PlanPlace{}, Device::cuda(0), 1024);
   EXPECT_TRUE(has(none, "out of memory on cuda:0")) << none;
   EXPECT_TRUE(has(none, "parallel.zero_stage")) << none;
+}
+
+// A GPU's workspace (ops/workspace.h) counts in the plan's total, is named
+// in its line and stands in the workspace row of the end-of-run table.
+TEST(MemoryPlan, APlannedWorkspaceCountsAndIsShown) {
+  const int64_t MiB = int64_t(1) << 20;
+  MemoryPlan p;
+  p.weights = 1 * MiB;
+  p.activations = 2 * MiB;
+  EXPECT_EQ(p.total(), 3 * MiB);
+  EXPECT_FALSE(has(format_memory_plan(p, Device::cpu(), 0), "workspace"));
+  p.workspace = 5 * MiB;
+  EXPECT_EQ(p.total(), 8 * MiB);
+  EXPECT_TRUE(has(format_memory_plan(p, Device::cuda(0), 0), "activations 2.0 + workspace 5.0 = 8.0 MiB"));
+  const std::string table = format_memory_against_plan(MemStats{}, p);
+  const size_t row = table.find("\nworkspace ");
+  ASSERT_NE(row, std::string::npos) << table;
+  const std::string line = table.substr(row + 1, table.find('\n', row + 1) - row - 1);
+  EXPECT_EQ(line.substr(line.size() - 5), " 5.00") << line;
 }
 
 // The splits of a world the config can run, in their order, each with its

@@ -224,24 +224,26 @@ void report_choice(bool backward, AttentionKernel chosen, const std::string& why
                name_of(chosen), note.c_str());
 }
 
-// Why a fused kernel (cudnn, mma, flash) cannot run on these tensors (empty when it can).
-std::string fused_blocker(AttentionKernel kernel, bool backward, float scale, const Tensor& q, const Tensor& k,
-                          std::initializer_list<const Tensor*> all) {
-  for (const Tensor* t : all)
-    if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return "a tensor is not 16-byte aligned";
+// Why a fused kernel (cudnn, mma, flash) cannot take a shape (empty when it can).
+std::string fused_blocker(AttentionKernel kernel, bool backward, float scale, const AttentionShape& s) {
   switch (kernel) {
-    case AttentionKernel::cudnn: return cudnn_attention_unsupported(q, k, scale, backward);
-    case AttentionKernel::mma: return mma_attention_unsupported(q, k);
-    default: return flash_attention_unsupported(q, k);
+    case AttentionKernel::cudnn: return cudnn_attention_unsupported(s, scale, backward);
+    case AttentionKernel::mma: return mma_attention_unsupported(s);
+    default: return flash_attention_unsupported(s);
   }
 }
 
-AttentionKernel choose(AttentionKernel kernel, bool backward, float scale, const Tensor& q, const Tensor& k,
-                       std::initializer_list<const Tensor*> all) {
+// The kernel for a call: `kernel`, else ZT_CUDA_ATTENTION, else the first
+// fused kernel that takes it, else gemm where its workspace fits, else
+// simple. The fused kernels need 16-byte-aligned tensors (`aligned`).
+// `report`: say the automatic choice (calls do; the memory plan's query not).
+AttentionKernel choose(AttentionKernel kernel, bool backward, float scale, const AttentionShape& s, bool aligned,
+                       bool report) {
+  const std::string misaligned = aligned ? "" : "a tensor is not 16-byte aligned";
   if (kernel == AttentionKernel::automatic) kernel = environment_choice();
   if (kernel == AttentionKernel::gemm || kernel == AttentionKernel::simple) return kernel;
   if (kernel != AttentionKernel::automatic) {
-    const std::string blocker = fused_blocker(kernel, backward, scale, q, k, all);
+    const std::string blocker = aligned ? fused_blocker(kernel, backward, scale, s) : misaligned;
     ZT_CHECK(blocker.empty(), "attention: the ", name_of(kernel), " kernel cannot take this call: ", blocker,
              "; choose another (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
     return kernel;
@@ -249,7 +251,7 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, float scale, const
   std::string why_not_cudnn;
   AttentionKernel chosen = AttentionKernel::automatic;
   for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash}) {
-    const std::string blocker = fused_blocker(fused, backward, scale, q, k, all);
+    const std::string blocker = aligned ? fused_blocker(fused, backward, scale, s) : misaligned;
     if (blocker.empty()) {
       chosen = fused;
       break;
@@ -257,16 +259,36 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, float scale, const
     if (fused == AttentionKernel::cudnn) why_not_cudnn = blocker;
   }
   if (chosen == AttentionKernel::automatic)
-    chosen = gemm_attention_fits(q, k, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
-  report_choice(backward, chosen, why_not_cudnn);
+    chosen = gemm_attention_fits(s, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
+  if (report) report_choice(backward, chosen, why_not_cudnn);
   return chosen;
+}
+
+AttentionKernel choose_for_call(AttentionKernel kernel, bool backward, float scale, const Tensor& q, const Tensor& k,
+                                std::initializer_list<const Tensor*> all) {
+  bool aligned = true;
+  for (const Tensor* t : all) aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+  return choose(kernel, backward, scale, attention_shape(q, k), aligned, true);
 }
 
 }  // namespace
 
+AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), q.device()};
+}
+
+int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward) {
+  const int64_t rows = s.B * s.Hq * s.T;
+  switch (choose(AttentionKernel::automatic, backward, scale, s, true, false)) {
+    case AttentionKernel::cudnn: return cudnn_attention_workspace_bytes(s, scale, backward);
+    case AttentionKernel::gemm: return gemm_attention_workspace_bytes(s, backward);
+    default: return backward ? 4 * rows : 0;  // mma, flash, simple: the backward's f32 row terms (delta)
+  }
+}
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel) {
-  switch (choose(kernel, false, scale, q, k, {&out, &lse, &q, &k, &v})) {
+  switch (choose_for_call(kernel, false, scale, q, k, {&out, &lse, &q, &k, &v})) {
     case AttentionKernel::cudnn: return cudnn_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::mma: return mma_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::flash: return flash_attention_forward(out, lse, q, k, v, scale);
@@ -288,7 +310,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         AttentionKernel kernel) {
-  switch (choose(kernel, true, scale, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
+  switch (choose_for_call(kernel, true, scale, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
     case AttentionKernel::cudnn: return cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::mma: return mma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::flash: return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);

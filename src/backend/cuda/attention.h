@@ -38,6 +38,23 @@ namespace zt::cuda {
 enum class AttentionKernel { automatic, cudnn, mma, flash, gemm, simple };
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
+// What the choice of kernel and a call's workspace depend on: q (B, T, Hq, D)
+// and k (B, T, Hkv, D), their dtype and device.
+struct AttentionShape {
+  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
+  DType dtype = DType::bf16;
+  Device device;
+};
+AttentionShape attention_shape(const Tensor& q, const Tensor& k);
+
+// The device memory one call of this shape allocates for itself (bytes,
+// MemCategory::workspace, freed when it returns), with the kernel the
+// dispatcher picks for 16-byte-aligned tensors: what the memory plan counts.
+// The large one is cuDNN's backward: its deterministic engine keeps the
+// score gradients of every head, B x Hq x T^2 bf16 on an H100 (3 GiB for
+// GPT-2 at B = 128, T = 1024). Builds and caches cuDNN's plan for the shape.
+int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward);
+
 // scale is resolved by the ops layer (> 0).
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel = AttentionKernel::automatic);
@@ -48,8 +65,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 // The gemm implementation (attention_gemm.cu), and whether a shape's score
 // matrices for one kv head's group fit the workspace budget (bytes; tests
 // pass a small one to exercise the head chunks).
-bool gemm_attention_fits(const Tensor& q, const Tensor& k, bool backward,
-                         int64_t budget = kAttentionWorkspaceBudget);
+bool gemm_attention_fits(const AttentionShape& s, bool backward, int64_t budget = kAttentionWorkspaceBudget);
+// Its workspace for a shape that fits (bytes): one head chunk's score matrices
+// (and in bf16/f16 backward the f32 dK, dV sums).
+int64_t gemm_attention_workspace_bytes(const AttentionShape& s, bool backward,
+                                       int64_t budget = kAttentionWorkspaceBudget);
 void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                             float scale, int64_t budget = kAttentionWorkspaceBudget);
 void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
@@ -58,22 +78,25 @@ void gemm_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& d
 
 // The fused implementations (attention_mma.cu, attention_flash.cu), and why
 // each cannot take a shape (empty when it can).
-std::string mma_attention_unsupported(const Tensor& q, const Tensor& k);
+std::string mma_attention_unsupported(const AttentionShape& s);
 void mma_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                            float scale);
 void mma_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             float scale);
-std::string flash_attention_unsupported(const Tensor& q, const Tensor& k);
+std::string flash_attention_unsupported(const AttentionShape& s);
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale);
 void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale);
 
-// cuDNN's fused attention (attention_cudnn.cu), and why it cannot take a call
-// (empty when it can; builds and caches the plan for the shape on first use).
-std::string cudnn_attention_unsupported(const Tensor& q, const Tensor& k, float scale, bool backward);
+// cuDNN's fused attention (attention_cudnn.cu), why it cannot take a call
+// (empty when it can; builds and caches the plan for the shape on first use),
+// and the workspace a call it takes allocates (its plan's and the backward's
+// row sums; bytes).
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward);
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward);
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale);
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,

@@ -54,18 +54,18 @@ cudnnHandle_t handle_of(Device device) {
 cudnnDataType_t cudnn_type(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
 
 // Why cuDNN cannot take this call before any plan is built (empty when it may).
-std::string static_blocker(const Tensor& q) {
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return "cuDNN's fused attention takes bf16 or f16";
-  if (q.size(3) % 8 != 0 || q.size(3) > 128) return "cuDNN's fused attention takes head dims that are multiples of 8 up to 128";
+std::string static_blocker(const AttentionShape& s) {
+  if (s.dtype != DType::bf16 && s.dtype != DType::f16) return "cuDNN's fused attention takes bf16 or f16";
+  if (s.D % 8 != 0 || s.D > 128) return "cuDNN's fused attention takes head dims that are multiples of 8 up to 128";
   return "";
 }
 
 // The cached plan for this call, building it on first use.
-const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool backward) {
-  const cudnn::SdpaShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), cudnn_type(q.dtype()), scale};
+const CachedPlan& plan_for(const AttentionShape& a, float scale, bool backward) {
+  const cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale};
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
-  const PlanKey key{q.device().index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, backward};
+  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, backward};
   static std::map<PlanKey, CachedPlan> cache;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = cache.find(key);
@@ -73,7 +73,7 @@ const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool b
   CachedPlan entry;
   try {
     cudnn::Target target;
-    target.handle = entry.handle = handle_of(q.device());
+    target.handle = entry.handle = handle_of(a.device);
     std::shared_ptr<cudnn::Graph> graph;
     if (backward) {
       const cudnn::SdpaBackwardGraph g = cudnn::sdpa_backward_graph(s);
@@ -94,36 +94,44 @@ const CachedPlan& plan_for(const Tensor& q, const Tensor& k, float scale, bool b
 
 void* ptr(const Tensor& t) { return const_cast<void*>(t.data_ptr()); }
 
+// The memory a call allocates for its plan: whole f32 words of its workspace.
+int64_t plan_workspace_bytes(const CachedPlan& p) { return (p.plan->workspace_bytes() + 3) / 4 * 4; }
+
 // Runs a cached plan on the compute stream of `any`'s device; pointers in the order of p.uids.
 void run(const CachedPlan& p, const Tensor& any, const std::vector<void*>& pointers) {
   ZT_CHECK(p.plan, "attention: cuDNN cannot take this call: ", p.unsupported);
   ZT_CUDNN_CHECK(cudnnSetStream(p.handle, stream_of(any)));
   Tensor workspace;
   if (p.plan->workspace_bytes() > 0)
-    workspace = Tensor::empty(Shape{(p.plan->workspace_bytes() + 3) / 4}, DType::f32, any.device(),
-                              MemCategory::workspace);
+    workspace = Tensor::empty(Shape{plan_workspace_bytes(p) / 4}, DType::f32, any.device(), MemCategory::workspace);
   p.plan->execute(p.handle, p.uids, pointers, workspace.defined() ? ptr(workspace) : nullptr);
 }
 
 }  // namespace
 
-std::string cudnn_attention_unsupported(const Tensor& q, const Tensor& k, float scale, bool backward) {
-  std::string blocker = static_blocker(q);
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward) {
+  std::string blocker = static_blocker(s);
   if (!blocker.empty()) return blocker;
-  const CachedPlan& p = plan_for(q, k, scale, backward);
+  const CachedPlan& p = plan_for(s, scale, backward);
   return p.plan ? "" : p.unsupported;
+}
+
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward) {
+  const CachedPlan& p = plan_for(s, scale, backward);
+  ZT_CHECK(p.plan, "attention: cuDNN cannot take this shape: ", p.unsupported);
+  return plan_workspace_bytes(p) + (backward ? 4 * s.B * s.Hq * s.T : 0);  // + the backward's f32 row sums
 }
 
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale) {
-  run(plan_for(q, k, scale, false), q, {ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse)});
+  run(plan_for(attention_shape(q, k), scale, false), q, {ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse)});
 }
 
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale) {
   Tensor row_sums = Tensor::empty(lse.shape(), DType::f32, q.device(), MemCategory::workspace);
-  run(plan_for(q, k, scale, true), q,
+  run(plan_for(attention_shape(q, k), scale, true), q,
       {ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse), ptr(dq), ptr(dk), ptr(dv), ptr(row_sums)});
 }
 
@@ -133,8 +141,11 @@ void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 
 namespace zt::cuda {
 
-std::string cudnn_attention_unsupported(const Tensor&, const Tensor&, float, bool) {
+std::string cudnn_attention_unsupported(const AttentionShape&, float, bool) {
   return "this build has no cuDNN (configure with cuDNN's headers and library found, e.g. CUDNN_ROOT)";
+}
+int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, bool) {
+  ZT_FAIL("attention: this build has no cuDNN");
 }
 void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");

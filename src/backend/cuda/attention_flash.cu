@@ -10,8 +10,8 @@
 
 namespace zt::cuda {
 
-std::string flash_attention_unsupported(const Tensor& q, const Tensor&) {
-  return attn::fused_unsupported<wmma_attention::Kernels>(q);
+std::string flash_attention_unsupported(const AttentionShape& s) {
+  return attn::fused_unsupported<wmma_attention::Kernels>(s);
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -86,7 +86,8 @@ struct Dims {
   int64_t per_head() const { return T * ld(); }
 };
 
-Dims dims_of(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
+Dims dims_of(const AttentionShape& s) { return {s.B, s.T, s.Hq, s.Hkv, s.D}; }
+Dims dims_of(const Tensor& q, const Tensor& k) { return dims_of(attention_shape(q, k)); }
 
 // Workspace bytes per (query head, T, ld) element: forward S (f32) + P;
 // backward S, dP (f32) + P, dS.
@@ -174,8 +175,19 @@ void for_each_chunk(const Dims& d, int64_t chunk, F&& fn) {
 
 }  // namespace
 
-bool gemm_attention_fits(const Tensor& q, const Tensor& k, bool backward, int64_t budget) {
-  return kv_heads_per_chunk(dims_of(q, k), q.dtype(), backward, budget) >= 1;
+bool gemm_attention_fits(const AttentionShape& s, bool backward, int64_t budget) {
+  return kv_heads_per_chunk(dims_of(s), s.dtype, backward, budget) >= 1;
+}
+
+int64_t gemm_attention_workspace_bytes(const AttentionShape& s, bool backward, int64_t budget) {
+  const Dims d = dims_of(s);
+  if (d.B * d.T * d.Hq * d.D == 0) return 0;  // the passes return before allocating
+  // As the passes allocate: one chunk's matrices (Pass::matrices), and in
+  // backward the f32 dK, dV sums unless dk, dv are f32 themselves.
+  const int64_t matrices = kv_heads_per_chunk(d, s.dtype, backward, budget) * d.g() * d.per_head() *
+                           bytes_per_score(s.dtype, backward);
+  const int64_t sums = backward && s.dtype != DType::f32 ? 2 * 4 * d.B * d.T * d.Hkv * d.D : 0;
+  return matrices + sums;
 }
 
 void gemm_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

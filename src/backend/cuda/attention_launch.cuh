@@ -34,15 +34,14 @@ void dispatch(DType dt, int64_t D, F&& fn) {
   }
 }
 
-// Why neither fused kernel can take (q, k) before shared memory is asked
+// Why neither fused kernel can take a shape before shared memory is asked
 // (empty when they can): dtype, head dim, grid limits.
-inline std::string shape_blocker(const Tensor& q) {
-  if (q.dtype() != DType::bf16 && q.dtype() != DType::f16)
-    return ::zt::detail::concat("dtype ", dtype_name(q.dtype()), " (the fused kernels take bf16 or f16)");
-  const int64_t D = q.size(3);
-  if (D != 16 && D != 32 && D != 64 && D != 128)
-    return ::zt::detail::concat("head dim ", D, " (the fused kernels take 16, 32, 64 or 128)");
-  if (q.size(0) > 65535 || q.size(2) > 65535) return "more than 65535 batch rows or heads (a grid limit)";
+inline std::string shape_blocker(const AttentionShape& s) {
+  if (s.dtype != DType::bf16 && s.dtype != DType::f16)
+    return ::zt::detail::concat("dtype ", dtype_name(s.dtype), " (the fused kernels take bf16 or f16)");
+  if (s.D != 16 && s.D != 32 && s.D != 64 && s.D != 128)
+    return ::zt::detail::concat("head dim ", s.D, " (the fused kernels take 16, 32, 64 or 128)");
+  if (s.B > 65535 || s.Hq > 65535) return "more than 65535 batch rows or heads (a grid limit)";
   return {};
 }
 
@@ -60,14 +59,14 @@ void launch(Kernel kernel, const char* name, dim3 grid, size_t smem, cudaStream_
 // them): why it cannot take a shape, forward, backward. `what` names it in
 // launch errors.
 template <template <typename, int> class Kernels>
-std::string fused_unsupported(const Tensor& q) {
-  if (std::string shape = shape_blocker(q); !shape.empty()) return shape;
+std::string fused_unsupported(const AttentionShape& s) {
+  if (std::string shape = shape_blocker(s); !shape.empty()) return shape;
   size_t need = 0;
-  dispatch(q.dtype(), q.size(3), [&]<typename T, int kD>() {
+  dispatch(s.dtype, s.D, [&]<typename T, int kD>() {
     using K = Kernels<T, kD>;
     need = std::max({K::forward_bytes, K::dkdv_bytes, K::dq_bytes});
   });
-  const int have = max_shared_optin(q.device());
+  const int have = max_shared_optin(s.device);
   if (need > size_t(have))
     return ::zt::detail::concat("needs ", need, " bytes of shared memory per block, the GPU allows ", have);
   return {};

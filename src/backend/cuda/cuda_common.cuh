@@ -52,10 +52,10 @@ int num_sms(Device device);
 int64_t l2_cache_bytes(Device device);
 // Shared memory one block may use after opting in (bytes; 227 KiB on H100).
 int max_shared_optin(Device device);
-// cuBLASLt handle of the device, and a workspace of workspace_bytes() on it.
+// cuBLASLt handle of the device, and a workspace of cublaslt_workspace_bytes()
+// (runtime.h) on it.
 cublasLtHandle_t cublaslt_handle(Device device);
 void* cublaslt_workspace(Device device);
-size_t cublaslt_workspace_bytes();
 
 // A tensor's stream: the compute stream of its device.
 inline cudaStream_t stream_of(const Tensor& t) { return compute_stream(t.device()); }

@@ -24,6 +24,9 @@ int device_count();
 void ensure_initialized(Device device);
 // Waits until every stream of the device is idle.
 void synchronize(Device device);
+// The cuBLASLt workspace every device holds from its initialisation (bytes,
+// MemCategory::workspace; 32 MiB).
+size_t cublaslt_workspace_bytes();
 
 // The device's compute and communication streams as cudaStream_t, for code
 // outside this backend that must order work on them (the NCCL group).

@@ -1,0 +1,31 @@
+// The memory the backend takes for itself (MemCategory::workspace) during a
+// training step, as the memory plan counts it. On a GPU that is cuBLASLt's
+// workspace, held from the device's initialisation, plus the largest one a
+// call allocates for its own use and frees when it returns: attention's
+// backward, whose cuDNN engine keeps the score gradients of every head
+// (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024).
+// The other calls' own workspace (norm and bias partial sums, token copies)
+// is a few MiB at most and not counted.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace zt::ops {
+
+// One attention call: q (B, T, Hq, D), k and v (B, T, Hkv, D) in `dtype`.
+struct AttentionDims {
+  int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
+  DType dtype = DType::f32;
+};
+
+// The workspace peak of a step whose attention calls have these dims, on
+// `device` (bytes), with the kernels the backend picks for them (on a GPU
+// this builds and caches cuDNN's plans for the shape). -1 where it is not
+// planned: on the CPU (each thread's scratch, grown on the first step and
+// under a MiB at the demo's size), and for a GPU this machine lacks.
+int64_t step_workspace_bytes(Device device, const AttentionDims& attention);
+
+}  // namespace zt::ops
