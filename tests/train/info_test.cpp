@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "ops/device.h"
 #include "train/config.h"
 #include "train/info.h"
 #include "train/train_test_util.h"
@@ -221,6 +222,22 @@ TEST(MemoryPlan, ARunThatCannotFitStopsBeforeAllocating) {
   ASSERT_NE(row, std::string::npos) << said;
   EXPECT_EQ(said.substr(said.find('\n', row + 1) - (strlen(planned) - 1), strlen(planned)), planned) << said;
   std::filesystem::remove_all(dir);
+}
+
+// A GPU config's workspace is planned where the GPU is (its backend is
+// asked), and said to be so where it is not.
+TEST(Info, SaysWhereAGpuWorkspaceIsPlanned) {
+  const Config cfg = config_of("gpt2-tiny", {"train.device=cuda", "train.dtype=bf16"});
+  const InfoReport r = make_info(cfg, Measure::off);
+  const std::string said = format_info(cfg, r);
+  if (ops::gpu_count() == 0) {
+    EXPECT_EQ(r.workspace_bytes, -1);
+    EXPECT_TRUE(has(said, "workspace: asked of the GPU's backend, so planned only on a machine with the GPU")) << said;
+  } else {
+    EXPECT_GT(r.workspace_bytes, 0);
+    EXPECT_TRUE(has(said, "workspace (cuBLASLt, attention)")) << said;
+  }
+  EXPECT_FALSE(has(format_info(config_of("gpt2-tiny"), make_info(config_of("gpt2-tiny"), Measure::off)), "workspace"));
 }
 
 TEST(Info, OffMeasuresNothing) {
