@@ -7,20 +7,27 @@
 #include "ops/device.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/attention.h"
+#include "backend/cuda/matmul.h"
 #include "backend/cuda/runtime.h"
 #endif
 
 namespace zt::ops {
 
-int64_t step_workspace_bytes(Device device, const AttentionDims& a) {
+int64_t step_workspace_bytes(Device device, const AttentionDims& a, int64_t rows,
+                             const std::vector<LinearDims>& linears) {
   if (!device.is_cuda() || device.index >= gpu_count()) return -1;
 #if ZT_WITH_CUDA
   init_device(device);
-  const cuda::AttentionShape shape{a.B, a.T, a.Hq, a.Hkv, a.D, a.dtype, device};
-  const float scale = default_attention_scale(a.D);  // as the model calls attention
-  const int64_t attention = std::max(cuda::attention_workspace_bytes(shape, scale, false),
-                                     cuda::attention_workspace_bytes(shape, scale, true));
-  return int64_t(cuda::cublaslt_workspace_bytes()) + attention;
+  int64_t largest = 0;  // of one call
+  if (a.B * a.T * a.Hq * a.D > 0) {
+    const cuda::AttentionShape shape{a.B, a.T, a.Hq, a.Hkv, a.D, a.dtype, device};
+    const float scale = default_attention_scale(a.D);  // as the model calls attention
+    largest = std::max(cuda::attention_workspace_bytes(shape, scale, false),
+                       cuda::attention_workspace_bytes(shape, scale, true));
+  }
+  for (const LinearDims& l : linears)
+    largest = std::max(largest, cuda::linear_backward_workspace_bytes(l.out, l.in, rows, l.bias, device));
+  return int64_t(cuda::cublaslt_workspace_bytes()) + largest;
 #else
   return -1;
 #endif

@@ -3,12 +3,14 @@
 // workspace, held from the device's initialisation, plus the largest one a
 // call allocates for its own use and frees when it returns: attention's
 // backward, whose cuDNN engine keeps the score gradients of every head
-// (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024).
-// The other calls' own workspace (norm and bias partial sums, token copies)
-// is a few MiB at most and not counted.
+// (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024), or
+// a weight gradient's row-chunk partials (backend/cuda/matmul.h). The other
+// calls' own (norm partial sums, token copies) are a few MiB at most and not
+// counted.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -21,11 +23,19 @@ struct AttentionDims {
   DType dtype = DType::f32;
 };
 
-// The workspace peak of a step whose attention calls have these dims, on
-// `device` (bytes), with the kernels the backend picks for them (on a GPU
-// this builds and caches cuDNN's plans for the shape). -1 where it is not
-// planned: on the CPU (each thread's scratch, grown on the first step and
-// under a MiB at the demo's size), and for a GPU this machine lacks.
-int64_t step_workspace_bytes(Device device, const AttentionDims& attention);
+// One linear layer: its weight (out, in), whether it has a bias.
+struct LinearDims {
+  int64_t out = 0, in = 0;
+  bool bias = false;
+};
+
+// The workspace peak of a step whose attention calls have these dims and
+// whose linear layers these, over `rows` rows each, on `device` (bytes), with
+// the kernels the backend picks for them (on a GPU this builds and caches
+// cuDNN's plans for the shape). -1 where it is not planned: on the CPU (each
+// thread's scratch, grown on the first step and under a MiB at the demo's
+// size), and for a GPU this machine lacks.
+int64_t step_workspace_bytes(Device device, const AttentionDims& attention, int64_t rows,
+                             const std::vector<LinearDims>& linears);
 
 }  // namespace zt::ops

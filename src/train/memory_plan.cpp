@@ -245,16 +245,25 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   p.gradients = 4 * (zero >= 2 ? shard_sets + reducing : zero == 1 ? all + shard_sets : all);
   p.optimizer = (mixed ? 12 : 8) * (zero >= 1 ? shard_sets : all);  // m, v (+ f32 master)
 
-  // The backend's workspace: on a GPU, cuDNN's attention backward for this
-  // rank's heads (a stage without blocks runs no attention).
+  // The backend's workspace: on a GPU, cuDNN's attention backward and the
+  // blocks' weight gradients for this rank's heads and widths (a stage
+  // without blocks runs neither), asked of this process's GPU, the one its
+  // trainer uses.
   bool has_blocks = false;
   for (const nn::ModelPart& part : parts) has_blocks = has_blocks || part.last_layer > part.first_layer;
-  const ops::AttentionDims attention{cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, m.head_dim(),
-                                     cfg.compute_dtype()};
-  // Asked of this process's GPU, the one its trainer uses.
+  const int64_t D = m.head_dim(), q = sh.q_heads * D, kv = sh.kv_heads * D;
+  const bool bias = m.has_bias();
+  const int64_t mlp_in = m.mlp_in_width() / at.tp;
+  ops::AttentionDims attention;
+  std::vector<ops::LinearDims> linears;
+  if (has_blocks) {
+    attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype()};
+    linears = {{q, m.d_model, bias}, {kv, m.d_model, bias}, {m.d_model, q, bias}, {mlp_in, m.d_model, bias},
+               {m.d_model, sh.ff, bias}};
+  }
   const Device configured = parse_device(cfg.train.device);
   const Device device = configured.is_cuda() ? cfg.device(comm::world_info().size > 1) : configured;
-  p.workspace = ops::step_workspace_bytes(device, has_blocks ? attention : ops::AttentionDims{});
+  p.workspace = ops::step_workspace_bytes(device, attention, cfg.train.micro_batch * cfg.train.seq_len, linears);
 
   // Activations: one micro-batch at a time, or under a pipeline schedule
   // this rank's actions in order, each forward adding what its chunk keeps

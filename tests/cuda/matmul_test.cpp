@@ -364,6 +364,30 @@ TEST(CudaLinear, BackwardMatchesCpu) {
     for (const auto& dc : kCombos) check_backward({s[0], s[1], s[2], dc.in, dc.out}, rng);
 }
 
+// A weight gradient with few output tiles over many rows runs as row-chunk
+// products whose f32 partials are added in chunk order (matmul.h): the same
+// checks against the CPU, and the same bits on a second run.
+TEST(CudaLinear, ChunkedWeightGradientMatchesCpuAndRepeats) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(205);
+  const int64_t N = 16384, C = 192, OC = 128;
+  ASSERT_GT(cuda::wgrad_row_chunks(OC, C, N, Device::cuda(0)), 1) << "the shape must take the chunked path";
+  for (const auto& dc : kCombos) {
+    check_backward({N, C, OC, dc.in, dc.out}, rng);
+    const Tensor dy = to_gpu(random_tensor(Shape{N, OC}, dc.in, rng));
+    const Tensor x = to_gpu(random_tensor(Shape{N, C}, dc.in, rng));
+    const Tensor w = to_gpu(random_tensor(Shape{OC, C}, dc.in, rng));
+    const Tensor dw0 = random_tensor(Shape{OC, C}, dc.out, rng);
+    Tensor first, second;
+    for (Tensor* result : {&first, &second}) {
+      const Tensor dw = to_gpu(dw0);
+      ops::linear_backward(Tensor(), dw, Tensor(), dy, x, w);
+      *result = to_host(dw);
+    }
+    EXPECT_EQ(std::memcmp(first.data_ptr(), second.data_ptr(), first.nbytes()), 0) << dtype_name(dc.in);
+  }
+}
+
 TEST(CudaLinear, BackwardSkipsUndefinedOutputs) {
   ZT_REQUIRE_GPU();
   auto rng = make_rng(203);

@@ -9,6 +9,13 @@
 
 namespace zt::cuda {
 
+int64_t colsum_workspace_bytes(int64_t rows, int64_t cols) {
+  if (rows == 0) return 0;
+  const int64_t per_chunk = colsum_kernels::chunk_rows(rows);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  return chunks > 1 ? 4 * chunks * cols : 0;
+}
+
 void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   const Device device = db.device();

@@ -51,8 +51,23 @@ bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
 
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
+// dW whose (OC, C) output has fewer 128 x 128 tiles than half the GPU's SMs
+// leaves most of it idle over a long loop of rows (GPT-2's 768 x 768 weights
+// over 131072 rows: 36 tiles for 132 SMs). It runs instead as
+// wgrad_row_chunks products over equal chunks of rows, one strided batch,
+// into f32 partials added into dW in chunk order (add_chunk_partials): the
+// chunk count depends on the shape and the SM count only, so the bits are the
+// same every run on one GPU model.
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w);
+// The row chunks of dW += dy^T x (1: one product). Each chunk keeps at least
+// kWgradMinChunkRows rows, a multiple of 8; ZT_CUDA_WGRAD_CHUNKS = n forces n
+// where it divides the rows so (1: never split; for A/B runs).
+constexpr int64_t kWgradMinChunkRows = 2048;
+int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device);
+// The workspace one linear_backward of these sizes allocates for itself
+// (bytes): the dW partials, or the db column sum's.
+int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, bool bias, Device device);
 
 // Measured dense bf16 GEMM throughput of `device` in TFLOP/s: an
 // 8192 x 8192 x 8192 product (bf16 in and out, f32 accumulation), median of
