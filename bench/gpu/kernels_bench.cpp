@@ -131,6 +131,29 @@ class Bench {
     }
   }
 
+  // The weight gradients with few output tiles (matmul.h, wgrad_row_chunks)
+  // at a training run's rows (GPT-2 at micro-batch 128, Llama at 32), over
+  // the row-chunk counts: the data to check its occupancy model against. Op
+  // "<layer>.wgrad_chunks<n>", "*" after the count the rule picks; the peer
+  // times the same dW in one product.
+  void run_wgrad_chunks([[maybe_unused]] int64_t rows) {
+#ifdef ZT_WITH_CUDA
+    if (!dev_.is_cuda()) return;
+    const int64_t C = m_.C, OC = m_.llama ? m_.Hkv * m_.D : m_.Hq * m_.D;
+    const char* layer = m_.llama ? "attn.k" : "attn.q";
+    const DType bf = DType::bf16;
+    const Tensor x = rand({rows, C}, bf), dy = rand({rows, OC}, bf);
+    Tensor dw = zeros({OC, C});
+    const int64_t chosen = cuda::wgrad_row_chunks(OC, C, rows, dev_);
+    for (const int64_t chunks : {1, 2, 4, 8, 16, 32, 64}) {
+      if (!cuda::wgrad_chunks_usable(chunks, rows)) continue;
+      const std::string op = std::string(layer) + ".wgrad_chunks" + std::to_string(chunks) + (chunks == chosen ? "*" : "");
+      print_product(m_.name, op, rows, C, OC, false,
+                    median_seconds(dev_, [&] { cuda::weight_gradient(dw, dy, x, chunks); }), gemm_tflops_);
+    }
+#endif
+  }
+
   void run_all() {
     const int64_t N = m_.B * m_.T, C = m_.C;
     const DType bf = DType::bf16;
@@ -295,6 +318,7 @@ int main(int argc, char** argv) {
     Bench bench(dev, m, copy_gbps, gemm_tflops);
     bench.run_all();
     bench.run_products();
+    bench.run_wgrad_chunks(m.llama ? 32 * 1024 : 128 * 1024);
   }
   return 0;
 }

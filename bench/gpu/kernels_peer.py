@@ -104,6 +104,10 @@ def work(row, dev):
             return lambda: torch.linalg.vector_norm(p.grad).item()
         return p.grad.zero_
     kind = op.rsplit(".", 1)[-1]
+    if kind.startswith("wgrad_chunks"):  # our dW in row chunks: the peer's is one product
+        if not kind.endswith("*"):
+            return None
+        kind = "wgrad"
     if kind in ("forward", "dgrad", "dgrad_gelu", "wgrad") and "tflops" in row:
         # A product: y (M, N) = x (M, K) W (N, K)^T + b, its input gradient
         # (GPT-2's mlp.out through the GeLU backward: two kernels here), and the

@@ -364,6 +364,27 @@ TEST(CudaLinear, BackwardMatchesCpu) {
     for (const auto& dc : kCombos) check_backward({s[0], s[1], s[2], dc.in, dc.out}, rng);
 }
 
+// The chunk rule of weight gradients (a host function: runs without a GPU),
+// checked against the model worked by hand. Scores are whole waves' occupancy
+// over 1 + 4 x chunks x 256 / rows; e.g. GPT-2's 768 x 768 (36 tiles) on
+// 132 SMs over 131072 rows: 2 chunks 0.537, 4 0.529, 8 0.685, 16 and 32
+// 0.776 (a tie: the fewer), 64 0.647.
+TEST(CudaLinear, WeightGradientChunksFollowTheOccupancyModel) {
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 131072, 132), 16);
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 16384, 132), 2);  // 2 and 8 tie at 48/99: the fewer
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 131072, 108), 8);  // an A100's SMs
+  EXPECT_EQ(cuda::wgrad_chunks_for(512, 2048, 32768, 132), 2);   // Llama 1B's k and v
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 12288, 132), 3);    // rows of 3 x 4096: 2, 3, 4 or 6 chunks divide
+  EXPECT_EQ(cuda::wgrad_chunks_for(2048, 2048, 32768, 132), 1);  // 256 tiles: cuBLASLt alone
+  EXPECT_EQ(cuda::wgrad_chunks_for(3072, 768, 131072, 132), 1);  // 144 tiles
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 2048, 132), 1);     // too few rows for two chunks
+  EXPECT_TRUE(cuda::wgrad_chunks_usable(1, 7));
+  EXPECT_TRUE(cuda::wgrad_chunks_usable(3, 12288));
+  EXPECT_FALSE(cuda::wgrad_chunks_usable(3, 12289));   // unequal
+  EXPECT_FALSE(cuda::wgrad_chunks_usable(16, 16384));  // 1024 rows each
+  EXPECT_FALSE(cuda::wgrad_chunks_usable(2, 4100));    // 2050 rows: not 8-aligned
+}
+
 // A weight gradient with few output tiles over many rows runs as row-chunk
 // products whose f32 partials are added in chunk order (matmul.h): the same
 // checks against the CPU, and the same bits on a second run.
@@ -374,6 +395,16 @@ TEST(CudaLinear, ChunkedWeightGradientMatchesCpuAndRepeats) {
   ASSERT_GT(cuda::wgrad_row_chunks(OC, C, N, Device::cuda(0)), 1) << "the shape must take the chunked path";
   for (const auto& dc : kCombos) {
     check_backward({N, C, OC, dc.in, dc.out}, rng);
+    // Every chunk count the bench sweeps against the CPU's dW.
+    const Tensor dy_h = random_tensor(Shape{N, OC}, dc.in, rng), x_h = random_tensor(Shape{N, C}, dc.in, rng);
+    const Tensor dw0_h = random_tensor(Shape{OC, C}, dc.out, rng);
+    Tensor ref = as_f32(dw0_h);
+    ops::linear_backward(Tensor(), ref, Tensor(), as_f32(dy_h), as_f32(x_h), as_f32(random_tensor(Shape{OC, C}, dc.in, rng)));
+    for (const int64_t chunks : {1, 2, 4, 8}) {
+      const Tensor got = to_gpu(dw0_h);
+      cuda::weight_gradient(got, to_gpu(dy_h), to_gpu(x_h), chunks);
+      EXPECT_LE(max_rel_error(to_host(got), to_f64(ref)), tolerance(dc.in, dc.out)) << chunks << " chunks";
+    }
     const Tensor dy = to_gpu(random_tensor(Shape{N, OC}, dc.in, rng));
     const Tensor x = to_gpu(random_tensor(Shape{N, C}, dc.in, rng));
     const Tensor w = to_gpu(random_tensor(Shape{OC, C}, dc.in, rng));

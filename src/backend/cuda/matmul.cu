@@ -424,6 +424,30 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
   }
 }
 
+int64_t wgrad_chunks_for(int64_t OC, int64_t C, int64_t rows, int64_t sms) {
+  const int64_t tiles = ((OC + 127) / 128) * ((C + 127) / 128);
+  if (2 * tiles > sms) return 1;  // half the SMs busy or more: cuBLASLt's own choice
+  const auto score = [&](int64_t chunks) {
+    const int64_t ctas = tiles * chunks;
+    const double occupancy = double(ctas) / double((ctas + sms - 1) / sms * sms);
+    // The partials' bytes (written and read, 8 x chunks x OC x C) over the
+    // product's FLOPs (2 x OC x C x rows), in time at kGemmFlopsPerCopyByte.
+    const double partials = 4.0 * double(chunks) * kGemmFlopsPerCopyByte / double(rows);
+    return occupancy / (1.0 + (chunks > 1 ? partials : 0.0));
+  };
+  // More chunks only for a clear gain: exact ties (GPT-2's 16 and 32 at
+  // 131072 rows) keep the fewer, whatever the compiler's rounding.
+  int64_t best = 1;
+  for (int64_t chunks = 2; chunks <= kWgradMaxChunks; ++chunks)
+    if (wgrad_chunks_usable(chunks, rows) && score(chunks) > score(best) * (1.0 + 1e-9)) best = chunks;
+  return best;
+}
+
+bool wgrad_chunks_usable(int64_t chunks, int64_t rows) {
+  return chunks == 1 ||
+         (chunks > 1 && rows % chunks == 0 && (rows / chunks) % 8 == 0 && rows / chunks >= kWgradMinChunkRows);
+}
+
 int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
   static const int64_t forced = [] {
     const char* env = std::getenv("ZT_CUDA_WGRAD_CHUNKS");
@@ -434,22 +458,35 @@ int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
              "' is not a positive whole number (1: one product per weight gradient); unset it to let Zettatron choose");
     return int64_t(v);
   }();
-  const auto usable = [&](int64_t chunks) {
-    return chunks >= 1 && rows % chunks == 0 && (rows / chunks) % 8 == 0 && rows / chunks >= kWgradMinChunkRows;
-  };
-  if (forced > 0) return usable(forced) ? forced : 1;
-  const int64_t tiles = ((OC + 127) / 128) * ((C + 127) / 128);
-  const int64_t sms = num_sms(device);
-  if (2 * tiles > sms) return 1;  // half the SMs busy or more: cuBLASLt's own choice
-  int64_t chunks = (sms + tiles - 1) / tiles;
-  while (chunks > 1 && !usable(chunks)) --chunks;
-  return chunks;
+  if (forced > 0) return wgrad_chunks_usable(forced, rows) ? forced : 1;
+  return wgrad_chunks_for(OC, C, rows, num_sms(device));
 }
 
 int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, bool bias, Device device) {
   const int64_t chunks = wgrad_row_chunks(OC, C, rows, device);
   const int64_t partials = chunks > 1 ? 4 * chunks * OC * C : 0;
   return std::max(partials, bias ? colsum_workspace_bytes(rows, OC) : 0);
+}
+
+void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks) {
+  const int64_t N = dy.size(0), OC = dy.size(1), C = x.size(1);
+  ZT_CHECK(wgrad_chunks_usable(chunks, N), "weight_gradient: ", chunks, " chunks of ", N,
+           " rows are not equal, 8-row aligned chunks of at least ", kWgradMinChunkRows, " rows");
+  if (chunks == 1) {  // dw (OC, C) += dy^T (OC, N) @ x (N, C)
+    GemmDesc d;
+    d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = 1.0f;
+    return cuda::matmul(dw, dy, x, Tensor(), d);
+  }
+  // partial_i (OC, C) = dy_i^T x_i over row chunk i, one strided batch;
+  // then dw += the partials in chunk order, rounded once.
+  const int64_t rows = N / chunks;
+  Tensor partials = Tensor::empty(Shape{chunks * OC * C}, DType::f32, dw.device(), MemCategory::workspace);
+  StridedGemm g;
+  g.M = OC, g.N = C, g.K = rows, g.batch = chunks, g.trans_a = true;
+  g.lda = OC, g.ldb = C, g.ldc = C;
+  g.stride_a = rows * OC, g.stride_b = rows * C, g.stride_c = OC * C;
+  strided_gemm(g, dy.dtype(), dy.data_ptr(), x.data_ptr(), DType::f32, partials.data_ptr(), dw.device());
+  add_chunk_partials(dw, partials, chunks, OC * C);
 }
 
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
@@ -460,23 +497,7 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
     d.M = N, d.N = C, d.K = OC;
     cuda::matmul(dx, dy, w, Tensor(), d);
   }
-  const int64_t chunks = dw.defined() && N > 0 ? wgrad_row_chunks(OC, C, N, dw.device()) : 1;
-  if (chunks > 1) {
-    // partial_i (OC, C) = dy_i^T x_i over row chunk i, one strided batch;
-    // then dw += the partials in chunk order, rounded once.
-    const int64_t rows = N / chunks;
-    Tensor partials = Tensor::empty(Shape{chunks * OC * C}, DType::f32, dw.device(), MemCategory::workspace);
-    StridedGemm g;
-    g.M = OC, g.N = C, g.K = rows, g.batch = chunks, g.trans_a = true;
-    g.lda = OC, g.ldb = C, g.ldc = C;
-    g.stride_a = rows * OC, g.stride_b = rows * C, g.stride_c = OC * C;
-    strided_gemm(g, dy.dtype(), dy.data_ptr(), x.data_ptr(), DType::f32, partials.data_ptr(), dw.device());
-    add_chunk_partials(dw, partials, chunks, OC * C);
-  } else if (dw.defined()) {  // dw (OC, C) += dy^T (OC, N) @ x (N, C)
-    GemmDesc d;
-    d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = 1.0f;
-    cuda::matmul(dw, dy, x, Tensor(), d);
-  }
+  if (dw.defined()) weight_gradient(dw, dy, x, N > 0 ? wgrad_row_chunks(OC, C, N, dw.device()) : 1);
   if (db.defined()) colsum_accumulate(db, dy, N, OC);
 }
 

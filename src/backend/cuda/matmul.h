@@ -51,19 +51,30 @@ bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
 
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
-// dW whose (OC, C) output has fewer 128 x 128 tiles than half the GPU's SMs
-// leaves most of it idle over a long loop of rows (GPT-2's 768 x 768 weights
-// over 131072 rows: 36 tiles for 132 SMs). It runs instead as
-// wgrad_row_chunks products over equal chunks of rows, one strided batch,
-// into f32 partials added into dW in chunk order (add_chunk_partials): the
-// chunk count depends on the shape and the SM count only, so the bits are the
-// same every run on one GPU model.
+// dW runs through weight_gradient in wgrad_row_chunks chunks.
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w);
-// The row chunks of dW += dy^T x (1: one product). Each chunk keeps at least
-// kWgradMinChunkRows rows, a multiple of 8; ZT_CUDA_WGRAD_CHUNKS = n forces n
-// where it divides the rows so (1: never split; for A/B runs).
-constexpr int64_t kWgradMinChunkRows = 2048;
+
+// dw (OC, C) += dy^T x over dy (N, OC) and x (N, C), as `chunks` products
+// over equal chunks of rows in one strided batch, into f32 partials added
+// into dw in chunk order with one rounding (add_chunk_partials); 1: one
+// product. Chunks must be wgrad_chunks_usable.
+void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks);
+
+// The row chunks of dW += dy^T x. A dW whose (OC, C) output has fewer
+// 128 x 128 tiles than half the GPU's SMs leaves most of it idle over a long
+// loop of rows (GPT-2's 768 x 768 weights over 131072 rows: 36 tiles for
+// 132 SMs; 37.7% of the GEMM rate measured at 16384 rows). Chunks multiply
+// the tiles in flight; their partials cost memory traffic. wgrad_chunks_for
+// picks the count of most modelled throughput: tiles x chunks over whole
+// waves of SMs, over 1 + the partials' traffic in GEMM time (at
+// kGemmFlopsPerCopyByte, an H100's 777 TFLOP/s over 2980 GB/s). A function
+// of the shape and the SM count only: the same bits every run on one GPU
+// model. ZT_CUDA_WGRAD_CHUNKS = n forces n where usable (1: never split).
+constexpr int64_t kWgradMinChunkRows = 2048, kWgradMaxChunks = 64;
+constexpr double kGemmFlopsPerCopyByte = 256.0;
+bool wgrad_chunks_usable(int64_t chunks, int64_t rows);  // equal, 8-row aligned, >= kWgradMinChunkRows rows
+int64_t wgrad_chunks_for(int64_t OC, int64_t C, int64_t rows, int64_t sms);
 int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device);
 // The workspace one linear_backward of these sizes allocates for itself
 // (bytes): the dW partials, or the db column sum's.
