@@ -218,6 +218,13 @@ class Bench {
       time("embedding_backward", dims({m_.B, m_.T, C}),
            N * C * es + 2 * distinct * double(C) * 4 + (m_.llama ? 0.0 : 2.0 * double(m_.T * C) * 4),
            [&] { ops::embedding_backward(dwte, dwpe, out, tokens); }, m_.V);
+      // Ids as text repeats them: a few tokens take thousands of positions.
+      const Tensor text = zipf_ids(N).view(Shape{m_.B, m_.T});
+      const int32_t* z = text.data<int32_t>();
+      const double text_distinct = double(std::unordered_set<int32_t>(z, z + N).size());
+      time("embedding_backward_zipf", dims({m_.B, m_.T, C}),
+           N * C * es + 2 * text_distinct * double(C) * 4 + (m_.llama ? 0.0 : 2.0 * double(m_.T * C) * 4),
+           [&] { ops::embedding_backward(dwte, dwpe, out, text); }, m_.V);
     }
     if (!m_.llama) {  // the optimizer step and the gradient norm over every parameter (f32 state, bf16 copy)
       const int64_t P = m_.params;
@@ -256,6 +263,22 @@ class Bench {
     for (int64_t i = 0; i < n; ++i) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       ids.data<int32_t>()[i] = int32_t((s >> 33) % uint64_t(m_.V));
+    }
+    return ids;
+  }
+  // Host i32 ids as text repeats tokens: rank r (id r - 1) with probability
+  // proportional to 1 / r (Zipf's law; the most frequent id is about 9% of
+  // positions at GPT-2's vocabulary, as one token is 7% of the demo corpus).
+  Tensor zipf_ids(int64_t n) {
+    std::vector<double> cdf(size_t(m_.V));
+    double total = 0;
+    for (int64_t r = 0; r < m_.V; ++r) cdf[size_t(r)] = total += 1.0 / double(r + 1);
+    Tensor ids = Tensor::empty(Shape{n}, DType::i32);
+    uint64_t s = 0x2545f4914f6cdd1dull;
+    for (int64_t i = 0; i < n; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      const double u = double(s >> 11) * 0x1p-53 * total;
+      ids.data<int32_t>()[i] = int32_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
     }
     return ids;
   }

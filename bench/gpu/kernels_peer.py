@@ -84,7 +84,11 @@ def work(row, dev):
         B, T, C = dims
         gpt2 = row["model"].startswith("gpt2")  # learned positions
         wte, wpe = rand(row["vocab"], C), (rand(T, C) if gpt2 else None)
-        ids = torch.randint(0, row["vocab"], (B, T), device=dev)
+        if op.endswith("_zipf"):  # ids as text repeats them: rank r with probability ~ 1 / r
+            ranks = torch.arange(1, row["vocab"] + 1, dtype=torch.float64)
+            ids = torch.multinomial(1.0 / ranks, B * T, replacement=True).view(B, T).to(dev)
+        else:
+            ids = torch.randint(0, row["vocab"], (B, T), device=dev)
         if op == "embedding_forward":
             return lambda: F.embedding(ids, wte) + wpe if gpt2 else F.embedding(ids, wte)
         wg = wte.clone().requires_grad_()

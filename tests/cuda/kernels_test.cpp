@@ -188,6 +188,17 @@ TEST_P(CudaKernels, EmbeddingWithRepeatedTokensIsDeterministic) {
   Tensor again = to_gpu(dwte0);
   ops::embedding_backward(again, Tensor(), to_gpu(dout), to_gpu(tok), 5);
   EXPECT_EQ(values_of(again), values_of(gdwte));
+  {  // Two ids over 200 positions: groups longer than a segment, summed in pieces (embedding_kernels.cuh).
+    const Tensor few = random_tokens(Shape{4, 50}, 2, rng);
+    const Tensor dout_few = random_tensor(Shape{4, 50, C}, dt, rng);
+    const Tensor dw0 = random_tensor(Shape{2, C}, DType::f32, rng);
+    Tensor ref = to_host(to_gpu(dw0)), got = to_gpu(dw0), got_again = to_gpu(dw0);
+    ops::embedding_backward(ref, Tensor(), dout_few, few, 0);
+    ops::embedding_backward(got, Tensor(), to_gpu(dout_few), few, 0);
+    ops::embedding_backward(got_again, Tensor(), to_gpu(dout_few), few, 0);
+    EXPECT_TRUE(matches(got, ref, 1e-5, "dwte, long groups"));
+    EXPECT_EQ(values_of(got_again), values_of(got));
+  }
   // Host tokens (the model's way: validated there, uploaded without a wait) give the same numbers.
   Tensor hout = gpu_poisoned(Shape{B, T, C}, dt), hdwte = to_gpu(dwte0);
   ops::embedding_forward(hout, tok, to_gpu(wte), to_gpu(wpe), 5);

@@ -137,10 +137,40 @@ void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, 
     }
   }
   EXPECT_GT(largest, 1);
+  // The segments: each group's positions in order, in pieces of at most
+  // kSegmentRows; the pieces of a group longer than that own consecutive
+  // partial rows, in order.
+  const ek::TokenSegments seg = ek::segment_groups(g);
+  const int64_t S = int64_t(seg.token.size()), K = int64_t(seg.split_token.size());
+  ASSERT_EQ(int64_t(seg.begin.size()), S + 1);
+  ASSERT_EQ(seg.begin.front(), 0);
+  ASSERT_EQ(seg.begin.back(), in_table);
+  int64_t split_groups = 0, next_slot = 0;
+  for (int64_t k = 0, s = 0; k < groups; ++k) {
+    const int32_t size = g.begin[size_t(k) + 1] - g.begin[size_t(k)];
+    const int64_t pieces = (size + ek::kSegmentRows - 1) / ek::kSegmentRows;
+    for (int64_t i = 0; i < pieces; ++i, ++s) {
+      ASSERT_EQ(seg.begin[size_t(s)], g.begin[size_t(k)] + i * ek::kSegmentRows);
+      EXPECT_EQ(seg.token[size_t(s)], g.token[size_t(k)]);
+      EXPECT_EQ(seg.slot[size_t(s)], pieces > 1 ? next_slot + i : -1);
+    }
+    if (pieces > 1) {
+      EXPECT_EQ(seg.split_token[size_t(split_groups)], g.token[size_t(k)]);
+      EXPECT_EQ(seg.split_first[size_t(split_groups)], next_slot);
+      next_slot += pieces, ++split_groups;
+    }
+  }
+  ASSERT_EQ(split_groups, K);
+  ASSERT_EQ(seg.partials(), next_slot);
+  EXPECT_EQ(K > 0, largest > ek::kSegmentRows);
   Tensor gdwte = copy_of(dwte0);
-  emu::launch(dim3(unsigned(groups), unsigned((C + ek::kThreads - 1) / ek::kThreads)), ek::kThreads, 0,
-              ek::embed_bwd_wte_kernel<T, G>, p<G>(gdwte), p<T>(dout), g.order.data(), g.begin.data(),
-              g.token.data(), C);
+  Tensor partial = poisoned(Shape{std::max<int64_t>(1, seg.partials()) * C}, DType::f32);
+  const dim3 channel_blocks(1, unsigned((C + ek::kThreads - 1) / ek::kThreads));
+  emu::launch(dim3(unsigned(S), channel_blocks.y), ek::kThreads, 0, ek::embed_bwd_segment_kernel<T, G>, p<G>(gdwte),
+              p<float>(partial), p<T>(dout), g.order.data(), seg.begin.data(), seg.slot.data(), seg.token.data(), C);
+  if (K > 0)
+    emu::launch(dim3(unsigned(K), channel_blocks.y), ek::kThreads, 0, ek::embed_bwd_partials_kernel<G>, p<G>(gdwte),
+                p<float>(partial), seg.split_first.data(), seg.split_token.data(), C);
   EXPECT_TRUE(close(gdwte, dwte, tol(gdt), "dwte"));
   if (with_wpe) {
     Tensor gdwpe = copy_of(dwpe0);
@@ -320,6 +350,9 @@ TEST(CudaKernelsEmulated, EmbeddingForwardBackwardMatchTheCpu) {
   embedding_case<__nv_bfloat16, __nv_bfloat16>(2, 7, 100, 6, 10, 3, true, rng);
   embedding_case<__nv_bfloat16, float>(2, 7, 100, 6, 9, 2, true, rng);
   embedding_case<__nv_bfloat16, float>(2, 7, 96, 6, 9, 2, true, rng);  // 12 packs of 8 a row
+  // Groups longer than a segment (about 53 and 75 positions a token).
+  embedding_case<float, float>(4, 40, 70, 3, 40, 0, false, rng);
+  embedding_case<__nv_bfloat16, float>(3, 50, 300, 2, 51, 1, true, rng);
   // Tensor-parallel slices (rank 1 of 3 over 12 ids; the last rank's
   // padded slice past the vocabulary): other ids add nothing and get no gradient.
   embedding_case<float, float>(4, 6, 300, 12, 8, 1, true, rng, 4, 4);

@@ -1,9 +1,10 @@
 // The kernels of embedding.cu: the gather forward (out = wte[tok] (+ wpe)),
 // and a backward without atomics - positions are grouped by token id on the
 // host (group_by_token, a stable counting sort; under tensor parallelism only
-// the ids of the rank's vocabulary slice), one block sums a group's
-// rows in position order in f32 and adds the sum to dwte with one rounding;
-// dwpe likewise sums over the batch in order. A header so that the warp
+// the ids of the rank's vocabulary slice) and the groups cut into segments
+// (segment_groups); blocks sum segments' rows in position order in f32, and
+// each group's sum reaches dwte with one rounding; dwpe likewise sums over
+// the batch in order. A header so that the warp
 // emulator (tests/cuda_emu) runs them on the CPU with the same grouping.
 #pragma once
 
@@ -75,18 +76,87 @@ inline TokenGroups group_by_token(const int32_t* tok, int64_t N, int64_t V, int6
   return g;
 }
 
-// Block (g, cb): token group g (positions order[begin[g] .. begin[g+1])),
-// channels cb*kThreads + threadIdx.x.
+// The groups cut into segments of at most kSegmentRows positions, in order,
+// so that no block's loop is long: real text repeats a few tokens thousands
+// of times (the demo corpus: one token is 9143 of 131072 positions, which one
+// block per 256 channels would sum serially). A group of one segment is
+// summed and added to its row by one block, as a whole group; a longer
+// group's segments write f32 partial sums, which a second kernel adds in
+// segment order, one rounding into the row.
+constexpr int32_t kSegmentRows = 32;
+struct TokenSegments {
+  std::vector<int32_t> begin;  // (segments + 1): segment s is order[begin[s] .. begin[s+1])
+  std::vector<int32_t> slot;   // (segments): -1 adds to its row at once; else its partial row
+  std::vector<int32_t> token;  // (segments): the table row
+  std::vector<int32_t> split_first;  // (split groups + 1): their partial rows, consecutive
+  std::vector<int32_t> split_token;  // (split groups): their table rows
+  int32_t partials() const { return split_first.empty() ? 0 : split_first.back(); }
+};
+
+inline TokenSegments segment_groups(const TokenGroups& g) {
+  TokenSegments s;
+  s.split_first.push_back(0);
+  for (size_t k = 0; k + 1 < g.begin.size(); ++k) {
+    const int32_t b = g.begin[k], e = g.begin[k + 1];
+    const bool split = e - b > kSegmentRows;
+    for (int32_t j = b; j < e; j += kSegmentRows) {
+      s.begin.push_back(j);
+      s.slot.push_back(split ? s.split_first.back() + (j - b) / kSegmentRows : -1);
+      s.token.push_back(g.token[k]);
+    }
+    if (split) {
+      s.split_first.push_back(s.split_first.back() + (e - b + kSegmentRows - 1) / kSegmentRows);
+      s.split_token.push_back(g.token[k]);
+    }
+  }
+  s.begin.push_back(g.begin.empty() ? 0 : g.begin.back());
+  return s;
+}
+
+// Block (s, cb): segment s (positions order[begin[s] .. begin[s+1])),
+// channels cb*kThreads + threadIdx.x, summed in position order in f32; four
+// rows' loads in flight before their additions (in order: the same sum).
+// Added to its row with one rounding, or written to its partial row.
 template <typename T, typename G>
-__global__ void embed_bwd_wte_kernel(G* dwte, const T* dout, const int32_t* order, const int32_t* begin,
-                                     const int32_t* group_token, int64_t C) {
+__global__ void embed_bwd_segment_kernel(G* dwte, float* partial, const T* dout, const int32_t* order,
+                                         const int32_t* seg_begin, const int32_t* seg_slot,
+                                         const int32_t* seg_token, int64_t C) {
   const int64_t c = blockIdx.y * int64_t(kThreads) + threadIdx.x;
   if (c >= C) return;
-  const int g = blockIdx.x;
-  float s = 0.0f;
-  for (int32_t j = begin[g]; j < begin[g + 1]; ++j) s += to_f32(dout[int64_t(order[j]) * C + c]);
-  G* row = dwte + int64_t(group_token[g]) * C;
-  row[c] = from_f32<G>(to_f32(row[c]) + s);
+  const int s = blockIdx.x;
+  const int32_t e = seg_begin[s + 1];
+  int32_t j = seg_begin[s];
+  float acc = 0.0f;
+  for (; j + 4 <= e; j += 4) {
+    const float v0 = to_f32(dout[int64_t(order[j]) * C + c]), v1 = to_f32(dout[int64_t(order[j + 1]) * C + c]);
+    const float v2 = to_f32(dout[int64_t(order[j + 2]) * C + c]), v3 = to_f32(dout[int64_t(order[j + 3]) * C + c]);
+    acc += v0;
+    acc += v1;
+    acc += v2;
+    acc += v3;
+  }
+  for (; j < e; ++j) acc += to_f32(dout[int64_t(order[j]) * C + c]);
+  const int32_t slot = seg_slot[s];
+  if (slot >= 0) {
+    partial[int64_t(slot) * C + c] = acc;
+    return;
+  }
+  G* row = dwte + int64_t(seg_token[s]) * C;
+  row[c] = from_f32<G>(to_f32(row[c]) + acc);
+}
+
+// Block (k, cb): split group k's partial rows [first[k], first[k+1]) summed
+// in segment order, added to its row with one rounding.
+template <typename G>
+__global__ void embed_bwd_partials_kernel(G* dwte, const float* partial, const int32_t* split_first,
+                                          const int32_t* split_token, int64_t C) {
+  const int64_t c = blockIdx.y * int64_t(kThreads) + threadIdx.x;
+  if (c >= C) return;
+  const int k = blockIdx.x;
+  float acc = 0.0f;
+  for (int32_t r = split_first[k]; r < split_first[k + 1]; ++r) acc += partial[int64_t(r) * C + c];
+  G* row = dwte + int64_t(split_token[k]) * C;
+  row[c] = from_f32<G>(to_f32(row[c]) + acc);
 }
 
 // dwpe[t + pos_offset, c] += sum_b dout[b, t, c], b in order.
