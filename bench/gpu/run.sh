@@ -16,6 +16,8 @@
 # kernels_peer.py). Logs go to $OUT (or ./bench-gpu-out).
 # ZT_CUDA_NORM_BACKWARD=two_pass keeps the norms' backward in two passes (the
 # A/B of the fused one-pass kernel: run `kernels` with and without it).
+# ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
+# output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h).
 #   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|all] [gpt2|llama ...]
