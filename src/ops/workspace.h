@@ -33,8 +33,9 @@ struct LinearDims {
 // whose linear layers these, over `rows` rows each, on `device` (bytes), with
 // the kernels the backend picks for them (on a GPU this builds and caches
 // cuDNN's plans for the shape). -1 where it is not planned: on the CPU (each
-// thread's scratch, grown on the first step and under a MiB at the demo's
-// size), and for a GPU this machine lacks.
+// thread's grow-only scratch, sized by the kernels' tiling: 0.8 MiB for the
+// demo, 133 MiB for GPT-2 124M at micro-batch 1 x 256 on 2 threads, 5.6% of
+// its peak), and for a GPU this machine lacks.
 int64_t step_workspace_bytes(Device device, const AttentionDims& attention, int64_t rows,
                              const std::vector<LinearDims>& linears);
 
