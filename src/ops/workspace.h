@@ -3,8 +3,9 @@
 // workspace, held from the device's initialisation, plus the largest one a
 // call allocates for its own use and frees when it returns: attention's
 // backward, whose cuDNN engine keeps the score gradients of every head
-// (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024), or
-// a weight gradient's row-chunk partials (backend/cuda/matmul.h). The other
+// (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024, run
+// in batch chunks of at most 1 GiB), or a weight gradient's row-chunk
+// partials (backend/cuda/matmul.h). The other
 // calls' own (norm partial sums, token copies) are a few MiB at most and not
 // counted.
 #pragma once

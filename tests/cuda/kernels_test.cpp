@@ -409,7 +409,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   const DType dt = GetParam();
   auto rng = make_rng(8);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  enum class Path { ops, simple, gemm_chunked, flash, mma, cudnn };
+  enum class Path { ops, simple, gemm_chunked, flash, mma, cudnn, cudnn_chunked };
   for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128},
               S{2, 130, 4, 2, 16}, S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
     const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
@@ -441,15 +441,18 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       std::printf("[   INFO   ] cuDNN does not take %s T=%lld D=%lld: forward: %s; backward: %s\n", std::string(dtype_name(dt)).c_str(),
                   (long long)s.T, (long long)s.D, cudnn_fwd.c_str(), cudnn_bwd.c_str());
     }
-    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma, Path::cudnn}) {
+    for (const Path path :
+         {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma, Path::cudnn, Path::cudnn_chunked}) {
       if ((path == Path::flash || path == Path::mma) && !fused_blocker.empty()) continue;
-      if (path == Path::cudnn && !cudnn_takes_it) continue;
+      if ((path == Path::cudnn || path == Path::cudnn_chunked) && !cudnn_takes_it) continue;
+      if (path == Path::cudnn_chunked && s.B < 2) continue;
       SCOPED_TRACE(path == Path::ops             ? "ops"
                    : path == Path::simple        ? "simple kernel"
                    : path == Path::gemm_chunked  ? "tensor-core path, chunked"
                    : path == Path::flash         ? "flash kernel"
                    : path == Path::mma           ? "mma kernel"
-                                                 : "cuDNN");
+                   : path == Path::cudnn         ? "cuDNN"
+                                                 : "cuDNN in batch chunks");
       Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
       Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
       if (path == Path::ops) {
@@ -467,6 +470,18 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       } else if (path == Path::simple) {
         cuda::attention_forward(gout, glse, gq, gk, gv, scale, cuda::AttentionKernel::simple);
         cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, cuda::AttentionKernel::simple);
+      } else if (path == Path::cudnn_chunked) {
+        // A workspace budget one byte under the whole batch's: calls of fewer
+        // sequences, each allocating at most what the plan's count says.
+        const int64_t budget = cuda::cudnn_attention_workspace_bytes(shape, scale, true) - 1;
+        cuda::cudnn_attention_forward(gout, glse, gq, gk, gv, scale, budget);
+        Allocator& alloc = allocator_for(gq.device());
+        const int64_t before = alloc.stats().current(MemCategory::workspace);
+        alloc.reset_window_peak();
+        cuda::cudnn_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, budget);
+        const int64_t used = alloc.stats().window_peak(MemCategory::workspace) - before;
+        EXPECT_LE(used, budget);
+        EXPECT_EQ(used, cuda::cudnn_attention_workspace_bytes(shape, scale, true, budget));
       } else if (path == Path::gemm_chunked) {
         cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
         cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);

@@ -52,7 +52,8 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k);
 // dispatcher picks for 16-byte-aligned tensors: what the memory plan counts.
 // The large one is cuDNN's backward: its deterministic engine keeps the
 // score gradients of every head, B x Hq x T^2 bf16 on an H100 (3 GiB for
-// GPT-2 at B = 128, T = 1024). Builds and caches cuDNN's plan for the shape.
+// GPT-2 at B = 128, T = 1024; run in batch chunks within
+// kAttentionWorkspaceBudget). Builds and caches cuDNN's plans for the shape.
 int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward);
 
 // scale is resolved by the ops layer (> 0).
@@ -93,15 +94,20 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 
 // cuDNN's fused attention (attention_cudnn.cu), why it cannot take a call
 // (empty when it can; builds and caches the plan for the shape on first use),
-// and the workspace a call it takes allocates (its plan's and the backward's
-// row sums; bytes).
-std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward);
-int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward);
+// and the most workspace a call allocates (bytes: a plan's and the backward's
+// row sums). A batch whose workspace exceeds `budget` (the deterministic
+// backward keeps B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128)
+// runs in equal chunks of sequences that fit it; a single sequence over it
+// is a reason cuDNN cannot take the call (the mma kernel's memory is O(T)).
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward,
+                                        int64_t budget = kAttentionWorkspaceBudget);
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward,
+                                        int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             float scale);
+                             float scale, int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                              float scale);
+                              float scale, int64_t budget = kAttentionWorkspaceBudget);
 
 // delta[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32, (B, Hq, T): the
 // softmax-backward row term, shared by the simple and fused backward passes.

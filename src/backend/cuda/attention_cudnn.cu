@@ -9,7 +9,9 @@
 
 #if ZT_WITH_CUDNN
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,32 +109,88 @@ void run(const CachedPlan& p, const Tensor& any, const std::vector<void*>& point
   p.plan->execute(p.handle, p.uids, pointers, workspace.defined() ? ptr(workspace) : nullptr);
 }
 
+// The workspace a call of `s` allocates: its plan's and the backward's f32
+// row sums (max int64 when cuDNN has no engine for it).
+int64_t call_workspace_bytes(const AttentionShape& s, float scale, bool backward) {
+  const CachedPlan& p = plan_for(s, scale, backward);
+  if (!p.plan) return std::numeric_limits<int64_t>::max();
+  return plan_workspace_bytes(p) + (backward ? 4 * s.B * s.Hq * s.T : 0);
+}
+
+AttentionShape with_batch(AttentionShape s, int64_t B) {
+  s.B = B;
+  return s;
+}
+
+// The sequences per call: all of the batch when its workspace fits `budget`,
+// else the batch in equal chunks that do (a sequence's results do not depend
+// on the others'; the deterministic backward's workspace, B x Hq x T^2 bf16
+// on an H100, grows with the batch); 0 when one sequence alone does not fit.
+int64_t sequences_per_call(const AttentionShape& s, float scale, bool backward, int64_t budget) {
+  const int64_t all = call_workspace_bytes(s, scale, backward);
+  if (all <= budget || s.B <= 1) return all <= budget ? s.B : 0;
+  int64_t most = std::clamp<int64_t>(int64_t(double(s.B) * double(budget) / double(all)), 1, s.B - 1);
+  while (most > 1 && call_workspace_bytes(with_batch(s, most), scale, backward) > budget) --most;
+  if (call_workspace_bytes(with_batch(s, most), scale, backward) > budget) return 0;
+  const int64_t calls = (s.B + most - 1) / most;
+  return (s.B + calls - 1) / calls;  // balanced: <= most
+}
+
+// Calls fn(b0, b1) for the batch's chunks of sequences_per_call rows, in order.
+template <typename F>
+void for_each_batch_chunk(const AttentionShape& s, float scale, bool backward, int64_t budget, F&& fn) {
+  const int64_t rows = sequences_per_call(s, scale, backward, budget);
+  ZT_CHECK(rows > 0, "attention: cuDNN cannot take this call: ", cudnn_attention_unsupported(s, scale, backward, budget));
+  for (int64_t b0 = 0; b0 < s.B; b0 += rows) fn(b0, std::min(s.B, b0 + rows));
+}
+
 }  // namespace
 
-std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward) {
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward, int64_t budget) {
   std::string blocker = static_blocker(s);
   if (!blocker.empty()) return blocker;
   const CachedPlan& p = plan_for(s, scale, backward);
-  return p.plan ? "" : p.unsupported;
+  if (!p.plan) return p.unsupported;
+  if (s.B > 0 && sequences_per_call(s, scale, backward, budget) == 0)
+    return ::zt::detail::concat("one sequence needs ", call_workspace_bytes(with_batch(s, 1), scale, backward),
+                                " bytes of cuDNN workspace at T = ", s.T, " (its backward keeps Hq x T^2 scores), over ",
+                                "attention's budget of ", budget, " bytes");
+  return "";
 }
 
-int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward) {
-  const CachedPlan& p = plan_for(s, scale, backward);
-  ZT_CHECK(p.plan, "attention: cuDNN cannot take this shape: ", p.unsupported);
-  return plan_workspace_bytes(p) + (backward ? 4 * s.B * s.Hq * s.T : 0);  // + the backward's f32 row sums
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, int64_t budget) {
+  int64_t most = 0;
+  for_each_batch_chunk(s, scale, backward, budget, [&](int64_t b0, int64_t b1) {
+    most = std::max(most, call_workspace_bytes(with_batch(s, b1 - b0), scale, backward));
+  });
+  return most;
 }
 
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             float scale) {
-  run(plan_for(attention_shape(q, k), scale, false), q, {ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse)});
+                             float scale, int64_t budget) {
+  const AttentionShape s = attention_shape(q, k);
+  for_each_batch_chunk(s, scale, false, budget, [&](int64_t b0, int64_t b1) {
+    const Tensor qc = q.slice(b0, b1), kc = k.slice(b0, b1), vc = v.slice(b0, b1);
+    const Tensor oc = out.slice(b0, b1), lc = lse.slice(b0, b1);
+    run(plan_for(with_batch(s, b1 - b0), scale, false), q, {ptr(qc), ptr(kc), ptr(vc), ptr(oc), ptr(lc)});
+  });
 }
 
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                              float scale) {
-  Tensor row_sums = Tensor::empty(lse.shape(), DType::f32, q.device(), MemCategory::workspace);
-  run(plan_for(attention_shape(q, k), scale, true), q,
-      {ptr(q), ptr(k), ptr(v), ptr(out), ptr(dout), ptr(lse), ptr(dq), ptr(dk), ptr(dv), ptr(row_sums)});
+                              float scale, int64_t budget) {
+  const AttentionShape s = attention_shape(q, k);
+  for_each_batch_chunk(s, scale, true, budget, [&](int64_t b0, int64_t b1) {
+    const Tensor lc = lse.slice(b0, b1);
+    Tensor row_sums = Tensor::empty(lc.shape(), DType::f32, q.device(), MemCategory::workspace);
+    std::vector<void*> pointers;
+    for (const Tensor* t : {&q, &k, &v, &out, &dout})
+      pointers.push_back(ptr(t->slice(b0, b1)));
+    pointers.push_back(ptr(lc));
+    for (const Tensor* t : {&dq, &dk, &dv}) pointers.push_back(ptr(t->slice(b0, b1)));
+    pointers.push_back(ptr(row_sums));
+    run(plan_for(with_batch(s, b1 - b0), scale, true), q, pointers);
+  });
 }
 
 }  // namespace zt::cuda
@@ -141,17 +199,17 @@ void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 
 namespace zt::cuda {
 
-std::string cudnn_attention_unsupported(const AttentionShape&, float, bool) {
+std::string cudnn_attention_unsupported(const AttentionShape&, float, bool, int64_t) {
   return "this build has no cuDNN (configure with cuDNN's headers and library found, e.g. CUDNN_ROOT)";
 }
-int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, bool) {
+int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, bool, int64_t) {
   ZT_FAIL("attention: this build has no cuDNN");
 }
-void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 
