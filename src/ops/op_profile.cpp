@@ -15,7 +15,7 @@ namespace {
 struct PendingGpuOp {  // timed on the GPU, not yet read
   const char* name;
   DeviceMark start, end;
-  int64_t workspace_bytes;
+  int64_t workspace_bytes, cache_misses;
 };
 
 struct Profile {
@@ -32,12 +32,13 @@ Profile& profile() {
   return p;
 }
 
-void add(Profile& p, const char* name, double seconds, int64_t workspace_bytes) {  // p.mu held
+void add(Profile& p, const char* name, double seconds, int64_t workspace_bytes, int64_t cache_misses) {  // p.mu held
   OpTotal& t = p.totals[name];
   t.name = name;
   ++t.calls;
   t.seconds += seconds;
   t.workspace_peak_bytes = std::max(t.workspace_peak_bytes, workspace_bytes);
+  t.cache_misses += cache_misses;
 }
 
 }  // namespace
@@ -48,7 +49,8 @@ bool op_profile_enabled() { return g_enabled.load(std::memory_order_relaxed); }
 std::vector<OpTotal> take_op_profile() {
   Profile& p = profile();
   std::lock_guard<std::mutex> lock(p.mu);
-  for (const PendingGpuOp& op : p.pending) add(p, op.name, op.end.seconds_since(op.start), op.workspace_bytes);
+  for (const PendingGpuOp& op : p.pending)
+    add(p, op.name, op.end.seconds_since(op.start), op.workspace_bytes, op.cache_misses);
   p.pending.clear();
   std::vector<OpTotal> out;
   for (auto& [name, t] : p.totals) out.push_back(t);
@@ -69,7 +71,9 @@ OpScope::OpScope(const char* name, const Tensor& on) {
     device_ = on.defined() ? on.device() : Device::cpu();
     Allocator& allocator = allocator_for(device_);
     allocator.reset_window_peak();
-    workspace_at_start_ = allocator.stats().current(MemCategory::workspace);
+    const MemStats stats = allocator.stats();
+    workspace_at_start_ = stats.current(MemCategory::workspace);
+    misses_at_start_ = stats.num_system_allocs;
     start_ = DeviceMark(device_);
     name_ = name;
   } catch (...) {  // a device that cannot be timed: the op reports the problem itself
@@ -83,17 +87,18 @@ OpScope::~OpScope() {
   Profile& p = profile();
   try {
     // Allocations are accounted on the host as the op enqueues its work.
-    const int64_t workspace =
-        allocator_for(device_).stats().window_peak(MemCategory::workspace) - workspace_at_start_;
+    const MemStats stats = allocator_for(device_).stats();
+    const int64_t workspace = stats.window_peak(MemCategory::workspace) - workspace_at_start_;
+    const int64_t misses = stats.num_system_allocs - misses_at_start_;
     DeviceMark end(device_);
     if (end.on_gpu()) {
       std::lock_guard<std::mutex> lock(p.mu);
-      p.pending.push_back({name_, std::move(start_), std::move(end), workspace});
+      p.pending.push_back({name_, std::move(start_), std::move(end), workspace, misses});
       return;
     }
     const double seconds = end.seconds_since(start_);
     std::lock_guard<std::mutex> lock(p.mu);
-    add(p, name_, seconds, workspace);
+    add(p, name_, seconds, workspace, misses);
   } catch (...) {  // a failing device: the op's own error is the one to report
   }
 }

@@ -5,11 +5,14 @@
 // called inside another (linear_forward's matmul) counts once, in the outer
 // one: the totals never overlap, and their sum is at most the time spent.
 // Each op also records the most workspace memory (MemCategory::workspace:
-// its temporaries - cuBLASLt's, cuDNN's, partial sums) that one call held
-// above what was live when it began, from the device allocator's window peak:
-// memory the model's plan does not count. The window is the allocator's, so
-// the figure is exact while ops run on one thread, as the trainer runs them
-// (the communication and loader threads move bytes, not ops).
+// its temporaries - cuDNN's, partial sums) that one call held above what was
+// live when it began, from the device allocator's window peak (the memory
+// plan counts the largest: ops/workspace.h), and how many of its allocations
+// the allocator's cache could not serve: on a GPU each is a cudaMalloc, which
+// waits for the device, so a miss in a steady-state step is time the op
+// table charges to that op. The window and the counter are the allocator's,
+// so the figures are exact while ops run on one thread, as the trainer runs
+// them (the communication and loader threads move bytes, not ops).
 // Off by default; a scope then costs one relaxed atomic load.
 #pragma once
 
@@ -27,6 +30,7 @@ struct OpTotal {
   int64_t calls = 0;
   double seconds = 0;
   int64_t workspace_peak_bytes = 0;  // the most workspace one call held above its start (max over calls)
+  int64_t cache_misses = 0;          // its allocations the allocator's cache could not serve (sum over calls)
 };
 
 void enable_op_profile(bool on);
@@ -50,6 +54,7 @@ class OpScope {
   Device device_;
   DeviceMark start_;
   int64_t workspace_at_start_ = 0;  // bytes live in the device's workspace category
+  int64_t misses_at_start_ = 0;     // the allocator's cache misses so far
 };
 
 }  // namespace zt::ops

@@ -76,7 +76,10 @@ void MetricsLog::write_step(const StepMetrics& m) {
   if (!m.op_totals.empty()) {
     nlohmann::json ops;
     for (const ops::OpTotal& t : m.op_totals)
-      ops[t.name] = {{"calls", t.calls}, {"s", t.seconds}, {"workspace_bytes", t.workspace_peak_bytes}};
+      ops[t.name] = {{"calls", t.calls},
+                     {"s", t.seconds},
+                     {"workspace_bytes", t.workspace_peak_bytes},
+                     {"cache_misses", t.cache_misses}};
     j["ops"] = ops;
   }
   nlohmann::json mem, peak;
@@ -164,6 +167,7 @@ void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTota
       it->calls += t.calls;
       it->seconds += t.seconds;
       it->workspace_peak_bytes = std::max(it->workspace_peak_bytes, t.workspace_peak_bytes);
+      it->cache_misses += t.cache_misses;
     }
   }
 }
@@ -174,15 +178,16 @@ std::string format_op_profile(std::vector<ops::OpTotal> run, int64_t steps, doub
   const double step_ms = step_seconds * 1e3 / n;
   std::string out;
   char line[160];
-  std::snprintf(line, sizeof line, "  %-28s %10s %12s %7s %14s\n", "op", "calls/step", "ms/step", "share",
-                "workspace MiB");
+  std::snprintf(line, sizeof line, "  %-28s %10s %12s %7s %14s %14s\n", "op", "calls/step", "ms/step", "share",
+                "workspace MiB", "misses/step");
   out += line;
   double covered = 0;
   for (const ops::OpTotal& t : run) {
     const double ms = t.seconds * 1e3 / n;
     covered += ms;
-    std::snprintf(line, sizeof line, "  %-28s %10.1f %12.3f %6.1f%% %14.1f\n", t.name.c_str(), double(t.calls) / n,
-                  ms, step_ms > 0 ? 100.0 * ms / step_ms : 0.0, double(t.workspace_peak_bytes) / 1048576.0);
+    std::snprintf(line, sizeof line, "  %-28s %10.1f %12.3f %6.1f%% %14.1f %14.1f\n", t.name.c_str(),
+                  double(t.calls) / n, ms, step_ms > 0 ? 100.0 * ms / step_ms : 0.0,
+                  double(t.workspace_peak_bytes) / 1048576.0, double(t.cache_misses) / n);
     out += line;
   }
   std::snprintf(line, sizeof line, "  %-28s %10s %12.3f %6.1f%%  (step %.3f ms)", "outside ops", "",

@@ -105,5 +105,29 @@ TEST(OpProfile, RecordsTheMostWorkspaceOneCallHeld) {
       << "the ops' window resets leave the step's peak (the freed 100000 floats) alone";
 }
 
+// Allocations the allocator's cache cannot serve are counted per op (on a
+// GPU each is a cudaMalloc, which waits for the device): a block size never
+// freed before misses, the same size again is served from the cache, and a
+// nested op's misses count in the outer one.
+TEST(OpProfile, CountsTheAllocationsTheCacheCouldNotServe) {
+  const ProfileOff off;
+  ops::enable_op_profile(true);
+  (void)ops::take_op_profile();
+  const Tensor on = Tensor::empty(Shape{1}, DType::f32);
+  allocator_for(Device::cpu()).empty_cache();  // nothing cached that could serve the size below
+  const int64_t floats = (int64_t(7) << 20) + 12345;
+  auto allocate = [&] { return Tensor::empty(Shape{floats}, DType::f32, Device::cpu(), MemCategory::workspace); };
+  {
+    const ops::OpScope op("first_op", on);
+    const ops::OpScope nested("inner_op", on);
+    const Tensor t = allocate();
+  }
+  { const ops::OpScope op("again_op", on), inner("inner_op", on); const Tensor t = allocate(); }
+  { const ops::OpScope op("two_at_once_op", on); const Tensor a = allocate(), b = allocate(); }
+  std::map<std::string, int64_t> misses;
+  for (const ops::OpTotal& t : ops::take_op_profile()) misses[t.name] = t.cache_misses;
+  EXPECT_EQ(misses, (std::map<std::string, int64_t>{{"again_op", 0}, {"first_op", 1}, {"two_at_once_op", 1}}));
+}
+
 }  // namespace
 }  // namespace zt
