@@ -5,9 +5,10 @@
 // backward, whose cuDNN engine keeps the score gradients of every head
 // (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024, run
 // in batch chunks of at most 1 GiB), or a weight gradient's row-chunk
-// partials (backend/cuda/matmul.h). The other
-// calls' own (norm partial sums, token copies) are a few MiB at most and not
-// counted.
+// partials (backend/cuda/matmul.h). The other calls' own are not counted:
+// norm partial sums and token copies (a few MiB), and the embedding
+// backward's segment sums of frequent tokens (up to positions / 32 rows of
+// f32: 12 MiB for GPT-2 at B = 128), under the counted ones at these sizes.
 #pragma once
 
 #include <cstdint>
