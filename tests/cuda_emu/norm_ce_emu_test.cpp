@@ -122,6 +122,31 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   if (residual) {
     EXPECT_EQ(to_f64(gr_out), to_f64(r_out)) << "the rounded residual sum";
   }
+  if constexpr (V > 1) {
+    // As norm.cu launches packed rows: the lane's packs held in registers
+    // (P per lane). The same sums in the same order, but the host compiler
+    // may contract d * d into FMAs differently in the two kernels: checked
+    // against the CPU as the re-reading kernel is; the residual sum exactly.
+    const int P = nk::forward_packs_per_lane(C / V);
+    Tensor hy = poisoned(y.shape(), dt), hrstd = poisoned(rstd.shape(), DType::f32);
+    Tensor hmean = rms ? Tensor() : poisoned(Shape{N}, DType::f32), hr_out = poisoned(Shape{N, C}, dt);
+    nk::with_forward_packs(P, [&](auto held) {
+      constexpr int kP = decltype(held)::value;
+      emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_forward_kernel<T, T, V, kP>, rms,
+                  p<T>(hy), p<float>(hmean), p<float>(hrstd), static_cast<const T*>(p<T>(x)),
+                  residual ? static_cast<const T*>(p<T>(r_in)) : nullptr, residual ? p<T>(hr_out) : nullptr,
+                  static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), N, C, 1e-5f);
+    });
+    SCOPED_TRACE(::testing::Message() << P << " packs a lane in registers");
+    EXPECT_TRUE(close(hy, y, tol(dt), "y"));
+    EXPECT_TRUE(close(hrstd, rstd, 1e-5, "rstd"));
+    if (!rms) {
+      EXPECT_TRUE(close(hmean, mean, 1e-5, "mean"));
+    }
+    if (residual) {
+      EXPECT_EQ(to_f64(hr_out), to_f64(r_out)) << "the rounded residual sum";
+    }
+  }
   const int64_t per_chunk = nk::chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
   Tensor pdw = poisoned(Shape{chunks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{chunks, C}, DType::f32);
   emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(chunks)),
@@ -251,8 +276,10 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   // rows are chunks of 256, 256 and 88 rows; for the fused backward, 19
   // blocks of 32 rows (4 per warp), the last of 24.
   norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 600, 264, true, DType::bf16, rng);
-  // RMSNorm over 256 packs: the fused backward's 8 packs per lane.
+  // RMSNorm over 256 packs: the fused backward's 8 packs per lane (and the
+  // forward's 8 held in registers); over 512, the forward re-reads them.
   norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::rmsnorm, 16, 2048, true, DType::bf16, rng);
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::rmsnorm, 3, 4096, true, DType::bf16, rng);
   for (const auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm})
     for (const bool residual : {false, true}) {
       norm_case<float, 1>(kind, 4, 301, residual, DType::f32, rng);

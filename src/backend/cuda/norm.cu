@@ -37,9 +37,15 @@ void launch_forward(bool rms, const Tensor& y, const Tensor& mean, const Tensor&
       const T *wp = static_cast<const T*>(w.data_ptr()), *bp = ptr_or_null<T>(b);
       with_pack_width<TX>(row_packs_fit<TX>(C, wp, bp, yp, xp, rip, rop), [&](auto v) {
         constexpr int V = decltype(v)::value;
-        norm_forward_kernel<TX, T, V><<<row_blocks(N), kRowWarps * 32, 0, stream_of(y)>>>(
-            rms, yp, mean.defined() ? mean.data<float>() : nullptr, rstd.data<float>(), xp, rip, rop, wp, bp, N, C,
-            eps);
+        auto launch = [&](auto held) {
+          constexpr int P = decltype(held)::value;
+          norm_forward_kernel<TX, T, V, P><<<row_blocks(N), kRowWarps * 32, 0, stream_of(y)>>>(
+              rms, yp, mean.defined() ? mean.data<float>() : nullptr, rstd.data<float>(), xp, rip, rop, wp, bp, N,
+              C, eps);
+        };
+        // Rows of 16-byte packs stay in registers up to 256 packs a row.
+        if constexpr (V == 1) launch(std::integral_constant<int, 0>{});
+        else with_forward_packs(forward_packs_per_lane(C / V), launch);
       });
     });
   });

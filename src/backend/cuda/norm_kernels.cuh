@@ -41,9 +41,49 @@ inline bool row_packs_fit(int64_t C, const W* w, const W* b, const Ptrs*... ptrs
          reinterpret_cast<uintptr_t>(b) % w_bytes == 0;
 }
 
+// The packs each lane holds in registers in the forward (P: a power of two,
+// P x 32 >= packs), so its later sweeps do not re-read the row; 0 above 256
+// packs (2048 bf16 or 1024 f32 elements), where it re-reads from cache.
+inline int forward_packs_per_lane(int64_t packs) {
+  for (int P = 1; P <= 8; P *= 2)
+    if (packs <= 32 * int64_t(P)) return P;
+  return 0;
+}
+
+// Calls f(std::integral_constant<int, P>{}) for P = 0, 1, 2, 4 or 8.
+template <typename F>
+void with_forward_packs(int P, F&& f) {
+  using std::integral_constant;
+  switch (P) {
+    case 1: return f(integral_constant<int, 1>{});
+    case 2: return f(integral_constant<int, 2>{});
+    case 4: return f(integral_constant<int, 4>{});
+    case 8: return f(integral_constant<int, 8>{});
+    default: return f(integral_constant<int, 0>{});
+  }
+}
+
+// fn(i, j) for the packs j = lane + 32 i of a row of `packs`: unrolled over
+// i < P when P > 0 (so held[i] stays in registers), else a loop.
+template <int P, typename F>
+__device__ __forceinline__ void for_lane_packs(int lane, int64_t packs, F&& fn) {
+  if constexpr (P > 0) {
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t j = lane + 32 * int64_t(i);
+      if (j < packs) fn(i, j);
+    }
+  } else {
+    int i = 0;
+    for (int64_t j = lane; j < packs; j += 32, ++i) fn(i, j);
+  }
+}
+
 // Rows of N, one per warp. When r_in is given: r = r_in + x is rounded,
 // written to r_out, and normalised (the backward sees the same rounded r_out).
-template <typename T, typename W, int V>
+// P > 0 (forward_packs_per_lane): the row's packs stay in registers after the
+// first sweep; the same arithmetic in the same order as P = 0.
+template <typename T, typename W, int V, int P = 0>
 __global__ void __launch_bounds__(kRowWarps * 32)
     norm_forward_kernel(bool rms, T* y, float* mean_out, float* rstd_out, const T* x, const T* r_in, T* r_out,
                         const W* w, const W* b, int64_t N, int64_t C, float eps) {
@@ -52,11 +92,21 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   if (row >= N) return;  // the whole warp: nothing below waits for the block
   const int64_t packs = C / V;
   const T* src = x + row * C;
+  Pack<T, V> held[P > 0 ? P : 1];
+  // The lane's pack i (row pack j) for the sweeps after the first.
+  auto row_pack = [&](int i, int64_t j) {
+    if constexpr (P > 0) {
+      return held[i];
+    } else {
+      (void)i;
+      return load_pack<T, V>(src + j * V);
+    }
+  };
   float s = 0.0f;  // sum of the normalised row's values (LayerNorm's mean)
   if (r_in != nullptr) {
     T* rr = r_out + row * C;
     const T* ri = r_in + row * C;
-    for (int64_t j = lane; j < packs; j += 32) {
+    for_lane_packs<P>(lane, packs, [&](int i, int64_t j) {
       const Pack<T, V> a = load_pack<T, V>(ri + j * V), xv = load_pack<T, V>(src + j * V);
       Pack<T, V> r;
 #pragma unroll
@@ -65,29 +115,33 @@ __global__ void __launch_bounds__(kRowWarps * 32)
         s += to_f32(r.v[k]);
       }
       store_pack<T, V>(rr + j * V, r);
-    }
+      if constexpr (P > 0) held[i] = r;
+    });
     src = rr;  // each lane re-reads only the packs it wrote
-  } else if (!rms) {
-    for (int64_t j = lane; j < packs; j += 32) {
+  } else if (!rms || P > 0) {
+    for_lane_packs<P>(lane, packs, [&](int i, int64_t j) {
       const Pack<T, V> xv = load_pack<T, V>(src + j * V);
+      if (!rms) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) s += to_f32(xv.v[k]);
-    }
+        for (int k = 0; k < V; ++k) s += to_f32(xv.v[k]);
+      }
+      if constexpr (P > 0) held[i] = xv;
+    });
   }
   const float mean = rms ? 0.0f : warp_sum(s) / float(C);
   float ss = 0.0f;
-  for (int64_t j = lane; j < packs; j += 32) {
-    const Pack<T, V> xv = load_pack<T, V>(src + j * V);
+  for_lane_packs<P>(lane, packs, [&](int i, int64_t j) {
+    const Pack<T, V> xv = row_pack(i, j);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float d = to_f32(xv.v[k]) - mean;
       ss += d * d;
     }
-  }
+  });
   const float rstd = rsqrtf(warp_sum(ss) / float(C) + eps);
   T* yr = y + row * C;
-  for (int64_t j = lane; j < packs; j += 32) {
-    const Pack<T, V> xv = load_pack<T, V>(src + j * V);
+  for_lane_packs<P>(lane, packs, [&](int i, int64_t j) {
+    const Pack<T, V> xv = row_pack(i, j);
     const Pack<W, V> wv = load_pack<W, V>(w + j * V);
     const Pack<W, V> bv = load_pack_or_zero<W, V>(b, j * V);
     Pack<T, V> out;
@@ -98,7 +152,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
       out.v[k] = from_f32<T>(v);
     }
     store_pack<T, V>(yr + j * V, out);
-  }
+  });
   if (lane == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;
     rstd_out[row] = rstd;
