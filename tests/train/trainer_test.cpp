@@ -96,6 +96,7 @@ TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
       for (const auto& [name, t] : ops.items()) {
         sum += t["s"].get<double>();
         EXPECT_GE(t.at("workspace_bytes").get<int64_t>(), 0) << name;
+        EXPECT_GE(t.at("cache_misses").get<int64_t>(), 0) << name;
       }
       EXPECT_LE(sum, j["time_s"]["step"].get<double>()) << line;
     }

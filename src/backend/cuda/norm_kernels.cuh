@@ -173,6 +173,20 @@ __device__ __forceinline__ void add_dx_sums(float& sg, float& sgx, const Pack<T,
   }
 }
 
+// A row's dx means, mg = mean(g) (0 for RMSNorm) and mgx = mean(g * xhat):
+// each lane's packs (for_lane_packs<P>) through add_dx_sums, then warp sums.
+template <int P, typename T, typename W, int V>
+__device__ __forceinline__ void row_dx_means(bool rms, int lane, int64_t C, const T* dyr, const T* xr, const W* w,
+                                             float mu, float rs, float& mg, float& mgx) {
+  float sg = 0.0f, sgx = 0.0f;
+  for_lane_packs<P>(lane, C / V, [&](int, int64_t j) {
+    add_dx_sums<T, W, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
+                         load_pack<W, V>(w + j * V), mu, rs);
+  });
+  mg = rms ? 0.0f : warp_sum(sg) / float(C);
+  mgx = warp_sum(sgx) / float(C);
+}
+
 // One pack of dx = rstd * (g - mg - xhat * mgx), plus dx_add's pack when add.
 template <typename T, typename W, int V>
 __device__ __forceinline__ Pack<T, V> dx_pack(const Pack<T, V>& dv, const Pack<T, V>& xv, const Pack<W, V>& wv,
@@ -206,12 +220,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const T* dyr = dy + row * C;
   const T* xr = x + row * C;
   const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
-  float sg = 0.0f, sgx = 0.0f;
-  for (int64_t j = lane; j < packs; j += 32)
-    add_dx_sums<T, W, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
-                         load_pack<W, V>(w + j * V), mu, rs);
-  const float mg = rms ? 0.0f : warp_sum(sg) / float(C);
-  const float mgx = warp_sum(sgx) / float(C);
+  float mg, mgx;
+  row_dx_means<0, T, W, V>(rms, lane, C, dyr, xr, w, mu, rs, mg, mgx);
   T* dxr = dx + row * C;
   const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
   for (int64_t j = lane; j < packs; j += 32) {
@@ -245,16 +255,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
     const T* dyr = dy + row * C;
     const T* xr = x + row * C;
     const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
-    float sg = 0.0f, sgx = 0.0f;
-#pragma unroll
-    for (int q = 0; q < P; ++q) {
-      const int64_t j = lane + 32 * q;
-      if (j >= packs) break;
-      add_dx_sums<T, T, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
-                           load_pack<T, V>(w + j * V), mu, rs);
-    }
-    const float mg = rms ? 0.0f : warp_sum(sg) / float(C);
-    const float mgx = warp_sum(sgx) / float(C);
+    float mg, mgx;
+    row_dx_means<P, T, T, V>(rms, lane, C, dyr, xr, w, mu, rs, mg, mgx);
     T* dxr = dx + row * C;
     const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
 #pragma unroll
