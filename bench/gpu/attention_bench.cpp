@@ -1,7 +1,9 @@
 // GPU attention timing (bench/gpu/run.sh attention): causal GQA attention
 // forward and forward + backward, bf16, at the two training benchmark shapes,
-// for each CUDA implementation (cuDNN's fused attention, our fused mma and
-// flash kernels, the tensor-core gemm path and the simple kernel).
+// for each CUDA implementation (cuDNN's fused attention - its deterministic
+// backward, and as "cudnn-atomic" the one that sums dq with atomics, which
+// train.deterministic = false selects -, our fused mma and flash kernels, the
+// tensor-core gemm path and the simple kernel).
 // Median of 10 timed runs after 3 warm-ups, CUDA events on the compute
 // stream (gpu/median_time.h). Prints one JSON line per (shape, kernel);
 // bench/gpu/attention_peer.py times PyTorch's flash SDPA on the same shapes
@@ -32,8 +34,8 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Optional: one kernel by name (cudnn, mma, flash, tensor-core, simple), so a kernel that faults spoils only its
-  // row.
+  // Optional: one kernel by name (cudnn, cudnn-atomic, mma, flash, tensor-core, simple), so a kernel that faults
+  // spoils only its row.
   const std::string only = argc > 1 ? argv[1] : "";
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no GPU: nothing to time\n");
@@ -54,19 +56,24 @@ int main(int argc, char** argv) {
            dv = Tensor::empty(v.shape(), DType::bf16, dev);
     const float scale = float(1.0 / std::sqrt(double(c.D)));
     const double fwd_flops = 4.0 * double(c.B * c.Hq * c.D) * double(c.T) * double(c.T) / 2.0;
-    for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::cudnn, cuda::AttentionKernel::mma,
-                                               cuda::AttentionKernel::flash, cuda::AttentionKernel::gemm,
-                                               cuda::AttentionKernel::simple}) {
-      const char* kname = kernel == cuda::AttentionKernel::cudnn   ? "cudnn"
-                          : kernel == cuda::AttentionKernel::mma   ? "mma"
-                          : kernel == cuda::AttentionKernel::flash ? "flash"
-                          : kernel == cuda::AttentionKernel::gemm  ? "tensor-core"
-                                                                   : "simple";
+    struct Row {
+      const char* name;
+      cuda::AttentionKernel kernel;
+      bool deterministic;
+    };
+    for (const Row row : {Row{"cudnn", cuda::AttentionKernel::cudnn, true},
+                          Row{"cudnn-atomic", cuda::AttentionKernel::cudnn, false},
+                          Row{"mma", cuda::AttentionKernel::mma, true}, Row{"flash", cuda::AttentionKernel::flash, true},
+                          Row{"tensor-core", cuda::AttentionKernel::gemm, true},
+                          Row{"simple", cuda::AttentionKernel::simple, true}}) {
+      const char* kname = row.name;
+      const cuda::AttentionKernel kernel = row.kernel;
       if (!only.empty() && only != kname) continue;
       if (kernel == cuda::AttentionKernel::cudnn) {
         const cuda::AttentionShape shape = cuda::attention_shape(q, k);
         const std::string why = cuda::cudnn_attention_unsupported(shape, scale, false) + " " +
-                                cuda::cudnn_attention_unsupported(shape, scale, true);
+                                cuda::cudnn_attention_unsupported(shape, scale, true, cuda::kAttentionWorkspaceBudget,
+                                                                  row.deterministic);
         if (why != " ") {  // no row: the reason goes to stderr (run.sh shows it)
           std::fprintf(stderr, "cuDNN cannot take %s: %s\n", c.name, why.c_str());
           continue;
@@ -76,7 +83,7 @@ int main(int argc, char** argv) {
           1e3 * bench::median_seconds(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
       const double both = 1e3 * bench::median_seconds(dev, [&] {
         cuda::attention_forward(out, lse, q, k, v, scale, kernel);
-        cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kernel);
+        cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kernel, row.deterministic);
       });
       std::printf(
           "{\"shape\": \"%s\", \"kernel\": \"%s\", \"forward_ms\": %.4f, \"forward_backward_ms\": %.4f, "

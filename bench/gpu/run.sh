@@ -19,7 +19,10 @@
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
-# of the training runs (backend/cuda/attention.h).
+# of the training runs (backend/cuda/attention.h). `bench` trains each model
+# twice: as configured (deterministic), then with train.deterministic = false
+# (cuDNN's attention backward sums dq with atomics), both against the same
+# PyTorch run.
 #   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|all] [gpt2|llama ...]
 #   (default all, both models)
 # A lease has 15 minutes of device time in all, its start included, and 10
@@ -153,7 +156,7 @@ if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
 fi
 if [ "$what" = attention ] || [ "$what" = all ]; then
   : > "$out/attention-zt.jsonl"
-  for kernel in cudnn mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
+  for kernel in cudnn cudnn-atomic mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
     bounded 20 "attention bench ($kernel)" ./build-gpu/bin/zt_bench_gpu_attention $kernel \
       >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
       || said_failed $? "attention bench ($kernel)" "$out/attention-zt.err" 3
@@ -218,21 +221,38 @@ for arch in "${models[@]}"; do
     grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { said_failed $rc "pytorch $arch" "$out/pt-$arch.err" 5; break; }
     pt_mb=$((pt_mb / 2))
   done
-  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" <<'PY'
+  # The same run with train.deterministic = false: cuDNN's attention backward
+  # sums dq with atomics (as PyTorch's flash backward does) instead of
+  # keeping the score gradients in its workspace.
+  bounded 60 "zettatron $arch (train.deterministic = false)" ./build-gpu/bin/zettatron train $cfg \
+    --set train.micro_batch=$mb --set train.global_batch=$mb --set train.deterministic=false \
+    --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
+    || said_failed $? "zettatron $arch (train.deterministic = false)" "$out/zt-$arch-atomic.log" 20
+  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" "$runs/run-$arch-atomic/metrics.jsonl" <<'PY'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l][5:]
-zt = statistics.median(r["tokens_per_s"] for r in rows)
-mfu = statistics.median(r["mfu"] for r in rows)
-peak = max(r["peak_memory_bytes"]["total"] for r in rows) / 2**30
+def measured(path):  # median tokens/s and MFU after warm-up, peak GiB; None when the run left nothing
+    try:
+        rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l][5:]
+    except OSError:
+        return None
+    if not rows:
+        return None
+    return (statistics.median(r["tokens_per_s"] for r in rows), statistics.median(r["mfu"] for r in rows),
+            max(r["peak_memory_bytes"]["total"] for r in rows) / 2**30)
 try:
     pt = json.loads(open(sys.argv[2]).read())
 except Exception:
     pt = None
-line = f"{sys.argv[3]:6} B={sys.argv[4]:>3} zettatron {zt:10.0f} tok/s  MFU {100 * mfu:5.1f}%  peak {peak:5.1f} GiB"
-if pt:
-    line += (f" | pytorch {pt['version']} B={pt['batch']} {pt['tokens_per_s']:10.0f} tok/s  peak {pt['peak_mem_gib']:5.1f} GiB"
-             f" | ratio {zt / pt['tokens_per_s']:.2f}x")
-print(line)
+for label, path in (("zettatron", sys.argv[1]), ("  deterministic = false", sys.argv[5])):
+    m = measured(path)
+    if m is None:
+        continue
+    zt, mfu, peak = m
+    line = f"{sys.argv[3]:6} B={sys.argv[4]:>3} {label} {zt:10.0f} tok/s  MFU {100 * mfu:5.1f}%  peak {peak:5.1f} GiB"
+    if pt:
+        line += (f" | pytorch {pt['version']} B={pt['batch']} {pt['tokens_per_s']:10.0f} tok/s  peak {pt['peak_mem_gib']:5.1f} GiB"
+                 f" | ratio {zt / pt['tokens_per_s']:.2f}x")
+    print(line)
 PY
 done
 for arch in "${models[@]}"; do

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/attention.h"
 #include "ops/check.h"
+#include "ops/determinism.h"
 #include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/attention.h"
@@ -120,7 +121,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, q.device())) {
-    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+    cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, cuda::AttentionKernel::automatic,
+                             deterministic());
 #endif
   } else {
     no_backend(op, q.device());

@@ -9,7 +9,10 @@
 //   scale: 1/sqrt(D) when scale <= 0 (must be finite)
 // Dtypes: q, k, v, out (and the grads) all f32 or all bf16; math in f32.
 // Aliasing: no output may overlap an input or another output.
-// Deterministic: results do not depend on the number of threads.
+// Deterministic: results do not depend on the number of threads. On a GPU
+// the backward repeats bit for bit while ops::deterministic() holds (the
+// default); with it off, cuDNN's faster backward sums dq with atomics
+// (ops/determinism.h).
 #pragma once
 
 #include "core/tensor.h"

@@ -2,9 +2,10 @@
 // training step, as the memory plan counts it. On a GPU that is cuBLASLt's
 // workspace, held from the device's initialisation, plus the largest one a
 // call allocates for its own use and frees when it returns: attention's
-// backward, whose cuDNN engine keeps the score gradients of every head
-// (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128, T = 1024, run
-// in batch chunks of at most 1 GiB), or a weight gradient's row-chunk
+// backward, whose deterministic cuDNN engine keeps the score gradients of
+// every head (B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128,
+// T = 1024, run in batch chunks of at most 1 GiB; when not deterministic,
+// an f32 dq accumulator instead: 384 MiB there), or a weight gradient's row-chunk
 // partials (backend/cuda/matmul.h). The other calls' own are not counted:
 // norm partial sums and token copies (a few MiB), and the embedding
 // backward's segment sums of frequent tokens (up to positions / 32 rows of
@@ -23,6 +24,7 @@ namespace zt::ops {
 struct AttentionDims {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::f32;
+  bool deterministic = true;  // the backward's algorithm (ops/determinism.h)
 };
 
 // One linear layer: its weight (out, in), whether it has a bias.

@@ -257,7 +257,8 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   ops::AttentionDims attention;
   std::vector<ops::LinearDims> linears;
   if (has_blocks) {
-    attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype()};
+    attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(),
+                 cfg.train.deterministic};
     linears = {{q, m.d_model, bias}, {kv, m.d_model, bias}, {m.d_model, q, bias}, {mlp_in, m.d_model, bias},
                {m.d_model, sh.ff, bias}};
   }

@@ -16,6 +16,7 @@
 #include "backend/cuda/runtime.h"
 #endif
 #include "core/error.h"
+#include "ops/determinism.h"
 #include "ops/device.h"
 #include "ops/op_profile.h"
 #include "train/checkpointing.h"
@@ -75,6 +76,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
+  ops::set_deterministic(cfg_.train.deterministic);
   {
     const int64_t dp = mesh_ ? mesh_->shape().dp : 1;
     ZT_CHECK(cfg_.train.global_batch % (cfg_.train.micro_batch * dp) == 0, "train.global_batch = ",

@@ -23,6 +23,7 @@
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/embedding.h"
@@ -409,7 +410,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   const DType dt = GetParam();
   auto rng = make_rng(8);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  enum class Path { ops, simple, gemm_chunked, flash, mma, cudnn, cudnn_chunked };
+  enum class Path { ops, simple, gemm_chunked, flash, mma, cudnn, cudnn_chunked, cudnn_atomic };
   for (S s : {S{1, 1, 1, 1, 64}, S{2, 17, 4, 2, 64}, S{1, 100, 6, 6, 32}, S{1, 70, 4, 1, 128},
               S{2, 130, 4, 2, 16}, S{2, 259, 8, 2, 64}, S{1, 512, 4, 4, 64}}) {
     const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
@@ -433,7 +434,11 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     else EXPECT_EQ(fused_blocker, "");
     const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(shape, scale, false);
     const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(shape, scale, true);
-    const bool cudnn_takes_it = cudnn_fwd.empty() && cudnn_bwd.empty();
+    // The atomic backward (train.deterministic = false) takes what the deterministic one does.
+    const std::string cudnn_atomic_bwd =
+        cuda::cudnn_attention_unsupported(shape, scale, true, cuda::kAttentionWorkspaceBudget, false);
+    EXPECT_EQ(cudnn_atomic_bwd.empty(), cudnn_bwd.empty()) << cudnn_atomic_bwd << " | " << cudnn_bwd;
+    const bool cudnn_takes_it = cudnn_fwd.empty() && cudnn_bwd.empty() && cudnn_atomic_bwd.empty();
     if (dt != DType::f32 && (s.D == 64 || s.D == 128) && s.T >= 64) {
       EXPECT_TRUE(cudnn_takes_it) << "cuDNN refused a model shape, T " << s.T << " D " << s.D
                                   << ": forward: " << cudnn_fwd << "; backward: " << cudnn_bwd;
@@ -441,10 +446,11 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       std::printf("[   INFO   ] cuDNN does not take %s T=%lld D=%lld: forward: %s; backward: %s\n", std::string(dtype_name(dt)).c_str(),
                   (long long)s.T, (long long)s.D, cudnn_fwd.c_str(), cudnn_bwd.c_str());
     }
-    for (const Path path :
-         {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma, Path::cudnn, Path::cudnn_chunked}) {
+    for (const Path path : {Path::ops, Path::simple, Path::gemm_chunked, Path::flash, Path::mma, Path::cudnn,
+                            Path::cudnn_chunked, Path::cudnn_atomic}) {
       if ((path == Path::flash || path == Path::mma) && !fused_blocker.empty()) continue;
-      if ((path == Path::cudnn || path == Path::cudnn_chunked) && !cudnn_takes_it) continue;
+      if ((path == Path::cudnn || path == Path::cudnn_chunked || path == Path::cudnn_atomic) && !cudnn_takes_it)
+        continue;
       if (path == Path::cudnn_chunked && s.B < 2) continue;
       SCOPED_TRACE(path == Path::ops             ? "ops"
                    : path == Path::simple        ? "simple kernel"
@@ -452,7 +458,8 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
                    : path == Path::flash         ? "flash kernel"
                    : path == Path::mma           ? "mma kernel"
                    : path == Path::cudnn         ? "cuDNN"
-                                                 : "cuDNN in batch chunks");
+                   : path == Path::cudnn_chunked ? "cuDNN in batch chunks"
+                                                 : "cuDNN, atomic dq (ops, not deterministic)");
       Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
       Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
       if (path == Path::ops) {
@@ -482,6 +489,20 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
         const int64_t used = alloc.stats().window_peak(MemCategory::workspace) - before;
         EXPECT_LE(used, budget);
         EXPECT_EQ(used, cuda::cudnn_attention_workspace_bytes(shape, scale, true, budget));
+      } else if (path == Path::cudnn_atomic) {
+        // Through ops with determinism off: the dispatcher takes cuDNN's
+        // atomic backward, which allocates exactly what the plan counts for it.
+        struct Restore {
+          ~Restore() { ops::set_deterministic(true); }
+        } restore;
+        ops::set_deterministic(false);
+        ops::attention_forward(gout, glse, gq, gk, gv);
+        Allocator& alloc = allocator_for(gq.device());
+        const int64_t before = alloc.stats().current(MemCategory::workspace);
+        alloc.reset_window_peak();
+        ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
+        EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
+                  cuda::attention_workspace_bytes(shape, scale, true, false));
       } else if (path == Path::gemm_chunked) {
         cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
         cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);

@@ -71,9 +71,41 @@ TEST(CudnnSdpaPlan, ForwardHasAFusedEngineOnH100) {
 }
 
 TEST(CudnnSdpaPlan, BackwardHasAFusedEngineOnH100) {
-  for (const Case& c : model_shapes()) {
-    const SdpaBackwardGraph b = sdpa_backward_graph(c.shape);
-    EXPECT_GT(count_engine_configs(*b.graph, h100()), 0) << c.name << driver_note();
+  for (const SdpaBackward algorithm : {SdpaBackward::deterministic, SdpaBackward::atomic})
+    for (const Case& c : model_shapes()) {
+      const SdpaBackwardGraph b = sdpa_backward_graph(c.shape, algorithm);
+      EXPECT_GT(count_engine_configs(*b.graph, h100()), 0)
+          << c.name << (algorithm == SdpaBackward::atomic ? " (atomic dq)" : " (deterministic)") << driver_note();
+    }
+}
+
+// What the two backward algorithms cost in workspace on an H100, as cuDNN's
+// heuristics state it for the configuration make_plan tries first: the
+// deterministic one keeps every head's bf16 score gradients (B x Hq x T^2 x
+// 2 bytes: why a large batch runs in chunks, attention_cudnn.cu); the atomic
+// one needs none of that (GPT-2: a few bytes; GQA: the per-query-head dK and
+// dV before the group sum, B x T x Hq x D bf16 each) - its f32 dq
+// accumulator is a tensor of the graph, which the caller provides.
+TEST(CudnnSdpaPlan, OnlyTheDeterministicBackwardKeepsTheScoresInItsWorkspace) {
+  struct Expect {
+    const char* name;
+    SdpaShape shape;
+  };
+  for (const Expect& c : {Expect{"gpt2 B=32", {32, 1024, 12, 12, 64, CUDNN_DATA_BFLOAT16, 0.125f}},
+                          Expect{"llama B=11", {11, 1024, 32, 8, 64, CUDNN_DATA_BFLOAT16, 0.125f}}}) {
+    const SdpaShape& s = c.shape;
+    const int64_t scores = s.B * s.Hq * s.T * s.T * 2, per_head = s.B * s.T * s.Hq * s.D * 2;
+    const int64_t gqa = s.Hq == s.Hkv ? 0 : 2 * per_head;
+    const std::vector<int64_t> det =
+        engine_config_workspaces(*sdpa_backward_graph(s, SdpaBackward::deterministic).graph, h100());
+    const std::vector<int64_t> atomic =
+        engine_config_workspaces(*sdpa_backward_graph(s, SdpaBackward::atomic).graph, h100());
+    ASSERT_FALSE(det.empty()) << c.name << driver_note();
+    ASSERT_FALSE(atomic.empty()) << c.name << driver_note();
+    EXPECT_GE(det[0], scores + gqa) << c.name;
+    EXPECT_LT(det[0], scores + gqa + (int64_t(1) << 20)) << c.name;
+    EXPECT_GE(atomic[0], gqa) << c.name;
+    EXPECT_LT(atomic[0], gqa + (int64_t(1) << 20)) << c.name;
   }
 }
 
@@ -109,6 +141,13 @@ TEST(CudnnSdpaPlan, TensorViewsCoverOurBuffersExactly) {
        {std::tuple{b.q, nq, "q"}, {b.k, nkv, "k"}, {b.v, nkv, "v"}, {b.out, nq, "out"}, {b.dout, nq, "dout"},
         {b.lse, nlse, "lse"}, {b.dq, nq, "dq"}, {b.dk, nkv, "dk"}, {b.dv, nkv, "dv"}, {b.row_sums, nlse, "sums"}})
     expect_dense_view(b.graph->layout(uid), n, std::string("backward ") + what);
+  EXPECT_EQ(b.dq_accum, kNoTensor);
+  // The atomic backward's dq accumulator: a dense (B, Hq, T, D) buffer of its own.
+  const SdpaBackwardGraph a = sdpa_backward_graph(s, SdpaBackward::atomic);
+  ASSERT_NE(a.dq_accum, kNoTensor);
+  expect_dense_view(a.graph->layout(a.dq_accum), nq, "atomic backward dq_accum");
+  EXPECT_EQ(a.graph->layout(a.dq_accum).dims, (std::vector<int64_t>{s.B, s.Hq, s.T, s.D}));
+  expect_dense_view(a.graph->layout(a.dq), nq, "atomic backward dq");
   // q's element (b, t, h, d) sits at ((b T + t) Hq + h) D + d: the view's
   // (b, h, t, d) strides say the same.
   EXPECT_EQ(f.graph->layout(f.q).strides, (std::vector<int64_t>{s.T * s.Hq * s.D, s.D, s.Hq * s.D, 1}));

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "data/dataset_index.h"
 #include "data/shard.h"
+#include "ops/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/op_profile.h"
 #include "test_util.h"
@@ -55,6 +56,28 @@ TEST(Trainer, NonFiniteStepsCanBeSkippedUpToALimit) {
   EXPECT_TRUE(skipped.skipped);
   EXPECT_EQ(t.optimizer().steps_taken(), 1) << "a skipped step must not update the weights";
   EXPECT_THROW(t.train_step(2), Error);
+}
+
+// train.deterministic is the process-wide switch the ops read
+// (ops/determinism.h): a trainer sets it from its config, true by default.
+// On the CPU both settings train to the same bits (its kernels have one
+// summation order); on a GPU false lets cuDNN's attention backward sum dq
+// with atomics (tests/cuda/trainer_test.cpp runs it against the CPU).
+TEST(Trainer, SetsTheDeterminismOfTheOpsFromItsConfig) {
+  const Config fast = parse_config(kTiny, "tiny", {"train.deterministic=false"});
+  EXPECT_FALSE(fast.train.deterministic);
+  EXPECT_TRUE(parse_config(kTiny, "tiny").train.deterministic);
+  double loss[2] = {0, 0};
+  for (const bool deterministic : {false, true}) {
+    const Config cfg = deterministic ? parse_config(kTiny, "tiny") : fast;
+    Trainer t(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 3), nullptr, nullptr);
+    t.log = [](const std::string&) {};
+    EXPECT_EQ(ops::deterministic(), deterministic);
+    t.train_step(0);
+    loss[deterministic] = t.train_step(1).loss;
+  }
+  EXPECT_EQ(loss[0], loss[1]) << "the CPU backend is deterministic either way";
+  EXPECT_TRUE(ops::deterministic());
 }
 
 // metrics.op_profile: each step's metrics.jsonl record carries the time per

@@ -32,9 +32,15 @@ namespace zt::cuda {
 // lse, so any forward pairs with any backward). The environment variable
 // ZT_CUDA_ATTENTION = cudnn | mma | flash | gemm | simple overrides automatic
 // (to compare, or to route around a kernel; a choice that cannot take the
-// call is an error). All five are deterministic: cuDNN's backward is built
-// as the variant without an atomic dQ accumulator (the GPU test checks that
-// it repeats bit for bit).
+// call is an error). All five are deterministic by default: cuDNN's backward
+// is then built as the variant without an atomic dQ accumulator (the GPU
+// test checks that it repeats bit for bit), which keeps every head's score
+// gradients in its workspace (B x Hq x T^2 bf16 on an H100) and reads them
+// back for dQ. A backward called with deterministic = false lets cuDNN add
+// each key tile's share of dQ into an f32 accumulator with atomics instead
+// (cudnn_sdpa.h, SdpaBackward::atomic): no (T, T) workspace and no second
+// pass over it, but dQ's last bits vary from run to run. Our own kernels
+// stay deterministic either way.
 enum class AttentionKernel { automatic, cudnn, mma, flash, gemm, simple };
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
@@ -53,15 +59,17 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k);
 // The large one is cuDNN's backward: its deterministic engine keeps the
 // score gradients of every head, B x Hq x T^2 bf16 on an H100 (3 GiB for
 // GPT-2 at B = 128, T = 1024; run in batch chunks within
-// kAttentionWorkspaceBudget). Builds and caches cuDNN's plans for the shape.
-int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward);
+// kAttentionWorkspaceBudget); the atomic one an f32 dQ accumulator,
+// B x T x Hq x D (384 MiB there), plus GQA's per-query-head dK and dV.
+// Builds and caches cuDNN's plans for the shape.
+int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, bool deterministic = true);
 
 // scale is resolved by the ops layer (> 0).
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel = AttentionKernel::automatic);
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                        AttentionKernel kernel = AttentionKernel::automatic);
+                        AttentionKernel kernel = AttentionKernel::automatic, bool deterministic = true);
 
 // The gemm implementation (attention_gemm.cu), and whether a shape's score
 // matrices for one kv head's group fit the workspace budget (bytes; tests
@@ -94,20 +102,22 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 
 // cuDNN's fused attention (attention_cudnn.cu), why it cannot take a call
 // (empty when it can; builds and caches the plan for the shape on first use),
-// and the most workspace a call allocates (bytes: a plan's and the backward's
-// row sums). A batch whose workspace exceeds `budget` (the deterministic
-// backward keeps B x Hq x T^2 bf16 on an H100: 3 GiB for GPT-2 at B = 128)
-// runs in equal chunks of sequences that fit it; a single sequence over it
-// is a reason cuDNN cannot take the call (the mma kernel's memory is O(T)).
+// and the most workspace a call allocates (bytes: a plan's, the backward's
+// row sums and the atomic backward's dQ accumulator). A batch whose workspace
+// exceeds `budget` (the deterministic backward keeps B x Hq x T^2 bf16 on an
+// H100: 3 GiB for GPT-2 at B = 128) runs in equal chunks of sequences that
+// fit it; a single sequence over it is a reason cuDNN cannot take the call
+// (the mma kernel's memory is O(T)). `deterministic` picks the backward's
+// algorithm (above); the forward has one.
 std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward,
-                                        int64_t budget = kAttentionWorkspaceBudget);
+                                        int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
 int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward,
-                                        int64_t budget = kAttentionWorkspaceBudget);
+                                        int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                              float scale, int64_t budget = kAttentionWorkspaceBudget);
+                              float scale, int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
 
 // delta[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32, (B, Hq, T): the
 // softmax-backward row term, shared by the simple and fused backward passes.

@@ -1,7 +1,8 @@
 // Causal GQA attention through cuDNN's fused SDPA (graphs: cudnn_sdpa.h).
 // Plans are built on first use of a shape (cuDNN's heuristics, then its
 // runtime compilation: about a second) and cached per device, shape, dtype,
-// scale and direction. A shape cuDNN has no engine for is remembered with
+// scale, direction and backward algorithm (cudnn_sdpa.h: deterministic, or
+// dq summed with atomics). A shape cuDNN has no engine for is remembered with
 // cuDNN's reason, and the dispatcher (attention.cu) uses our own kernels.
 #include "backend/cuda/attention.h"
 
@@ -27,8 +28,16 @@ namespace {
 
 using cudnn::Plan;
 
-// (device, B, T, Hq, Hkv, D, dtype, scale bits, backward)
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, bool>;
+// (device, B, T, Hq, Hkv, D, dtype, scale bits, pass: 0 forward, 1 deterministic backward, 2 atomic backward)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, int>;
+
+// The pass of a call: forward, or the backward with the algorithm asked for.
+struct Pass {
+  bool backward = false;
+  bool deterministic = true;  // backward only
+  int key() const { return !backward ? 0 : deterministic ? 1 : 2; }
+  bool atomic() const { return backward && !deterministic; }
+};
 
 struct CachedPlan {
   std::shared_ptr<const Plan> plan;  // null when cuDNN has no engine
@@ -36,7 +45,7 @@ struct CachedPlan {
   cudnnHandle_t handle = nullptr;    // of the key's device
   // The graph's caller-supplied tensors, in the order the entry points pass
   // their memory: forward q, k, v, out, lse; backward q, k, v, out, dout,
-  // lse, dq, dk, dv, row sums.
+  // lse, dq, dk, dv, row sums (and the atomic backward's dq accumulator).
   std::vector<cudnn::Uid> uids;
 };
 
@@ -63,11 +72,11 @@ std::string static_blocker(const AttentionShape& s) {
 }
 
 // The cached plan for this call, building it on first use.
-const CachedPlan& plan_for(const AttentionShape& a, float scale, bool backward) {
+const CachedPlan& plan_for(const AttentionShape& a, float scale, Pass pass) {
   const cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale};
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
-  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, backward};
+  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass.key()};
   static std::map<PlanKey, CachedPlan> cache;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = cache.find(key);
@@ -77,10 +86,12 @@ const CachedPlan& plan_for(const AttentionShape& a, float scale, bool backward) 
     cudnn::Target target;
     target.handle = entry.handle = handle_of(a.device);
     std::shared_ptr<cudnn::Graph> graph;
-    if (backward) {
-      const cudnn::SdpaBackwardGraph g = cudnn::sdpa_backward_graph(s);
+    if (pass.backward) {
+      const cudnn::SdpaBackwardGraph g = cudnn::sdpa_backward_graph(
+          s, pass.deterministic ? cudnn::SdpaBackward::deterministic : cudnn::SdpaBackward::atomic);
       graph = g.graph;
       entry.uids = {g.q, g.k, g.v, g.out, g.dout, g.lse, g.dq, g.dk, g.dv, g.row_sums};
+      if (pass.atomic()) entry.uids.push_back(g.dq_accum);
     } else {
       const cudnn::SdpaForwardGraph g = cudnn::sdpa_forward_graph(s);
       graph = g.graph;
@@ -109,12 +120,17 @@ void run(const CachedPlan& p, const Tensor& any, const std::vector<void*>& point
   p.plan->execute(p.handle, p.uids, pointers, workspace.defined() ? ptr(workspace) : nullptr);
 }
 
-// The workspace a call of `s` allocates: its plan's and the backward's f32
-// row sums (max int64 when cuDNN has no engine for it).
-int64_t call_workspace_bytes(const AttentionShape& s, float scale, bool backward) {
-  const CachedPlan& p = plan_for(s, scale, backward);
+// The f32 dq accumulator of the atomic backward: (B, Hq, T, D).
+int64_t dq_accum_elems(const AttentionShape& s) { return s.B * s.Hq * s.T * s.D; }
+
+// The workspace a call of `s` allocates: its plan's, the backward's f32 row
+// sums and the atomic backward's f32 dq accumulator (max int64 when cuDNN has
+// no engine for it).
+int64_t call_workspace_bytes(const AttentionShape& s, float scale, Pass pass) {
+  const CachedPlan& p = plan_for(s, scale, pass);
   if (!p.plan) return std::numeric_limits<int64_t>::max();
-  return plan_workspace_bytes(p) + (backward ? 4 * s.B * s.Hq * s.T : 0);
+  return plan_workspace_bytes(p) + (pass.backward ? 4 * s.B * s.Hq * s.T : 0) +
+         (pass.atomic() ? 4 * dq_accum_elems(s) : 0);
 }
 
 AttentionShape with_batch(AttentionShape s, int64_t B) {
@@ -126,42 +142,48 @@ AttentionShape with_batch(AttentionShape s, int64_t B) {
 // else the batch in equal chunks that do (a sequence's results do not depend
 // on the others'; the deterministic backward's workspace, B x Hq x T^2 bf16
 // on an H100, grows with the batch); 0 when one sequence alone does not fit.
-int64_t sequences_per_call(const AttentionShape& s, float scale, bool backward, int64_t budget) {
-  const int64_t all = call_workspace_bytes(s, scale, backward);
+int64_t sequences_per_call(const AttentionShape& s, float scale, Pass pass, int64_t budget) {
+  const int64_t all = call_workspace_bytes(s, scale, pass);
   if (all <= budget || s.B <= 1) return all <= budget ? s.B : 0;
   int64_t most = std::clamp<int64_t>(int64_t(double(s.B) * double(budget) / double(all)), 1, s.B - 1);
-  while (most > 1 && call_workspace_bytes(with_batch(s, most), scale, backward) > budget) --most;
-  if (call_workspace_bytes(with_batch(s, most), scale, backward) > budget) return 0;
+  while (most > 1 && call_workspace_bytes(with_batch(s, most), scale, pass) > budget) --most;
+  if (call_workspace_bytes(with_batch(s, most), scale, pass) > budget) return 0;
   const int64_t calls = (s.B + most - 1) / most;
   return (s.B + calls - 1) / calls;  // balanced: <= most
 }
 
 // Calls fn(b0, b1) for the batch's chunks of sequences_per_call rows, in order.
 template <typename F>
-void for_each_batch_chunk(const AttentionShape& s, float scale, bool backward, int64_t budget, F&& fn) {
-  const int64_t rows = sequences_per_call(s, scale, backward, budget);
-  ZT_CHECK(rows > 0, "attention: cuDNN cannot take this call: ", cudnn_attention_unsupported(s, scale, backward, budget));
+void for_each_batch_chunk(const AttentionShape& s, float scale, Pass pass, int64_t budget, F&& fn) {
+  const int64_t rows = sequences_per_call(s, scale, pass, budget);
+  ZT_CHECK(rows > 0, "attention: cuDNN cannot take this call: ",
+           cudnn_attention_unsupported(s, scale, pass.backward, budget, pass.deterministic));
   for (int64_t b0 = 0; b0 < s.B; b0 += rows) fn(b0, std::min(s.B, b0 + rows));
 }
 
 }  // namespace
 
-std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward, int64_t budget) {
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward, int64_t budget,
+                                        bool deterministic) {
   std::string blocker = static_blocker(s);
   if (!blocker.empty()) return blocker;
-  const CachedPlan& p = plan_for(s, scale, backward);
+  const Pass pass{backward, deterministic};
+  const CachedPlan& p = plan_for(s, scale, pass);
   if (!p.plan) return p.unsupported;
-  if (s.B > 0 && sequences_per_call(s, scale, backward, budget) == 0)
-    return ::zt::detail::concat("one sequence needs ", call_workspace_bytes(with_batch(s, 1), scale, backward),
-                                " bytes of cuDNN workspace at T = ", s.T, " (its backward keeps Hq x T^2 scores), over ",
-                                "attention's budget of ", budget, " bytes");
+  if (s.B > 0 && sequences_per_call(s, scale, pass, budget) == 0)
+    return ::zt::detail::concat("one sequence needs ", call_workspace_bytes(with_batch(s, 1), scale, pass),
+                                " bytes of cuDNN workspace at T = ", s.T,
+                                pass.atomic() ? "" : " (its deterministic backward keeps Hq x T^2 scores)",
+                                ", over attention's budget of ", budget, " bytes");
   return "";
 }
 
-int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, int64_t budget) {
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, int64_t budget,
+                                        bool deterministic) {
+  const Pass pass{backward, deterministic};
   int64_t most = 0;
-  for_each_batch_chunk(s, scale, backward, budget, [&](int64_t b0, int64_t b1) {
-    most = std::max(most, call_workspace_bytes(with_batch(s, b1 - b0), scale, backward));
+  for_each_batch_chunk(s, scale, pass, budget, [&](int64_t b0, int64_t b1) {
+    most = std::max(most, call_workspace_bytes(with_batch(s, b1 - b0), scale, pass));
   });
   return most;
 }
@@ -169,18 +191,20 @@ int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bo
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, int64_t budget) {
   const AttentionShape s = attention_shape(q, k);
-  for_each_batch_chunk(s, scale, false, budget, [&](int64_t b0, int64_t b1) {
+  for_each_batch_chunk(s, scale, Pass{}, budget, [&](int64_t b0, int64_t b1) {
     const Tensor qc = q.slice(b0, b1), kc = k.slice(b0, b1), vc = v.slice(b0, b1);
     const Tensor oc = out.slice(b0, b1), lc = lse.slice(b0, b1);
-    run(plan_for(with_batch(s, b1 - b0), scale, false), q, {ptr(qc), ptr(kc), ptr(vc), ptr(oc), ptr(lc)});
+    run(plan_for(with_batch(s, b1 - b0), scale, Pass{}), q, {ptr(qc), ptr(kc), ptr(vc), ptr(oc), ptr(lc)});
   });
 }
 
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                              float scale, int64_t budget) {
+                              float scale, int64_t budget, bool deterministic) {
   const AttentionShape s = attention_shape(q, k);
-  for_each_batch_chunk(s, scale, true, budget, [&](int64_t b0, int64_t b1) {
+  const Pass pass{true, deterministic};
+  for_each_batch_chunk(s, scale, pass, budget, [&](int64_t b0, int64_t b1) {
+    const AttentionShape chunk = with_batch(s, b1 - b0);
     const Tensor lc = lse.slice(b0, b1);
     Tensor row_sums = Tensor::empty(lc.shape(), DType::f32, q.device(), MemCategory::workspace);
     std::vector<void*> pointers;
@@ -189,7 +213,13 @@ void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     pointers.push_back(ptr(lc));
     for (const Tensor* t : {&dq, &dk, &dv}) pointers.push_back(ptr(t->slice(b0, b1)));
     pointers.push_back(ptr(row_sums));
-    run(plan_for(with_batch(s, b1 - b0), scale, true), q, pointers);
+    Tensor dq_accum;  // the atomic backward adds into it: zeroed on the stream first
+    if (pass.atomic()) {
+      dq_accum = Tensor::empty(Shape{dq_accum_elems(chunk)}, DType::f32, q.device(), MemCategory::workspace);
+      ZT_CUDA_CHECK(cudaMemsetAsync(ptr(dq_accum), 0, size_t(4 * dq_accum_elems(chunk)), stream_of(q)));
+      pointers.push_back(ptr(dq_accum));
+    }
+    run(plan_for(chunk, scale, pass), q, pointers);
   });
 }
 
@@ -199,17 +229,17 @@ void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 
 namespace zt::cuda {
 
-std::string cudnn_attention_unsupported(const AttentionShape&, float, bool, int64_t) {
+std::string cudnn_attention_unsupported(const AttentionShape&, float, bool, int64_t, bool) {
   return "this build has no cuDNN (configure with cuDNN's headers and library found, e.g. CUDNN_ROOT)";
 }
-int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, bool, int64_t) {
+int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, bool, int64_t, bool) {
   ZT_FAIL("attention: this build has no cuDNN");
 }
 void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) {
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t, bool) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 

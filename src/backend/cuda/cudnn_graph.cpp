@@ -232,6 +232,19 @@ int64_t count_engine_configs(const Graph& graph, const Target& target) {
   return int64_t(q.configs.size());
 }
 
+std::vector<int64_t> engine_config_workspaces(const Graph& graph, const Target& target) {
+  EngineQuery q;
+  query_engines(q, graph, target);
+  std::vector<int64_t> out;
+  for (const Descriptor& cfg : q.configs) {
+    int64_t bytes = 0, got = 0;
+    ZT_CUDNN_CHECK(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
+                                            &bytes));
+    out.push_back(bytes);
+  }
+  return out;
+}
+
 Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target) {
   ZT_ASSERT(graph, "cuDNN plan of no graph");
   EngineQuery q;

@@ -67,6 +67,10 @@ Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target);
 // the target after cuDNN's support checks (0: no engine supports it). Checking
 // support needs the CUDA driver library loaded, not a GPU.
 int64_t count_engine_configs(const Graph& graph, const Target& target);
+// The workspace (bytes) each of those configurations needs, in the
+// heuristics' order (make_plan takes the first that finalizes): answered
+// ahead of time too, so the CPU can check what a graph costs an H100.
+std::vector<int64_t> engine_config_workspaces(const Graph& graph, const Target& target);
 
 // An operation graph under construction. Tensors are named by uid; an op's
 // output tensor is created first (tensor/virtual_tensor) and passed in.

@@ -98,7 +98,7 @@ SdpaForwardGraph sdpa_forward_graph(const SdpaShape& s) {
   return f;
 }
 
-SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s) {
+SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm) {
   check_shape(s);
   SdpaBackwardGraph b;
   b.graph = std::make_shared<Graph>();
@@ -149,10 +149,20 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s) {
   g.reshape(ds, ds_t);
   grouped_product(g, s, ds_t, b.q, b.dk);
 
-  // dq = ds k (k read in its row layout)
+  // dq = ds k (k read in its row layout). Deterministic: a plain product
+  // output, for which cuDNN keeps ds in its workspace (B x Hq x T^2 io
+  // elements) and runs dq as a second pass. Atomic: cuDNN adds each key
+  // tile's share into an f32 accumulator the caller zero-fills, then copies
+  // it into dq.
   const Uid k_rows = g.virtual_tensor(rows_of(s, s.Hkv), s.io);
   g.reshape(b.k, k_rows);
-  g.matmul(ds, k_rows, b.dq);
+  if (algorithm == SdpaBackward::deterministic) {
+    g.matmul(ds, k_rows, b.dq);
+  } else {
+    b.dq_accum = g.tensor(per_head(s), kF32);
+    g.matmul(ds, k_rows, b.dq_accum);
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, kF32, b.dq_accum, kNoTensor, kNoTensor, b.dq);
+  }
   return b;
 }
 

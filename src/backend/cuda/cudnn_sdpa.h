@@ -31,13 +31,28 @@ struct SdpaForwardGraph {
   Uid q, k, v, out, lse;
 };
 
+// How the backward forms dq = ds k, the sum over key tiles for each query.
+enum class SdpaBackward {
+  // dq a plain product output: cuDNN keeps ds (B x Hq x T^2 io elements) in
+  // its workspace and runs dq as a second pass. The same bits every run.
+  deterministic,
+  // Each key tile adds its share into an f32 accumulator (dq_accum) with
+  // atomics, then cuDNN rounds it into dq: no (T, T) workspace, no second
+  // pass over ds, but the order of the additions (so dq's last bits) varies
+  // from run to run.
+  atomic,
+};
+
 struct SdpaBackwardGraph {
   std::shared_ptr<Graph> graph;
   Uid q, k, v, out, dout, lse, dq, dk, dv;
   Uid row_sums;  // (B, Hq, T) f32 scratch the caller provides: dout . out per row
+  // SdpaBackward::atomic only (else kNoTensor): (B, Hq, T, D) f32 the caller
+  // provides, zero-filled before each execution.
+  Uid dq_accum = kNoTensor;
 };
 
 SdpaForwardGraph sdpa_forward_graph(const SdpaShape& shape);
-SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& shape);
+SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& shape, SdpaBackward algorithm = SdpaBackward::deterministic);
 
 }  // namespace zt::cuda::cudnn
