@@ -213,10 +213,13 @@ void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
     pointers.push_back(ptr(lc));
     for (const Tensor* t : {&dq, &dk, &dv}) pointers.push_back(ptr(t->slice(b0, b1)));
     pointers.push_back(ptr(row_sums));
-    Tensor dq_accum;  // the atomic backward adds into it: zeroed on the stream first
+    Tensor dq_accum;  // the atomic backward adds into it
     if (pass.atomic()) {
       dq_accum = Tensor::empty(Shape{dq_accum_elems(chunk)}, DType::f32, q.device(), MemCategory::workspace);
-      ZT_CUDA_CHECK(cudaMemsetAsync(ptr(dq_accum), 0, size_t(4 * dq_accum_elems(chunk)), stream_of(q)));
+      // cuDNN zeroes the accumulator itself from 9.6 on (its frontend
+      // memsets it only for older versions): before that, zero it here.
+      static const bool zero_it = cudnnGetVersion() < 90600;
+      if (zero_it) ZT_CUDA_CHECK(cudaMemsetAsync(ptr(dq_accum), 0, size_t(4 * dq_accum_elems(chunk)), stream_of(q)));
       pointers.push_back(ptr(dq_accum));
     }
     run(plan_for(chunk, scale, pass), q, pointers);

@@ -152,7 +152,7 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm
   // dq = ds k (k read in its row layout). Deterministic: a plain product
   // output, for which cuDNN keeps ds in its workspace (B x Hq x T^2 io
   // elements) and runs dq as a second pass. Atomic: cuDNN adds each key
-  // tile's share into an f32 accumulator the caller zero-fills, then copies
+  // tile's share into an f32 accumulator zeroed before the call, then copies
   // it into dq.
   const Uid k_rows = g.virtual_tensor(rows_of(s, s.Hkv), s.io);
   g.reshape(b.k, k_rows);

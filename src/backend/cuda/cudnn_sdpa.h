@@ -48,7 +48,8 @@ struct SdpaBackwardGraph {
   Uid q, k, v, out, dout, lse, dq, dk, dv;
   Uid row_sums;  // (B, Hq, T) f32 scratch the caller provides: dout . out per row
   // SdpaBackward::atomic only (else kNoTensor): (B, Hq, T, D) f32 the caller
-  // provides, zero-filled before each execution.
+  // provides; cuDNN 9.6 and later zero it themselves, older versions need it
+  // zero-filled before each execution (as cuDNN's frontend does).
   Uid dq_accum = kNoTensor;
 };
 
