@@ -111,10 +111,10 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
   [ -s "$out/kernels-zt.jsonl" ] && python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
 import json, sys
 ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-peer = {(r["model"], r["op"]): r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
+peer = {(r["model"], r["op"], r["shape"]): r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
 rate = {k: r[k] for r in ours for k in ("copy_gbps", "gemm_tflops") if k in r}
 def vs_torch(r):
-    p = peer.get((r["model"], r["op"]))
+    p = peer.get((r["model"], r["op"], r["shape"]))
     return (f"{p['ms']:.3f}", f"{p['ms'] / r['ms']:.2f}x") if p else ("-", "-")
 print(f"device copy rate (read + write): {rate.get('copy_gbps', 0):.0f} GB/s")
 print("| model | op | shape | ms | GB/s | of copy | torch eager ms | torch / ours |")
