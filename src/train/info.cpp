@@ -163,9 +163,13 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                   double(r.workspace_bytes) / MiB);
     os << line;
   } else if (parse_device(cfg.train.device).is_cuda()) {
-    os << "  workspace: asked of the GPU's backend, so planned only on a machine with the GPU (cuDNN's attention "
-          "backward keeps B x Hq x T^2 x 2 bytes on an H100, in batch chunks of at most 1 GiB, plus cuBLASLt's "
-          "32 MiB)\n";
+    os << "  workspace: asked of the GPU's backend, so planned only on a machine with the GPU ("
+       << (cfg.train.deterministic
+               ? "cuDNN's deterministic attention backward keeps B x Hq x T^2 x 2 bytes on an H100, in batch chunks "
+                 "of at most 1 GiB"
+               : "cuDNN's attention backward with atomics, train.deterministic = false, takes an f32 dq "
+                 "accumulator of B x T x Hq x D x 4 bytes")
+       << ", plus cuBLASLt's 32 MiB)\n";
   }
   std::snprintf(line, sizeof line, "  activations per micro-batch (%lld x %lld tokens):\n    %-10s %14s %14s\n",
                 (long long)cfg.train.micro_batch, (long long)cfg.train.seq_len, "recompute", "estimate MiB",

@@ -233,6 +233,9 @@ TEST(Info, SaysWhereAGpuWorkspaceIsPlanned) {
   if (ops::gpu_count() == 0) {
     EXPECT_EQ(r.workspace_bytes, -1);
     EXPECT_TRUE(has(said, "workspace: asked of the GPU's backend, so planned only on a machine with the GPU")) << said;
+    EXPECT_TRUE(has(said, "deterministic attention backward keeps B x Hq x T^2 x 2 bytes")) << said;
+    const Config atomic = config_of("gpt2-tiny", {"train.device=cuda", "train.dtype=bf16", "train.deterministic=false"});
+    EXPECT_TRUE(has(format_info(atomic, make_info(atomic, Measure::off)), "f32 dq accumulator")) << said;
   } else {
     EXPECT_GT(r.workspace_bytes, 0);
     EXPECT_TRUE(has(said, "workspace (cuBLASLt, attention)")) << said;
