@@ -1,5 +1,7 @@
 // Whether ops must give the same bits on every run: process-wide, on by
-// default, set by the trainer from `train.deterministic`.
+// default; a trainer's step runs under its config's `train.deterministic`
+// (DeterminismScope), so trainers with different settings can share a
+// process.
 //
 // On, every op sums in an order fixed by its shapes, so a run repeats bit for
 // bit (exact resume, and the tests that compare recompute policies or layouts
@@ -16,5 +18,18 @@ namespace zt::ops {
 
 void set_deterministic(bool on);
 bool deterministic();
+
+// Sets the switch for a scope (one training step) and restores the value it
+// found when the scope ends.
+class DeterminismScope {
+ public:
+  explicit DeterminismScope(bool on) : previous_(deterministic()) { set_deterministic(on); }
+  ~DeterminismScope() { set_deterministic(previous_); }
+  DeterminismScope(const DeterminismScope&) = delete;
+  DeterminismScope& operator=(const DeterminismScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace zt::ops

@@ -76,7 +76,6 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
-  ops::set_deterministic(cfg_.train.deterministic);
   {
     const int64_t dp = mesh_ ? mesh_->shape().dp : 1;
     ZT_CHECK(cfg_.train.global_batch % (cfg_.train.micro_batch * dp) == 0, "train.global_batch = ",
@@ -187,6 +186,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
 
 StepMetrics Trainer::train_step(int64_t step) {
   const auto t_step = Clock::now();
+  const ops::DeterminismScope determinism(cfg_.train.deterministic);  // the step's ops (ops/determinism.h)
   StepMetrics m;
   m.step = step + 1;
   comm::set_current_step(m.step);  // named by the comm watchdog if a collective hangs

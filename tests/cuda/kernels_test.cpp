@@ -495,10 +495,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       } else if (path == Path::cudnn_atomic) {
         // Through ops with determinism off: the dispatcher takes cuDNN's
         // atomic backward, which allocates exactly what the plan counts for it.
-        struct Restore {
-          ~Restore() { ops::set_deterministic(true); }
-        } restore;
-        ops::set_deterministic(false);
+        const ops::DeterminismScope atomics(false);
         ops::attention_forward(gout, glse, gq, gk, gv);
         Allocator& alloc = allocator_for(gq.device());
         const int64_t before = alloc.stats().current(MemCategory::workspace);

@@ -58,26 +58,46 @@ TEST(Trainer, NonFiniteStepsCanBeSkippedUpToALimit) {
   EXPECT_THROW(t.train_step(2), Error);
 }
 
-// train.deterministic is the process-wide switch the ops read
-// (ops/determinism.h): a trainer sets it from its config, true by default.
-// On the CPU both settings train to the same bits (its kernels have one
-// summation order); on a GPU false lets cuDNN's attention backward sum dq
-// with atomics (tests/cuda/trainer_test.cpp runs it against the CPU).
-TEST(Trainer, SetsTheDeterminismOfTheOpsFromItsConfig) {
-  const Config fast = parse_config(kTiny, "tiny", {"train.deterministic=false"});
-  EXPECT_FALSE(fast.train.deterministic);
-  EXPECT_TRUE(parse_config(kTiny, "tiny").train.deterministic);
-  double loss[2] = {0, 0};
-  for (const bool deterministic : {false, true}) {
-    const Config cfg = deterministic ? parse_config(kTiny, "tiny") : fast;
-    Trainer t(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 3), nullptr, nullptr);
-    t.log = [](const std::string&) {};
-    EXPECT_EQ(ops::deterministic(), deterministic);
-    t.train_step(0);
-    loss[deterministic] = t.train_step(1).loss;
+// Random batches that note the ops' determinism switch each time the trainer
+// asks for one (inside its step).
+class BatchesNotingDeterminism : public RandomBatches {
+ public:
+  using RandomBatches::RandomBatches;
+  void next(const Tensor& inputs, const Tensor& targets) override {
+    seen.push_back(ops::deterministic());
+    RandomBatches::next(inputs, targets);
   }
-  EXPECT_EQ(loss[0], loss[1]) << "the CPU backend is deterministic either way";
-  EXPECT_TRUE(ops::deterministic());
+  std::vector<bool> seen;
+};
+
+// train.deterministic is the switch the ops read (ops/determinism.h): each
+// step of a trainer runs under its own config's value (true by default) and
+// leaves the process's as it found it, so two trainers with different
+// settings can step in turn. On the CPU both settings train to the same bits
+// (its kernels have one summation order); on a GPU false lets cuDNN's
+// attention backward sum dq with atomics (tests/cuda/trainer_test.cpp runs
+// it against the CPU).
+TEST(Trainer, StepsUnderTheDeterminismOfItsConfig) {
+  const Config fast = parse_config(kTiny, "tiny", {"train.deterministic=false"});
+  const Config exact = parse_config(kTiny, "tiny");
+  EXPECT_FALSE(fast.train.deterministic);
+  EXPECT_TRUE(exact.train.deterministic);
+  auto fast_data = std::make_unique<BatchesNotingDeterminism>(fast.model.vocab_size, 3);
+  auto exact_data = std::make_unique<BatchesNotingDeterminism>(exact.model.vocab_size, 3);
+  const BatchesNotingDeterminism &fast_seen = *fast_data, &exact_seen = *exact_data;
+  Trainer a(fast, std::move(fast_data), nullptr, nullptr), b(exact, std::move(exact_data), nullptr, nullptr);
+  a.log = b.log = [](const std::string&) {};
+  double loss[2][2];
+  for (int64_t step = 0; step < 2; ++step) {  // in turn
+    loss[0][step] = a.train_step(step).loss;
+    EXPECT_TRUE(ops::deterministic()) << "a step leaves the switch as it found it";
+    loss[1][step] = b.train_step(step).loss;
+  }
+  ASSERT_FALSE(fast_seen.seen.empty());
+  ASSERT_FALSE(exact_seen.seen.empty());
+  for (const bool on : fast_seen.seen) EXPECT_FALSE(on);
+  for (const bool on : exact_seen.seen) EXPECT_TRUE(on);
+  EXPECT_EQ(loss[0][1], loss[1][1]) << "the CPU backend is deterministic either way";
 }
 
 // metrics.op_profile: each step's metrics.jsonl record carries the time per
