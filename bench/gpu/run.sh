@@ -8,7 +8,7 @@
 # prints a short table last, then where Zettatron's step goes (a short second
 # run with metrics.op_profile: GPU time per op from events) and the activation
 # memory `zettatron info` estimates against its peak on the GPU. `attention` times
-# the CUDA attention kernels (cuDNN, mma, flash, tensor-core gemm path, simple)
+# the CUDA attention kernels (cuDNN, and its backward with atomics; mma, flash, tensor-core gemm path, simple)
 # against PyTorch's flash SDPA on the same shapes (bench/gpu/attention_bench.cpp,
 # attention_peer.py). `kernels` times the step's memory-bound ops (norms, the
 # fused classifier, activations, embedding, AdamW, ...) against the device's
