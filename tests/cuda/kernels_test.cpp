@@ -503,6 +503,16 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
         ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
         EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
                   cuda::attention_workspace_bytes(shape, scale, true, false));
+        // Whether it happens to repeat its bits here is reported, not
+        // required (the order of its atomic additions is the GPU's): the
+        // data for whether it could ever be the default.
+        Tensor again = gpu_poisoned(q.shape(), dt);
+        ops::attention_backward(again, gpu_poisoned(k.shape(), dt), gpu_poisoned(v.shape(), dt), gdout, gq, gk, gv,
+                                gout, glse);
+        std::printf("[   INFO   ] cuDNN's backward with atomics, %s B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld: dq %s\n",
+                    std::string(dtype_name(dt)).c_str(), (long long)s.B, (long long)s.T, (long long)s.Hq,
+                    (long long)s.Hkv, (long long)s.D,
+                    values_of(again) == values_of(gdq) ? "repeated bit for bit" : "differed between two runs");
       } else if (path == Path::gemm_chunked) {
         cuda::gemm_attention_forward(gout, glse, gq, gk, gv, scale, one_group);
         cuda::gemm_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, glse, scale, one_group);
