@@ -10,10 +10,14 @@
 // for the ratio.
 //
 // FLOPs (causal, as FlashAttention counts them): forward 4 B Hq D T^2 / 2,
-// forward + backward 3.5x that.
+// forward + backward 3.5x that. With ZT_CUDNN_FORWARD_CONFIG or
+// ZT_CUDNN_BACKWARD_CONFIG set (cuDNN's n-th engine configuration instead
+// of its first choice), the cuDNN rows are named "cudnn f<n>" / "b<n>".
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/runtime.h"
@@ -66,9 +70,14 @@ int main(int argc, char** argv) {
                           Row{"mma", cuda::AttentionKernel::mma, true}, Row{"flash", cuda::AttentionKernel::flash, true},
                           Row{"tensor-core", cuda::AttentionKernel::gemm, true},
                           Row{"simple", cuda::AttentionKernel::simple, true}}) {
-      const char* kname = row.name;
       const cuda::AttentionKernel kernel = row.kernel;
-      if (!only.empty() && only != kname) continue;
+      if (!only.empty() && only != row.name) continue;
+      std::string label = row.name;
+      for (const auto& [env, tag] : {std::pair{"ZT_CUDNN_FORWARD_CONFIG", " f"}, {"ZT_CUDNN_BACKWARD_CONFIG", " b"}}) {
+        const char* n = std::getenv(env);
+        if (kernel == cuda::AttentionKernel::cudnn && n && *n) label += tag + std::string(n);
+      }
+      const char* kname = label.c_str();
       if (kernel == cuda::AttentionKernel::cudnn) {
         const cuda::AttentionShape shape = cuda::attention_shape(q, k);
         const std::string why = cuda::cudnn_attention_unsupported(shape, scale, false) + " " +

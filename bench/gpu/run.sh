@@ -22,7 +22,8 @@
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
 # twice: as configured (deterministic), then with train.deterministic = false
 # (cuDNN's attention backward sums dq with atomics), both against the same
-# PyTorch run.
+# PyTorch run. `attention` also times cuDNN's other engine configurations
+# (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
 #   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|all] [gpt2|llama ...]
 #   (default all, both models)
 # A lease has 15 minutes of device time in all, its start included, and 10
@@ -165,6 +166,19 @@ if [ "$what" = attention ] || [ "$what" = all ]; then
   bounded 60 "attention bench's PyTorch peer" python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" \
     2> "$out/attention-pt.err" \
     || said_failed $? "attention peer" "$out/attention-pt.err" 5
+  # cuDNN's other engine configurations against its first choice (rows
+  # "cudnn f<n>": forward configuration n; "b<n>": backward): the forward's
+  # list has 4 on an H100, the backward's 2 (deterministic) and 3 (atomics).
+  for n in 1 2 3; do
+    ZT_CUDNN_FORWARD_CONFIG=$n bounded 20 "attention bench (cuDNN forward configuration $n)" \
+      ./build-gpu/bin/zt_bench_gpu_attention cudnn >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err"
+  done
+  for n in 1 2; do
+    for kernel in cudnn cudnn-atomic; do
+      ZT_CUDNN_BACKWARD_CONFIG=$n bounded 20 "attention bench ($kernel backward configuration $n)" \
+        ./build-gpu/bin/zt_bench_gpu_attention $kernel >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err"
+    done
+  done
   [ -s "$out/attention-zt.jsonl" ] && python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.strip()]

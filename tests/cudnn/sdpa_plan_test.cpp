@@ -155,6 +155,32 @@ TEST(CudnnSdpaPlan, TensorViewsCoverOurBuffersExactly) {
   EXPECT_EQ(f.graph->layout(f.k).dims, (std::vector<int64_t>{s.B, s.Hkv, s.D, s.T}));
 }
 
+// A plan asked for one engine configuration (the bench's sweep of them)
+// takes only that one: a number past cuDNN's list is named as such, and one
+// in it is tried alone (ahead of time no plan finalizes - that needs a GPU -,
+// so the refusal names that configuration and no other).
+TEST(CudnnSdpaPlan, APlanOfOneEngineConfigurationTriesOnlyThatOne) {
+  const SdpaShape s = model_shapes()[0].shape;
+  const auto graph = sdpa_forward_graph(s).graph;
+  const int64_t offered = count_engine_configs(*graph, h100());
+  ASSERT_GE(offered, 2) << driver_note();
+  try {
+    make_plan(graph, h100(), offered);
+    FAIL() << "a configuration past cuDNN's list was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("there is no number " + std::to_string(offered)), std::string::npos)
+        << e.what();
+  }
+  try {
+    make_plan(graph, h100(), 1);
+    FAIL() << "an execution plan finalized without a GPU";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("engine config 1:"), std::string::npos) << what;
+    EXPECT_EQ(what.find("engine config 0:"), std::string::npos) << what;
+  }
+}
+
 TEST(CudnnSdpaPlan, ARefusedDescriptorNamesTheProblem) {
   Graph g;
   try {

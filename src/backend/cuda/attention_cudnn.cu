@@ -11,6 +11,7 @@
 #if ZT_WITH_CUDNN
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -64,6 +65,27 @@ cudnnHandle_t handle_of(Device device) {
 
 cudnnDataType_t cudnn_type(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
 
+// ZT_CUDNN_FORWARD_CONFIG = n (ZT_CUDNN_BACKWARD_CONFIG = n): the forward
+// (backward) plans take the n-th engine configuration cuDNN's heuristics
+// offer (from 0) instead of the first that builds - to time the others
+// (bench/gpu/run.sh attention); a plan with no such configuration is one
+// cuDNN cannot take. Unset: -1.
+int64_t env_engine_config(const char* name) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  ZT_CHECK(*end == '\0' && v >= 0, name, " = '", env,
+           "' is not a whole number >= 0 (the engine configuration of cuDNN's list to use); unset it to let cuDNN's "
+           "heuristics choose");
+  return int64_t(v);
+}
+int64_t forced_engine_config(bool backward) {
+  static const int64_t forward = env_engine_config("ZT_CUDNN_FORWARD_CONFIG");
+  static const int64_t backward_config = env_engine_config("ZT_CUDNN_BACKWARD_CONFIG");
+  return backward ? backward_config : forward;
+}
+
 // Why cuDNN cannot take this call before any plan is built (empty when it may).
 std::string static_blocker(const AttentionShape& s) {
   if (s.dtype != DType::bf16 && s.dtype != DType::f16) return "cuDNN's fused attention takes bf16 or f16";
@@ -81,6 +103,7 @@ const CachedPlan& plan_for(const AttentionShape& a, float scale, Pass pass) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
+  const int64_t only_config = forced_engine_config(pass.backward);  // a bad value is an error, not "cuDNN cannot"
   CachedPlan entry;
   try {
     cudnn::Target target;
@@ -97,7 +120,7 @@ const CachedPlan& plan_for(const AttentionShape& a, float scale, Pass pass) {
       graph = g.graph;
       entry.uids = {g.q, g.k, g.v, g.out, g.lse};
     }
-    entry.plan = std::make_shared<const Plan>(cudnn::make_plan(graph, target));
+    entry.plan = std::make_shared<const Plan>(cudnn::make_plan(graph, target, only_config));
   } catch (const Error& e) {
     entry.plan.reset();
     entry.unsupported = e.what();

@@ -245,15 +245,18 @@ std::vector<int64_t> engine_config_workspaces(const Graph& graph, const Target& 
   return out;
 }
 
-Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target) {
+Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target, int64_t only_config) {
   ZT_ASSERT(graph, "cuDNN plan of no graph");
   EngineQuery q;
   query_engines(q, *graph, target);
   Plan plan;
   plan.graph_ = graph;
   const int64_t got = int64_t(q.configs.size());
+  ZT_CHECK(only_config < got, "cuDNN offers ", got, " engine configurations for this graph; there is no number ",
+           only_config, " (they count from 0)");
   std::string refusals;
-  for (int64_t i = 0; i < got; ++i) {
+  const int64_t first = only_config >= 0 ? only_config : 0, end = only_config >= 0 ? only_config + 1 : got;
+  for (int64_t i = first; i < end; ++i) {
     auto exec = std::make_shared<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     cudnnBackendDescriptor_t cfg = q.configs[size_t(i)].get();
     exec->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);

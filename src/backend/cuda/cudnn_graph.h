@@ -60,9 +60,11 @@ struct Target {
 class Plan;
 class Graph;
 // The operation graph of `graph`, finalized, and the first execution plan
-// cuDNN's heuristics offer that finalizes for `target`. Throws zt::Error
-// listing why each engine configuration was refused when none is usable.
-Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target);
+// cuDNN's heuristics offer that finalizes for `target` (`only_config` >= 0:
+// that configuration of the heuristics' list and no other - to time the
+// others against cuDNN's first choice). Throws zt::Error listing why each
+// engine configuration was refused when none is usable.
+Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target, int64_t only_config = -1);
 // How many engine configurations cuDNN's heuristics offer for the graph on
 // the target after cuDNN's support checks (0: no engine supports it). Checking
 // support needs the CUDA driver library loaded, not a GPU.
@@ -127,7 +129,7 @@ class Plan {
                void* workspace) const;
 
  private:
-  friend Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target);
+  friend Plan make_plan(std::shared_ptr<const Graph> graph, const Target& target, int64_t only_config);
   std::shared_ptr<const Graph> graph_;
   std::shared_ptr<Descriptor> operation_graph_, plan_;
   int64_t workspace_bytes_ = 0;
