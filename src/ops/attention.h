@@ -11,7 +11,7 @@
 // Aliasing: no output may overlap an input or another output.
 // Deterministic: results do not depend on the number of threads. On a GPU
 // the backward repeats bit for bit while ops::deterministic() holds (the
-// default); with it off, cuDNN's faster backward sums dq with atomics
+// default); with it off, cuDNN's backward sums dq with atomics
 // (ops/determinism.h).
 #pragma once
 
