@@ -129,6 +129,19 @@ class Bench {
       }
       row("wgrad", [&] { ops::linear_backward(Tensor(), dw, db, dy, x, w); });
     }
+    // The LM head's weight gradient accumulates into its f32 dW once per
+    // chunk: at the chunk's rows (above) and at 4x them (fewer, longer
+    // products: a quarter of the dW traffic), to say whether larger head
+    // chunks would pay.
+    const int64_t long_rows = std::min(N, 4 * head_rows);
+    if (long_rows > head_rows) {
+      const Tensor x = rand({long_rows, C}, bf), dy = rand({long_rows, m_.Vp}, bf);
+      const Tensor w = rand({m_.Vp, C}, bf, -0.05f, 0.05f);
+      Tensor dw = zeros({m_.Vp, C});
+      print_product(m_.name, "head.wgrad", long_rows, C, m_.Vp, false,
+                    median_seconds(dev_, [&] { ops::linear_backward(Tensor(), dw, Tensor(), dy, x, w); }),
+                    gemm_tflops_);
+    }
   }
 
   // The weight gradients with few output tiles (matmul.h, wgrad_row_chunks)
