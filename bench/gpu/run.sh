@@ -18,6 +18,8 @@
 # A/B of the fused one-pass kernel: run `kernels` with and without it).
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
+# ZT_HEAD_CHUNK_ELEMS=n sets the LM head's logits per chunk (default 2^28 on a
+# GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
 # twice: as configured (deterministic), then with train.deterministic = false

@@ -104,7 +104,10 @@ struct ModelPart {
 };
 
 // The LM head's logits budget per chunk on `device` (elements): 64M on a
-// CPU (256 MiB in f32), 256M on a GPU (512 MiB in bf16).
+// CPU (256 MiB in f32), 256M on a GPU (512 MiB in bf16); the environment's
+// ZT_HEAD_CHUNK_ELEMS instead where set (an A/B of the chunk size: the
+// weight gradient re-reads its f32 dW once per chunk). The memory plan asks
+// the same function, so it follows.
 int64_t default_head_chunk_elems(Device device);
 // Rows per chunk when `rows` rows of `vocab_rows` logits each run in chunks of
 // at most `chunk_elems` logits (at least one row): as few chunks as fit, of

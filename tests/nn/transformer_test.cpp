@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/allocator.h"
@@ -296,6 +297,27 @@ TEST(Transformer, HeadChunkRowsAreBalanced) {
   EXPECT_EQ(head_chunk_rows(7, 100, 50), 1);                         // not even one row fits: one row
   EXPECT_EQ(head_chunk_rows(5, 100, 1000), 5);
   EXPECT_EQ(head_chunk_rows(0, 100, 1000), 1);
+}
+
+// ZT_HEAD_CHUNK_ELEMS overrides the device's budget (the bench's A/B of the
+// chunk size); a value that is not a positive whole number is named.
+TEST(Transformer, HeadChunkBudgetFollowsTheEnvironment) {
+  ASSERT_EQ(std::getenv("ZT_HEAD_CHUNK_ELEMS"), nullptr) << "the test sets it itself";
+  EXPECT_EQ(default_head_chunk_elems(Device::cpu()), int64_t(1) << 26);
+  ::setenv("ZT_HEAD_CHUNK_ELEMS", "1000000", 1);
+  EXPECT_EQ(default_head_chunk_elems(Device::cpu()), 1000000);
+  EXPECT_EQ(default_head_chunk_elems(Device::cuda(0)), 1000000);
+  ::setenv("ZT_HEAD_CHUNK_ELEMS", "2^28", 1);
+  try {
+    default_head_chunk_elems(Device::cpu());
+    ADD_FAILURE() << "a malformed ZT_HEAD_CHUNK_ELEMS was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ZT_HEAD_CHUNK_ELEMS = '2^28' is not a positive whole number"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("ZT_HEAD_CHUNK_ELEMS");
+  EXPECT_EQ(default_head_chunk_elems(Device::cuda(0)), int64_t(1) << 28);
 }
 
 // The LM head in chunks of 1 row, of 5 rows (the last one short) and whole:
