@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cross_entropy.h"
@@ -107,46 +108,31 @@ void norm_case(ops::NormKind kind, int64_t N, int64_t C, bool residual, DType dt
   const Tensor normed = residual ? r_out : x;
   Tensor dx = Tensor::empty(Shape{N, C}, dt), dw = copy_of(dw0), db = rms ? Tensor() : copy_of(db0);
   ops::norm_backward(kind, dx, dw, db, dy, normed, w, mean, rstd, dx_add);
-  // The kernels, launched as norm.cu launches them.
-  Tensor gy = poisoned(y.shape(), dt), grstd = poisoned(rstd.shape(), DType::f32);
-  Tensor gmean = rms ? Tensor() : poisoned(Shape{N}, DType::f32), gr_out = poisoned(Shape{N, C}, dt);
-  emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_forward_kernel<T, T, V>, rms, p<T>(gy),
-              p<float>(gmean), p<float>(grstd), static_cast<const T*>(p<T>(x)),
-              residual ? static_cast<const T*>(p<T>(r_in)) : nullptr, residual ? p<T>(gr_out) : nullptr,
-              static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), N, C, 1e-5f);
-  EXPECT_TRUE(close(gy, y, tol(dt), "y"));
-  EXPECT_TRUE(close(grstd, rstd, 1e-5, "rstd"));
-  if (!rms) {
-    EXPECT_TRUE(close(gmean, mean, 1e-5, "mean"));
-  }
-  if (residual) {
-    EXPECT_EQ(to_f64(gr_out), to_f64(r_out)) << "the rounded residual sum";
-  }
-  if constexpr (V > 1) {
-    // As norm.cu launches packed rows: the lane's packs held in registers
-    // (P per lane). The same sums in the same order, but the host compiler
-    // may contract d * d into FMAs differently in the two kernels: checked
-    // against the CPU as the re-reading kernel is; the residual sum exactly.
-    const int P = nk::forward_packs_per_lane(C / V);
-    Tensor hy = poisoned(y.shape(), dt), hrstd = poisoned(rstd.shape(), DType::f32);
-    Tensor hmean = rms ? Tensor() : poisoned(Shape{N}, DType::f32), hr_out = poisoned(Shape{N, C}, dt);
-    nk::with_forward_packs(P, [&](auto held) {
-      constexpr int kP = decltype(held)::value;
-      emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_forward_kernel<T, T, V, kP>, rms,
-                  p<T>(hy), p<float>(hmean), p<float>(hrstd), static_cast<const T*>(p<T>(x)),
-                  residual ? static_cast<const T*>(p<T>(r_in)) : nullptr, residual ? p<T>(hr_out) : nullptr,
-                  static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), N, C, 1e-5f);
-    });
-    SCOPED_TRACE(::testing::Message() << P << " packs a lane in registers");
-    EXPECT_TRUE(close(hy, y, tol(dt), "y"));
-    EXPECT_TRUE(close(hrstd, rstd, 1e-5, "rstd"));
+  // The forward kernels, launched as norm.cu launches them: re-reading the
+  // row (P = 0) and, for packed rows, with the lane's packs held in
+  // registers (P = forward_packs_per_lane). The same sums in the same order,
+  // but the host compiler may contract d * d into FMAs differently in the
+  // two kernels: each is checked against the CPU; the residual sum exactly.
+  auto check_forward = [&](auto held) {
+    constexpr int kP = decltype(held)::value;
+    SCOPED_TRACE(::testing::Message() << kP << " packs a lane in registers");
+    Tensor gy = poisoned(y.shape(), dt), grstd = poisoned(rstd.shape(), DType::f32);
+    Tensor gmean = rms ? Tensor() : poisoned(Shape{N}, DType::f32), gr_out = poisoned(Shape{N, C}, dt);
+    emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_forward_kernel<T, T, V, kP>, rms, p<T>(gy),
+                p<float>(gmean), p<float>(grstd), static_cast<const T*>(p<T>(x)),
+                residual ? static_cast<const T*>(p<T>(r_in)) : nullptr, residual ? p<T>(gr_out) : nullptr,
+                static_cast<const T*>(p<T>(w)), static_cast<const T*>(p<T>(b)), N, C, 1e-5f);
+    EXPECT_TRUE(close(gy, y, tol(dt), "y"));
+    EXPECT_TRUE(close(grstd, rstd, 1e-5, "rstd"));
     if (!rms) {
-      EXPECT_TRUE(close(hmean, mean, 1e-5, "mean"));
+      EXPECT_TRUE(close(gmean, mean, 1e-5, "mean"));
     }
     if (residual) {
-      EXPECT_EQ(to_f64(hr_out), to_f64(r_out)) << "the rounded residual sum";
+      EXPECT_EQ(to_f64(gr_out), to_f64(r_out)) << "the rounded residual sum";
     }
-  }
+  };
+  check_forward(std::integral_constant<int, 0>{});
+  if constexpr (V > 1) nk::with_forward_packs(nk::forward_packs_per_lane(C / V), check_forward);
   const int64_t per_chunk = nk::chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
   Tensor pdw = poisoned(Shape{chunks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{chunks, C}, DType::f32);
   emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(chunks)),
