@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -700,14 +700,8 @@ void Transformer::backward_weight(ForwardContext& ctx) {
 }
 
 int64_t default_head_chunk_elems(Device device) {
-  if (const char* env = std::getenv("ZT_HEAD_CHUNK_ELEMS"); env && *env) {
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    ZT_CHECK(*end == '\0' && v >= 1, "ZT_HEAD_CHUNK_ELEMS = '", env,
-             "' is not a positive whole number (logits per LM-head chunk); unset it for the device's default");
-    return int64_t(v);
-  }
-  return device.is_cpu() ? (int64_t(1) << 26) : (int64_t(1) << 28);
+  return env_whole_number("ZT_HEAD_CHUNK_ELEMS", 1, "logits per LM-head chunk")
+      .value_or(device.is_cpu() ? (int64_t(1) << 26) : (int64_t(1) << 28));
 }
 
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems) {

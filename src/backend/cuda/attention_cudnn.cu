@@ -11,7 +11,6 @@
 #if ZT_WITH_CUDNN
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -22,6 +21,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cudnn_sdpa.h"
+#include "core/env.h"
 
 namespace zt::cuda {
 
@@ -70,19 +70,10 @@ cudnnDataType_t cudnn_type(DType t) { return t == DType::f16 ? CUDNN_DATA_HALF :
 // offer (from 0) instead of the first that builds - to time the others
 // (bench/gpu/run.sh attention); a plan with no such configuration is one
 // cuDNN cannot take. Unset: -1.
-int64_t env_engine_config(const char* name) {
-  const char* env = std::getenv(name);
-  if (!env || !*env) return -1;
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  ZT_CHECK(*end == '\0' && v >= 0, name, " = '", env,
-           "' is not a whole number >= 0 (the engine configuration of cuDNN's list to use); unset it to let cuDNN's "
-           "heuristics choose");
-  return int64_t(v);
-}
 int64_t forced_engine_config(bool backward) {
-  static const int64_t forward = env_engine_config("ZT_CUDNN_FORWARD_CONFIG");
-  static const int64_t backward_config = env_engine_config("ZT_CUDNN_BACKWARD_CONFIG");
+  const char* what = "the engine configuration of cuDNN's list to use, from 0";
+  static const int64_t forward = env_whole_number("ZT_CUDNN_FORWARD_CONFIG", 0, what).value_or(-1);
+  static const int64_t backward_config = env_whole_number("ZT_CUDNN_BACKWARD_CONFIG", 0, what).value_or(-1);
   return backward ? backward_config : forward;
 }
 

@@ -41,16 +41,17 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/runtime.h"
+#include "core/env.h"
 
 namespace zt::cuda {
 
@@ -449,16 +450,9 @@ bool wgrad_chunks_usable(int64_t chunks, int64_t rows) {
 }
 
 int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
-  static const int64_t forced = [] {
-    const char* env = std::getenv("ZT_CUDA_WGRAD_CHUNKS");
-    if (!env || !*env) return int64_t(0);
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    ZT_CHECK(*end == '\0' && v >= 1, "ZT_CUDA_WGRAD_CHUNKS = '", env,
-             "' is not a positive whole number (1: one product per weight gradient); unset it to let Zettatron choose");
-    return int64_t(v);
-  }();
-  if (forced > 0) return wgrad_chunks_usable(forced, rows) ? forced : 1;
+  static const std::optional<int64_t> forced =
+      env_whole_number("ZT_CUDA_WGRAD_CHUNKS", 1, "row chunks of a weight gradient; 1: one product");
+  if (forced) return wgrad_chunks_usable(*forced, rows) ? *forced : 1;
   return wgrad_chunks_for(OC, C, rows, num_sms(device));
 }
 
