@@ -80,9 +80,9 @@ int main(int argc, char** argv) {
       const char* kname = label.c_str();
       if (kernel == cuda::AttentionKernel::cudnn) {
         const cuda::AttentionShape shape = cuda::attention_shape(q, k);
-        const std::string why = cuda::cudnn_attention_unsupported(shape, scale, false) + " " +
-                                cuda::cudnn_attention_unsupported(shape, scale, true, cuda::kAttentionWorkspaceBudget,
-                                                                  row.deterministic);
+        const std::string why =
+            cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{}) + " " +
+            cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{true, row.deterministic});
         if (why != " ") {  // no row: the reason goes to stderr (run.sh shows it)
           std::fprintf(stderr, "cuDNN cannot take %s: %s\n", c.name, why.c_str());
           continue;

@@ -22,8 +22,8 @@ int64_t step_workspace_bytes(Device device, const AttentionDims& a, int64_t rows
   if (a.B * a.T * a.Hq * a.D > 0) {
     const cuda::AttentionShape shape{a.B, a.T, a.Hq, a.Hkv, a.D, a.dtype, device};
     const float scale = default_attention_scale(a.D);  // as the model calls attention
-    largest = std::max(cuda::attention_workspace_bytes(shape, scale, false),
-                       cuda::attention_workspace_bytes(shape, scale, true, a.deterministic));
+    largest = std::max(cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{}),
+                       cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{true, a.deterministic}));
   }
   for (const LinearDims& l : linears)
     largest = std::max(largest, cuda::linear_backward_workspace_bytes(l.out, l.in, rows, l.bias, device));

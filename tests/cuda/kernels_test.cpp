@@ -432,11 +432,11 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
     EXPECT_EQ(cuda::mma_attention_unsupported(shape), fused_blocker);
     if (dt == DType::f32) EXPECT_NE(fused_blocker.find("dtype f32"), std::string::npos) << fused_blocker;
     else EXPECT_EQ(fused_blocker, "");
-    const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(shape, scale, false);
-    const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(shape, scale, true);
+    const cuda::AttentionPass forward_pass, backward_pass{true}, atomic_pass{true, false};
+    const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(shape, scale, forward_pass);
+    const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(shape, scale, backward_pass);
     // The backward with atomics (train.deterministic = false).
-    const std::string cudnn_atomic_bwd =
-        cuda::cudnn_attention_unsupported(shape, scale, true, cuda::kAttentionWorkspaceBudget, false);
+    const std::string cudnn_atomic_bwd = cuda::cudnn_attention_unsupported(shape, scale, atomic_pass);
     const bool cudnn_takes_it = cudnn_fwd.empty() && cudnn_bwd.empty();
     const bool cudnn_atomic_takes_it = cudnn_fwd.empty() && cudnn_atomic_bwd.empty();
     if (dt != DType::f32 && (s.D == 64 || s.D == 128) && s.T >= 64) {
@@ -474,7 +474,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
           if (backward) ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
           else ops::attention_forward(gout, glse, gq, gk, gv);
           EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
-                    cuda::attention_workspace_bytes(shape, scale, backward))
+                    cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{backward}))
               << (backward ? "backward" : "forward") << " T " << s.T << " D " << s.D;
         }
       } else if (path == Path::simple) {
@@ -483,7 +483,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       } else if (path == Path::cudnn_chunked) {
         // A workspace budget one byte under the whole batch's: calls of fewer
         // sequences, each allocating at most what the plan's count says.
-        const int64_t budget = cuda::cudnn_attention_workspace_bytes(shape, scale, true) - 1;
+        const int64_t budget = cuda::cudnn_attention_workspace_bytes(shape, scale, backward_pass) - 1;
         cuda::cudnn_attention_forward(gout, glse, gq, gk, gv, scale, budget);
         Allocator& alloc = allocator_for(gq.device());
         const int64_t before = alloc.stats().current(MemCategory::workspace);
@@ -491,7 +491,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
         cuda::cudnn_attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, budget);
         const int64_t used = alloc.stats().window_peak(MemCategory::workspace) - before;
         EXPECT_LE(used, budget);
-        EXPECT_EQ(used, cuda::cudnn_attention_workspace_bytes(shape, scale, true, budget));
+        EXPECT_EQ(used, cuda::cudnn_attention_workspace_bytes(shape, scale, backward_pass, budget));
       } else if (path == Path::cudnn_atomic) {
         // Through ops with determinism off: the dispatcher takes cuDNN's
         // atomic backward, which allocates exactly what the plan counts for it.
@@ -502,7 +502,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
         alloc.reset_window_peak();
         ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse);
         EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
-                  cuda::attention_workspace_bytes(shape, scale, true, false));
+                  cuda::attention_workspace_bytes(shape, scale, atomic_pass));
         // Whether it happens to repeat its bits here is reported, not
         // required (the order of its atomic additions is the GPU's): the
         // data for whether it could ever be the default.

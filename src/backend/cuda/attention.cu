@@ -212,10 +212,10 @@ const char* name_of(AttentionKernel kernel) {
 // The automatic choice, said the first time each kernel runs each direction
 // (so a shape cuDNN does not take is reported with cuDNN's reason): which
 // kernel runs attention is a large part of a step's time.
-void report_choice(bool backward, bool deterministic, AttentionKernel chosen, const std::string& why_not_cudnn) {
+void report_choice(AttentionPass pass, AttentionKernel chosen, const std::string& why_not_cudnn) {
   static std::mutex mu;
   static unsigned seen = 0;  // bit (kernel, direction, algorithm)
-  const bool atomic = backward && !deterministic && chosen == AttentionKernel::cudnn;
+  const bool backward = pass.backward, atomic = pass.atomic() && chosen == AttentionKernel::cudnn;
   const unsigned bit = 1u << (4 * unsigned(chosen) + 2 * unsigned(backward) + unsigned(atomic));
   std::lock_guard<std::mutex> lock(mu);
   if (seen & bit) return;
@@ -227,11 +227,9 @@ void report_choice(bool backward, bool deterministic, AttentionKernel chosen, co
 }
 
 // Why a fused kernel (cudnn, mma, flash) cannot take a shape (empty when it can).
-std::string fused_blocker(AttentionKernel kernel, bool backward, bool deterministic, float scale,
-                          const AttentionShape& s) {
+std::string fused_blocker(AttentionKernel kernel, AttentionPass pass, float scale, const AttentionShape& s) {
   switch (kernel) {
-    case AttentionKernel::cudnn:
-      return cudnn_attention_unsupported(s, scale, backward, kAttentionWorkspaceBudget, deterministic);
+    case AttentionKernel::cudnn: return cudnn_attention_unsupported(s, scale, pass);
     case AttentionKernel::mma: return mma_attention_unsupported(s);
     default: return flash_attention_unsupported(s);
   }
@@ -241,13 +239,13 @@ std::string fused_blocker(AttentionKernel kernel, bool backward, bool determinis
 // fused kernel that takes it, else gemm where its workspace fits, else
 // simple. The fused kernels need 16-byte-aligned tensors (`aligned`).
 // `report`: say the automatic choice (calls do; the memory plan's query not).
-AttentionKernel choose(AttentionKernel kernel, bool backward, bool deterministic, float scale, const AttentionShape& s,
-                       bool aligned, bool report) {
+AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, const AttentionShape& s, bool aligned,
+                       bool report) {
   const std::string misaligned = aligned ? "" : "a tensor is not 16-byte aligned";
   if (kernel == AttentionKernel::automatic) kernel = environment_choice();
   if (kernel == AttentionKernel::gemm || kernel == AttentionKernel::simple) return kernel;
   if (kernel != AttentionKernel::automatic) {
-    const std::string blocker = aligned ? fused_blocker(kernel, backward, deterministic, scale, s) : misaligned;
+    const std::string blocker = aligned ? fused_blocker(kernel, pass, scale, s) : misaligned;
     ZT_CHECK(blocker.empty(), "attention: the ", name_of(kernel), " kernel cannot take this call: ", blocker,
              "; choose another (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
     return kernel;
@@ -255,7 +253,7 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, bool deterministic
   std::string why_not_cudnn;
   AttentionKernel chosen = AttentionKernel::automatic;
   for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash}) {
-    const std::string blocker = aligned ? fused_blocker(fused, backward, deterministic, scale, s) : misaligned;
+    const std::string blocker = aligned ? fused_blocker(fused, pass, scale, s) : misaligned;
     if (blocker.empty()) {
       chosen = fused;
       break;
@@ -263,16 +261,16 @@ AttentionKernel choose(AttentionKernel kernel, bool backward, bool deterministic
     if (fused == AttentionKernel::cudnn) why_not_cudnn = blocker;
   }
   if (chosen == AttentionKernel::automatic)
-    chosen = gemm_attention_fits(s, backward) ? AttentionKernel::gemm : AttentionKernel::simple;
-  if (report) report_choice(backward, deterministic, chosen, why_not_cudnn);
+    chosen = gemm_attention_fits(s, pass.backward) ? AttentionKernel::gemm : AttentionKernel::simple;
+  if (report) report_choice(pass, chosen, why_not_cudnn);
   return chosen;
 }
 
-AttentionKernel choose_for_call(AttentionKernel kernel, bool backward, bool deterministic, float scale,
-                                const Tensor& q, const Tensor& k, std::initializer_list<const Tensor*> all) {
+AttentionKernel choose_for_call(AttentionKernel kernel, AttentionPass pass, float scale, const Tensor& q,
+                                const Tensor& k, std::initializer_list<const Tensor*> all) {
   bool aligned = true;
   for (const Tensor* t : all) aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
-  return choose(kernel, backward, deterministic, scale, attention_shape(q, k), aligned, true);
+  return choose(kernel, pass, scale, attention_shape(q, k), aligned, true);
 }
 
 }  // namespace
@@ -281,19 +279,18 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), q.device()};
 }
 
-int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, bool deterministic) {
+int64_t attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass) {
   const int64_t rows = s.B * s.Hq * s.T;
-  switch (choose(AttentionKernel::automatic, backward, deterministic, scale, s, true, false)) {
-    case AttentionKernel::cudnn:
-      return cudnn_attention_workspace_bytes(s, scale, backward, kAttentionWorkspaceBudget, deterministic);
-    case AttentionKernel::gemm: return gemm_attention_workspace_bytes(s, backward);
-    default: return backward ? 4 * rows : 0;  // mma, flash, simple: the backward's f32 row terms (delta)
+  switch (choose(AttentionKernel::automatic, pass, scale, s, true, false)) {
+    case AttentionKernel::cudnn: return cudnn_attention_workspace_bytes(s, scale, pass);
+    case AttentionKernel::gemm: return gemm_attention_workspace_bytes(s, pass.backward);
+    default: return pass.backward ? 4 * rows : 0;  // mma, flash, simple: the backward's f32 row terms (delta)
   }
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, AttentionKernel kernel) {
-  switch (choose_for_call(kernel, false, true, scale, q, k, {&out, &lse, &q, &k, &v})) {
+  switch (choose_for_call(kernel, AttentionPass{}, scale, q, k, {&out, &lse, &q, &k, &v})) {
     case AttentionKernel::cudnn: return cudnn_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::mma: return mma_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::flash: return flash_attention_forward(out, lse, q, k, v, scale);
@@ -315,7 +312,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         AttentionKernel kernel, bool deterministic) {
-  switch (choose_for_call(kernel, true, deterministic, scale, q, k, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
+  switch (choose_for_call(kernel, AttentionPass{true, deterministic}, scale, q, k,
+                          {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
     case AttentionKernel::cudnn:
       return cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kAttentionWorkspaceBudget,
                                       deterministic);

@@ -53,6 +53,14 @@ struct AttentionShape {
 };
 AttentionShape attention_shape(const Tensor& q, const Tensor& k);
 
+// A call's direction and, for a backward, its algorithm (above): what cuDNN's
+// plan and a call's workspace depend on besides the shape.
+struct AttentionPass {
+  bool backward = false;
+  bool deterministic = true;  // a backward's; false: cuDNN may sum dQ with atomics
+  bool atomic() const { return backward && !deterministic; }
+};
+
 // The device memory one call of this shape allocates for itself (bytes,
 // MemCategory::workspace, freed when it returns), with the kernel the
 // dispatcher picks for 16-byte-aligned tensors: what the memory plan counts.
@@ -62,7 +70,7 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k);
 // kAttentionWorkspaceBudget); the atomic one an f32 dQ accumulator,
 // B x T x Hq x D (384 MiB there), plus GQA's per-query-head dK and dV.
 // Builds and caches cuDNN's plans for the shape.
-int64_t attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, bool deterministic = true);
+int64_t attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass);
 
 // scale is resolved by the ops layer (> 0).
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -107,12 +115,11 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 // exceeds `budget` (the deterministic backward keeps B x Hq x T^2 bf16 on an
 // H100: 3 GiB for GPT-2 at B = 128) runs in equal chunks of sequences that
 // fit it; a single sequence over it is a reason cuDNN cannot take the call
-// (the mma kernel's memory is O(T)). `deterministic` picks the backward's
-// algorithm (above); the forward has one.
-std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward,
-                                        int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
-int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward,
-                                        int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
+// (the mma kernel's memory is O(T)).
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, AttentionPass pass,
+                                        int64_t budget = kAttentionWorkspaceBudget);
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass,
+                                        int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,

@@ -31,14 +31,8 @@ using cudnn::Plan;
 
 // (device, B, T, Hq, Hkv, D, dtype, scale bits, pass: 0 forward, 1 deterministic backward, 2 atomic backward)
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, int>;
-
-// The pass of a call: forward, or the backward with the algorithm asked for.
-struct Pass {
-  bool backward = false;
-  bool deterministic = true;  // backward only
-  int key() const { return !backward ? 0 : deterministic ? 1 : 2; }
-  bool atomic() const { return backward && !deterministic; }
-};
+using Pass = AttentionPass;
+int pass_key(Pass pass) { return !pass.backward ? 0 : pass.deterministic ? 1 : 2; }
 
 struct CachedPlan {
   std::shared_ptr<const Plan> plan;  // null when cuDNN has no engine
@@ -89,7 +83,7 @@ const CachedPlan& plan_for(const AttentionShape& a, float scale, Pass pass) {
   const cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale};
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
-  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass.key()};
+  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass_key(pass)};
   static std::map<PlanKey, CachedPlan> cache;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = cache.find(key);
@@ -170,18 +164,15 @@ int64_t sequences_per_call(const AttentionShape& s, float scale, Pass pass, int6
 template <typename F>
 void for_each_batch_chunk(const AttentionShape& s, float scale, Pass pass, int64_t budget, F&& fn) {
   const int64_t rows = sequences_per_call(s, scale, pass, budget);
-  ZT_CHECK(rows > 0, "attention: cuDNN cannot take this call: ",
-           cudnn_attention_unsupported(s, scale, pass.backward, budget, pass.deterministic));
+  ZT_CHECK(rows > 0, "attention: cuDNN cannot take this call: ", cudnn_attention_unsupported(s, scale, pass, budget));
   for (int64_t b0 = 0; b0 < s.B; b0 += rows) fn(b0, std::min(s.B, b0 + rows));
 }
 
 }  // namespace
 
-std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bool backward, int64_t budget,
-                                        bool deterministic) {
+std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, Pass pass, int64_t budget) {
   std::string blocker = static_blocker(s);
   if (!blocker.empty()) return blocker;
-  const Pass pass{backward, deterministic};
   const CachedPlan& p = plan_for(s, scale, pass);
   if (!p.plan) return p.unsupported;
   if (s.B > 0 && sequences_per_call(s, scale, pass, budget) == 0)
@@ -192,9 +183,7 @@ std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, bo
   return "";
 }
 
-int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, bool backward, int64_t budget,
-                                        bool deterministic) {
-  const Pass pass{backward, deterministic};
+int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, Pass pass, int64_t budget) {
   int64_t most = 0;
   for_each_batch_chunk(s, scale, pass, budget, [&](int64_t b0, int64_t b1) {
     most = std::max(most, call_workspace_bytes(with_batch(s, b1 - b0), scale, pass));
@@ -246,10 +235,10 @@ void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 
 namespace zt::cuda {
 
-std::string cudnn_attention_unsupported(const AttentionShape&, float, bool, int64_t, bool) {
+std::string cudnn_attention_unsupported(const AttentionShape&, float, AttentionPass, int64_t) {
   return "this build has no cuDNN (configure with cuDNN's headers and library found, e.g. CUDNN_ROOT)";
 }
-int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, bool, int64_t, bool) {
+int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, AttentionPass, int64_t) {
   ZT_FAIL("attention: this build has no cuDNN");
 }
 void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) {
