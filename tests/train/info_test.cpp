@@ -235,7 +235,9 @@ TEST(Info, SaysWhereAGpuWorkspaceIsPlanned) {
     EXPECT_TRUE(has(said, "workspace: asked of the GPU's backend, so planned only on a machine with the GPU")) << said;
     EXPECT_TRUE(has(said, "deterministic attention backward keeps B x Hq x T^2 x 2 bytes")) << said;
     const Config atomic = config_of("gpt2-tiny", {"train.device=cuda", "train.dtype=bf16", "train.deterministic=false"});
-    EXPECT_TRUE(has(format_info(atomic, make_info(atomic, Measure::off)), "f32 dq accumulator")) << said;
+    const std::string atomic_said = format_info(atomic, make_info(atomic, Measure::off));
+    EXPECT_TRUE(has(atomic_said, "f32 dq accumulator")) << atomic_said;
+    EXPECT_FALSE(has(atomic_said, "deterministic attention backward keeps")) << atomic_said;
   } else {
     EXPECT_GT(r.workspace_bytes, 0);
     EXPECT_TRUE(has(said, "workspace (cuBLASLt, attention)")) << said;
