@@ -165,11 +165,11 @@ void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, 
   EXPECT_EQ(K > 0, largest > ek::kSegmentRows);
   Tensor gdwte = copy_of(dwte0);
   Tensor partial = poisoned(Shape{std::max<int64_t>(1, seg.partials()) * C}, DType::f32);
-  const dim3 channel_blocks(1, unsigned((C + ek::kThreads - 1) / ek::kThreads));
-  emu::launch(dim3(unsigned(S), channel_blocks.y), ek::kThreads, 0, ek::embed_bwd_segment_kernel<T, G>, p<G>(gdwte),
+  const unsigned channel_blocks = unsigned((C + ek::kThreads - 1) / ek::kThreads);
+  emu::launch(dim3(unsigned(S), channel_blocks), ek::kThreads, 0, ek::embed_bwd_segment_kernel<T, G>, p<G>(gdwte),
               p<float>(partial), p<T>(dout), g.order.data(), seg.begin.data(), seg.slot.data(), seg.token.data(), C);
   if (K > 0)
-    emu::launch(dim3(unsigned(K), channel_blocks.y), ek::kThreads, 0, ek::embed_bwd_partials_kernel<G>, p<G>(gdwte),
+    emu::launch(dim3(unsigned(K), channel_blocks), ek::kThreads, 0, ek::embed_bwd_partials_kernel<G>, p<G>(gdwte),
                 p<float>(partial), seg.split_first.data(), seg.split_token.data(), C);
   EXPECT_TRUE(close(gdwte, dwte, tol(gdt), "dwte"));
   if (with_wpe) {
