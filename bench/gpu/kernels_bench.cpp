@@ -117,8 +117,9 @@ class Bench {
       Tensor y = empty({p.M, p.N}, bf), dx = empty({p.M, p.K}, bf), dw = zeros({p.N, p.K});
       Tensor db = p.bias ? zeros({p.N}) : Tensor();
       auto row = [&](const char* kind, const std::function<void()>& run) {
-        print_product(m_.name, std::string(p.name) + "." + kind, p.M, p.K, p.N, p.bias, median_seconds(dev_, run),
-                      gemm_tflops_);
+        const std::string op = std::string(p.name) + "." + kind;
+        print_product(m_.name, op, p.M, p.K, p.N, p.bias, median_seconds(dev_, run), gemm_tflops_);
+        sweep_candidates(op, p.M, p.K, p.N, run);
       };
       row("forward", [&] { ops::linear_forward(y, x, w, b); });
       if (p.gelu_dgrad) {
@@ -142,6 +143,37 @@ class Bench {
                     median_seconds(dev_, [&] { ops::linear_backward(Tensor(), dw, Tensor(), dy, x, w); }),
                     gemm_tflops_);
     }
+  }
+
+  // Every algorithm cuBLASLt's heuristic ranks for a product (at most
+  // kMatmulCandidates, matmul.h: MatmulCandidateScope), each timed like the
+  // product's row: whether choosing algorithms by measurement would beat the
+  // heuristic's first. One line per product: op "<product>.candidates",
+  // candidate_ms in the heuristic's order (candidate 0 is the row above,
+  // timed again). A candidate that fails is reported and ends the sweep.
+  void sweep_candidates([[maybe_unused]] const std::string& op, [[maybe_unused]] int64_t M,
+                        [[maybe_unused]] int64_t K, [[maybe_unused]] int64_t N,
+                        [[maybe_unused]] const std::function<void()>& run) {
+#ifdef ZT_WITH_CUDA
+    if (!dev_.is_cuda()) return;
+    std::string ms;
+    for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
+      try {
+        const cuda::MatmulCandidateScope scope(n);
+        const double seconds = median_seconds(dev_, run);
+        char one[32];
+        std::snprintf(one, sizeof one, "%s%.4f", ms.empty() ? "" : ", ", seconds * 1e3);
+        ms += one;
+      } catch (const std::exception& e) {  // the list's end (zt::Error), or a candidate that failed
+        if (std::string(e.what()).find("so there is no candidate") == std::string::npos)
+          std::fprintf(stderr, "%s %s: candidate %d failed: %s\n", m_.name, op.c_str(), n, e.what());
+        break;
+      }
+    }
+    std::printf("{\"model\": \"%s\", \"op\": \"%s.candidates\", \"shape\": \"%s\", \"candidate_ms\": [%s]}\n", m_.name,
+                op.c_str(), dims({M, K, N}).c_str(), ms.c_str());
+    std::fflush(stdout);
+#endif
   }
 
   // The weight gradients with few output tiles (matmul.h, wgrad_row_chunks)

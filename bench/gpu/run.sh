@@ -13,7 +13,7 @@
 # attention_peer.py). `kernels` times the step's memory-bound ops (norms, the
 # fused classifier, activations, embedding, AdamW, ...) against the device's
 # copy rate and PyTorch's eager kernels (bench/gpu/kernels_bench.cpp,
-# kernels_peer.py). Logs go to $OUT (or ./bench-gpu-out).
+# kernels_peer.py), and each product with every algorithm cuBLASLt ranks for it. Logs go to $OUT (or ./bench-gpu-out).
 # ZT_CUDA_NORM_BACKWARD=two_pass keeps the norms' backward in two passes (the
 # A/B of the fused one-pass kernel: run `kernels` with and without it).
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
@@ -105,9 +105,9 @@ fi
 [ "$what" = tests ] && exit 0
 if [ "$what" = kernels ] || [ "$what" = all ]; then
   # The step's memory-bound ops one by one against the copy rate, its products
-  # against the GEMM rate, and PyTorch's eager kernels on the same rows (about a
-  # minute).
-  bounded 90 "kernel bench" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
+  # against the GEMM rate (and each of cuBLASLt's ranked algorithms against its
+  # first), and PyTorch's eager kernels on the same rows (about a minute).
+  bounded 100 "kernel bench" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
     || said_failed $? "kernels bench" "$out/kernels-zt.err" 3
   bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
     > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" || said_failed $? "kernels peer" "$out/kernels-pt.err" 5
@@ -134,6 +134,16 @@ for r in ours:
         of = f"{r['of_gemm']:.0%}" if r["of_gemm"] is not None else "-"
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['tflops']:.1f} | {of} | "
               + " | ".join(vs_torch(r)) + " |")
+sweeps = [r for r in ours if r.get("candidate_ms")]
+if sweeps:
+    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest")
+    print("| model | product | M x K x N | candidates | first ms | fastest ms | fastest | first / fastest |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sweeps:
+        ms = r["candidate_ms"]
+        best = min(range(len(ms)), key=ms.__getitem__)
+        print(f"| {r['model']} | {r['op'].removesuffix('.candidates')} | {r['shape']} | {len(ms)} | {ms[0]:.3f} | "
+              f"{ms[best]:.3f} | {best} | {ms[0] / ms[best]:.2f}x |")
 PY
 fi
 [ "$what" = kernels ] && exit 0

@@ -278,6 +278,49 @@ TEST(CudaMatmul, EmptyReductionGivesBetaOutPlusBias) {
   ops::synchronize(gpu());
 }
 
+// Every algorithm cuBLASLt's heuristic ranks for a product computes it
+// (MatmulCandidateScope): what choosing algorithms by measurement would rely
+// on; the kernel bench times them. Cases: a bf16 product with the bias
+// epilogue (a linear layer), an f32-accumulated weight gradient of bf16
+// operands (beta 1), an odd f32 product.
+TEST(CudaMatmul, EveryRankedCandidateComputesTheProduct) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(108);
+  MatmulCase linear{.batch = {}, .M = 512, .N = 768, .K = 384, .tb = true, .bias = true};
+  linear.in = linear.out = linear.bias_dt = DType::bf16;
+  MatmulCase wgrad{.batch = {}, .M = 768, .N = 384, .K = 512, .ta = true, .beta = 1.0f};
+  wgrad.in = DType::bf16, wgrad.out = DType::f32;
+  const MatmulCase odd{.batch = {}, .M = 37, .N = 53, .K = 29};
+  for (const MatmulCase& c : {linear, wgrad, odd}) {
+    int ranked = 0;
+    for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
+      const cuda::MatmulCandidateScope scope(n);
+      SCOPED_TRACE("candidate " + std::to_string(n));
+      try {
+        check_matmul(c, rng);
+      } catch (const Error& e) {  // the list ends
+        EXPECT_NE(std::string(e.what()).find("so there is no candidate"), std::string::npos) << e.what();
+        break;
+      }
+      ++ranked;
+    }
+    std::printf("%s: cuBLASLt ranks %d candidate(s) (%d asked for)\n", c.str().c_str(), ranked,
+                cuda::kMatmulCandidates);
+    EXPECT_GE(ranked, 1) << c.str();
+  }
+}
+
+TEST(CudaMatmul, CandidateScopeNamesItsRange) {  // no GPU needed
+  for (int n : {-1, cuda::kMatmulCandidates}) {
+    try {
+      const cuda::MatmulCandidateScope scope(n);
+      ADD_FAILURE() << "candidate " << n << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("outside 0..7"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CudaMatmul, MeasuredBf16GemmThroughput) {
   ZT_REQUIRE_GPU();
   const double tflops = cuda::measure_bf16_gemm_tflops(gpu());

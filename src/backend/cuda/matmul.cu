@@ -29,7 +29,9 @@
 //   fused into the product that computes its incoming gradient.
 // Plans: matmul descriptor, layouts and the heuristic's algorithm are made
 //   once per (device, shape, transposes, dtypes, bias, alignments) key and
-//   cached for the process (thread-safe).
+//   cached for the process (thread-safe). The algorithm is the heuristic's
+//   first candidate, or under a MatmulCandidateScope the one it names (the
+//   key holds the index).
 //
 // Linear backward (y = x W^T + b; dy (N, OC), x (N, C), W (OC, C)):
 //   dx = dy @ W  (NN)      dW += dy^T @ x  (TN, beta 1)      db += colsum(dy)
@@ -105,6 +107,7 @@ struct PlanKey {
   bool has_bias = false;
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
+  int candidate = 0;  // which of the heuristic's ranked algorithms (MatmulCandidateScope)
 
   bool operator==(const PlanKey&) const = default;
 };
@@ -122,7 +125,7 @@ struct PlanKeyHash {
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
-    mix(uint64_t(k.align_aux));
+    mix(uint64_t(k.align_aux) | uint64_t(k.candidate) << 32);
     return size_t(h);
   }
 };
@@ -137,7 +140,8 @@ struct Plan {
   cublasLtMatrixLayout_t lay_b = nullptr;  // cuBLASLt's B: our a
   cublasLtMatrixLayout_t lay_c = nullptr;  // C and D: out^T, (N, M) column-major
   cublasLtMatmulAlgo_t algo{};
-  bool found = false;  // the heuristic returned an algorithm
+  bool found = false;  // the heuristic returned the key's candidate
+  int offered = 0;     // how many candidates it returned, of the key's candidate + 1 asked for
   std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
 
@@ -147,7 +151,8 @@ std::string describe(const PlanKey& k) {
                         "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
                         k.dgelu ? ", dgelu epilogue" : "", ", alignments a ", k.align_a, " b ", k.align_b, " out ",
-                        k.align_out, " bias ", k.align_bias, " aux ", k.align_aux);
+                        k.align_out, " bias ", k.align_bias, " aux ", k.align_aux,
+                        k.candidate > 0 ? zt::detail::concat(", candidate ", k.candidate) : "");
 }
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
@@ -163,8 +168,9 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-// Builds the descriptors of `k` and asks the heuristic for the best algorithm
-// that fits the workspace and the alignments. `bias` is a pointer with the
+// Builds the descriptors of `k` and asks the heuristic for its ranked
+// algorithms that fit the workspace and the alignments, taking the key's
+// candidate (the first, unless a MatmulCandidateScope says otherwise). `bias` is a pointer with the
 // key's bias alignment, `aux` one with its aux alignment: the heuristic reads
 // them from the descriptor.
 std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* aux) {
@@ -220,15 +226,20 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
                                                        sizeof(k.align_out)));
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.align_out,
                                                        sizeof(k.align_out)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kMatmulCandidates] = {};
   int returned = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->handle, p->op, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
-                                                            pref, 1, &result, &returned);
+                                                            pref, k.candidate + 1, results, &returned);
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  p->found = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (p->found) p->algo = result.algo;
+  p->offered = st == CUBLAS_STATUS_SUCCESS ? returned : 0;
+  const cublasLtMatmulHeuristicResult_t& chosen = results[k.candidate];
+  p->found = p->offered > k.candidate && chosen.state == CUBLAS_STATUS_SUCCESS;
+  if (p->found) p->algo = chosen.algo;
   return p;
 }
+
+// The candidate products take on this thread (MatmulCandidateScope).
+thread_local int t_candidate = 0;
 
 // The cached plan of `k` (made on first use).
 Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
@@ -244,9 +255,15 @@ Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
 // through the epilogue; times gelu'(aux) with the DGELU one). Returns false,
 // having launched nothing, when an epilogue is asked for and no algorithm
 // applies it; throws when a plain product finds no algorithm.
-bool launch_plan(const PlanKey& k, const void* a, const void* b, void* out, const void* bias, const void* aux,
+bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, const void* bias, const void* aux,
                  float alpha_in, float beta_in, Device device) {
+  PlanKey k = key;
+  k.candidate = t_candidate;
   Plan& p = plan_for(k, bias, aux);
+  // A candidate asked for by index ends a sweep where the list ends, rather
+  // than falling back to another product.
+  ZT_CHECK(p.found || k.candidate == 0, "matmul: cuBLASLt offers ", p.offered, " candidate(s) for ", describe(k),
+           ", so there is no candidate ", k.candidate, " (MatmulCandidateScope counts from 0)");
   if (!p.found) {
     if (k.has_bias || k.dgelu) return false;
     throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
@@ -353,6 +370,13 @@ __global__ void fill_uniform_bf16_kernel(bf16_t* p, int64_t n, uint64_t seed) {
 }
 
 }  // namespace
+
+MatmulCandidateScope::MatmulCandidateScope(int candidate) : previous_(t_candidate) {
+  ZT_CHECK(candidate >= 0 && candidate < kMatmulCandidates, "MatmulCandidateScope: candidate ", candidate,
+           " is outside 0..", kMatmulCandidates - 1);
+  t_candidate = candidate;
+}
+MatmulCandidateScope::~MatmulCandidateScope() { t_candidate = previous_; }
 
 void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,
                   Device device) {

@@ -80,6 +80,25 @@ int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device);
 // (bytes): the dW partials, or the db column sum's.
 int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, bool bias, Device device);
 
+// cuBLASLt's heuristic ranks the algorithms it has for a product, and plans
+// take its first. While a MatmulCandidateScope lives, the products its
+// thread launches take the heuristic's candidate n (from 0) instead, each in
+// a plan of its own: the kernel bench times every candidate against the
+// first, to say whether choosing algorithms by measurement would pay, and a
+// GPU test checks that each computes the product. A product with no
+// candidate n throws zt::Error (where a sweep ends) instead of launching.
+constexpr int kMatmulCandidates = 8;  // candidates 0 .. kMatmulCandidates - 1
+class MatmulCandidateScope {
+ public:
+  explicit MatmulCandidateScope(int candidate);
+  ~MatmulCandidateScope();
+  MatmulCandidateScope(const MatmulCandidateScope&) = delete;
+  MatmulCandidateScope& operator=(const MatmulCandidateScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // Measured dense bf16 GEMM throughput of `device` in TFLOP/s: an
 // 8192 x 8192 x 8192 product (bf16 in and out, f32 accumulation), median of
 // 10 timed runs after warm-up. The MFU denominator on GPUs without a known
