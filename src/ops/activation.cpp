@@ -25,16 +25,6 @@ void check_like(const char* op, const char* name, const Tensor& t, const char* r
   check_same_dtype(op, name, t, ref_name, ref);
 }
 
-void check_disjoint(const char* op, const char* na, const Tensor& a, const char* nb, const Tensor& b) {
-  ZT_CHECK(!a.overlaps(b), op, ": '", na, "' ", a.str(), " overlaps '", nb, "' ", b.str(),
-           "; they must be separate memory");
-}
-
-void check_alias_or_disjoint(const char* op, const char* na, const Tensor& a, const char* nb, const Tensor& b) {
-  ZT_CHECK(!a.overlaps(b) || a.same_as(b), op, ": '", na, "' ", a.str(), " partially overlaps '", nb, "' ",
-           b.str(), "; it must be the same tensor or separate memory");
-}
-
 // x (..., 2H): returns the shape of y (..., H).
 Shape swiglu_out_shape(const char* op, const Tensor& x) {
   ZT_CHECK(x.ndim() >= 1 && x.size(-1) % 2 == 0, op, ": 'x' has shape ", x.shape().str(),

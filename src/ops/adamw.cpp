@@ -14,19 +14,6 @@
 
 namespace zt::ops {
 
-namespace {
-
-// True if the byte ranges of two defined tensors on one device intersect
-// (by address, so views of separately wrapped memory are caught too).
-bool bytes_overlap(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.device() != b.device() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.data_ptr());
-  const auto* pb = static_cast<const char*>(b.data_ptr());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
-}  // namespace
-
 void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const Tensor& model_copy, const AdamWParams& p) {
   const char* op = "adamw_step";
@@ -47,12 +34,7 @@ void adamw_step(const Tensor& master, const Tensor& grad, const Tensor& m, const
   if (model_copy.defined()) check_numel("model_copy", model_copy);
   check_device(op, master.device(),
                {{"master", &master}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"model_copy", &model_copy}});
-  const std::pair<const char*, const Tensor*> all[] = {
-      {"master", &master}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"model_copy", &model_copy}};
-  for (size_t i = 0; i < 5; ++i)
-    for (size_t j = i + 1; j < 5; ++j)
-      ZT_CHECK(!bytes_overlap(*all[i].second, *all[j].second), op, ": '", all[i].first, "' and '", all[j].first,
-               "' overlap; every buffer must be distinct");
+  check_all_disjoint(op, {{"master", &master}, {"grad", &grad}, {"m", &m}, {"v", &v}, {"model_copy", &model_copy}});
   ZT_CHECK(p.step >= 1, op, ": step is ", p.step, " but must be >= 1 (1-based, for bias correction)");
   ZT_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f, op, ": beta1 is ", p.beta1, " but must be in [0, 1)");
   ZT_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f, op, ": beta2 is ", p.beta2, " but must be in [0, 1)");

@@ -17,10 +17,6 @@
 namespace zt::ops {
 namespace {
 
-void check_no_overlap(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
-  ZT_CHECK(!a.overlaps(b), op, ": '", name_a, "' overlaps '", name_b, "'; pass separate buffers");
-}
-
 struct Dims {
   int64_t B, T, Hq, Hkv, D;
 };
@@ -64,11 +60,11 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
   check_dtype(op, "lse", lse, {DType::f32});
   check_device(op, q.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  for (auto& [name, t] : {std::pair<const char*, const Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
-    check_no_overlap(op, "out", out, name, *t);
-    check_no_overlap(op, "lse", lse, name, *t);
+  for (const auto& [name, t] : {NamedTensor{"q", &q}, {"k", &k}, {"v", &v}}) {
+    check_disjoint(op, "out", out, name, *t);
+    check_disjoint(op, "lse", lse, name, *t);
   }
-  check_no_overlap(op, "out", out, "lse", lse);
+  check_disjoint(op, "out", out, "lse", lse);
   const float s = resolve_scale(op, scale, d.D);
   if (q.device().is_cpu()) {
     cpu::attention_forward(out, lse, q, k, v, s);
@@ -108,14 +104,10 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                 {"v", &v},
                 {"out", &out},
                 {"lse", &lse}});
-  using Named = std::pair<const char*, const Tensor*>;
-  const Named grads[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
-  const Named inputs[] = {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}};
-  for (size_t a = 0; a < 3; ++a) {
-    for (size_t b = a + 1; b < 3; ++b)
-      check_no_overlap(op, grads[a].first, *grads[a].second, grads[b].first, *grads[b].second);
-    for (const Named& in : inputs) check_no_overlap(op, grads[a].first, *grads[a].second, in.first, *in.second);
-  }
+  check_all_disjoint(op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  for (const auto& [grad, g] : {NamedTensor{"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
+    for (const auto& [input, t] : {NamedTensor{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}})
+      check_disjoint(op, grad, *g, input, *t);
   const float s = resolve_scale(op, scale, d.D);
   if (q.device().is_cpu()) {
     cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);

@@ -31,6 +31,31 @@ void check_dtype(const char* op, const char* name, const Tensor& t, std::initial
   ZT_FAIL(op, ": '", name, "' has dtype ", dtype_name(t.dtype()), " but one of {", list, "} is required");
 }
 
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || a.device() != b.device() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* pa = static_cast<const char*>(a.data_ptr());
+  const auto* pb = static_cast<const char*>(b.data_ptr());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+void check_disjoint(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
+  ZT_CHECK(!bytes_overlap(a, b), op, ": '", name_a, "' ", a.str(), " overlaps '", name_b, "' ", b.str(),
+           "; they must be separate memory");
+}
+
+void check_alias_or_disjoint(const char* op, const char* name_a, const Tensor& a, const char* name_b,
+                             const Tensor& b) {
+  if (!bytes_overlap(a, b)) return;
+  ZT_CHECK(a.data_ptr() == b.data_ptr() && dtype_size(a.dtype()) == dtype_size(b.dtype()) && a.nbytes() == b.nbytes(),
+           op, ": '", name_a, "' ", a.str(), " partially overlaps '", name_b, "' ", b.str(),
+           "; it must be the same memory (in place) or separate memory");
+}
+
+void check_all_disjoint(const char* op, std::initializer_list<NamedTensor> ts) {
+  for (auto i = ts.begin(); i != ts.end(); ++i)
+    for (auto j = i + 1; j != ts.end(); ++j) check_disjoint(op, i->first, *i->second, j->first, *j->second);
+}
+
 void check_compute_dtype(const char* op, const char* name, const Tensor& t) {
   if (t.dtype() == DType::f16) {
     ZT_CHECK(!t.device().is_cpu(), op, ": '", name, "' is f16 on the CPU, whose kernels compute in f32 or bf16 (f16 "

@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -28,6 +29,19 @@ void check_device(const char* op, Device device, std::initializer_list<std::pair
 void check_ids_device(const char* op, const char* name, const Tensor& ids, Device device);
 // Two tensors must have the same dtype.
 void check_same_dtype(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b);
+// Memory an op's arguments share, by address (so views of separately wrapped
+// memory count too): true if two defined, non-empty tensors on one device
+// have a byte in common.
+bool bytes_overlap(const Tensor& a, const Tensor& b);
+// `a` and `b` must have no byte in common.
+void check_disjoint(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b);
+// `a` may be exactly `b` (an op in place: the same first byte, element size
+// and byte count) but must not otherwise share a byte with it.
+void check_alias_or_disjoint(const char* op, const char* name_a, const Tensor& a, const char* name_b,
+                             const Tensor& b);
+// No two of the tensors in `ts` may share a byte.
+using NamedTensor = std::pair<const char*, const Tensor*>;
+void check_all_disjoint(const char* op, std::initializer_list<NamedTensor> ts);
 // True when the op must run its CUDA kernel: `device` is cuda:N and this
 // build has the CUDA backend. Brings the device up on first use; when it does
 // not exist the error names the op ("matmul: device cuda:3 requested, but

@@ -16,19 +16,6 @@
 
 namespace zt::ops {
 
-namespace {
-
-// True if the byte ranges of two defined tensors on one device intersect
-// (by address, so views of separately wrapped memory are caught too).
-bool bytes_overlap(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.device() != b.device() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.data_ptr());
-  const auto* pb = static_cast<const char*>(b.data_ptr());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
-}  // namespace
-
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                            const Tensor& targets, int64_t vocab, float grad_scale) {
   const char* op = "softmax_cross_entropy";
@@ -45,13 +32,12 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
   if (dlogits.defined()) {
     check_shape(op, "dlogits", dlogits, logits.shape());
     check_same_dtype(op, "logits", logits, "dlogits", dlogits);
-    ZT_CHECK(!bytes_overlap(dlogits, logits) || dlogits.data_ptr() == logits.data_ptr(), op,
-             ": 'dlogits' partially overlaps 'logits'; it must be the same tensor (in place) or disjoint");
-    ZT_CHECK(!bytes_overlap(dlogits, losses) && !bytes_overlap(dlogits, targets), op,
-             ": 'dlogits' overlaps 'losses' or 'targets'");
+    check_alias_or_disjoint(op, "dlogits", dlogits, "logits", logits);
+    check_disjoint(op, "dlogits", dlogits, "losses", losses);
+    check_disjoint(op, "dlogits", dlogits, "targets", targets);
   }
-  ZT_CHECK(!bytes_overlap(losses, logits) && !bytes_overlap(losses, targets), op,
-           ": 'losses' overlaps 'logits' or 'targets'");
+  check_disjoint(op, "losses", losses, "logits", logits);
+  check_disjoint(op, "losses", losses, "targets", targets);
   check_device(op, logits.device(), {{"logits", &logits}, {"losses", &losses}, {"dlogits", &dlogits}});
   check_ids_device(op, "targets", targets, logits.device());
   const bool on_gpu = use_cuda(op, logits.device());
@@ -81,7 +67,7 @@ namespace {
 // Shared validation of the vocabulary-parallel passes; returns the number of
 // this rank's columns below the vocabulary.
 int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_start, int64_t vocab,
-                             std::initializer_list<std::pair<const char*, const Tensor*>> per_row) {
+                             std::initializer_list<NamedTensor> per_row) {
   check_ndim(op, "logits", logits, 2);
   check_compute_dtype(op, "logits", logits);
   const int64_t N = logits.size(0), Vl = logits.size(1);
@@ -91,12 +77,11 @@ int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_s
     check_shape(op, name, *t, Shape{N});
     check_dtype(op, name, *t, {std::string_view(name) == "targets" ? DType::i32 : DType::f32});
   }
-  std::vector<std::pair<const char*, const Tensor*>> all(per_row);
+  std::vector<NamedTensor> all(per_row);
   all.push_back({"logits", &logits});
   for (size_t i = 0; i < all.size(); ++i)
     for (size_t j = i + 1; j < all.size(); ++j)
-      ZT_CHECK(!bytes_overlap(*all[i].second, *all[j].second), op, ": '", all[i].first, "' overlaps '",
-               all[j].first, "'");
+      check_disjoint(op, all[i].first, *all[i].second, all[j].first, *all[j].second);
   // Targets may come from the host (uploaded for a GPU); the rest live with the logits.
   for (const auto& [name, t] : per_row) {
     if (std::string_view(name) == "targets")
@@ -146,19 +131,17 @@ void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const
                               const Tensor& targets, int64_t col_start, int64_t vocab, float grad_scale) {
   const char* op = "vocab_parallel_ce_finish";
   const OpScope scope(op, logits);
-  const int64_t real = check_vocab_parallel(op, logits, col_start, vocab,
-                                            {{"losses", &losses},
-                                             {"row_max", &row_max},
-                                             {"sum_exp", &sum_exp},
-                                             {"target_logit", &target_logit},
-                                             {"targets", &targets}});
+  const std::initializer_list<NamedTensor> per_row = {{"losses", &losses},
+                                                       {"row_max", &row_max},
+                                                       {"sum_exp", &sum_exp},
+                                                       {"target_logit", &target_logit},
+                                                       {"targets", &targets}};
+  const int64_t real = check_vocab_parallel(op, logits, col_start, vocab, per_row);
   if (dlogits.defined()) {
     check_shape(op, "dlogits", dlogits, logits.shape());
     check_same_dtype(op, "logits", logits, "dlogits", dlogits);
-    ZT_CHECK(!bytes_overlap(dlogits, logits) || dlogits.data_ptr() == logits.data_ptr(), op,
-             ": 'dlogits' partially overlaps 'logits'; it must be the same tensor (in place) or disjoint");
-    for (const Tensor* t : {&losses, &row_max, &sum_exp, &target_logit, &targets})
-      ZT_CHECK(!bytes_overlap(dlogits, *t), op, ": 'dlogits' overlaps a per-row argument");
+    check_alias_or_disjoint(op, "dlogits", dlogits, "logits", logits);
+    for (const auto& [name, t] : per_row) check_disjoint(op, "dlogits", dlogits, name, *t);
     ZT_CHECK(dlogits.device() == logits.device(), op, ": 'dlogits' is on another device than 'logits'");
   }
 #if ZT_WITH_CUDA

@@ -16,15 +16,6 @@ namespace zt::ops {
 
 namespace {
 
-// True if the byte ranges of two defined tensors on one device intersect
-// (by address, so views of separately wrapped memory are caught too).
-bool bytes_overlap(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.device() != b.device() || a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* pa = static_cast<const char*>(a.data_ptr());
-  const auto* pb = static_cast<const char*>(b.data_ptr());
-  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
-}
-
 // Every id in [0, V); read on the host before anything is written.
 void check_token_ids(const char* op, const Tensor& tokens, int64_t V) {
   const int32_t* tok = tokens.data<int32_t>();
@@ -38,11 +29,6 @@ void check_positions(const char* op, const char* name, const Tensor& table, int6
   ZT_CHECK(pos_offset >= 0 && pos_offset + T <= table.size(0), op, ": positions [", pos_offset, ", ",
            pos_offset + T, ") (pos_offset ", pos_offset, ", T ", T, ") do not fit in '", name, "' ",
            table.shape().str(), "; need 0 <= pos_offset and pos_offset + T <= ", table.size(0));
-}
-
-void check_disjoint(const char* op, const char* name_a, const Tensor& a, const char* name_b, const Tensor& b) {
-  ZT_CHECK(!bytes_overlap(a, b), op, ": '", name_a, "' (", a.str(), ") overlaps '", name_b, "' (", b.str(),
-           "); they must be disjoint");
 }
 
 void check_slice(const char* op, const VocabSlice& slice, int64_t rows) {

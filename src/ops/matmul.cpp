@@ -33,13 +33,6 @@ void check_out_dtype(const char* op, const char* name, const Tensor& t, DType in
   }
 }
 
-void check_no_overlap(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                      const Tensor& in) {
-  if (!out.defined() || !in.defined()) return;
-  ZT_CHECK(!out.overlaps(in), op, ": '", out_name, "' ", out.shape().str(), " overlaps '", in_name, "' ",
-           in.shape().str(), " in memory; outputs must not share memory with inputs");
-}
-
 void check_blas_dim(const char* op, const char* what, int64_t v) {
   ZT_CHECK(v <= int64_t(INT_MAX), op, ": ", what, " = ", v, " exceeds the BLAS limit of ", INT_MAX);
 }
@@ -91,9 +84,9 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   expect.push_back(N);
   check_shape(op, "out", out, expect);
   if (bias.defined()) check_shape(op, "bias", bias, Shape{N});
-  check_no_overlap(op, "out", out, "a", a);
-  check_no_overlap(op, "out", out, "b", b);
-  check_no_overlap(op, "out", out, "bias", bias);
+  check_disjoint(op, "out", out, "a", a);
+  check_disjoint(op, "out", out, "b", b);
+  check_disjoint(op, "out", out, "bias", bias);
   check_blas_dim(op, "M", M);
   check_blas_dim(op, "N", N);
   check_blas_dim(op, "K", K);
@@ -127,9 +120,9 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
            ") is required: its second dim must equal the last dim of 'x' ", x.shape().str());
   check_shape(op, "y", y, with_last(x.shape(), OC));
   if (b.defined()) check_shape(op, "b", b, Shape{OC});
-  check_no_overlap(op, "y", y, "x", x);
-  check_no_overlap(op, "y", y, "w", w);
-  check_no_overlap(op, "y", y, "b", b);
+  check_disjoint(op, "y", y, "x", x);
+  check_disjoint(op, "y", y, "w", w);
+  check_disjoint(op, "y", y, "b", b);
   const int64_t N = x.shape().prod(0, x.ndim() - 1);
   check_blas_dim(op, "rows of x", N);
   check_blas_dim(op, "C", C);
@@ -170,9 +163,9 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
   const std::pair<const char*, const Tensor*> outs[] = {{"dx", &dx}, {"dw", &dw}, {"db", &db}};
   const std::pair<const char*, const Tensor*> ins[] = {{"dy", &dy}, {"x", &x}, {"w", &w}};
   for (int i = 0; i < 3; ++i) {
-    for (const auto& [in_name, in] : ins) check_no_overlap(op, outs[i].first, *outs[i].second, in_name, *in);
+    for (const auto& [in_name, in] : ins) check_disjoint(op, outs[i].first, *outs[i].second, in_name, *in);
     for (int j = i + 1; j < 3; ++j)
-      check_no_overlap(op, outs[i].first, *outs[i].second, outs[j].first, *outs[j].second);
+      check_disjoint(op, outs[i].first, *outs[i].second, outs[j].first, *outs[j].second);
   }
   const int64_t N = x.shape().prod(0, x.ndim() - 1);
   check_blas_dim(op, "rows of x", N);
@@ -202,12 +195,12 @@ void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
            b.shape().str(), "; need a (M, K) and b (K, N)");
   check_shape(op, "out", out, Shape{a.size(0), b.size(1)});
   check_shape(op, "pre", pre, out.shape());
-  check_no_overlap(op, "out", out, "pre", pre);
+  check_disjoint(op, "out", out, "pre", pre);
 #if ZT_WITH_CUDA
   // One fused product where cuBLASLt has an algorithm; matmul() below checks the rest.
   if (use_cuda(op, out.device())) {
-    check_no_overlap(op, "out", out, "a", a);
-    check_no_overlap(op, "out", out, "b", b);
+    check_disjoint(op, "out", out, "a", a);
+    check_disjoint(op, "out", out, "b", b);
     if (cuda::matmul_gelu_backward(out, a, b, pre)) return;
   }
 #endif

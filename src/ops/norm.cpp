@@ -35,23 +35,9 @@ const char* op_name(NormKind kind, Entry e) {
   return "norm";
 }
 
-// a and b (when both defined) must not share any bytes.
-void check_disjoint(const char* op, const char* na, const Tensor& a, const char* nb, const Tensor& b) {
-  ZT_CHECK(!a.overlaps(b), op, ": '", na, "' ", a.str(), " overlaps '", nb, "' ", b.str(),
-           "; they must be separate memory");
-}
-
-using Named = std::pair<const char*, const Tensor*>;
-
 // `a` must not overlap any of `others`.
-void check_disjoint_all(const char* op, const char* na, const Tensor& a, std::initializer_list<Named> others) {
+void check_disjoint_all(const char* op, const char* na, const Tensor& a, std::initializer_list<NamedTensor> others) {
   for (const auto& [nb, b] : others) check_disjoint(op, na, a, nb, *b);
-}
-
-// a may be exactly b (in-place) but must not partially overlap it.
-void check_alias_or_disjoint(const char* op, const char* na, const Tensor& a, const char* nb, const Tensor& b) {
-  ZT_CHECK(!a.overlaps(b) || a.same_as(b), op, ": '", na, "' ", a.str(), " partially overlaps '", nb, "' ",
-           b.str(), "; it must be the same tensor or separate memory");
 }
 
 // x (..., C) with C >= 1, f32 or bf16. Returns C; N = numel / C.

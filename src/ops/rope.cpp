@@ -74,9 +74,8 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
   ZT_CHECK(pos_offset >= 0 && pos_offset + T <= table.size(0), op, ": positions ", pos_offset, "..", pos_offset + T - 1,
            " (pos_offset ", pos_offset, ", T ", T, ") are outside 'table' ", table.shape().str(),
            "; build the table with T_max >= pos_offset + T");
-  ZT_CHECK(!y.overlaps(x) || y.same_as(x), op, ": '", y_name, "' partially overlaps '", x_name,
-           "'; pass the same tensor (in place) or separate buffers");
-  ZT_CHECK(!y.overlaps(table), op, ": '", y_name, "' overlaps 'table'");
+  check_alias_or_disjoint(op, y_name, y, x_name, x);
+  check_disjoint(op, y_name, y, "table", table);
   if (x.device().is_cpu()) {
     cpu::rope_rotate(y, x, table, pos_offset, inverse);
 #if ZT_WITH_CUDA

@@ -291,8 +291,8 @@ TEST(AdamWTest, BadArguments) {
   expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, Tensor::empty(Shape{n - 1}, DType::bf16), hp); }),
              "'model_copy'");
   expect_msg(error_of([&] { ops::adamw_step(p, fake_cuda(Shape{n}, DType::bf16), m, v, copy, hp); }), "'grad'");
-  expect_msg(error_of([&] { ops::adamw_step(p, g, m, m, copy, hp); }), "overlap");
-  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, p, hp); }), "'master' and 'model_copy'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, m, copy, hp); }), "'m' f32(12) on cpu overlaps 'v'");
+  expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, p, hp); }), "'master' f32(3, 4) on cpu overlaps 'model_copy'");
   ops::AdamWParams bad = hp;
   bad.step = 0;
   expect_msg(error_of([&] { ops::adamw_step(p, g, m, v, copy, bad); }), "step");
