@@ -18,6 +18,9 @@
 # A/B of the fused one-pass kernel: run `kernels` with and without it).
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
+# ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's
+# ranked algorithms (timed on its first call) instead of the heuristic's
+# first: the A/B of `bench` for what the kernels' candidate table suggests.
 # ZT_HEAD_CHUNK_ELEMS=n sets the LM head's logits per chunk (default 2^28 on a
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -308,6 +309,28 @@ TEST(CudaMatmul, EveryRankedCandidateComputesTheProduct) {
                 cuda::kMatmulCandidates);
     EXPECT_GE(ranked, 1) << c.str();
   }
+}
+
+// With ZT_CUDA_MATMUL_TUNE=1 (the ctest entry gpu.matmul_tuned runs these
+// suites with it), a new product times its ranked candidates on its first
+// call, keeps the fastest, and the result still matches the CPU; the other
+// cases of the suites check the tuned products of every kind.
+TEST(CudaMatmul, TuningTimesTheRankedCandidates) {
+  ZT_REQUIRE_GPU();
+  const char* tune = std::getenv("ZT_CUDA_MATMUL_TUNE");
+  if (!tune || std::string(tune) != "1") GTEST_SKIP() << "ZT_CUDA_MATMUL_TUNE is not 1 (ctest's gpu.matmul_tuned sets it)";
+  auto rng = make_rng(109);
+  const int64_t before = cuda::tuned_matmul_plans();
+  MatmulCase c{.batch = {}, .M = 1024, .N = 768, .K = 2304, .tb = true};  // a shape no other case uses
+  c.in = DType::bf16, c.out = DType::f32;
+  check_matmul(c, rng);
+  EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1) << "the heuristic ranked one candidate only, or none was timed";
+  // Accumulating (another shape, so another plan): the timing launches go to
+  // a scratch, and out gets exactly one product added.
+  MatmulCase acc = c;
+  acc.K = 2048, acc.beta = 1.0f;
+  check_matmul(acc, rng);
+  EXPECT_EQ(cuda::tuned_matmul_plans(), before + 2);
 }
 
 TEST(CudaMatmul, CandidateScopeNamesItsRange) {  // no GPU needed

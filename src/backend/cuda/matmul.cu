@@ -31,7 +31,8 @@
 //   once per (device, shape, transposes, dtypes, bias, alignments) key and
 //   cached for the process (thread-safe). The algorithm is the heuristic's
 //   first candidate, or under a MatmulCandidateScope the one it names (the
-//   key holds the index).
+//   key holds the index), or with ZT_CUDA_MATMUL_TUNE=1 the fastest of its
+//   ranked candidates on the plan's first call (matmul.h).
 //
 // Linear backward (y = x W^T + b; dy (N, OC), x (N, C), W (OC, C)):
 //   dx = dy @ W  (NN)      dW += dy^T @ x  (TN, beta 1)      db += colsum(dy)
@@ -42,6 +43,7 @@
 #include "backend/cuda/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -141,7 +143,12 @@ struct Plan {
   cublasLtMatrixLayout_t lay_c = nullptr;  // C and D: out^T, (N, M) column-major
   cublasLtMatmulAlgo_t algo{};
   bool found = false;  // the heuristic returned the key's candidate
-  int offered = 0;     // how many candidates it returned, of the key's candidate + 1 asked for
+  int offered = 0;     // how many candidates it returned
+  // ZT_CUDA_MATMUL_TUNE: the heuristic's ranked candidates, timed on the
+  // plan's first call (once), the fastest becoming `algo`.
+  cublasLtMatmulAlgo_t ranked[kMatmulCandidates] = {};
+  int num_ranked = 0;
+  std::once_flag tuned;
   std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
 
@@ -168,11 +175,21 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
+// ZT_CUDA_MATMUL_TUNE (matmul.h): 1 times the ranked candidates of each plan.
+bool tuning_on() {
+  static const bool on =
+      env_whole_number("ZT_CUDA_MATMUL_TUNE", 0,
+                       "1: each product keeps the fastest of cuBLASLt's ranked algorithms on its first call; 0: the first")
+          .value_or(0) > 0;
+  return on;
+}
+
 // Builds the descriptors of `k` and asks the heuristic for its ranked
 // algorithms that fit the workspace and the alignments, taking the key's
-// candidate (the first, unless a MatmulCandidateScope says otherwise). `bias` is a pointer with the
-// key's bias alignment, `aux` one with its aux alignment: the heuristic reads
-// them from the descriptor.
+// candidate: the first, unless a MatmulCandidateScope names another (all of
+// them, to time, when tuning). `bias` is a pointer with the key's bias
+// alignment, `aux` one with its aux alignment: the heuristic reads them from
+// the descriptor.
 std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* aux) {
   auto p = std::make_unique<Plan>();
   p->handle = cublaslt_handle(Device::cuda(k.device));
@@ -227,19 +244,60 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.align_out,
                                                        sizeof(k.align_out)));
   cublasLtMatmulHeuristicResult_t results[kMatmulCandidates] = {};
+  const bool tune = k.candidate == 0 && tuning_on();
   int returned = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->handle, p->op, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
-                                                            pref, k.candidate + 1, results, &returned);
+                                                            pref, tune ? kMatmulCandidates : k.candidate + 1, results,
+                                                            &returned);
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   p->offered = st == CUBLAS_STATUS_SUCCESS ? returned : 0;
   const cublasLtMatmulHeuristicResult_t& chosen = results[k.candidate];
   p->found = p->offered > k.candidate && chosen.state == CUBLAS_STATUS_SUCCESS;
   if (p->found) p->algo = chosen.algo;
+  if (tune && p->found)
+    for (int i = 0; i < p->offered; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) p->ranked[p->num_ranked++] = results[i].algo;
   return p;
 }
 
 // The candidate products take on this thread (MatmulCandidateScope).
 thread_local int t_candidate = 0;
+
+// Tuning (ZT_CUDA_MATMUL_TUNE): sets p.algo to the fastest of p's ranked
+// candidates on this call's operands. launch(algo, dst) runs the call's
+// product with `algo` into dst. Each candidate runs once to warm up, then
+// kTimedLaunches times between two marks; one that fails to launch is passed
+// over. The timing launches write `out` itself when beta = 0 (the call's own
+// launch overwrites it next), else a scratch of out's size (workspace, freed
+// at once): they must not add into out.
+constexpr int kTimedLaunches = 5;
+std::atomic<int64_t> g_tuned_plans{0};
+template <typename Launch>
+void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device device, Launch&& launch) {
+  Tensor scratch;
+  void* dst = out;
+  if (beta != 0.0f) {
+    const int64_t elems = (k.batch - 1) * k.stride_c + (k.M - 1) * k.ldc + k.N;
+    const int64_t words = (elems * int64_t(dtype_size(k.out)) + 3) / 4;
+    scratch = Tensor::empty(Shape{words}, DType::f32, device, MemCategory::workspace);
+    dst = scratch.data_ptr();
+  }
+  float best = 0.0f;
+  bool timed = false;
+  EventTimer timer(device);
+  for (int i = 0; i < p.num_ranked; ++i) {
+    if (launch(p.ranked[i], dst) != CUBLAS_STATUS_SUCCESS) continue;
+    timer.start();
+    for (int r = 0; r < kTimedLaunches; ++r) ZT_CUBLAS_CHECK(launch(p.ranked[i], dst));
+    const float ms = timer.stop_ms();
+    if (!timed || ms < best) {
+      best = ms;
+      p.algo = p.ranked[i];
+      timed = true;
+    }
+  }
+  ++g_tuned_plans;
+}
 
 // The cached plan of `k` (made on first use).
 Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
@@ -270,9 +328,13 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   }
   const float alpha = alpha_in, beta = beta_in;
   cudaStream_t stream = compute_stream(device);
+  auto launch_with = [&](const cublasLtMatmulAlgo_t& algo, void* dst) {
+    return cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, dst, p.lay_c, dst, p.lay_c, &algo,
+                          p.workspace, cublaslt_workspace_bytes(), stream);
+  };
   auto launch = [&] {
-    ZT_CUBLAS_CHECK(cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, out, p.lay_c, out,
-                                   p.lay_c, &p.algo, p.workspace, cublaslt_workspace_bytes(), stream));
+    if (p.num_ranked > 1) std::call_once(p.tuned, [&] { keep_fastest(p, k, out, beta, device, launch_with); });
+    ZT_CUBLAS_CHECK(launch_with(p.algo, out));
   };
   if (k.has_bias || k.dgelu) {
     std::lock_guard<std::mutex> lock(p.pointer_mu);
@@ -377,6 +439,8 @@ MatmulCandidateScope::MatmulCandidateScope(int candidate) : previous_(t_candidat
   t_candidate = candidate;
 }
 MatmulCandidateScope::~MatmulCandidateScope() { t_candidate = previous_; }
+
+int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
 
 void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,
                   Device device) {

@@ -87,7 +87,16 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // first, to say whether choosing algorithms by measurement would pay, and a
 // GPU test checks that each computes the product. A product with no
 // candidate n throws zt::Error (where a sweep ends) instead of launching.
+//
+// ZT_CUDA_MATMUL_TUNE=1 in the environment: each plan times every candidate
+// the heuristic ranks on its first call's operands (a few launches each; an
+// accumulating product into a scratch of its output's size) and keeps the
+// fastest for the process. The clock chooses, so two processes may choose
+// differently and compute different bits: with it on, a resumed run matches
+// the original only to rounding. Off by default; the kernel bench's sweep
+// says where it would pay.
 constexpr int kMatmulCandidates = 8;  // candidates 0 .. kMatmulCandidates - 1
+int64_t tuned_matmul_plans();         // plans whose candidates this process has timed
 class MatmulCandidateScope {
  public:
   explicit MatmulCandidateScope(int candidate);
