@@ -21,6 +21,12 @@ struct Dims {
   int64_t B, T, Hq, Hkv, D;
 };
 
+// The forward's two products (q k^T, p v: 4 B Hq T^2 D) over the causal half
+// the kernels compute - the count FlashAttention's and our bench's rates use.
+double causal_forward_flops(const Dims& d) {
+  return 2.0 * double(d.B) * double(d.Hq) * double(d.T) * double(d.T) * double(d.D);
+}
+
 // Checks q, k, v (and returns their dims): q (B, T, Hq, D), k = v (B, T, Hkv, D),
 // Hq % Hkv == 0, one float dtype (f32 or bf16) and one device.
 Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -53,7 +59,7 @@ float default_attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale) {
   const char* op = "attention_forward";
-  const OpScope scope(op, out);
+  OpScope scope(op, out);
   const Dims d = check_qkv(op, q, k, v);
   check_shape(op, "out", out, q.shape());
   check_same_dtype(op, "out", out, "q", q);
@@ -66,6 +72,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   }
   check_disjoint(op, "out", out, "lse", lse);
   const float s = resolve_scale(op, scale, d.D);
+  scope.add_flops(causal_forward_flops(d));
   if (q.device().is_cpu()) {
     cpu::attention_forward(out, lse, q, k, v, s);
 #if ZT_WITH_CUDA
@@ -80,7 +87,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
   const char* op = "attention_backward";
-  const OpScope scope(op, dq);
+  OpScope scope(op, dq);
   const Dims d = check_qkv(op, q, k, v);
   check_shape(op, "out", out, q.shape());
   check_same_dtype(op, "out", out, "q", q);
@@ -109,6 +116,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     for (const auto& [input, t] : {NamedTensor{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}})
       check_disjoint(op, grad, *g, input, *t);
   const float s = resolve_scale(op, scale, d.D);
+  scope.add_flops(2.5 * causal_forward_flops(d));  // dv, dp, dq, dk and the recomputed scores: 5 products to 2
   if (q.device().is_cpu()) {
     cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 #if ZT_WITH_CUDA

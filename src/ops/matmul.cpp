@@ -49,7 +49,7 @@ Shape with_last(const Shape& s, int64_t last) {
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, float alpha, float beta,
             const Tensor& bias) {
   const char* op = "matmul";
-  const OpScope scope(op, out);
+  OpScope scope(op, out);
   check_defined(op, "out", out);
   check_defined(op, "a", a);
   check_defined(op, "b", b);
@@ -96,6 +96,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   d.M = M, d.N = N, d.K = K;
   d.trans_a = trans_a, d.trans_b = trans_b, d.b_shared = b_shared;
   d.alpha = alpha, d.beta = beta;
+  scope.add_flops(2.0 * double(d.batch) * double(M) * double(N) * double(K));
   if (out.device().is_cpu()) return cpu::matmul(out, a, b, bias, d);
 #if ZT_WITH_CUDA
   if (use_cuda(op, out.device())) return cuda::matmul(out, a, b, bias, d);
@@ -105,7 +106,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
 
 void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
   const char* op = "linear_forward";
-  const OpScope scope(op, y);
+  OpScope scope(op, y);
   check_defined(op, "y", y);
   check_defined(op, "x", x);
   check_ndim(op, "w", w, 2);
@@ -130,6 +131,7 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 
   cpu::GemmDesc d;
   d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
+  scope.add_flops(2.0 * double(N) * double(C) * double(OC));
   if (y.device().is_cpu()) return cpu::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
 #if ZT_WITH_CUDA
   if (use_cuda(op, y.device())) return cuda::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
@@ -140,7 +142,7 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w) {
   const char* op = "linear_backward";
-  const OpScope scope(op, dy);
+  OpScope scope(op, dy);
   check_defined(op, "dy", dy);
   check_defined(op, "x", x);
   check_ndim(op, "w", w, 2);
@@ -160,18 +162,15 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
   if (dx.defined()) check_shape(op, "dx", dx, x.shape());
   if (dw.defined()) check_shape(op, "dw", dw, w.shape());
   if (db.defined()) check_shape(op, "db", db, Shape{OC});
-  const std::pair<const char*, const Tensor*> outs[] = {{"dx", &dx}, {"dw", &dw}, {"db", &db}};
-  const std::pair<const char*, const Tensor*> ins[] = {{"dy", &dy}, {"x", &x}, {"w", &w}};
-  for (int i = 0; i < 3; ++i) {
-    for (const auto& [in_name, in] : ins) check_disjoint(op, outs[i].first, *outs[i].second, in_name, *in);
-    for (int j = i + 1; j < 3; ++j)
-      check_disjoint(op, outs[i].first, *outs[i].second, outs[j].first, *outs[j].second);
-  }
+  check_all_disjoint(op, {{"dx", &dx}, {"dw", &dw}, {"db", &db}});
+  for (const auto& [out_name, o] : {NamedTensor{"dx", &dx}, {"dw", &dw}, {"db", &db}})
+    for (const auto& [in_name, in] : {NamedTensor{"dy", &dy}, {"x", &x}, {"w", &w}}) check_disjoint(op, out_name, *o, in_name, *in);
   const int64_t N = x.shape().prod(0, x.ndim() - 1);
   check_blas_dim(op, "rows of x", N);
   check_blas_dim(op, "C", C);
   check_blas_dim(op, "OC", OC);
 
+  scope.add_flops(2.0 * double(N) * double(C) * double(OC) * (int(dx.defined()) + int(dw.defined())));
   const Tensor dx2 = dx.defined() ? dx.view(Shape{N, C}) : Tensor();
   if (dev.is_cpu()) return cpu::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w);
 #if ZT_WITH_CUDA
@@ -182,7 +181,7 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
 
 void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre) {
   const char* op = "matmul_gelu_backward";
-  const OpScope scope(op, out);
+  OpScope scope(op, out);
   check_defined(op, "out", out);
   check_ndim(op, "a", a, 2);
   check_ndim(op, "b", b, 2);
@@ -196,6 +195,7 @@ void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
   check_shape(op, "out", out, Shape{a.size(0), b.size(1)});
   check_shape(op, "pre", pre, out.shape());
   check_disjoint(op, "out", out, "pre", pre);
+  scope.add_flops(2.0 * double(a.size(0)) * double(a.size(1)) * double(b.size(1)));
 #if ZT_WITH_CUDA
   // One fused product where cuBLASLt has an algorithm; matmul() below checks the rest.
   if (use_cuda(op, out.device())) {

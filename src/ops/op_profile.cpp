@@ -16,6 +16,7 @@ struct PendingGpuOp {  // timed on the GPU, not yet read
   const char* name;
   DeviceMark start, end;
   int64_t workspace_bytes, cache_misses;
+  double flops;
 };
 
 struct Profile {
@@ -32,13 +33,15 @@ Profile& profile() {
   return p;
 }
 
-void add(Profile& p, const char* name, double seconds, int64_t workspace_bytes, int64_t cache_misses) {  // p.mu held
+void add(Profile& p, const char* name, double seconds, int64_t workspace_bytes, int64_t cache_misses,
+         double flops) {  // p.mu held
   OpTotal& t = p.totals[name];
   t.name = name;
   ++t.calls;
   t.seconds += seconds;
   t.workspace_peak_bytes = std::max(t.workspace_peak_bytes, workspace_bytes);
   t.cache_misses += cache_misses;
+  t.flops += flops;
 }
 
 }  // namespace
@@ -50,7 +53,7 @@ std::vector<OpTotal> take_op_profile() {
   Profile& p = profile();
   std::lock_guard<std::mutex> lock(p.mu);
   for (const PendingGpuOp& op : p.pending)
-    add(p, op.name, op.end.seconds_since(op.start), op.workspace_bytes, op.cache_misses);
+    add(p, op.name, op.end.seconds_since(op.start), op.workspace_bytes, op.cache_misses, op.flops);
   p.pending.clear();
   std::vector<OpTotal> out;
   for (auto& [name, t] : p.totals) out.push_back(t);
@@ -93,12 +96,12 @@ OpScope::~OpScope() {
     DeviceMark end(device_);
     if (end.on_gpu()) {
       std::lock_guard<std::mutex> lock(p.mu);
-      p.pending.push_back({name_, std::move(start_), std::move(end), workspace, misses});
+      p.pending.push_back({name_, std::move(start_), std::move(end), workspace, misses, flops_});
       return;
     }
     const double seconds = end.seconds_since(start_);
     std::lock_guard<std::mutex> lock(p.mu);
-    add(p, name_, seconds, workspace, misses);
+    add(p, name_, seconds, workspace, misses, flops_);
   } catch (...) {  // a failing device: the op's own error is the one to report
   }
 }

@@ -12,7 +12,10 @@
 // waits for the device, so a miss in a steady-state step is time the op
 // table charges to that op. The window and the counter are the allocator's,
 // so the figures are exact while ops run on one thread, as the trainer runs
-// them (the communication and loader threads move bytes, not ops).
+// them (the communication and loader threads move bytes, not ops). Ops that
+// do arithmetic worth a rate say how much (add_flops: a matrix product
+// 2 M N K, attention its causal products), so the table gives each its
+// achieved TFLOP/s beside the device's own GEMM rate.
 // Off by default; a scope then costs one relaxed atomic load.
 #pragma once
 
@@ -31,6 +34,7 @@ struct OpTotal {
   double seconds = 0;
   int64_t workspace_peak_bytes = 0;  // the most workspace one call held above its start (max over calls)
   int64_t cache_misses = 0;          // its allocations the allocator's cache could not serve (sum over calls)
+  double flops = 0;                  // the arithmetic its calls reported (add_flops; 0: none reported)
 };
 
 void enable_op_profile(bool on);
@@ -48,6 +52,9 @@ class OpScope {
   ~OpScope();
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
+  // The op's useful floating-point operations (multiply and add counted
+  // apart). A nested op's scope ignores it: its outer op reports its own.
+  void add_flops(double flops) { flops_ += flops; }
 
  private:
   const char* name_ = nullptr;  // null: not timing (profile off, or nested in another op)
@@ -55,6 +62,7 @@ class OpScope {
   DeviceMark start_;
   int64_t workspace_at_start_ = 0;  // bytes live in the device's workspace category
   int64_t misses_at_start_ = 0;     // the allocator's cache misses so far
+  double flops_ = 0;
 };
 
 }  // namespace zt::ops

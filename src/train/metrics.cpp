@@ -79,7 +79,8 @@ void MetricsLog::write_step(const StepMetrics& m) {
       ops[t.name] = {{"calls", t.calls},
                      {"s", t.seconds},
                      {"workspace_bytes", t.workspace_peak_bytes},
-                     {"cache_misses", t.cache_misses}};
+                     {"cache_misses", t.cache_misses},
+                     {"flops", t.flops}};
     j["ops"] = ops;
   }
   nlohmann::json mem, peak;
@@ -168,6 +169,7 @@ void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTota
       it->seconds += t.seconds;
       it->workspace_peak_bytes = std::max(it->workspace_peak_bytes, t.workspace_peak_bytes);
       it->cache_misses += t.cache_misses;
+      it->flops += t.flops;
     }
   }
 }
@@ -177,16 +179,18 @@ std::string format_op_profile(std::vector<ops::OpTotal> run, int64_t steps, doub
   const double n = double(std::max<int64_t>(steps, 1));
   const double step_ms = step_seconds * 1e3 / n;
   std::string out;
-  char line[160];
-  std::snprintf(line, sizeof line, "  %-28s %10s %12s %7s %14s %14s\n", "op", "calls/step", "ms/step", "share",
-                "workspace MiB", "misses/step");
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-28s %10s %12s %7s %9s %14s %14s\n", "op", "calls/step", "ms/step", "share",
+                "TFLOP/s", "workspace MiB", "misses/step");
   out += line;
   double covered = 0;
   for (const ops::OpTotal& t : run) {
     const double ms = t.seconds * 1e3 / n;
     covered += ms;
-    std::snprintf(line, sizeof line, "  %-28s %10.1f %12.3f %6.1f%% %14.1f %14.1f\n", t.name.c_str(),
-                  double(t.calls) / n, ms, step_ms > 0 ? 100.0 * ms / step_ms : 0.0,
+    char rate[32] = "-";  // ops that report no arithmetic (memory-bound ones)
+    if (t.flops > 0 && t.seconds > 0) std::snprintf(rate, sizeof rate, "%.2f", t.flops / t.seconds / 1e12);
+    std::snprintf(line, sizeof line, "  %-28s %10.1f %12.3f %6.1f%% %9s %14.1f %14.1f\n", t.name.c_str(),
+                  double(t.calls) / n, ms, step_ms > 0 ? 100.0 * ms / step_ms : 0.0, rate,
                   double(t.workspace_peak_bytes) / 1048576.0, double(t.cache_misses) / n);
     out += line;
   }

@@ -80,8 +80,9 @@ double tp_comm_overlap(const StepMetrics& m);
 // Adds one step's op totals to a run's (by name).
 void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTotal>& step);
 // The run's op totals as a table per step: name, calls, milliseconds, share
-// of the step time (`steps` steps taking `step_seconds` in all), the most
-// workspace one call held (MiB), largest time first, and the share no op
+// of the step time (`steps` steps taking `step_seconds` in all), the achieved
+// TFLOP/s of ops that report their arithmetic, the most workspace one call
+// held (MiB), allocator cache misses, largest time first, and the share no op
 // accounts for.
 std::string format_op_profile(std::vector<ops::OpTotal> run, int64_t steps, double step_seconds);
 

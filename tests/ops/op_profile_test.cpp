@@ -11,6 +11,7 @@
 
 #include "core/allocator.h"
 #include "ops/activation.h"
+#include "ops/attention.h"
 #include "ops/matmul.h"
 #include "test_util.h"
 
@@ -66,6 +67,54 @@ TEST(OpProfile, AnOpInsideAnotherCountsInTheOuterOnly) {
   }
   { const ops::OpScope after("inner_op", t); }  // the depth was restored: a later op counts again
   EXPECT_EQ(calls_of(ops::take_op_profile()), (std::map<std::string, int64_t>{{"inner_op", 1}, {"outer_op", 1}}));
+}
+
+// The arithmetic ops report: matrix products 2 M N K (a batch each,
+// linear_backward per gradient it computes), attention its causal products
+// (forward 2 B Hq T^2 D, backward 2.5 times that), each counted once in the
+// outermost op (the CPU's matmul_gelu_backward runs matmul inside), none for
+// memory-bound ops.
+TEST(OpProfile, ReportsTheArithmeticOfProductsAndAttention) {
+  const ProfileOff off;
+  auto rng = test::make_rng(4);
+  const int64_t M = 5, K = 7, N = 3, batch = 2;
+  const Tensor a = test::random_tensor(Shape{batch, M, K}, DType::f32, rng);
+  const Tensor b = test::random_tensor(Shape{K, N}, DType::f32, rng);
+  const Tensor w = test::random_tensor(Shape{N, K}, DType::f32, rng);
+  const Tensor dy = test::random_tensor(Shape{M, N}, DType::f32, rng);
+  const Tensor pre = test::random_tensor(Shape{M, K}, DType::f32, rng);
+  Tensor out = Tensor::empty(Shape{batch, M, N}, DType::f32), y = Tensor::empty(Shape{M, N}, DType::f32);
+  Tensor dx = Tensor::empty(Shape{M, K}, DType::f32), dw = test::random_tensor(Shape{N, K}, DType::f32, rng);
+  Tensor g = Tensor::empty(Shape{M, K}, DType::f32);
+  const int64_t B = 2, T = 6, Hq = 4, Hkv = 2, D = 8;
+  const Tensor q = test::random_tensor(Shape{B, T, Hq, D}, DType::f32, rng);
+  const Tensor k = test::random_tensor(Shape{B, T, Hkv, D}, DType::f32, rng);
+  const Tensor v = test::random_tensor(Shape{B, T, Hkv, D}, DType::f32, rng);
+  const Tensor dout = test::random_tensor(Shape{B, T, Hq, D}, DType::f32, rng);
+  Tensor att = Tensor::empty(Shape{B, T, Hq, D}, DType::f32), lse = Tensor::empty(Shape{B, Hq, T}, DType::f32);
+  Tensor dq = Tensor::empty(q.shape(), DType::f32), dk = Tensor::empty(k.shape(), DType::f32);
+  Tensor dv = Tensor::empty(v.shape(), DType::f32);
+
+  ops::enable_op_profile(true);
+  (void)ops::take_op_profile();
+  ops::matmul(out, a, b);
+  ops::linear_forward(y, a.slice(0, 1).view(Shape{M, K}), w, Tensor());
+  ops::linear_backward(dx, dw, Tensor(), dy, pre, w);
+  ops::linear_backward(Tensor(), dw, Tensor(), dy, pre, w);
+  ops::matmul_gelu_backward(g, dy, w, pre);
+  ops::gelu_forward(g, pre);
+  ops::attention_forward(att, lse, q, k, v);
+  ops::attention_backward(dq, dk, dv, dout, q, k, v, att, lse);
+  std::map<std::string, double> flops;
+  for (const ops::OpTotal& t : ops::take_op_profile()) flops[t.name] = t.flops;
+  const double mnk = 2.0 * M * N * K, causal = 2.0 * B * Hq * T * T * D;
+  EXPECT_EQ(flops, (std::map<std::string, double>{{"attention_backward", 2.5 * causal},
+                                                  {"attention_forward", causal},
+                                                  {"gelu_forward", 0.0},
+                                                  {"linear_backward", 3 * mnk},
+                                                  {"linear_forward", mnk},
+                                                  {"matmul", batch * mnk},
+                                                  {"matmul_gelu_backward", mnk}}));
 }
 
 // The most workspace one call held above what was live at its start: the

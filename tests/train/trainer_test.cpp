@@ -103,8 +103,9 @@ TEST(Trainer, StepsUnderTheDeterminismOfItsConfig) {
 // metrics.op_profile: each step's metrics.jsonl record carries the time per
 // op, with the structural call counts (one embedding lookup per micro-batch,
 // one attention per block and micro-batch, forward and backward), and the
-// op times sum to at most the step time (outermost ops never overlap); the
-// run ends with the table; without it neither appears.
+// op times sum to at most the step time (outermost ops never overlap), the
+// products' reported arithmetic is the model's; the run ends with the table;
+// without it neither appears.
 TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
   for (const bool on : {true, false}) {
     SCOPED_TRACE(on ? "op_profile on" : "op_profile off");
@@ -135,13 +136,21 @@ TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
       EXPECT_EQ(ops["attention_forward"]["calls"].get<int64_t>(), blocks * micro);
       EXPECT_EQ(ops["attention_backward"]["calls"].get<int64_t>(), blocks * micro);
       EXPECT_GE(ops["adamw_step"]["calls"].get<int64_t>(), 1);
-      double sum = 0;
+      double sum = 0, product_flops = 0;
       for (const auto& [name, t] : ops.items()) {
         sum += t["s"].get<double>();
         EXPECT_GE(t.at("workspace_bytes").get<int64_t>(), 0) << name;
         EXPECT_GE(t.at("cache_misses").get<int64_t>(), 0) << name;
+        if (name != "attention_forward" && name != "attention_backward") product_flops += t.at("flops").get<double>();
       }
       EXPECT_LE(sum, j["time_s"]["step"].get<double>()) << line;
+      // The products' reported arithmetic is the model's: 2 flops per weight
+      // and token in each of forward, input gradient and weight gradient.
+      const nn::ModelConfig& mc = cfg.model;
+      const int64_t C = mc.d_model, qkv = (mc.n_head + 2 * mc.n_kv_head) * mc.head_dim();
+      const int64_t weights = mc.n_layer * (C * qkv + mc.n_head * mc.head_dim() * C + C * mc.mlp_in_width() +
+                                            mc.d_ff * C) + mc.padded_vocab() * C;
+      EXPECT_EQ(product_flops, 6.0 * double(cfg.train.global_batch * cfg.train.seq_len) * double(weights)) << line;
     }
     EXPECT_EQ(steps, 3);
     fs::remove_all(dir);
