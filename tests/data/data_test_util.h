@@ -214,6 +214,26 @@ inline std::vector<std::string> random_strings(std::mt19937_64& rng, int count, 
   return out;
 }
 
+// Appends code point cp (not a surrogate, at most 0x10FFFF) to s as UTF-8:
+// the tests' own encoder, independent of src/data/unicode.h.
+inline void append_utf8(std::string& s, uint32_t cp) {
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += char(0xE0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
+  } else {
+    s += char(0xF0 | (cp >> 18));
+    s += char(0x80 | ((cp >> 12) & 0x3F));
+    s += char(0x80 | ((cp >> 6) & 0x3F));
+    s += char(0x80 | (cp & 0x3F));
+  }
+}
+
 // Random valid UTF-8 strings of code points drawn from many scripts and
 // symbol blocks (Latin, Greek, Cyrillic, Hebrew, Arabic, Devanagari, Thai,
 // Hangul, CJK, kana, full-width forms, emoji, mathematical letters), with
@@ -232,21 +252,7 @@ inline std::vector<std::string> random_multiscript_strings(std::mt19937_64& rng,
     for (int k = len(rng); k > 0; --k) {
       const auto [lo, hi] = blocks[pick(rng)];
       const uint32_t cp = lo + uint32_t(rng() % (hi - lo + 1));
-      if (cp < 0x80) {
-        s += char(cp);
-      } else if (cp < 0x800) {
-        s += char(0xC0 | (cp >> 6));
-        s += char(0x80 | (cp & 0x3F));
-      } else if (cp < 0x10000) {
-        s += char(0xE0 | (cp >> 12));
-        s += char(0x80 | ((cp >> 6) & 0x3F));
-        s += char(0x80 | (cp & 0x3F));
-      } else {
-        s += char(0xF0 | (cp >> 18));
-        s += char(0x80 | ((cp >> 12) & 0x3F));
-        s += char(0x80 | ((cp >> 6) & 0x3F));
-        s += char(0x80 | (cp & 0x3F));
-      }
+      append_utf8(s, cp);
     }
     out.push_back(std::move(s));
   }
