@@ -7,9 +7,9 @@
 #include <benchmark/benchmark.h>
 #include <cstdint>
 
-#include <random>
 
 #include "ops/activation.h"
+#include "ops/inputs.h"
 #include "ops/peers.h"
 
 namespace {
@@ -18,25 +18,12 @@ using namespace zt;
 
 constexpr int64_t kRows = 2048;
 
-Tensor filled(const Shape& s, DType dt, uint64_t seed, float lo, float hi) {
-  Tensor t = Tensor::empty(s, dt);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dt == DType::f32)
-      t.data<float>()[i] = dist(rng);
-    else
-      t.data<bf16>()[i] = from_float<bf16>(dist(rng));
-  }
-  return t;
-}
-
 DType dtype_arg(const benchmark::State& state) { return state.range(1) == 0 ? DType::f32 : DType::bf16; }
 
 void BM_gelu_forward(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const Shape s{kRows, 4 * state.range(0)};
-  const Tensor x = filled(s, dt, 1, -4, 4), y = Tensor::empty(s, dt);
+  const Tensor x = bench::uniform_tensor(s, dt, 1, -4, 4), y = Tensor::empty(s, dt);
   for (auto _ : state) {
     ops::gelu_forward(y, x);
     benchmark::DoNotOptimize(y.data_ptr());
@@ -48,7 +35,7 @@ void BM_gelu_forward(benchmark::State& state) {
 void BM_gelu_backward(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const Shape s{kRows, 4 * state.range(0)};
-  const Tensor x = filled(s, dt, 1, -4, 4), dy = filled(s, dt, 2, -1, 1), dx = Tensor::empty(s, dt);
+  const Tensor x = bench::uniform_tensor(s, dt, 1, -4, 4), dy = bench::uniform_tensor(s, dt, 2, -1, 1), dx = Tensor::empty(s, dt);
   for (auto _ : state) {
     ops::gelu_backward(dx, dy, x);
     benchmark::DoNotOptimize(dx.data_ptr());
@@ -60,7 +47,7 @@ void BM_gelu_backward(benchmark::State& state) {
 void BM_swiglu_forward(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const int64_t H = 4 * state.range(0);
-  const Tensor x = filled(Shape{kRows, 2 * H}, dt, 1, -4, 4), y = Tensor::empty(Shape{kRows, H}, dt);
+  const Tensor x = bench::uniform_tensor(Shape{kRows, 2 * H}, dt, 1, -4, 4), y = Tensor::empty(Shape{kRows, H}, dt);
   for (auto _ : state) {
     ops::swiglu_forward(y, x);
     benchmark::DoNotOptimize(y.data_ptr());
@@ -72,7 +59,7 @@ void BM_swiglu_forward(benchmark::State& state) {
 void BM_swiglu_backward(benchmark::State& state) {
   const DType dt = dtype_arg(state);
   const int64_t H = 4 * state.range(0);
-  const Tensor x = filled(Shape{kRows, 2 * H}, dt, 1, -4, 4), dy = filled(Shape{kRows, H}, dt, 2, -1, 1);
+  const Tensor x = bench::uniform_tensor(Shape{kRows, 2 * H}, dt, 1, -4, 4), dy = bench::uniform_tensor(Shape{kRows, H}, dt, 2, -1, 1);
   const Tensor dx = Tensor::empty(Shape{kRows, 2 * H}, dt);
   for (auto _ : state) {
     ops::swiglu_backward(dx, dy, x);

@@ -9,9 +9,9 @@
 //   backward = 2.5 * forward,   forward + backward = 3.5 * forward.
 // The softmax (exp, max, sums) is not counted. Peer: peak_sgemm_gflops().
 #include <cstdint>
-#include <random>
 
 #include "ops/attention.h"
+#include "ops/inputs.h"
 #include "ops/peers.h"
 
 namespace {
@@ -20,25 +20,11 @@ using zt::DType;
 using zt::Shape;
 using zt::Tensor;
 
-Tensor random_input(const Shape& shape, DType dtype, std::mt19937& rng) {
-  Tensor t = Tensor::empty(shape, dtype);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::bf16) {
-      t.data<zt::bf16>()[i] = zt::float_to_bf16(u(rng));
-    } else {
-      t.data<float>()[i] = u(rng);
-    }
-  }
-  return t;
-}
-
 void BM_Attention(benchmark::State& state, DType dtype, bool backward) {
   const int64_t B = state.range(0), T = state.range(1), H = state.range(2), D = 64;
-  std::mt19937 rng(42);
   const Shape s{B, T, H, D};
-  Tensor q = random_input(s, dtype, rng), k = random_input(s, dtype, rng), v = random_input(s, dtype, rng),
-         dout = random_input(s, dtype, rng);
+  const Tensor q = zt::bench::uniform_tensor(s, dtype, 1), k = zt::bench::uniform_tensor(s, dtype, 2);
+  const Tensor v = zt::bench::uniform_tensor(s, dtype, 3), dout = zt::bench::uniform_tensor(s, dtype, 4);
   Tensor out = Tensor::empty(s, dtype), lse = Tensor::empty(Shape{B, H, T}, DType::f32);
   Tensor dq = Tensor::empty(s, dtype), dk = Tensor::empty(s, dtype), dv = Tensor::empty(s, dtype);
   const double peer = zt::bench::peak_sgemm_gflops();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/inputs.h"
 #include "ops/matmul.h"
 #include "ops/peers.h"
 
@@ -18,27 +19,6 @@ namespace zt {
 namespace {
 
 constexpr int64_t kTokens = 2048;
-
-// Deterministic values in [-1, 1) without the cost of a full RNG.
-Tensor filled(const Shape& s, DType dt, uint32_t seed) {
-  Tensor t = Tensor::empty(s, dt);
-  uint32_t x = seed * 2654435761u + 1u;
-  const int64_t n = t.numel();
-  if (dt == DType::f32) {
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      x = x * 1664525u + 1013904223u;
-      p[i] = float(int32_t(x >> 8) - (1 << 23)) * 0x1p-23f;
-    }
-  } else {
-    bf16* p = t.data<bf16>();
-    for (int64_t i = 0; i < n; ++i) {
-      x = x * 1664525u + 1013904223u;
-      p[i] = float_to_bf16(float(int32_t(x >> 8) - (1 << 23)) * 0x1p-23f);
-    }
-  }
-  return t;
-}
 
 const char* tname(bool ta, bool tb) { return ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"); }
 
@@ -52,8 +32,8 @@ void bm_matmul(benchmark::State& state, int64_t batch, int64_t M, int64_t N, int
     s.push_back(c);
     return s;
   };
-  const Tensor a = filled(ta ? shape(K, M) : shape(M, K), in, 1);
-  const Tensor b = filled(tb ? shape(N, K) : shape(K, N), in, 2);
+  const Tensor a = bench::uniform_tensor(ta ? shape(K, M) : shape(M, K), in, 1);
+  const Tensor b = bench::uniform_tensor(tb ? shape(N, K) : shape(K, N), in, 2);
   const Tensor out = Tensor::empty(shape(M, N), out_dt);
   const double peer = bench::sgemm_gflops(M, N, K);
   for (auto _ : state) {
@@ -64,9 +44,9 @@ void bm_matmul(benchmark::State& state, int64_t batch, int64_t M, int64_t N, int
 }
 
 void bm_linear_forward(benchmark::State& state, int64_t C, int64_t OC, bool bias, DType in) {
-  const Tensor x = filled(Shape{kTokens, C}, in, 3);
-  const Tensor w = filled(Shape{OC, C}, in, 4);
-  const Tensor b = bias ? filled(Shape{OC}, DType::f32, 5) : Tensor();
+  const Tensor x = bench::uniform_tensor(Shape{kTokens, C}, in, 3);
+  const Tensor w = bench::uniform_tensor(Shape{OC, C}, in, 4);
+  const Tensor b = bias ? bench::uniform_tensor(Shape{OC}, DType::f32, 5) : Tensor();
   const Tensor y = Tensor::empty(Shape{kTokens, OC}, in);
   const double peer = bench::sgemm_gflops(kTokens, OC, C);
   for (auto _ : state) {
@@ -79,12 +59,12 @@ void bm_linear_forward(benchmark::State& state, int64_t C, int64_t OC, bool bias
 // Gradients as a bf16 model with fp32 master grads would hold them: dx in the
 // activation dtype, dw and db in f32.
 void bm_linear_backward(benchmark::State& state, int64_t C, int64_t OC, bool bias, DType in) {
-  const Tensor x = filled(Shape{kTokens, C}, in, 6);
-  const Tensor w = filled(Shape{OC, C}, in, 7);
-  const Tensor dy = filled(Shape{kTokens, OC}, in, 8);
+  const Tensor x = bench::uniform_tensor(Shape{kTokens, C}, in, 6);
+  const Tensor w = bench::uniform_tensor(Shape{OC, C}, in, 7);
+  const Tensor dy = bench::uniform_tensor(Shape{kTokens, OC}, in, 8);
   const Tensor dx = Tensor::empty(Shape{kTokens, C}, in);
-  const Tensor dw = filled(Shape{OC, C}, DType::f32, 9);
-  const Tensor db = bias ? filled(Shape{OC}, DType::f32, 10) : Tensor();
+  const Tensor dw = bench::uniform_tensor(Shape{OC, C}, DType::f32, 9);
+  const Tensor db = bias ? bench::uniform_tensor(Shape{OC}, DType::f32, 10) : Tensor();
   const double peer = bench::sgemm_gflops(kTokens, OC, C);
   for (auto _ : state) {
     ops::linear_backward(dx, dw, db, dy, x, w);

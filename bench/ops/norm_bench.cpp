@@ -9,9 +9,9 @@
 #include <benchmark/benchmark.h>
 #include <cstdint>
 
-#include <random>
 
 #include "ops/norm.h"
+#include "ops/inputs.h"
 #include "ops/peers.h"
 
 namespace {
@@ -19,19 +19,6 @@ namespace {
 using namespace zt;
 
 constexpr int64_t kRows = 2048;
-
-Tensor filled(const Shape& s, DType dt, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(s, dt);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dt == DType::f32)
-      t.data<float>()[i] = dist(rng);
-    else
-      t.data<bf16>()[i] = from_float<bf16>(dist(rng));
-  }
-  return t;
-}
 
 DType dtype_arg(const benchmark::State& state) { return state.range(1) == 0 ? DType::f32 : DType::bf16; }
 ops::NormKind kind_arg(const benchmark::State& state) {
@@ -49,10 +36,10 @@ struct Setup {
   explicit Setup(const benchmark::State& state)
       : kind(kind_arg(state)), dt(dtype_arg(state)), N(kRows), C(state.range(0)) {
     const bool ln = kind == ops::NormKind::layernorm;
-    x = filled(Shape{N, C}, dt, 1);
+    x = bench::uniform_tensor(Shape{N, C}, dt, 1);
     y = Tensor::empty(Shape{N, C}, dt);
-    w = filled(Shape{C}, dt, 2);
-    b = ln ? filled(Shape{C}, dt, 3) : Tensor();
+    w = bench::uniform_tensor(Shape{C}, dt, 2);
+    b = ln ? bench::uniform_tensor(Shape{C}, dt, 3) : Tensor();
     mean = ln ? Tensor::empty(Shape{N}, DType::f32) : Tensor();
     rstd = Tensor::empty(Shape{N}, DType::f32);
     act_bytes = double(x.nbytes());
@@ -73,7 +60,7 @@ void BM_norm_forward(benchmark::State& state) {
 
 void BM_residual_norm_forward(benchmark::State& state) {
   Setup s(state);
-  const Tensor r_in = filled(Shape{s.N, s.C}, s.dt, 4), r_out = Tensor::empty(Shape{s.N, s.C}, s.dt);
+  const Tensor r_in = bench::uniform_tensor(Shape{s.N, s.C}, s.dt, 4), r_out = Tensor::empty(Shape{s.N, s.C}, s.dt);
   for (auto _ : state) {
     ops::residual_norm_forward(s.kind, r_out, s.y, s.mean, s.rstd, r_in, s.x, s.w, s.b, 1e-5f);
     benchmark::DoNotOptimize(s.y.data_ptr());
@@ -86,9 +73,9 @@ void BM_norm_backward(benchmark::State& state) {
   Setup s(state);
   const bool ln = s.kind == ops::NormKind::layernorm;
   ops::norm_forward(s.kind, s.y, s.mean, s.rstd, s.x, s.w, s.b, 1e-5f);
-  const Tensor dy = filled(Shape{s.N, s.C}, s.dt, 5), dx_add = filled(Shape{s.N, s.C}, s.dt, 6);
+  const Tensor dy = bench::uniform_tensor(Shape{s.N, s.C}, s.dt, 5), dx_add = bench::uniform_tensor(Shape{s.N, s.C}, s.dt, 6);
   const Tensor dx = Tensor::empty(Shape{s.N, s.C}, s.dt);
-  const Tensor dw = filled(Shape{s.C}, DType::f32, 7), db = ln ? filled(Shape{s.C}, DType::f32, 8) : Tensor();
+  const Tensor dw = bench::uniform_tensor(Shape{s.C}, DType::f32, 7), db = ln ? bench::uniform_tensor(Shape{s.C}, DType::f32, 8) : Tensor();
   for (auto _ : state) {
     ops::norm_backward(s.kind, dx, dw, db, dy, s.x, s.w, s.mean, s.rstd, dx_add);
     benchmark::DoNotOptimize(dx.data_ptr());
