@@ -2,8 +2,10 @@
 // shapes (bench/gpu/run.sh kernels): each memory-bound op against the
 // device's own copy rate, each product against its dense bf16 GEMM rate (an
 // 8192^3 product), both measured in the same run, and (bench/gpu/kernels_peer.py)
-// every row against PyTorch's kernels for the same work. Together with the op
-// profile of a training run this says which kernel to work on next.
+// every row against PyTorch's kernels for the same work; each product also
+// with every algorithm cuBLASLt's heuristic ranks for it (sweep_candidates).
+// Together with the op profile of a training run this says which kernel to
+// work on next.
 //
 // Shapes are those of configs/bench-gpu-{gpt2,llama}.toml's models at T = 1024
 // (GPT-2 124M at micro-batch 16, Llama 3 1B at 8), bf16 activations, f32
