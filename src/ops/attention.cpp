@@ -66,11 +66,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
   check_dtype(op, "lse", lse, {DType::f32});
   check_device(op, q.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  for (const auto& [name, t] : {NamedTensor{"q", &q}, {"k", &k}, {"v", &v}}) {
-    check_disjoint(op, "out", out, name, *t);
-    check_disjoint(op, "lse", lse, name, *t);
-  }
-  check_disjoint(op, "out", out, "lse", lse);
+  check_disjoint_from(op, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}, {"lse", &lse}});
+  check_disjoint_from(op, "lse", lse, {{"q", &q}, {"k", &k}, {"v", &v}});
   const float s = resolve_scale(op, scale, d.D);
   scope.add_flops(causal_forward_flops(d));
   if (q.device().is_cpu()) {
@@ -113,8 +110,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                 {"lse", &lse}});
   check_all_disjoint(op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   for (const auto& [grad, g] : {NamedTensor{"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
-    for (const auto& [input, t] : {NamedTensor{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}})
-      check_disjoint(op, grad, *g, input, *t);
+    check_disjoint_from(op, grad, *g, {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   const float s = resolve_scale(op, scale, d.D);
   scope.add_flops(2.5 * causal_forward_flops(d));  // dv, dp, dq, dk and the recomputed scores: 5 products to 2
   if (q.device().is_cpu()) {

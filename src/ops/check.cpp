@@ -56,6 +56,11 @@ void check_all_disjoint(const char* op, std::initializer_list<NamedTensor> ts) {
     for (auto j = i + 1; j != ts.end(); ++j) check_disjoint(op, i->first, *i->second, j->first, *j->second);
 }
 
+void check_disjoint_from(const char* op, const char* name_a, const Tensor& a,
+                         std::initializer_list<NamedTensor> others) {
+  for (const auto& [name_b, b] : others) check_disjoint(op, name_a, a, name_b, *b);
+}
+
 void check_compute_dtype(const char* op, const char* name, const Tensor& t) {
   if (t.dtype() == DType::f16) {
     ZT_CHECK(!t.device().is_cpu(), op, ": '", name, "' is f16 on the CPU, whose kernels compute in f32 or bf16 (f16 "

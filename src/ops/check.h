@@ -42,6 +42,9 @@ void check_alias_or_disjoint(const char* op, const char* name_a, const Tensor& a
 // No two of the tensors in `ts` may share a byte.
 using NamedTensor = std::pair<const char*, const Tensor*>;
 void check_all_disjoint(const char* op, std::initializer_list<NamedTensor> ts);
+// `a` must share no byte with any of `others` (an output and the inputs).
+void check_disjoint_from(const char* op, const char* name_a, const Tensor& a,
+                         std::initializer_list<NamedTensor> others);
 // True when the op must run its CUDA kernel: `device` is cuda:N and this
 // build has the CUDA backend. Brings the device up on first use; when it does
 // not exist the error names the op ("matmul: device cuda:3 requested, but

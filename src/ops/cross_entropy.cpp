@@ -2,7 +2,6 @@
 // Math: ops/cross_entropy.h and backend/cpu/cross_entropy.cpp.
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "ops/cross_entropy.h"
 
@@ -77,11 +76,8 @@ int64_t check_vocab_parallel(const char* op, const Tensor& logits, int64_t col_s
     check_shape(op, name, *t, Shape{N});
     check_dtype(op, name, *t, {std::string_view(name) == "targets" ? DType::i32 : DType::f32});
   }
-  std::vector<NamedTensor> all(per_row);
-  all.push_back({"logits", &logits});
-  for (size_t i = 0; i < all.size(); ++i)
-    for (size_t j = i + 1; j < all.size(); ++j)
-      check_disjoint(op, all[i].first, *all[i].second, all[j].first, *all[j].second);
+  check_all_disjoint(op, per_row);
+  for (const auto& [name, t] : per_row) check_disjoint(op, name, *t, "logits", logits);
   // Targets may come from the host (uploaded for a GPU); the rest live with the logits.
   for (const auto& [name, t] : per_row) {
     if (std::string_view(name) == "targets")
@@ -141,7 +137,7 @@ void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const
     check_shape(op, "dlogits", dlogits, logits.shape());
     check_same_dtype(op, "logits", logits, "dlogits", dlogits);
     check_alias_or_disjoint(op, "dlogits", dlogits, "logits", logits);
-    for (const auto& [name, t] : per_row) check_disjoint(op, "dlogits", dlogits, name, *t);
+    check_disjoint_from(op, "dlogits", dlogits, per_row);
     ZT_CHECK(dlogits.device() == logits.device(), op, ": 'dlogits' is on another device than 'logits'");
   }
 #if ZT_WITH_CUDA

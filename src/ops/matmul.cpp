@@ -164,7 +164,7 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
   if (db.defined()) check_shape(op, "db", db, Shape{OC});
   check_all_disjoint(op, {{"dx", &dx}, {"dw", &dw}, {"db", &db}});
   for (const auto& [out_name, o] : {NamedTensor{"dx", &dx}, {"dw", &dw}, {"db", &db}})
-    for (const auto& [in_name, in] : {NamedTensor{"dy", &dy}, {"x", &x}, {"w", &w}}) check_disjoint(op, out_name, *o, in_name, *in);
+    check_disjoint_from(op, out_name, *o, {{"dy", &dy}, {"x", &x}, {"w", &w}});
   const int64_t N = x.shape().prod(0, x.ndim() - 1);
   check_blas_dim(op, "rows of x", N);
   check_blas_dim(op, "C", C);

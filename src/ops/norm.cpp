@@ -35,10 +35,6 @@ const char* op_name(NormKind kind, Entry e) {
   return "norm";
 }
 
-// `a` must not overlap any of `others`.
-void check_disjoint_all(const char* op, const char* na, const Tensor& a, std::initializer_list<NamedTensor> others) {
-  for (const auto& [nb, b] : others) check_disjoint(op, na, a, nb, *b);
-}
 
 // x (..., C) with C >= 1, f32 or bf16. Returns C; N = numel / C.
 int64_t check_input(const char* op, const char* name, const Tensor& x) {
@@ -98,9 +94,9 @@ void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tens
   check_stats(op, kind, mean, rstd, N);
   check_eps(op, eps);
   check_device(op, x.device(), {{"y", &y}, {"mean", &mean}, {"rstd", &rstd}, {"w", &w}, {"b", &b}});
-  check_disjoint_all(op, "y", y, {{"x", &x}, {"w", &w}, {"b", &b}, {"mean", &mean}, {"rstd", &rstd}});
-  check_disjoint_all(op, "mean", mean, {{"x", &x}, {"w", &w}, {"b", &b}});
-  check_disjoint_all(op, "rstd", rstd, {{"x", &x}, {"w", &w}, {"b", &b}});
+  check_disjoint_from(op, "y", y, {{"x", &x}, {"w", &w}, {"b", &b}, {"mean", &mean}, {"rstd", &rstd}});
+  check_disjoint_from(op, "mean", mean, {{"x", &x}, {"w", &w}, {"b", &b}});
+  check_disjoint_from(op, "rstd", rstd, {{"x", &x}, {"w", &w}, {"b", &b}});
   if (x.device().is_cpu()) return cpu::norm_forward(kind == NormKind::rmsnorm, y, mean, rstd, x, w, b, eps);
 #if ZT_WITH_CUDA
   if (use_cuda(op, x.device())) return cuda::norm_forward(kind == NormKind::rmsnorm, y, mean, rstd, x, w, b, eps);
@@ -133,12 +129,12 @@ void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tens
   // dx: in place over dy and/or dx_add allowed; separate from everything else.
   check_alias_or_disjoint(op, "dx", dx, "dy", dy);
   check_alias_or_disjoint(op, "dx", dx, "dx_add", dx_add);
-  check_disjoint_all(op, "dx", dx, {{"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dw", &dw}, {"db", &db}});
+  check_disjoint_from(op, "dx", dx, {{"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dw", &dw}, {"db", &db}});
   // dw, db: accumulated, so separate from every other argument.
-  check_disjoint_all(op, "dw", dw,
+  check_disjoint_from(op, "dw", dw,
                      {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add},
                       {"db", &db}});
-  check_disjoint_all(op, "db", db,
+  check_disjoint_from(op, "db", db,
                      {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add}});
   if (x.device().is_cpu())
     return cpu::norm_backward(kind == NormKind::rmsnorm, dx, dw, db, dy, x, w, mean, rstd, dx_add);
@@ -167,12 +163,12 @@ void residual_norm_forward(NormKind kind, const Tensor& r_out, const Tensor& y, 
                 {"b", &b}});
   // r_out may be r_in (in place); every other output is separate memory.
   check_alias_or_disjoint(op, "r_out", r_out, "r_in", r_in);
-  check_disjoint_all(op, "r_out", r_out,
+  check_disjoint_from(op, "r_out", r_out,
                      {{"x", &x}, {"w", &w}, {"b", &b}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
-  check_disjoint_all(op, "y", y,
+  check_disjoint_from(op, "y", y,
                      {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}, {"mean", &mean}, {"rstd", &rstd}});
-  check_disjoint_all(op, "mean", mean, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
-  check_disjoint_all(op, "rstd", rstd, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
+  check_disjoint_from(op, "mean", mean, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
+  check_disjoint_from(op, "rstd", rstd, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
   if (x.device().is_cpu())
     return cpu::residual_norm_forward(kind == NormKind::rmsnorm, r_out, y, mean, rstd, r_in, x, w, b, eps);
 #if ZT_WITH_CUDA
