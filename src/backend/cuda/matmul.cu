@@ -46,6 +46,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -282,18 +283,16 @@ void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device devic
     scratch = Tensor::empty(Shape{words}, DType::f32, device, MemCategory::workspace);
     dst = scratch.data_ptr();
   }
-  float best = 0.0f;
-  bool timed = false;
+  float best = std::numeric_limits<float>::infinity();
   EventTimer timer(device);
   for (int i = 0; i < p.num_ranked; ++i) {
     if (launch(p.ranked[i], dst) != CUBLAS_STATUS_SUCCESS) continue;
     timer.start();
     for (int r = 0; r < kTimedLaunches; ++r) ZT_CUBLAS_CHECK(launch(p.ranked[i], dst));
     const float ms = timer.stop_ms();
-    if (!timed || ms < best) {
+    if (ms < best) {
       best = ms;
       p.algo = p.ranked[i];
-      timed = true;
     }
   }
   ++g_tuned_plans;
