@@ -56,24 +56,34 @@ double frequency(int64_t i, int64_t head_dim, double theta, const RopeScaling& s
   return (1.0 - smooth) * freq / factor + smooth * freq;
 }
 
+// The table holds (cos, sin) of D / 2 pairs at positions pos_offset ..
+// pos_offset + T - 1.
+void check_table(const char* op, const Tensor& table, int64_t T, int64_t D, int64_t pos_offset) {
+  check_ndim(op, "table", table, 3);
+  check_shape(op, "table", table, Shape{table.size(0), D / 2, 2});
+  check_dtype(op, "table", table, {DType::f32});
+  ZT_CHECK(pos_offset >= 0 && pos_offset + T <= table.size(0), op, ": positions ", pos_offset, "..", pos_offset + T - 1,
+           " (pos_offset ", pos_offset, ", T ", T, ") are outside 'table' ", table.shape().str(),
+           "; build the table with T_max >= pos_offset + T");
+}
+
+// x (B, T, H, D) with an even head dim D, in a compute dtype.
+void check_heads(const char* op, const char* x_name, const Tensor& x) {
+  check_ndim(op, x_name, x, 4);
+  ZT_CHECK(x.size(3) % 2 == 0, op, ": '", x_name, "' has shape ", x.shape().str(), " but the head dim (last) is ",
+           x.size(3), "; RoPE rotates channel pairs, so it must be even");
+  check_compute_dtype(op, x_name, x);
+}
+
 // y = rotation of x (inverse: the transposed rotation); names for messages.
 void rope_apply(const char* op, const char* y_name, const Tensor& y, const char* x_name, const Tensor& x,
                 const Tensor& table, int64_t pos_offset, bool inverse) {
   const OpScope scope(op, y);
-  check_ndim(op, x_name, x, 4);
-  const int64_t T = x.size(1), D = x.size(3);
-  ZT_CHECK(D % 2 == 0, op, ": '", x_name, "' has shape ", x.shape().str(), " but the head dim (last) is ", D,
-           "; RoPE rotates channel pairs, so it must be even");
-  check_compute_dtype(op, x_name, x);
+  check_heads(op, x_name, x);
   check_shape(op, y_name, y, x.shape());
   check_same_dtype(op, y_name, y, x_name, x);
-  check_ndim(op, "table", table, 3);
-  check_shape(op, "table", table, Shape{table.size(0), D / 2, 2});
-  check_dtype(op, "table", table, {DType::f32});
   check_device(op, x.device(), {{x_name, &x}, {y_name, &y}, {"table", &table}});
-  ZT_CHECK(pos_offset >= 0 && pos_offset + T <= table.size(0), op, ": positions ", pos_offset, "..", pos_offset + T - 1,
-           " (pos_offset ", pos_offset, ", T ", T, ") are outside 'table' ", table.shape().str(),
-           "; build the table with T_max >= pos_offset + T");
+  check_table(op, table, x.size(1), x.size(3), pos_offset);
   check_alias_or_disjoint(op, y_name, y, x_name, x);
   check_disjoint(op, y_name, y, "table", table);
   if (x.device().is_cpu()) {
@@ -84,6 +94,35 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
 #endif
   } else {
     no_backend(op, x.device());
+  }
+}
+
+// The split of the fused qkv product (backward: its gradient's join); the
+// names are the gradients' in the backward.
+void rope_split_apply(const char* op, const char* qkv_name, const Tensor& qkv, const char* q_name, const Tensor& q,
+                      const char* k_name, const Tensor& k, const char* v_name, const Tensor& v, const Tensor& table,
+                      int64_t pos_offset, bool backward) {
+  const OpScope scope(op, backward ? qkv : q);
+  check_heads(op, q_name, q);
+  check_heads(op, k_name, k);
+  const int64_t B = q.size(0), T = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
+  check_shape(op, k_name, k, Shape{B, T, Hkv, D});
+  check_shape(op, v_name, v, k.shape());
+  check_shape(op, qkv_name, qkv, Shape{B, T, Hq + 2 * Hkv, D});
+  check_same_dtype(op, k_name, k, q_name, q);
+  check_same_dtype(op, v_name, v, q_name, q);
+  check_same_dtype(op, qkv_name, qkv, q_name, q);
+  check_device(op, q.device(), {{qkv_name, &qkv}, {q_name, &q}, {k_name, &k}, {v_name, &v}, {"table", &table}});
+  check_table(op, table, T, D, pos_offset);
+  check_all_disjoint(op, {{qkv_name, &qkv}, {q_name, &q}, {k_name, &k}, {v_name, &v}, {"table", &table}});
+  if (q.device().is_cpu()) {
+    cpu::rope_split_qkv(qkv, q, k, v, table, pos_offset, backward);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, q.device())) {
+    cuda::rope_split_qkv(qkv, q, k, v, table, pos_offset, backward);
+#endif
+  } else {
+    no_backend(op, q.device());
   }
 }
 
@@ -126,6 +165,18 @@ void rope_forward(const Tensor& y, const Tensor& x, const Tensor& table, int64_t
 
 void rope_backward(const Tensor& dx, const Tensor& dy, const Tensor& table, int64_t pos_offset) {
   rope_apply("rope_backward", "dx", dx, "dy", dy, table, pos_offset, /*inverse=*/true);
+}
+
+void rope_split_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
+                            const Tensor& table, int64_t pos_offset) {
+  rope_split_apply("rope_split_qkv_forward", "qkv", qkv, "q", q, "k", k, "v", v, table, pos_offset,
+                   /*backward=*/false);
+}
+
+void rope_split_qkv_backward(const Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                             const Tensor& table, int64_t pos_offset) {
+  rope_split_apply("rope_split_qkv_backward", "dqkv", dqkv, "dq", dq, "dk", dk, "dv", dv, table, pos_offset,
+                   /*backward=*/true);
 }
 
 }  // namespace zt::ops

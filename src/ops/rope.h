@@ -33,4 +33,18 @@ void rope_forward(const Tensor& y, const Tensor& x, const Tensor& table, int64_t
 // The inverse rotation applied to the gradient; dx may alias dy (same rule).
 void rope_backward(const Tensor& dx, const Tensor& dy, const Tensor& table, int64_t pos_offset = 0);
 
+// The fused qkv product's split: qkv (B, T, Hq + 2 Hkv, D) holds the heads in
+// the qkv weight's row order (Hq query heads, Hkv key heads, Hkv value
+// heads); q (B, T, Hq, D) and k (B, T, Hkv, D) get its query and key heads
+// rotated, v (B, T, Hkv, D) its value heads copied. One pass over qkv: the
+// rotation of q and k already reads and writes them, so only v's copy is
+// added to what a RoPE in place after three products moves. No two of q, k,
+// v, qkv may share a byte.
+void rope_split_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,
+                            const Tensor& table, int64_t pos_offset = 0);
+// Its gradient: dqkv = (rope_backward(dq) | rope_backward(dk) | dv) along
+// the heads, the input gradient of the fused product.
+void rope_split_qkv_backward(const Tensor& dqkv, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                             const Tensor& table, int64_t pos_offset = 0);
+
 }  // namespace zt::ops

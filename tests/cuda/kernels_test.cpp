@@ -245,6 +245,37 @@ TEST_P(CudaKernels, RopeTableAndRotation) {
   }
 }
 
+// The fused qkv product's split into rotated q, k and copied v, and its
+// gradient's join, against the CPU.
+TEST_P(CudaKernels, RopeSplitsTheFusedQkv) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(15);
+  for (const int64_t D : {int64_t(64), int64_t(42)}) {
+    SCOPED_TRACE(::testing::Message() << "D " << D);
+    const int64_t B = 2, T = 19, Hq = 4, Hkv = 2, Tmax = 24;
+    Tensor table = Tensor::empty(Shape{Tmax, D / 2, 2}, DType::f32);
+    Tensor gtable = gpu_poisoned(Shape{Tmax, D / 2, 2}, DType::f32);
+    ops::rope_table(table, D, 500000.0, ops::RopeScaling{});
+    ops::rope_table(gtable, D, 500000.0, ops::RopeScaling{});
+    const Shape qs{B, T, Hq, D}, kvs{B, T, Hkv, D}, packed{B, T, Hq + 2 * Hkv, D};
+    const Tensor qkv = random_tensor(packed, dt, rng);
+    Tensor q = Tensor::empty(qs, dt), k = Tensor::empty(kvs, dt), v = Tensor::empty(kvs, dt);
+    ops::rope_split_qkv_forward(q, k, v, qkv, table, 5);
+    Tensor gq = gpu_poisoned(qs, dt), gk = gpu_poisoned(kvs, dt), gv = gpu_poisoned(kvs, dt);
+    ops::rope_split_qkv_forward(gq, gk, gv, to_gpu(qkv), gtable, 5);
+    EXPECT_TRUE(matches(gq, q, tol(dt), "q"));
+    EXPECT_TRUE(matches(gk, k, tol(dt), "k"));
+    EXPECT_EQ(values_of(gv), to_f64(v)) << "v is copied";
+    const Tensor dq = random_tensor(qs, dt, rng), dk = random_tensor(kvs, dt, rng), dv = random_tensor(kvs, dt, rng);
+    Tensor dqkv = Tensor::empty(packed, dt);
+    ops::rope_split_qkv_backward(dqkv, dq, dk, dv, table, 5);
+    Tensor gdqkv = gpu_poisoned(packed, dt);
+    ops::rope_split_qkv_backward(gdqkv, to_gpu(dq), to_gpu(dk), to_gpu(dv), gtable, 5);
+    EXPECT_TRUE(matches(gdqkv, dqkv, tol(dt), "dqkv"));
+  }
+}
+
 TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();

@@ -307,6 +307,24 @@ void colsum_case(int64_t rows, int64_t cols, std::mt19937_64& rng) {
   }
 }
 
+// The CPU's cos/sin table of head dim D, and rope.cu's host code on the
+// frequencies the ops layer passes it (checked bitwise equal); theta 10000.
+struct RopeTables {
+  Tensor cpu, gpu;
+};
+
+RopeTables rope_tables(int64_t D, int64_t T_max, const ops::RopeScaling& scaling) {
+  const double theta = 10000.0;
+  const int64_t half_dim = D / 2;
+  RopeTables t{Tensor::empty(Shape{T_max, half_dim, 2}, DType::f32), poisoned(Shape{T_max, half_dim, 2}, DType::f32)};
+  ops::rope_table(t.cpu, D, theta, scaling);
+  std::vector<double> freqs(static_cast<size_t>(half_dim));
+  for (int64_t i = 0; i < half_dim; ++i) freqs[size_t(i)] = ops::rope_frequency(i, D, theta, scaling);
+  rk::rope_table_host(p<float>(t.gpu), T_max, half_dim, freqs.data());
+  EXPECT_TRUE(all_close(t.gpu, to_f64(t.cpu), 0.0, 0.0)) << "the cos/sin tables are bitwise equal";
+  return t;
+}
+
 // RoPE on (B, T, H, D) at positions pos_offset.. of a T_max table: forward,
 // then the inverse in place (as the backward may run). V elements per thread:
 // one pair (2), or a 16-byte pack (D a multiple of V).
@@ -317,28 +335,52 @@ void rope_case(int64_t B, int64_t T_, int64_t H, int64_t D, int64_t T_max, int64
   SCOPED_TRACE(::testing::Message() << B << "x" << T_ << "x" << H << "x" << D << ", pos_offset " << pos_offset
                                     << (scaling.enabled ? ", Llama 3 scaling " : " ") << dtype_name(dt) << ", " << V
                                     << " per thread");
-  const double theta = 10000.0;
   const int64_t half_dim = D / 2, units = B * T_ * H * D / V;
-  // The tables: the CPU's, and rope.cu's host code on the frequencies the ops layer passes it.
-  Tensor table = Tensor::empty(Shape{T_max, half_dim, 2}, DType::f32);
-  ops::rope_table(table, D, theta, scaling);
-  std::vector<double> freqs(static_cast<size_t>(half_dim));
-  for (int64_t i = 0; i < half_dim; ++i) freqs[size_t(i)] = ops::rope_frequency(i, D, theta, scaling);
-  Tensor gtable = poisoned(table.shape(), DType::f32);
-  rk::rope_table_host(p<float>(gtable), T_max, half_dim, freqs.data());
-  EXPECT_TRUE(all_close(gtable, to_f64(table), 0.0, 0.0)) << "the cos/sin tables are bitwise equal";
-
+  const RopeTables tables = rope_tables(D, T_max, scaling);
   const Tensor x = random_tensor(Shape{B, T_, H, D}, dt, rng), dy = random_tensor(Shape{B, T_, H, D}, dt, rng);
   Tensor y = Tensor::empty(x.shape(), dt), dx = Tensor::empty(x.shape(), dt);
-  ops::rope_forward(y, x, table, pos_offset);
-  ops::rope_backward(dx, dy, table, pos_offset);
+  ops::rope_forward(y, x, tables.cpu, pos_offset);
+  ops::rope_backward(dx, dy, tables.cpu, pos_offset);
   Tensor gy = poisoned(x.shape(), dt), gdx = copy_of(dy);
-  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>, p<T>(gy), p<T>(x),
-              p<float>(gtable), units, T_, H, half_dim, pos_offset, 1.0f);
-  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>, p<T>(gdx), p<T>(gdx),
-              p<float>(gtable), units, T_, H, half_dim, pos_offset, -1.0f);
+  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>,
+              rk::HeadLayout<T>{p<T>(x), p<T>(gy), nullptr, nullptr, H, 0}, p<float>(tables.gpu), units, T_,
+              half_dim, pos_offset, 1.0f, false);
+  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>,
+              rk::HeadLayout<T>{p<T>(gdx), p<T>(gdx), nullptr, nullptr, H, 0}, p<float>(tables.gpu), units, T_,
+              half_dim, pos_offset, -1.0f, false);
   EXPECT_TRUE(close(gy, y, tol(dt), "y"));
   EXPECT_TRUE(close(gdx, dx, tol(dt), "dx (in place)"));
+}
+
+// The fused qkv product's split, (B, T, Hq + 2 Hkv, D) into rotated q and k
+// and copied v, and its gradient's join, against the CPU's.
+template <typename T, int V>
+void rope_split_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, int64_t pos_offset,
+                     const ops::RopeScaling& scaling, std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>();
+  SCOPED_TRACE(::testing::Message() << "qkv split " << B << "x" << T_ << "x(" << Hq << "+2x" << Hkv << ")x" << D
+                                    << ", pos_offset " << pos_offset << " " << dtype_name(dt) << ", " << V
+                                    << " per thread");
+  const int64_t H = Hq + 2 * Hkv, units = B * T_ * H * D / V;
+  const RopeTables tables = rope_tables(D, pos_offset + T_, scaling);
+  const Shape qs{B, T_, Hq, D}, kvs{B, T_, Hkv, D}, packed{B, T_, H, D};
+  const Tensor qkv = random_tensor(packed, dt, rng);
+  const Tensor dq = random_tensor(qs, dt, rng), dk = random_tensor(kvs, dt, rng), dv = random_tensor(kvs, dt, rng);
+  Tensor q = Tensor::empty(qs, dt), k = Tensor::empty(kvs, dt), v = Tensor::empty(kvs, dt);
+  Tensor dqkv = Tensor::empty(packed, dt);
+  ops::rope_split_qkv_forward(q, k, v, qkv, tables.cpu, pos_offset);
+  ops::rope_split_qkv_backward(dqkv, dq, dk, dv, tables.cpu, pos_offset);
+  Tensor gq = poisoned(qs, dt), gk = poisoned(kvs, dt), gv = poisoned(kvs, dt), gdqkv = poisoned(packed, dt);
+  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>,
+              rk::HeadLayout<T>{p<T>(qkv), p<T>(gq), p<T>(gk), p<T>(gv), Hq, Hkv}, p<float>(tables.gpu), units, T_,
+              D / 2, pos_offset, 1.0f, false);
+  emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>,
+              rk::HeadLayout<T>{p<T>(gdqkv), p<T>(dq), p<T>(dk), p<T>(dv), Hq, Hkv}, p<float>(tables.gpu), units, T_,
+              D / 2, pos_offset, -1.0f, true);
+  EXPECT_TRUE(close(gq, q, tol(dt), "q"));
+  EXPECT_TRUE(close(gk, k, tol(dt), "k"));
+  EXPECT_TRUE(all_close(gv, to_f64(v), 0.0, 0.0)) << "v is copied";
+  EXPECT_TRUE(close(gdqkv, dqkv, tol(dt), "dqkv"));
 }
 
 TEST(CudaKernelsEmulated, EmbeddingForwardBackwardMatchTheCpu) {
@@ -439,6 +481,12 @@ TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {
   rope_case<__nv_bfloat16, kBf16Pack>(2, 6, 2, 32, 9, 3, scaling, rng);
   // Packs of 8 at D = 64 (Llama's head dim): 2560 of them, more than a sweep of 768 threads.
   rope_case<__nv_bfloat16, kBf16Pack>(2, 40, 4, 64, 48, 5, scaling, rng);
+  // The fused qkv split: GQA (4 query heads, 2 kv heads), a pair or a pack per
+  // thread; one kv head per query head; a unit straddling no head boundary.
+  rope_split_case<float, 2>(2, 5, 4, 2, 6, 3, scaling, rng);
+  rope_split_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
+  rope_split_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);
+  rope_split_case<__nv_bfloat16, kBf16Pack>(2, 9, 8, 2, 64, 5, scaling, rng);
 }
 
 }  // namespace

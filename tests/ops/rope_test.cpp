@@ -242,6 +242,110 @@ TEST(Rope, BackwardInvertsForward) {
   EXPECT_FALSE(all_close(back, to_f64(x), 0.0, 1e-3));
 }
 
+// Heads [h0, h0 + n) of x (B, T, H, D) in float64, as (B, T, n, D).
+std::vector<double> heads_of(const std::vector<double>& x, const Shape& shape, int64_t h0, int64_t n) {
+  const int64_t BT = shape[0] * shape[1], H = shape[2], D = shape[3];
+  std::vector<double> out;
+  out.reserve(size_t(BT * n * D));
+  for (int64_t bt = 0; bt < BT; ++bt)
+    for (int64_t h = h0; h < h0 + n; ++h)
+      for (int64_t d = 0; d < D; ++d) out.push_back(x[size_t((bt * H + h) * D + d)]);
+  return out;
+}
+
+// The fused qkv split (B, T, Hq + 2 Hkv, D) -> rotated q, k and copied v, and
+// its gradient's join, against float64; the split's q and k have the bits
+// of rope_forward on the same heads (what three products would feed it).
+void check_split(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t offset, DType dtype,
+                 uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << B << "x" << T << "x(" << Hq << "+2x" << Hkv << ")x" << D << " offset "
+                                    << offset << " " << dtype_name(dtype));
+  auto rng = test::make_rng(salt);
+  const RopeScaling s = llama31();
+  Tensor table = make_table(offset + T + 2, D, 500000.0, s);
+  const std::vector<double> f = expected_freqs(D, 500000.0, s);
+  const bool bf = dtype == DType::bf16;
+  const double rtol = bf ? 4e-3 : 1e-6, atol = bf ? 1e-5 : 1e-6;
+  const Shape qs{B, T, Hq, D}, kvs{B, T, Hkv, D}, packed{B, T, Hq + 2 * Hkv, D};
+
+  const Tensor qkv = random_tensor(packed, dtype, rng);
+  Tensor q = Tensor::empty(qs, dtype), k = Tensor::empty(kvs, dtype), v = Tensor::empty(kvs, dtype);
+  poison(q);
+  poison(k);
+  poison(v);
+  ops::rope_split_qkv_forward(q, k, v, qkv, table, offset);
+  const std::vector<double> x = to_f64(qkv);
+  const std::vector<double> xq = heads_of(x, packed, 0, Hq), xk = heads_of(x, packed, Hq, Hkv);
+  EXPECT_TRUE(all_close(q, ref_rotate(xq, qs, f, offset, false), rtol, atol)) << "q";
+  EXPECT_TRUE(all_close(k, ref_rotate(xk, kvs, f, offset, false), rtol, atol)) << "k";
+  EXPECT_TRUE(all_close(v, heads_of(x, packed, Hq + Hkv, Hkv), 0.0, 0.0)) << "v is copied";
+  // The same bits as rope_forward of the query heads alone.
+  Tensor q_heads = Tensor::empty(qs, dtype), q_rope = Tensor::empty(qs, dtype);
+  const size_t es = dtype_size(dtype), row = size_t(D) * es;
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    std::memcpy(static_cast<char*>(q_heads.data_ptr()) + size_t(bt * Hq) * row,
+                static_cast<const char*>(qkv.data_ptr()) + size_t(bt * (Hq + 2 * Hkv)) * row, size_t(Hq) * row);
+  ops::rope_forward(q_rope, q_heads, table, offset);
+  EXPECT_EQ(std::memcmp(q_rope.data_ptr(), q.data_ptr(), q.nbytes()), 0) << "q as rope_forward computes it";
+
+  const Tensor dq = random_tensor(qs, dtype, rng), dk = random_tensor(kvs, dtype, rng),
+               dv = random_tensor(kvs, dtype, rng);
+  Tensor dqkv = Tensor::empty(packed, dtype);
+  poison(dqkv);
+  ops::rope_split_qkv_backward(dqkv, dq, dk, dv, table, offset);
+  const std::vector<double> gq = ref_rotate(to_f64(dq), qs, f, offset, true),
+                            gk = ref_rotate(to_f64(dk), kvs, f, offset, true), gv = to_f64(dv);
+  std::vector<double> want;
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (const auto* part : {&gq, &gk, &gv}) {
+      const int64_t n = part == &gq ? Hq : Hkv;
+      want.insert(want.end(), part->begin() + bt * n * D, part->begin() + (bt + 1) * n * D);
+    }
+  EXPECT_TRUE(all_close(dqkv, want, rtol, atol)) << "dqkv";
+  EXPECT_EQ(heads_of(to_f64(dqkv), packed, Hq + Hkv, Hkv), gv) << "dv is copied into dqkv";
+}
+
+TEST(Rope, SplitQkvMatchesReference) {
+  ZT_TEST_TRACE_SEED();
+  check_split(2, 5, 4, 2, 8, 3, DType::f32, 50);  // GQA, 2 query heads per kv head
+  check_split(1, 3, 2, 2, 6, 0, DType::f32, 51);  // one kv head per query head
+  check_split(2, 7, 8, 2, 64, 9, DType::bf16, 52);
+  check_split(1, 4, 3, 1, 128, 1, DType::bf16, 53);
+}
+
+TEST(Rope, SplitQkvBadArguments) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(54);
+  const DType f = DType::f32;
+  Tensor table = make_table(8, 8, 10000.0, RopeScaling{});
+  const Tensor qkv = random_tensor(Shape{2, 5, 8, 8}, f, rng);
+  Tensor q = Tensor::empty(Shape{2, 5, 4, 8}, f), k = Tensor::empty(Shape{2, 5, 2, 8}, f),
+         v = Tensor::empty(Shape{2, 5, 2, 8}, f);
+  ops::rope_split_qkv_forward(q, k, v, qkv, table, 3);  // valid
+  ops::rope_split_qkv_backward(qkv, q, k, v, table, 3);  // valid: qkv is written
+
+  Tensor k3 = Tensor::empty(Shape{2, 5, 3, 8}, f);
+  expect_error([&] { ops::rope_split_qkv_forward(q, k3, k3, qkv, table); },
+               {"rope_split_qkv_forward", "'qkv'", "(2, 5, 10, 8)"});
+  expect_error([&] { ops::rope_split_qkv_forward(q, k, k3, qkv, table); },
+               {"rope_split_qkv_forward", "'v'", "(2, 5, 2, 8)"});
+  Tensor k_short = Tensor::empty(Shape{2, 4, 2, 8}, f);
+  expect_error([&] { ops::rope_split_qkv_backward(qkv, q, k_short, v, table); }, {"rope_split_qkv_backward", "'dk'"});
+  Tensor v_bf = Tensor::empty(v.shape(), DType::bf16);
+  expect_error([&] { ops::rope_split_qkv_forward(q, k, v_bf, qkv, table); },
+               {"rope_split_qkv_forward", "'v'", "bf16"});
+  expect_error([&] { ops::rope_split_qkv_forward(q, k, v, qkv, table, 4); },
+               {"rope_split_qkv_forward", "'table'", "pos_offset 4"});
+  Tensor q7 = Tensor::empty(Shape{2, 5, 4, 7}, f);
+  expect_error([&] { ops::rope_split_qkv_forward(q7, k, v, qkv, table); }, {"rope_split_qkv_forward", "'q'", "even"});
+  // Outputs inside the input: the split reads heads it would overwrite.
+  Tensor buf = Tensor::empty(Shape{qkv.numel()}, f);
+  Tensor packed = buf.view(qkv.shape()), q_in = buf.flat_view(0, q.shape());
+  expect_error([&] { ops::rope_split_qkv_forward(q_in, k, v, packed, table); },
+               {"rope_split_qkv_forward", "'qkv'", "'q'", "overlaps"});
+  expect_error([&] { ops::rope_split_qkv_backward(qkv, q, k, k, table); }, {"rope_split_qkv_backward", "'dk'", "'dv'"});
+}
+
 // The reference gradient (the inverse rotation) against central differences
 // of L = sum(w * rope(x)) in float64.
 TEST(Rope, ReferenceGradientMatchesFiniteDifferences) {

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace zt::cpu {
@@ -35,20 +36,41 @@ void rope_table(const Tensor& table, const double* freqs) {
 
 namespace {
 
+// Rows of (B, T) tokens, each Hq + 2 Hkv heads of D channels in `packed`
+// and Hq (q), Hkv (k), Hkv (v) heads in the separate tensors. Heads
+// [0, Hq + Hkv) are rotated (by -angle when `inverse`), the rest copied;
+// to_packed: from the separate tensors into packed, else the other way.
+// A plain rotation is Hkv = 0 (k and v unused), in place when q == packed.
 template <typename T>
-void rotate_impl(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse) {
-  const int64_t B = x.size(0), T_ = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
-  const T* xp = x.data<T>();
-  T* yp = y.data<T>();  // may equal xp
+struct HeadLayout {
+  T* packed;
+  T* q;
+  T* k;
+  T* v;
+  int64_t Hq, Hkv;
+};
+
+template <typename T>
+void rotate_heads(const HeadLayout<T>& l, int64_t rows, int64_t T_, int64_t D, const Tensor& table,
+                  int64_t pos_offset, bool inverse, bool to_packed) {
+  const int64_t half = D / 2, H = l.Hq + 2 * l.Hkv;
   const float* tp = table.data<float>();
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T_; ++bt) {
+  for (int64_t bt = 0; bt < rows; ++bt) {
     const int64_t t = bt % T_;
     const float* cs = tp + (t + pos_offset) * half * 2;  // (cos, sin) pairs
     for (int64_t h = 0; h < H; ++h) {
-      const T* src = xp + (bt * H + h) * D;
-      T* dst = yp + (bt * H + h) * D;
+      T* sep = h < l.Hq ? l.q + (bt * l.Hq + h) * D
+               : h < l.Hq + l.Hkv ? l.k + (bt * l.Hkv + h - l.Hq) * D
+                                  : l.v + (bt * l.Hkv + h - l.Hq - l.Hkv) * D;
+      T* pk = l.packed + (bt * H + h) * D;
+      const T* src = to_packed ? sep : pk;
+      T* dst = to_packed ? pk : sep;  // may equal src
+      if (h >= l.Hq + l.Hkv) {
+        std::memcpy(dst, src, size_t(D) * sizeof(T));  // a value head: disjoint tensors (ops checked)
+        continue;
+      }
 #pragma omp simd
       for (int64_t i = 0; i < half; ++i) {
         const float c = cs[2 * i], s = sign * cs[2 * i + 1];
@@ -60,13 +82,33 @@ void rotate_impl(const Tensor& y, const Tensor& x, const Tensor& table, int64_t 
   }
 }
 
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 }  // namespace
 
 void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse) {
+  const int64_t rows = x.size(0) * x.size(1), T_ = x.size(1), H = x.size(2), D = x.size(3);
   if (x.dtype() == DType::bf16) {
-    rotate_impl<bf16>(y, x, table, pos_offset, inverse);
+    rotate_heads<bf16>({ptr<bf16>(x), ptr<bf16>(y), nullptr, nullptr, H, 0}, rows, T_, D, table, pos_offset, inverse,
+                       false);
   } else {
-    rotate_impl<float>(y, x, table, pos_offset, inverse);
+    rotate_heads<float>({ptr<float>(x), ptr<float>(y), nullptr, nullptr, H, 0}, rows, T_, D, table, pos_offset,
+                        inverse, false);
+  }
+}
+
+void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,
+                    int64_t pos_offset, bool backward) {
+  const int64_t rows = q.size(0) * q.size(1), T_ = q.size(1), Hq = q.size(2), Hkv = k.size(2), D = q.size(3);
+  if (q.dtype() == DType::bf16) {
+    rotate_heads<bf16>({ptr<bf16>(qkv), ptr<bf16>(q), ptr<bf16>(k), ptr<bf16>(v), Hq, Hkv}, rows, T_, D, table,
+                       pos_offset, backward, backward);
+  } else {
+    rotate_heads<float>({ptr<float>(qkv), ptr<float>(q), ptr<float>(k), ptr<float>(v), Hq, Hkv}, rows, T_, D, table,
+                        pos_offset, backward, backward);
   }
 }
 

@@ -17,4 +17,10 @@ void rope_table(const Tensor& table, const double* freqs);
 // position t + pos_offset: y = R x, or y = R^T x (the inverse) when `inverse`.
 void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse);
 
+// qkv (B, T, Hq + 2 Hkv, D) and its heads q (B, T, Hq, D), k, v (B, T, Hkv,
+// D), one dtype, disjoint. Forward: q and k = qkv's first Hq and next Hkv
+// heads rotated, v = its last Hkv heads. Backward: qkv = (R^T dq | R^T dk | dv).
+void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,
+                    int64_t pos_offset, bool backward);
+
 }  // namespace zt::cpu

@@ -1,6 +1,7 @@
-// CUDA RoPE: one thread per channel pair, in place allowed (each pair is read
-// before it is written by the same thread). The launches; the kernel and the
-// host-built table are in rope_kernels.cuh.
+// CUDA RoPE: one thread per channel pair (or 16-byte pack of pairs), in
+// place allowed (each pair is read before it is written by the same thread);
+// the fused qkv product's split and its gradient's join in the same kernel.
+// The launches; the kernel and the host-built table are in rope_kernels.cuh.
 #include "backend/cuda/rope.h"
 
 #include <vector>
@@ -15,6 +16,24 @@ namespace {
 
 using namespace rope_kernels;
 
+// One launch over the packed tensor's units; every pointer of the layout
+// decides whether 16-byte packs fit.
+template <typename T>
+void launch_rope(const HeadLayout<T>& l, const Tensor& packed, const Tensor& table, int64_t T_, int64_t D,
+                 int64_t pos_offset, bool inverse, bool to_packed) {
+  with_pack_width<T, 2>(packs_of_16_fit<T>(D, l.packed, l.q, l.k, l.v), [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    const int64_t units = packed.numel() / V;
+    rope_kernel<T, V><<<grid_for(units, kThreads, packed.device()), kThreads, 0, stream_of(packed)>>>(
+        l, table.data<float>(), units, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f, to_packed);
+  });
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
 }  // namespace
 
 void rope_table(const Tensor& table, const double* freqs) {
@@ -25,20 +44,23 @@ void rope_table(const Tensor& table, const double* freqs) {
 }
 
 void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse) {
-  const int64_t T_ = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
   if (x.numel() == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "rope", [&] {
-    T* yp = static_cast<T*>(y.data_ptr());
-    const T* xp = static_cast<const T*>(x.data_ptr());
-    // 16-byte packs where they tile a head row; else a pair per thread.
-    with_pack_width<T, 2>(packs_of_16_fit<T>(D, yp, xp), [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      const int64_t units = x.numel() / V;
-      rope_kernel<T, V><<<grid_for(units, kThreads, x.device()), kThreads, 0, stream_of(y)>>>(
-          yp, xp, table.data<float>(), units, T_, H, half, pos_offset, inverse ? -1.0f : 1.0f);
-    });
+    // k and v null: 16-byte alignment holds for them (0 % 16 == 0).
+    launch_rope<T>({ptr<T>(x), ptr<T>(y), nullptr, nullptr, x.size(2), 0}, x, table, x.size(1), x.size(3), pos_offset,
+                   inverse, false);
   });
   ZT_CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,
+                    int64_t pos_offset, bool backward) {
+  if (qkv.numel() == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(q.dtype(), "rope_split_qkv", [&] {
+    launch_rope<T>({ptr<T>(qkv), ptr<T>(q), ptr<T>(k), ptr<T>(v), q.size(2), k.size(2)}, qkv, table, q.size(1),
+                   q.size(3), pos_offset, backward, backward);
+  });
+  ZT_CUDA_CHECK_LAUNCH("rope_kernel (qkv split)");
 }
 
 }  // namespace zt::cuda
