@@ -1,5 +1,5 @@
 // Tuning overrides read from the environment (ZT_CUDA_WGRAD_CHUNKS,
-// ZT_CUDNN_FORWARD_CONFIG, ZT_HEAD_CHUNK_ELEMS, ...): each read where it
+// ZT_CUDNN_FORWARD_CONFIG, ZT_HEAD_CHUNK_ELEMS, ZT_FUSED_QKV, ...): each read where it
 // applies, all validated alike, so a typo is an error that names the
 // variable instead of a silent default.
 #pragma once

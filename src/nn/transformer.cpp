@@ -89,6 +89,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
            "model part: blocks [", part_.first_layer, ", ", part_.last_layer, ") are not within the model's ",
            cfg_.n_layer, " blocks");
   shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank());
+  fused_qkv_ = fuses_qkv_product(cfg_, shares_);
   if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(part_.last_layer - part_.first_layer));
   for (int64_t i = part_.first_layer; i < part_.last_layer; ++i)
@@ -212,11 +213,13 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   b.ln1_w = get("attn_norm.weight");
   b.ln1_b = opt("attn_norm.bias");
   const Tensor qkv = get("attn.qkv.weight");
+  b.wqkv = qkv;
   b.wq = qkv.slice(0, q_rows);
   b.wk = qkv.slice(q_rows, q_rows + kv_rows);
   b.wv = qkv.slice(q_rows + kv_rows, q_rows + 2 * kv_rows);
   if (cfg_.has_bias()) {
     const Tensor qkv_b = get("attn.qkv.bias");
+    b.bqkv = qkv_b;
     b.bq = qkv_b.slice(0, q_rows);
     b.bk = qkv_b.slice(q_rows, q_rows + kv_rows);
     b.bv = qkv_b.slice(q_rows + kv_rows, q_rows + 2 * kv_rows);
@@ -234,7 +237,8 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
 
 Transformer::BlockLinears Transformer::block_linears(size_t layer, const TensorParallel& m) const {
   const BlockParams p = block_views(layer, false), g = block_views(layer, true);
-  return BlockLinears{ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq), ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk),
+  return BlockLinears{ColumnParallelLinear(p.wqkv, p.bqkv, g.wqkv, g.bqkv), ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq),
+                      ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk),
                       ColumnParallelLinear(p.wv, p.bv, g.wv, g.bv),
                       ColumnParallelLinear(p.mlp_in_w, p.mlp_in_b, g.mlp_in_w, g.mlp_in_b),
                       RowParallelLinear(p.proj_w, p.proj_b, g.proj_w, g.proj_b, m),
@@ -315,12 +319,19 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   a.q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
-  lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
-  lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
-  if (cfg_.arch == Arch::llama3) {
-    ops::rope_forward(a.q, a.q, rope_table_, 0);
-    ops::rope_forward(a.k, a.k, rope_table_, 0);
+  if (fused_qkv_) {
+    // One product, split into rotated q, k and v by the RoPE pass.
+    const Tensor qkv = act_tensor(Shape{B, T, Hq + 2 * Hkv, D}, dtype_, device_);
+    lin.qkv.forward(qkv.view(Shape{N, (Hq + 2 * Hkv) * D}), ln1);
+    ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
+  } else {
+    lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
+    lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
+    lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
+    if (cfg_.arch == Arch::llama3) {
+      ops::rope_forward(a.q, a.q, rope_table_, 0);
+      ops::rope_forward(a.k, a.k, rope_table_, 0);
+    }
   }
   a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
@@ -490,34 +501,51 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   Tensor dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   ops::attention_backward(dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
   d_att = Tensor();
-  if (cfg_.arch == Arch::llama3) {
-    ops::rope_backward(dq, dq, rope_table_, 0);
-    ops::rope_backward(dk, dk, rope_table_, 0);
-  }
-  const Tensor dq2 = dq.view(Shape{N, Hq * D}), dk2 = dk.view(Shape{N, Hkv * D}), dv2 = dv.view(Shape{N, Hkv * D});
-  // d ln1 = dq Wq + dk Wk + dv Wv (partial over the group), then each slice's weight and bias gradients.
   Tensor ln1;
-  gather = start_input(a.ln1, ln1);
-  lin.q.backward_data(d_partial, dq2, false);
-  lin.k.backward_data(d_partial, dk2, true);
-  lin.v.backward_data(d_partial, dv2, true);
-  reduce = start_reduce_rows(m, d_ln, d_partial);
-  weights([this, layer, lin, dq2, dk2, dv2, ln1, gather] {
-    wait(gather);
-    const BlockParams gn = block_views(layer, true);
-    lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, ln1);
-    if (kv_group_) {
-      // kv heads shared by several ranks: each holds the part of their
-      // gradient its query heads produced; the replicas sum them.
-      PartialGrads kv({gn.wk, gn.bk, gn.wv, gn.bv}, device_);
-      lin.k.with_grads(kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
-      lin.v.with_grads(kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
-      kv.reduce_and_add(*kv_group_);
-    } else {
-      lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, ln1);
-      lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, ln1);
+  if (fused_qkv_) {
+    // The RoPE pass joins the gradients into the fused product's dqkv; then
+    // d ln1 = dqkv Wqkv (partial over the group), and its weight and bias gradients.
+    const Tensor dqkv = act_tensor(Shape{B, T, Hq + 2 * Hkv, D}, dtype_, device_);
+    ops::rope_split_qkv_backward(dqkv, dq, dk, dv, rope_table_, 0);
+    dq = dk = dv = Tensor();
+    const Tensor dqkv2 = dqkv.view(Shape{N, (Hq + 2 * Hkv) * D});
+    gather = start_input(a.ln1, ln1);
+    lin.qkv.backward_data(d_partial, dqkv2, false);
+    reduce = start_reduce_rows(m, d_ln, d_partial);
+    weights([this, layer, lin, dqkv2, ln1, gather] {
+      wait(gather);
+      const BlockParams gn = block_views(layer, true);
+      lin.qkv.with_grads(gn.wqkv, gn.bqkv).backward_weights(dqkv2, ln1);
+    });
+  } else {
+    if (cfg_.arch == Arch::llama3) {
+      ops::rope_backward(dq, dq, rope_table_, 0);
+      ops::rope_backward(dk, dk, rope_table_, 0);
     }
-  });
+    const Tensor dq2 = dq.view(Shape{N, Hq * D}), dk2 = dk.view(Shape{N, Hkv * D}), dv2 = dv.view(Shape{N, Hkv * D});
+    // d ln1 = dq Wq + dk Wk + dv Wv (partial over the group), then each slice's weight and bias gradients.
+    gather = start_input(a.ln1, ln1);
+    lin.q.backward_data(d_partial, dq2, false);
+    lin.k.backward_data(d_partial, dk2, true);
+    lin.v.backward_data(d_partial, dv2, true);
+    reduce = start_reduce_rows(m, d_ln, d_partial);
+    weights([this, layer, lin, dq2, dk2, dv2, ln1, gather] {
+      wait(gather);
+      const BlockParams gn = block_views(layer, true);
+      lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, ln1);
+      if (kv_group_) {
+        // kv heads shared by several ranks: each holds the part of their
+        // gradient its query heads produced; the replicas sum them.
+        PartialGrads kv({gn.wk, gn.bk, gn.wv, gn.bv}, device_);
+        lin.k.with_grads(kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
+        lin.v.with_grads(kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
+        kv.reduce_and_add(*kv_group_);
+      } else {
+        lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, ln1);
+        lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, ln1);
+      }
+    });
+  }
   wait(gather);
   wait(reduce);
   // dres <- dL/d x_in = norm1 backward + the residual path.
@@ -702,6 +730,16 @@ void Transformer::backward_weight(ForwardContext& ctx) {
 int64_t default_head_chunk_elems(Device device) {
   return env_whole_number("ZT_HEAD_CHUNK_ELEMS", 1, "logits per LM-head chunk")
       .value_or(device.is_cpu() ? (int64_t(1) << 26) : (int64_t(1) << 28));
+}
+
+bool fuses_qkv_product(const ModelConfig& cfg, const TpShares& shares) {
+  // Read at each model's construction (not once per process), so a test can
+  // build both forms in one process.
+  const bool allowed = env_whole_number("ZT_FUSED_QKV", 0,
+                                        "1: q, k and v as one product where the model rotates q and k (the default); "
+                                        "0: three products")
+                           .value_or(1) > 0;
+  return allowed && cfg.arch == Arch::llama3 && shares.kv_replicas == 1;
 }
 
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems) {

@@ -114,6 +114,18 @@ int64_t default_head_chunk_elems(Device device);
 // equal size up to the last.
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems);
 
+// Whether a block computes q, k and v as one product over its fused qkv
+// weight (out_local = (Hq + 2 Hkv) D) instead of three over its row slices:
+// where the model rotates q and k, since that RoPE pass then splits the
+// product's (N, (Hq + 2 Hkv) D) output into q, k, v and joins their
+// gradients back, moving only v's bytes more. The input gradient becomes one
+// product of depth (Hq + 2 Hkv) D and the weight gradient one of
+// (Hq + 2 Hkv) D rows: Llama's k and v products, 512 columns each, ran at
+// half the GEMM rate alone. Not where kv heads are shared by several ranks
+// (their weight gradients are partial sums reduced apart). ZT_FUSED_QKV=0
+// keeps three products (the A/B). The memory plan asks the same function.
+bool fuses_qkv_product(const ModelConfig& cfg, const TpShares& shares);
+
 class Transformer {
  public:
   // compute_dtype: f32 or bf16 for parameters and activations (grads are f32).
@@ -229,12 +241,12 @@ class Transformer {
 
  private:
   struct BlockParams {  // views into one ParamSet; undefined where the arch has none
-    Tensor ln1_w, ln1_b, wq, wk, wv, bq, bk, bv, proj_w, proj_b, ln2_w, ln2_b, mlp_in_w, mlp_in_b, mlp_out_w,
-        mlp_out_b;
+    Tensor ln1_w, ln1_b, wqkv, bqkv, wq, wk, wv, bq, bk, bv, proj_w, proj_b, ln2_w, ln2_b, mlp_in_w, mlp_in_b,
+        mlp_out_w, mlp_out_b;  // wq, wk, wv (bq, bk, bv): row slices of wqkv (bqkv)
   };
   BlockParams block_views(size_t layer, bool grads) const;
   struct BlockLinears {  // the block's linear layers over its parameter and gradient views
-    ColumnParallelLinear q, k, v, mlp_in;
+    ColumnParallelLinear qkv, q, k, v, mlp_in;  // qkv: the three as one (fuses_qkv_product)
     RowParallelLinear proj, mlp_out;
   };
   BlockLinears block_linears(size_t layer, const TensorParallel& mode) const;
@@ -298,6 +310,7 @@ class Transformer {
   TpShares shares_;
   ModelPart part_;
   std::unique_ptr<comm::ProcessGroup> kv_group_;  // ranks sharing kv heads (Hkv < tp)
+  bool fused_qkv_ = false;                         // fuses_qkv_product(cfg_, shares_)
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]

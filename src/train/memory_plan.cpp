@@ -14,6 +14,7 @@
 #include "comm/process_group.h"
 #include "core/error.h"
 #include "nn/tensor_parallel.h"
+#include "nn/transformer.h"
 #include "ops/workspace.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
@@ -259,8 +260,13 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   if (has_blocks) {
     attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(),
                  cfg.train.deterministic};
-    linears = {{q, m.d_model, bias}, {kv, m.d_model, bias}, {m.d_model, q, bias}, {mlp_in, m.d_model, bias},
-               {m.d_model, sh.ff, bias}};
+    linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias}};
+    if (nn::fuses_qkv_product(m, sh)) {
+      linears.push_back({q + 2 * kv, m.d_model, bias});
+    } else {
+      linears.push_back({q, m.d_model, bias});
+      linears.push_back({kv, m.d_model, bias});
+    }
   }
   const Device configured = parse_device(cfg.train.device);
   const Device device = configured.is_cuda() ? cfg.device(comm::world_info().size > 1) : configured;

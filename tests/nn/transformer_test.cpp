@@ -320,6 +320,55 @@ TEST(Transformer, HeadChunkBudgetFollowsTheEnvironment) {
   EXPECT_EQ(default_head_chunk_elems(Device::cuda(0)), int64_t(1) << 28);
 }
 
+// Which models compute q, k and v as one product: those that rotate q and k,
+// unless kv heads are shared by ranks or ZT_FUSED_QKV=0 asks for three.
+TEST(Transformer, FusedQkvProductWhereTheModelRotatesQAndK) {
+  ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
+  const ModelConfig llama = model_preset("llama3-1b"), gpt2 = model_preset("gpt2-124m");
+  EXPECT_TRUE(fuses_qkv_product(llama, tp_shares(llama, 1, 0)));
+  EXPECT_TRUE(fuses_qkv_product(llama, tp_shares(llama, 8, 3)));     // one kv head a rank
+  EXPECT_FALSE(fuses_qkv_product(llama, tp_shares(llama, 16, 3)));   // 8 kv heads over 16 ranks: shared
+  EXPECT_FALSE(fuses_qkv_product(gpt2, tp_shares(gpt2, 1, 0)));      // no RoPE pass to split with
+  ::setenv("ZT_FUSED_QKV", "0", 1);
+  EXPECT_FALSE(fuses_qkv_product(llama, tp_shares(llama, 1, 0)));
+  ::setenv("ZT_FUSED_QKV", "yes", 1);
+  EXPECT_NE(test::error_of([&] { fuses_qkv_product(llama, tp_shares(llama, 1, 0)); }).find("ZT_FUSED_QKV = 'yes'"),
+            std::string::npos);
+  ::unsetenv("ZT_FUSED_QKV");
+}
+
+// One qkv product split by the RoPE pass against three products and RoPE in
+// place: the same loss and gradients up to f32 rounding (the input gradient
+// is one product of depth (Hq + 2 Hkv) D instead of three added).
+TEST(Transformer, FusedQkvProductGivesTheSameLossAndGradients) {
+  ZT_TEST_TRACE_SEED();
+  ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
+  const ModelConfig c = model_preset("llama3-tiny");  // 4 query heads, 2 kv heads
+  const int64_t B = 2, T = 24;
+  const Batch b = random_batch(c, B, T, 17);
+  auto run = [&](Transformer& m) {
+    m.init_weights(8);
+    ForwardContext ctx;
+    const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(B * T));
+    m.backward(ctx);
+    return loss;
+  };
+  Transformer fused(c, DType::f32);
+  ::setenv("ZT_FUSED_QKV", "0", 1);
+  Transformer three(c, DType::f32);
+  ::unsetenv("ZT_FUSED_QKV");
+  const double want = run(three), got = run(fused);
+  EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
+  // Seen on this CPU over 7 seeds (2026-11-27): 1.2 to 2.8 units of f32
+  // roundoff; a head in the wrong place or a gradient dropped is off by O(1).
+  constexpr double kF32Roundoff = 0x1p-24;
+  const auto sf = fused.param_sets(), st = three.param_sets();
+  for (size_t i = 0; i < st.size(); ++i)
+    EXPECT_TRUE(test::rel_error_within(sf[i]->grad_flat(), test::to_f64(st[i]->grad_flat()), 32 * kF32Roundoff,
+                                       "gradients"))
+        << "set " << i;
+}
+
 // The LM head in chunks of 1 row, of 5 rows (the last one short) and whole:
 // the same loss and gradients, fused with the loss and with kept dlogits.
 TEST(Transformer, HeadChunksGiveTheSameLossAndGradients) {
