@@ -89,8 +89,10 @@ class Bench {
   Bench(Device dev, const Model& m, double copy_gbps, double gemm_tflops)
       : dev_(dev), m_(m), copy_gbps_(copy_gbps), gemm_tflops_(gemm_tflops), gen_(7) {}
 
-  // The step's products, one layer of each shape (q, k, v run as three
-  // products per layer; GPT-2's k and v have q's shape, Llama's v has k's):
+  // The step's products, one layer of each shape (GPT-2's q, k and v run as
+  // three products of q's shape; Llama's as one, attn.qkv
+  // (nn::fuses_qkv_product), beside its ZT_FUSED_QKV=0 form: attn.q and
+  // attn.k, v having k's shape):
   // forward y (M, N) = x (M, K) W (N, K)^T + b; dgrad dx = dy W (GPT-2's
   // mlp.out with the GeLU backward in its epilogue); wgrad dW += dy^T x (f32),
   // db += column sums of dy. M = the micro-batch's tokens, or a head chunk.
@@ -105,6 +107,7 @@ class Bench {
     std::vector<Product> products;
     if (m_.llama) {
       products = {{"attn.q", N, C, q, false, false},        {"attn.k", N, C, kv, false, false},
+                  {"attn.qkv", N, C, q + 2 * kv, false, false},
                   {"attn.proj", N, q, C, false, false},     {"mlp.in", N, C, 2 * m_.F, false, false},
                   {"mlp.out", N, m_.F, C, false, false},    {"head", head_rows, C, m_.Vp, false, false}};
     } else {
@@ -223,7 +226,7 @@ class Bench {
            [&] { ops::norm_backward(kind, dx, dw, db, dy, r_out, w, mean, rstd, dres); });
       time("add", dims({N, C}), 3 * N * C * es, [&] { ops::add(y, x, r_in); });
     }
-    if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place
+    if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place, and the qkv split
       const int64_t F = m_.F;
       // At the bench's rows, and at the training run's (micro-batch 32, 4x):
       // there the op profile timed the backward at 1.43x what these rows
@@ -240,6 +243,18 @@ class Bench {
       Tensor q = rand({m_.B, m_.T, m_.Hq, m_.D}, bf);
       time("rope_forward", dims({m_.B, m_.T, m_.Hq, m_.D}), 2 * N * m_.Hq * m_.D * es,
            [&] { ops::rope_forward(q, q, table, 0); });
+      // The fused qkv product's split into rotated q, k and copied v, and the
+      // gradients' join (the step's RoPE pass, nn::fuses_qkv_product); shape
+      // B x T x Hq x Hkv x D, every element read once and written once.
+      const int64_t H = m_.Hq + 2 * m_.Hkv;
+      const Tensor qkv = rand({m_.B, m_.T, H, m_.D}, bf);
+      Tensor dqkv = empty({m_.B, m_.T, H, m_.D}, bf), k = empty({m_.B, m_.T, m_.Hkv, m_.D}, bf),
+             v = empty({m_.B, m_.T, m_.Hkv, m_.D}, bf);
+      const std::string split = dims({m_.B, m_.T, m_.Hq, m_.Hkv, m_.D});
+      time("rope_split_qkv_forward", split, 2 * N * H * m_.D * es,
+           [&] { ops::rope_split_qkv_forward(q, k, v, qkv, table, 0); });
+      time("rope_split_qkv_backward", split, 2 * N * H * m_.D * es,
+           [&] { ops::rope_split_qkv_backward(dqkv, q, k, v, table, 0); });
     } else {  // GeLU forward (its backward is fused into a product)
       const int64_t F = m_.F;
       const Tensor x = rand({N, F}, bf, -4, 4);

@@ -27,6 +27,18 @@ def norm(kind, x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5) if kind == "layernorm" else rms_norm(x, w)
 
 
+def rope_angles(T, D, dev):
+    """cos and sin (1, T, 1, D/2) in bf16 of RoPE's angles at theta 500000, as the bench's table."""
+    ang = torch.arange(T, device=dev).float()[:, None] * (500000.0 ** (-torch.arange(0, D, 2, device=dev) / D))
+    return ang.cos()[None, :, None, :].to(torch.bfloat16), ang.sin()[None, :, None, :].to(torch.bfloat16)
+
+
+def rotate(x, cos, sin):
+    """Interleaved channel pairs of x (B, T, H, D) rotated by the angles (sin negated: the inverse)."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), -1).flatten(-2)
+
+
 def work(row, dev):
     """The callable for one row of kernels_bench's output (None: no peer)."""
     op, dims = row["op"], [int(d) for d in row["shape"].split("x")]
@@ -62,14 +74,20 @@ def work(row, dev):
         return lambda: torch.autograd.grad(y, xg, dy, retain_graph=True)
     if op == "rope_forward":
         B, T, H, D = dims
-        q = rand(B, T, H, D)
-        ang = torch.arange(T, device=dev).float()[:, None] * (500000.0 ** (-torch.arange(0, D, 2, device=dev) / D))
-        cos, sin = ang.cos()[None, :, None, :].to(q.dtype), ang.sin()[None, :, None, :].to(q.dtype)
-
-        def rope():
-            q0, q1 = q[..., 0::2], q[..., 1::2]
-            return torch.stack((q0 * cos - q1 * sin, q0 * sin + q1 * cos), -1).flatten(-2)
-        return rope
+        q, cos, sin = rand(B, T, H, D), *rope_angles(T, D, dev)
+        return lambda: rotate(q, cos, sin)
+    if op.startswith("rope_split_qkv"):
+        # Eager PyTorch's form of the fused product's split: q and k rotated
+        # from views of the product's output, v a view (no copy); the
+        # backward concatenates the gradients.
+        B, T, Hq, Hkv, D = dims
+        cos, sin = rope_angles(T, D, dev)
+        if op.endswith("_forward"):
+            qkv = rand(B, T, Hq + 2 * Hkv, D)
+            return lambda: (rotate(qkv[:, :, :Hq], cos, sin), rotate(qkv[:, :, Hq:Hq + Hkv], cos, sin),
+                            qkv[:, :, Hq + Hkv:])
+        dq, dk, dv = rand(B, T, Hq, D), rand(B, T, Hkv, D), rand(B, T, Hkv, D)
+        return lambda: torch.cat((rotate(dq, cos, -sin), rotate(dk, cos, -sin), dv), dim=2)
     if op == "cross_entropy_fused":
         rows, Vp = dims
         V = row["vocab"]  # real columns; the rest padding

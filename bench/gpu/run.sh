@@ -21,6 +21,9 @@
 # ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's
 # ranked algorithms (timed on its first call) instead of the heuristic's
 # first: the A/B of `bench` for what the kernels' candidate table suggests.
+# ZT_FUSED_QKV=0 runs Llama's q, k and v as three products and RoPE in place
+# instead of one product split by the RoPE pass (nn::fuses_qkv_product): the
+# A/B of `bench llama` for the kernels' "q, k, v per layer" line.
 # ZT_HEAD_CHUNK_ELEMS=n sets the LM head's logits per chunk (default 2^28 on a
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
@@ -137,6 +140,21 @@ for r in ours:
         of = f"{r['of_gemm']:.0%}" if r["of_gemm"] is not None else "-"
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['tflops']:.1f} | {of} | "
               + " | ".join(vs_torch(r)) + " |")
+# Llama's q, k and v: the fused product and its RoPE split (the default,
+# nn::fuses_qkv_product) against three products and RoPE on q and k in place
+# (ZT_FUSED_QKV=0), per layer: forward, dgrad, wgrad and the RoPE passes.
+ms = {(r["model"], r["op"]): r["ms"] for r in ours if "ms" in r}
+def layer_ms(model, ops):
+    return sum(n * ms[(model, op)] for op, n in ops) if all((model, op) in ms for op, _ in ops) else None
+passes = ("forward", "dgrad", "wgrad")
+fused = layer_ms("llama3-1b", [(f"attn.qkv.{p}", 1) for p in passes]
+                 + [("rope_split_qkv_forward", 1), ("rope_split_qkv_backward", 1)])
+# rope_forward times the queries; the keys are a quarter of them (8 of 32 heads).
+three = layer_ms("llama3-1b", [(f"attn.q.{p}", 1) for p in passes] + [(f"attn.k.{p}", 2) for p in passes]
+                 + [("rope_forward", 2 * 1.25)])
+if fused and three:
+    print(f"\nLlama's q, k, v per layer (kernel rows): fused product + split {fused:.3f} ms, "
+          f"three products + RoPE {three:.3f} ms ({three / fused:.2f}x)")
 sweeps = [r for r in ours if r.get("candidate_ms")]
 if sweeps:
     print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest")
