@@ -40,6 +40,19 @@ std::vector<std::vector<char>> grad_bytes(const Transformer& m) {
   return out;
 }
 
+// Every parameter set's gradients of `got` within `units` of f32 roundoff
+// (relative to the largest) of `want`'s: two computations of the same model
+// that differ only in the order of f32 sums.
+void expect_same_gradients(const Transformer& got, const Transformer& want, double units) {
+  constexpr double kF32Roundoff = 0x1p-24;
+  const auto sg = got.param_sets(), sw = want.param_sets();
+  ASSERT_EQ(sg.size(), sw.size());
+  for (size_t i = 0; i < sw.size(); ++i)
+    EXPECT_TRUE(test::rel_error_within(sg[i]->grad_flat(), test::to_f64(sw[i]->grad_flat()), units * kF32Roundoff,
+                                       "gradients"))
+        << "set " << i;
+}
+
 class RecomputeTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(RecomputeTest, PoliciesGiveBitwiseEqualGradientsAndLessMemory) {
@@ -361,12 +374,7 @@ TEST(Transformer, FusedQkvProductGivesTheSameLossAndGradients) {
   EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
   // Seen on this CPU over 7 seeds (2026-11-27): 1.2 to 2.8 units of f32
   // roundoff; a head in the wrong place or a gradient dropped is off by O(1).
-  constexpr double kF32Roundoff = 0x1p-24;
-  const auto sf = fused.param_sets(), st = three.param_sets();
-  for (size_t i = 0; i < st.size(); ++i)
-    EXPECT_TRUE(test::rel_error_within(sf[i]->grad_flat(), test::to_f64(st[i]->grad_flat()), 32 * kF32Roundoff,
-                                       "gradients"))
-        << "set " << i;
+  expect_same_gradients(fused, three, 32);
 }
 
 // The LM head in chunks of 1 row, of 5 rows (the last one short) and whole:
@@ -401,12 +409,7 @@ TEST(Transformer, HeadChunksGiveTheSameLossAndGradients) {
         // (2026-11-26): 3.4e-7 to 8.3e-7, and 1.05e-6 on seed
         // 12462448193728561957 (llama3-tiny's embedding): 6 to 18 units of f32
         // roundoff. A row dropped or counted twice is off by O(1).
-        constexpr double kF32Roundoff = 0x1p-24;
-        const auto sm = m.param_sets(), sw = whole.param_sets();
-        for (size_t i = 0; i < sw.size(); ++i)
-          EXPECT_TRUE(test::rel_error_within(sm[i]->grad_flat(), test::to_f64(sw[i]->grad_flat()), 32 * kF32Roundoff,
-                                             "gradients"))
-              << "set " << i;
+        expect_same_gradients(m, whole, 32);
       }
     }
   }
