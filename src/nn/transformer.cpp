@@ -237,7 +237,8 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
 
 Transformer::BlockLinears Transformer::block_linears(size_t layer, const TensorParallel& m) const {
   const BlockParams p = block_views(layer, false), g = block_views(layer, true);
-  return BlockLinears{ColumnParallelLinear(p.wqkv, p.bqkv, g.wqkv, g.bqkv), ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq),
+  return BlockLinears{ColumnParallelLinear(p.wqkv, p.bqkv, g.wqkv, g.bqkv),
+                      ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq),
                       ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk),
                       ColumnParallelLinear(p.wv, p.bv, g.wv, g.bv),
                       ColumnParallelLinear(p.mlp_in_w, p.mlp_in_b, g.mlp_in_w, g.mlp_in_b),

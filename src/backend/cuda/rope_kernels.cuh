@@ -2,9 +2,10 @@
 // pair or per 16-byte pack of pairs, in place allowed (each pair is read
 // before the same thread writes it); the inverse rotation (the gradient)
 // flips the sign of sin. The same kernel splits the fused qkv product into
-// rotated q and k and copied v, and joins their gradients back. The (T_max, D/2, 2) cos/sin table is built on the
-// host (rope_table_host) in f64, rounded once, as the CPU builds it. A header so that the warp
-// emulator (tests/cuda_emu) runs the kernel on the CPU with the same table.
+// rotated q and k and copied v, and joins their gradients back. The
+// (T_max, D/2, 2) cos/sin table is built on the host (rope_table_host) in
+// f64, rounded once, as the CPU builds it. A header so that the warp emulator
+// (tests/cuda_emu) runs the kernel on the CPU with the same table.
 #pragma once
 
 #include <cmath>
