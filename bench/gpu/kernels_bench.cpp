@@ -90,28 +90,32 @@ class Bench {
       : dev_(dev), m_(m), copy_gbps_(copy_gbps), gemm_tflops_(gemm_tflops), gen_(7) {}
 
   // The step's products, one layer of each shape (GPT-2's q, k and v run as
-  // three products of q's shape; Llama's as one, attn.qkv
+  // three products of q's shape, timed beside the one product attn.qkv they
+  // would be if attention read q, k, v in place; Llama's run as attn.qkv
   // (nn::fuses_qkv_product), beside its ZT_FUSED_QKV=0 form: attn.q and
   // attn.k, v having k's shape):
   // forward y (M, N) = x (M, K) W (N, K)^T + b; dgrad dx = dy W (GPT-2's
-  // mlp.out with the GeLU backward in its epilogue); wgrad dW += dy^T x (f32),
+  // mlp.out with the GeLU backward in its epilogue; dgrad_add dx += dy W, as
+  // the second and third of three q, k, v products run); wgrad dW += dy^T x (f32),
   // db += column sums of dy. M = the micro-batch's tokens, or a head chunk.
   void run_products() {
     struct Product {
       const char* name;
       int64_t M, K, N;
       bool bias, gelu_dgrad;
+      bool dgrad_add = false;  // also timed adding into its output: k's and v's beside q's
     };
     const int64_t N = m_.B * m_.T, C = m_.C, q = m_.Hq * m_.D, kv = m_.Hkv * m_.D;
     const int64_t head_rows = head_chunk_rows(N);
     std::vector<Product> products;
     if (m_.llama) {
-      products = {{"attn.q", N, C, q, false, false},        {"attn.k", N, C, kv, false, false},
+      products = {{"attn.q", N, C, q, false, false},        {"attn.k", N, C, kv, false, false, true},
                   {"attn.qkv", N, C, q + 2 * kv, false, false},
                   {"attn.proj", N, q, C, false, false},     {"mlp.in", N, C, 2 * m_.F, false, false},
                   {"mlp.out", N, m_.F, C, false, false},    {"head", head_rows, C, m_.Vp, false, false}};
     } else {
-      products = {{"attn.q", N, C, q, true, false},         {"attn.proj", N, q, C, true, false},
+      products = {{"attn.q", N, C, q, true, false, true},   {"attn.qkv", N, C, 3 * q, true, false},
+                  {"attn.proj", N, q, C, true, false},
                   {"mlp.in", N, C, m_.F, true, false},      {"mlp.out", N, m_.F, C, true, true},
                   {"head", head_rows, C, m_.Vp, false, false}};
     }
@@ -132,6 +136,10 @@ class Bench {
         row("dgrad_gelu", [&] { ops::matmul_gelu_backward(dx, dy, w, pre); });
       } else {
         row("dgrad", [&] { ops::matmul(dx, dy, w); });
+        if (p.dgrad_add) {
+          Tensor sum = rand({p.M, p.K}, bf);
+          row("dgrad_add", [&] { ops::matmul(sum, dy, w, false, false, 1.0f, 1.0f); });
+        }
       }
       row("wgrad", [&] { ops::linear_backward(Tensor(), dw, db, dy, x, w); });
     }

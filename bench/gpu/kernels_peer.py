@@ -130,7 +130,7 @@ def work(row, dev):
         if not kind.endswith("*"):
             return None
         kind = "wgrad"
-    if kind in ("forward", "dgrad", "dgrad_gelu", "wgrad") and "tflops" in row:
+    if kind in ("forward", "dgrad", "dgrad_add", "dgrad_gelu", "wgrad") and "tflops" in row:
         # A product: y (M, N) = x (M, K) W (N, K)^T + b, its input gradient
         # (GPT-2's mlp.out through the GeLU backward: two kernels here), and the
         # weight and bias gradients accumulated into f32, as autocast leaves them.
@@ -141,6 +141,9 @@ def work(row, dev):
             return lambda: F.linear(x, w, b)
         if kind == "dgrad":
             return lambda: dy @ w
+        if kind == "dgrad_add":  # into an existing sum, as autograd adds a second use's gradient
+            dx = rand(M, K)
+            return lambda: dx.addmm_(dy, w)
         if kind == "dgrad_gelu":
             pre = rand(M, K, lo=-4, hi=4)
             return lambda: torch.ops.aten.gelu_backward(dy @ w, pre, approximate="tanh")

@@ -150,11 +150,20 @@ passes = ("forward", "dgrad", "wgrad")
 fused = layer_ms("llama3-1b", [(f"attn.qkv.{p}", 1) for p in passes]
                  + [("rope_split_qkv_forward", 1), ("rope_split_qkv_backward", 1)])
 # rope_forward times the queries; the keys are a quarter of them (8 of 32 heads).
-three = layer_ms("llama3-1b", [(f"attn.q.{p}", 1) for p in passes] + [(f"attn.k.{p}", 2) for p in passes]
-                 + [("rope_forward", 2 * 1.25)])
+three = layer_ms("llama3-1b", [(f"attn.q.{p}", 1) for p in passes] + [("attn.k.forward", 2), ("attn.k.dgrad_add", 2),
+                                                                       ("attn.k.wgrad", 2), ("rope_forward", 2 * 1.25)])
 if fused and three:
     print(f"\nLlama's q, k, v per layer (kernel rows): fused product + split {fused:.3f} ms, "
           f"three products + RoPE {three:.3f} ms ({three / fused:.2f}x)")
+# GPT-2 runs three products; one would need attention to read q, k, v from
+# the product's output in place (no RoPE pass to split it in): its products'
+# side of that trade.
+one = layer_ms("gpt2-124m", [(f"attn.qkv.{p}", 1) for p in passes])
+three = layer_ms("gpt2-124m", [("attn.q.forward", 3), ("attn.q.dgrad", 1), ("attn.q.dgrad_add", 2),
+                                ("attn.q.wgrad", 3)])
+if one and three:
+    print(f"GPT-2's q, k, v products per layer (kernel rows): one product {one:.3f} ms, three {three:.3f} ms "
+          f"({three / one:.2f}x)")
 sweeps = [r for r in ours if r.get("candidate_ms")]
 if sweeps:
     print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest")
