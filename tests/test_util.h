@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <string>
@@ -91,6 +92,34 @@ inline Tensor tensor_from(const std::vector<double>& values, const Shape& shape,
   Tensor t = Tensor::empty(shape, dtype);
   for (int64_t i = 0; i < t.numel(); ++i) store_f64(t, i, values[size_t(i)]);
   return t;
+}
+
+// Heads [h0, h0 + n) of x (B, T, H, D) on the host, copied into a (B, T, n, D)
+// tensor: q, k or v apart from a fused qkv product's output.
+inline Tensor heads_of(const Tensor& x, int64_t h0, int64_t n) {
+  const int64_t BT = x.size(0) * x.size(1), H = x.size(2), row = x.size(3) * int64_t(dtype_size(x.dtype()));
+  Tensor out = Tensor::empty(Shape{x.size(0), x.size(1), n, x.size(3)}, x.dtype());
+  for (int64_t t = 0; t < BT; ++t)
+    std::memcpy(static_cast<char*>(out.data_ptr()) + t * n * row,
+                static_cast<const char*>(x.data_ptr()) + (t * H + h0) * row, size_t(n * row));
+  return out;
+}
+
+// The heads of (B, T, H_i, D) host tensors side by side in one (B, T, sum H_i, D).
+inline Tensor heads_joined(std::initializer_list<Tensor> parts) {
+  const Tensor& first = *parts.begin();
+  const int64_t BT = first.size(0) * first.size(1), row = first.size(3) * int64_t(dtype_size(first.dtype()));
+  int64_t H = 0;
+  for (const Tensor& p : parts) H += p.size(2);
+  Tensor out = Tensor::empty(Shape{first.size(0), first.size(1), H, first.size(3)}, first.dtype());
+  int64_t h0 = 0;
+  for (const Tensor& p : parts) {
+    for (int64_t t = 0; t < BT; ++t)
+      std::memcpy(static_cast<char*>(out.data_ptr()) + (t * H + h0) * row,
+                  static_cast<const char*>(p.data_ptr()) + t * p.size(2) * row, size_t(p.size(2) * row));
+    h0 += p.size(2);
+  }
+  return out;
 }
 
 // Token ids uniform in [0, vocab), i32.

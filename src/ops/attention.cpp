@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cpu/attention.h"
+#include "backend/cpu/rope.h"
 #include "ops/check.h"
 #include "ops/determinism.h"
 #include "ops/op_profile.h"
@@ -52,6 +53,53 @@ float resolve_scale(const char* op, float scale, int64_t D) {
   return scale > 0.0f ? scale : default_attention_scale(D);
 }
 
+// Checks qkv (B, T, Hq + 2 Hkv, D), the heads of q, k, v in one tensor, and
+// returns the dims.
+Dims check_packed(const char* op, const Tensor& qkv, int64_t Hq, int64_t Hkv) {
+  check_ndim(op, "qkv", qkv, 4);
+  ZT_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, op, ": Hq = ", Hq, " and Hkv = ", Hkv,
+           "; the query heads must be a positive multiple of the kv heads");
+  const Dims d{qkv.size(0), qkv.size(1), Hq, Hkv, qkv.size(3)};
+  ZT_CHECK(qkv.size(2) == Hq + 2 * Hkv, op, ": 'qkv' has shape ", qkv.shape().str(), " but its third dim must hold ",
+           Hq + 2 * Hkv, " heads: Hq = ", Hq, " query heads, then Hkv = ", Hkv, " key and ", Hkv, " value heads");
+  ZT_CHECK(d.D > 0, op, ": 'qkv' has shape ", qkv.shape().str(), "; the head dim (last) must be positive");
+  check_compute_dtype(op, "qkv", qkv);
+  return d;
+}
+
+// The forward's outputs: out (B, T, Hq, D) in `like`'s dtype, lse (B, Hq, T) f32.
+void check_forward_outputs(const char* op, const Dims& d, const Tensor& out, const Tensor& lse, const char* like_name,
+                           const Tensor& like) {
+  check_shape(op, "out", out, Shape{d.B, d.T, d.Hq, d.D});
+  check_same_dtype(op, "out", out, like_name, like);
+  check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
+  check_dtype(op, "lse", lse, {DType::f32});
+}
+
+// The backward's inputs besides q, k, v: out and dout as forward's out, lse.
+void check_backward_inputs(const char* op, const Dims& d, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                           const char* like_name, const Tensor& like) {
+  check_forward_outputs(op, d, out, lse, like_name, like);
+  check_shape(op, "dout", dout, out.shape());
+  check_same_dtype(op, "dout", dout, like_name, like);
+}
+
+// q, k, v copied apart from qkv's heads, on the CPU.
+struct CpuHeads {
+  Tensor q, k, v;
+};
+CpuHeads cpu_heads(const Dims& d, DType dtype) {
+  auto make = [&](int64_t H) {
+    return Tensor::empty(Shape{d.B, d.T, H, d.D}, dtype, Device::cpu(), MemCategory::workspace);
+  };
+  return {make(d.Hq), make(d.Hkv), make(d.Hkv)};
+}
+CpuHeads cpu_split(const Dims& d, const Tensor& qkv) {
+  CpuHeads h = cpu_heads(d, qkv.dtype());
+  cpu::rope_split_qkv(qkv, h.q, h.k, h.v, Tensor(), 0, /*backward=*/false);
+  return h;
+}
+
 }  // namespace
 
 float default_attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
@@ -61,10 +109,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   const char* op = "attention_forward";
   OpScope scope(op, out);
   const Dims d = check_qkv(op, q, k, v);
-  check_shape(op, "out", out, q.shape());
-  check_same_dtype(op, "out", out, "q", q);
-  check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
-  check_dtype(op, "lse", lse, {DType::f32});
+  check_forward_outputs(op, d, out, lse, "q", q);
   check_device(op, q.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   check_disjoint_from(op, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}, {"lse", &lse}});
   check_disjoint_from(op, "lse", lse, {{"q", &q}, {"k", &k}, {"v", &v}});
@@ -81,17 +126,34 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   }
 }
 
+void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                              float scale) {
+  const char* op = "attention_forward";  // the same op in the profile as with separate q, k, v
+  OpScope scope(op, out);
+  const Dims d = check_packed(op, qkv, Hq, Hkv);
+  check_forward_outputs(op, d, out, lse, "qkv", qkv);
+  check_device(op, qkv.device(), {{"qkv", &qkv}, {"out", &out}, {"lse", &lse}});
+  check_all_disjoint(op, {{"out", &out}, {"lse", &lse}, {"qkv", &qkv}});
+  const float s = resolve_scale(op, scale, d.D);
+  scope.add_flops(causal_forward_flops(d));
+  if (qkv.device().is_cpu()) {
+    const CpuHeads h = cpu_split(d, qkv);
+    cpu::attention_forward(out, lse, h.q, h.k, h.v, s);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, qkv.device())) {
+    cuda::attention_forward_packed(out, lse, qkv, Hq, Hkv, s);
+#endif
+  } else {
+    no_backend(op, qkv.device());
+  }
+}
+
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
   const char* op = "attention_backward";
   OpScope scope(op, dq);
   const Dims d = check_qkv(op, q, k, v);
-  check_shape(op, "out", out, q.shape());
-  check_same_dtype(op, "out", out, "q", q);
-  check_shape(op, "dout", dout, q.shape());
-  check_same_dtype(op, "dout", dout, "q", q);
-  check_shape(op, "lse", lse, Shape{d.B, d.Hq, d.T});
-  check_dtype(op, "lse", lse, {DType::f32});
+  check_backward_inputs(op, d, dout, out, lse, "q", q);
   check_shape(op, "dq", dq, q.shape());
   check_same_dtype(op, "dq", dq, "q", q);
   check_shape(op, "dk", dk, k.shape());
@@ -122,6 +184,32 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 #endif
   } else {
     no_backend(op, q.device());
+  }
+}
+
+void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, int64_t Hq, int64_t Hkv, float scale) {
+  const char* op = "attention_backward";  // the same op in the profile as with separate q, k, v
+  OpScope scope(op, dqkv);
+  const Dims d = check_packed(op, qkv, Hq, Hkv);
+  check_backward_inputs(op, d, dout, out, lse, "qkv", qkv);
+  check_shape(op, "dqkv", dqkv, qkv.shape());
+  check_same_dtype(op, "dqkv", dqkv, "qkv", qkv);
+  check_device(op, qkv.device(), {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}, {"lse", &lse}});
+  check_disjoint_from(op, "dqkv", dqkv, {{"dout", &dout}, {"qkv", &qkv}, {"out", &out}, {"lse", &lse}});
+  const float s = resolve_scale(op, scale, d.D);
+  scope.add_flops(2.5 * causal_forward_flops(d));
+  if (qkv.device().is_cpu()) {
+    const CpuHeads h = cpu_split(d, qkv), g = cpu_heads(d, qkv.dtype());
+    cpu::attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, s);
+    cpu::rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, qkv.device())) {
+    cuda::attention_backward_packed(dqkv, dout, qkv, out, lse, Hq, Hkv, s, cuda::AttentionKernel::automatic,
+                                    deterministic());
+#endif
+  } else {
+    no_backend(op, qkv.device());
   }
 }
 

@@ -31,4 +31,15 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         float scale = 0.0f);
 
+// q, k, v as the heads of qkv (B, T, Hq + 2 Hkv, D): a fused qkv product's
+// output, heads in the weight's row order (Hq query, Hkv key, Hkv value).
+// The backward writes dq, dk, dv as the same heads of dqkv (its input
+// gradient). The same numbers as the calls above on the heads copied apart:
+// on a GPU cuDNN reads and writes them in place (strides), every other
+// kernel (and the CPU) runs on copies.
+void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                              float scale = 0.0f);
+void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, int64_t Hq, int64_t Hkv, float scale = 0.0f);
+
 }  // namespace zt::ops

@@ -20,7 +20,8 @@ int64_t step_workspace_bytes(Device device, const AttentionDims& a, int64_t rows
   init_device(device);
   int64_t largest = 0;  // of one call
   if (a.B * a.T * a.Hq * a.D > 0) {
-    const cuda::AttentionShape shape{a.B, a.T, a.Hq, a.Hkv, a.D, a.dtype, device};
+    const cuda::AttentionShape shape{a.B, a.T, a.Hq, a.Hkv, a.D, a.dtype, device,
+                                     a.packed ? (a.Hq + 2 * a.Hkv) * a.D : 0};
     const float scale = default_attention_scale(a.D);  // as the model calls attention
     largest = std::max(cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{}),
                        cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{true, a.deterministic}));

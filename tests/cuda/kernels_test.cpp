@@ -578,6 +578,84 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
   }
 }
 
+// q, k, v as the heads of one (B, T, Hq + 2 Hkv, D) tensor and the backward
+// writing dq, dk, dv into one (a fused qkv product's output and its
+// gradient): cuDNN reads and writes them in place (strides), every other
+// kernel runs on copies and must give the bits of the separate call. Against
+// the CPU; the ops entry allocates exactly the workspace the plan counts.
+TEST_P(CudaKernels, AttentionOnPackedHeads) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(9);
+  struct S { int64_t B, T, Hq, Hkv, D; };
+  for (S s : {S{2, 130, 4, 2, 64}, S{1, 512, 4, 4, 64}, S{2, 259, 8, 2, 64}, S{1, 70, 4, 1, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "B " << s.B << " T " << s.T << " Hq " << s.Hq << " Hkv " << s.Hkv << " D "
+                                      << s.D);
+    const int64_t H = s.Hq + 2 * s.Hkv;
+    const Tensor qkv = random_tensor(Shape{s.B, s.T, H, s.D}, dt, rng);
+    const Tensor dout = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
+    const Tensor q = heads_of(qkv, 0, s.Hq), k = heads_of(qkv, s.Hq, s.Hkv), v = heads_of(qkv, s.Hq + s.Hkv, s.Hkv);
+    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty(Shape{s.B, s.Hq, s.T}, DType::f32);
+    ops::attention_forward(out, lse, q, k, v);
+    Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+    const Tensor dqkv = heads_joined({dq, dk, dv});
+    const Tensor gqkv = to_gpu(qkv), gdout = to_gpu(dout), gq = to_gpu(q), gk = to_gpu(k), gv = to_gpu(v);
+    const float scale = float(1.0 / std::sqrt(double(s.D)));
+    const cuda::AttentionShape packed = cuda::packed_attention_shape(gqkv, s.Hq, s.Hkv);
+    const bool cudnn_takes_it = cuda::cudnn_attention_unsupported(packed, scale, cuda::AttentionPass{}).empty() &&
+                                cuda::cudnn_attention_unsupported(packed, scale, cuda::AttentionPass{true}).empty();
+    if (dt != DType::f32) {
+      EXPECT_TRUE(cudnn_takes_it) << "cuDNN refused packed heads of a model shape";
+    }
+    for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::automatic, cuda::AttentionKernel::cudnn,
+                                               cuda::AttentionKernel::mma, cuda::AttentionKernel::simple}) {
+      if (kernel == cuda::AttentionKernel::cudnn && !cudnn_takes_it) continue;
+      if (kernel == cuda::AttentionKernel::mma && dt == DType::f32) continue;
+      SCOPED_TRACE(kernel == cuda::AttentionKernel::automatic ? "ops (automatic)"
+                   : kernel == cuda::AttentionKernel::cudnn   ? "cuDNN"
+                   : kernel == cuda::AttentionKernel::mma     ? "mma"
+                                                              : "simple");
+      Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
+      Tensor gdqkv = gpu_poisoned(qkv.shape(), dt);
+      if (kernel == cuda::AttentionKernel::automatic) {
+        Allocator& alloc = allocator_for(gqkv.device());
+        for (const bool backward : {false, true}) {
+          const int64_t before = alloc.stats().current(MemCategory::workspace);
+          alloc.reset_window_peak();
+          if (backward) ops::attention_backward_packed(gdqkv, gdout, gqkv, gout, glse, s.Hq, s.Hkv);
+          else ops::attention_forward_packed(gout, glse, gqkv, s.Hq, s.Hkv);
+          EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
+                    cuda::attention_workspace_bytes(packed, scale, cuda::AttentionPass{backward}))
+              << (backward ? "backward" : "forward");
+        }
+      } else {
+        cuda::attention_forward_packed(gout, glse, gqkv, s.Hq, s.Hkv, scale, kernel);
+        cuda::attention_backward_packed(gdqkv, gdout, gqkv, gout, glse, s.Hq, s.Hkv, scale, kernel);
+        // The same kernel on separate tensors.
+        Tensor sout = gpu_poisoned(q.shape(), dt), slse = gpu_poisoned(lse.shape(), DType::f32);
+        Tensor sdq = gpu_poisoned(q.shape(), dt), sdk = gpu_poisoned(k.shape(), dt), sdv = gpu_poisoned(v.shape(), dt);
+        cuda::attention_forward(sout, slse, gq, gk, gv, scale, kernel);
+        cuda::attention_backward(sdq, sdk, sdv, gdout, gq, gk, gv, sout, slse, scale, kernel);
+        const std::vector<double> joined = to_f64(heads_joined({to_host(sdq), to_host(sdk), to_host(sdv)}));
+        if (kernel == cuda::AttentionKernel::cudnn) {  // another plan (strided operands): the same math
+          const double lim = 2e-2;
+          EXPECT_TRUE(matches(gout, to_host(sout), lim, "out against cuDNN on separate tensors"));
+          EXPECT_TRUE(rel_error_within(to_host(gdqkv), joined, lim, "dqkv against cuDNN on separate tensors"));
+        } else {  // the same kernel on copies: the same bits
+          EXPECT_EQ(values_of(gout), values_of(sout)) << "out";
+          EXPECT_EQ(values_of(glse), values_of(slse)) << "lse";
+          EXPECT_EQ(values_of(gdqkv), joined) << "dqkv";
+        }
+      }
+      const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
+      EXPECT_TRUE(matches(gout, out, lim, "out"));
+      EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
+      EXPECT_TRUE(matches(gdqkv, dqkv, lim, "dqkv"));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKernels, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

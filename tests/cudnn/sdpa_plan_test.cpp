@@ -63,6 +63,25 @@ std::vector<Case> model_shapes() {
           {"multi-query", {3, 256, 8, 1, 32, CUDNN_DATA_BFLOAT16, 0.17677669f}}};
 }
 
+// q, k, v read in place from a fused qkv product's (B, T, Hq + 2 Hkv, D)
+// output, and the backward's dq, dk, dv written into one of that shape:
+// strided operands, which the H100's engines take as they take dense ones.
+TEST(CudnnSdpaPlan, PackedQkvHasTheSameFusedEnginesOnH100) {
+  for (const Case& c : model_shapes()) {
+    SdpaShape packed = c.shape;
+    packed.qkv_row = (c.shape.Hq + 2 * c.shape.Hkv) * c.shape.D;
+    EXPECT_EQ(count_engine_configs(*sdpa_forward_graph(packed).graph, h100()),
+              count_engine_configs(*sdpa_forward_graph(c.shape).graph, h100()))
+        << c.name << " forward" << driver_note();
+    for (const SdpaBackward algorithm : {SdpaBackward::deterministic, SdpaBackward::atomic}) {
+      const int dense = count_engine_configs(*sdpa_backward_graph(c.shape, algorithm).graph, h100());
+      EXPECT_GT(dense, 0) << c.name << driver_note();
+      EXPECT_EQ(count_engine_configs(*sdpa_backward_graph(packed, algorithm).graph, h100()), dense)
+          << c.name << (algorithm == SdpaBackward::atomic ? " (atomic dq)" : " (deterministic)") << driver_note();
+    }
+  }
+}
+
 TEST(CudnnSdpaPlan, ForwardHasAFusedEngineOnH100) {
   for (const Case& c : model_shapes()) {
     const SdpaForwardGraph f = sdpa_forward_graph(c.shape);

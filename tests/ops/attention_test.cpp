@@ -383,5 +383,63 @@ TEST(Attention, BadArguments) {
   expect_error([&] { ops::attention_forward(out, lse, q, k, v, NAN); }, {fw, "'scale'"});
 }
 
+// q, k, v as the heads of one (B, T, Hq + 2 Hkv, D) tensor, and the
+// backward's dq, dk, dv into one: the same bits as the calls on separate
+// tensors (the CPU runs those on copies).
+TEST(Attention, PackedHeadsGiveTheBitsOfSeparateTensors) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(70);
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (const Dims& d : {Dims{2, 9, 4, 2, 8}, Dims{1, 33, 3, 3, 16}, Dims{2, 5, 4, 1, 6}}) {
+      SCOPED_TRACE(d.str() + " " + std::string(dtype_name(dt)));
+      const int64_t H = d.Hq + 2 * d.Hkv;
+      const Tensor qkv = random_tensor(Shape{d.B, d.T, H, d.D}, dt, rng), dout = random_tensor(d.q(), dt, rng);
+      const Tensor q = test::heads_of(qkv, 0, d.Hq), k = test::heads_of(qkv, d.Hq, d.Hkv),
+                   v = test::heads_of(qkv, d.Hq + d.Hkv, d.Hkv);
+      Tensor out = Tensor::empty(d.q(), dt), lse = Tensor::empty(d.lse(), DType::f32);
+      ops::attention_forward(out, lse, q, k, v);
+      Tensor dq = Tensor::empty(d.q(), dt), dk = Tensor::empty(d.kv(), dt), dv = Tensor::empty(d.kv(), dt);
+      ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+
+      Tensor pout = Tensor::empty(d.q(), dt), plse = Tensor::empty(d.lse(), DType::f32);
+      Tensor dqkv = Tensor::empty(qkv.shape(), dt);
+      poison(pout);
+      poison(plse);
+      poison(dqkv);
+      ops::attention_forward_packed(pout, plse, qkv, d.Hq, d.Hkv);
+      EXPECT_EQ(to_f64(pout), to_f64(out)) << "out";
+      EXPECT_EQ(to_f64(plse), to_f64(lse)) << "lse";
+      ops::attention_backward_packed(dqkv, dout, qkv, out, lse, d.Hq, d.Hkv);
+      EXPECT_EQ(to_f64(dqkv), to_f64(test::heads_joined({dq, dk, dv}))) << "dqkv";
+    }
+  }
+}
+
+TEST(Attention, PackedBadArguments) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(71);
+  const Dims d{2, 5, 4, 2, 8};
+  const DType f = DType::f32;
+  const Tensor qkv = random_tensor(Shape{2, 5, 8, 8}, f, rng), dout = random_tensor(d.q(), f, rng);
+  Tensor out = Tensor::empty(d.q(), f), lse = Tensor::empty(d.lse(), f), dqkv = Tensor::empty(qkv.shape(), f);
+  ops::attention_forward_packed(out, lse, qkv, 4, 2);  // valid: no throw
+  ops::attention_backward_packed(dqkv, dout, qkv, out, lse, 4, 2);
+
+  const char* fw = "attention_forward";
+  const char* bw = "attention_backward";
+  expect_error([&] { ops::attention_forward_packed(out, lse, qkv, 4, 3); }, {fw, "Hq = 4", "Hkv = 3"});
+  expect_error([&] { ops::attention_forward_packed(out, lse, qkv, 2, 2); }, {fw, "'qkv'", "6 heads"});
+  Tensor out_short = Tensor::empty(Shape{2, 5, 2, 8}, f);
+  expect_error([&] { ops::attention_forward_packed(out_short, lse, qkv, 4, 2); }, {fw, "'out'", "(2, 5, 4, 8)"});
+  Tensor dqkv_bf = Tensor::empty(qkv.shape(), DType::bf16);
+  expect_error([&] { ops::attention_backward_packed(dqkv_bf, dout, qkv, out, lse, 4, 2); }, {bw, "'dqkv'", "bf16"});
+  // The gradient written over the heads it reads.
+  Tensor qkv_copy = Tensor::empty(qkv.shape(), f);
+  std::memcpy(qkv_copy.data_ptr(), qkv.data_ptr(), qkv.nbytes());
+  expect_error([&] { ops::attention_backward_packed(qkv_copy, dout, qkv_copy, out, lse, 4, 2); },
+               {bw, "'dqkv'", "'qkv'", "overlaps"});
+  expect_error([&] { ops::attention_forward_packed(out, lse, qkv, 4, 2, NAN); }, {fw, "'scale'"});
+}
+
 }  // namespace
 }  // namespace zt

@@ -38,7 +38,8 @@ namespace {
 
 // Rows of (B, T) tokens, each Hq + 2 Hkv heads of D channels in `packed`
 // and Hq (q), Hkv (k), Hkv (v) heads in the separate tensors. Heads
-// [0, Hq + Hkv) are rotated (by -angle when `inverse`), the rest copied;
+// [0, Hq + Hkv) are rotated (by -angle when `inverse`), the rest copied
+// (all copied without a table);
 // to_packed: from the separate tensors into packed, else the other way.
 // A plain rotation is Hkv = 0 (k and v unused), in place when q == packed.
 template <typename T>
@@ -53,13 +54,13 @@ struct HeadLayout {
 template <typename T>
 void rotate_heads(const HeadLayout<T>& l, int64_t rows, int64_t T_, int64_t D, const Tensor& table,
                   int64_t pos_offset, bool inverse, bool to_packed) {
-  const int64_t half = D / 2, H = l.Hq + 2 * l.Hkv;
-  const float* tp = table.data<float>();
+  const int64_t half = D / 2, H = l.Hq + 2 * l.Hkv, rotated = table.defined() ? l.Hq + l.Hkv : 0;
+  const float* tp = table.defined() ? table.data<float>() : nullptr;
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < rows; ++bt) {
     const int64_t t = bt % T_;
-    const float* cs = tp + (t + pos_offset) * half * 2;  // (cos, sin) pairs
+    const float* cs = tp ? tp + (t + pos_offset) * half * 2 : nullptr;  // (cos, sin) pairs
     for (int64_t h = 0; h < H; ++h) {
       T* sep = h < l.Hq ? l.q + (bt * l.Hq + h) * D
                : h < l.Hq + l.Hkv ? l.k + (bt * l.Hkv + h - l.Hq) * D
@@ -67,8 +68,8 @@ void rotate_heads(const HeadLayout<T>& l, int64_t rows, int64_t T_, int64_t D, c
       T* pk = l.packed + (bt * H + h) * D;
       const T* src = to_packed ? sep : pk;
       T* dst = to_packed ? pk : sep;  // may equal src
-      if (h >= l.Hq + l.Hkv) {
-        std::memcpy(dst, src, size_t(D) * sizeof(T));  // a value head: disjoint tensors (ops checked)
+      if (h >= rotated) {
+        std::memcpy(dst, src, size_t(D) * sizeof(T));  // not rotated: disjoint tensors (ops checked)
         continue;
       }
 #pragma omp simd

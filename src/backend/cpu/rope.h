@@ -20,6 +20,8 @@ void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t 
 // qkv (B, T, Hq + 2 Hkv, D) and its heads q (B, T, Hq, D), k, v (B, T, Hkv,
 // D), one dtype, disjoint. Forward: q and k = qkv's first Hq and next Hkv
 // heads rotated, v = its last Hkv heads. Backward: qkv = (R^T dq | R^T dk | dv).
+// An undefined table rotates nothing: attention's plain split and join of a
+// fused product's heads (ops/attention.h, attention_forward_packed).
 void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,
                     int64_t pos_offset, bool backward);
 

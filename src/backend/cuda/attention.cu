@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/rope.h"
 
 namespace zt::cuda {
 
@@ -266,11 +267,49 @@ AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, 
   return chosen;
 }
 
-AttentionKernel choose_for_call(AttentionKernel kernel, AttentionPass pass, float scale, const Tensor& q,
-                                const Tensor& k, std::initializer_list<const Tensor*> all) {
+bool all_aligned(std::initializer_list<const Tensor*> all) {
   bool aligned = true;
   for (const Tensor* t : all) aligned = aligned && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
-  return choose(kernel, pass, scale, attention_shape(q, k), aligned, true);
+  return aligned;
+}
+
+AttentionKernel choose_for_call(AttentionKernel kernel, AttentionPass pass, float scale, const Tensor& q,
+                                const Tensor& k, std::initializer_list<const Tensor*> all) {
+  return choose(kernel, pass, scale, attention_shape(q, k), all_aligned(all), true);
+}
+
+// A packed call (q, k, v the heads of one tensor) for the kernel: cuDNN
+// reads them in place where the heads start 16-byte aligned; else none.
+AttentionKernel choose_for_packed_call(AttentionKernel kernel, AttentionPass pass, float scale,
+                                       const AttentionShape& s, std::initializer_list<const Tensor*> all) {
+  const int64_t head_bytes = s.D * int64_t(dtype_size(s.dtype));
+  const bool heads_aligned = (s.Hq * head_bytes) % 16 == 0 && (s.Hkv * head_bytes) % 16 == 0;
+  return choose(kernel, pass, scale, s, all_aligned(all) && heads_aligned, true);
+}
+
+// The bytes of q, k and v copied apart for a kernel that cannot read them in place.
+int64_t split_bytes(const AttentionShape& s) {
+  return s.B * s.T * (s.Hq + 2 * s.Hkv) * s.D * int64_t(dtype_size(s.dtype));
+}
+
+// q, k, v copied out of qkv's heads (workspace: attention_workspace_bytes counts them).
+struct SplitHeads {
+  Tensor q, k, v;
+};
+SplitHeads split_heads(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(3);
+  auto make = [&](int64_t H) {
+    return Tensor::empty(Shape{B, T, H, D}, qkv.dtype(), qkv.device(), MemCategory::workspace);
+  };
+  SplitHeads h{make(Hq), make(Hkv), make(Hkv)};
+  rope_split_qkv(qkv, h.q, h.k, h.v, Tensor(), 0, /*backward=*/false);
+  return h;
+}
+
+// Empty tensors like h's, for the gradients of a split call.
+SplitHeads like(const SplitHeads& h) {
+  auto make = [](const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::workspace); };
+  return {make(h.q), make(h.k), make(h.v)};
 }
 
 }  // namespace
@@ -279,13 +318,47 @@ AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), q.device()};
 }
 
+AttentionShape packed_attention_shape(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
+  return {qkv.size(0), qkv.size(1), Hq, Hkv, qkv.size(3), qkv.dtype(), qkv.device(), qkv.size(2) * qkv.size(3)};
+}
+
 int64_t attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass) {
   const int64_t rows = s.B * s.Hq * s.T;
-  switch (choose(AttentionKernel::automatic, pass, scale, s, true, false)) {
-    case AttentionKernel::cudnn: return cudnn_attention_workspace_bytes(s, scale, pass);
-    case AttentionKernel::gemm: return gemm_attention_workspace_bytes(s, pass.backward);
-    default: return pass.backward ? 4 * rows : 0;  // mma, flash, simple: the backward's f32 row terms (delta)
+  const AttentionKernel kernel = choose(AttentionKernel::automatic, pass, scale, s, true, false);
+  if (kernel == AttentionKernel::cudnn) return cudnn_attention_workspace_bytes(s, scale, pass);
+  // The other kernels read separate tensors: a packed call's copies of q, k,
+  // v (and the backward's dq, dk, dv) are its workspace too.
+  AttentionShape separate = s;
+  separate.qkv_row = 0;
+  const int64_t copies = s.qkv_row == 0 ? 0 : (pass.backward ? 2 : 1) * split_bytes(s);
+  switch (kernel) {
+    case AttentionKernel::gemm: return copies + gemm_attention_workspace_bytes(separate, pass.backward);
+    default: return copies + (pass.backward ? 4 * rows : 0);  // mma, flash, simple: the backward's f32 delta
   }
+}
+
+void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                              float scale, AttentionKernel kernel) {
+  const AttentionShape s = packed_attention_shape(qkv, Hq, Hkv);
+  const AttentionKernel chosen = choose_for_packed_call(kernel, AttentionPass{}, scale, s, {&out, &lse, &qkv});
+  if (chosen == AttentionKernel::cudnn) return cudnn_attention_forward_packed(out, lse, qkv, Hq, Hkv, scale);
+  // The kernel chosen for the packed call (what attention_workspace_bytes counts), on copies.
+  const SplitHeads h = split_heads(qkv, Hq, Hkv);
+  attention_forward(out, lse, h.q, h.k, h.v, scale, chosen);
+}
+
+void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, int64_t Hq, int64_t Hkv, float scale, AttentionKernel kernel,
+                               bool deterministic) {
+  const AttentionShape s = packed_attention_shape(qkv, Hq, Hkv);
+  const AttentionKernel chosen = choose_for_packed_call(kernel, AttentionPass{true, deterministic}, scale, s,
+                                                        {&dqkv, &dout, &qkv, &out, &lse});
+  if (chosen == AttentionKernel::cudnn)
+    return cudnn_attention_backward_packed(dqkv, dout, qkv, out, lse, Hq, Hkv, scale, kAttentionWorkspaceBudget,
+                                           deterministic);
+  const SplitHeads h = split_heads(qkv, Hq, Hkv), g = like(h);
+  attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, scale, chosen, deterministic);
+  rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

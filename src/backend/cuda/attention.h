@@ -50,8 +50,15 @@ struct AttentionShape {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::bf16;
   Device device;
+  // 0: q, k, v (and dq, dk, dv) are tensors of their own. Else they are the
+  // heads of one (B, T, Hq + 2 Hkv, D) tensor, a fused qkv product's output,
+  // and this is its row, (Hq + 2 Hkv) D elements: cuDNN reads and writes
+  // them in place; the other kernels run on copies (attention_forward_packed).
+  int64_t qkv_row = 0;
 };
 AttentionShape attention_shape(const Tensor& q, const Tensor& k);
+// The shape of a call on the heads of qkv (B, T, Hq + 2 Hkv, D).
+AttentionShape packed_attention_shape(const Tensor& qkv, int64_t Hq, int64_t Hkv);
 
 // A call's direction and, for a backward, its algorithm (above): what cuDNN's
 // plan and a call's workspace depend on besides the shape.
@@ -78,6 +85,17 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         AttentionKernel kernel = AttentionKernel::automatic, bool deterministic = true);
+
+// The same with q, k, v as the heads of qkv (B, T, Hq + 2 Hkv, D), and the
+// backward's dq, dk, dv written into dqkv of that shape: a fused qkv
+// product's output and its input gradient. cuDNN takes them in place; any
+// other kernel runs on copies split off before the call and joined after it
+// (workspace: attention_workspace_bytes of packed_attention_shape counts them).
+void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                              float scale, AttentionKernel kernel = AttentionKernel::automatic);
+void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, int64_t Hq, int64_t Hkv, float scale,
+                               AttentionKernel kernel = AttentionKernel::automatic, bool deterministic = true);
 
 // The gemm implementation (attention_gemm.cu), and whether a shape's score
 // matrices for one kv head's group fit the workspace budget (bytes; tests
@@ -125,6 +143,11 @@ void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale, int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
+void cudnn_attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                                    float scale, int64_t budget = kAttentionWorkspaceBudget);
+void cudnn_attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& lse, int64_t Hq, int64_t Hkv, float scale,
+                                     int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
 
 // delta[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32, (B, Hq, T): the
 // softmax-backward row term, shared by the simple and fused backward passes.

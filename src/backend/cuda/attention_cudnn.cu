@@ -29,8 +29,9 @@ namespace {
 
 using cudnn::Plan;
 
-// (device, B, T, Hq, Hkv, D, dtype, scale bits, pass: 0 forward, 1 deterministic backward, 2 atomic backward)
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, int>;
+// (device, B, T, Hq, Hkv, D, dtype, scale bits, pass: 0 forward, 1 deterministic backward, 2 atomic backward,
+// the packed qkv row or 0)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, int, int64_t>;
 using Pass = AttentionPass;
 int pass_key(Pass pass) { return !pass.backward ? 0 : pass.deterministic ? 1 : 2; }
 
@@ -80,10 +81,10 @@ std::string static_blocker(const AttentionShape& s) {
 
 // The cached plan for this call, building it on first use.
 const CachedPlan& plan_for(const AttentionShape& a, float scale, Pass pass) {
-  const cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale};
+  const cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale, a.qkv_row};
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
-  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass_key(pass)};
+  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass_key(pass), s.qkv_row};
   static std::map<PlanKey, CachedPlan> cache;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = cache.find(key);
@@ -191,42 +192,92 @@ int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, Pa
   return most;
 }
 
+namespace {
+
+// Where a call's q, k, v (a backward's dq, dk, dv) are: three tensors, or
+// three runs of heads in each row of one packed (B, T, Hq + 2 Hkv, D) tensor.
+struct Heads {
+  const Tensor *q = nullptr, *k = nullptr, *v = nullptr;
+  const Tensor* packed = nullptr;
+  int64_t Hq = 0, Hkv = 0;
+
+  // The three pointers of sequences [b0, b1), appended in the graph's order.
+  void append(std::vector<void*>& to, int64_t b0, int64_t b1) const {
+    if (!packed) {
+      for (const Tensor* t : {q, k, v}) to.push_back(ptr(t->slice(b0, b1)));
+      return;
+    }
+    char* row = static_cast<char*>(ptr(packed->slice(b0, b1)));
+    const int64_t head_bytes = packed->size(3) * int64_t(dtype_size(packed->dtype()));
+    for (const int64_t first_head : {int64_t(0), Hq, Hq + Hkv}) to.push_back(row + first_head * head_bytes);
+  }
+};
+
+Heads separate(const Tensor& q, const Tensor& k, const Tensor& v) { return {&q, &k, &v, nullptr, 0, 0}; }
+Heads packed(const Tensor& qkv, int64_t Hq, int64_t Hkv) { return {nullptr, nullptr, nullptr, &qkv, Hq, Hkv}; }
+
+void forward_on(const AttentionShape& s, const Heads& in, const Tensor& out, const Tensor& lse, float scale,
+                int64_t budget) {
+  for_each_batch_chunk(s, scale, Pass{}, budget, [&](int64_t b0, int64_t b1) {
+    std::vector<void*> pointers;
+    in.append(pointers, b0, b1);
+    pointers.push_back(ptr(out.slice(b0, b1)));
+    pointers.push_back(ptr(lse.slice(b0, b1)));
+    run(plan_for(with_batch(s, b1 - b0), scale, Pass{}), out, pointers);
+  });
+}
+
+void backward_on(const AttentionShape& s, const Heads& in, const Heads& grads, const Tensor& dout, const Tensor& out,
+                 const Tensor& lse, float scale, int64_t budget, bool deterministic) {
+  const Pass pass{true, deterministic};
+  for_each_batch_chunk(s, scale, pass, budget, [&](int64_t b0, int64_t b1) {
+    const AttentionShape chunk = with_batch(s, b1 - b0);
+    const Tensor lc = lse.slice(b0, b1);
+    Tensor row_sums = Tensor::empty(lc.shape(), DType::f32, out.device(), MemCategory::workspace);
+    std::vector<void*> pointers;
+    in.append(pointers, b0, b1);
+    for (const Tensor* t : {&out, &dout}) pointers.push_back(ptr(t->slice(b0, b1)));
+    pointers.push_back(ptr(lc));
+    grads.append(pointers, b0, b1);
+    pointers.push_back(ptr(row_sums));
+    Tensor dq_accum;  // the atomic backward adds into it
+    if (pass.atomic()) {
+      dq_accum = Tensor::empty(Shape{dq_accum_elems(chunk)}, DType::f32, out.device(), MemCategory::workspace);
+      // cuDNN zeroes the accumulator itself from 9.6 on (its frontend
+      // memsets it only for older versions): before that, zero it here.
+      static const bool zero_it = cudnnGetVersion() < 90600;
+      if (zero_it)
+        ZT_CUDA_CHECK(cudaMemsetAsync(ptr(dq_accum), 0, size_t(4 * dq_accum_elems(chunk)), stream_of(out)));
+      pointers.push_back(ptr(dq_accum));
+    }
+    run(plan_for(chunk, scale, pass), out, pointers);
+  });
+}
+
+}  // namespace
+
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, int64_t budget) {
-  const AttentionShape s = attention_shape(q, k);
-  for_each_batch_chunk(s, scale, Pass{}, budget, [&](int64_t b0, int64_t b1) {
-    const Tensor qc = q.slice(b0, b1), kc = k.slice(b0, b1), vc = v.slice(b0, b1);
-    const Tensor oc = out.slice(b0, b1), lc = lse.slice(b0, b1);
-    run(plan_for(with_batch(s, b1 - b0), scale, Pass{}), q, {ptr(qc), ptr(kc), ptr(vc), ptr(oc), ptr(lc)});
-  });
+  forward_on(attention_shape(q, k), separate(q, k, v), out, lse, scale, budget);
 }
 
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               float scale, int64_t budget, bool deterministic) {
-  const AttentionShape s = attention_shape(q, k);
-  const Pass pass{true, deterministic};
-  for_each_batch_chunk(s, scale, pass, budget, [&](int64_t b0, int64_t b1) {
-    const AttentionShape chunk = with_batch(s, b1 - b0);
-    const Tensor lc = lse.slice(b0, b1);
-    Tensor row_sums = Tensor::empty(lc.shape(), DType::f32, q.device(), MemCategory::workspace);
-    std::vector<void*> pointers;
-    for (const Tensor* t : {&q, &k, &v, &out, &dout})
-      pointers.push_back(ptr(t->slice(b0, b1)));
-    pointers.push_back(ptr(lc));
-    for (const Tensor* t : {&dq, &dk, &dv}) pointers.push_back(ptr(t->slice(b0, b1)));
-    pointers.push_back(ptr(row_sums));
-    Tensor dq_accum;  // the atomic backward adds into it
-    if (pass.atomic()) {
-      dq_accum = Tensor::empty(Shape{dq_accum_elems(chunk)}, DType::f32, q.device(), MemCategory::workspace);
-      // cuDNN zeroes the accumulator itself from 9.6 on (its frontend
-      // memsets it only for older versions): before that, zero it here.
-      static const bool zero_it = cudnnGetVersion() < 90600;
-      if (zero_it) ZT_CUDA_CHECK(cudaMemsetAsync(ptr(dq_accum), 0, size_t(4 * dq_accum_elems(chunk)), stream_of(q)));
-      pointers.push_back(ptr(dq_accum));
-    }
-    run(plan_for(chunk, scale, pass), q, pointers);
-  });
+  backward_on(attention_shape(q, k), separate(q, k, v), separate(dq, dk, dv), dout, out, lse, scale, budget,
+              deterministic);
+}
+
+void cudnn_attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                                    float scale, int64_t budget) {
+  forward_on(packed_attention_shape(qkv, Hq, Hkv), packed(qkv, Hq, Hkv), out, lse, scale, budget);
+}
+
+void cudnn_attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                     const Tensor& lse, int64_t Hq, int64_t Hkv, float scale, int64_t budget,
+                                     bool deterministic) {
+  backward_on(packed_attention_shape(qkv, Hq, Hkv), packed(qkv, Hq, Hkv), packed(dqkv, Hq, Hkv), dout, out, lse,
+              scale, budget, deterministic);
 }
 
 }  // namespace zt::cuda
@@ -246,6 +297,13 @@ void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const 
 }
 void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t, bool) {
+  ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
+}
+void cudnn_attention_forward_packed(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, float, int64_t) {
+  ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
+}
+void cudnn_attention_backward_packed(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                                     int64_t, float, int64_t, bool) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 

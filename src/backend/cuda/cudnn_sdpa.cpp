@@ -11,13 +11,21 @@ namespace {
 
 constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
 
-// (B, T, H, D) memory as a (b, h, t, d) view.
+// (B, T, H, D) memory as a (b, h, t, d) view: out, dout (and dense virtual tensors).
 Layout rows_of(const SdpaShape& s, int64_t H) {
   return {{s.B, H, s.T, s.D}, {s.T * H * s.D, s.D, H * s.D, 1}};
 }
+// q, k, v and their gradients: (B, T, H, D) memory, or H heads of each
+// token's qkv_row elements (a fused product's output), as (b, h, t, d).
+int64_t qkv_row(const SdpaShape& s, int64_t H) { return s.qkv_row > 0 ? s.qkv_row : H * s.D; }
+Layout qkv_rows(const SdpaShape& s, int64_t H) {
+  const int64_t row = qkv_row(s, H);
+  return {{s.B, H, s.T, s.D}, {s.T * row, s.D, row, 1}};
+}
 // The same memory as (b, h, d, t): the transposed operand of q k^T and dout v^T.
-Layout transposed(const SdpaShape& s, int64_t H) {
-  return {{s.B, H, s.D, s.T}, {s.T * H * s.D, s.D, 1, H * s.D}};
+Layout qkv_transposed(const SdpaShape& s, int64_t H) {
+  const int64_t row = qkv_row(s, H);
+  return {{s.B, H, s.D, s.T}, {s.T * row, s.D, 1, row}};
 }
 // (B, Hq, T, T) scores, row-major; and the same values read transposed.
 Layout scores(const SdpaShape& s) { return {{s.B, s.Hq, s.T, s.T}, {s.Hq * s.T * s.T, s.T * s.T, s.T, 1}}; }
@@ -32,6 +40,7 @@ Layout per_head(const SdpaShape& s) { return {{s.B, s.Hq, s.T, s.D}, {s.Hq * s.T
 void check_shape(const SdpaShape& s) {
   ZT_ASSERT(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0 && s.Hq % s.Hkv == 0, "cuDNN SDPA shape");
   ZT_ASSERT(s.io == CUDNN_DATA_BFLOAT16 || s.io == CUDNN_DATA_HALF, "cuDNN SDPA takes bf16 or f16");
+  ZT_ASSERT(s.qkv_row == 0 || s.qkv_row >= (s.Hq + 2 * s.Hkv) * s.D, "cuDNN SDPA packed qkv row");
 }
 
 // Scores where the key index exceeds the query index become -inf.
@@ -70,9 +79,9 @@ SdpaForwardGraph sdpa_forward_graph(const SdpaShape& s) {
   SdpaForwardGraph f;
   f.graph = std::make_shared<Graph>();
   Graph& g = *f.graph;
-  f.q = g.tensor(rows_of(s, s.Hq), s.io);
-  f.k = g.tensor(transposed(s, s.Hkv), s.io);
-  f.v = g.tensor(rows_of(s, s.Hkv), s.io);
+  f.q = g.tensor(qkv_rows(s, s.Hq), s.io);
+  f.k = g.tensor(qkv_transposed(s, s.Hkv), s.io);
+  f.v = g.tensor(qkv_rows(s, s.Hkv), s.io);
   f.out = g.tensor(rows_of(s, s.Hq), s.io);
   f.lse = g.tensor(row_stats(s), kF32);
 
@@ -103,15 +112,15 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm
   SdpaBackwardGraph b;
   b.graph = std::make_shared<Graph>();
   Graph& g = *b.graph;
-  b.q = g.tensor(rows_of(s, s.Hq), s.io);
-  b.k = g.tensor(transposed(s, s.Hkv), s.io);
-  b.v = g.tensor(transposed(s, s.Hkv), s.io);
+  b.q = g.tensor(qkv_rows(s, s.Hq), s.io);
+  b.k = g.tensor(qkv_transposed(s, s.Hkv), s.io);
+  b.v = g.tensor(qkv_transposed(s, s.Hkv), s.io);
   b.out = g.tensor(rows_of(s, s.Hq), s.io);
   b.dout = g.tensor(rows_of(s, s.Hq), s.io);
   b.lse = g.tensor(row_stats(s), kF32);
-  b.dq = g.tensor(rows_of(s, s.Hq), s.io);
-  b.dk = g.tensor(rows_of(s, s.Hkv), s.io);
-  b.dv = g.tensor(rows_of(s, s.Hkv), s.io);
+  b.dq = g.tensor(qkv_rows(s, s.Hq), s.io);
+  b.dk = g.tensor(qkv_rows(s, s.Hkv), s.io);
+  b.dv = g.tensor(qkv_rows(s, s.Hkv), s.io);
   b.row_sums = g.tensor(row_stats(s), kF32);
   const Layout sc = scores(s), rs = row_stats(s);
 

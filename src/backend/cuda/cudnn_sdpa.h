@@ -4,7 +4,8 @@
 // CPU; attention_cudnn.cpp runs them on a GPU.
 //
 // Our layouts, as cuDNN (b, h, s, d) views with strides:
-//   q, out, dq, dout (B, T, Hq, D);  k, v, dk, dv (B, T, Hkv, D);
+//   q, out, dq, dout (B, T, Hq, D);  k, v, dk, dv (B, T, Hkv, D), or q, k, v
+//   (and dq, dk, dv) as heads of one (B, T, Hq + 2 Hkv, D) tensor (qkv_row);
 //   lse (B, Hq, T) f32: the natural-log sum of exp of the scaled, masked
 //   scores, which is exactly cuDNN's softmax "stats".
 // cuDNN recognises a fused attention by the shape of the graph: matmul, scale,
@@ -24,6 +25,11 @@ struct SdpaShape {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   cudnnDataType_t io = CUDNN_DATA_BFLOAT16;  // q, k, v, out and gradients (bf16 or f16)
   float scale = 1.0f;                        // applied to q.k
+  // Elements from one token's q to the next's, the same for k, v and the
+  // backward's dq, dk, dv: 0 for separate tensors (H D each); (Hq + 2 Hkv) D
+  // when they are the heads of one fused qkv product's output, read and
+  // written in place.
+  int64_t qkv_row = 0;
 };
 
 struct SdpaForwardGraph {
