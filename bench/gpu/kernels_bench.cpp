@@ -89,11 +89,10 @@ class Bench {
   Bench(Device dev, const Model& m, double copy_gbps, double gemm_tflops)
       : dev_(dev), m_(m), copy_gbps_(copy_gbps), gemm_tflops_(gemm_tflops), gen_(7) {}
 
-  // The step's products, one layer of each shape (GPT-2's q, k and v run as
-  // three products of q's shape, timed beside the one product attn.qkv they
-  // would be if attention read q, k, v in place; Llama's run as attn.qkv
-  // (nn::fuses_qkv_product), beside its ZT_FUSED_QKV=0 form: attn.q and
-  // attn.k, v having k's shape):
+  // The step's products, one layer of each shape. q, k and v run as one
+  // product, attn.qkv (nn::qkv_form), timed beside their ZT_FUSED_QKV=0
+  // form: attn.q and attn.k (GPT-2's k and v have q's shape, Llama's v has
+  // k's):
   // forward y (M, N) = x (M, K) W (N, K)^T + b; dgrad dx = dy W (GPT-2's
   // mlp.out with the GeLU backward in its epilogue; dgrad_add dx += dy W, as
   // the second and third of three q, k, v products run); wgrad dW += dy^T x (f32),
@@ -252,7 +251,7 @@ class Bench {
       time("rope_forward", dims({m_.B, m_.T, m_.Hq, m_.D}), 2 * N * m_.Hq * m_.D * es,
            [&] { ops::rope_forward(q, q, table, 0); });
       // The fused qkv product's split into rotated q, k and copied v, and the
-      // gradients' join (the step's RoPE pass, nn::fuses_qkv_product); shape
+      // gradients' join (the step's RoPE pass, nn::qkv_form); shape
       // B x T x Hq x Hkv x D, every element read once and written once.
       const int64_t H = m_.Hq + 2 * m_.Hkv;
       const Tensor qkv = rand({m_.B, m_.T, H, m_.D}, bf);

@@ -21,9 +21,10 @@
 # ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's
 # ranked algorithms (timed on its first call) instead of the heuristic's
 # first: the A/B of `bench` for what the kernels' candidate table suggests.
-# ZT_FUSED_QKV=0 runs Llama's q, k and v as three products and RoPE in place
-# instead of one product split by the RoPE pass (nn::fuses_qkv_product): the
-# A/B of `bench llama` for the kernels' "q, k, v per layer" line.
+# ZT_FUSED_QKV=0 runs q, k and v as three products (Llama: and RoPE in place)
+# instead of one product (nn::qkv_form: Llama's split by the RoPE pass,
+# GPT-2's read in place by cuDNN's attention): the A/B of `bench` for the
+# kernels' "q, k, v per layer" lines.
 # ZT_HEAD_CHUNK_ELEMS=n sets the LM head's logits per chunk (default 2^28 on a
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
@@ -141,7 +142,7 @@ for r in ours:
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['tflops']:.1f} | {of} | "
               + " | ".join(vs_torch(r)) + " |")
 # Llama's q, k and v: the fused product and its RoPE split (the default,
-# nn::fuses_qkv_product) against three products and RoPE on q and k in place
+# nn::qkv_form) against three products and RoPE on q and k in place
 # (ZT_FUSED_QKV=0), per layer: forward, dgrad, wgrad and the RoPE passes.
 ms = {(r["model"], r["op"]): r["ms"] for r in ours if "ms" in r}
 def layer_ms(model, ops):
@@ -155,9 +156,8 @@ three = layer_ms("llama3-1b", [(f"attn.q.{p}", 1) for p in passes] + [("attn.k.f
 if fused and three:
     print(f"\nLlama's q, k, v per layer (kernel rows): fused product + split {fused:.3f} ms, "
           f"three products + RoPE {three:.3f} ms ({three / fused:.2f}x)")
-# GPT-2 runs three products; one would need attention to read q, k, v from
-# the product's output in place (no RoPE pass to split it in): its products'
-# side of that trade.
+# GPT-2's: one product whose output cuDNN's attention reads in place (the
+# default on a GPU) against three (ZT_FUSED_QKV=0), the products alone.
 one = layer_ms("gpt2-124m", [(f"attn.qkv.{p}", 1) for p in passes])
 three = layer_ms("gpt2-124m", [("attn.q.forward", 3), ("attn.q.dgrad", 1), ("attn.q.dgrad_add", 2),
                                 ("attn.q.wgrad", 3)])

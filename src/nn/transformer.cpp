@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -89,7 +90,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
            "model part: blocks [", part_.first_layer, ", ", part_.last_layer, ") are not within the model's ",
            cfg_.n_layer, " blocks");
   shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank());
-  fused_qkv_ = fuses_qkv_product(cfg_, shares_);
+  qkv_form_ = qkv_form(cfg_, shares_, device_);
   if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(part_.last_layer - part_.first_layer));
   for (int64_t i = part_.first_layer; i < part_.last_layer; ++i)
@@ -317,15 +318,22 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   a.ln1_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, cfg_.norm_eps);
   const Tensor ln1 = gather_rows(m, a.ln1);  // (N, C): the column-parallel input
-  a.q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-  a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  if (fused_qkv_) {
-    // One product, split into rotated q, k and v by the RoPE pass.
-    const Tensor qkv = act_tensor(Shape{B, T, Hq + 2 * Hkv, D}, dtype_, device_);
-    lin.qkv.forward(qkv.view(Shape{N, (Hq + 2 * Hkv) * D}), ln1);
-    ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
+  const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
+  if (qkv_form_ == QkvForm::packed) {
+    // One product; attention reads its heads in place.
+    a.qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
+    lin.qkv.forward(a.qkv.view(Shape{N, H * D}), ln1);
   } else {
+    a.q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
+    a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
+    a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
+  }
+  if (qkv_form_ == QkvForm::split) {
+    // One product, split into rotated q, k and v by the RoPE pass.
+    const Tensor qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
+    lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
+    ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
+  } else if (qkv_form_ == QkvForm::three) {
     lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
     lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
     lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
@@ -334,9 +342,7 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
       ops::rope_forward(a.k, a.k, rope_table_, 0);
     }
   }
-  a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-  a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
-  ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
+  attention_forward(a, B, T);
   Tensor branch = act_tensor(Shape{R, C}, dtype_, device_);
   lin.proj.forward(branch, a.att.view(Shape{N, Hq * D}));
   a.res_mid = act_tensor(Shape{R, C}, dtype_, device_);
@@ -358,6 +364,16 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
   ops::add(x_out, a.res_mid, branch);
   return x_out;
+}
+
+void Transformer::attention_forward(BlockActivations& a, int64_t B, int64_t T) const {
+  const int64_t D = cfg_.head_dim(), Hq = shares_.q_heads, Hkv = shares_.kv_heads;
+  a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
+  a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
+  if (a.qkv.defined())
+    ops::attention_forward_packed(a.att, a.lse, a.qkv, Hq, Hkv);
+  else
+    ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
 }
 
 void Transformer::release_for_policy(BlockActivations& a) const {
@@ -382,10 +398,7 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
   switch (recompute) {
     case Recompute::none: break;
     case Recompute::selective: {
-      const int64_t D = cfg_.head_dim(), Hq = shares_.q_heads;
-      a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-      a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
-      ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
+      attention_forward(a, B, T);
       a.act = act_tensor(Shape{B, T, shares_.ff}, dtype_, device_);
       if (cfg_.arch == Arch::gpt2)
         ops::gelu_forward(a.act, a.mlp_in);
@@ -497,19 +510,28 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
       lin_now.with_grads(gn.proj_w, gn.proj_b).backward_weights(dy, att);
     });
   }
-  Tensor dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
-  Tensor dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  Tensor dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  ops::attention_backward(dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
+  const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
+  Tensor dq, dk, dv, dqkv;
+  if (qkv_form_ == QkvForm::packed) {
+    dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
+    ops::attention_backward_packed(dqkv, d_att, a.qkv, a.att, a.lse, Hq, Hkv);
+  } else {
+    dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
+    dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
+    dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
+    ops::attention_backward(dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
+  }
   d_att = Tensor();
-  Tensor ln1;
-  if (fused_qkv_) {
-    // The RoPE pass joins the gradients into the fused product's dqkv; then
-    // d ln1 = dqkv Wqkv (partial over the group), and its weight and bias gradients.
-    const Tensor dqkv = act_tensor(Shape{B, T, Hq + 2 * Hkv, D}, dtype_, device_);
+  if (qkv_form_ == QkvForm::split) {
+    // The RoPE pass joins the gradients into the fused product's dqkv.
+    dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     ops::rope_split_qkv_backward(dqkv, dq, dk, dv, rope_table_, 0);
     dq = dk = dv = Tensor();
-    const Tensor dqkv2 = dqkv.view(Shape{N, (Hq + 2 * Hkv) * D});
+  }
+  Tensor ln1;
+  if (dqkv.defined()) {
+    // d ln1 = dqkv Wqkv (partial over the group), and its weight and bias gradients.
+    const Tensor dqkv2 = dqkv.view(Shape{N, H * D});
     gather = start_input(a.ln1, ln1);
     lin.qkv.backward_data(d_partial, dqkv2, false);
     reduce = start_reduce_rows(m, d_ln, d_partial);
@@ -733,14 +755,15 @@ int64_t default_head_chunk_elems(Device device) {
       .value_or(device.is_cpu() ? (int64_t(1) << 26) : (int64_t(1) << 28));
 }
 
-bool fuses_qkv_product(const ModelConfig& cfg, const TpShares& shares) {
+QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device) {
   // Read at each model's construction (not once per process), so a test can
-  // build both forms in one process.
-  const bool allowed = env_whole_number("ZT_FUSED_QKV", 0,
-                                        "1: q, k and v as one product where the model rotates q and k (the default); "
-                                        "0: three products")
-                           .value_or(1) > 0;
-  return allowed && cfg.arch == Arch::llama3 && shares.kv_replicas == 1;
+  // build every form in one process.
+  const std::optional<int64_t> asked = env_whole_number(
+      "ZT_FUSED_QKV", 0, "0: q, k and v as three products; 1: as one, also on the CPU; unset: as one on a GPU, "
+                         "and on the CPU where the RoPE pass splits it");
+  if (shares.kv_replicas > 1 || asked == 0) return QkvForm::three;
+  if (cfg.arch == Arch::llama3) return QkvForm::split;
+  return device.is_cuda() || asked.has_value() ? QkvForm::packed : QkvForm::three;
 }
 
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems) {

@@ -55,6 +55,7 @@ struct BlockActivations {
   Tensor ln1_mean, ln1_rstd;     // (R) f32
   Tensor q;                      // (B, T, Hq, D)  after RoPE (local heads)
   Tensor k, v;                   // (B, T, Hkv, D) k after RoPE
+  Tensor qkv;                    // (B, T, Hq + 2 Hkv, D) instead of q, k, v under QkvForm::packed
   Tensor att;                    // (B, T, Hq, D)  attention output
   Tensor lse;                    // (B, Hq, T) f32
   Tensor res_mid;                // (R, C)  x_in + attention branch
@@ -114,17 +115,27 @@ int64_t default_head_chunk_elems(Device device);
 // equal size up to the last.
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems);
 
-// Whether a block computes q, k and v as one product over its fused qkv
-// weight (out_local = (Hq + 2 Hkv) D) instead of three over its row slices:
-// where the model rotates q and k, since that RoPE pass then splits the
-// product's (N, (Hq + 2 Hkv) D) output into q, k, v and joins their
-// gradients back, moving only v's bytes more. The input gradient becomes one
-// product of depth (Hq + 2 Hkv) D and the weight gradient one of
-// (Hq + 2 Hkv) D rows: Llama's k and v products, 512 columns each, ran at
-// half the GEMM rate alone. Not where kv heads are shared by several ranks
-// (their weight gradients are partial sums reduced apart). ZT_FUSED_QKV=0
-// keeps three products (the A/B). The memory plan asks the same function.
-bool fuses_qkv_product(const ModelConfig& cfg, const TpShares& shares);
+// How a block computes q, k and v from the fused qkv weight (rows: Hq query
+// heads, Hkv key heads, Hkv value heads, D each):
+//   three   three products over its row slices, RoPE in place on q and k.
+//   split   one product into (N, (Hq + 2 Hkv) D); the RoPE pass splits it
+//           into rotated q, k and copied v and joins their gradients back
+//           (so only v's bytes are moved more). Models that rotate q and k.
+//   packed  one product whose output attention reads in place, writing the
+//           backward's dq, dk, dv in place too (cuDNN takes strided heads;
+//           other kernels and the CPU run on copies). Models without RoPE,
+//           on a GPU.
+// With one product the input gradient is one product of depth (Hq + 2 Hkv) D
+// (not three, the last two adding into the first's output) and the weight
+// gradient one of (Hq + 2 Hkv) D rows: Llama 1B's k and v products (512
+// columns) and GPT-2's 768-wide ones ran at 37-59% of the GEMM rate alone
+// (bench/results/gpu-2026-11-26.md). Three where kv heads are shared by
+// several ranks (their weight gradients are partial sums reduced apart).
+// ZT_FUSED_QKV=0 asks for three anywhere, 1 for one product also on the CPU
+// (where packed means copies; the tests' way to run it). The memory plan asks
+// the same function.
+enum class QkvForm { three, split, packed };
+QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device);
 
 class Transformer {
  public:
@@ -246,10 +257,12 @@ class Transformer {
   };
   BlockParams block_views(size_t layer, bool grads) const;
   struct BlockLinears {  // the block's linear layers over its parameter and gradient views
-    ColumnParallelLinear qkv, q, k, v, mlp_in;  // qkv: the three as one (fuses_qkv_product)
+    ColumnParallelLinear qkv, q, k, v, mlp_in;  // qkv: the three as one (qkv_form)
     RowParallelLinear proj, mlp_out;
   };
   BlockLinears block_linears(size_t layer, const TensorParallel& mode) const;
+  // Attention's forward on a block's q, k, v (or their packed qkv): a.att, a.lse.
+  void attention_forward(BlockActivations& a, int64_t B, int64_t T) const;
   ops::NormKind norm_kind() const;
   void check_batch(const Tensor& tokens, const Tensor& targets) const;
   // The tensor-parallel setting of a pass: sequence parallelism on or off.
@@ -310,7 +323,7 @@ class Transformer {
   TpShares shares_;
   ModelPart part_;
   std::unique_ptr<comm::ProcessGroup> kv_group_;  // ranks sharing kv heads (Hkv < tp)
-  bool fused_qkv_ = false;                         // fuses_qkv_product(cfg_, shares_)
+  QkvForm qkv_form_ = QkvForm::three;              // qkv_form(cfg_, shares_, device_)
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]

@@ -257,19 +257,20 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const int64_t mlp_in = m.mlp_in_width() / at.tp;
   ops::AttentionDims attention;
   std::vector<ops::LinearDims> linears;
-  if (has_blocks) {
-    attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(),
-                 cfg.train.deterministic};
-    linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias}};
-    if (nn::fuses_qkv_product(m, sh)) {
-      linears.push_back({q + 2 * kv, m.d_model, bias});
-    } else {
-      linears.push_back({q, m.d_model, bias});
-      linears.push_back({kv, m.d_model, bias});
-    }
-  }
   const Device configured = parse_device(cfg.train.device);
   const Device device = configured.is_cuda() ? cfg.device(comm::world_info().size > 1) : configured;
+  if (has_blocks) {
+    const nn::QkvForm qkv = nn::qkv_form(m, sh, device);
+    attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(),
+                 cfg.train.deterministic, qkv == nn::QkvForm::packed};
+    linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias}};
+    if (qkv == nn::QkvForm::three) {
+      linears.push_back({q, m.d_model, bias});
+      linears.push_back({kv, m.d_model, bias});
+    } else {
+      linears.push_back({q + 2 * kv, m.d_model, bias});
+    }
+  }
   p.workspace = ops::step_workspace_bytes(device, attention, cfg.train.micro_batch * cfg.train.seq_len, linears);
 
   // Activations: one micro-batch at a time, or under a pipeline schedule

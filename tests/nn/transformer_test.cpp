@@ -333,48 +333,66 @@ TEST(Transformer, HeadChunkBudgetFollowsTheEnvironment) {
   EXPECT_EQ(default_head_chunk_elems(Device::cuda(0)), int64_t(1) << 28);
 }
 
-// Which models compute q, k and v as one product: those that rotate q and k,
-// unless kv heads are shared by ranks or ZT_FUSED_QKV=0 asks for three.
-TEST(Transformer, FusedQkvProductWhereTheModelRotatesQAndK) {
+// How each model computes q, k and v: Llama as one product split by the
+// RoPE pass; GPT-2 as one product attention reads in place, on a GPU; three
+// where kv heads are shared by ranks or ZT_FUSED_QKV=0 asks.
+TEST(Transformer, QkvFormFollowsTheModelTheDeviceAndTheEnvironment) {
   ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
   const ModelConfig llama = model_preset("llama3-1b"), gpt2 = model_preset("gpt2-124m");
-  EXPECT_TRUE(fuses_qkv_product(llama, tp_shares(llama, 1, 0)));
-  EXPECT_TRUE(fuses_qkv_product(llama, tp_shares(llama, 8, 3)));     // one kv head a rank
-  EXPECT_FALSE(fuses_qkv_product(llama, tp_shares(llama, 16, 3)));   // 8 kv heads over 16 ranks: shared
-  EXPECT_FALSE(fuses_qkv_product(gpt2, tp_shares(gpt2, 1, 0)));      // no RoPE pass to split with
+  const Device cpu = Device::cpu(), gpu = Device::cuda(0);
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 1, 0), cpu), QkvForm::split);
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 8, 3), gpu), QkvForm::split);   // one kv head a rank
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 16, 3), gpu), QkvForm::three);  // 8 kv heads over 16 ranks: shared
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), gpu), QkvForm::packed);
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 4, 1), gpu), QkvForm::packed);
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), cpu), QkvForm::three);     // attention would copy the heads
+  ::setenv("ZT_FUSED_QKV", "1", 1);
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), cpu), QkvForm::packed);
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 1, 0), cpu), QkvForm::split);
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 16, 3), cpu), QkvForm::three);
   ::setenv("ZT_FUSED_QKV", "0", 1);
-  EXPECT_FALSE(fuses_qkv_product(llama, tp_shares(llama, 1, 0)));
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 1, 0), gpu), QkvForm::three);
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), gpu), QkvForm::three);
   ::setenv("ZT_FUSED_QKV", "yes", 1);
-  EXPECT_NE(test::error_of([&] { fuses_qkv_product(llama, tp_shares(llama, 1, 0)); }).find("ZT_FUSED_QKV = 'yes'"),
+  EXPECT_NE(test::error_of([&] { qkv_form(llama, tp_shares(llama, 1, 0), cpu); }).find("ZT_FUSED_QKV = 'yes'"),
             std::string::npos);
   ::unsetenv("ZT_FUSED_QKV");
 }
 
-// One qkv product split by the RoPE pass against three products and RoPE in
-// place: the same loss and gradients up to f32 rounding (the input gradient
-// is one product of depth (Hq + 2 Hkv) D instead of three added).
-TEST(Transformer, FusedQkvProductGivesTheSameLossAndGradients) {
+// One qkv product (split by the RoPE pass, or read in place by attention)
+// against three products: the same loss and gradients up to f32 rounding
+// (the input gradient is one product of depth (Hq + 2 Hkv) D instead of
+// three added), under every recompute policy.
+TEST(Transformer, OneQkvProductGivesTheSameLossAndGradientsAsThree) {
   ZT_TEST_TRACE_SEED();
   ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
-  const ModelConfig c = model_preset("llama3-tiny");  // 4 query heads, 2 kv heads
-  const int64_t B = 2, T = 24;
-  const Batch b = random_batch(c, B, T, 17);
-  auto run = [&](Transformer& m) {
-    m.init_weights(8);
-    ForwardContext ctx;
-    const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(B * T));
-    m.backward(ctx);
-    return loss;
-  };
-  Transformer fused(c, DType::f32);
-  ::setenv("ZT_FUSED_QKV", "0", 1);
-  Transformer three(c, DType::f32);
-  ::unsetenv("ZT_FUSED_QKV");
-  const double want = run(three), got = run(fused);
-  EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
-  // Seen on this CPU over 7 seeds (2026-11-27): 1.2 to 2.8 units of f32
-  // roundoff; a head in the wrong place or a gradient dropped is off by O(1).
-  expect_same_gradients(fused, three, 32);
+  for (const char* preset : {"llama3-tiny", "gpt2-tiny"}) {  // llama3-tiny: 4 query heads, 2 kv heads
+    for (const Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
+      SCOPED_TRACE(std::string(preset) + ", recompute " + std::string(recompute_name(policy)));
+      const ModelConfig c = model_preset(preset);
+      const int64_t B = 2, T = 24;
+      const Batch b = random_batch(c, B, T, 17);
+      auto run = [&](Transformer& m) {
+        m.init_weights(8);
+        m.recompute = policy;
+        ForwardContext ctx;
+        const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(B * T));
+        m.backward(ctx);
+        return loss;
+      };
+      ::setenv("ZT_FUSED_QKV", "1", 1);
+      Transformer one(c, DType::f32);
+      ::setenv("ZT_FUSED_QKV", "0", 1);
+      Transformer three(c, DType::f32);
+      ::unsetenv("ZT_FUSED_QKV");
+      const double want = run(three), got = run(one);
+      EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
+      // Seen on this CPU over 12 seeds (2026-11-27): at most 3.6 units of f32
+      // roundoff; k's and v's gradients swapped in the join are off by 0.5,
+      // a head in the wrong place or a gradient dropped by O(1).
+      expect_same_gradients(one, three, 32);
+    }
+  }
 }
 
 // The LM head in chunks of 1 row, of 5 rows (the last one short) and whole:

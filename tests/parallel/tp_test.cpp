@@ -72,6 +72,7 @@ struct Case {
   bool sequence_parallel;
   std::vector<std::string> extra;  // config overrides
   const char* what;
+  const char* fused_qkv = nullptr;  // ZT_FUSED_QKV for the tensor-parallel model (nn::qkv_form)
 };
 
 std::vector<Case> cases() {
@@ -102,11 +103,17 @@ TEST(TensorParallel, LogitsLossAndGradientsMatchOneProcess) {
   const int64_t p = comm::world().size();
   if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
   auto mesh = mesh_of(p);
-  for (const Case& c : cases()) {
+  std::vector<Case> all = cases();
+  // GPT-2's q, k, v as one product whose heads attention reads in place (a
+  // GPU's form; on the CPU attention copies them), against three in one process.
+  all.push_back({"gpt2-tiny", true, {}, "gpt2 + SP, one qkv product read in place", "1"});
+  for (const Case& c : all) {
     SCOPED_TRACE(std::string(c.what) + ", tp = " + std::to_string(p));
     const Config cfg = case_config(c, p), ref_cfg = case_config(c, 1);
     nn::Transformer ref(ref_cfg.model, DType::f32);
+    if (c.fused_qkv) ::setenv("ZT_FUSED_QKV", c.fused_qkv, 1);
     nn::Transformer tp(cfg.model, DType::f32, Device::cpu(), 1, nn::TensorParallel{&mesh->tp(), c.sequence_parallel});
+    ::unsetenv("ZT_FUSED_QKV");
     ref.recompute = tp.recompute = cfg.recompute();
     ref.init_weights(11);
     tp.init_weights(11);
