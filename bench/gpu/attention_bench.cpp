@@ -3,7 +3,10 @@
 // for each CUDA implementation (cuDNN's fused attention - its deterministic
 // backward, and as "cudnn-atomic" the one that sums dq with atomics, which
 // train.deterministic = false selects -, our fused mma and flash kernels, the
-// tensor-core gemm path and the simple kernel).
+// tensor-core gemm path and the simple kernel). "cudnn-packed": cuDNN on q,
+// k, v as the heads of one fused qkv product's output and dq, dk, dv written
+// into one (attention_forward_packed: strided operands, GPT-2's training
+// form), beside the dense "cudnn" row.
 // Median of 10 timed runs after 3 warm-ups, CUDA events on the compute
 // stream (gpu/median_time.h). Prints one JSON line per (shape, kernel);
 // bench/gpu/attention_peer.py times PyTorch's flash SDPA on the same shapes
@@ -38,8 +41,8 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Optional: one kernel by name (cudnn, cudnn-atomic, mma, flash, tensor-core, simple), so a kernel that faults
-  // spoils only its row.
+  // Optional: one kernel by name (cudnn, cudnn-packed, cudnn-atomic, mma, flash, tensor-core, simple), so a
+  // kernel that faults spoils only its row.
   const std::string only = argc > 1 ? argv[1] : "";
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no GPU: nothing to time\n");
@@ -58,14 +61,18 @@ int main(int argc, char** argv) {
     Tensor out = Tensor::empty(q.shape(), DType::bf16, dev), lse = Tensor::empty(Shape{c.B, c.Hq, c.T}, DType::f32, dev);
     Tensor dq = Tensor::empty(q.shape(), DType::bf16, dev), dk = Tensor::empty(k.shape(), DType::bf16, dev),
            dv = Tensor::empty(v.shape(), DType::bf16, dev);
+    const Tensor qkv = tensor(c.Hq + 2 * c.Hkv);  // the same values' layout as a fused product writes them
+    Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, dev);
     const float scale = float(1.0 / std::sqrt(double(c.D)));
     const double fwd_flops = 4.0 * double(c.B * c.Hq * c.D) * double(c.T) * double(c.T) / 2.0;
     struct Row {
       const char* name;
       cuda::AttentionKernel kernel;
       bool deterministic;
+      bool packed = false;  // q, k, v (dq, dk, dv) the heads of one tensor
     };
     for (const Row row : {Row{"cudnn", cuda::AttentionKernel::cudnn, true},
+                          Row{"cudnn-packed", cuda::AttentionKernel::cudnn, true, true},
                           Row{"cudnn-atomic", cuda::AttentionKernel::cudnn, false},
                           Row{"mma", cuda::AttentionKernel::mma, true}, Row{"flash", cuda::AttentionKernel::flash, true},
                           Row{"tensor-core", cuda::AttentionKernel::gemm, true},
@@ -79,7 +86,8 @@ int main(int argc, char** argv) {
       }
       const char* kname = label.c_str();
       if (kernel == cuda::AttentionKernel::cudnn) {
-        const cuda::AttentionShape shape = cuda::attention_shape(q, k);
+        const cuda::AttentionShape shape =
+            row.packed ? cuda::packed_attention_shape(qkv, c.Hq, c.Hkv) : cuda::attention_shape(q, k);
         const std::string why =
             cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{}) + " " +
             cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{true, row.deterministic});
@@ -88,11 +96,19 @@ int main(int argc, char** argv) {
           continue;
         }
       }
-      const double fwd =
-          1e3 * bench::median_seconds(dev, [&] { cuda::attention_forward(out, lse, q, k, v, scale, kernel); });
+      auto forward = [&] {
+        if (row.packed)
+          cuda::attention_forward_packed(out, lse, qkv, c.Hq, c.Hkv, scale, kernel);
+        else
+          cuda::attention_forward(out, lse, q, k, v, scale, kernel);
+      };
+      const double fwd = 1e3 * bench::median_seconds(dev, forward);
       const double both = 1e3 * bench::median_seconds(dev, [&] {
-        cuda::attention_forward(out, lse, q, k, v, scale, kernel);
-        cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kernel, row.deterministic);
+        forward();
+        if (row.packed)
+          cuda::attention_backward_packed(dqkv, dout, qkv, out, lse, c.Hq, c.Hkv, scale, kernel, row.deterministic);
+        else
+          cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kernel, row.deterministic);
       });
       std::printf(
           "{\"shape\": \"%s\", \"kernel\": \"%s\", \"forward_ms\": %.4f, \"forward_backward_ms\": %.4f, "

@@ -199,7 +199,8 @@ if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
 fi
 if [ "$what" = attention ] || [ "$what" = all ]; then
   : > "$out/attention-zt.jsonl"
-  for kernel in cudnn cudnn-atomic mma flash tensor-core simple; do  # one process each: a faulting kernel spoils only its rows
+  # one process each: a faulting kernel spoils only its rows (cudnn-packed: q, k, v read in place from one tensor)
+  for kernel in cudnn cudnn-packed cudnn-atomic mma flash tensor-core simple; do
     bounded 20 "attention bench ($kernel)" ./build-gpu/bin/zt_bench_gpu_attention $kernel \
       >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
       || said_failed $? "attention bench ($kernel)" "$out/attention-zt.err" 3
