@@ -318,28 +318,29 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   a.ln1_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1_w, p.ln1_b, cfg_.norm_eps);
   const Tensor ln1 = gather_rows(m, a.ln1);  // (N, C): the column-parallel input
-  const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
-  if (qkv_form_ == QkvForm::packed) {
-    // One product; attention reads its heads in place.
-    a.qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
-    lin.qkv.forward(a.qkv.view(Shape{N, H * D}), ln1);
-  } else {
+  auto separate_heads = [&] {
     a.q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
     a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
     a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-  }
-  if (qkv_form_ == QkvForm::split) {
-    // One product, split into rotated q, k and v by the RoPE pass.
-    const Tensor qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
-    lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
-    ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
-  } else if (qkv_form_ == QkvForm::three) {
+  };
+  if (qkv_form_ == QkvForm::three) {
+    separate_heads();
     lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
     lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
     lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
     if (cfg_.arch == Arch::llama3) {
       ops::rope_forward(a.q, a.q, rope_table_, 0);
       ops::rope_forward(a.k, a.k, rope_table_, 0);
+    }
+  } else {
+    const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
+    const Tensor qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
+    lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
+    if (qkv_form_ == QkvForm::packed) {
+      a.qkv = qkv;  // attention reads its heads in place
+    } else {        // split: the RoPE pass makes rotated q, k and copied v of it
+      separate_heads();
+      ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
     }
   }
   attention_forward(a, B, T);

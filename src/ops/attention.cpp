@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "backend/cpu/attention.h"
-#include "backend/cpu/rope.h"
 #include "ops/check.h"
 #include "ops/determinism.h"
 #include "ops/op_profile.h"
@@ -84,22 +83,6 @@ void check_backward_inputs(const char* op, const Dims& d, const Tensor& dout, co
   check_same_dtype(op, "dout", dout, like_name, like);
 }
 
-// q, k, v copied apart from qkv's heads, on the CPU.
-struct CpuHeads {
-  Tensor q, k, v;
-};
-CpuHeads cpu_heads(const Dims& d, DType dtype) {
-  auto make = [&](int64_t H) {
-    return Tensor::empty(Shape{d.B, d.T, H, d.D}, dtype, Device::cpu(), MemCategory::workspace);
-  };
-  return {make(d.Hq), make(d.Hkv), make(d.Hkv)};
-}
-CpuHeads cpu_split(const Dims& d, const Tensor& qkv) {
-  CpuHeads h = cpu_heads(d, qkv.dtype());
-  cpu::rope_split_qkv(qkv, h.q, h.k, h.v, Tensor(), 0, /*backward=*/false);
-  return h;
-}
-
 }  // namespace
 
 float default_attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
@@ -137,8 +120,7 @@ void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor
   const float s = resolve_scale(op, scale, d.D);
   scope.add_flops(causal_forward_flops(d));
   if (qkv.device().is_cpu()) {
-    const CpuHeads h = cpu_split(d, qkv);
-    cpu::attention_forward(out, lse, h.q, h.k, h.v, s);
+    cpu::attention_forward_packed(out, lse, qkv, Hq, Hkv, s);
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, qkv.device())) {
     cuda::attention_forward_packed(out, lse, qkv, Hq, Hkv, s);
@@ -200,9 +182,7 @@ void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Ten
   const float s = resolve_scale(op, scale, d.D);
   scope.add_flops(2.5 * causal_forward_flops(d));
   if (qkv.device().is_cpu()) {
-    const CpuHeads h = cpu_split(d, qkv), g = cpu_heads(d, qkv.dtype());
-    cpu::attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, s);
-    cpu::rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
+    cpu::attention_backward_packed(dqkv, dout, qkv, out, lse, Hq, Hkv, s);
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, qkv.device())) {
     cuda::attention_backward_packed(dqkv, dout, qkv, out, lse, Hq, Hkv, s, cuda::AttentionKernel::automatic,

@@ -52,6 +52,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backend/cpu/rope.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/simd.h"
 
@@ -586,6 +587,24 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   }
 }
 
+// q, k, v copied apart from the heads of qkv (B, T, Hq + 2 Hkv, D), in the
+// workspace category; and empty tensors of their shapes (the gradients).
+struct Heads {
+  Tensor q, k, v;
+};
+Heads empty_heads(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
+  auto make = [&](int64_t H) {
+    return Tensor::empty(Shape{qkv.size(0), qkv.size(1), H, qkv.size(3)}, qkv.dtype(), Device::cpu(),
+                         MemCategory::workspace);
+  };
+  return {make(Hq), make(Hkv), make(Hkv)};
+}
+Heads split_heads(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
+  Heads h = empty_heads(qkv, Hq, Hkv);
+  rope_split_qkv(qkv, h.q, h.k, h.v, Tensor(), 0, /*backward=*/false);
+  return h;
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -605,6 +624,19 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   } else {
     backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
   }
+}
+
+void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                              float scale) {
+  const Heads h = split_heads(qkv, Hq, Hkv);
+  attention_forward(out, lse, h.q, h.k, h.v, scale);
+}
+
+void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, int64_t Hq, int64_t Hkv, float scale) {
+  const Heads h = split_heads(qkv, Hq, Hkv), g = empty_heads(qkv, Hq, Hkv);
+  attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, scale);
+  rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
 }
 
 }  // namespace zt::cpu

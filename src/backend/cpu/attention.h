@@ -28,4 +28,12 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
                         BackwardSchedule schedule = BackwardSchedule::automatic);
 
+// The same with q, k, v as the heads of qkv (B, T, Hq + 2 Hkv, D), dq, dk,
+// dv written into dqkv of that shape (ops/attention.h): on copies of the
+// heads, split before and joined after (backend/cpu/rope.h, rope_split_qkv).
+void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                              float scale);
+void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, int64_t Hq, int64_t Hkv, float scale);
+
 }  // namespace zt::cpu
