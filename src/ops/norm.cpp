@@ -35,7 +35,6 @@ const char* op_name(NormKind kind, Entry e) {
   return "norm";
 }
 
-
 // x (..., C) with C >= 1, f32 or bf16. Returns C; N = numel / C.
 int64_t check_input(const char* op, const char* name, const Tensor& x) {
   check_defined(op, name, x);
@@ -132,10 +131,10 @@ void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tens
   check_disjoint_from(op, "dx", dx, {{"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dw", &dw}, {"db", &db}});
   // dw, db: accumulated, so separate from every other argument.
   check_disjoint_from(op, "dw", dw,
-                     {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add},
-                      {"db", &db}});
+                      {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add},
+                       {"db", &db}});
   check_disjoint_from(op, "db", db,
-                     {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add}});
+                      {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add}});
   if (x.device().is_cpu())
     return cpu::norm_backward(kind == NormKind::rmsnorm, dx, dw, db, dy, x, w, mean, rstd, dx_add);
 #if ZT_WITH_CUDA
@@ -164,9 +163,9 @@ void residual_norm_forward(NormKind kind, const Tensor& r_out, const Tensor& y, 
   // r_out may be r_in (in place); every other output is separate memory.
   check_alias_or_disjoint(op, "r_out", r_out, "r_in", r_in);
   check_disjoint_from(op, "r_out", r_out,
-                     {{"x", &x}, {"w", &w}, {"b", &b}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
+                      {{"x", &x}, {"w", &w}, {"b", &b}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
   check_disjoint_from(op, "y", y,
-                     {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}, {"mean", &mean}, {"rstd", &rstd}});
+                      {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}, {"mean", &mean}, {"rstd", &rstd}});
   check_disjoint_from(op, "mean", mean, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
   check_disjoint_from(op, "rstd", rstd, {{"x", &x}, {"r_in", &r_in}, {"w", &w}, {"b", &b}});
   if (x.device().is_cpu())

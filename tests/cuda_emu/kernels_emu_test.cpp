@@ -482,7 +482,7 @@ TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {
   // Packs of 8 at D = 64 (Llama's head dim): 2560 of them, more than a sweep of 768 threads.
   rope_case<__nv_bfloat16, kBf16Pack>(2, 40, 4, 64, 48, 5, scaling, rng);
   // The fused qkv split: GQA (4 query heads, 2 kv heads), a pair or a pack per
-  // thread; one kv head per query head; a unit straddling no head boundary.
+  // thread; one kv head per query head (3 + 3 + 3); Llama's head dim in packs.
   rope_split_case<float, 2>(2, 5, 4, 2, 6, 3, scaling, rng);
   rope_split_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
   rope_split_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);

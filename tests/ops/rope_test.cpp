@@ -242,17 +242,6 @@ TEST(Rope, BackwardInvertsForward) {
   EXPECT_FALSE(all_close(back, to_f64(x), 0.0, 1e-3));
 }
 
-// Heads [h0, h0 + n) of x (B, T, H, D) in float64, as (B, T, n, D).
-std::vector<double> heads_of(const std::vector<double>& x, const Shape& shape, int64_t h0, int64_t n) {
-  const int64_t BT = shape[0] * shape[1], H = shape[2], D = shape[3];
-  std::vector<double> out;
-  out.reserve(size_t(BT * n * D));
-  for (int64_t bt = 0; bt < BT; ++bt)
-    for (int64_t h = h0; h < h0 + n; ++h)
-      for (int64_t d = 0; d < D; ++d) out.push_back(x[size_t((bt * H + h) * D + d)]);
-  return out;
-}
-
 // The fused qkv split (B, T, Hq + 2 Hkv, D) -> rotated q, k and copied v, and
 // its gradient's join, against float64; the split's q and k have the bits
 // of rope_forward on the same heads (what three products would feed it).
@@ -274,17 +263,13 @@ void check_split(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64
   poison(k);
   poison(v);
   ops::rope_split_qkv_forward(q, k, v, qkv, table, offset);
-  const std::vector<double> x = to_f64(qkv);
-  const std::vector<double> xq = heads_of(x, packed, 0, Hq), xk = heads_of(x, packed, Hq, Hkv);
-  EXPECT_TRUE(all_close(q, ref_rotate(xq, qs, f, offset, false), rtol, atol)) << "q";
-  EXPECT_TRUE(all_close(k, ref_rotate(xk, kvs, f, offset, false), rtol, atol)) << "k";
-  EXPECT_TRUE(all_close(v, heads_of(x, packed, Hq + Hkv, Hkv), 0.0, 0.0)) << "v is copied";
+  const Tensor q_heads = test::heads_of(qkv, 0, Hq);
+  EXPECT_TRUE(all_close(q, ref_rotate(to_f64(q_heads), qs, f, offset, false), rtol, atol)) << "q";
+  EXPECT_TRUE(all_close(k, ref_rotate(to_f64(test::heads_of(qkv, Hq, Hkv)), kvs, f, offset, false), rtol, atol))
+      << "k";
+  EXPECT_TRUE(all_close(v, to_f64(test::heads_of(qkv, Hq + Hkv, Hkv)), 0.0, 0.0)) << "v is copied";
   // The same bits as rope_forward of the query heads alone.
-  Tensor q_heads = Tensor::empty(qs, dtype), q_rope = Tensor::empty(qs, dtype);
-  const size_t es = dtype_size(dtype), row = size_t(D) * es;
-  for (int64_t bt = 0; bt < B * T; ++bt)
-    std::memcpy(static_cast<char*>(q_heads.data_ptr()) + size_t(bt * Hq) * row,
-                static_cast<const char*>(qkv.data_ptr()) + size_t(bt * (Hq + 2 * Hkv)) * row, size_t(Hq) * row);
+  Tensor q_rope = Tensor::empty(qs, dtype);
   ops::rope_forward(q_rope, q_heads, table, offset);
   EXPECT_EQ(std::memcmp(q_rope.data_ptr(), q.data_ptr(), q.nbytes()), 0) << "q as rope_forward computes it";
 
@@ -302,7 +287,7 @@ void check_split(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64
       want.insert(want.end(), part->begin() + bt * n * D, part->begin() + (bt + 1) * n * D);
     }
   EXPECT_TRUE(all_close(dqkv, want, rtol, atol)) << "dqkv";
-  EXPECT_EQ(heads_of(to_f64(dqkv), packed, Hq + Hkv, Hkv), gv) << "dv is copied into dqkv";
+  EXPECT_EQ(to_f64(test::heads_of(dqkv, Hq + Hkv, Hkv)), gv) << "dv is copied into dqkv";
 }
 
 TEST(Rope, SplitQkvMatchesReference) {
