@@ -401,7 +401,14 @@ int main(int argc, char** argv) {
   Tensor a = Tensor::empty(Shape{n}, DType::f32, dev), b = Tensor::empty(Shape{n}, DType::f32, dev);
   ops::fill(a, 1.0);
   const double copy_gbps = 2.0 * double(a.nbytes()) / median_seconds(dev, [&] { ops::copy(b, a); }) / 1e9;
-  std::printf("{\"copy_gbps\": %.1f, \"device\": \"%s\"}\n", copy_gbps, where.c_str());
+  // The A/B switches set for this run, so that two runs' rows can be told apart.
+  std::string switches;
+  for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE", "ZT_FUSED_QKV",
+                           "ZT_HEAD_CHUNK_ELEMS"})
+    if (const char* value = std::getenv(name); value && *value)
+      switches += (switches.empty() ? "" : " ") + std::string(name) + "=" + value;
+  std::printf("{\"copy_gbps\": %.1f, \"device\": \"%s\", \"environment\": \"%s\"}\n", copy_gbps, where.c_str(),
+              switches.c_str());
   a = b = Tensor();
   // name, llama, B, T, C, F, Vp, V, Hq, Hkv, D, parameters (GPT-2 124M: the
   // padded vocabulary's tied embedding included).

@@ -60,7 +60,10 @@ pack_logs() {
   [ -n "${OUT:-}" ] || return 0  # by hand: the logs stay as they are
   for m in "$runs"/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$out/metrics-$(basename "$(dirname "$m")").jsonl"; done
   local IFS=-
-  local archive="gpu-$what-${models[*]}-logs.tgz"
+  local archive="gpu-$what-${models[*]}-logs.tgz" n=2
+  # A second run of the same kind in one call (an A/B under another
+  # environment) keeps the first's archive.
+  while [ -e "$out/$archive" ]; do archive="gpu-$what-${models[*]}-logs-$n.tgz"; n=$((n + 1)); done
   # This call's files only: an earlier call's archive (one call runs several
   # run.sh) stays beside it, not inside.
   (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs.tgz' -print0 \
@@ -127,6 +130,9 @@ def vs_torch(r):
     p = peer.get((r["model"], r["op"], r["shape"]))
     return (f"{p['ms']:.3f}", f"{p['ms'] / r['ms']:.2f}x") if p else ("-", "-")
 print(f"device copy rate (read + write): {rate.get('copy_gbps', 0):.0f} GB/s")
+switches = next((r["environment"] for r in ours if r.get("environment")), "")
+if switches:
+    print(f"run under {switches}")
 print("| model | op | shape | ms | GB/s | of copy | torch eager ms | torch / ours |")
 print("|---|---|---|---|---|---|---|---|")
 for r in ours:

@@ -7,7 +7,8 @@
 // T = 1024, run in batch chunks of at most 1 GiB; when not deterministic,
 // an f32 dq accumulator instead: 384 MiB there), or a weight gradient's row-chunk
 // partials (backend/cuda/matmul.h). The other calls' own are not counted:
-// norm partial sums and token copies (a few MiB), and the embedding
+// the norm backward's partial sums (up to 2048 x C f32 each for dw and db:
+// 12 MiB for GPT-2, 16 MiB for Llama 1B), token copies, and the embedding
 // backward's segment sums of frequent tokens (up to positions / 32 rows of
 // f32: 12 MiB for GPT-2 at B = 128), under the counted ones at these sizes.
 #pragma once

@@ -588,7 +588,12 @@ TEST_P(CudaKernels, AttentionOnPackedHeads) {
   const DType dt = GetParam();
   auto rng = make_rng(9);
   struct S { int64_t B, T, Hq, Hkv, D; };
-  for (S s : {S{2, 130, 4, 2, 64}, S{1, 512, 4, 4, 64}, S{2, 259, 8, 2, 64}, S{1, 70, 4, 1, 128}}) {
+  // {4, 65, 2, 1}: Hq T = 130, so batch chunks start at even sequences (lse's 16-byte alignment).
+  // {2, 33, 3, 1, 7}: an odd head dim (f32, the simple kernel) for the split and join's copies.
+  for (S s : {S{2, 130, 4, 2, 64}, S{1, 512, 4, 4, 64}, S{2, 259, 8, 2, 64}, S{1, 70, 4, 1, 128},
+              S{4, 65, 2, 1, 64}, S{2, 33, 3, 1, 7}}) {
+    const bool odd = s.D % 2 == 1;
+    if (odd && dt != DType::f32) continue;
     SCOPED_TRACE(::testing::Message() << "B " << s.B << " T " << s.T << " Hq " << s.Hq << " Hkv " << s.Hkv << " D "
                                       << s.D);
     const int64_t H = s.Hq + 2 * s.Hkv;
@@ -612,6 +617,7 @@ TEST_P(CudaKernels, AttentionOnPackedHeads) {
                                                cuda::AttentionKernel::mma, cuda::AttentionKernel::simple}) {
       if (kernel == cuda::AttentionKernel::cudnn && !cudnn_takes_it) continue;
       if (kernel == cuda::AttentionKernel::mma && dt == DType::f32) continue;
+      if (odd && kernel != cuda::AttentionKernel::simple) continue;
       SCOPED_TRACE(kernel == cuda::AttentionKernel::automatic ? "ops (automatic)"
                    : kernel == cuda::AttentionKernel::cudnn   ? "cuDNN"
                    : kernel == cuda::AttentionKernel::mma     ? "mma"
@@ -652,6 +658,41 @@ TEST_P(CudaKernels, AttentionOnPackedHeads) {
       EXPECT_TRUE(matches(gout, out, lim, "out"));
       EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
       EXPECT_TRUE(matches(gdqkv, dqkv, lim, "dqkv"));
+    }
+    // cuDNN on packed heads in batch chunks (a budget one byte under the
+    // whole batch's, as GPT-2 at B = 128 trains), each call allocating at
+    // most what the plan's count says.
+    const cuda::AttentionPass backward_pass{true}, atomic_pass{true, false};
+    if (cudnn_takes_it && s.B >= 2) {
+      SCOPED_TRACE("cuDNN in batch chunks");
+      const int64_t budget = cuda::cudnn_attention_workspace_bytes(packed, scale, backward_pass) - 1;
+      Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
+      Tensor gdqkv = gpu_poisoned(qkv.shape(), dt);
+      cuda::cudnn_attention_forward_packed(gout, glse, gqkv, s.Hq, s.Hkv, scale, budget);
+      Allocator& alloc = allocator_for(gqkv.device());
+      const int64_t before = alloc.stats().current(MemCategory::workspace);
+      alloc.reset_window_peak();
+      cuda::cudnn_attention_backward_packed(gdqkv, gdout, gqkv, gout, glse, s.Hq, s.Hkv, scale, budget);
+      const int64_t used = alloc.stats().window_peak(MemCategory::workspace) - before;
+      EXPECT_LE(used, budget);
+      EXPECT_EQ(used, cuda::cudnn_attention_workspace_bytes(packed, scale, backward_pass, budget));
+      EXPECT_TRUE(matches(gout, out, 2e-2, "out"));
+      EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
+      EXPECT_TRUE(matches(gdqkv, dqkv, 2e-2, "dqkv"));
+    }
+    // Its backward with atomics (train.deterministic = false) through ops.
+    if (cudnn_takes_it && cuda::cudnn_attention_unsupported(packed, scale, atomic_pass).empty()) {
+      SCOPED_TRACE("cuDNN's backward with atomics");
+      const ops::DeterminismScope atomics(false);
+      Tensor gdqkv = gpu_poisoned(qkv.shape(), dt);
+      const Tensor gout = to_gpu(out), glse = to_gpu(lse);
+      Allocator& alloc = allocator_for(gqkv.device());
+      const int64_t before = alloc.stats().current(MemCategory::workspace);
+      alloc.reset_window_peak();
+      ops::attention_backward_packed(gdqkv, gdout, gqkv, gout, glse, s.Hq, s.Hkv);
+      EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
+                cuda::attention_workspace_bytes(packed, scale, atomic_pass));
+      EXPECT_TRUE(matches(gdqkv, dqkv, 2e-2, "dqkv"));
     }
   }
 }

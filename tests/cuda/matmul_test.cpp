@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "backend/cuda/matmul.h"
+#include "core/allocator.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
@@ -480,7 +481,16 @@ TEST(CudaLinear, ChunkedWeightGradientMatchesCpuAndRepeats) {
     Tensor first, second;
     for (Tensor* result : {&first, &second}) {
       const Tensor dw = to_gpu(dw0);
+      Allocator& alloc = allocator_for(dw.device());
+      const int64_t before = alloc.stats().current(MemCategory::workspace);
+      alloc.reset_window_peak();
       ops::linear_backward(Tensor(), dw, Tensor(), dy, x, w);
+      // The partials are what the memory plan counts (the second call: the
+      // first may also time candidates under ZT_CUDA_MATMUL_TUNE).
+      if (result == &second)
+        EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
+                  cuda::linear_backward_workspace_bytes(OC, C, N, false, dw.device()))
+            << dtype_name(dc.in);
       *result = to_host(dw);
     }
     EXPECT_EQ(std::memcmp(first.data_ptr(), second.data_ptr(), first.nbytes()), 0) << dtype_name(dc.in);

@@ -15,7 +15,6 @@
 #include <string_view>
 
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/rope.h"
 
 namespace zt::cuda {
 
@@ -292,6 +291,20 @@ int64_t split_bytes(const AttentionShape& s) {
   return s.B * s.T * (s.Hq + 2 * s.Hkv) * s.D * int64_t(dtype_size(s.dtype));
 }
 
+// Each token's run of heads [h0, h0 + H) of packed (B, T, Hp, D), copied
+// into part (B, T, H, D), or from it when into_packed: one strided copy on
+// the compute stream, exact for any D.
+void copy_head_run(const Tensor& packed, int64_t h0, const Tensor& part, bool into_packed) {
+  const size_t es = dtype_size(packed.dtype()), tokens = size_t(packed.size(0) * packed.size(1));
+  const size_t width = size_t(part.size(2) * part.size(3)) * es, pitch = size_t(packed.size(2) * packed.size(3)) * es;
+  if (width == 0 || tokens == 0) return;
+  char* run = static_cast<char*>(packed.data_ptr()) + size_t(h0 * packed.size(3)) * es;
+  void* dst = into_packed ? static_cast<void*>(run) : part.data_ptr();
+  const void* src = into_packed ? part.data_ptr() : static_cast<const void*>(run);
+  ZT_CUDA_CHECK(cudaMemcpy2DAsync(dst, into_packed ? pitch : width, src, into_packed ? width : pitch, width, tokens,
+                                  cudaMemcpyDeviceToDevice, stream_of(part)));
+}
+
 // q, k, v copied out of qkv's heads (workspace: attention_workspace_bytes counts them).
 struct SplitHeads {
   Tensor q, k, v;
@@ -302,8 +315,17 @@ SplitHeads split_heads(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
     return Tensor::empty(Shape{B, T, H, D}, qkv.dtype(), qkv.device(), MemCategory::workspace);
   };
   SplitHeads h{make(Hq), make(Hkv), make(Hkv)};
-  rope_split_qkv(qkv, h.q, h.k, h.v, Tensor(), 0, /*backward=*/false);
+  copy_head_run(qkv, 0, h.q, false);
+  copy_head_run(qkv, Hq, h.k, false);
+  copy_head_run(qkv, Hq + Hkv, h.v, false);
   return h;
+}
+
+// dqkv's heads from a split call's gradients.
+void join_heads(const Tensor& dqkv, const SplitHeads& g) {
+  copy_head_run(dqkv, 0, g.q, true);
+  copy_head_run(dqkv, g.q.size(2), g.k, true);
+  copy_head_run(dqkv, g.q.size(2) + g.k.size(2), g.v, true);
 }
 
 // Empty tensors like h's, for the gradients of a split call.
@@ -358,7 +380,7 @@ void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Ten
                                            deterministic);
   const SplitHeads h = split_heads(qkv, Hq, Hkv), g = like(h);
   attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, scale, chosen, deterministic);
-  rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
+  join_heads(dqkv, g);
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -90,7 +90,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 // backward's dq, dk, dv written into dqkv of that shape: a fused qkv
 // product's output and its input gradient. cuDNN takes them in place; any
 // other kernel runs on copies split off before the call and joined after it
-// (workspace: attention_workspace_bytes of packed_attention_shape counts them).
+// (a strided copy per run of heads; workspace: attention_workspace_bytes of
+// packed_attention_shape counts them).
 void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
                               float scale, AttentionKernel kernel = AttentionKernel::automatic);
 void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,

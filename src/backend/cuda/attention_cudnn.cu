@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -147,18 +148,25 @@ AttentionShape with_batch(AttentionShape s, int64_t B) {
   return s;
 }
 
+// A chunk starting at sequence b0 reads lse at b0 x Hq x T f32 elements:
+// 16-byte aligned, as the graphs promise cuDNN, when b0 is a multiple of
+// this (q, k, v, out and their gradients are: D is a multiple of 8).
+int64_t chunk_multiple(const AttentionShape& s) { return 4 / std::gcd<int64_t>(s.Hq * s.T, 4); }
+
 // The sequences per call: all of the batch when its workspace fits `budget`,
 // else the batch in equal chunks that do (a sequence's results do not depend
 // on the others'; the deterministic backward's workspace, B x Hq x T^2 bf16
-// on an H100, grows with the batch); 0 when one sequence alone does not fit.
+// on an H100, grows with the batch), each a multiple of chunk_multiple but
+// the last; 0 when no such chunk fits.
 int64_t sequences_per_call(const AttentionShape& s, float scale, Pass pass, int64_t budget) {
-  const int64_t all = call_workspace_bytes(s, scale, pass);
-  if (all <= budget || s.B <= 1) return all <= budget ? s.B : 0;
+  const int64_t all = call_workspace_bytes(s, scale, pass), m = chunk_multiple(s);
+  if (all <= budget || s.B <= m) return all <= budget ? s.B : 0;
   int64_t most = std::clamp<int64_t>(int64_t(double(s.B) * double(budget) / double(all)), 1, s.B - 1);
-  while (most > 1 && call_workspace_bytes(with_batch(s, most), scale, pass) > budget) --most;
+  most = std::max(m, most - most % m);
+  while (most > m && call_workspace_bytes(with_batch(s, most), scale, pass) > budget) most -= m;
   if (call_workspace_bytes(with_batch(s, most), scale, pass) > budget) return 0;
-  const int64_t calls = (s.B + most - 1) / most;
-  return (s.B + calls - 1) / calls;  // balanced: <= most
+  const int64_t calls = (s.B + most - 1) / most, balanced = (s.B + calls - 1) / calls;
+  return (balanced + m - 1) / m * m;  // <= most, which is a multiple of m
 }
 
 // Calls fn(b0, b1) for the batch's chunks of sequences_per_call rows, in order.

@@ -28,9 +28,11 @@ constexpr int kThreads = 512;
 constexpr int kUnroll = 4;  // packs a thread loads before it uses the first
 
 // ce_kernel's grid: enough blocks to fill the GPU (at most 4 of kThreads per
-// SM, its thread limit), no more than the rows, and at most as many rows in
-// flight as fill half the L2, but at least one per SM. Bits do not depend
-// on it: a row is one block's work.
+// SM, the thread limit; at the kernel's 95 registers on sm_90a one block is
+// resident per SM and the others wait their turn, as a longer stride would),
+// no more than the rows, and at most as many rows in flight as fill half the
+// L2, but at least one per SM. Bits do not depend on it: a row is one
+// block's work.
 inline unsigned ce_grid(int64_t rows, int64_t row_bytes, int sms, int64_t l2_bytes) {
   const int64_t fit = row_bytes > 0 ? l2_bytes / 2 / row_bytes : rows;
   const int64_t per_sm = fit / sms < 1 ? 1 : (fit / sms > 4 ? 4 : fit / sms);

@@ -158,12 +158,13 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm
   g.reshape(ds, ds_t);
   grouped_product(g, s, ds_t, b.q, b.dk);
 
-  // dq = ds k (k read in its row layout). Deterministic: a plain product
+  // dq = ds k (k read in its row layout: the same memory as b.k, so the
+  // strides of a packed k too). Deterministic: a plain product
   // output, for which cuDNN keeps ds in its workspace (B x Hq x T^2 io
   // elements) and runs dq as a second pass. Atomic: cuDNN adds each key
   // tile's share into an f32 accumulator zeroed before the call, then copies
   // it into dq.
-  const Uid k_rows = g.virtual_tensor(rows_of(s, s.Hkv), s.io);
+  const Uid k_rows = g.virtual_tensor(qkv_rows(s, s.Hkv), s.io);
   g.reshape(b.k, k_rows);
   if (algorithm == SdpaBackward::deterministic) {
     g.matmul(ds, k_rows, b.dq);

@@ -512,9 +512,16 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
   }
 }
 
+namespace {
+// The 128 x 128 output tiles of an (OC, C) weight gradient, and whether they
+// are too few to keep half of `sms` busy: the products row chunks are for.
+int64_t wgrad_tiles(int64_t OC, int64_t C) { return ((OC + 127) / 128) * ((C + 127) / 128); }
+bool wgrad_has_few_tiles(int64_t OC, int64_t C, int64_t sms) { return 2 * wgrad_tiles(OC, C) <= sms; }
+}  // namespace
+
 int64_t wgrad_chunks_for(int64_t OC, int64_t C, int64_t rows, int64_t sms) {
-  const int64_t tiles = ((OC + 127) / 128) * ((C + 127) / 128);
-  if (2 * tiles > sms) return 1;  // half the SMs busy or more: cuBLASLt's own choice
+  if (!wgrad_has_few_tiles(OC, C, sms)) return 1;  // half the SMs busy or more: cuBLASLt's own choice
+  const int64_t tiles = wgrad_tiles(OC, C);
   const auto score = [&](int64_t chunks) {
     const int64_t ctas = tiles * chunks;
     const double occupancy = double(ctas) / double((ctas + sms - 1) / sms * sms);
@@ -539,7 +546,10 @@ bool wgrad_chunks_usable(int64_t chunks, int64_t rows) {
 int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
   static const std::optional<int64_t> forced =
       env_whole_number("ZT_CUDA_WGRAD_CHUNKS", 1, "row chunks of a weight gradient; 1: one product");
-  if (forced) return wgrad_chunks_usable(*forced, rows) ? *forced : 1;
+  // Forced only where the rule would consider chunks: the LM head's dW in n
+  // chunks would be n f32 copies of a (V, C) matrix.
+  if (forced)
+    return wgrad_has_few_tiles(OC, C, num_sms(device)) && wgrad_chunks_usable(*forced, rows) ? *forced : 1;
   return wgrad_chunks_for(OC, C, rows, num_sms(device));
 }
 

@@ -70,7 +70,8 @@ void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_
 // waves of SMs, over 1 + the partials' traffic in GEMM time (at
 // kGemmFlopsPerCopyByte, an H100's 777 TFLOP/s over 2980 GB/s). A function
 // of the shape and the SM count only: the same bits every run on one GPU
-// model. ZT_CUDA_WGRAD_CHUNKS = n forces n where usable (1: never split).
+// model. ZT_CUDA_WGRAD_CHUNKS = n forces n where usable, on the products with
+// few tiles only (1: never split).
 constexpr int64_t kWgradMinChunkRows = 2048, kWgradMaxChunks = 64;
 constexpr double kGemmFlopsPerCopyByte = 256.0;
 bool wgrad_chunks_usable(int64_t chunks, int64_t rows);  // equal, 8-row aligned, >= kWgradMinChunkRows rows
@@ -86,15 +87,18 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // a plan of its own: the kernel bench times every candidate against the
 // first, to say whether choosing algorithms by measurement would pay, and a
 // GPU test checks that each computes the product. A product with no
-// candidate n throws zt::Error (where a sweep ends) instead of launching.
+// candidate n throws zt::Error (where a sweep ends) instead of launching it
+// (an f32 bias prefill, where the bias needs one, may have run).
 //
 // ZT_CUDA_MATMUL_TUNE=1 in the environment: each plan times every candidate
 // the heuristic ranks on its first call's operands (a few launches each; an
 // accumulating product into a scratch of its output's size) and keeps the
 // fastest for the process. The clock chooses, so two processes may choose
 // differently and compute different bits: with it on, a resumed run matches
-// the original only to rounding. Off by default; the kernel bench's sweep
-// says where it would pay.
+// the original only to rounding. The scratch of an accumulating product is
+// outside the memory plan (Llama 1B's LM-head dW: 1 GiB of f32, once, on the
+// first step). Off by default; the kernel bench's sweep says where it would
+// pay.
 constexpr int kMatmulCandidates = 8;  // candidates 0 .. kMatmulCandidates - 1
 int64_t tuned_matmul_plans();         // plans whose candidates this process has timed
 class MatmulCandidateScope {

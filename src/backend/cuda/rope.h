@@ -11,9 +11,8 @@ namespace zt::cuda {
 // the CPU does and copied (bitwise equal tables on both backends).
 void rope_table(const Tensor& table, const double* freqs);
 void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse);
-// As cpu::rope_split_qkv (backend/cpu/rope.h): one launch over qkv. An
-// undefined table rotates nothing: attention's plain split and join of a
-// fused product's heads (attention.h, attention_forward_packed).
+// As cpu::rope_split_qkv (backend/cpu/rope.h) with a table: one launch over
+// qkv.
 void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,
                     int64_t pos_offset, bool backward);
 

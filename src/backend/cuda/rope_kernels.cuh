@@ -31,8 +31,7 @@ inline void rope_table_host(float* table, int64_t T_max, int64_t half, const dou
 // Tokens of Hq + 2 Hkv heads of D = 2 half channels in `packed`, and the same
 // heads as separate tensors q (tokens, Hq, D), k and v (tokens, Hkv, D).
 // Heads [0, Hq + Hkv) are rotated (sign = -1: the inverse), the last Hkv
-// copied - all copied when table is null (attention's plain split and
-// join); to_packed: from the separate tensors into packed, else from packed
+// copied; to_packed: from the separate tensors into packed, else from packed
 // into them. A plain rotation is Hkv = 0 (k, v unused), in place when
 // q == packed: each thread reads its unit before writing it.
 template <typename T>
@@ -53,7 +52,7 @@ template <typename T, int V>
 __global__ void rope_kernel(HeadLayout<T> l, const float* table, int64_t units, int64_t T_, int64_t half,
                             int64_t pos_offset, float sign, bool to_packed) {
   static_assert(V % 2 == 0, "a unit holds whole pairs");
-  const int64_t H = l.Hq + 2 * l.Hkv, rotated = table ? l.Hq + l.Hkv : 0;
+  const int64_t H = l.Hq + 2 * l.Hkv, rotated = l.Hq + l.Hkv;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t pair0 = i * (V / 2), bth = pair0 / half;  // bth = (b*T + t)*H + h
     const int64_t p0 = pair0 - bth * half, bt = bth / H, h = bth - bt * H, t = bt % T_;
