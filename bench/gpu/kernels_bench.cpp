@@ -405,8 +405,10 @@ int main(int argc, char** argv) {
   std::string switches;
   for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE", "ZT_FUSED_QKV",
                            "ZT_HEAD_CHUNK_ELEMS"})
-    if (const char* value = std::getenv(name); value && *value)
-      switches += (switches.empty() ? "" : " ") + std::string(name) + "=" + value;
+    if (const char* value = std::getenv(name); value && *value) {
+      if (!switches.empty()) switches += ' ';
+      switches.append(name).append("=").append(value);
+    }
   std::printf("{\"copy_gbps\": %.1f, \"device\": \"%s\", \"environment\": \"%s\"}\n", copy_gbps, where.c_str(),
               switches.c_str());
   a = b = Tensor();

@@ -24,8 +24,8 @@ void ColumnParallelLinear::backward_data(const Tensor& dx, const Tensor& dy, boo
   ops::matmul(as_rows(dx), as_rows(dy), w_, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
 }
 
-void ColumnParallelLinear::backward_weights(const Tensor& dy, const Tensor& x) const {
-  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy, x, w_);
+void ColumnParallelLinear::backward_weights(const Tensor& dy, const Tensor& x, ops::GradWrite write) const {
+  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy, x, w_, write);
 }
 
 RowParallelLinear::RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp)
@@ -71,8 +71,8 @@ Tensor RowParallelLinear::backward_data_gelu(const Tensor& dx, const Tensor& dy,
   return rows;
 }
 
-void RowParallelLinear::backward_weights(const Tensor& dy_rows, const Tensor& x) const {
-  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy_rows, as_rows(x), w_);
+void RowParallelLinear::backward_weights(const Tensor& dy_rows, const Tensor& x, ops::GradWrite write) const {
+  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy_rows, as_rows(x), w_, write);
 }
 
 }  // namespace zt::nn

@@ -28,6 +28,7 @@
 
 #include "core/tensor.h"
 #include "nn/tensor_parallel.h"
+#include "ops/grad_write.h"
 
 namespace zt::nn {
 
@@ -40,8 +41,8 @@ class ColumnParallelLinear {
   void forward(const Tensor& y, const Tensor& x) const;
   // dx (..., in) = dy W: overwritten, or accumulated (+=) when accumulate_dx.
   void backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const;
-  // dw += dy^T x, db += sum_rows(dy).
-  void backward_weights(const Tensor& dy, const Tensor& x) const;
+  // dw += dy^T x, db += sum_rows(dy) (GradWrite::overwrite: =).
+  void backward_weights(const Tensor& dy, const Tensor& x, ops::GradWrite write = ops::GradWrite::accumulate) const;
   // The same layer writing its gradients to other views (a deferred weight
   // pass writes to the buffers current when it runs).
   ColumnParallelLinear with_grads(Tensor dw, Tensor db) const {
@@ -72,7 +73,8 @@ class RowParallelLinear {
   // layer read: dx = gelu'(pre) * (dy W), pre the GeLU's input (N, in_local).
   // One fused product where the backend has one (ops::matmul_gelu_backward).
   Tensor backward_data_gelu(const Tensor& dx, const Tensor& dy, const Tensor& pre) const;
-  void backward_weights(const Tensor& dy_rows, const Tensor& x) const;
+  void backward_weights(const Tensor& dy_rows, const Tensor& x,
+                        ops::GradWrite write = ops::GradWrite::accumulate) const;
   RowParallelLinear with_grads(Tensor dw, Tensor db) const {
     return RowParallelLinear(w_, b_, std::move(dw), std::move(db), tp_);
   }

@@ -75,6 +75,43 @@ size_t ParamSet::index(std::string_view name) const {
 
 void ParamSet::zero_grads() {
   if (numel_ > 0 && grads_.defined()) ops::fill(grads_, 0.0);
+  stale_ = false;
+  written_.clear();
+}
+
+void ParamSet::begin_grads() {
+  if (!lazy_grads_ || !grads_.defined()) return zero_grads();
+  stale_ = true;
+  written_.clear();
+}
+
+ops::GradWrite ParamSet::claim_grads(const Tensor& view) {
+  if (!stale_ || !view.defined()) return ops::GradWrite::accumulate;
+  const auto* base = static_cast<const char*>(grads_.data_ptr());
+  const auto* at = static_cast<const char*>(view.data_ptr());
+  const int64_t begin = (at - base) / int64_t(sizeof(float)), end = begin + view.numel();
+  ZT_ASSERT(view.dtype() == DType::f32 && at >= base && end <= numel_,
+            "claim_grads: the view is not in this set's gradient buffer");
+  for (const auto& [b, e] : written_) {
+    if (b <= begin && end <= e) return ops::GradWrite::accumulate;
+    ZT_ASSERT(end <= b || e <= begin, "claim_grads: elements [", begin, ", ", end,
+              ") overlap a part of those claimed before, [", b, ", ", e, ")");
+  }
+  written_.push_back({begin, end});
+  return ops::GradWrite::overwrite;
+}
+
+void ParamSet::finish_grads() {
+  if (!stale_) return;
+  stale_ = false;
+  std::sort(written_.begin(), written_.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : written_) {
+    if (b > at) ops::fill(grads_.flat_view(at, Shape{b - at}), 0.0);
+    at = e;
+  }
+  if (at < numel_) ops::fill(grads_.flat_view(at, Shape{numel_ - at}), 0.0);
+  written_.clear();
 }
 
 void ParamSet::ensure_param_storage() {
@@ -84,7 +121,7 @@ void ParamSet::ensure_param_storage() {
 void ParamSet::ensure_grads() {
   if (grads_.defined()) return;
   grads_ = Tensor::empty(Shape{numel_}, DType::f32, device_, MemCategory::grads);
-  zero_grads();
+  zero_grads();  // a lazy step under way goes on adding into these zeros
 }
 
 void ParamSet::init(uint64_t seed) {

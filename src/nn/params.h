@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/grad_write.h"
 
 namespace zt::nn {
 
@@ -99,6 +100,22 @@ class ParamSet {
   size_t index(std::string_view name) const;
 
   void zero_grads();
+  // A step's gradients without a zero-fill first (PyTorch's set_to_none
+  // does as much): in a lazy set (set_lazy_grads: one whose every writer
+  // claims its writes) begin_grads leaves the buffer as the last step left
+  // it, and each element's first write of the step overwrites it
+  // (claim_grads); other sets are zeroed as zero_grads does. finish_grads
+  // zeroes what no write claimed (padding; a tensor no write reached), before
+  // anything reads the gradients. zero_grads and ensure_grads end a lazy
+  // step: the zeros are then added into.
+  void set_lazy_grads(bool lazy) { lazy_grads_ = lazy; }
+  void begin_grads();
+  // How the next write into `view` goes: overwrite for the step's first write
+  // into its elements (then marked written), else accumulate. `view` is a
+  // gradient view of this set - a tensor, or a run of its rows - that either
+  // covers no element written this step or lies within one earlier claim.
+  ops::GradWrite claim_grads(const Tensor& view);
+  void finish_grads();
   // Fills every parameter per its Init; tensor `name` draws from a Philox
   // stream seeded by (seed, hash(name)), so values do not depend on the
   // layout or on which other tensors exist (a tensor-parallel rank draws
@@ -118,6 +135,9 @@ class ParamSet {
   Device device_;
   Tensor params_;
   Tensor grads_;
+  bool lazy_grads_ = false;
+  bool stale_ = false;                               // a lazy step is under way: unclaimed elements are stale
+  std::vector<std::pair<int64_t, int64_t>> written_;  // [begin, end) elements claimed this step
 };
 
 // The per-tensor seed used by ParamSet::init (exposed for tests and for

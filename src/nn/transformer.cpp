@@ -48,7 +48,8 @@ void wait(const comm::WorkHandle& w) {
 
 // Partial gradients of tensors replicated over a group (norm weights under
 // sequence parallelism, shared kv heads): computed into a zeroed buffer of
-// their own, then summed over the group and added to the real gradients.
+// their own, then summed over the group and added to the real gradients of
+// `set` (written over them where that is the step's first write).
 class PartialGrads {
  public:
   PartialGrads(const std::vector<Tensor>& grads, Device device) : grads_(grads) {
@@ -63,10 +64,15 @@ class PartialGrads {
     }
   }
   const Tensor& view(size_t i) const { return views_[i]; }
-  void reduce_and_add(comm::ProcessGroup& group) {
+  void reduce_and_add(comm::ProcessGroup& group, ParamSet& set) {
     group.all_reduce(buf_)->wait();
-    for (size_t i = 0; i < grads_.size(); ++i)
-      if (grads_[i].defined()) ops::add(grads_[i], grads_[i], views_[i]);
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      if (!grads_[i].defined()) continue;
+      if (set.claim_grads(grads_[i]) == ops::GradWrite::overwrite)
+        ops::copy(grads_[i], views_[i]);
+      else
+        ops::add(grads_[i], grads_[i], views_[i]);
+    }
   }
 
  private:
@@ -106,6 +112,14 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
     }
     head_ = ParamSet(std::move(head), dtype_, device_, flat_pad_multiple);
   }
+  // Every writer of a gradient claims its writes (ParamSet::claim_grads): a
+  // step's first write overwrites, and no zeros are written before it. The
+  // embedding's backward, a scatter-add, zeroes its tensors first where it
+  // writes first (a tied head's weight gradient, computed in forward, comes
+  // before it).
+  embed_.set_lazy_grads(true);
+  for (ParamSet& b : blocks_) b.set_lazy_grads(true);
+  head_.set_lazy_grads(true);
   if (shares_.kv_replicas > 1)  // a collective over the tp group: every rank builds the model
     kv_group_ = tp_.group->split(int(shares_.kv_head0), int(tp_.rank()), "tp_kv");
   if (cfg_.arch == Arch::llama3) {
@@ -166,6 +180,31 @@ void Transformer::init_weights(uint64_t seed) {
 
 void Transformer::zero_grads() {
   for (ParamSet* s : param_sets()) s->zero_grads();
+}
+
+void Transformer::begin_grads() {
+  for (ParamSet* s : param_sets()) s->begin_grads();
+}
+
+void Transformer::finish_grads() {
+  for (ParamSet* s : param_sets()) s->finish_grads();
+}
+
+void Transformer::grads_ready(size_t set) {
+  param_sets()[set]->finish_grads();
+  if (on_grads_ready) on_grads_ready(set);
+}
+
+ops::GradWrite Transformer::claim_grads(size_t set, std::initializer_list<Tensor> views) {
+  ParamSet& s = *param_sets()[set];
+  std::optional<ops::GradWrite> write;
+  for (const Tensor& v : views) {
+    if (!v.defined()) continue;
+    const ops::GradWrite w = s.claim_grads(v);
+    ZT_ASSERT(!write || *write == w, "claim_grads: one op's gradient outputs disagree on overwriting");
+    write = w;
+  }
+  return write.value_or(ops::GradWrite::accumulate);
 }
 
 std::pair<size_t, size_t> Transformer::locate(std::string_view name) const {
@@ -473,7 +512,8 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     const RowParallelLinear lin_now = lin.mlp_out;
     weights([this, layer, lin_now, dy, act] {
       const BlockParams gn = block_views(layer, true);
-      lin_now.with_grads(gn.mlp_out_w, gn.mlp_out_b).backward_weights(dy, act);
+      lin_now.with_grads(gn.mlp_out_w, gn.mlp_out_b)
+          .backward_weights(dy, act, claim_grads(block_set(layer), {gn.mlp_out_w, gn.mlp_out_b}));
     });
   }
   a.act = Tensor();
@@ -492,14 +532,16 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     weights([this, layer, lin_now, dy, ln2, gather] {
       wait(gather);
       const BlockParams gn = block_views(layer, true);
-      lin_now.with_grads(gn.mlp_in_w, gn.mlp_in_b).backward_weights(dy, ln2);
+      lin_now.with_grads(gn.mlp_in_w, gn.mlp_in_b)
+          .backward_weights(dy, ln2, claim_grads(block_set(layer), {gn.mlp_in_w, gn.mlp_in_b}));
     });
   }
   wait(gather);
   wait(reduce);
   d_mlp_in = ln2 = Tensor();
   // dres <- dL/d res_mid = norm2 backward + the residual path.
-  ops::norm_backward(norm_kind(), dres, g_ln2_w, g_ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres);
+  ops::norm_backward(norm_kind(), dres, g_ln2_w, g_ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres,
+                     sp ? ops::GradWrite::accumulate : claim_grads(block_set(layer), {g.ln2_w, g.ln2_b}));
   // Attention half. res_mid = x_in + proj(att(q, k, v)).
   Tensor d_att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   {
@@ -508,7 +550,8 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     const RowParallelLinear lin_now = lin.proj;
     weights([this, layer, lin_now, dy, att] {
       const BlockParams gn = block_views(layer, true);
-      lin_now.with_grads(gn.proj_w, gn.proj_b).backward_weights(dy, att);
+      lin_now.with_grads(gn.proj_w, gn.proj_b)
+          .backward_weights(dy, att, claim_grads(block_set(layer), {gn.proj_w, gn.proj_b}));
     });
   }
   const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
@@ -539,7 +582,8 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     weights([this, layer, lin, dqkv2, ln1, gather] {
       wait(gather);
       const BlockParams gn = block_views(layer, true);
-      lin.qkv.with_grads(gn.wqkv, gn.bqkv).backward_weights(dqkv2, ln1);
+      lin.qkv.with_grads(gn.wqkv, gn.bqkv)
+          .backward_weights(dqkv2, ln1, claim_grads(block_set(layer), {gn.wqkv, gn.bqkv}));
     });
   } else {
     if (cfg_.arch == Arch::llama3) {
@@ -556,25 +600,27 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     weights([this, layer, lin, dq2, dk2, dv2, ln1, gather] {
       wait(gather);
       const BlockParams gn = block_views(layer, true);
-      lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, ln1);
+      const size_t set = block_set(layer);
+      lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, ln1, claim_grads(set, {gn.wq, gn.bq}));
       if (kv_group_) {
         // kv heads shared by several ranks: each holds the part of their
         // gradient its query heads produced; the replicas sum them.
         PartialGrads kv({gn.wk, gn.bk, gn.wv, gn.bv}, device_);
         lin.k.with_grads(kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
         lin.v.with_grads(kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
-        kv.reduce_and_add(*kv_group_);
+        kv.reduce_and_add(*kv_group_, blocks_[layer]);
       } else {
-        lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, ln1);
-        lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, ln1);
+        lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, ln1, claim_grads(set, {gn.wk, gn.bk}));
+        lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, ln1, claim_grads(set, {gn.wv, gn.bv}));
       }
     });
   }
   wait(gather);
   wait(reduce);
   // dres <- dL/d x_in = norm1 backward + the residual path.
-  ops::norm_backward(norm_kind(), dres, g_ln1_w, g_ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres);
-  if (norms) norms->reduce_and_add(*m.group);
+  ops::norm_backward(norm_kind(), dres, g_ln1_w, g_ln1_b, d_ln, a.x_in, p.ln1_w, a.ln1_mean, a.ln1_rstd, dres,
+                     sp ? ops::GradWrite::accumulate : claim_grads(block_set(layer), {g.ln1_w, g.ln1_b}));
+  if (norms) norms->reduce_and_add(*m.group, blocks_[layer]);
 }
 
 void Transformer::chunk_loss(const Tensor& losses, const Tensor& logits, const Tensor& targets, bool grad,
@@ -621,7 +667,9 @@ void Transformer::head_loss(ForwardContext& ctx, const Tensor& lnf_rows, bool tr
     const Tensor x_rows = lnf.slice(r0, r0 + n);
     ops::linear_forward(lg, x_rows, w_head, Tensor());
     chunk_loss(ls, lg, tg, train, grad_scale);
-    if (fused) ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head);
+    if (fused)  // the first chunk's weight gradient overwrites (a lazy step's first write), the others add
+      ops::linear_backward(d_lnf.slice(r0, r0 + n), g_head, Tensor(), lg, x_rows, w_head,
+                           claim_grads(head_weight_set(), {g_head}));
   }
   if (keep) {
     ctx.dlogits = logits;
@@ -746,7 +794,7 @@ void Transformer::backward_weight(ForwardContext& ctx) {
     if (on_grads_needed && !d.work.empty()) on_grads_needed(d.set);
     for (auto& work : d.work) work();
     d.work.clear();
-    if (on_grads_ready) on_grads_ready(d.set);
+    grads_ready(d.set);
   }
   ctx = ForwardContext{};
 }
@@ -799,7 +847,8 @@ Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m,
       const Tensor g_head = head_grad();  // the buffer current when the work runs
       for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t r1 = std::min(N, r0 + chunk);
-        ops::linear_backward(Tensor(), g_head, Tensor(), dl.slice(r0, r1), x.slice(r0, r1), w_head);
+        ops::linear_backward(Tensor(), g_head, Tensor(), dl.slice(r0, r1), x.slice(r0, r1), w_head,
+                             claim_grads(head_weight_set(), {g_head}));
       }
     };
     if (weight_work)
@@ -820,8 +869,9 @@ Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m,
     std::unique_ptr<PartialGrads> norm;  // this rank's rows only under sequence parallelism
     if (m.sequence_parallel) norm = std::make_unique<PartialGrads>(std::vector<Tensor>{gfw, gfb}, device_);
     ops::norm_backward(norm_kind(), dres, norm ? norm->view(0) : gfw, norm ? norm->view(1) : gfb, ctx.d_lnf,
-                       ctx.x_final, fw, ctx.lnf_mean, ctx.lnf_rstd);
-    if (norm) norm->reduce_and_add(*m.group);
+                       ctx.x_final, fw, ctx.lnf_mean, ctx.lnf_rstd, Tensor(),
+                       norm ? ops::GradWrite::accumulate : claim_grads(head_set(), {gfw, gfb}));
+    if (norm) norm->reduce_and_add(*m.group, head_);
   }
   ctx.d_lnf = ctx.x_final = ctx.lnf_mean = ctx.lnf_rstd = Tensor();
   done(head_set());
@@ -829,7 +879,7 @@ Tensor Transformer::head_backward(ForwardContext& ctx, const TensorParallel& m,
   // deferred (the caller reports the set then). An untied lm_head's were
   // accumulated in forward when fused with the loss; a tied one's belong to
   // the embeddings on a whole model.
-  if (!weight_work && on_grads_ready) on_grads_ready(head_set());
+  if (!weight_work) grads_ready(head_set());
   return dres;
 }
 
@@ -871,8 +921,8 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     ctx.blocks[i] = BlockActivations{};
     if (defer)
       deferred.push_back(std::move(d));
-    else if (on_grads_ready)
-      on_grads_ready(block_set(i));
+    else
+      grads_ready(block_set(i));
   }
   Tensor d_input;
   if (part_.embedding) {
@@ -883,15 +933,17 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     const Tensor tokens = ctx.tokens;
     // The embedding's backward is its weight gradient: deferred too.
     auto work = [this, d_emb, tokens, slice] {
-      const Tensor g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
-      ops::embedding_backward(embed_.grad(0), g_wpe, d_emb, tokens, 0, slice);
+      const Tensor g_wte = embed_.grad(0), g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
+      for (const Tensor& g : {g_wte, g_wpe})  // a scatter-add: zeros first where it writes first
+        if (embed_.claim_grads(g) == ops::GradWrite::overwrite) ops::fill(g, 0.0);
+      ops::embedding_backward(g_wte, g_wpe, d_emb, tokens, 0, slice);
     };
     if (defer) {
       tied_head_work.push_back(std::move(work));
       deferred.push_back(DeferredWeights{0, std::move(tied_head_work)});
     } else {
       work();
-      if (on_grads_ready) on_grads_ready(0);
+      grads_ready(0);
     }
   } else {
     d_input = dres;

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -205,6 +206,12 @@ class Transformer {
   int64_t num_params() const;  // elements in all parameter buffers (padding rows included)
   void init_weights(uint64_t seed);
   void zero_grads();
+  // A training step's gradients without a zero-fill first: begin_grads
+  // before its first micro-batch, finish_grads before anything reads them
+  // (ParamSet::begin_grads; each set is also finished before on_grads_ready
+  // reports it).
+  void begin_grads();
+  void finish_grads();
   // The parameter/gradient view with this global name (e.g. "embed.wte"):
   // this rank's slice under tensor parallelism.
   Tensor param(std::string_view name) const;
@@ -282,6 +289,12 @@ class Transformer {
                        const TensorParallel& m) const;
   void release_for_policy(BlockActivations& a) const;
   void recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const;
+  // How a write into these gradient views of param_sets()[set] goes this
+  // step (ParamSet::claim_grads; the views of one op must agree).
+  ops::GradWrite claim_grads(size_t set, std::initializer_list<Tensor> views);
+  // A set's gradients are complete: finished (ParamSet::finish_grads), then
+  // reported to on_grads_ready.
+  void grads_ready(size_t set);
   // deferred: null runs the weight gradients at once, else queues them there.
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
                       const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr);

@@ -13,6 +13,7 @@
 #include "backend/cpu/matmul.h"
 #include "ops/activation.h"
 #include "ops/check.h"
+#include "ops/elementwise.h"
 #include "ops/op_profile.h"
 
 #if ZT_WITH_CUDA
@@ -140,7 +141,7 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 }
 
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w) {
+                     const Tensor& w, GradWrite weights) {
   const char* op = "linear_backward";
   OpScope scope(op, dy);
   check_defined(op, "dy", dy);
@@ -172,9 +173,16 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
 
   scope.add_flops(2.0 * double(N) * double(C) * double(OC) * (int(dx.defined()) + int(dw.defined())));
   const Tensor dx2 = dx.defined() ? dx.view(Shape{N, C}) : Tensor();
-  if (dev.is_cpu()) return cpu::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w);
+  const bool overwrite = weights == GradWrite::overwrite && N > 0;
+  if (weights == GradWrite::overwrite && N == 0) {  // no rows: the sums written are zeros
+    if (dw.defined()) fill(dw, 0.0);
+    if (db.defined()) fill(db, 0.0);
+  }
+  if (dev.is_cpu())
+    return cpu::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w, overwrite);
 #if ZT_WITH_CUDA
-  if (use_cuda(op, dev)) return cuda::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w);
+  if (use_cuda(op, dev))
+    return cuda::linear_backward(dx2, dw, db, dy.view(Shape{N, OC}), x.view(Shape{N, C}), w, overwrite);
 #endif
   no_backend(op, dev);
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/grad_write.h"
 
 namespace zt::ops {
 
@@ -29,11 +30,12 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 //   dx  = dy W          (overwritten)            (..., C)
 //   dw += dy^T x        (accumulated; f32 or w's dtype)   (OC, C)
 //   db += sum_rows(dy)  (accumulated; f32 or w's dtype)   (OC)
+// GradWrite::overwrite writes dw and db without reading them (=, not +=).
 // dy, x and w share a dtype; dx is f32 or that dtype. No output may share
 // memory with an input or another output. db's summation order depends only
 // on the shape (the same bits for every thread count).
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w);
+                     const Tensor& w, GradWrite weights = GradWrite::accumulate);
 
 // The gradient through a GeLU after a product, fused where the backend can:
 //   out = gelu'(pre) * (a @ b)        (GeLU backward, tanh form, of activation_gelu)

@@ -14,6 +14,7 @@
 
 #include "backend/cpu/norm.h"
 #include "ops/check.h"
+#include "ops/elementwise.h"
 #include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/norm.h"
@@ -104,7 +105,8 @@ void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tens
 }
 
 void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                   GradWrite weights) {
   const char* op = op_name(kind, Entry::backward);
   const OpScope scope(op, dy);
   const int64_t C = check_input(op, "x", x);
@@ -129,17 +131,21 @@ void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tens
   check_alias_or_disjoint(op, "dx", dx, "dy", dy);
   check_alias_or_disjoint(op, "dx", dx, "dx_add", dx_add);
   check_disjoint_from(op, "dx", dx, {{"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dw", &dw}, {"db", &db}});
-  // dw, db: accumulated, so separate from every other argument.
+  // dw, db: accumulated (or written), so separate from every other argument.
   check_disjoint_from(op, "dw", dw,
                       {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add},
                        {"db", &db}});
   check_disjoint_from(op, "db", db,
                       {{"dy", &dy}, {"x", &x}, {"w", &w}, {"mean", &mean}, {"rstd", &rstd}, {"dx_add", &dx_add}});
-  if (x.device().is_cpu())
-    return cpu::norm_backward(kind == NormKind::rmsnorm, dx, dw, db, dy, x, w, mean, rstd, dx_add);
+  const bool rms = kind == NormKind::rmsnorm, overwrite = weights == GradWrite::overwrite && N > 0;
+  if (weights == GradWrite::overwrite && N == 0) {  // no rows: the sums written are zeros
+    fill(dw, 0.0);
+    if (db.defined()) fill(db, 0.0);
+  }
+  if (x.device().is_cpu()) return cpu::norm_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
 #if ZT_WITH_CUDA
   if (use_cuda(op, x.device()))
-    return cuda::norm_backward(kind == NormKind::rmsnorm, dx, dw, db, dy, x, w, mean, rstd, dx_add);
+    return cuda::norm_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
 #endif
   no_backend(op, x.device());
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/grad_write.h"
 
 namespace zt::ops {
 
@@ -26,11 +27,12 @@ void norm_forward(NormKind kind, const Tensor& y, const Tensor& mean, const Tens
 // dx  = d(norm)/dx . dy  (+ dx_add when defined: fused residual gradient)
 //       dx is overwritten and may alias dx_add or dy.
 // dw += sum_rows(dy * xhat);  db += sum_rows(dy)  (db undefined to skip; must
-//       be undefined for RMSNorm). dw/db are bitwise deterministic: the
-//       result does not depend on the number of threads.
+//       be undefined for RMSNorm; GradWrite::overwrite: =, dw and db not
+//       read). dw/db are bitwise deterministic: the result does not depend
+//       on the number of threads.
 void norm_backward(NormKind kind, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                   const Tensor& dx_add = {});
+                   const Tensor& dx_add = {}, GradWrite weights = GradWrite::accumulate);
 
 // Fused residual add + norm (one pass over memory):
 //   r_out = r_in + x;   y = norm(r_out)

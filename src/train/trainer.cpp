@@ -204,7 +204,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   const float grad_scale = float(loss_scale / double(m.tokens));
   const Device device = model().device();
   allocator_for(device).reset_peak();
-  for (auto& c : chunks_) c->zero_grads();
+  // No zeros written first: each gradient's first write of the step
+  // overwrites it (nn::Transformer::begin_grads).
+  for (auto& c : chunks_) c->begin_grads();
   dp_->begin_step();
   double loss_sum = 0;
   if (pipeline_) {
@@ -267,6 +269,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.backward_seconds += mk.backward_done.seconds_since(mk.forward_done);
   }
   for (const Tensor& l : token_losses) loss_sum += nn::sum_token_losses(l);
+  for (auto& c : chunks_) c->finish_grads();  // every set is finished when reported ready: a safety net
   const auto t_reduce = Clock::now();
   dp_->finish_reduction();
   loss_sum = dp_->sum(loss_sum);

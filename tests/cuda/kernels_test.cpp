@@ -86,6 +86,18 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
       Tensor gdw3 = to_gpu(dw0);
       ops::norm_backward(kind, gdx2, gdw3, Tensor(), gdy, gr_out, gw, gmean, grstd, Tensor());
       EXPECT_EQ(values_of(gdw2), values_of(gdw3));
+      // A step's first write (GradWrite::overwrite): dw and db written over
+      // NaN, never read - the bits of the same sums added into zeros.
+      Tensor zeros = Tensor::empty(Shape{C}, DType::f32);
+      ops::fill(zeros, 0.0);
+      Tensor gdw4 = gpu_poisoned(Shape{C}, DType::f32), gdb4 = ln ? gpu_poisoned(Shape{C}, DType::f32) : Tensor();
+      ops::norm_backward(kind, gdx2, gdw4, gdb4, gdy, gr_out, gw, gmean, grstd, gr_in, ops::GradWrite::overwrite);
+      Tensor gdw5 = to_gpu(zeros), gdb5 = ln ? to_gpu(zeros) : Tensor();
+      ops::norm_backward(kind, gdx2, gdw5, gdb5, gdy, gr_out, gw, gmean, grstd, gr_in);
+      EXPECT_EQ(values_of(gdw4), values_of(gdw5)) << "dw written over";
+      if (ln) {
+        EXPECT_EQ(values_of(gdb4), values_of(gdb5)) << "db written over";
+      }
     }
   }
 }

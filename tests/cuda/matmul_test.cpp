@@ -386,12 +386,14 @@ struct BackwardCase {
   int64_t N, C, OC;
   DType in, grad;               // dy/x/w dtype; dx/dw/db dtype
   bool dx = true, dw = true, db = true;  // which outputs to compute
+  bool overwrite = false;                // dw, db written over NaN (GradWrite::overwrite), not added into
 };
 
 void check_backward(const BackwardCase& c, std::mt19937_64& rng) {
   const std::string what = "N " + std::to_string(c.N) + " C " + std::to_string(c.C) + " OC " + std::to_string(c.OC) +
                            " " + std::string(dtype_name(c.in)) + " grads " + std::string(dtype_name(c.grad)) +
-                           (c.dx ? " dx" : "") + (c.dw ? " dw" : "") + (c.db ? " db" : "") + " seed " +
+                           (c.dx ? " dx" : "") + (c.dw ? " dw" : "") + (c.db ? " db" : "") +
+                           (c.overwrite ? " overwritten" : "") + " seed " +
                            std::to_string(test::test_seed());
   SCOPED_TRACE(what);
   const Tensor dy = random_tensor(Shape{c.N, c.OC}, c.in, rng);
@@ -407,12 +409,13 @@ void check_backward(const BackwardCase& c, std::mt19937_64& rng) {
   }
   if (c.dw) dw_ref = as_f32(dw0);
   if (c.db) db_ref = as_f32(db0);
-  ops::linear_backward(dx_ref, dw_ref, db_ref, as_f32(dy), as_f32(x), as_f32(w));
+  const ops::GradWrite write = c.overwrite ? ops::GradWrite::overwrite : ops::GradWrite::accumulate;
+  ops::linear_backward(dx_ref, dw_ref, db_ref, as_f32(dy), as_f32(x), as_f32(w), write);
 
   const Tensor dx = c.dx ? gpu_poisoned(Shape{c.N, c.C}, c.grad) : Tensor();
-  const Tensor dw = c.dw ? to_gpu(dw0) : Tensor();
-  const Tensor db = c.db ? to_gpu(db0) : Tensor();
-  ops::linear_backward(dx, dw, db, to_gpu(dy), to_gpu(x), to_gpu(w));
+  const Tensor dw = !c.dw ? Tensor() : c.overwrite ? gpu_poisoned(dw0.shape(), c.grad) : to_gpu(dw0);
+  const Tensor db = !c.db ? Tensor() : c.overwrite ? gpu_poisoned(db0.shape(), c.grad) : to_gpu(db0);
+  ops::linear_backward(dx, dw, db, to_gpu(dy), to_gpu(x), to_gpu(w), write);
   const double tol = tolerance(c.in, c.grad);
   if (c.dx) {
     EXPECT_LE(max_rel_error(to_host(dx), to_f64(dx_ref)), tol) << "dx";
@@ -487,14 +490,32 @@ TEST(CudaLinear, ChunkedWeightGradientMatchesCpuAndRepeats) {
       ops::linear_backward(Tensor(), dw, Tensor(), dy, x, w);
       // The partials are what the memory plan counts (the second call: the
       // first may also time candidates under ZT_CUDA_MATMUL_TUNE).
-      if (result == &second)
+      if (result == &second) {
         EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
                   cuda::linear_backward_workspace_bytes(OC, C, N, false, dw.device()))
             << dtype_name(dc.in);
+      }
       *result = to_host(dw);
     }
     EXPECT_EQ(std::memcmp(first.data_ptr(), second.data_ptr(), first.nbytes()), 0) << dtype_name(dc.in);
   }
+}
+
+// A step's first write of a weight gradient (GradWrite::overwrite): dw and db
+// written over NaN, never read - by one product (beta 0), by row chunks
+// (their partials' sum written), and the bias's column sums - against the
+// CPU's.
+TEST(CudaLinear, BackwardOverwritesWeightGradientsWithoutReadingThem) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(206);
+  ASSERT_GT(cuda::wgrad_row_chunks(128, 192, 16384, Device::cuda(0)), 1) << "the last shape must take row chunks";
+  const int64_t shapes[][3] = {{37, 29, 53}, {4096, 256, 384}, {16384, 192, 128}};
+  for (const auto& s : shapes)
+    for (const auto& dc : kCombos) {
+      BackwardCase c{s[0], s[1], s[2], dc.in, dc.out};
+      c.overwrite = true;
+      check_backward(c, rng);
+    }
 }
 
 TEST(CudaLinear, BackwardSkipsUndefinedOutputs) {

@@ -84,7 +84,10 @@ void embedding_case(int64_t B, int64_t T_, int64_t C, int64_t V, int64_t T_max, 
                                     << dtype_name(gdt) << ", rows [" << start << ", " << start + R << ")");
   const int64_t N = B * T_;
   ASSERT_GT(N, V) << "more positions than ids, so some id repeats";
-  const Tensor tokens = random_tokens(Shape{B, T_}, V, rng);
+  Tensor tokens = random_tokens(Shape{B, T_}, V, rng);
+  // Two positions share an id in the table (a slice's first row), whatever
+  // the draw: a slice may otherwise hold each of its ids once.
+  tokens.data<int32_t>()[0] = tokens.data<int32_t>()[1] = int32_t(start);
   const Tensor wte = random_tensor(Shape{R, C}, dt, rng);
   const Tensor wpe = with_wpe ? random_tensor(Shape{T_max, C}, dt, rng) : Tensor();
   const Tensor dout = random_tensor(Shape{B, T_, C}, dt, rng);
@@ -305,6 +308,13 @@ void colsum_case(int64_t rows, int64_t cols, std::mt19937_64& rng) {
     // The same summation order per column at any pack width: the same bits.
     EXPECT_EQ(to_f64(colsum_on_emulator<T, kPack>(dy, db0)), to_f64(one)) << "db, 16-byte packs per lane";
   }
+  // Written over db (a step's first write: db not read, here NaN) gives the
+  // bits of the sums added into zeros.
+  Tensor zeros = Tensor::empty(Shape{cols}, DType::f32);
+  ops::fill(zeros, 0.0);
+  EXPECT_EQ(to_f64(colsum_on_emulator<T, 1>(dy, poisoned(Shape{cols}, DType::f32), true)),
+            to_f64(colsum_on_emulator<T, 1>(dy, zeros)))
+      << "db written over";
 }
 
 // The CPU's cos/sin table of head dim D, and rope.cu's host code on the

@@ -1,9 +1,12 @@
 #include <cstdint>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -428,6 +431,97 @@ TEST(Transformer, HeadChunksGiveTheSameLossAndGradients) {
         // 12462448193728561957 (llama3-tiny's embedding): 6 to 18 units of f32
         // roundoff. A row dropped or counted twice is off by O(1).
         expect_same_gradients(m, whole, 32);
+      }
+    }
+  }
+}
+
+// A lazy set's step (ParamSet::begin_grads): nothing is zeroed first; each
+// run of elements is overwritten by its first claimed write and added into
+// after; finish_grads zeroes what no write claimed (padding included) and
+// ends the step. A set not marked lazy is zeroed as by zero_grads.
+TEST(ParamSetGrads, FirstWritesOverwriteAndFinishZeroesTheRest) {
+  ParamSpec a_spec, b_spec;
+  a_spec.name = "a", a_spec.shape = Shape{4, 3};
+  b_spec.name = "b", b_spec.shape = Shape{5};
+  ParamSet s({a_spec, b_spec}, DType::f32, Device::cpu(), 8);  // 17 elements, padded to 24
+  ASSERT_EQ(s.numel(), 24);
+  auto values = [&] { return test::to_f64(s.grad_flat()); };
+  ops::fill(s.grad_flat(), 7.0);  // the last step's gradients
+  s.begin_grads();
+  EXPECT_EQ(values(), std::vector<double>(24, 0.0)) << "not lazy: zeroed";
+  s.set_lazy_grads(true);
+  ops::fill(s.grad_flat(), 7.0);
+  s.begin_grads();
+  EXPECT_EQ(values(), std::vector<double>(24, 7.0)) << "lazy: left as it was";
+  const Tensor a = s.grad(0), b = s.grad(1);
+  EXPECT_EQ(s.claim_grads(a.slice(0, 2)), ops::GradWrite::overwrite);   // rows 0-1: the first write
+  EXPECT_EQ(s.claim_grads(a.slice(0, 2)), ops::GradWrite::accumulate);  // and later ones add
+  EXPECT_EQ(s.claim_grads(a.slice(0, 1)), ops::GradWrite::accumulate);  // within a claimed run
+  EXPECT_EQ(s.claim_grads(a.slice(2, 4)), ops::GradWrite::overwrite);   // rows 2-3: their own first write
+  EXPECT_EQ(s.claim_grads(Tensor()), ops::GradWrite::accumulate);       // no tensor (no bias): nothing claimed
+  EXPECT_THROW((void)s.claim_grads(a), InternalError) << "spans two claims";
+  ops::fill(a.slice(0, 4), 1.0);  // what the claimed writes wrote
+  s.finish_grads();               // b and the padding: no write claimed them
+  std::vector<double> want(24, 0.0);
+  std::fill(want.begin(), want.begin() + 12, 1.0);
+  EXPECT_EQ(values(), want);
+  EXPECT_EQ(s.claim_grads(b), ops::GradWrite::accumulate) << "finished: the zeros are added into";
+  // zero_grads ends a lazy step as well.
+  s.begin_grads();
+  s.zero_grads();
+  EXPECT_EQ(s.claim_grads(a), ops::GradWrite::accumulate);
+  EXPECT_EQ(values(), std::vector<double>(24, 0.0));
+}
+
+// A training step's gradients without zeros written first
+// (Transformer::begin_grads) over a buffer of NaN - what the last step left,
+// at its worst - give the bits of zero_grads: two micro-batches, the q, k, v
+// forms, the LM head fused and keeping dlogits, backward whole and split into
+// input and weight passes (the weight passes in reverse order, as
+// zero-bubble schedules may run them). Every set is complete when reported
+// ready.
+TEST(Transformer, LazyGradientsGiveTheBitsOfZeroedOnes) {
+  ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    for (const char* fused : {"0", "1"}) {
+      for (const bool keep : {false, true}) {
+        for (const bool split : {false, true}) {
+          SCOPED_TRACE(std::string(preset) + ", ZT_FUSED_QKV=" + fused + (keep ? ", keeping dlogits" : "") +
+                       (split ? ", input and weight passes" : ""));
+          const ModelConfig c = model_preset(preset);
+          ::setenv("ZT_FUSED_QKV", fused, 1);
+          Transformer eager(c, DType::f32), lazy(c, DType::f32);
+          ::unsetenv("ZT_FUSED_QKV");
+          const Batch b0 = random_batch(c, 2, 16, 31), b1 = random_batch(c, 2, 16, 32);
+          std::vector<size_t> incomplete;
+          lazy.on_grads_ready = [&](size_t set) {
+            for (const double g : test::to_f64(lazy.param_sets()[set]->grad_flat()))
+              if (!std::isfinite(g)) return incomplete.push_back(set);
+          };
+          auto step = [&](Transformer& m) {
+            m.init_weights(3);
+            m.head_keeps_dlogits = keep;
+            ForwardContext c0, c1;
+            m.forward(c0, b0.tokens, b0.targets, true, 0.01f);
+            if (!split) m.backward(c0);
+            m.forward(c1, b1.tokens, b1.targets, true, 0.01f);
+            if (!split) return m.backward(c1);
+            m.backward_input(c0, Tensor());
+            m.backward_input(c1, Tensor());
+            m.backward_weight(c1);
+            m.backward_weight(c0);
+          };
+          eager.zero_grads();
+          step(eager);
+          for (ParamSet* s : lazy.param_sets()) test::poison(s->grad_flat());
+          lazy.begin_grads();
+          step(lazy);
+          lazy.finish_grads();
+          EXPECT_TRUE(incomplete.empty()) << "set " << (incomplete.empty() ? 0 : incomplete.front())
+                                          << " was reported ready with NaN in it";
+          EXPECT_EQ(grad_bytes(lazy), grad_bytes(eager));
+        }
       }
     }
   }

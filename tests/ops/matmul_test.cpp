@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
@@ -528,6 +529,34 @@ TEST(LinearTest, BackwardBf16WithPanels) {
   ScopedBudget budget(1200);  // dy not pre-widened; dx and dw run in panels
   check_linear_backward({50}, 30, 20, DType::bf16, DType::bf16, DType::bf16, 7, rng);
   check_linear_backward({50}, 30, 20, DType::bf16, DType::f32, DType::f32, 7, rng);
+}
+
+// GradWrite::overwrite (a step's first write of a parameter gradient) writes
+// dw and db without reading them: over NaN it gives the bits of the sums
+// added into zeros, and dx is the same either way. f32 and bf16 operands,
+// f32 and bf16 gradients, and dy pre-widened or in panels.
+TEST(LinearTest, BackwardOverwritesWeightGradientsWithoutReadingThem) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(24);
+  for (const int64_t budget : {int64_t(1) << 30, int64_t(1200)}) {
+    ScopedBudget scoped(budget);
+    const std::pair<DType, DType> combos[] = {{DType::f32, DType::f32}, {DType::bf16, DType::f32}, {DType::bf16, DType::bf16}};
+    for (const auto& [in, grads] : combos) {
+      SCOPED_TRACE(std::string(dtype_name(in)) + " -> " + std::string(dtype_name(grads)) + ", budget " +
+                   std::to_string(budget));
+      const int64_t N = 50, C = 30, OC = 20;
+      const Tensor x = random_tensor(Shape{N, C}, in, rng), w = random_tensor(Shape{OC, C}, in, rng);
+      const Tensor dy = random_tensor(Shape{N, OC}, in, rng);
+      auto run = [&](ops::GradWrite write, bool poisoned) {
+        Tensor dx = Tensor::empty(Shape{N, C}, in), dw = Tensor::empty(Shape{OC, C}, grads);
+        Tensor db = Tensor::empty(Shape{OC}, grads);
+        for (const Tensor* t : {&dw, &db}) poisoned ? poison(*t) : (void)std::memset(t->data_ptr(), 0, t->nbytes());
+        ops::linear_backward(dx, dw, db, dy, x, w, write);
+        return std::vector<std::vector<double>>{to_f64(dx), to_f64(dw), to_f64(db)};
+      };
+      EXPECT_EQ(run(ops::GradWrite::overwrite, true), run(ops::GradWrite::accumulate, false));
+    }
+  }
 }
 
 // The analytic float64 reference itself against central differences of the

@@ -441,6 +441,37 @@ TEST(Norm, ParamGradsDeterministicAcrossThreadCounts) {
   }
 }
 
+// GradWrite::overwrite (a step's first write of a parameter gradient) writes
+// dw and db without reading them: over NaN it gives the bits of the sums
+// added into zeros; dx is the same either way. An empty batch writes zeros.
+TEST(Norm, BackwardOverwritesParameterGradientsWithoutReadingThem) {
+  auto rng = test::make_rng(46);
+  for (const NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      for (const int64_t N : {int64_t(37), int64_t(0)}) {
+        SCOPED_TRACE(std::string(kind == NormKind::rmsnorm ? "rmsnorm " : "layernorm ") +
+                     std::string(dtype_name(dt)) + ", N " + std::to_string(N));
+        const int64_t C = 24;
+        const bool ln = kind == NormKind::layernorm;
+        const Tensor x = random_tensor(Shape{N, C}, dt, rng), dy = random_tensor(Shape{N, C}, dt, rng);
+        const Tensor w = random_tensor(Shape{C}, dt, rng), b = ln ? random_tensor(Shape{C}, dt, rng) : Tensor();
+        Tensor y = Tensor::empty(Shape{N, C}, dt), rstd = Tensor::empty(Shape{N}, DType::f32);
+        Tensor mean = ln ? Tensor::empty(Shape{N}, DType::f32) : Tensor();
+        ops::norm_forward(kind, y, mean, rstd, x, w, b, kEps);
+        auto run = [&](ops::GradWrite write, bool poisoned) {
+          Tensor dx = Tensor::empty(Shape{N, C}, dt), dw = Tensor::empty(Shape{C}, DType::f32);
+          Tensor db = ln ? Tensor::empty(Shape{C}, DType::f32) : Tensor();
+          for (const Tensor* t : {&dw, &db})
+            if (t->defined()) poisoned ? poison(*t) : (void)std::memset(t->data_ptr(), 0, t->nbytes());
+          ops::norm_backward(kind, dx, dw, db, dy, x, w, mean, rstd, Tensor(), write);
+          return std::vector<std::vector<double>>{to_f64(dx), to_f64(dw), ln ? to_f64(db) : std::vector<double>{}};
+        };
+        EXPECT_EQ(run(ops::GradWrite::overwrite, true), run(ops::GradWrite::accumulate, false));
+      }
+    }
+  }
+}
+
 TEST(Norm, EmptyBatchIsANoOp) {
   const Tensor x = Tensor::empty(Shape{0, 8}, DType::f32);
   const Tensor w = Tensor::empty(Shape{8}, DType::f32);

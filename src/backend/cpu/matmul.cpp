@@ -313,9 +313,10 @@ void gemm_any_out(const Tensor& out, const GemmDesc& d, const Operand& A, const 
   }
 }
 
-// db (cols) += column sums of dy (rows, cols), f32, thread-count independent.
+// db (cols) += column sums of dy (rows, cols), f32, thread-count independent
+// (overwrite: =, db not read).
 template <typename TDy, typename TDb>
-void colsum_accumulate(TDb* db, const TDy* dy, int64_t rows, int64_t cols) {
+void colsum_accumulate(TDb* db, const TDy* dy, int64_t rows, int64_t cols, bool overwrite) {
   if (cols == 0) return;
   const int64_t chunk = std::max<int64_t>(256, (rows + 31) / 32);  // <= 32 partials
   const int64_t nch = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
@@ -344,16 +345,16 @@ void colsum_accumulate(TDb* db, const TDy* dy, int64_t rows, int64_t cols) {
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) acc[j] += p[j];
     }
-    for (int64_t j = 0; j < n; ++j) db[j0 + j] = from_float<TDb>(to_float(db[j0 + j]) + acc[j]);
+    for (int64_t j = 0; j < n; ++j) db[j0 + j] = from_float<TDb>(overwrite ? acc[j] : to_float(db[j0 + j]) + acc[j]);
   }
 }
 
 template <typename TDy>
-void colsum_any_db(const Tensor& db, const TDy* dy, int64_t rows, int64_t cols) {
+void colsum_any_db(const Tensor& db, const TDy* dy, int64_t rows, int64_t cols, bool overwrite) {
   if (db.dtype() == DType::bf16) {
-    colsum_accumulate(db.data<bf16>(), dy, rows, cols);
+    colsum_accumulate(db.data<bf16>(), dy, rows, cols, overwrite);
   } else {
-    colsum_accumulate(db.data<float>(), dy, rows, cols);
+    colsum_accumulate(db.data<float>(), dy, rows, cols, overwrite);
   }
 }
 
@@ -390,7 +391,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
 }
 
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w) {
+                     const Tensor& w, bool overwrite) {
   const int64_t N = dy.size(0), OC = dy.size(1), C = w.size(1);
   const bool bf = dy.dtype() == DType::bf16;
   Operand DY{dy.data_ptr(), bf, OC};
@@ -405,16 +406,16 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
     d.M = N, d.N = C, d.K = OC;
     gemm_any_out(dx, d, DY, Operand{w.data_ptr(), bf, C});
   }
-  if (dw.defined()) {  // dw (OC, C) += dy^T (OC, N) @ x (N, C)
+  if (dw.defined()) {  // dw (OC, C) += dy^T (OC, N) @ x (N, C)  (=, when overwriting)
     GemmDesc d;
-    d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = 1.0f;
+    d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = overwrite ? 0.0f : 1.0f;
     gemm_any_out(dw, d, DY, Operand{x.data_ptr(), bf, C});
   }
   if (db.defined()) {
     if (DY.bf) {
-      colsum_any_db(db, static_cast<const bf16*>(DY.p), N, OC);
+      colsum_any_db(db, static_cast<const bf16*>(DY.p), N, OC, overwrite);
     } else {
-      colsum_any_db(db, static_cast<const float*>(DY.p), N, OC);
+      colsum_any_db(db, static_cast<const float*>(DY.p), N, OC, overwrite);
     }
   }
 }

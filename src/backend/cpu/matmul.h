@@ -36,9 +36,10 @@ struct GemmDesc {
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d);
 
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
-// dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
+// dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (=, not read, when
+// overwrite); each may be undefined.
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w);
+                     const Tensor& w, bool overwrite = false);
 
 // --- tuning knobs and introspection (tests use them to reach every path) ---
 

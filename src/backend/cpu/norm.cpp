@@ -284,25 +284,26 @@ void sum_partials(float* partials, int64_t chunks, int64_t stride, int64_t width
   }
 }
 
-// out (C) += sums (column layout of T).
+// out (C) += sums (column layout of T); overwrite: =, out not read.
 template <typename T, typename G>
-void add_columns(const Tensor& out_t, const float* sums, int64_t C) {
+void add_columns(const Tensor& out_t, const float* sums, int64_t C, bool overwrite) {
   G* out = out_t.data<G>();
-  for (int64_t c = 0; c < C; ++c) out[c] = from_float<G>(to_float(out[c]) + sums[col_pos<T>(c)]);
+  for (int64_t c = 0; c < C; ++c)
+    out[c] = from_float<G>(overwrite ? sums[col_pos<T>(c)] : to_float(out[c]) + sums[col_pos<T>(c)]);
 }
 
 template <typename T>
-void add_columns_any(const Tensor& out_t, const float* sums, int64_t C) {
+void add_columns_any(const Tensor& out_t, const float* sums, int64_t C, bool overwrite) {
   if (out_t.dtype() == DType::f32)
-    add_columns<T, float>(out_t, sums, C);
+    add_columns<T, float>(out_t, sums, C, overwrite);
   else
-    add_columns<T, bf16>(out_t, sums, C);
+    add_columns<T, bf16>(out_t, sums, C, overwrite);
 }
 
 template <typename T>
 void norm_backward_impl(bool rms, const Tensor& dx_t, const Tensor& dw_t, const Tensor& db_t, const Tensor& dy_t,
                         const Tensor& x_t, const Tensor& w_t, const Tensor& mean_t, const Tensor& rstd_t,
-                        const Tensor& dx_add_t) {
+                        const Tensor& dx_add_t, bool overwrite) {
   const int64_t C = w_t.numel();
   const int64_t N = C > 0 ? x_t.numel() / C : 0;
   if (N == 0 || C == 0) return;
@@ -331,8 +332,8 @@ void norm_backward_impl(bool rms, const Tensor& dx_t, const Tensor& dw_t, const 
       norm_backward_rows<T, false, false>(rms, dx, dy, x, w, mean, rstd, dx_add, partials, N, C, chunks);
   }
   sum_partials(partials, chunks, stride, stride);
-  add_columns_any<T>(dw_t, partials, C);
-  if (has_db) add_columns_any<T>(db_t, partials + Cp, C);
+  add_columns_any<T>(dw_t, partials, C, overwrite);
+  if (has_db) add_columns_any<T>(db_t, partials + Cp, C, overwrite);
 }
 
 }  // namespace
@@ -355,11 +356,12 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
 }
 
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                   bool overwrite) {
   if (x.dtype() == DType::f32)
-    norm_backward_impl<float>(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add);
+    norm_backward_impl<float>(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
   else
-    norm_backward_impl<bf16>(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add);
+    norm_backward_impl<bf16>(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
 }
 
 }  // namespace zt::cpu

@@ -34,11 +34,13 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
                            const Tensor& r_in, const Tensor& x, const Tensor& w, const Tensor& b, float eps);
 
 // dx (N, C) = norm'(x) . dy (+ dx_add); dx may alias dy or dx_add.
-// dw (C) += sum_rows(dy * xhat); db (C) += sum_rows(dy) when defined.
+// dw (C) += sum_rows(dy * xhat); db (C) += sum_rows(dy) when defined (=, not
+// read, when overwrite).
 // The parameter-gradient reduction uses a fixed number of row chunks that
 // depends only on N, summed in chunk order: bitwise identical results for any
 // thread count.
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add);
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                   bool overwrite = false);
 
 }  // namespace zt::cpu

@@ -16,8 +16,12 @@ int64_t colsum_workspace_bytes(int64_t rows, int64_t cols) {
   return chunks > 1 ? 4 * chunks * cols : 0;
 }
 
-void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols) {
-  if (rows == 0 || cols == 0) return;
+void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols, bool overwrite) {
+  if (cols == 0) return;
+  if (rows == 0) {  // no rows: the sums are 0
+    if (overwrite) ZT_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), stream_of(db)));
+    return;
+  }
   const Device device = db.device();
   cudaStream_t s = stream_of(db);
   using namespace colsum_kernels;
@@ -36,20 +40,24 @@ void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t
         constexpr int V = decltype(v)::value;
         const dim3 grid(unsigned((cols / V + kSumCols - 1) / kSumCols), unsigned(chunks));
         colsum_chunk_kernel<TDy, TDb, V><<<grid, block, 0, s>>>(dyp, rows, cols, per_chunk, part,
-                                                               static_cast<TDb*>(db.data_ptr()));
+                                                               static_cast<TDb*>(db.data_ptr()), overwrite);
       });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("colsum_chunk_kernel");
-  if (part) add_chunk_partials(db, partial, chunks, cols);
+  if (part) add_chunk_partials(db, partial, chunks, cols, overwrite);
 }
 
-void add_chunk_partials(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols) {
-  if (chunks == 0 || cols == 0) return;
+void add_chunk_partials(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols, bool overwrite) {
+  if (cols == 0) return;
+  if (chunks == 0) {
+    if (overwrite) ZT_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), stream_of(db)));
+    return;
+  }
   constexpr int kThreads = 256;
   ZT_CUDA_DISPATCH_FLOAT(db.dtype(), "add_chunk_partials", [&] {
     colsum_kernels::colsum_finish_kernel<T><<<unsigned((cols + kThreads - 1) / kThreads), kThreads, 0, stream_of(db)>>>(
-        partials.data<float>(), chunks, cols, static_cast<T*>(db.data_ptr()));
+        partials.data<float>(), chunks, cols, static_cast<T*>(db.data_ptr()), overwrite);
   });
   ZT_CUDA_CHECK_LAUNCH("colsum_finish_kernel");
 }

@@ -11,12 +11,13 @@
 namespace zt::cuda {
 
 // dy: (rows, cols) f32, bf16 or f16, contiguous; db: (cols) f32, bf16 or f16,
-// on the same GPU; rounded once into db.
-void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols);
+// on the same GPU; rounded once into db (overwrite: db = the sums, not read).
+void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols, bool overwrite = false);
 // The f32 chunk partials colsum_accumulate allocates for these sizes (bytes; 0 with one chunk).
 int64_t colsum_workspace_bytes(int64_t rows, int64_t cols);
 // db (cols) += the sum over chunks, in chunk order, of partials (chunks, cols)
-// f32: a column sum's second stage, rounded once into db.
-void add_chunk_partials(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols);
+// f32: a column sum's second stage, rounded once into db (overwrite: =).
+void add_chunk_partials(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols,
+                        bool overwrite = false);
 
 }  // namespace zt::cuda

@@ -27,10 +27,11 @@ inline int64_t chunk_rows(int64_t rows) { return std::max(kMinChunkRows, (rows +
 
 // Block (kSumCols, kSumLanes) sums rows [blockIdx.y * per_chunk, ...) of
 // columns [(blockIdx.x * kSumCols + threadIdx.x) * V, ... + V): writes the
-// chunk's f32 partials, or (partial null: one chunk) adds them into db.
+// chunk's f32 partials, or (partial null: one chunk) adds them into db
+// (overwrite: writes them, db not read).
 template <typename TDy, typename TDb, int V>
 __global__ void colsum_chunk_kernel(const TDy* __restrict__ dy, int64_t rows, int64_t cols, int64_t per_chunk,
-                                    float* __restrict__ partial, TDb* __restrict__ db) {
+                                    float* __restrict__ partial, TDb* __restrict__ db, bool overwrite) {
   __shared__ float sums[kSumLanes][kSumCols * V + 1];
   const int64_t col0 = (int64_t(blockIdx.x) * kSumCols + threadIdx.x) * V;
   const int64_t r0 = int64_t(blockIdx.y) * per_chunk;
@@ -56,21 +57,22 @@ __global__ void colsum_chunk_kernel(const TDy* __restrict__ dy, int64_t rows, in
       if (partial) {
         partial[int64_t(blockIdx.y) * cols + col0 + k] = s;
       } else {
-        db[col0 + k] = from_f32<TDb>(to_f32(db[col0 + k]) + s);
+        db[col0 + k] = from_f32<TDb>(overwrite ? s : to_f32(db[col0 + k]) + s);
       }
     }
   }
 }
 
-// db[c] += sum over chunks, in chunk order, of partial[chunk][c]; one rounding.
+// db[c] += sum over chunks, in chunk order, of partial[chunk][c]; one
+// rounding (overwrite: =, db not read).
 template <typename TDb>
 __global__ void colsum_finish_kernel(const float* __restrict__ partial, int64_t chunks, int64_t cols,
-                                     TDb* __restrict__ db) {
+                                     TDb* __restrict__ db, bool overwrite) {
   const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   float s = partial[col];
   for (int64_t c = 1; c < chunks; ++c) s += partial[c * cols + col];
-  db[col] = from_f32<TDb>(to_f32(db[col]) + s);
+  db[col] = from_f32<TDb>(overwrite ? s : to_f32(db[col]) + s);
 }
 
 }  // namespace zt::cuda::colsum_kernels

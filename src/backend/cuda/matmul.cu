@@ -559,13 +559,13 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
   return std::max(partials, bias ? colsum_workspace_bytes(rows, OC) : 0);
 }
 
-void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks) {
+void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks, bool overwrite) {
   const int64_t N = dy.size(0), OC = dy.size(1), C = x.size(1);
   ZT_CHECK(wgrad_chunks_usable(chunks, N), "weight_gradient: ", chunks, " chunks of ", N,
            " rows are not equal, 8-row aligned chunks of at least ", kWgradMinChunkRows, " rows");
-  if (chunks == 1) {  // dw (OC, C) += dy^T (OC, N) @ x (N, C)
+  if (chunks == 1) {  // dw (OC, C) += dy^T (OC, N) @ x (N, C)  (=, when overwriting)
     GemmDesc d;
-    d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = 1.0f;
+    d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = overwrite ? 0.0f : 1.0f;
     return cuda::matmul(dw, dy, x, Tensor(), d);
   }
   // partial_i (OC, C) = dy_i^T x_i over row chunk i, one strided batch;
@@ -577,19 +577,19 @@ void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_
   g.lda = OC, g.ldb = C, g.ldc = C;
   g.stride_a = rows * OC, g.stride_b = rows * C, g.stride_c = OC * C;
   strided_gemm(g, dy.dtype(), dy.data_ptr(), x.data_ptr(), DType::f32, partials.data_ptr(), dw.device());
-  add_chunk_partials(dw, partials, chunks, OC * C);
+  add_chunk_partials(dw, partials, chunks, OC * C, overwrite);
 }
 
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w) {
+                     const Tensor& w, bool overwrite) {
   const int64_t N = dy.size(0), OC = dy.size(1), C = w.size(1);
   if (dx.defined()) {  // dx (N, C) = dy (N, OC) @ w (OC, C)
     GemmDesc d;
     d.M = N, d.N = C, d.K = OC;
     cuda::matmul(dx, dy, w, Tensor(), d);
   }
-  if (dw.defined()) weight_gradient(dw, dy, x, N > 0 ? wgrad_row_chunks(OC, C, N, dw.device()) : 1);
-  if (db.defined()) colsum_accumulate(db, dy, N, OC);
+  if (dw.defined()) weight_gradient(dw, dy, x, N > 0 ? wgrad_row_chunks(OC, C, N, dw.device()) : 1, overwrite);
+  if (db.defined()) colsum_accumulate(db, dy, N, OC, overwrite);
 }
 
 double measure_bf16_gemm_tflops(Device device) {

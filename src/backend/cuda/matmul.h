@@ -50,16 +50,17 @@ void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, 
 bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre);
 
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
-// dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) +=; each may be undefined.
-// dW runs through weight_gradient in wgrad_row_chunks chunks.
+// dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (overwrite: dw and db
+// written, not read); each may be undefined. dW runs through
+// weight_gradient in wgrad_row_chunks chunks.
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                     const Tensor& w);
+                     const Tensor& w, bool overwrite = false);
 
 // dw (OC, C) += dy^T x over dy (N, OC) and x (N, C), as `chunks` products
 // over equal chunks of rows in one strided batch, into f32 partials added
 // into dw in chunk order with one rounding (add_chunk_partials); 1: one
-// product. Chunks must be wgrad_chunks_usable.
-void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks);
+// product (beta 0 when overwriting). Chunks must be wgrad_chunks_usable.
+void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks, bool overwrite = false);
 
 // The row chunks of dW += dy^T x. A dW whose (OC, C) output has fewer
 // 128 x 128 tiles than half the GPU's SMs leaves most of it idle over a long

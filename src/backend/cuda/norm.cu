@@ -84,7 +84,7 @@ bool fused_allowed() {
 // fused_packs_per_lane's width (LayerNorm up to C = 1024 in bf16, RMSNorm up
 // to 2048). Returns false, having done nothing, otherwise.
 bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                    const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
+                    const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add, bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
   if (w.dtype() != x.dtype() || !fused_allowed()) return false;
   bool done = false;
@@ -107,8 +107,8 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
           rstd.data<float>(), addp, N, C, per_block);
     });
     ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
-    colsum_accumulate(dw, pdw, blocks, C);
-    if (db.defined()) colsum_accumulate(db, pdb, blocks, C);
+    colsum_accumulate(dw, pdw, blocks, C, overwrite);
+    if (db.defined()) colsum_accumulate(db, pdb, blocks, C, overwrite);
     done = true;
   });
   return done;
@@ -117,10 +117,11 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
 }  // namespace
 
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add) {
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                   bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
-  if (N == 0) return;
-  if (fused_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add)) return;
+  if (N == 0) return;  // the ops layer has zeroed dw and db for an overwrite
+  if (fused_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite)) return;
   // Two passes: the dw / db partials, then dx.
   cudaStream_t s = stream_of(dx);
   // Weight/bias partials first: dx may overwrite dy in place.
@@ -139,8 +140,8 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
-  add_chunk_partials(dw, pdw, chunks, C);
-  if (db.defined()) add_chunk_partials(db, pdb, chunks, C);
+  add_chunk_partials(dw, pdw, chunks, C, overwrite);
+  if (db.defined()) add_chunk_partials(db, pdb, chunks, C, overwrite);
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     using TX = T;
     TX* dxp = static_cast<TX*>(dx.data_ptr());

@@ -11,8 +11,10 @@ void norm_forward(bool rms, const Tensor& y, const Tensor& mean, const Tensor& r
 void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const Tensor& mean, const Tensor& rstd,
                            const Tensor& r_in, const Tensor& x, const Tensor& w, const Tensor& b, float eps);
 // dw/db accumulate deterministically: fixed row chunks write f32 partials,
-// a second kernel sums them in chunk order and adds with one rounding.
+// a second kernel sums them in chunk order and adds with one rounding (or,
+// overwrite, writes them: dw and db not read).
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add);
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                   bool overwrite = false);
 
 }  // namespace zt::cuda

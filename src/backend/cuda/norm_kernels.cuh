@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   if (row >= N) return;  // the whole warp: nothing below waits for the block
   const int64_t packs = C / V;
   const T* src = x + row * C;
-  Pack<T, V> held[P > 0 ? P : 1];
+  Pack<T, V> held[P > 0 ? P : 1] = {};  // (set by the first sweep; zeroed so nvcc sees it set)
   // The lane's pack i (row pack j) for the sweeps after the first.
   auto row_pack = [&](int i, int64_t j) {
     if constexpr (P > 0) {
