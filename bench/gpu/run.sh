@@ -104,12 +104,14 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   # All of them within ZT_GPU_TESTS_SECONDS (default 300): a test that hangs
   # (a collective waiting forever) ends there, not at the call's limit, and
   # the rest of the call (attention, kernels) still fits in its 10 minutes.
+  # ZT_GPU_TESTS_JOBS (default 4) at once: most of a GPU test's time is its
+  # CPU reference, and the machine has 16 cores (RUN_SERIAL tests run alone).
   budget=${ZT_GPU_TESTS_SECONDS:-300}
   left=$(seconds_left)
   [ "$left" -ge "$budget" ] || budget=$((left - 10))
   stop=$(date -d "+$budget seconds" +%H:%M:%S)
-  (cd build-gpu && bounded 30 "GPU tests" ctest -L gpu --output-on-failure --timeout 300 --stop-time "$stop" \
-     > "$out/gpu-tests.log" 2>&1)
+  (cd build-gpu && bounded 30 "GPU tests" ctest -L gpu -j "${ZT_GPU_TESTS_JOBS:-4}" --output-on-failure --timeout 300 \
+     --stop-time "$stop" > "$out/gpu-tests.log" 2>&1)
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
