@@ -199,17 +199,43 @@ void adamw_case(int64_t n, const ops::AdamWParams& h, std::mt19937_64& rng) {
   Tensor master = copy_of(master0), m = copy_of(m0), v = copy_of(v0);
   Tensor copy = kCopy ? Tensor::empty(Shape{n}, cdt) : Tensor();
   ops::adamw_step(master, grad, m, v, copy, h);
-  // The kernel, launched as adamw.cu launches it, with its host-side constants.
-  Tensor gmaster = copy_of(master0), gm = copy_of(m0), gv = copy_of(v0);
-  Tensor gcopy = kCopy ? poisoned(Shape{n}, cdt) : Tensor();
-  for (const adk::LaunchPart& part : adk::launch_parts(n, h.no_decay)) {
-    const adk::Consts k = adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
-                                                            h.grad_scale, h.stochastic_rounding, h.rounding_seed,
-                                                            h.rounding_offset + part.lo});
-    const int64_t lo = part.lo, len = part.hi - part.lo;
-    emu::launch(dim3(stride_grid(len)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT>, p<float>(gmaster) + lo,
-                p<G>(grad) + lo, p<float>(gm) + lo, p<float>(gv) + lo, kCopy ? p<CopyT>(gcopy) + lo : nullptr, len,
-                k, part.nd);
+  // The kernel, launched as adamw.cu launches it, with its host-side
+  // constants: an element a thread (V = 1), and 4 a thread where a part's
+  // packs are aligned (as adamw.cu checks; the tail an element a thread).
+  struct Run {
+    Tensor master, m, v, copy;
+    int64_t packed_parts = 0;
+  };
+  auto run = [&](bool packs) {
+    Run r{copy_of(master0), copy_of(m0), copy_of(v0), kCopy ? poisoned(Shape{n}, cdt) : Tensor()};
+    for (const adk::LaunchPart& part : adk::launch_parts(n, h.no_decay)) {
+      const adk::Consts k = adk::adamw_consts(cpu::AdamWHyper{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step,
+                                                              h.grad_scale, h.stochastic_rounding, h.rounding_seed,
+                                                              h.rounding_offset + part.lo});
+      const int64_t lo = part.lo, len = part.hi - part.lo;
+      float *pp = p<float>(r.master) + lo, *mp = p<float>(r.m) + lo, *vp = p<float>(r.v) + lo;
+      const G* gp = p<G>(grad) + lo;
+      CopyT* cp = kCopy ? p<CopyT>(r.copy) + lo : nullptr;
+      if (packs && adk::adamw_packs_fit<4>(pp, gp, mp, vp, cp)) {
+        emu::launch(dim3(stride_grid(len / 4 + 1)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT, 4>, pp, gp, mp, vp,
+                    cp, len, k, part.nd);
+        ++r.packed_parts;
+      } else {
+        emu::launch(dim3(stride_grid(len)), adk::kThreads, 0, adk::adamw_kernel<G, CopyT, 1>, pp, gp, mp, vp, cp, len,
+                    k, part.nd);
+      }
+    }
+    return r;
+  };
+  const Run one = run(false), four = run(true);
+  EXPECT_GT(four.packed_parts, 0) << "no part took 4 elements a thread";
+  const Tensor gmaster = one.master, gm = one.m, gv = one.v, gcopy = one.copy;
+  // The same arithmetic per element at either width: the same bits.
+  EXPECT_EQ(to_f64(four.master), to_f64(gmaster)) << "master, 4 a thread";
+  EXPECT_EQ(to_f64(four.m), to_f64(gm)) << "m, 4 a thread";
+  EXPECT_EQ(to_f64(four.v), to_f64(gv)) << "v, 4 a thread";
+  if (kCopy) {
+    EXPECT_EQ(to_f64(four.copy), to_f64(gcopy)) << "model copy, 4 a thread";
   }
   EXPECT_TRUE(close(gmaster, master, 1e-6, "master"));
   EXPECT_TRUE(close(gm, m, 1e-6, "m"));
@@ -420,6 +446,8 @@ TEST(CudaKernelsEmulated, AdamWMatchesTheCpu) {
   h.grad_scale = 0.5f;
   adamw_case<float, void>(1000, h, rng);  // 1000 > 3 x 256: a second, partial sweep of the stride loop
   adamw_case<float, float>(1000, h, rng);
+  adamw_case<float, float>(1003, h, rng);  // 4 a thread: a tail of 3
+  adamw_case<float, float>(4001, h, rng);  // 1000 packs: the stride loop again, and a tail of 1
   h.beta1 = 0.8f;
   h.beta2 = 0.999f;
   h.step = 1;

@@ -85,32 +85,68 @@ __device__ __forceinline__ bool decays(int64_t i, const NoDecay& nd) {
   return true;
 }
 
-// p, m, v: (n) f32, updated in place; g: (n) G; copy: (n) C or null. An
-// element without decay computes update + 0 * p: the bits of a launch with
-// weight_decay 0.
-template <typename G, typename C>
-__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, int64_t n, Consts k, NoDecay nd) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gi = to_f32(g[i]) * k.grad_scale;
-    const float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
-    const float vi = k.beta2 * v[i] + k.one_minus_beta2 * (gi * gi);
-    m[i] = mi;
-    v[i] = vi;
-    const float update = (mi * k.inv_bc1) / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
-    const float wd = decays(i, nd) ? k.weight_decay : 0.0f;
-    const float pi = p[i] - k.lr * (update + wd * p[i]);
-    p[i] = pi;
-    if (copy == nullptr) continue;
-    if constexpr (std::is_same_v<C, __nv_bfloat16>) {
-      if (k.stochastic) {
-        __nv_bfloat16_raw raw;
-        raw.x = bf16_bits_stochastic_at(pi, k.rounding_seed, k.rounding_stream, k.rounding_offset + uint64_t(i));
-        copy[i] = __nv_bfloat16(raw);
-        continue;
-      }
+// One element's update: p, m, v in place (registers), the model copy's
+// value returned. An element without decay computes update + 0 * p: the bits
+// of a launch with weight_decay 0.
+template <typename C>
+__device__ __forceinline__ C adamw_element(float& p, float g, float& m, float& v, int64_t i, const Consts& k,
+                                           const NoDecay& nd) {
+  const float gi = g * k.grad_scale;
+  m = k.beta1 * m + k.one_minus_beta1 * gi;
+  v = k.beta2 * v + k.one_minus_beta2 * (gi * gi);
+  const float update = (m * k.inv_bc1) / (sqrtf(v) * k.inv_sqrt_bc2 + k.eps);
+  const float wd = decays(i, nd) ? k.weight_decay : 0.0f;
+  p = p - k.lr * (update + wd * p);
+  if constexpr (std::is_same_v<C, __nv_bfloat16>) {
+    if (k.stochastic) {
+      __nv_bfloat16_raw raw;
+      raw.x = bf16_bits_stochastic_at(p, k.rounding_seed, k.rounding_stream, k.rounding_offset + uint64_t(i));
+      return __nv_bfloat16(raw);
     }
-    copy[i] = from_f32<C>(pi);
   }
+  return from_f32<C>(p);
+}
+
+// p, m, v: (n) f32, updated in place; g: (n) G; copy: (n) C or null. V
+// consecutive elements per thread and stream in one load or store each (V =
+// 4: 16 bytes of f32, 8 of bf16; the launch checked that every pointer is
+// aligned to its pack), the last n % V an element at a time; V = 1 an element
+// per load. The same arithmetic per element at any V: the same bits.
+template <typename G, typename C, int V>
+__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, C* copy, int64_t n, Consts k, NoDecay nd) {
+  const int64_t packs = n / V, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < packs; j += stride) {
+    Pack<float, V> pp = load_pack<float, V>(p + j * V), mp = load_pack<float, V>(m + j * V),
+                   vp = load_pack<float, V>(v + j * V);
+    const Pack<G, V> gp = load_pack<G, V>(g + j * V);
+    Pack<C, V> cp;
+#pragma unroll
+    for (int e = 0; e < V; ++e) cp.v[e] = adamw_element<C>(pp.v[e], to_f32(gp.v[e]), mp.v[e], vp.v[e], j * V + e, k, nd);
+    store_pack<float, V>(p + j * V, pp);
+    store_pack<float, V>(m + j * V, mp);
+    store_pack<float, V>(v + j * V, vp);
+    if (copy != nullptr) store_pack<C, V>(copy + j * V, cp);
+  }
+  if constexpr (V > 1) {  // the tail: n % V elements, one a thread
+    const int64_t i = packs * V + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (i < n) {
+      float pi = p[i], mi = m[i], vi = v[i];
+      const C ci = adamw_element<C>(pi, to_f32(g[i]), mi, vi, i, k, nd);
+      p[i] = pi;
+      m[i] = mi;
+      v[i] = vi;
+      if (copy != nullptr) copy[i] = ci;
+    }
+  }
+}
+
+// Whether a pack of V elements of each stream is one aligned load: every
+// pointer a multiple of its pack's size (a null copy aligns).
+template <int V, typename G, typename C>
+inline bool adamw_packs_fit(const float* p, const G* g, const float* m, const float* v, const C* copy) {
+  auto aligned = [](const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  return aligned(p, 4 * V) && aligned(m, 4 * V) && aligned(v, 4 * V) && aligned(g, sizeof(G) * V) &&
+         aligned(copy, sizeof(C) * V);
 }
 
 }  // namespace zt::cuda::adamw_kernels
