@@ -542,19 +542,21 @@ TEST(LinearTest, BackwardOverwritesWeightGradientsWithoutReadingThem) {
     ScopedBudget scoped(budget);
     const std::pair<DType, DType> combos[] = {{DType::f32, DType::f32}, {DType::bf16, DType::f32}, {DType::bf16, DType::bf16}};
     for (const auto& [in, grads] : combos) {
-      SCOPED_TRACE(std::string(dtype_name(in)) + " -> " + std::string(dtype_name(grads)) + ", budget " +
-                   std::to_string(budget));
-      const int64_t N = 50, C = 30, OC = 20;
-      const Tensor x = random_tensor(Shape{N, C}, in, rng), w = random_tensor(Shape{OC, C}, in, rng);
-      const Tensor dy = random_tensor(Shape{N, OC}, in, rng);
-      auto run = [&](ops::GradWrite write, bool poisoned) {
-        Tensor dx = Tensor::empty(Shape{N, C}, in), dw = Tensor::empty(Shape{OC, C}, grads);
-        Tensor db = Tensor::empty(Shape{OC}, grads);
-        for (const Tensor* t : {&dw, &db}) poisoned ? poison(*t) : (void)std::memset(t->data_ptr(), 0, t->nbytes());
-        ops::linear_backward(dx, dw, db, dy, x, w, write);
-        return std::vector<std::vector<double>>{to_f64(dx), to_f64(dw), to_f64(db)};
-      };
-      EXPECT_EQ(run(ops::GradWrite::overwrite, true), run(ops::GradWrite::accumulate, false));
+      for (const int64_t N : {int64_t(50), int64_t(0)}) {  // no rows: zeros written
+        SCOPED_TRACE(std::string(dtype_name(in)) + " -> " + std::string(dtype_name(grads)) + ", budget " +
+                     std::to_string(budget) + ", N " + std::to_string(N));
+        const int64_t C = 30, OC = 20;
+        const Tensor x = random_tensor(Shape{N, C}, in, rng), w = random_tensor(Shape{OC, C}, in, rng);
+        const Tensor dy = random_tensor(Shape{N, OC}, in, rng);
+        auto run = [&](ops::GradWrite write, bool poisoned) {
+          Tensor dx = Tensor::empty(Shape{N, C}, in), dw = Tensor::empty(Shape{OC, C}, grads);
+          Tensor db = Tensor::empty(Shape{OC}, grads);
+          for (const Tensor* t : {&dw, &db}) poisoned ? poison(*t) : (void)std::memset(t->data_ptr(), 0, t->nbytes());
+          ops::linear_backward(dx, dw, db, dy, x, w, write);
+          return std::vector<std::vector<double>>{to_f64(dx), to_f64(dw), to_f64(db)};
+        };
+        EXPECT_EQ(run(ops::GradWrite::overwrite, true), run(ops::GradWrite::accumulate, false));
+      }
     }
   }
 }

@@ -17,11 +17,7 @@ int64_t colsum_workspace_bytes(int64_t rows, int64_t cols) {
 }
 
 void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t cols, bool overwrite) {
-  if (cols == 0) return;
-  if (rows == 0) {  // no rows: the sums are 0
-    if (overwrite) ZT_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), stream_of(db)));
-    return;
-  }
+  if (rows == 0 || cols == 0) return;  // an overwrite of no rows: the ops layer has written the zeros
   const Device device = db.device();
   cudaStream_t s = stream_of(db);
   using namespace colsum_kernels;
@@ -49,11 +45,7 @@ void colsum_accumulate(const Tensor& db, const Tensor& dy, int64_t rows, int64_t
 }
 
 void add_chunk_partials(const Tensor& db, const Tensor& partials, int64_t chunks, int64_t cols, bool overwrite) {
-  if (cols == 0) return;
-  if (chunks == 0) {
-    if (overwrite) ZT_CUDA_CHECK(cudaMemsetAsync(db.data_ptr(), 0, db.nbytes(), stream_of(db)));
-    return;
-  }
+  if (chunks == 0 || cols == 0) return;
   constexpr int kThreads = 256;
   ZT_CUDA_DISPATCH_FLOAT(db.dtype(), "add_chunk_partials", [&] {
     colsum_kernels::colsum_finish_kernel<T><<<unsigned((cols + kThreads - 1) / kThreads), kThreads, 0, stream_of(db)>>>(

@@ -25,8 +25,7 @@ void launch_rope(const HeadLayout<T>& l, const Tensor& packed, const Tensor& tab
     constexpr int V = decltype(v)::value;
     const int64_t units = packed.numel() / V;
     rope_kernel<T, V><<<grid_for(units, kThreads, packed.device()), kThreads, 0, stream_of(packed)>>>(
-        l, table.data<float>(), units, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f,
-        to_packed);
+        l, table.data<float>(), units, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f, to_packed);
   });
 }
 

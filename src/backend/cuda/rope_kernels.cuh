@@ -52,7 +52,7 @@ template <typename T, int V>
 __global__ void rope_kernel(HeadLayout<T> l, const float* table, int64_t units, int64_t T_, int64_t half,
                             int64_t pos_offset, float sign, bool to_packed) {
   static_assert(V % 2 == 0, "a unit holds whole pairs");
-  const int64_t H = l.Hq + 2 * l.Hkv, rotated = l.Hq + l.Hkv;
+  const int64_t H = l.Hq + 2 * l.Hkv;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t pair0 = i * (V / 2), bth = pair0 / half;  // bth = (b*T + t)*H + h
     const int64_t p0 = pair0 - bth * half, bt = bth / H, h = bth - bt * H, t = bt % T_;
@@ -70,7 +70,7 @@ __global__ void rope_kernel(HeadLayout<T> l, const float* table, int64_t units, 
     } else {
       in = load_pack<T, V>(src);
     }
-    if (h < rotated) {
+    if (h < l.Hq + l.Hkv) {
       const float* cs = table + ((t + pos_offset) * half + p0) * 2;  // (cos, sin) of pairs p0, p0 + 1, ...
 #pragma unroll
       for (int q = 0; q < V / 2; ++q) {
