@@ -27,7 +27,9 @@
 #include "core/rng.h"
 #include "gpu/median_time.h"
 #ifdef ZT_WITH_CUDA
+#include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/norm.h"
 #endif
 #include "nn/transformer.h"
 #include "ops/activation.h"
@@ -231,6 +233,14 @@ class Bench {
       // dy, x and the residual gradient read, dx written (dw, db: C each).
       time(std::string(norm) + "_backward", dims({N, C}), 4 * N * C * es,
            [&] { ops::norm_backward(kind, dx, dw, db, dy, r_out, w, mean, rstd, dres); });
+#ifdef ZT_WITH_CUDA
+      // The A/B of the one-pass backward the row above takes where it fits.
+      if (dev_.is_cuda())
+        time(std::string(norm) + "_backward_two_pass", dims({N, C}), 4 * N * C * es, [&] {
+          cuda::norm_backward(m_.llama, dx, dw, db, dy, r_out, w, mean, rstd, dres, false,
+                              cuda::NormBackwardKernel::two_pass);
+        });
+#endif
       time("add", dims({N, C}), 3 * N * C * es, [&] { ops::add(y, x, r_in); });
     }
     if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place, and the qkv split
@@ -278,6 +288,18 @@ class Bench {
       // gradients (finite, the same work), not the first logits.
       time("cross_entropy_fused", dims({rows, m_.Vp}), 2 * rows * m_.Vp * es,
            [&] { ops::softmax_cross_entropy(losses, logits, logits, targets, m_.V, 1.0f / float(N)); }, m_.V);
+#ifdef ZT_WITH_CUDA
+      // The kernel's rows in flight per SM (cross_entropy_kernels.cuh), "*"
+      // after the one training takes; targets already on the GPU.
+      if (dev_.is_cuda()) {
+        const Tensor gpu_targets = ops::on_device(targets, dev_);
+        for (const int r : {1, 2, 4})
+          time("cross_entropy_fused_rows" + std::to_string(r) + (r == cuda::classifier_rows_per_sm() ? "*" : ""),
+               dims({rows, m_.Vp}), 2 * rows * m_.Vp * es, [&] {
+                 cuda::softmax_cross_entropy(losses, logits, logits, gpu_targets, m_.V, 1.0f / float(N), r);
+               }, m_.V);
+      }
+#endif
     }
     {  // embedding: wte (+ wpe) gather; backward into f32 gradients (positions grouped on the host)
       const Tensor wte = rand({m_.Vp, m_.C}, bf), wpe = m_.llama ? Tensor() : rand({m_.T, m_.C}, bf);
@@ -403,8 +425,8 @@ int main(int argc, char** argv) {
   const double copy_gbps = 2.0 * double(a.nbytes()) / median_seconds(dev, [&] { ops::copy(b, a); }) / 1e9;
   // The A/B switches set for this run, so that two runs' rows can be told apart.
   std::string switches;
-  for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE", "ZT_FUSED_QKV",
-                           "ZT_HEAD_CHUNK_ELEMS"})
+  for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE",
+                           "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

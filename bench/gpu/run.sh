@@ -15,7 +15,11 @@
 # copy rate and PyTorch's eager kernels (bench/gpu/kernels_bench.cpp,
 # kernels_peer.py), and each product with every algorithm cuBLASLt ranks for it. Logs go to $OUT (or ./bench-gpu-out).
 # ZT_CUDA_NORM_BACKWARD=two_pass keeps the norms' backward in two passes (the
-# A/B of the fused one-pass kernel: run `kernels` with and without it).
+# A/B of the fused one-pass kernel; `kernels` times both: <norm>_backward and
+# <norm>_backward_two_pass).
+# ZT_CUDA_CE_ROWS=1|2|4 sets the fused classifier's rows in flight per SM
+# (default 4; backend/cuda/cross_entropy_kernels.cuh); `kernels` sweeps them
+# (cross_entropy_fused_rows<n>, "*" the default).
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
 # ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/matmul.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/activation.h"
@@ -292,8 +293,8 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(6);
-  // The last two have more rows than ce_grid's blocks (on an H100: 132 for
-  // GPT-2's rows, 528 for short ones), so each block strides over rows.
+  // The last two have more rows than ce_grid's blocks at 2 and 4 rows per SM
+  // (264 and 528 on a 132-SM GPU), so each block strides over rows.
   for (auto [N, Vp, V] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 5}, {100, 1000, 997}, {64, 50304, 50257},
                           {600, 50304, 50257}, {2000, 1000, 997}}) {
     const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
@@ -310,6 +311,14 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
     ops::softmax_cross_entropy(hlosses, hl, hl, targets, V, 0.25f);
     EXPECT_EQ(values_of(hlosses), values_of(glosses)) << Vp;
     EXPECT_EQ(values_of(hl), values_of(gl)) << Vp;
+    // Every rows-per-SM choice (the kernel bench's sweep): the same bits.
+    const Tensor gpu_targets = to_gpu(targets);
+    for (const int rows_per_sm : {1, 2, 4}) {
+      Tensor rl = to_gpu(logits), rlosses = gpu_poisoned(Shape{N}, DType::f32);
+      cuda::softmax_cross_entropy(rlosses, rl, rl, gpu_targets, V, 0.25f, rows_per_sm);
+      EXPECT_EQ(values_of(rlosses), values_of(glosses)) << Vp << ", " << rows_per_sm << " rows per SM";
+      EXPECT_EQ(values_of(rl), values_of(gl)) << Vp << ", " << rows_per_sm << " rows per SM";
+    }
   }
 }
 

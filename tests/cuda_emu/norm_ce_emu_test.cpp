@@ -173,17 +173,24 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
   Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, dt);
   ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
   Tensor gl = copy_of(logits), glosses = poisoned(Shape{N}, DType::f32);
-  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P>, p<float>(glosses), p<T>(gl),
-              static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f);
+  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P, ck::kDefaultRowsPerSm>, p<float>(glosses),
+              p<T>(gl), static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V,
+              0.25f);
   EXPECT_TRUE(close(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses"));
   EXPECT_TRUE(close(gl, d, tol(dt), "dlogits (in place)"));
-  // Fewer blocks than rows (as ce_grid launches it: each block strides over
-  // rows): the same bits, a row being one block's work.
-  Tensor sl = copy_of(logits), slosses = poisoned(Shape{N}, DType::f32);
-  emu::launch(dim3(2), ck::kThreads, 0, ck::ce_kernel<T, P>, p<float>(slosses), p<T>(sl),
-              static_cast<const T*>(p<T>(sl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f);
-  EXPECT_EQ(to_f64(slosses), to_f64(glosses)) << "losses, 2 blocks striding over the rows";
-  EXPECT_EQ(to_f64(sl), to_f64(gl)) << "dlogits, 2 blocks striding over the rows";
+  // Every rows-per-SM choice (its packs ahead per thread), on fewer blocks
+  // than rows (as ce_grid launches it: each block strides over rows): the
+  // same bits, a row being one block's work in one order.
+  const auto same_bits = [&](auto kernel, const char* what) {
+    Tensor sl = copy_of(logits), slosses = poisoned(Shape{N}, DType::f32);
+    emu::launch(dim3(2), ck::kThreads, 0, kernel, p<float>(slosses), p<T>(sl), static_cast<const T*>(p<T>(sl)),
+                static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f);
+    EXPECT_EQ(to_f64(slosses), to_f64(glosses)) << "losses, 2 blocks striding over the rows, " << what;
+    EXPECT_EQ(to_f64(sl), to_f64(gl)) << "dlogits, 2 blocks striding over the rows, " << what;
+  };
+  same_bits(ck::ce_kernel<T, P, 1>, "1 row per SM (4 packs ahead)");
+  same_bits(ck::ce_kernel<T, P, 2>, "2 rows per SM (2 packs ahead)");
+  same_bits(ck::ce_kernel<T, P, 4>, "4 rows per SM (1 pack ahead)");
 }
 
 // The vocabulary-parallel passes for `ranks` ranks of Vl columns each over N
@@ -277,17 +284,18 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
     }
 }
 
-// The classifier's grid: the GPU filled (up to 4 blocks per SM), never more
-// blocks than rows, the rows in flight within half the L2 but at least one
-// block per SM (H100: 132 SMs, 50 MiB).
-TEST(CudaKernelsLaunch, ClassifierGridKeepsTheRowsInFlightInHalfTheL2) {
+// The classifier's grid: R blocks per SM (H100: 132 SMs), never more blocks
+// than rows.
+TEST(CudaKernelsLaunch, ClassifierGridHoldsItsRowsPerSm) {
   constexpr int kSms = 132;
-  constexpr int64_t kL2 = 50 << 20;
-  EXPECT_EQ(ck::ce_grid(4096, 50304 * 2, kSms, kL2), 132u) << "GPT-2 bf16: 260 rows fit, one per SM";
-  EXPECT_EQ(ck::ce_grid(2048, 128256 * 2, kSms, kL2), 132u) << "Llama bf16: 102 fit, still one per SM";
-  EXPECT_EQ(ck::ce_grid(4096, 1000 * 4, kSms, kL2), 4u * kSms) << "small rows: occupancy's limit";
-  EXPECT_EQ(ck::ce_grid(300, 50304 * 2, kSms, kL2 * 4), 300u) << "never more blocks than rows";
-  EXPECT_EQ(ck::ce_grid(100, 50304 * 2, kSms, kL2), 100u);
+  EXPECT_EQ(ck::ce_grid(4096, kSms, 1), 132u);
+  EXPECT_EQ(ck::ce_grid(4096, kSms, 2), 264u);
+  EXPECT_EQ(ck::ce_grid(4096, kSms, 4), 528u);
+  EXPECT_EQ(ck::ce_grid(300, kSms, 4), 300u) << "never more blocks than rows";
+  EXPECT_EQ(ck::ce_grid(1, kSms, 1), 1u);
+  EXPECT_EQ(ck::packs_ahead(1), 4);
+  EXPECT_EQ(ck::packs_ahead(2), 2);
+  EXPECT_EQ(ck::packs_ahead(4), 1);
 }
 
 TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {

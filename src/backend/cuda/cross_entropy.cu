@@ -3,6 +3,10 @@
 // rows); the kernels are in cross_entropy_kernels.cuh.
 #include "backend/cuda/cross_entropy.h"
 
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
 #include "backend/cuda/cross_entropy_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -14,17 +18,44 @@ using namespace ce_kernels;
 
 }  // namespace
 
+int classifier_rows_per_sm() {
+  static const int rows = [] {
+    const char* env = std::getenv("ZT_CUDA_CE_ROWS");
+    const std::string_view v = env ? env : "";
+    if (v.empty() || v == "auto") return kDefaultRowsPerSm;
+    for (const int r : kRowsPerSmChoices)
+      if (v == std::to_string(r)) return r;
+    ZT_FAIL("ZT_CUDA_CE_ROWS = '", v, "' is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it to "
+            "let Zettatron choose");
+  }();
+  return rows;
+}
+
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                            int64_t vocab, float grad_scale) {
+  softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale, classifier_rows_per_sm());
+}
+
+void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                           int64_t vocab, float grad_scale, int rows_per_sm) {
   const int64_t N = logits.size(0), Vp = logits.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "softmax_cross_entropy", [&] {
     T* dp = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
     const T* lp = static_cast<const T*>(logits.data_ptr());
-    const unsigned grid = ce_grid(N, Vp * int64_t(sizeof(T)), num_sms(logits.device()), l2_cache_bytes(logits.device()));
+    const unsigned grid = ce_grid(N, num_sms(logits.device()), rows_per_sm);
     with_pack_width<T>(packs_of_16_fit<T>(Vp, lp, dp), [&](auto v) {
-      ce_kernel<T, decltype(v)::value><<<grid, kThreads, 0, stream_of(losses)>>>(
-          losses.data<float>(), dp, lp, targets.data<int32_t>(), N, Vp, vocab, grad_scale);
+      constexpr int V = decltype(v)::value;
+      const auto launch = [&](auto kernel) {
+        kernel<<<grid, kThreads, 0, stream_of(losses)>>>(losses.data<float>(), dp, lp, targets.data<int32_t>(), N, Vp,
+                                                         vocab, grad_scale);
+      };
+      switch (rows_per_sm) {
+        case 1: launch(ce_kernel<T, V, 1>); break;
+        case 2: launch(ce_kernel<T, V, 2>); break;
+        case 4: launch(ce_kernel<T, V, 4>); break;
+        default: ZT_FAIL("softmax_cross_entropy: ", rows_per_sm, " rows per SM is not one of 1, 2, 4");
+      }
     });
   });
   ZT_CUDA_CHECK_LAUNCH("ce_kernel");

@@ -3,13 +3,19 @@
 // the real vocabulary (per thread, then merged across the block), pass 2
 // writes dlogits = (softmax - onehot) * grad_scale (in place allowed: each
 // element is read before the same thread overwrites it). No probability
-// matrix is stored. Pass 2 re-reads the row: the launch sizes the grid so
-// that the rows in flight fit in half the L2 (ce_grid), and the re-read comes
-// from there, not from device memory (4 bytes moved per bf16 element, not 6).
-// Both passes keep kUnroll packs' loads in flight per thread. The
-// vocabulary-parallel passes (ops/cross_entropy.h: max, then exp sums and the
-// target logit, then losses and dlogits, the caller reducing over the
-// tensor-parallel group in between) are one block per row each.
+// matrix is stored. The vocabulary-parallel passes (ops/cross_entropy.h: max,
+// then exp sums and the target logit, then losses and dlogits, the caller
+// reducing over the tensor-parallel group in between) are one block per row
+// each.
+//
+// R, the rows in flight per SM, trades latency hiding for L2 reuse. Between
+// a row's passes its block stops to reduce across its warps; the other R - 1
+// blocks on the SM keep loading meanwhile. Pass 2 re-reads the row: from the
+// L2 when the R x SMs rows in flight fit there (4 bytes moved per bf16
+// element), else from device memory (6). Measured (bench/results/): R = 1
+// with 4 packs ahead per thread ran at 31-34% of the H200's copy rate; R = 4
+// with one (then a block per row) at about 93% of the H100's, counting 6
+// bytes. The kernel bench times every R (cross_entropy_fused_rows<R>).
 //
 // Rows are swept in packs of V elements (V = 1, or kPack16<T> when the launch
 // checked that 16-byte packs tile the rows: one 128-bit memory instruction
@@ -25,28 +31,26 @@
 namespace zt::cuda::ce_kernels {
 
 constexpr int kThreads = 512;
-constexpr int kUnroll = 4;  // packs a thread loads before it uses the first
+// R's choices: blocks of kThreads resident per SM (the register budget of
+// __launch_bounds__: 128, 64 or 32 a thread), each thread 4 / R packs' loads
+// ahead (16 bytes each), so 32 KiB of loads in flight per SM at any R.
+constexpr int kRowsPerSmChoices[] = {1, 2, 4};
+constexpr int kDefaultRowsPerSm = 4;
+constexpr int packs_ahead(int rows_per_sm) { return 4 / rows_per_sm; }
 
-// ce_kernel's grid: enough blocks to fill the GPU (at most 4 of kThreads per
-// SM, the thread limit; at the kernel's 95 registers on sm_90a one block is
-// resident per SM and the others wait their turn, as a longer stride would),
-// no more than the rows, and at most as many rows in flight as fill half the
-// L2, but at least one per SM. Bits do not depend on it: a row is one
-// block's work.
-inline unsigned ce_grid(int64_t rows, int64_t row_bytes, int sms, int64_t l2_bytes) {
-  const int64_t fit = row_bytes > 0 ? l2_bytes / 2 / row_bytes : rows;
-  const int64_t per_sm = fit / sms < 1 ? 1 : (fit / sms > 4 ? 4 : fit / sms);
-  const int64_t grid = int64_t(sms) * per_sm;
+// ce_kernel's grid at R rows per SM: R blocks per SM, no more than the rows.
+// Bits do not depend on it: a row is one block's work.
+inline unsigned ce_grid(int64_t rows, int sms, int rows_per_sm) {
+  const int64_t grid = int64_t(sms) * rows_per_sm;
   return unsigned(grid < rows ? grid : rows);
 }
 
 // The packs holding columns [0, real) of a row.
 __host__ __device__ constexpr int64_t packs_holding(int64_t real, int V) { return (real + V - 1) / V; }
 
-// Pack j's elements as f32, -inf past the real columns; returns their max.
+// Pack j's elements (p) as f32, -inf past the real columns; returns their max.
 template <typename T, int V>
-__device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t j, int64_t real) {
-  const Pack<T, V> p = load_pack<T, V>(row + j * V);
+__device__ __forceinline__ float real_values(float (&xs)[V], const Pack<T, V>& p, int64_t j, int64_t real) {
   float m = -INFINITY;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -56,23 +60,29 @@ __device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t
   return m;
 }
 
+// The same, loading pack j of `row`.
+template <typename T, int V>
+__device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t j, int64_t real) {
+  return real_values<T, V>(xs, load_pack<T, V>(row + j * V), j, real);
+}
+
 // dlogits of one row (may be the logits themselves: a thread reads each pack
 // before it writes it): exp(x - m) * r - grad_scale [column is the target],
 // r = grad_scale / (the row's sum of exp(x - m)); 0 past the `real` columns
-// and in an ignored row.
-template <typename T, int V>
+// and in an ignored row. U packs' loads ahead per thread.
+template <typename T, int V, int U>
 __device__ __forceinline__ void write_dlogits(T* dr, const T* lr, int64_t cols, int64_t real, int64_t target,
                                               bool ignored, float m, float r, float grad_scale) {
   const int64_t packs = cols / V;
-  for (int64_t j0 = threadIdx.x; j0 < packs; j0 += kUnroll * int64_t(blockDim.x)) {
-    Pack<T, V> p[kUnroll];
+  for (int64_t j0 = threadIdx.x; j0 < packs; j0 += U * int64_t(blockDim.x)) {
+    Pack<T, V> p[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = j0 + u * int64_t(blockDim.x);
       if (j < packs) p[u] = load_pack<T, V>(lr + j * V);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t j = j0 + u * int64_t(blockDim.x);
       if (j >= packs) break;
       Pack<T, V> out;
@@ -88,34 +98,43 @@ __device__ __forceinline__ void write_dlogits(T* dr, const T* lr, int64_t cols, 
   }
 }
 
-// logits, dlogits: (N, Vp); losses, targets: (N).
-template <typename T, int V>
-__global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t Vp,
-                          int64_t vocab, float grad_scale) {
+// logits, dlogits: (N, Vp); losses, targets: (N). R rows in flight per SM
+// (launched on ce_grid's blocks).
+template <typename T, int V, int R>
+__global__ void __launch_bounds__(kThreads, R)
+    ce_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t Vp,
+              int64_t vocab, float grad_scale) {
+  constexpr int U = packs_ahead(R);
   __shared__ float scratch[32];
   const int64_t packs = packs_holding(vocab, V);
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
     const T* lr = logits + row * Vp;
     const int32_t target = targets[row];
     // Per-thread running max m and sum of exp(x - m), a pack at a time in
-    // the order j, j + blockDim.x, ... (kUnroll packs loaded ahead).
+    // the order j, j + blockDim.x, ... whatever U (so R does not change the
+    // bits); U packs loaded ahead, as bf16 (the f32 values are made one
+    // pack at a time: fewer registers).
     float m = -INFINITY, s = 0.0f;
-    for (int64_t j0 = threadIdx.x; j0 < packs; j0 += kUnroll * int64_t(blockDim.x)) {
-      float xs[kUnroll][V], pm[kUnroll];
+    for (int64_t j0 = threadIdx.x; j0 < packs; j0 += U * int64_t(blockDim.x)) {
+      Pack<T, V> p[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int64_t j = j0 + u * int64_t(blockDim.x);
-        pm[u] = j < packs ? load_real<T, V>(xs[u], lr, j, vocab) : -INFINITY;
+        if (j < packs) p[u] = load_pack<T, V>(lr + j * V);
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (pm[u] == -INFINITY) continue;  // nothing to add (and -inf - -inf is NaN)
-        if (pm[u] > m) {
-          s *= __expf(m - pm[u]);  // 0 while m is still -inf
-          m = pm[u];
+      for (int u = 0; u < U; ++u) {
+        const int64_t j = j0 + u * int64_t(blockDim.x);
+        if (j >= packs) break;
+        float xs[V];
+        const float pm = real_values<T, V>(xs, p[u], j, vocab);
+        if (pm == -INFINITY) continue;  // nothing to add (and -inf - -inf is NaN)
+        if (pm > m) {
+          s *= __expf(m - pm);  // 0 while m is still -inf
+          m = pm;
         }
 #pragma unroll
-        for (int k = 0; k < V; ++k) s += __expf(xs[u][k] - m);
+        for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);
       }
     }
     const float row_max = block_max(m, scratch);
@@ -127,7 +146,7 @@ __global__ void ce_kernel(float* losses, T* dlogits, const T* logits, const int3
     __syncthreads();
     if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - target_logit;
     if (dlogits != nullptr)
-      write_dlogits<T, V>(dlogits + row * Vp, lr, Vp, vocab, target, ignored, lse, grad_scale, grad_scale);
+      write_dlogits<T, V, U>(dlogits + row * Vp, lr, Vp, vocab, target, ignored, lse, grad_scale, grad_scale);
   }
 }
 
@@ -186,7 +205,7 @@ __global__ void vp_finish_kernel(float* losses, T* dlogits, const T* logits, con
   if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : (m - target_logit[row]) + logf(S);
   if (dlogits == nullptr) return;
   const int64_t t = int64_t(targets[row]) - col_start;  // this rank's column of the target, if it holds it
-  write_dlogits<T, V>(dlogits + row * Vl, logits + row * Vl, Vl, real, t, ignored, m, grad_scale / S, grad_scale);
+  write_dlogits<T, V, 1>(dlogits + row * Vl, logits + row * Vl, Vl, real, t, ignored, m, grad_scale / S, grad_scale);
 }
 
 }  // namespace zt::cuda::ce_kernels

@@ -118,10 +118,11 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
 
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
-                   bool overwrite) {
+                   bool overwrite, NormBackwardKernel kernel) {
   const int64_t C = x.size(-1), N = x.numel() / C;
   if (N == 0) return;  // the ops layer has zeroed dw and db for an overwrite
-  if (fused_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite)) return;
+  const bool one_pass_allowed = kernel == NormBackwardKernel::automatic;
+  if (one_pass_allowed && fused_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite)) return;
   // Two passes: the dw / db partials, then dx.
   cudaStream_t s = stream_of(dx);
   // Weight/bias partials first: dx may overwrite dy in place.
