@@ -191,8 +191,8 @@ class Bench {
   }
 
   // The weight gradients with few output tiles (matmul.h, wgrad_row_chunks)
-  // at a training run's rows (GPT-2 at micro-batch 128, Llama at 32), over
-  // the row-chunk counts: the data to check its occupancy model against. Op
+  // at `rows` (16384, and a training run's: GPT-2 at micro-batch 128, Llama
+  // at 32), over the row-chunk counts: the data to check its occupancy model against. Op
   // "<layer>.wgrad_chunks<n>", "*" after the count the rule picks; the peer
   // times the same dW in one product.
   void run_wgrad_chunks([[maybe_unused]] int64_t rows) {
@@ -245,11 +245,11 @@ class Bench {
     }
     if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place, and the qkv split
       const int64_t F = m_.F;
-      // At the bench's rows, and at the training run's (micro-batch 32, 4x):
-      // there the op profile timed the backward at 1.43x what these rows
-      // predict (bench/results/gpu-2026-11-26.md); a size effect (buffers of
-      // 1 GiB, not 256 MiB) shows here as the same ratio.
-      for (const int64_t rows : {N, 4 * N}) {
+      // At the bench's rows and up to a training run's (micro-batch 64 on an
+      // H200: 8x). The backward ran at 87% of the copy rate at 1x but 58% at
+      // 4x, and 50% in training at 8x, while the forward held 92-95%
+      // (bench/results/gpu-2026-11-27.md): the sweep says where it falls off.
+      for (const int64_t rows : {N, 2 * N, 4 * N, 8 * N}) {
         const Tensor x = rand({rows, 2 * F}, bf, -4, 4), dy = rand({rows, F}, bf);
         Tensor y = empty({rows, F}, bf), dx = empty({rows, 2 * F}, bf);
         time("swiglu_forward", dims({rows, 2 * F}), 3 * rows * F * es, [&] { ops::swiglu_forward(y, x); });
@@ -447,7 +447,10 @@ int main(int argc, char** argv) {
     Bench bench(dev, m, copy_gbps, gemm_tflops);
     bench.run_all();
     bench.run_products();
-    bench.run_wgrad_chunks(m.llama ? 32 * 1024 : 128 * 1024);
+    // At 16384 rows the rule chunks; from 32768 on it takes one product
+    // (matmul.h): both sides of that line.
+    for (const int64_t rows : {int64_t(16 * 1024), m.llama ? int64_t(32 * 1024) : int64_t(128 * 1024)})
+      bench.run_wgrad_chunks(rows);
   }
   return 0;
 }

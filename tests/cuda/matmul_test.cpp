@@ -439,16 +439,18 @@ TEST(CudaLinear, BackwardMatchesCpu) {
 // The chunk rule of weight gradients (a host function: runs without a GPU),
 // checked against the model worked by hand. Scores are whole waves' occupancy
 // over 1 + 4 x chunks x 256 / rows; e.g. GPT-2's 768 x 768 (36 tiles) on
-// 132 SMs over 131072 rows: 2 chunks 0.537, 4 0.529, 8 0.685, 16 and 32
-// 0.776 (a tie: the fewer), 64 0.647.
+// 132 SMs over 16384 rows: 2 chunks and 8 tie at 48/99 (the fewer). From
+// 32768 rows on, one product (measured: cuBLASLt splits the reduction).
 TEST(CudaLinear, WeightGradientChunksFollowTheOccupancyModel) {
-  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 131072, 132), 16);
   EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 16384, 132), 2);  // 2 and 8 tie at 48/99: the fewer
-  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 131072, 108), 8);  // an A100's SMs
-  EXPECT_EQ(cuda::wgrad_chunks_for(512, 2048, 32768, 132), 2);   // Llama 1B's k and v
-  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 12288, 132), 3);    // rows of 3 x 4096: 2, 3, 4 or 6 chunks divide
-  EXPECT_EQ(cuda::wgrad_chunks_for(2048, 2048, 32768, 132), 1);  // 256 tiles: cuBLASLt alone
-  EXPECT_EQ(cuda::wgrad_chunks_for(3072, 768, 131072, 132), 1);  // 144 tiles
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 12288, 132), 3);  // rows of 3 x 4096: 2, 3, 4 or 6 chunks divide
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 16384, 108), 2);  // an A100's SMs: 2 (36 x 2 = 72 tiles of 108)
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 131072, 132), 1);   // GPT-2 at micro-batch 128: one product
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 32768, 132), 1);    // the first row count of one product
+  EXPECT_EQ(cuda::wgrad_chunks_for(512, 2048, 32768, 132), 1);   // Llama 1B's k and v at micro-batch 32
+  EXPECT_EQ(cuda::wgrad_chunks_for(512, 2048, 16384, 132), 2);   // the same at micro-batch 16
+  EXPECT_EQ(cuda::wgrad_chunks_for(2048, 2048, 16384, 132), 1);  // 256 tiles: cuBLASLt alone
+  EXPECT_EQ(cuda::wgrad_chunks_for(3072, 768, 16384, 132), 1);   // 144 tiles
   EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 2048, 132), 1);     // too few rows for two chunks
   EXPECT_TRUE(cuda::wgrad_chunks_usable(1, 7));
   EXPECT_TRUE(cuda::wgrad_chunks_usable(3, 12288));

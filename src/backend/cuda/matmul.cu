@@ -521,6 +521,7 @@ bool wgrad_has_few_tiles(int64_t OC, int64_t C, int64_t sms) { return 2 * wgrad_
 
 int64_t wgrad_chunks_for(int64_t OC, int64_t C, int64_t rows, int64_t sms) {
   if (!wgrad_has_few_tiles(OC, C, sms)) return 1;  // half the SMs busy or more: cuBLASLt's own choice
+  if (rows >= kWgradOneProductRows) return 1;      // cuBLASLt splits the long reduction (measured)
   const int64_t tiles = wgrad_tiles(OC, C);
   const auto score = [&](int64_t chunks) {
     const int64_t ctas = tiles * chunks;

@@ -69,11 +69,15 @@ void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_
 // the tiles in flight; their partials cost memory traffic. wgrad_chunks_for
 // picks the count of most modelled throughput: tiles x chunks over whole
 // waves of SMs, over 1 + the partials' traffic in GEMM time (at
-// kGemmFlopsPerCopyByte, an H100's 777 TFLOP/s over 2980 GB/s). A function
-// of the shape and the SM count only: the same bits every run on one GPU
-// model. ZT_CUDA_WGRAD_CHUNKS = n forces n where usable, on the products with
-// few tiles only (1: never split).
-constexpr int64_t kWgradMinChunkRows = 2048, kWgradMaxChunks = 64;
+// kGemmFlopsPerCopyByte, an H100's 777 TFLOP/s over 2980 GB/s). From
+// kWgradOneProductRows rows on, one product: cuBLASLt splits a reduction that
+// long itself (H200, 2026-11-27: 768 x 768 over 131072 rows in one product
+// 0.222 ms, 88% of the GEMM rate, against 0.228-0.304 ms in 2 to 64 chunks;
+// Llama's 512 x 2048 over 32768 rows the same in 1 or 2). A function of the
+// shape and the SM count only: the same bits every run on one GPU model.
+// ZT_CUDA_WGRAD_CHUNKS = n forces n where usable, on the products with few
+// tiles only (1: never split).
+constexpr int64_t kWgradMinChunkRows = 2048, kWgradMaxChunks = 64, kWgradOneProductRows = 32768;
 constexpr double kGemmFlopsPerCopyByte = 256.0;
 bool wgrad_chunks_usable(int64_t chunks, int64_t rows);  // equal, 8-row aligned, >= kWgradMinChunkRows rows
 int64_t wgrad_chunks_for(int64_t OC, int64_t C, int64_t rows, int64_t sms);
