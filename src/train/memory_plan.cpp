@@ -201,7 +201,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const bool mixed = cfg.compute_dtype() != DType::f32;
 
   // Parameter sets of every chunk, in forward order.
-  int64_t all = 0, in_use = 0, reducing = 0;
+  int64_t all = 0, in_use = 0, reducing = 0, largest_set = 0;
   for (const nn::ModelPart& part : parts) {
     int64_t tied = -1;
     const std::vector<int64_t> sets = chunk_sets(cfg, sh, part, pad, &tied);
@@ -227,6 +227,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     // layer being produced is in flight, beside a tied embedding's buffer,
     // which lives through the whole backward.
     const int64_t big = sorted[0], next = sorted.size() > 1 ? sorted[1] : 0;
+    largest_set = std::max(largest_set, big);
     if (shard == 1)
       reducing = std::max(reducing, tied >= 0 ? big + next : big);
     else if (both_ends && tied >= 0)
@@ -244,6 +245,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   // ZeRO-2/3: f32 shards plus the layers in flight; ZeRO-1 full buffers
   // plus shards; ZeRO-0 full buffers.
   p.gradients = 4 * (zero >= 2 ? shard_sets + reducing : zero == 1 ? all + shard_sets : all);
+  p.gradients_floor = zero >= 2 ? 4 * (shard_sets + largest_set) : p.gradients;
   p.optimizer = (mixed ? 12 : 8) * (zero >= 1 ? shard_sets : all);  // m, v (+ f32 master)
 
   // The backend's workspace: on a GPU, cuDNN's attention backward and the

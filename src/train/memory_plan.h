@@ -47,6 +47,11 @@ PlanPlace plan_layout(const Config& cfg, int64_t world);
 struct MemoryPlan {
   int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
   int64_t workspace = -1;
+  // The gradients' bytes every step's peak holds whatever the reductions'
+  // timing: under ZeRO-2/3 the shards and the largest layer's full buffer
+  // while it is produced (`gradients` is the bound with the layers in
+  // flight); else `gradients` itself.
+  int64_t gradients_floor = 0;
   int64_t total() const { return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0); }
 };
 // One process running the whole model (no parallelism).
