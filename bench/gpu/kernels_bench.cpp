@@ -249,11 +249,32 @@ class Bench {
       // H200: 8x). The backward ran at 87% of the copy rate at 1x but 58% at
       // 4x, and 50% in training at 8x, while the forward held 92-95%
       // (bench/results/gpu-2026-11-27.md): the sweep says where it falls off.
+      // A guess to test: dx and x have one layout, and at 4x their buffers
+      // lie a large power of two apart, so each write may land in the DRAM
+      // bank its neighbours read. Hence two more backward rows: in place
+      // over x (the model's call since this change), and dx at an odd
+      // offset (3 MiB + 5.75 KiB into its buffer).
       for (const int64_t rows : {N, 2 * N, 4 * N, 8 * N}) {
         const Tensor x = rand({rows, 2 * F}, bf, -4, 4), dy = rand({rows, F}, bf);
         Tensor y = empty({rows, F}, bf), dx = empty({rows, 2 * F}, bf);
         time("swiglu_forward", dims({rows, 2 * F}), 3 * rows * F * es, [&] { ops::swiglu_forward(y, x); });
         time("swiglu_backward", dims({rows, 2 * F}), 5 * rows * F * es, [&] { ops::swiglu_backward(dx, dy, x); });
+        dx = Tensor();
+        {
+          Tensor in_place = empty({rows, 2 * F}, bf);
+          ops::copy(in_place, x);
+          // Each run reads the last one's gradients as its input: finite,
+          // the same work.
+          time("swiglu_backward_in_place", dims({rows, 2 * F}), 5 * rows * F * es,
+               [&] { ops::swiglu_backward(in_place, dy, in_place); });
+        }
+        {
+          const int64_t pad = ((3 << 20) + 5 * 1024 + 768) / 2;  // bf16 elements, 16-byte aligned
+          const Tensor padded = empty({pad + rows * 2 * F}, bf);
+          const Tensor shifted = padded.flat_view(pad, Shape{rows, 2 * F});
+          time("swiglu_backward_dx_offset", dims({rows, 2 * F}), 5 * rows * F * es,
+               [&] { ops::swiglu_backward(shifted, dy, x); });
+        }
       }
       Tensor table = Tensor::empty(Shape{m_.T, m_.D / 2, 2}, DType::f32, dev_);
       ops::rope_table(table, m_.D, 500000.0, ops::RopeScaling{});

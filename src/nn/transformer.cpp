@@ -518,8 +518,12 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   }
   a.act = Tensor();
   if (!gelu) {
-    d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
-    ops::swiglu_backward(d_mlp_in, d_act, a.mlp_in);
+    // In place over mlp_in, which nothing reads after this: its storage
+    // lives on as d_mlp_in, so no (N, W) gradient is allocated (and a
+    // kernel that reads and writes the same addresses).
+    d_mlp_in = a.mlp_in;
+    a.mlp_in = Tensor();
+    ops::swiglu_backward(d_mlp_in, d_act, d_mlp_in);
     d_act = Tensor();
   }
   Tensor ln2;

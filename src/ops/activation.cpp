@@ -89,7 +89,7 @@ void swiglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   check_same_dtype(op, "dy", dy, "x", x);
   check_like(op, "dx", dx, "x", x);
   check_device(op, x.device(), {{"dx", &dx}, {"dy", &dy}});
-  check_disjoint(op, "dx", dx, "x", x);
+  check_alias_or_disjoint(op, "dx", dx, "x", x);
   check_disjoint(op, "dx", dx, "dy", dy);
   if (x.device().is_cpu()) return cpu::swiglu_backward(dx, dy, x);
 #if ZT_WITH_CUDA

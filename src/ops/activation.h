@@ -18,7 +18,8 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
 // y must not overlap x.
 void swiglu_forward(const Tensor& y, const Tensor& x);
 // dy: (..., H); dx: (..., 2H) = [dy * up * silu'(gate) | dy * silu(gate)];
-// dx must not overlap x or dy.
+// dx may be x itself (in place: the model's backward, as x is not read after
+// it), and must not otherwise overlap x, nor overlap dy.
 void swiglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 }  // namespace zt::ops

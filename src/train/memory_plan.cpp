@@ -119,10 +119,12 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   ChunkActivations a;
   a.rows = rows_c;
   // The gradients in flight in a block's backward: the residual stream's,
-  // one more of width C, one of the MLP's input width; under sequence
-  // parallelism also a norm's output gathered to all N rows and the (N, C)
-  // partial input gradient before its reduce-scatter.
-  const int64_t gradients = 2 * rows_c + s * N * W + (sequence_parallel ? 2 * s * N * C : 0);
+  // one more of width C, one of the MLP's hidden width F (GPT-2's at the
+  // GeLU's input, Llama's at the SwiGLU's output: its input gradient is
+  // written over mlp_in); under sequence parallelism also a norm's output
+  // gathered to all N rows and the (N, C) partial input gradient before its
+  // reduce-scatter.
+  const int64_t gradients = 2 * rows_c + s * N * F + (sequence_parallel ? 2 * s * N * C : 0);
   const int64_t backward = blocks + ids + rebuilt + gradients;
   // zb's input-gradient pass ends at the first block: the later blocks'
   // held tensors, this block's activations (rebuilt whole under full

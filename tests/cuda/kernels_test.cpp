@@ -129,6 +129,9 @@ TEST_P(CudaKernels, ActivationsForwardAndBackward) {
     ops::swiglu_backward(gds, to_gpu(dy), to_gpu(x));
     EXPECT_TRUE(matches(gs, s, tol(dt), "swiglu y"));
     EXPECT_TRUE(matches(gds, ds, tol(dt), "swiglu dx"));
+    Tensor in_place = to_gpu(x);  // dx over x, as the model calls it: the same bits
+    ops::swiglu_backward(in_place, to_gpu(dy), in_place);
+    EXPECT_EQ(values_of(in_place), values_of(gds)) << "swiglu dx in place";
   }
 }
 

@@ -287,6 +287,11 @@ void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
               p<T>(sdy), p<T>(sx), rows, H);
   EXPECT_TRUE(close(gsy, sy, tol(dt), "swiglu y"));
   EXPECT_TRUE(close(gsdx, sdx, tol(dt), "swiglu dx"));
+  // In place over x (the model's call): the same bits.
+  Tensor in_place = copy_of(sx);
+  emu::launch(dim3(stride_grid(rows * H / V)), actk::kThreads, 0, actk::swiglu_bwd_kernel<T, V>, p<T>(in_place),
+              p<T>(sdy), static_cast<const T*>(p<T>(in_place)), rows, H);
+  EXPECT_EQ(to_f64(in_place), to_f64(gsdx)) << "swiglu dx in place";
 }
 
 // add and scale on n elements, V per load and store (1, or a 16-byte pack: n

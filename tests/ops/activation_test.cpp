@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/device.h"
 #include "test_util.h"
 
 namespace zt {
@@ -244,6 +245,11 @@ TEST(Swiglu, BackwardMatchesReference) {
       poison(dx);
       ops::swiglu_backward(dx, dy, x);
       EXPECT_TRUE(test::all_close(dx, swiglu_grad_ref(to_f64(dy), to_f64(x), N, H), out_rtol(dt), kBwdAtol));
+      // In place (dx = x, as the model calls it): the same bits.
+      const Tensor in_place = Tensor::empty(s, dt);
+      ops::copy(in_place, x);
+      ops::swiglu_backward(in_place, dy, in_place);
+      EXPECT_EQ(to_f64(in_place), to_f64(dx)) << "in place";
     }
 }
 
@@ -405,7 +411,12 @@ TEST(ActivationArgs, SwigluRejectsBadArguments) {
               HasSubstr("swiglu_backward: 'dx' is bf16 but 'x' is f32"));
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(dx, fake_cuda(Shape{4, 3}, DType::f32), x); }),
               HasSubstr("swiglu_backward: 'dy' is on cuda:63"));
-  EXPECT_THAT(error_of([&] { ops::swiglu_backward(x, y, x); }), HasSubstr("swiglu_backward: 'dx'"));
+  {  // dx over x shifted by a row: only in place may they share bytes
+    const Tensor both = Tensor::empty(Shape{30}, DType::f32);
+    const Tensor x2 = both.flat_view(0, Shape{4, 6}), dx2 = both.flat_view(6, Shape{4, 6});
+    EXPECT_THAT(error_of([&] { ops::swiglu_backward(dx2, y, x2); }),
+                HasSubstr("swiglu_backward: 'dx' f32(4, 6) on cpu partially overlaps 'x'"));
+  }
   EXPECT_THAT(error_of([&] { ops::swiglu_backward(dx, dx.flatten().flat_view(0, Shape{4, 3}), x); }),
               HasSubstr("swiglu_backward: 'dx' f32(4, 6) on cpu overlaps 'dy'"));
 }
