@@ -13,9 +13,10 @@
 // blocks on the SM keep loading meanwhile. Pass 2 re-reads the row: from the
 // L2 when the R x SMs rows in flight fit there (4 bytes moved per bf16
 // element), else from device memory (6). Measured (bench/results/): R = 1
-// with 4 packs ahead per thread ran at 31-34% of the H200's copy rate; R = 4
-// with one (then a block per row) at about 93% of the H100's, counting 6
-// bytes. The kernel bench times every R (cross_entropy_fused_rows<R>).
+// with 4 packs ahead per thread ran at 31-34% of the H200's copy rate; the
+// kernel before it (a block per row, 4 resident per SM, a pack per thread:
+// R = 4's occupancy) at about 93% of the H100's, counting 6 bytes. The
+// kernel bench times every R (cross_entropy_fused_rows<R>).
 //
 // Rows are swept in packs of V elements (V = 1, or kPack16<T> when the launch
 // checked that 16-byte packs tile the rows: one 128-bit memory instruction
