@@ -3,12 +3,13 @@
 // rows); the kernels are in cross_entropy_kernels.cuh.
 #include "backend/cuda/cross_entropy.h"
 
-#include <cstdlib>
-#include <string>
-#include <string_view>
+#include <algorithm>
+#include <iterator>
+#include <optional>
 
 #include "backend/cuda/cross_entropy_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "core/env.h"
 
 namespace zt::cuda {
 
@@ -20,13 +21,11 @@ using namespace ce_kernels;
 
 int classifier_rows_per_sm() {
   static const int rows = [] {
-    const char* env = std::getenv("ZT_CUDA_CE_ROWS");
-    const std::string_view v = env ? env : "";
-    if (v.empty() || v == "auto") return kDefaultRowsPerSm;
-    for (const int r : kRowsPerSmChoices)
-      if (v == std::to_string(r)) return r;
-    ZT_FAIL("ZT_CUDA_CE_ROWS = '", v, "' is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it to "
-            "let Zettatron choose");
+    const std::optional<int64_t> v = env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
+    if (!v) return kDefaultRowsPerSm;
+    ZT_CHECK(std::ranges::find(kRowsPerSmChoices, *v) != std::end(kRowsPerSmChoices), "ZT_CUDA_CE_ROWS = ", *v,
+             " is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it for the default");
+    return int(*v);
   }();
   return rows;
 }
