@@ -247,7 +247,12 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   // ZeRO-2/3: f32 shards plus the layers in flight; ZeRO-1 full buffers
   // plus shards; ZeRO-0 full buffers.
   p.gradients = 4 * (zero >= 2 ? shard_sets + reducing : zero == 1 ? all + shard_sets : all);
-  p.gradients_floor = zero >= 2 ? 4 * (shard_sets + largest_set) : p.gradients;
+  // What no reduction timing goes below: a shard group of one reduces with
+  // no communication (its buffers in flight are `reducing` exactly); a
+  // larger one allocates the largest layer's reduce-scatter result while its
+  // full buffer lives (data_parallel.cpp).
+  const int64_t certain = shard == 1 ? reducing : largest_set + largest_set / shard;
+  p.gradients_floor = zero >= 2 ? 4 * (shard_sets + certain) : p.gradients;
   p.optimizer = (mixed ? 12 : 8) * (zero >= 1 ? shard_sets : all);  // m, v (+ f32 master)
 
   // The backend's workspace: on a GPU, cuDNN's attention backward and the

@@ -48,9 +48,10 @@ struct MemoryPlan {
   int64_t weights = 0, gradients = 0, optimizer = 0, activations = 0;
   int64_t workspace = -1;
   // The gradients' bytes every step's peak holds whatever the reductions'
-  // timing: under ZeRO-2/3 the shards and the largest layer's full buffer
-  // while it is produced (`gradients` is the bound with the layers in
-  // flight); else `gradients` itself.
+  // timing: under ZeRO-2/3 the shards plus the largest layer's full buffer
+  // beside its reduce-scatter result (`gradients` is the bound with the
+  // layers in flight); with a shard group of one, or below ZeRO-2,
+  // `gradients` itself.
   int64_t gradients_floor = 0;
   int64_t total() const { return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0); }
 };

@@ -444,7 +444,8 @@ TEST(CudaLinear, BackwardMatchesCpu) {
 TEST(CudaLinear, WeightGradientChunksFollowTheOccupancyModel) {
   EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 16384, 132), 2);  // 2 and 8 tie at 48/99: the fewer
   EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 12288, 132), 3);  // rows of 3 x 4096: 2, 3, 4 or 6 chunks divide
-  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 16384, 108), 2);  // an A100's SMs: 2 (36 x 2 = 72 tiles of 108)
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 20480, 132), 10);  // 360 of 396 tiles, partials 0.5: 0.606
+  EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 20480, 108), 5);   // an A100's SMs: 180 of 216, partials 0.25: 0.667
   EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 131072, 132), 1);   // GPT-2 at micro-batch 128: one product
   EXPECT_EQ(cuda::wgrad_chunks_for(768, 768, 32768, 132), 1);    // the first row count of one product
   EXPECT_EQ(cuda::wgrad_chunks_for(512, 2048, 32768, 132), 1);   // Llama 1B's k and v at micro-batch 32

@@ -105,7 +105,8 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
       if (cfg.parallel.zero_stage >= 2) {
         // The layers in flight are a bound (the back-pressure's): a
         // reduction that finishes before the next buffer is made holds less,
-        // but never less than the shards and the largest layer's buffer.
+        // but never less than the shards and the largest layer's buffer
+        // beside its reduce-scatter result.
         EXPECT_LE(peak(MemCategory::grads), 1.005 * double(plan.gradients)) << what;
         EXPECT_GE(peak(MemCategory::grads), 0.995 * double(plan.gradients_floor)) << what;
         EXPECT_LE(plan.gradients_floor, plan.gradients) << what;
