@@ -192,9 +192,9 @@ class Bench {
 
   // The weight gradients with few output tiles (matmul.h, wgrad_row_chunks)
   // at `rows` (16384, and a training run's: GPT-2 at micro-batch 128, Llama
-  // at 32), over the row-chunk counts: the data to check its occupancy model against. Op
-  // "<layer>.wgrad_chunks<n>", "*" after the count the rule picks; the peer
-  // times the same dW in one product.
+  // at 32), over the row-chunk counts: the data to check its occupancy
+  // model against. Op "<layer>.wgrad_chunks<n>", "*" after the count the
+  // rule picks; the peer times the same dW in one product.
   void run_wgrad_chunks([[maybe_unused]] int64_t rows) {
 #ifdef ZT_WITH_CUDA
     if (!dev_.is_cuda()) return;
