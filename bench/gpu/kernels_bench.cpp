@@ -228,20 +228,30 @@ class Bench {
            [&] { ops::norm_forward(kind, y, mean, rstd, x, w, b, 1e-5f); });
       time("residual_" + std::string(norm) + "_forward", dims({N, C}), 4 * N * C * es,
            [&] { ops::residual_norm_forward(kind, r_out, y, mean, rstd, r_in, x, w, b, 1e-5f); });
-      const Tensor dy = rand({N, C}, bf), dres = rand({N, C}, bf);
-      Tensor dx = empty({N, C}, bf), dw = zeros({C}), db = m_.llama ? Tensor() : zeros({C});
+      time("add", dims({N, C}), 3 * N * C * es, [&] { ops::add(y, x, r_in); });
+    }
+    // The backward with the residual gradient added, at the bench's rows and
+    // at a training run's (micro-batch 128 / 64 on an H200: 8x), where its
+    // time per row is what the step sees.
+    for (const int64_t rows : {N, 8 * N}) {
+      if (!dev_.is_cuda() && rows > N) break;
+      const Tensor x = rand({rows, C}, bf), w = rand({C}, bf, 0.5f, 1.5f), b = m_.llama ? Tensor() : rand({C}, bf);
+      Tensor y = empty({rows, C}, bf), rstd = empty({rows}, DType::f32);
+      Tensor mean = m_.llama ? Tensor() : empty({rows}, DType::f32);
+      ops::norm_forward(kind, y, mean, rstd, x, w, b, 1e-5f);  // the statistics the backward reads
+      const Tensor dy = rand({rows, C}, bf), dres = rand({rows, C}, bf);
+      Tensor dx = empty({rows, C}, bf), dw = zeros({C}), db = m_.llama ? Tensor() : zeros({C});
       // dy, x and the residual gradient read, dx written (dw, db: C each).
-      time(std::string(norm) + "_backward", dims({N, C}), 4 * N * C * es,
-           [&] { ops::norm_backward(kind, dx, dw, db, dy, r_out, w, mean, rstd, dres); });
+      time(std::string(norm) + "_backward", dims({rows, C}), 4 * rows * C * es,
+           [&] { ops::norm_backward(kind, dx, dw, db, dy, x, w, mean, rstd, dres); });
 #ifdef ZT_WITH_CUDA
       // The A/B of the one-pass backward the row above takes where it fits.
       if (dev_.is_cuda())
-        time(std::string(norm) + "_backward_two_pass", dims({N, C}), 4 * N * C * es, [&] {
-          cuda::norm_backward(m_.llama, dx, dw, db, dy, r_out, w, mean, rstd, dres, false,
+        time(std::string(norm) + "_backward_two_pass", dims({rows, C}), 4 * rows * C * es, [&] {
+          cuda::norm_backward(m_.llama, dx, dw, db, dy, x, w, mean, rstd, dres, false,
                               cuda::NormBackwardKernel::two_pass);
         });
 #endif
-      time("add", dims({N, C}), 3 * N * C * es, [&] { ops::add(y, x, r_in); });
     }
     if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place, and the qkv split
       const int64_t F = m_.F;

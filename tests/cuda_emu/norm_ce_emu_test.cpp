@@ -36,22 +36,33 @@ namespace ck = cuda::ce_kernels;
 
 using namespace emu_util;
 
-// The one-pass backward launched as norm.cu launches it (P packs per lane,
-// kDb with a bias gradient), into dx and the per-block partials.
-template <typename T, int V, int P, bool kDb>
-void fused_backward_on_emulator(const Tensor& dx, const Tensor& pdw, const Tensor& pdb, bool rms, const Tensor& dy,
-                                const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                const Tensor& dx_add, int64_t N, int64_t C) {
-  const int64_t per_block = nk::fused_rows(N), blocks = (N + per_block - 1) / per_block;
-  emu::launch(dim3(unsigned(blocks)), nk::kRowWarps * 32, 0, nk::norm_backward_fused_kernel<T, V, P, kDb>, rms,
-              p<T>(dx), p<float>(pdw), p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)),
-              static_cast<const T*>(p<T>(w)), static_cast<const float*>(p<float>(mean)),
-              static_cast<const float*>(p<float>(rstd)), static_cast<const T*>(p<T>(dx_add)), N, C, per_block);
+// The one-pass backward launched as norm.cu launches it (Q packs per lane,
+// kDb with a bias gradient) on `blocks` blocks, then its second stage into
+// copies of dw0 / db0 (f32 gradients; overwrite: poisoned copies, not read).
+template <typename T, int V, int Q, bool kDb>
+void fused_backward_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool rms, const Tensor& dy, const Tensor& x,
+                                const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                                const Tensor& dw0, const Tensor& db0, int64_t blocks, bool overwrite) {
+  const int64_t N = x.size(0), C = x.size(1), width = (kDb ? 2 : 1) * C;
+  const Tensor partials = poisoned(Shape{blocks, width}, DType::f32);
+  emu::launch(dim3(unsigned(blocks)), nk::kBackwardWarps * 32, nk::backward_shared_bytes(Q, V, kDb),
+              nk::norm_backward_fused_kernel<T, V, Q, kDb>, rms, p<T>(dx), p<float>(partials),
+              static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)), static_cast<const T*>(p<T>(w)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
+              static_cast<const T*>(p<T>(dx_add)), N, C);
+  dw = overwrite ? poisoned(dw0.shape(), DType::f32) : copy_of(dw0);
+  db = !kDb ? Tensor() : overwrite ? poisoned(db0.shape(), DType::f32) : copy_of(db0);
+  emu::launch(dim3(unsigned((width / 4 + nk::kFinishCols - 1) / nk::kFinishCols)),
+              dim3(nk::kFinishCols, nk::kFinishLanes), 0, nk::norm_partials_finish_kernel<float>,
+              static_cast<const float*>(p<float>(partials)), blocks, C, kDb, p<float>(dw), p<float>(db), overwrite);
 }
 
 // The fused backward where norm.cu takes it (16-byte packs, a width
-// fused_packs_per_lane takes): dx, dw and db against the CPU's; dx in place
-// over dx_add with the bits of dx out of place. (Its dx may differ from the
+// backward_packs_per_lane takes): dx, dw and db against the CPU's on the
+// block count norm.cu would launch on a GPU holding 3 blocks at once, on one
+// block, and on so many blocks that some warps get no row; dx in place over
+// dx_add with the bits of dx out of place; dw and db overwritten (the
+// partials' sums alone) as well as added. (Its dx may differ from the
 // two-pass kernel's in the last place: the compiler contracts multiply-adds
 // in each kernel its own way.)
 template <typename T, int V>
@@ -59,31 +70,48 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
                          const Tensor& rstd, const Tensor& dx_add, const Tensor& dw0, const Tensor& db0,
                          const Tensor& want_dx, const Tensor& want_dw, const Tensor& want_db) {
   const int64_t N = x.size(0), C = x.size(1);
-  const int P = nk::fused_packs_per_lane(C / V, !rms);
-  if (P == 0) return;
-  const int64_t per_block = nk::fused_rows(N), blocks = (N + per_block - 1) / per_block;
+  const int Q = nk::backward_packs_per_lane(C / V);
+  if (Q == 0) return;
   const DType dt = x.dtype();
+  // The sums alone, for the overwrite: want - dw0.
+  auto minus = [](const Tensor& a, const Tensor& b) {
+    std::vector<double> d = to_f64(a);
+    const std::vector<double> bv = to_f64(b);
+    for (size_t i = 0; i < d.size(); ++i) d[i] -= bv[i];
+    return d;
+  };
+  const std::vector<double> sums_dw = minus(want_dw, dw0), sums_db = rms ? std::vector<double>() : minus(want_db, db0);
+  const int64_t sparse = (N + 4) / 5;  // 5 rows a block: warps 5-7 have none
   Tensor out_of_place;
-  for (const bool in_place : {false, true}) {
-    SCOPED_TRACE(in_place ? "fused, dx over dx_add" : "fused");
-    Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
-    const Tensor add = in_place ? dx : dx_add;
-    Tensor pdw = poisoned(Shape{blocks, C}, DType::f32), pdb = rms ? Tensor() : poisoned(Shape{blocks, C}, DType::f32);
-    nk::with_fused_shape(P, !rms, [&](auto p_tag, auto db_tag) {
-      fused_backward_on_emulator<T, V, decltype(p_tag)::value, decltype(db_tag)::value>(dx, pdw, pdb, rms, dy, x, w,
-                                                                                         mean, rstd, add, N, C);
-    });
-    EXPECT_TRUE(close(dx, want_dx, tol(dt), "dx"));
-    if (in_place) {
-      EXPECT_EQ(to_f64(dx), to_f64(out_of_place)) << "dx written over dx_add";
-    } else {
-      out_of_place = dx;
+  for (const int64_t blocks : {nk::backward_blocks(N, 3), int64_t(1), sparse})
+    for (const bool in_place : {false, true}) {
+      const bool overwrite = in_place;
+      SCOPED_TRACE(::testing::Message() << "fused on " << blocks << " blocks" << (in_place ? ", dx over dx_add" : "")
+                                        << (overwrite ? ", dw/db overwritten" : ""));
+      Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
+      const Tensor add = in_place ? dx : dx_add;
+      Tensor dw, db;
+      nk::with_backward_packs(Q, [&](auto q_tag) {
+        constexpr int kQ = decltype(q_tag)::value;
+        if (rms) {
+          fused_backward_on_emulator<T, V, kQ, false>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
+                                                      overwrite);
+        } else {
+          fused_backward_on_emulator<T, V, kQ, true>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
+                                                     overwrite);
+        }
+      });
+      EXPECT_TRUE(close(dx, want_dx, tol(dt), "dx"));
+      if (out_of_place.defined()) {
+        EXPECT_EQ(to_f64(dx), to_f64(out_of_place)) << "dx the same on any grid, in place or not";
+      } else {
+        out_of_place = dx;
+      }
+      EXPECT_TRUE(rel_error_within(dw, overwrite ? sums_dw : to_f64(want_dw), 1e-5, "dw"));
+      if (!rms) {
+        EXPECT_TRUE(rel_error_within(db, overwrite ? sums_db : to_f64(want_db), 1e-5, "db"));
+      }
     }
-    EXPECT_TRUE(close(colsum_on_emulator<float, 1>(pdw, dw0), want_dw, 1e-5, "dw"));
-    if (!rms) {
-      EXPECT_TRUE(close(colsum_on_emulator<float, 1>(pdb, db0), want_db, 1e-5, "db"));
-    }
-  }
 }
 
 // V elements per load (1, or a 16-byte pack: C a multiple of V), as norm.cu
@@ -266,11 +294,12 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   norm_case<float, 1>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
   norm_case<float, kF32Pack>(ops::NormKind::layernorm, 70, 300, false, DType::f32, rng);
   // dw / db partials over several chunks (colsum_kernels::chunk_rows): 600
-  // rows are chunks of 256, 256 and 88 rows; for the fused backward, 19
-  // blocks of 32 rows (4 per warp), the last of 24.
+  // rows are chunks of 256, 256 and 88 rows; the fused backward's 264
+  // columns are 33 packs, 2 per lane (lanes 1-31 hold one).
   norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 600, 264, true, DType::bf16, rng);
   // RMSNorm over 256 packs: the fused backward's 8 packs per lane (and the
-  // forward's 8 held in registers); over 512, the forward re-reads them.
+  // forward's 8 held in registers); over 512, the forward re-reads them and
+  // the backward takes two passes.
   norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::rmsnorm, 16, 2048, true, DType::bf16, rng);
   norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::rmsnorm, 3, 4096, true, DType::bf16, rng);
   for (const auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm})

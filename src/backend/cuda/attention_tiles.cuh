@@ -10,13 +10,7 @@
 
 #include <cstdint>
 
-#include "backend/cuda/cuda_common.cuh"  // to_f32 / from_f32
-
-#ifndef ZT_SHARED_MEMORY
-// The block's dynamic shared memory as `unsigned char name[]`, 128-byte
-// aligned (WMMA wants 32). The warp emulator defines its own.
-#define ZT_SHARED_MEMORY(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
+#include "backend/cuda/cuda_common.cuh"  // to_f32 / from_f32, ZT_SHARED_MEMORY
 
 namespace zt::cuda::attn {
 

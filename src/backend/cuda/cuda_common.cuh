@@ -15,6 +15,12 @@
 #include "core/error.h"
 #include "core/tensor.h"
 
+#ifndef ZT_SHARED_MEMORY
+// The block's dynamic shared memory as `unsigned char name[]`, 128-byte
+// aligned (WMMA wants 32). The warp emulator defines its own.
+#define ZT_SHARED_MEMORY(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 // Every CUDA runtime call is checked; the error names the call and where.
 #define ZT_CUDA_CHECK(expr)                                                                           \
   do {                                                                                                \
@@ -52,6 +58,12 @@ int num_sms(Device device);
 int64_t l2_cache_bytes(Device device);
 // Shared memory one block may use after opting in (bytes; 227 KiB on H100).
 int max_shared_optin(Device device);
+// How many blocks of `kernel` (a __global__ function) with `threads` threads
+// and `shared_bytes` of dynamic shared memory one multiprocessor of `device`
+// holds at once (the occupancy calculator; cached per kernel, shape and
+// device). Sets the kernel's dynamic shared memory limit to shared_bytes
+// first, which launches above 48 KiB need.
+int resident_blocks_per_sm(const void* kernel, int threads, size_t shared_bytes, Device device);
 // cuBLASLt handle of the device, and a workspace of cublaslt_workspace_bytes()
 // (runtime.h) on it.
 cublasLtHandle_t cublaslt_handle(Device device);

@@ -1,7 +1,8 @@
 // CUDA LayerNorm / RMSNorm forward and backward: the launches (16-byte packs
 // where they fit the rows); the kernels are in norm_kernels.cuh. The backward
-// is one pass where its sums fit in registers, else two (dw / db partials,
-// then dx); the partials are summed deterministically either way.
+// is one pass where a row fits its lanes' registers (dx and per-block dw / db
+// partials, then their sum), else two (dw / db partials, then dx); the
+// partials are summed deterministically either way.
 #include "backend/cuda/norm.h"
 
 #include <cstdlib>
@@ -79,36 +80,51 @@ bool fused_allowed() {
   return allowed;
 }
 
-// The one-pass backward (norm_backward_fused_kernel) when its sums fit in
-// registers: weights of the activations' dtype, 16-byte packs, and
-// fused_packs_per_lane's width (LayerNorm up to C = 1024 in bf16, RMSNorm up
-// to 2048). Returns false, having done nothing, otherwise.
+// The one-pass backward (norm_backward_fused_kernel, then
+// norm_partials_finish_kernel) where a row fits its lanes' registers: weights
+// of the activations' dtype, 16-byte packs, and at most 8 packs a lane
+// (backward_packs_per_lane: C up to 2048 in bf16, 1024 in f32). Returns
+// false, having done nothing, otherwise (also for a db of another dtype than
+// dw: one second-stage kernel writes both).
 bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                     const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add, bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
-  if (w.dtype() != x.dtype() || !fused_allowed()) return false;
+  if (w.dtype() != x.dtype() || (db.defined() && db.dtype() != dw.dtype()) || !fused_allowed()) return false;
   bool done = false;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     constexpr int V = kPack16<T>;
     T* dxp = static_cast<T*>(dx.data_ptr());
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     const T *wp = static_cast<const T*>(w.data_ptr()), *addp = ptr_or_null<T>(dx_add);
-    const int P = fused_packs_per_lane(C / V, db.defined());
-    if (P == 0 || !row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp)) return;
-    const int64_t per_block = fused_rows(N), blocks = (N + per_block - 1) / per_block;
-    Tensor pdw = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
-    Tensor pdb = db.defined() ? Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace)
-                              : Tensor();
+    const int Q = backward_packs_per_lane(C / V);
+    if (Q == 0 || !row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp)) return;
+    const bool with_db = db.defined();
     cudaStream_t s = stream_of(dx);
-    with_fused_shape(P, db.defined(), [&](auto p_tag, auto db_tag) {
-      constexpr bool kDb = decltype(db_tag)::value;
-      norm_backward_fused_kernel<T, V, decltype(p_tag)::value, kDb><<<unsigned(blocks), kRowWarps * 32, 0, s>>>(
-          rms, dxp, pdw.data<float>(), kDb ? pdb.data<float>() : nullptr, dyp, xp, wp, f32_or_null(mean),
-          rstd.data<float>(), addp, N, C, per_block);
+    Tensor partials;
+    int64_t blocks = 0;
+    with_backward_packs(Q, [&](auto q_tag) {
+      constexpr int kQ = decltype(q_tag)::value;
+      auto launch = [&](auto kernel) {
+        const size_t smem = backward_shared_bytes(kQ, V, with_db);
+        constexpr int kThreads = kBackwardWarps * 32;
+        const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem, x.device());
+        blocks = backward_blocks(N, int64_t(per_sm) * num_sms(x.device()));
+        partials = Tensor::empty(Shape{blocks, (with_db ? 2 : 1) * C}, DType::f32, x.device(), MemCategory::workspace);
+        kernel<<<unsigned(blocks), kThreads, smem, s>>>(rms, dxp, partials.data<float>(), dyp, xp, wp,
+                                                        f32_or_null(mean), rstd.data<float>(), addp, N, C);
+      };
+      if (with_db) launch(norm_backward_fused_kernel<T, V, kQ, true>);
+      else launch(norm_backward_fused_kernel<T, V, kQ, false>);
     });
     ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
-    colsum_accumulate(dw, pdw, blocks, C, overwrite);
-    if (db.defined()) colsum_accumulate(db, pdb, blocks, C, overwrite);
+    const int64_t width = (with_db ? 2 : 1) * C;
+    ZT_CUDA_DISPATCH_FLOAT(dw.dtype(), "norm_backward", [&] {
+      norm_partials_finish_kernel<T><<<unsigned((width / 4 + kFinishCols - 1) / kFinishCols),
+                                       dim3(kFinishCols, kFinishLanes), 0, s>>>(
+          partials.data<float>(), blocks, C, with_db, static_cast<T*>(dw.data_ptr()),
+          with_db ? static_cast<T*>(db.data_ptr()) : nullptr, overwrite);
+    });
+    ZT_CUDA_CHECK_LAUNCH("norm_partials_finish_kernel");
     done = true;
   });
   return done;

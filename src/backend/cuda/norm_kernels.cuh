@@ -174,15 +174,14 @@ __device__ __forceinline__ void add_dx_sums(float& sg, float& sgx, const Pack<T,
 }
 
 // A row's dx means, mg = mean(g) (0 for RMSNorm) and mgx = mean(g * xhat):
-// each lane's packs (for_lane_packs<P>) through add_dx_sums, then warp sums.
-template <int P, typename T, typename W, int V>
+// each lane's packs l, l + 32, ... through add_dx_sums, then warp sums.
+template <typename T, typename W, int V>
 __device__ __forceinline__ void row_dx_means(bool rms, int lane, int64_t C, const T* dyr, const T* xr, const W* w,
                                              float mu, float rs, float& mg, float& mgx) {
   float sg = 0.0f, sgx = 0.0f;
-  for_lane_packs<P>(lane, C / V, [&](int, int64_t j) {
+  for (int64_t j = lane; j < C / V; j += 32)
     add_dx_sums<T, W, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
                          load_pack<W, V>(w + j * V), mu, rs);
-  });
   mg = rms ? 0.0f : warp_sum(sg) / float(C);
   mgx = warp_sum(sgx) / float(C);
 }
@@ -221,7 +220,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   const T* xr = x + row * C;
   const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
   float mg, mgx;
-  row_dx_means<0, T, W, V>(rms, lane, C, dyr, xr, w, mu, rs, mg, mgx);
+  row_dx_means<T, W, V>(rms, lane, C, dyr, xr, w, mu, rs, mg, mgx);
   T* dxr = dx + row * C;
   const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
   for (int64_t j = lane; j < packs; j += 32) {
@@ -232,105 +231,219 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// The backward in one pass over the rows (dy and x read once from device
-// memory, not twice): block b takes rows [b * R, (b + 1) * R), R = per_block
-// (fused_rows); warp w its rows w, w + kRowWarps, ... in order, each computing
-// dx with norm_dx_kernel's arithmetic (the last place may differ: each kernel
-// has its own multiply-add contractions) while lane l adds the row's
-// dy * xhat and dy into its dw / db sums of packs l, l + 32, ..., l + 32 (P - 1). The warps then add their sums into shared memory in warp
-// order, and the block writes its partials: pdw, pdb (blocks, C) f32, summed
-// over the blocks by colsum.h. Every order depends on the shape alone.
-// Requires C / V <= 32 P (V: 16-byte packs of T; weights of type T).
-template <typename T, int V, int P, bool kDb>
-__global__ void __launch_bounds__(kRowWarps * 32)
-    norm_backward_fused_kernel(bool rms, T* dx, float* pdw, float* pdb, const T* dy, const T* x, const T* w,
-                               const float* mean, const float* rstd, const T* dx_add, int64_t N, int64_t C,
-                               int64_t per_block) {
-  __shared__ float block_dw[32 * P * V], block_db[kDb ? 32 * P * V : 1];
+// The backward in one pass: dy, x and dx_add leave device memory once, dx is
+// written once, and the dw / db sums never leave the SM until the block ends.
+//
+// Grid: G blocks (the GPU's resident capacity, backward_blocks), block b
+// taking the rows [b N / G, (b + 1) N / G); warp w of a block its rows w,
+// w + kBackwardWarps, ... in order. A warp loads its row's dy, x and dx_add
+// packs into registers at once (lane l: packs l, l + 32, ..., Q per lane),
+// so a row costs one trip to device memory and every warp of the SM keeps
+// a whole row in flight; the statistics are warp shuffles, dx is computed
+// from the registers (so dx may be dy or dx_add: a row is read before it is
+// written) with norm_dx_kernel's arithmetic (the last place may differ: each
+// kernel has its own multiply-add contractions).
+//
+// dw / db: each warp adds its rows' dy * xhat (and dy) into its own f32
+// region of shared memory, lane l owning the columns of its packs, laid out
+// float4 slot (q * V / 4 + h) * 32 + l so a warp's accesses hit 32 distinct
+// banks; no atomics, no registers held across rows. At the end the block
+// adds its warps' regions in warp order and writes its partials row:
+// partials (G, C) f32, or (G, 2C) with the db sums in columns C.., which
+// norm_partials_finish_kernel adds over the blocks in block order. Every
+// order depends on the shape and G alone: the same bits on every run on one
+// GPU. Requires 16-byte packs (V = kPack16<T>) and C / V <= 32 Q; weights of
+// type T. Dynamic shared memory: backward_shared_bytes.
+constexpr int kBackwardWarps = 8;
+
+// Packs per lane Q for rows of `packs` 16-byte packs: the least of 1, 2, 3,
+// 4, 6, 8 with 32 Q >= packs (a bf16 row of up to 2048, an f32 one of up to
+// 1024); 0 for wider rows (the two-pass backward). GPT-2's 768 bf16: 3.
+inline int backward_packs_per_lane(int64_t packs) {
+  for (const int Q : {1, 2, 3, 4, 6, 8})
+    if (packs <= 32 * int64_t(Q)) return Q;
+  return 0;
+}
+
+// Calls f(std::integral_constant<int, Q>{}) for a nonzero
+// backward_packs_per_lane.
+template <typename F>
+void with_backward_packs(int Q, F&& f) {
+  using std::integral_constant;
+  switch (Q) {
+    case 1: return f(integral_constant<int, 1>{});
+    case 2: return f(integral_constant<int, 2>{});
+    case 3: return f(integral_constant<int, 3>{});
+    case 4: return f(integral_constant<int, 4>{});
+    case 6: return f(integral_constant<int, 6>{});
+    default: return f(integral_constant<int, 8>{});
+  }
+}
+
+// The one-pass kernel's shared memory (bytes): per warp, 32 Q V f32 sums for
+// dw, as many again for db.
+inline size_t backward_shared_bytes(int Q, int V, bool db) {
+  return size_t(kBackwardWarps) * (db ? 2 : 1) * size_t(32 * Q * V) * sizeof(float);
+}
+
+// Its block count: `resident` (the blocks the GPU holds at once, so every
+// block runs from the start and none waits for a second wave), but no more
+// than gives each warp 4 rows.
+inline int64_t backward_blocks(int64_t rows, int64_t resident) {
+  const int64_t most = (rows + 4 * kBackwardWarps - 1) / (4 * kBackwardWarps);
+  return resident < most ? (resident > 0 ? resident : 1) : most;
+}
+
+// Makes the compiler forget what it knows of a pack's registers, so that it
+// converts the packed values to f32 again where they are used next rather
+// than holding the f32 copies of a whole row (twice the registers) across the
+// statistics' shuffles. No code; nothing in the emulator.
+template <typename T, int V>
+__device__ __forceinline__ void keep_packed(Pack<T, V>& p) {
+#ifndef ZT_WARP_EMULATION
+  static_assert(sizeof(p) % 4 == 0, "a pack of whole 32-bit registers");
+  uint32_t* words = reinterpret_cast<uint32_t*>(&p);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(p) / 4); ++i) asm volatile("" : "+r"(words[i]));
+#else
+  (void)p;
+#endif
+}
+
+template <typename T, int V, int Q, bool kDb>
+__global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
+    norm_backward_fused_kernel(bool rms, T* dx, float* partials, const T* dy, const T* x, const T* w,
+                               const float* mean, const float* rstd, const T* dx_add, int64_t N, int64_t C) {
+  static_assert(V % 4 == 0, "a pack is whole float4 slots");
+  constexpr int kSlots = Q * V / 4;              // float4 slots per lane and sum
+  constexpr int kSums = kDb ? 2 : 1;             // dw, and db
+  // dx_add's packs load with the row's up to 4 packs a lane; wider rows
+  // load them after the statistics, keeping under 128 registers.
+  constexpr bool kHoldAdd = Q <= 4;
+  ZT_SHARED_MEMORY(smem_bytes);
+  float4* const sums = reinterpret_cast<float4*>(smem_bytes);  // [warp][sum][slot][lane]
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  float4* const mine = sums + int64_t(warp) * kSums * kSlots * 32 + lane;
+#pragma unroll
+  for (int s = 0; s < kSums * kSlots; ++s) mine[s * 32] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const int64_t packs = C / V;
-  const int64_t r0 = int64_t(blockIdx.x) * per_block, r1 = min(N, r0 + per_block);
-  float sw[P][V] = {}, sb[kDb ? P : 1][V] = {};
-  for (int64_t row = r0 + warp; row < r1; row += kRowWarps) {
+  const int64_t r0 = int64_t(blockIdx.x) * N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
+  for (int64_t row = r0 + warp; row < r1; row += kBackwardWarps) {
     const T* dyr = dy + row * C;
     const T* xr = x + row * C;
-    const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
-    float mg, mgx;
-    row_dx_means<P, T, T, V>(rms, lane, C, dyr, xr, w, mu, rs, mg, mgx);
-    T* dxr = dx + row * C;
     const T* addr = dx_add != nullptr ? dx_add + row * C : nullptr;
+    Pack<T, V> dv[Q], xv[Q], av[kHoldAdd ? Q : 1];
 #pragma unroll
-    for (int q = 0; q < P; ++q) {
+    for (int q = 0; q < Q; ++q) {
       const int64_t j = lane + 32 * q;
-      if (j >= packs) break;
-      const Pack<T, V> dv = load_pack<T, V>(dyr + j * V), xv = load_pack<T, V>(xr + j * V);
-      const Pack<T, V> out = dx_pack<T, T, V>(dv, xv, load_pack<T, V>(w + j * V),
-                                              load_pack_or_zero<T, V>(addr, j * V), addr != nullptr, mu, rs, mg, mgx);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float gy = to_f32(dv.v[k]);
-        sw[q][k] += gy * ((to_f32(xv.v[k]) - mu) * rs);
-        if constexpr (kDb) sb[q][k] += gy;
+      dv[q] = xv[q] = Pack<T, V>{};
+      if constexpr (kHoldAdd) av[q] = Pack<T, V>{};
+      if (j < packs) {
+        dv[q] = load_pack<T, V>(dyr + j * V);
+        xv[q] = load_pack<T, V>(xr + j * V);
+        if constexpr (kHoldAdd) av[q] = load_pack_or_zero<T, V>(addr, j * V);
       }
-      store_pack<T, V>(dxr + j * V, out);
     }
-  }
-  // The warps' sums into shared memory, warp 0 first (0 + s is exact).
-  for (int turn = 0; turn < kRowWarps; ++turn) {
-    if (warp == turn) {
+    const float mu = rms ? 0.0f : mean[row], rs = rstd[row];
+    // The dx sums (add_dx_sums' order) and, from the same products, the
+    // lane's dw / db sums.
+    float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
-      for (int q = 0; q < P; ++q) {
-        const int64_t j = lane + 32 * q;
-        if (j >= packs) break;
+    for (int q = 0; q < Q; ++q) {
+      const int64_t j = lane + 32 * q;
+      if (j >= packs) continue;
+      const Pack<T, V> wv = load_pack<T, V>(w + j * V);
 #pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const int64_t c = j * V + k;
-          block_dw[c] = (turn == 0 ? 0.0f : block_dw[c]) + sw[q][k];
-          if constexpr (kDb) block_db[c] = (turn == 0 ? 0.0f : block_db[c]) + sb[q][k];
+      for (int h = 0; h < V / 4; ++h) {
+        float gy[4], gx[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int k = 4 * h + e;
+          gy[e] = to_f32(dv[q].v[k]);
+          const float g = gy[e] * to_f32(wv.v[k]);
+          const float xhat = (to_f32(xv[q].v[k]) - mu) * rs;
+          sg += g;
+          sgx += g * xhat;
+          gx[e] = gy[e] * xhat;
+        }
+        float4* dw_slot = mine + (q * (V / 4) + h) * 32;
+        float4 a = *dw_slot;
+        a.x += gx[0], a.y += gx[1], a.z += gx[2], a.w += gx[3];
+        *dw_slot = a;
+        if constexpr (kDb) {
+          float4* db_slot = dw_slot + kSlots * 32;
+          float4 b = *db_slot;
+          b.x += gy[0], b.y += gy[1], b.z += gy[2], b.w += gy[3];
+          *db_slot = b;
         }
       }
     }
-    __syncthreads();
+    const float mg = rms ? 0.0f : warp_sum(sg) / float(C), mgx = warp_sum(sgx) / float(C);
+    T* dxr = dx + row * C;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const int64_t j = lane + 32 * q;
+      if (j >= packs) continue;
+      keep_packed(dv[q]);
+      keep_packed(xv[q]);
+      const Pack<T, V> add = kHoldAdd ? av[kHoldAdd ? q : 0] : load_pack_or_zero<T, V>(addr, j * V);
+      store_pack<T, V>(dxr + j * V, dx_pack<T, T, V>(dv[q], xv[q], load_pack<T, V>(w + j * V), add,
+                                                     addr != nullptr, mu, rs, mg, mgx));
+    }
   }
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    pdw[int64_t(blockIdx.x) * C + c] = block_dw[c];
-    if constexpr (kDb) pdb[int64_t(blockIdx.x) * C + c] = block_db[c];
-  }
-}
-
-// Packs per lane of the fused backward for rows of `packs` 16-byte packs: 2,
-// 4 or 8 - 8 only without a bias gradient (with one, 4 already takes 127
-// registers on sm_90a) -, 0 when the rows are wider (the two-pass backward).
-inline int fused_packs_per_lane(int64_t packs, bool db) {
-  if (packs <= 64) return 2;
-  if (packs <= 128) return 4;
-  return !db && packs <= 256 ? 8 : 0;
-}
-
-// Calls f(std::integral_constant<int, P>{}, std::bool_constant<db>{}) for a
-// nonzero P = fused_packs_per_lane(packs, db): the kernels instantiated.
-template <typename F>
-void with_fused_shape(int P, bool db, F&& f) {
-  using std::integral_constant;
-  if (db) {
-    if (P == 2) f(integral_constant<int, 2>{}, std::true_type{});
-    else f(integral_constant<int, 4>{}, std::true_type{});
-  } else if (P == 2) {
-    f(integral_constant<int, 2>{}, std::false_type{});
-  } else if (P == 4) {
-    f(integral_constant<int, 4>{}, std::false_type{});
-  } else {
-    f(integral_constant<int, 8>{}, std::false_type{});
+  __syncthreads();
+  // The block's partials: slot s of every warp, added in warp order (the
+  // first addition 0 + x is exact), at its columns.
+  float* const out = partials + int64_t(blockIdx.x) * kSums * C;
+  for (int s = int(threadIdx.x); s < kSums * kSlots * 32; s += kBackwardWarps * 32) {
+    const int sum = s / (kSlots * 32), slot = (s / 32) % kSlots, l = s % 32;
+    const int64_t c = (l + 32 * int64_t(slot / (V / 4))) * V + 4 * (slot % (V / 4));
+    if (c >= C) continue;
+    float4 t = sums[s];
+    for (int wi = 1; wi < kBackwardWarps; ++wi) {
+      const float4 u = sums[int64_t(wi) * kSums * kSlots * 32 + s];
+      t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+    }
+    *reinterpret_cast<float4*>(out + int64_t(sum) * C + c) = t;
   }
 }
 
-// Rows per block of the fused backward: a function of the row count only;
-// at most kMaxFusedBlocks blocks (enough to fill an H100 several times over),
-// at least four rows per warp.
-constexpr int64_t kMaxFusedBlocks = 2048;
-inline int64_t fused_rows(int64_t rows) {
-  const int64_t spread = (rows + kMaxFusedBlocks - 1) / kMaxFusedBlocks;
-  return spread > 4 * kRowWarps ? spread : 4 * kRowWarps;
+// The one-pass backward's second stage: dw (and db) += the sums over the G
+// blocks, in block order within each of kFinishLanes row lanes (lane j takes
+// blocks j, j + kFinishLanes, ...), then the lanes in lane order; one rounding
+// (overwrite: =, not read). partials: (G, width) f32, width = C or 2C (db's
+// columns after dw's), C a multiple of 4: thread x takes 4 adjacent columns.
+constexpr int kFinishCols = 32;   // float4 column lanes per block
+constexpr int kFinishLanes = 16;  // row lanes per block
+
+template <typename TW>
+__global__ void __launch_bounds__(kFinishCols* kFinishLanes)
+    norm_partials_finish_kernel(const float* partials, int64_t blocks, int64_t C, bool db_too, TW* dw, TW* db,
+                                bool overwrite) {
+  __shared__ float4 lanes[kFinishLanes][kFinishCols];
+  const int64_t width = db_too ? 2 * C : C;
+  const int64_t c = (int64_t(blockIdx.x) * kFinishCols + threadIdx.x) * 4;
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (c < width) {
+#pragma unroll 8  // the loads in flight together; the additions stay in block order
+    for (int64_t b = threadIdx.y; b < blocks; b += kFinishLanes) {
+      const float4 p = *reinterpret_cast<const float4*>(partials + b * width + c);
+      s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
+    }
+  }
+  lanes[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= width) return;
+  float4 t = lanes[0][threadIdx.x];
+#pragma unroll
+  for (int j = 1; j < kFinishLanes; ++j) {
+    const float4 u = lanes[j][threadIdx.x];
+    t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+  }
+  TW* dst = c < C ? dw + c : db + (c - C);
+  const float v[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) dst[e] = from_f32<TW>(overwrite ? v[e] : to_f32(dst[e]) + v[e]);
 }
 
 // Partials of dw (and db) over the rows [chunk * R, (chunk + 1) * R) of chunk

@@ -6,8 +6,10 @@
 #include <array>
 #include <bit>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -135,6 +137,32 @@ void* compute_stream_handle(Device device) { return compute_stream(device); }
 void* comm_stream_handle(Device device) { return comm_stream(device); }
 int num_sms(Device device) { return state(device).sms; }
 int max_shared_optin(Device device) { return state(device).shared_optin; }
+
+int resident_blocks_per_sm(const void* kernel, int threads, size_t shared_bytes, Device device) {
+  struct Key {
+    const void* kernel;
+    int threads;
+    size_t shared_bytes;
+    int device;
+    bool operator<(const Key& o) const {
+      return std::tie(kernel, threads, shared_bytes, device) < std::tie(o.kernel, o.threads, o.shared_bytes, o.device);
+    }
+  };
+  static std::mutex mu;
+  static auto* cache = new std::map<Key, int>();  // never freed, like the device states
+  const Key key{kernel, threads, shared_bytes, device.index};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  state(device);  // initialised and current
+  ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  int blocks = 0;
+  ZT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
+  ZT_CHECK(blocks > 0, "internal: a kernel of ", threads, " threads and ", shared_bytes,
+           " bytes of shared memory fits no multiprocessor of ", device.str());
+  cache->emplace(key, blocks);
+  return blocks;
+}
 int64_t l2_cache_bytes(Device device) { return state(device).l2_bytes; }
 cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }
 void* cublaslt_workspace(Device device) { return state(device).workspace; }
