@@ -170,22 +170,38 @@ class Bench {
                         [[maybe_unused]] const std::function<void()>& run) {
 #ifdef ZT_WITH_CUDA
     if (!dev_.is_cuda()) return;
-    std::string ms;
-    for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
-      try {
-        const cuda::MatmulCandidateScope scope(n);
-        const double seconds = median_seconds(dev_, run);
-        char one[32];
-        std::snprintf(one, sizeof one, "%s%.4f", ms.empty() ? "" : ", ", seconds * 1e3);
-        ms += one;
-      } catch (const std::exception& e) {  // the list's end (zt::Error), or a candidate that failed
-        if (std::string(e.what()).find("so there is no candidate") == std::string::npos)
-          std::fprintf(stderr, "%s %s: candidate %d failed: %s\n", m_.name, op.c_str(), n, e.what());
-        break;
+    auto sweep = [&] {
+      std::string ms;
+      for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
+        try {
+          const cuda::MatmulCandidateScope scope(n);
+          const double seconds = median_seconds(dev_, run);
+          char one[32];
+          std::snprintf(one, sizeof one, "%s%.4f", ms.empty() ? "" : ", ", seconds * 1e3);
+          ms += one;
+        } catch (const std::exception& e) {  // the list's end (zt::Error), or a candidate that failed
+          if (std::string(e.what()).find("so there is no candidate") == std::string::npos)
+            std::fprintf(stderr, "%s %s: candidate %d failed: %s\n", m_.name, op.c_str(), n, e.what());
+          break;
+        }
       }
-    }
+      return ms;
+    };
+    const std::string ms = sweep();
     std::printf("{\"model\": \"%s\", \"op\": \"%s.candidates\", \"shape\": \"%s\", \"candidate_ms\": [%s]}\n", m_.name,
                 op.c_str(), dims({M, K, N}).c_str(), ms.c_str());
+    // Again with kLargeWorkspaceMiB of cuBLASLt workspace (MatmulWorkspaceScope):
+    // whether split-K algorithms held back by the device's 32 MiB would pay.
+    if (!large_workspace_.defined())
+      large_workspace_ = Tensor::empty(Shape{kLargeWorkspaceMiB << 18}, DType::u32, dev_, MemCategory::workspace);
+    std::string large;
+    {
+      const cuda::MatmulWorkspaceScope scope(large_workspace_);
+      large = sweep();
+    }
+    std::printf("{\"model\": \"%s\", \"op\": \"%s.candidates_large_workspace\", \"shape\": \"%s\", "
+                "\"workspace_mib\": %lld, \"candidate_ms\": [%s]}\n",
+                m_.name, op.c_str(), dims({M, K, N}).c_str(), static_cast<long long>(kLargeWorkspaceMiB), large.c_str());
     std::fflush(stdout);
 #endif
   }
@@ -419,6 +435,8 @@ class Bench {
   Model m_;
   double copy_gbps_, gemm_tflops_;
   Generator gen_;
+  static constexpr int64_t kLargeWorkspaceMiB = 256;  // the candidate sweep's second workspace
+  Tensor large_workspace_;                           // made on the first sweep (GPU only)
 };
 
 // The model with its tokens (B x T), vocabulary and parameters divided by
@@ -457,7 +475,7 @@ int main(int argc, char** argv) {
   // The A/B switches set for this run, so that two runs' rows can be told apart.
   std::string switches;
   for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE",
-                           "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
+                           "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

@@ -22,6 +22,9 @@
 # (cross_entropy_fused_rows<n>, "*" the default).
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
+# ZT_CUDA_CUBLAS_WORKSPACE_MIB=n gives each GPU n MiB of cuBLASLt workspace
+# instead of 32 (split-K algorithms keep their f32 partials there); `kernels`
+# sweeps each product's candidates with 256 MiB as well (MatmulWorkspaceScope).
 # ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's
 # ranked algorithms (timed on its first call) instead of the heuristic's
 # first: the A/B of `bench` for what the kernels' candidate table suggests.
@@ -176,16 +179,24 @@ three = layer_ms("gpt2-124m", [("attn.q.forward", 3), ("attn.q.dgrad", 1), ("att
 if one and three:
     print(f"GPT-2's q, k, v products per layer (kernel rows): one product {one:.3f} ms, three {three:.3f} ms "
           f"({three / one:.2f}x)")
-sweeps = [r for r in ours if r.get("candidate_ms")]
+sweeps = [r for r in ours if r.get("candidate_ms") and r["op"].endswith(".candidates")]
+large = {(r["model"], r["op"].removesuffix(".candidates_large_workspace"), r["shape"]): r for r in ours
+         if r.get("candidate_ms") and r["op"].endswith(".candidates_large_workspace")}
 if sweeps:
-    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest")
-    print("| model | product | M x K x N | candidates | first ms | fastest ms | fastest | first / fastest |")
-    print("|---|---|---|---|---|---|---|---|")
+    mib = next(iter(large.values()))["workspace_mib"] if large else 0
+    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest;")
+    print(f"then the same with {mib} MiB of workspace (MatmulWorkspaceScope) instead of 32")
+    print("| model | product | M x K x N | candidates | first ms | fastest ms | fastest | first / fastest "
+          f"| {mib} MiB: first ms | fastest ms | 32 MiB first / {mib} MiB fastest |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sweeps:
         ms = r["candidate_ms"]
         best = min(range(len(ms)), key=ms.__getitem__)
-        print(f"| {r['model']} | {r['op'].removesuffix('.candidates')} | {r['shape']} | {len(ms)} | {ms[0]:.3f} | "
-              f"{ms[best]:.3f} | {best} | {ms[0] / ms[best]:.2f}x |")
+        product = r["op"].removesuffix(".candidates")
+        big = large.get((r["model"], product, r["shape"]), {}).get("candidate_ms") or []
+        tail = (f"{big[0]:.3f} | {min(big):.3f} | {ms[0] / min(big):.2f}x" if big else "- | - | -")
+        print(f"| {r['model']} | {product} | {r['shape']} | {len(ms)} | {ms[0]:.3f} | "
+              f"{ms[best]:.3f} | {best} | {ms[0] / ms[best]:.2f}x | {tail} |")
 PY
 fi
 [ "$what" = kernels ] && exit 0

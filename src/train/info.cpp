@@ -169,7 +169,7 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                  "of at most 1 GiB"
                : "cuDNN's attention backward with atomics, train.deterministic = false, takes an f32 dq "
                  "accumulator of B x T x Hq x D x 4 bytes")
-       << ", plus cuBLASLt's 32 MiB)\n";
+       << ", plus cuBLASLt's 32 MiB or ZT_CUDA_CUBLAS_WORKSPACE_MIB's)\n";
   }
   std::snprintf(line, sizeof line, "  activations per micro-batch (%lld x %lld tokens):\n    %-10s %14s %14s\n",
                 (long long)cfg.train.micro_batch, (long long)cfg.train.seq_len, "recompute", "estimate MiB",

@@ -312,6 +312,36 @@ TEST(CudaMatmul, EveryRankedCandidateComputesTheProduct) {
   }
 }
 
+// Under a MatmulWorkspaceScope the products plan for the caller's workspace
+// and run with it (the kernel bench's larger-workspace sweep): each ranked
+// candidate still computes the product, including a long reduction over a
+// small output, where split-K algorithms need workspace for their partials.
+TEST(CudaMatmul, WorkspaceScopeComputesTheProduct) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(110);
+  MatmulCase linear{.batch = {}, .M = 512, .N = 768, .K = 384, .tb = true, .bias = true};
+  linear.in = linear.out = linear.bias_dt = DType::bf16;
+  MatmulCase long_k{.batch = {}, .M = 256, .N = 256, .K = 65536, .tb = true};  // 4 output tiles
+  long_k.in = long_k.out = DType::bf16;
+  const Tensor workspace =
+      Tensor::empty(Shape{int64_t(64) << 18}, DType::u32, Device::cuda(0), MemCategory::workspace);  // 64 MiB
+  for (const MatmulCase& c : {linear, long_k}) {
+    const cuda::MatmulWorkspaceScope scope(workspace);
+    for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
+      const cuda::MatmulCandidateScope candidate(n);
+      SCOPED_TRACE(c.str() + ", 64 MiB of workspace, candidate " + std::to_string(n));
+      try {
+        check_matmul(c, rng);
+      } catch (const Error& e) {  // the list ends
+        EXPECT_NE(std::string(e.what()).find("so there is no candidate"), std::string::npos) << e.what();
+        EXPECT_GE(n, 1) << "no candidate at all";
+        break;
+      }
+    }
+  }
+  check_matmul(long_k, rng);  // the device's workspace again, the scope gone
+}
+
 // With ZT_CUDA_MATMUL_TUNE=1 (the ctest entry gpu.matmul_tuned runs these
 // suites with it), a new product times its ranked candidates on its first
 // call, keeps the fastest, and the result still matches the CPU; the other

@@ -111,6 +111,7 @@ struct PlanKey {
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
   int candidate = 0;  // which of the heuristic's ranked algorithms (MatmulCandidateScope)
+  uint64_t workspace_bytes = 0;  // the heuristic's workspace limit: 0 the device's (MatmulWorkspaceScope)
 
   bool operator==(const PlanKey&) const = default;
 };
@@ -129,6 +130,7 @@ struct PlanKeyHash {
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
     mix(uint64_t(k.align_aux) | uint64_t(k.candidate) << 32);
+    mix(k.workspace_bytes);
     return size_t(h);
   }
 };
@@ -160,7 +162,8 @@ std::string describe(const PlanKey& k) {
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
                         k.dgelu ? ", dgelu epilogue" : "", ", alignments a ", k.align_a, " b ", k.align_b, " out ",
                         k.align_out, " bias ", k.align_bias, " aux ", k.align_aux,
-                        k.candidate > 0 ? zt::detail::concat(", candidate ", k.candidate) : "");
+                        k.candidate > 0 ? zt::detail::concat(", candidate ", k.candidate) : "",
+                        k.workspace_bytes > 0 ? zt::detail::concat(", workspace ", k.workspace_bytes, " B") : "");
 }
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
@@ -231,7 +234,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
 
   cublasLtMatmulPreference_t pref = nullptr;
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = cublaslt_workspace_bytes();
+  const uint64_t ws = k.workspace_bytes > 0 ? k.workspace_bytes : cublaslt_workspace_bytes();
   const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // no split-K partials rounded to out's dtype
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
@@ -261,8 +264,11 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   return p;
 }
 
-// The candidate products take on this thread (MatmulCandidateScope).
+// The candidate products take on this thread (MatmulCandidateScope), and the
+// workspace they plan for and use (MatmulWorkspaceScope; null: the device's).
 thread_local int t_candidate = 0;
+thread_local void* t_workspace = nullptr;
+thread_local uint64_t t_workspace_bytes = 0;
 
 // Tuning (ZT_CUDA_MATMUL_TUNE): sets p.algo to the fastest of p's ranked
 // candidates on this call's operands. launch(algo, dst) runs the call's
@@ -316,7 +322,10 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
                  float alpha_in, float beta_in, Device device) {
   PlanKey k = key;
   k.candidate = t_candidate;
+  k.workspace_bytes = t_workspace_bytes;
   Plan& p = plan_for(k, bias, aux);
+  void* const workspace = t_workspace != nullptr ? t_workspace : p.workspace;
+  const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
   // A candidate asked for by index ends a sweep where the list ends, rather
   // than falling back to another product.
   ZT_CHECK(p.found || k.candidate == 0, "matmul: cuBLASLt offers ", p.offered, " candidate(s) for ", describe(k),
@@ -329,7 +338,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   cudaStream_t stream = compute_stream(device);
   auto launch_with = [&](const cublasLtMatmulAlgo_t& algo, void* dst) {
     return cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, dst, p.lay_c, dst, p.lay_c, &algo,
-                          p.workspace, cublaslt_workspace_bytes(), stream);
+                          workspace, workspace_bytes, stream);
   };
   auto launch = [&] {
     if (p.num_ranked > 1) std::call_once(p.tuned, [&] { keep_fastest(p, k, out, beta, device, launch_with); });
@@ -438,6 +447,19 @@ MatmulCandidateScope::MatmulCandidateScope(int candidate) : previous_(t_candidat
   t_candidate = candidate;
 }
 MatmulCandidateScope::~MatmulCandidateScope() { t_candidate = previous_; }
+
+MatmulWorkspaceScope::MatmulWorkspaceScope(const Tensor& workspace)
+    : previous_(t_workspace), previous_bytes_(t_workspace_bytes) {
+  ZT_CHECK(workspace.device().is_cuda() && workspace.nbytes() > 0 &&
+               reinterpret_cast<uintptr_t>(workspace.data_ptr()) % 256 == 0,
+           "MatmulWorkspaceScope: the workspace must be a non-empty, 256-byte aligned GPU tensor");
+  t_workspace = workspace.data_ptr();
+  t_workspace_bytes = uint64_t(workspace.nbytes());
+}
+MatmulWorkspaceScope::~MatmulWorkspaceScope() {
+  t_workspace = previous_;
+  t_workspace_bytes = previous_bytes_;
+}
 
 int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
 

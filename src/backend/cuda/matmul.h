@@ -117,6 +117,24 @@ class MatmulCandidateScope {
   int previous_;
 };
 
+// While a MatmulWorkspaceScope lives, the products its thread launches ask
+// cuBLASLt's heuristic for algorithms that fit `workspace` (a GPU tensor the
+// caller owns, not the device's 32 MiB) and run with it, each in a plan of
+// its own: the kernel bench's A/B of how much split-K algorithms gain from a
+// larger workspace (a long reduction over a small output, as the LM head's
+// input gradient, may want more than 32 MiB of f32 partials).
+class MatmulWorkspaceScope {
+ public:
+  explicit MatmulWorkspaceScope(const Tensor& workspace);
+  ~MatmulWorkspaceScope();
+  MatmulWorkspaceScope(const MatmulWorkspaceScope&) = delete;
+  MatmulWorkspaceScope& operator=(const MatmulWorkspaceScope&) = delete;
+
+ private:
+  void* previous_;
+  uint64_t previous_bytes_;
+};
+
 // Measured dense bf16 GEMM throughput of `device` in TFLOP/s: an
 // 8192 x 8192 x 8192 product (bf16 in and out, f32 accumulation), median of
 // 10 timed runs after warm-up. The MFU denominator on GPUs without a known

@@ -25,7 +25,7 @@ void ensure_initialized(Device device);
 // Waits until every stream of the device is idle.
 void synchronize(Device device);
 // The cuBLASLt workspace every device holds from its initialisation (bytes,
-// MemCategory::workspace; 32 MiB).
+// MemCategory::workspace; 32 MiB, or ZT_CUDA_CUBLAS_WORKSPACE_MIB's).
 size_t cublaslt_workspace_bytes();
 
 // The device's compute and communication streams as cudaStream_t, for code
