@@ -59,8 +59,8 @@ void fused_backward_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool r
 
 // The fused backward where norm.cu takes it (16-byte packs, a width
 // backward_packs_per_lane takes): dx, dw and db against the CPU's on the
-// block count norm.cu would launch on a GPU holding 3 blocks at once, on one
-// block, and on so many blocks that some warps get no row; dx in place over
+// block count norm.cu would launch on a GPU holding 3 blocks at once (600
+// rows: 25 a warp) and on so many blocks that some warps get no row; dx in place over
 // dx_add with the bits of dx out of place; dw and db overwritten (the
 // partials' sums alone) as well as added. (Its dx may differ from the
 // two-pass kernel's in the last place: the compiler contracts multiply-adds
@@ -83,7 +83,7 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
   const std::vector<double> sums_dw = minus(want_dw, dw0), sums_db = rms ? std::vector<double>() : minus(want_db, db0);
   const int64_t sparse = (N + 4) / 5;  // 5 rows a block: warps 5-7 have none
   Tensor out_of_place;
-  for (const int64_t blocks : {nk::backward_blocks(N, 3), int64_t(1), sparse})
+  for (const int64_t blocks : {nk::backward_blocks(N, 3), sparse})
     for (const bool in_place : {false, true}) {
       const bool overwrite = in_place;
       SCOPED_TRACE(::testing::Message() << "fused on " << blocks << " blocks" << (in_place ? ", dx over dx_add" : "")

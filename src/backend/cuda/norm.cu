@@ -83,9 +83,10 @@ bool fused_allowed() {
 // The one-pass backward (norm_backward_fused_kernel, then
 // norm_partials_finish_kernel) where a row fits its lanes' registers: weights
 // of the activations' dtype, 16-byte packs, and at most 8 packs a lane
-// (backward_packs_per_lane: C up to 2048 in bf16, 1024 in f32). Returns
-// false, having done nothing, otherwise (also for a db of another dtype than
-// dw: one second-stage kernel writes both).
+// (backward_packs_per_lane: C up to 2048 in bf16, 1024 in f32), its shared
+// memory within what a block may have. Returns false, having done nothing,
+// otherwise (also for a db of another dtype than dw: one second-stage kernel
+// writes both).
 bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                     const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add, bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
@@ -99,6 +100,9 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
     const int Q = backward_packs_per_lane(C / V);
     if (Q == 0 || !row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp)) return;
     const bool with_db = db.defined();
+    // A block's sums must fit the SM (up to 128 KiB: LayerNorm's 2048 with a
+    // bias gradient; more than a 99 KiB consumer GPU gives a block).
+    if (backward_shared_bytes(Q, V, with_db) > size_t(max_shared_optin(x.device()))) return;
     cudaStream_t s = stream_of(dx);
     Tensor partials;
     int64_t blocks = 0;

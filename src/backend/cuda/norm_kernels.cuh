@@ -236,10 +236,11 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 //
 // Grid: G blocks (the GPU's resident capacity, backward_blocks), block b
 // taking the rows [b N / G, (b + 1) N / G); warp w of a block its rows w,
-// w + kBackwardWarps, ... in order. A warp loads its row's dy, x and dx_add
-// packs into registers at once (lane l: packs l, l + 32, ..., Q per lane),
-// so a row costs one trip to device memory and every warp of the SM keeps
-// a whole row in flight; the statistics are warp shuffles, dx is computed
+// w + kBackwardWarps, ... in order. A warp loads its row's dy and x packs
+// into registers at once (lane l: packs l, l + 32, ..., Q per lane; dx_add's
+// with them up to Q = 4, after the statistics above, to stay under 128
+// registers), so every warp of the SM keeps a whole row in flight and a row
+// costs one trip to device memory; the statistics are warp shuffles, dx is computed
 // from the registers (so dx may be dy or dx_add: a row is read before it is
 // written) with norm_dx_kernel's arithmetic (the last place may differ: each
 // kernel has its own multiply-add contractions).
@@ -288,7 +289,7 @@ inline size_t backward_shared_bytes(int Q, int V, bool db) {
 
 // Its block count: `resident` (the blocks the GPU holds at once, so every
 // block runs from the start and none waits for a second wave), but no more
-// than gives each warp 4 rows.
+// blocks than leave each warp 4 rows.
 inline int64_t backward_blocks(int64_t rows, int64_t resident) {
   const int64_t most = (rows + 4 * kBackwardWarps - 1) / (4 * kBackwardWarps);
   return resident < most ? (resident > 0 ? resident : 1) : most;
@@ -310,6 +311,8 @@ __device__ __forceinline__ void keep_packed(Pack<T, V>& p) {
 #endif
 }
 
+// At least 3 blocks an SM up to 3 packs a lane (80 registers: GPT-2's rows),
+// else 2 (128): more would spill.
 template <typename T, int V, int Q, bool kDb>
 __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
     norm_backward_fused_kernel(bool rms, T* dx, float* partials, const T* dy, const T* x, const T* w,
