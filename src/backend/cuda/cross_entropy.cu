@@ -49,12 +49,8 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
         kernel<<<grid, kThreads, 0, stream_of(losses)>>>(losses.data<float>(), dp, lp, targets.data<int32_t>(), N, Vp,
                                                          vocab, grad_scale);
       };
-      switch (rows_per_sm) {
-        case 1: launch(ce_kernel<T, V, 1>); break;
-        case 2: launch(ce_kernel<T, V, 2>); break;
-        case 4: launch(ce_kernel<T, V, 4>); break;
-        default: ZT_FAIL("softmax_cross_entropy: ", rows_per_sm, " rows per SM is not one of 1, 2, 4");
-      }
+      with_int_constant<1, 2, 4>(rows_per_sm, "softmax_cross_entropy: rows per SM",
+                                 [&](auto r) { launch(ce_kernel<T, V, decltype(r)::value>); });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("ce_kernel");

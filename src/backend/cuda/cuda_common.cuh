@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "core/device.h"
@@ -134,6 +135,16 @@ void with_pack_width(bool packs_fit, Launch&& launch) {
   } else {
     launch(std::integral_constant<int, Fallback>{});
   }
+}
+
+// Calls f(std::integral_constant<int, n>{}) for the n among Values: the
+// instances of a kernel compiled for a choice made at run time (packs per
+// lane, rows per SM). Throws zt::Error naming `what` and the values for any
+// other n.
+template <int... Values, typename F>
+void with_int_constant(int n, const char* what, F&& f) {
+  if (!((n == Values && (f(std::integral_constant<int, Values>{}), true)) || ...))
+    ZT_FAIL(what, " = ", n, " is not one of", ((" " + std::to_string(Values)) + ...));
 }
 
 // ---- reductions (f32) ----

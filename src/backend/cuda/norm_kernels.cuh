@@ -53,14 +53,7 @@ inline int forward_packs_per_lane(int64_t packs) {
 // Calls f(std::integral_constant<int, P>{}) for P = 0, 1, 2, 4 or 8.
 template <typename F>
 void with_forward_packs(int P, F&& f) {
-  using std::integral_constant;
-  switch (P) {
-    case 1: return f(integral_constant<int, 1>{});
-    case 2: return f(integral_constant<int, 2>{});
-    case 4: return f(integral_constant<int, 4>{});
-    case 8: return f(integral_constant<int, 8>{});
-    default: return f(integral_constant<int, 0>{});
-  }
+  with_int_constant<0, 1, 2, 4, 8>(P, "norm forward: packs per lane", f);
 }
 
 // fn(i, j) for the packs j = lane + 32 i of a row of `packs`: unrolled over
@@ -270,15 +263,7 @@ inline int backward_packs_per_lane(int64_t packs) {
 // backward_packs_per_lane.
 template <typename F>
 void with_backward_packs(int Q, F&& f) {
-  using std::integral_constant;
-  switch (Q) {
-    case 1: return f(integral_constant<int, 1>{});
-    case 2: return f(integral_constant<int, 2>{});
-    case 3: return f(integral_constant<int, 3>{});
-    case 4: return f(integral_constant<int, 4>{});
-    case 6: return f(integral_constant<int, 6>{});
-    default: return f(integral_constant<int, 8>{});
-  }
+  with_int_constant<1, 2, 3, 4, 6, 8>(Q, "norm backward: packs per lane", f);
 }
 
 // The one-pass kernel's shared memory (bytes): per warp, 32 Q V f32 sums for
