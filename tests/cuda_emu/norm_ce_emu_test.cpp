@@ -37,24 +37,24 @@ namespace ck = cuda::ce_kernels;
 using namespace emu_util;
 
 // The one-pass backward launched as norm.cu launches it (Q packs per lane,
-// kDb with a bias gradient) on `blocks` blocks, then its second stage into
-// copies of dw0 / db0 (f32 gradients; overwrite: poisoned copies, not read).
+// kDb with a bias gradient) on `blocks` blocks, then its partials' column
+// sums (colsum.h, as norm.cu calls it) into copies of dw0 / db0 (f32
+// gradients; overwrite: poisoned copies, not read).
 template <typename T, int V, int Q, bool kDb>
 void fused_backward_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool rms, const Tensor& dy, const Tensor& x,
                                 const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
                                 const Tensor& dw0, const Tensor& db0, int64_t blocks, bool overwrite) {
-  const int64_t N = x.size(0), C = x.size(1), width = (kDb ? 2 : 1) * C;
-  const Tensor partials = poisoned(Shape{blocks, width}, DType::f32);
+  const int64_t N = x.size(0), C = x.size(1);
+  const Tensor pdw = poisoned(Shape{blocks, C}, DType::f32), pdb = kDb ? poisoned(Shape{blocks, C}, DType::f32) : Tensor();
   emu::launch(dim3(unsigned(blocks)), nk::kBackwardWarps * 32, nk::backward_shared_bytes(Q, V, kDb),
-              nk::norm_backward_fused_kernel<T, V, Q, kDb>, rms, p<T>(dx), p<float>(partials),
+              nk::norm_backward_fused_kernel<T, V, Q, kDb>, rms, p<T>(dx), p<float>(pdw), p<float>(pdb),
               static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)), static_cast<const T*>(p<T>(w)),
               static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
               static_cast<const T*>(p<T>(dx_add)), N, C);
-  dw = overwrite ? poisoned(dw0.shape(), DType::f32) : copy_of(dw0);
-  db = !kDb ? Tensor() : overwrite ? poisoned(db0.shape(), DType::f32) : copy_of(db0);
-  emu::launch(dim3(unsigned((width / 4 + nk::kFinishCols - 1) / nk::kFinishCols)),
-              dim3(nk::kFinishCols, nk::kFinishLanes), 0, nk::norm_partials_finish_kernel<float>,
-              static_cast<const float*>(p<float>(partials)), blocks, C, kDb, p<float>(dw), p<float>(db), overwrite);
+  constexpr int kF32Pack = cuda::kPack16<float>;  // C is a multiple of V, so of 4: colsum's 16-byte packs
+  const auto start = [&](const Tensor& g0) { return overwrite ? poisoned(g0.shape(), DType::f32) : g0; };
+  dw = colsum_on_emulator<float, kF32Pack>(pdw, start(dw0), overwrite);
+  db = kDb ? colsum_on_emulator<float, kF32Pack>(pdb, start(db0), overwrite) : Tensor();
 }
 
 // The fused backward where norm.cu takes it (16-byte packs, a width

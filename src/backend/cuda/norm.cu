@@ -1,7 +1,7 @@
 // CUDA LayerNorm / RMSNorm forward and backward: the launches (16-byte packs
 // where they fit the rows); the kernels are in norm_kernels.cuh. The backward
 // is one pass where a row fits its lanes' registers (dx and per-block dw / db
-// partials, then their sum), else two (dw / db partials, then dx); the
+// partials, then their column sums), else two (dw / db partials, then dx); the
 // partials are summed deterministically either way.
 #include "backend/cuda/norm.h"
 
@@ -80,17 +80,16 @@ bool fused_allowed() {
   return allowed;
 }
 
-// The one-pass backward (norm_backward_fused_kernel, then
-// norm_partials_finish_kernel) where a row fits its lanes' registers: weights
-// of the activations' dtype, 16-byte packs, and at most 8 packs a lane
+// The one-pass backward (norm_backward_fused_kernel, its per-block partials
+// summed by colsum.h) where a row fits its lanes' registers: weights of the
+// activations' dtype, 16-byte packs, and at most 8 packs a lane
 // (backward_packs_per_lane: C up to 2048 in bf16, 1024 in f32), its shared
 // memory within what a block may have. Returns false, having done nothing,
-// otherwise (also for a db of another dtype than dw: one second-stage kernel
-// writes both).
+// otherwise.
 bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                     const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add, bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
-  if (w.dtype() != x.dtype() || (db.defined() && db.dtype() != dw.dtype()) || !fused_allowed()) return false;
+  if (w.dtype() != x.dtype() || !fused_allowed()) return false;
   bool done = false;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     constexpr int V = kPack16<T>;
@@ -104,7 +103,7 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
     // bias gradient; more than a 99 KiB consumer GPU gives a block).
     if (backward_shared_bytes(Q, V, with_db) > size_t(max_shared_optin(x.device()))) return;
     cudaStream_t s = stream_of(dx);
-    Tensor partials;
+    Tensor pdw, pdb;
     int64_t blocks = 0;
     with_backward_packs(Q, [&](auto q_tag) {
       constexpr int kQ = decltype(q_tag)::value;
@@ -113,22 +112,18 @@ bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& 
         constexpr int kThreads = kBackwardWarps * 32;
         const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem, x.device());
         blocks = backward_blocks(N, int64_t(per_sm) * num_sms(x.device()));
-        partials = Tensor::empty(Shape{blocks, (with_db ? 2 : 1) * C}, DType::f32, x.device(), MemCategory::workspace);
-        kernel<<<unsigned(blocks), kThreads, smem, s>>>(rms, dxp, partials.data<float>(), dyp, xp, wp,
-                                                        f32_or_null(mean), rstd.data<float>(), addp, N, C);
+        pdw = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
+        if (with_db) pdb = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
+        float* const pdb_p = with_db ? pdb.data<float>() : nullptr;
+        kernel<<<unsigned(blocks), kThreads, smem, s>>>(rms, dxp, pdw.data<float>(), pdb_p, dyp, xp, wp, f32_or_null(mean),
+                                                        rstd.data<float>(), addp, N, C);
       };
       if (with_db) launch(norm_backward_fused_kernel<T, V, kQ, true>);
       else launch(norm_backward_fused_kernel<T, V, kQ, false>);
     });
     ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
-    const int64_t width = (with_db ? 2 : 1) * C;
-    ZT_CUDA_DISPATCH_FLOAT(dw.dtype(), "norm_backward", [&] {
-      norm_partials_finish_kernel<T><<<unsigned((width / 4 + kFinishCols - 1) / kFinishCols),
-                                       dim3(kFinishCols, kFinishLanes), 0, s>>>(
-          partials.data<float>(), blocks, C, with_db, static_cast<T*>(dw.data_ptr()),
-          with_db ? static_cast<T*>(db.data_ptr()) : nullptr, overwrite);
-    });
-    ZT_CUDA_CHECK_LAUNCH("norm_partials_finish_kernel");
+    colsum_accumulate(dw, pdw, blocks, C, overwrite);
+    if (with_db) colsum_accumulate(db, pdb, blocks, C, overwrite);
     done = true;
   });
   return done;

@@ -242,11 +242,9 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // region of shared memory, lane l owning the columns of its packs, laid out
 // float4 slot (q * V / 4 + h) * 32 + l so a warp's accesses hit 32 distinct
 // banks; no atomics, no registers held across rows. At the end the block
-// adds its warps' regions in warp order and writes its partials row:
-// partials (G, C) f32, or (G, 2C) with the db sums in columns C.., which
-// norm_partials_finish_kernel adds over the blocks in block order. Every
-// order depends on the shape and G alone: the same bits on every run on one
-// GPU. Requires 16-byte packs (V = kPack16<T>) and C / V <= 32 Q; weights of
+// adds its warps' regions in warp order and writes its partials rows:
+// pdw, pdb (G, C) f32, which colsum.h adds over the blocks. Every order
+// depends on the shape and G alone: the same bits on every run on one GPU. Requires 16-byte packs (V = kPack16<T>) and C / V <= 32 Q; weights of
 // type T. Dynamic shared memory: backward_shared_bytes.
 constexpr int kBackwardWarps = 8;
 
@@ -277,7 +275,7 @@ inline size_t backward_shared_bytes(int Q, int V, bool db) {
 // blocks than leave each warp 4 rows.
 inline int64_t backward_blocks(int64_t rows, int64_t resident) {
   const int64_t most = (rows + 4 * kBackwardWarps - 1) / (4 * kBackwardWarps);
-  return resident < most ? (resident > 0 ? resident : 1) : most;
+  return resident < most ? resident : most;
 }
 
 // Makes the compiler forget what it knows of a pack's registers, so that it
@@ -300,7 +298,7 @@ __device__ __forceinline__ void keep_packed(Pack<T, V>& p) {
 // else 2 (128): more would spill.
 template <typename T, int V, int Q, bool kDb>
 __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
-    norm_backward_fused_kernel(bool rms, T* dx, float* partials, const T* dy, const T* x, const T* w,
+    norm_backward_fused_kernel(bool rms, T* dx, float* pdw, float* pdb, const T* dy, const T* x, const T* w,
                                const float* mean, const float* rstd, const T* dx_add, int64_t N, int64_t C) {
   static_assert(V % 4 == 0, "a pack is whole float4 slots");
   constexpr int kSlots = Q * V / 4;              // float4 slots per lane and sum
@@ -374,7 +372,9 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
       if (j >= packs) continue;
       keep_packed(dv[q]);
       keep_packed(xv[q]);
-      const Pack<T, V> add = kHoldAdd ? av[kHoldAdd ? q : 0] : load_pack_or_zero<T, V>(addr, j * V);
+      Pack<T, V> add;
+      if constexpr (kHoldAdd) add = av[q];
+      else add = load_pack_or_zero<T, V>(addr, j * V);
       store_pack<T, V>(dxr + j * V, dx_pack<T, T, V>(dv[q], xv[q], load_pack<T, V>(w + j * V), add,
                                                      addr != nullptr, mu, rs, mg, mgx));
     }
@@ -382,7 +382,6 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
   __syncthreads();
   // The block's partials: slot s of every warp, added in warp order (the
   // first addition 0 + x is exact), at its columns.
-  float* const out = partials + int64_t(blockIdx.x) * kSums * C;
   for (int s = int(threadIdx.x); s < kSums * kSlots * 32; s += kBackwardWarps * 32) {
     const int sum = s / (kSlots * 32), slot = (s / 32) % kSlots, l = s % 32;
     const int64_t c = (l + 32 * int64_t(slot / (V / 4))) * V + 4 * (slot % (V / 4));
@@ -392,46 +391,8 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
       const float4 u = sums[int64_t(wi) * kSums * kSlots * 32 + s];
       t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
     }
-    *reinterpret_cast<float4*>(out + int64_t(sum) * C + c) = t;
+    *reinterpret_cast<float4*>((sum == 0 ? pdw : pdb) + int64_t(blockIdx.x) * C + c) = t;
   }
-}
-
-// The one-pass backward's second stage: dw (and db) += the sums over the G
-// blocks, in block order within each of kFinishLanes row lanes (lane j takes
-// blocks j, j + kFinishLanes, ...), then the lanes in lane order; one rounding
-// (overwrite: =, not read). partials: (G, width) f32, width = C or 2C (db's
-// columns after dw's), C a multiple of 4: thread x takes 4 adjacent columns.
-constexpr int kFinishCols = 32;   // float4 column lanes per block
-constexpr int kFinishLanes = 16;  // row lanes per block
-
-template <typename TW>
-__global__ void __launch_bounds__(kFinishCols* kFinishLanes)
-    norm_partials_finish_kernel(const float* partials, int64_t blocks, int64_t C, bool db_too, TW* dw, TW* db,
-                                bool overwrite) {
-  __shared__ float4 lanes[kFinishLanes][kFinishCols];
-  const int64_t width = db_too ? 2 * C : C;
-  const int64_t c = (int64_t(blockIdx.x) * kFinishCols + threadIdx.x) * 4;
-  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (c < width) {
-#pragma unroll 8  // the loads in flight together; the additions stay in block order
-    for (int64_t b = threadIdx.y; b < blocks; b += kFinishLanes) {
-      const float4 p = *reinterpret_cast<const float4*>(partials + b * width + c);
-      s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
-    }
-  }
-  lanes[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= width) return;
-  float4 t = lanes[0][threadIdx.x];
-#pragma unroll
-  for (int j = 1; j < kFinishLanes; ++j) {
-    const float4 u = lanes[j][threadIdx.x];
-    t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
-  }
-  TW* dst = c < C ? dw + c : db + (c - C);
-  const float v[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) dst[e] = from_f32<TW>(overwrite ? v[e] : to_f32(dst[e]) + v[e]);
 }
 
 // Partials of dw (and db) over the rows [chunk * R, (chunk + 1) * R) of chunk

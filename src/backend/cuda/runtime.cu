@@ -41,18 +41,6 @@ void check_launch(const char* kernel, const char* file, int line) {
 namespace {
 
 constexpr int kMaxDevices = 64;
-// cuBLASLt's workspace per device: 32 MiB (Hopper wants at least that for
-// some algorithms), or ZT_CUDA_CUBLAS_WORKSPACE_MIB's (an A/B of split-K
-// algorithms whose f32 partials need more; the kernel bench's sweep with
-// MatmulWorkspaceScope says where). Read once; the memory plan counts it.
-size_t cublas_workspace_bytes_once() {
-  static const size_t bytes =
-      size_t(env_whole_number("ZT_CUDA_CUBLAS_WORKSPACE_MIB", 1,
-                              "the MiB of cuBLASLt workspace each GPU holds (32 by default)")
-                 .value_or(32))
-      << 20;
-  return bytes;
-}
 
 // Blocks from cudaMalloc (256-byte aligned); cached by the base class, so the
 // training loop never calls cudaMalloc once warm. All kernels of a device run
@@ -123,7 +111,7 @@ DeviceState& state(Device device) {
     ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, i));
     ZT_CUDA_CHECK(cudaDeviceGetAttribute(&s->l2_bytes, cudaDevAttrL2CacheSize, i));
     register_allocator(device, std::make_unique<CudaAllocator>(i));
-    s->workspace = allocator_for(device).allocate(cublas_workspace_bytes_once(), MemCategory::workspace);
+    s->workspace = allocator_for(device).allocate(cublaslt_workspace_bytes(), MemCategory::workspace);
     g_state[size_t(i)] = std::move(s);
   }
   ZT_CUDA_CHECK(cudaSetDevice(i));
@@ -149,6 +137,22 @@ void* compute_stream_handle(Device device) { return compute_stream(device); }
 void* comm_stream_handle(Device device) { return comm_stream(device); }
 int num_sms(Device device) { return state(device).sms; }
 int max_shared_optin(Device device) { return state(device).shared_optin; }
+int64_t l2_cache_bytes(Device device) { return state(device).l2_bytes; }
+cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }
+void* cublaslt_workspace(Device device) { return state(device).workspace; }
+
+// 32 MiB (Hopper wants at least that for some algorithms), or
+// ZT_CUDA_CUBLAS_WORKSPACE_MIB's (an A/B of split-K algorithms whose f32
+// partials need more; the kernel bench's sweep with MatmulWorkspaceScope says
+// where). Read once; the memory plan counts it.
+size_t cublaslt_workspace_bytes() {
+  static const size_t bytes =
+      size_t(env_whole_number("ZT_CUDA_CUBLAS_WORKSPACE_MIB", 1,
+                              "the MiB of cuBLASLt workspace each GPU holds (32 by default)")
+                 .value_or(32))
+      << 20;
+  return bytes;
+}
 
 int resident_blocks_per_sm(const void* kernel, int threads, size_t shared_bytes, Device device) {
   struct Key {
@@ -175,10 +179,6 @@ int resident_blocks_per_sm(const void* kernel, int threads, size_t shared_bytes,
   cache->emplace(key, blocks);
   return blocks;
 }
-int64_t l2_cache_bytes(Device device) { return state(device).l2_bytes; }
-cublasLtHandle_t cublaslt_handle(Device device) { return state(device).lt; }
-void* cublaslt_workspace(Device device) { return state(device).workspace; }
-size_t cublaslt_workspace_bytes() { return cublas_workspace_bytes_once(); }
 
 void synchronize(Device device) {
   DeviceState& s = state(device);
