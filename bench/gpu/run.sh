@@ -18,8 +18,10 @@
 # A/B of the fused one-pass kernel; `kernels` times both: <norm>_backward and
 # <norm>_backward_two_pass).
 # ZT_CUDA_CE_ROWS=1|2|4 sets the fused classifier's rows in flight per SM
-# (default 4; backend/cuda/cross_entropy_kernels.cuh); `kernels` sweeps them
-# (cross_entropy_fused_rows<n>, "*" the default).
+# (default 4; backend/cuda/cross_entropy_kernels.cuh); ZT_CUDA_CE_STAGED=1
+# takes its staged kernel instead (the row read once, through shared memory);
+# `kernels` sweeps them (cross_entropy_fused_staged, _rows<n>; "*" the one
+# training takes).
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
 # ZT_CUDA_CUBLAS_WORKSPACE_MIB=n gives each GPU n MiB of cuBLASLt workspace

@@ -299,10 +299,11 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(6);
-  // The last two have more rows than ce_grid's blocks at 2 and 4 rows per SM
-  // (264 and 528 on a 132-SM GPU), so each block strides over rows.
+  // 600 and 2000 rows: more than the blocks of every kernel (at most 528 on a
+  // 132-SM GPU), so each block strides over rows. Llama's 128256 columns: the
+  // staged kernel's tail (packs past the shared memory) in both passes.
   for (auto [N, Vp, V] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 5}, {100, 1000, 997}, {64, 50304, 50257},
-                          {600, 50304, 50257}, {2000, 1000, 997}}) {
+                          {600, 50304, 50257}, {2000, 1000, 997}, {300, 128256, 128256}}) {
     const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
     Tensor targets = random_tokens(Shape{N}, V, rng);
     targets.data<int32_t>()[0] = -1;  // ignored row
@@ -317,13 +318,26 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
     ops::softmax_cross_entropy(hlosses, hl, hl, targets, V, 0.25f);
     EXPECT_EQ(values_of(hlosses), values_of(glosses)) << Vp;
     EXPECT_EQ(values_of(hl), values_of(gl)) << Vp;
-    // Every rows-per-SM choice (the kernel bench's sweep): the same bits.
+    // Every kernel (the kernel bench's sweep): the same bits, in place and
+    // into a tensor of their own, and the losses alone.
     const Tensor gpu_targets = to_gpu(targets);
-    for (const int rows_per_sm : {1, 2, 4}) {
+    for (const cuda::ClassifierKernel k : {cuda::ClassifierKernel{.staged = true}, cuda::ClassifierKernel{.rows_per_sm = 1},
+                                           cuda::ClassifierKernel{.rows_per_sm = 2},
+                                           cuda::ClassifierKernel{.rows_per_sm = 4}}) {
+      SCOPED_TRACE(::testing::Message() << Vp << " columns, " << (k.staged ? "staged" : "re-read at ")
+                                        << (k.staged ? "" : std::to_string(k.rows_per_sm) + " rows per SM"));
       Tensor rl = to_gpu(logits), rlosses = gpu_poisoned(Shape{N}, DType::f32);
-      cuda::softmax_cross_entropy(rlosses, rl, rl, gpu_targets, V, 0.25f, rows_per_sm);
-      EXPECT_EQ(values_of(rlosses), values_of(glosses)) << Vp << ", " << rows_per_sm << " rows per SM";
-      EXPECT_EQ(values_of(rl), values_of(gl)) << Vp << ", " << rows_per_sm << " rows per SM";
+      cuda::softmax_cross_entropy(rlosses, rl, rl, gpu_targets, V, 0.25f, k);
+      EXPECT_EQ(values_of(rlosses), values_of(glosses));
+      EXPECT_EQ(values_of(rl), values_of(gl));
+      const Tensor ol = to_gpu(logits);
+      Tensor od = gpu_poisoned(Shape{N, Vp}, dt), olosses = gpu_poisoned(Shape{N}, DType::f32);
+      cuda::softmax_cross_entropy(olosses, od, ol, gpu_targets, V, 0.25f, k);
+      EXPECT_EQ(values_of(od), values_of(gl)) << "out of place";
+      EXPECT_EQ(values_of(ol), values_of(logits)) << "the logits read, not written";
+      Tensor llosses = gpu_poisoned(Shape{N}, DType::f32);
+      cuda::softmax_cross_entropy(llosses, Tensor(), ol, gpu_targets, V, 0.25f, k);
+      EXPECT_EQ(values_of(llosses), values_of(glosses)) << "losses alone";
     }
   }
 }

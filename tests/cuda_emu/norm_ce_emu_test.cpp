@@ -10,6 +10,7 @@
 
 #include "cuda_emu/colsum_emu.h"
 
+#include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/cross_entropy_kernels.cuh"
 #include "backend/cuda/norm_kernels.cuh"
 
@@ -201,7 +202,7 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
   Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, dt);
   ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
   Tensor gl = copy_of(logits), glosses = poisoned(Shape{N}, DType::f32);
-  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P, ck::kDefaultRowsPerSm>, p<float>(glosses),
+  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P, cuda::ClassifierKernel{}.rows_per_sm>, p<float>(glosses),
               p<T>(gl), static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V,
               0.25f);
   EXPECT_TRUE(close(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses"));
@@ -219,6 +220,30 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
   same_bits(ck::ce_kernel<T, P, 1>, "1 row per SM (4 packs ahead)");
   same_bits(ck::ce_kernel<T, P, 2>, "2 rows per SM (2 packs ahead)");
   same_bits(ck::ce_kernel<T, P, 4>, "4 rows per SM (1 pack ahead)");
+  // The staged kernel (16-byte packs only): the whole row in shared memory,
+  // and fewer packs with a tail read from memory in both passes, on 2 blocks
+  // striding over the rows (each refilling its slots with its next row):
+  // ce_kernel's bits.
+  if constexpr (P == cuda::kPack16<T>) {
+    const int64_t packs = Vp / P;
+    // 0: every pack from memory (more than one round of loads ahead).
+    std::vector<int64_t> staged_counts{packs, 0};
+    for (int64_t s = ck::kThreads; s < packs; s += 2 * ck::kThreads) staged_counts.push_back(s);
+    for (const int64_t staged : staged_counts) {
+      SCOPED_TRACE(::testing::Message() << "staged kernel, " << staged << " of " << packs << " packs staged");
+      Tensor sl = copy_of(logits), slosses = poisoned(Shape{N}, DType::f32);
+      emu::launch(dim3(2), ck::kThreads, size_t(staged) * 16, ck::ce_staged_kernel<T>, p<float>(slosses), p<T>(sl),
+                  static_cast<const T*>(p<T>(sl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f,
+                  staged);
+      EXPECT_EQ(to_f64(slosses), to_f64(glosses)) << "losses";
+      EXPECT_EQ(to_f64(sl), to_f64(gl)) << "dlogits (in place)";
+      Tensor llosses = poisoned(Shape{N}, DType::f32);  // the losses alone (no dlogits)
+      emu::launch(dim3(2), ck::kThreads, size_t(staged) * 16, ck::ce_staged_kernel<T>, p<float>(llosses),
+                  static_cast<T*>(nullptr), static_cast<const T*>(p<T>(logits)),
+                  static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f, staged);
+      EXPECT_EQ(to_f64(llosses), to_f64(glosses)) << "losses without dlogits";
+    }
+  }
 }
 
 // The vocabulary-parallel passes for `ranks` ranks of Vl columns each over N
@@ -325,6 +350,17 @@ TEST(CudaKernelsLaunch, ClassifierGridHoldsItsRowsPerSm) {
   EXPECT_EQ(ck::packs_ahead(1), 4);
   EXPECT_EQ(ck::packs_ahead(2), 2);
   EXPECT_EQ(ck::packs_ahead(4), 1);
+}
+
+// The staged kernel's share of a row: all of it where it fits, else whole
+// sweeps of the block's threads (16-byte packs; 227 KiB less the scratch).
+TEST(CudaKernelsLaunch, ClassifierStagesWholeSweepsOfPacks) {
+  constexpr int64_t kShared = 227 * 1024 - 128;
+  EXPECT_EQ(ck::staged_packs(50304 / 8, kShared), 6288) << "GPT-2's row, 98 KiB, whole";
+  EXPECT_EQ(ck::staged_packs(128256 / 8, kShared), 14336) << "Llama's: 28 sweeps of 512 packs of 16032";
+  EXPECT_EQ(ck::staged_packs(14520, kShared), 14520) << "exactly full";
+  EXPECT_EQ(ck::staged_packs(14521, kShared), 14336);
+  EXPECT_EQ(ck::staged_packs(1000, 16 * 511), 0) << "not one sweep fits";
 }
 
 TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {

@@ -73,9 +73,6 @@ struct Lane {
 
 #if ZT_WARP_EMULATION
 // The emulator's versions, with the same layouts and semantics.
-using ::zt::emu::cp_async16;
-using ::zt::emu::cp_async_commit;
-using ::zt::emu::cp_async_wait;
 using ::zt::emu::ldmatrix_x4;
 using ::zt::emu::mma;
 #else
@@ -113,18 +110,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
                  : "r"(a));
 }
 
-// 16 bytes global -> shared without staging in registers; zeros when !valid
-// (src is then not read). Complete after cp_async_wait.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most kPending of this thread's committed groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 #endif
 
 template <typename T>

@@ -19,41 +19,73 @@ using namespace ce_kernels;
 
 }  // namespace
 
-int classifier_rows_per_sm() {
-  static const int rows = [] {
-    const std::optional<int64_t> v = env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
-    if (!v) return kDefaultRowsPerSm;
-    ZT_CHECK(std::ranges::find(kRowsPerSmChoices, *v) != std::end(kRowsPerSmChoices), "ZT_CUDA_CE_ROWS = ", *v,
-             " is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it for the default");
-    return int(*v);
+ClassifierKernel classifier_kernel() {
+  static const ClassifierKernel kernel = [] {
+    ClassifierKernel k;
+    k.staged = env_whole_number("ZT_CUDA_CE_STAGED", 0,
+                                "1: the classifier stages each row in shared memory; 0: it reads the row twice")
+                   .value_or(0) > 0;
+    const std::optional<int64_t> rows = env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
+    if (rows) {
+      ZT_CHECK(std::ranges::find(kRowsPerSmChoices, *rows) != std::end(kRowsPerSmChoices), "ZT_CUDA_CE_ROWS = ", *rows,
+               " is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it for the default");
+      k.rows_per_sm = int(*rows);
+    }
+    return k;
   }();
-  return rows;
+  return kernel;
 }
 
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                            int64_t vocab, float grad_scale) {
-  softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale, classifier_rows_per_sm());
+  softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale, classifier_kernel());
 }
 
+namespace {
+
+// ce_staged_kernel where 16-byte packs tile the rows and some fit the shared
+// memory of a block; false (nothing launched) otherwise.
+template <typename T>
+bool staged_classifier(const Tensor& losses, T* dp, const T* lp, const Tensor& targets, int64_t N, int64_t Vp,
+                       int64_t vocab, float grad_scale) {
+  constexpr int V = kPack16<T>;
+  if (!packs_of_16_fit<T>(Vp, lp, dp)) return false;
+  const Device device = losses.device();
+  // The block's own __shared__ scratch (32 floats) comes out of the same limit.
+  const int64_t staged = staged_packs(Vp / V, max_shared_optin(device) - 32 * int64_t(sizeof(float)));
+  if (staged == 0) return false;
+  const size_t smem = size_t(staged) * 16;
+  const auto kernel = ce_staged_kernel<T>;
+  const int64_t per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem, device);
+  const int64_t grid = std::min(N, per_sm * num_sms(device));
+  kernel<<<unsigned(grid), kThreads, smem, stream_of(losses)>>>(losses.data<float>(), dp, lp, targets.data<int32_t>(),
+                                                                 N, Vp, vocab, grad_scale, staged);
+  ZT_CUDA_CHECK_LAUNCH("ce_staged_kernel");
+  return true;
+}
+
+}  // namespace
+
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                           int64_t vocab, float grad_scale, int rows_per_sm) {
+                           int64_t vocab, float grad_scale, ClassifierKernel choice) {
   const int64_t N = logits.size(0), Vp = logits.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "softmax_cross_entropy", [&] {
     T* dp = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
     const T* lp = static_cast<const T*>(logits.data_ptr());
-    const unsigned grid = ce_grid(N, num_sms(logits.device()), rows_per_sm);
+    if (choice.staged && staged_classifier<T>(losses, dp, lp, targets, N, Vp, vocab, grad_scale)) return;
+    const unsigned grid = ce_grid(N, num_sms(logits.device()), choice.rows_per_sm);
     with_pack_width<T>(packs_of_16_fit<T>(Vp, lp, dp), [&](auto v) {
       constexpr int V = decltype(v)::value;
       const auto launch = [&](auto kernel) {
         kernel<<<grid, kThreads, 0, stream_of(losses)>>>(losses.data<float>(), dp, lp, targets.data<int32_t>(), N, Vp,
                                                          vocab, grad_scale);
       };
-      with_int_constant<1, 2, 4>(rows_per_sm, "softmax_cross_entropy: rows per SM",
+      with_int_constant<1, 2, 4>(choice.rows_per_sm, "softmax_cross_entropy: rows per SM",
                                  [&](auto r) { launch(ce_kernel<T, V, decltype(r)::value>); });
     });
+    ZT_CUDA_CHECK_LAUNCH("ce_kernel");
   });
-  ZT_CUDA_CHECK_LAUNCH("ce_kernel");
 }
 
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t real) {

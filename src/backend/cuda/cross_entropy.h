@@ -7,16 +7,23 @@
 
 namespace zt::cuda {
 
+// The fused classifier's kernel (cross_entropy_kernels.cuh says what each
+// trades): the row staged in shared memory, read once from device memory
+// (where 16-byte packs tile it; else the re-reading kernel), or re-read at
+// `rows_per_sm` rows in flight per SM (1, 2 or 4). The bits are the same.
+struct ClassifierKernel {
+  bool staged = false;
+  int rows_per_sm = 4;
+};
+// The kernel training takes: ZT_CUDA_CE_STAGED=1 and ZT_CUDA_CE_ROWS (1, 2 or
+// 4) in the environment (the A/B of a training run), else rows_per_sm 4.
+ClassifierKernel classifier_kernel();
+
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                            int64_t vocab, float grad_scale);
-// The same at `rows_per_sm` rows in flight per SM (1, 2 or 4;
-// cross_entropy_kernels.cuh says what it trades): the kernel bench's sweep.
-// The bits do not depend on it.
+// The same on a given kernel: the kernel bench's sweep.
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                           int64_t vocab, float grad_scale, int rows_per_sm);
-// The rows per SM the first form takes: ZT_CUDA_CE_ROWS in the environment
-// (1, 2 or 4: the A/B of a training run), else the default (4).
-int classifier_rows_per_sm();
+                           int64_t vocab, float grad_scale, ClassifierKernel kernel);
 
 // The vocabulary-parallel passes (contract: ops/cross_entropy.h); `real` is
 // the number of this rank's columns below the vocabulary; targets on the GPU.

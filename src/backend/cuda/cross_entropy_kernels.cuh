@@ -18,6 +18,16 @@
 // R = 4's occupancy) at about 93% of the H100's, counting 6 bytes. The
 // kernel bench times every R (cross_entropy_fused_rows<R>).
 //
+// ce_staged_kernel moves the minimum, 4 bytes per bf16 element, whatever the
+// L2 holds: a block stages its row's first packs in shared memory with
+// cp.async (the whole row where it fits: GPT-2's 98 KiB; 227 KiB of Llama's
+// 251), and both passes read them there; packs past those (the tail) come
+// from memory in each pass. Each thread stages and alone reads the packs it
+// sums (t, t + kThreads, ...), so no barrier guards them, and pass 2 refills
+// each pack's slot with the block's next row right after reading it: the next
+// row's loads stream in under this row's writes and reductions. Its bits are
+// ce_kernel's (the same order of packs per thread, the same block sums).
+//
 // Rows are swept in packs of V elements (V = 1, or kPack16<T> when the launch
 // checked that 16-byte packs tile the rows: one 128-bit memory instruction
 // per pack; a GPT-2 row of 50304 bf16 is 6288 packs). The last real column
@@ -35,8 +45,8 @@ constexpr int kThreads = 512;
 // R's choices: blocks of kThreads resident per SM (the register budget of
 // __launch_bounds__: 128, 64 or 32 a thread), each thread 4 / R packs' loads
 // ahead (16 bytes each), so 32 KiB of loads in flight per SM at any R.
+// The default is ClassifierKernel's (cross_entropy.h).
 constexpr int kRowsPerSmChoices[] = {1, 2, 4};
-constexpr int kDefaultRowsPerSm = 4;
 constexpr int packs_ahead(int rows_per_sm) { return 4 / rows_per_sm; }
 
 // ce_kernel's grid at R rows per SM: R blocks per SM, no more than the rows.
@@ -67,36 +77,106 @@ __device__ __forceinline__ float load_real(float (&xs)[V], const T* row, int64_t
   return real_values<T, V>(xs, load_pack<T, V>(row + j * V), j, real);
 }
 
-// dlogits of one row (may be the logits themselves: a thread reads each pack
-// before it writes it): exp(x - m) * r - grad_scale [column is the target],
-// r = grad_scale / (the row's sum of exp(x - m)); 0 past the `real` columns
-// and in an ignored row. U packs' loads ahead per thread.
+// Adds pack j (p) to a thread's running max m and sum s of exp(x - m) over
+// the row's `real` columns.
+template <typename T, int V>
+__device__ __forceinline__ void online_add(float& m, float& s, const Pack<T, V>& p, int64_t j, int64_t real) {
+  float xs[V];
+  const float pm = real_values<T, V>(xs, p, j, real);
+  if (pm == -INFINITY) return;  // nothing to add (and -inf - -inf is NaN)
+  if (pm > m) {
+    s *= __expf(m - pm);  // 0 while m is still -inf
+    m = pm;
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);
+}
+
+// Pack j of a row's dlogits from the same pack of its logits (p):
+// exp(x - m) * r - grad_scale [column is the target], r = grad_scale / (the
+// row's sum of exp(x - m)); 0 past the `real` columns and in an ignored row.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> dlogits_pack(const Pack<T, V>& p, int64_t j, int64_t real, int64_t target,
+                                                   bool ignored, float m, float r, float grad_scale) {
+  Pack<T, V> out;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = j * V + k;
+    float g = 0.0f;
+    if (!ignored && c < real) g = __expf(to_f32(p.v[k]) - m) * r - (c == target ? grad_scale : 0.0f);
+    out.v[k] = from_f32<T>(g);
+  }
+  return out;
+}
+
+// The thread's U packs j0 + u * blockDim.x (u < U) of `row` that are below
+// `end`, loaded at once (their latencies overlap).
+template <typename T, int V, int U>
+__device__ __forceinline__ void load_ahead(Pack<T, V> (&p)[U], const T* row, int64_t j0, int64_t end) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t j = j0 + u * int64_t(blockDim.x);
+    if (j < end) p[u] = load_pack<T, V>(row + j * V);
+  }
+}
+
+// Pass 1 over the thread's packs j0, j0 + blockDim.x, ... below `end` of
+// `row`, U loaded ahead; `ahead` holds the first U already.
+template <typename T, int V, int U>
+__device__ __forceinline__ void sum_from_memory(float& m, float& s, Pack<T, V> (&ahead)[U], const T* row, int64_t j0,
+                                                int64_t end, int64_t real) {
+  for (int64_t ju = j0; ju < end; ju += U * int64_t(blockDim.x)) {
+    if (ju != j0) load_ahead<T, V, U>(ahead, row, ju, end);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = ju + u * int64_t(blockDim.x);
+      if (j >= end) break;
+      online_add<T, V>(m, s, ahead[u], j, real);
+    }
+  }
+}
+
+// Pass 2 over the thread's packs j0, j0 + blockDim.x, ... below `end`: dr's
+// dlogits from lr's logits (dr may be lr: a thread reads each pack before it
+// writes it), U loaded ahead; `ahead` holds the first U already.
+template <typename T, int V, int U>
+__device__ __forceinline__ void write_from_memory(T* dr, Pack<T, V> (&ahead)[U], const T* lr, int64_t j0, int64_t end,
+                                                  int64_t real, int64_t target, bool ignored, float m, float r,
+                                                  float grad_scale) {
+  for (int64_t ju = j0; ju < end; ju += U * int64_t(blockDim.x)) {
+    if (ju != j0) load_ahead<T, V, U>(ahead, lr, ju, end);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = ju + u * int64_t(blockDim.x);
+      if (j >= end) break;
+      store_pack<T, V>(dr + j * V, dlogits_pack<T, V>(ahead[u], j, real, target, ignored, m, r, grad_scale));
+    }
+  }
+}
+
+// dlogits of one row (may be the logits themselves), all its cols / V packs,
+// U packs' loads ahead per thread.
 template <typename T, int V, int U>
 __device__ __forceinline__ void write_dlogits(T* dr, const T* lr, int64_t cols, int64_t real, int64_t target,
                                               bool ignored, float m, float r, float grad_scale) {
-  const int64_t packs = cols / V;
-  for (int64_t j0 = threadIdx.x; j0 < packs; j0 += U * int64_t(blockDim.x)) {
-    Pack<T, V> p[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = j0 + u * int64_t(blockDim.x);
-      if (j < packs) p[u] = load_pack<T, V>(lr + j * V);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t j = j0 + u * int64_t(blockDim.x);
-      if (j >= packs) break;
-      Pack<T, V> out;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const int64_t c = j * V + k;
-        float g = 0.0f;
-        if (!ignored && c < real) g = __expf(to_f32(p[u].v[k]) - m) * r - (c == target ? grad_scale : 0.0f);
-        out.v[k] = from_f32<T>(g);
-      }
-      store_pack<T, V>(dr + j * V, out);
-    }
-  }
+  Pack<T, V> ahead[U]{};
+  load_ahead<T, V, U>(ahead, lr, threadIdx.x, cols / V);
+  write_from_memory<T, V, U>(dr, ahead, lr, threadIdx.x, cols / V, real, target, ignored, m, r, grad_scale);
+}
+
+// After pass 1: the row's log-sum-exp from the threads' (m, s), for every
+// thread; its loss written by thread 0. The target logit is read before the
+// closing barrier, so pass 2 may then overwrite the row in place.
+template <typename T>
+__device__ __forceinline__ float row_lse(float m, float s, float* scratch, const T* lr, int32_t target, float* loss) {
+  const float row_max = block_max(m, scratch);
+  const float sum = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - row_max), scratch);
+  const float lse = row_max + logf(sum);
+  const bool ignored = target < 0;
+  const float target_logit = ignored ? 0.0f : to_f32(lr[target]);
+  __syncthreads();
+  if (threadIdx.x == 0) *loss = ignored ? 0.0f : lse - target_logit;
+  return lse;
 }
 
 // logits, dlogits: (N, Vp); losses, targets: (N). R rows in flight per SM
@@ -116,38 +196,73 @@ __global__ void __launch_bounds__(kThreads, R)
     // bits); U packs loaded ahead, as bf16 (the f32 values are made one
     // pack at a time: fewer registers).
     float m = -INFINITY, s = 0.0f;
-    for (int64_t j0 = threadIdx.x; j0 < packs; j0 += U * int64_t(blockDim.x)) {
-      Pack<T, V> p[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t j = j0 + u * int64_t(blockDim.x);
-        if (j < packs) p[u] = load_pack<T, V>(lr + j * V);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t j = j0 + u * int64_t(blockDim.x);
-        if (j >= packs) break;
-        float xs[V];
-        const float pm = real_values<T, V>(xs, p[u], j, vocab);
-        if (pm == -INFINITY) continue;  // nothing to add (and -inf - -inf is NaN)
-        if (pm > m) {
-          s *= __expf(m - pm);  // 0 while m is still -inf
-          m = pm;
-        }
-#pragma unroll
-        for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);
+    Pack<T, V> ahead[U]{};
+    load_ahead<T, V, U>(ahead, lr, threadIdx.x, packs);
+    sum_from_memory<T, V, U>(m, s, ahead, lr, threadIdx.x, packs, vocab);
+    const float lse = row_lse(m, s, scratch, lr, target, losses + row);
+    if (dlogits != nullptr)
+      write_dlogits<T, V, U>(dlogits + row * Vp, lr, Vp, vocab, target, target < 0, lse, grad_scale, grad_scale);
+  }
+}
+
+// The packs of a row ce_staged_kernel stages: all `packs` where they fit in
+// `shared_bytes` (16 each), else the most whole sweeps of kThreads that do
+// (so every thread's tail starts at staged + its index). 0: none fit.
+__host__ __device__ constexpr int64_t staged_packs(int64_t packs, int64_t shared_bytes) {
+  const int64_t fit = shared_bytes / 16;
+  return packs <= fit ? packs : fit / kThreads * kThreads;
+}
+
+// The fused classifier with each row's first `staged` 16-byte packs (V =
+// kPack16<T>; staged_packs) staged in dynamic shared memory (16 x staged
+// bytes); one block per SM or as many as fit, striding over the rows.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    ce_staged_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t Vp,
+                     int64_t vocab, float grad_scale, int64_t staged) {
+  constexpr int V = kPack16<T>, U = 4;  // U: tail packs loaded ahead per thread
+  using P = Pack<T, V>;
+  ZT_SHARED_MEMORY(shared);
+  P* const slots = reinterpret_cast<P*>(shared);  // packs [0, staged) of the block's current row
+  __shared__ float scratch[32];
+  const int64_t t = threadIdx.x, packs = Vp / V, real_packs = packs_holding(vocab, V);
+  const int64_t staged_real = staged < real_packs ? staged : real_packs;
+  const auto stage = [&](int64_t row) {  // this thread's slots, from `row`
+    for (int64_t j = t; j < staged; j += blockDim.x) cp_async16(slots + j, logits + row * Vp + j * V, true);
+    cp_async_commit();
+  };
+  if (blockIdx.x < N) stage(blockIdx.x);
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const T* lr = logits + row * Vp;
+    const int32_t target = targets[row];
+    const int64_t next = row + gridDim.x;
+    // Pass 1: the tail's first loads go out before the wait, so their
+    // latency passes while the staged packs are summed.
+    P ahead[U]{};
+    load_ahead<T, V, U>(ahead, lr, staged + t, real_packs);
+    cp_async_wait<0>();
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t j = t; j < staged_real; j += blockDim.x) online_add<T, V>(m, s, slots[j], j, vocab);
+    sum_from_memory<T, V, U>(m, s, ahead, lr, staged + t, real_packs, vocab);
+    const float lse = row_lse(m, s, scratch, lr, target, losses + row);
+    if (dlogits == nullptr) {
+      if (next < N) stage(next);
+      continue;
+    }
+    // Pass 2: each slot read, its dlogits written, then refilled from the
+    // next row (the fence keeps the refill after the read).
+    T* dr = dlogits + row * Vp;
+    const bool ignored = target < 0;
+    load_ahead<T, V, U>(ahead, lr, staged + t, packs);
+    for (int64_t j = t; j < staged; j += blockDim.x) {
+      store_pack<T, V>(dr + j * V, dlogits_pack<T, V>(slots[j], j, vocab, target, ignored, lse, grad_scale, grad_scale));
+      if (next < N) {
+        compiler_memory_fence();
+        cp_async16(slots + j, logits + next * Vp + j * V, true);
       }
     }
-    const float row_max = block_max(m, scratch);
-    const float sum = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - row_max), scratch);
-    const float lse = row_max + logf(sum);
-    const bool ignored = target < 0;
-    // Read the target logit before any in-place write.
-    const float target_logit = ignored ? 0.0f : to_f32(lr[target]);
-    __syncthreads();
-    if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : lse - target_logit;
-    if (dlogits != nullptr)
-      write_dlogits<T, V, U>(dlogits + row * Vp, lr, Vp, vocab, target, ignored, lse, grad_scale, grad_scale);
+    if (next < N) cp_async_commit();
+    write_from_memory<T, V, U>(dr, ahead, lr, staged + t, packs, vocab, target, ignored, lse, grad_scale, grad_scale);
   }
 }
 

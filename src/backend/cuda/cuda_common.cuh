@@ -117,6 +117,33 @@ __device__ __forceinline__ Pack<T, V> load_pack_or_zero(const T* p, int64_t offs
   if (p != nullptr) v = load_pack<T, V>(p + offset);
   return v;
 }
+// ---- asynchronous copies, global -> shared (cp.async, sm_80 and later) ----
+#if ZT_WARP_EMULATION
+// The warp emulator's: copies deferred to their wait (a missing wait reads
+// the poison).
+using ::zt::emu::cp_async16;
+using ::zt::emu::cp_async_commit;
+using ::zt::emu::cp_async_wait;
+__device__ __forceinline__ void compiler_memory_fence() {}
+#else
+// 16 bytes global -> shared without staging in registers; zeros when !valid
+// (src is then not read). Complete after cp_async_wait.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+// No code: keeps the compiler from moving this thread's earlier memory
+// accesses past what follows (cp_async16 has no memory clobber), as when a
+// thread refills a shared slot it has just read.
+__device__ __forceinline__ void compiler_memory_fence() { asm volatile("" ::: "memory"); }
+#endif
+
 // True when every pointer is 16-byte aligned and `len` (the length the packs
 // tile: a row, or the whole tensor) is a multiple of V: 16-byte packs fit.
 template <typename T, typename... Ptrs>
