@@ -42,7 +42,9 @@
 # (cuDNN's attention backward sums dq with atomics), both against the same
 # PyTorch run. `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
-#   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|all] [gpt2|llama ...]
+# `ab` trains each model as configured and under each switch in ZT_AB (the
+# switches above; see the ab block below for the form).
+#   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|ab|all] [gpt2|llama ...]
 #   (default all, both models)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
@@ -285,6 +287,57 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
     mb=$((mb / 2))
   done
 }
+# `ab`: each model trained briefly (ZT_AB_STEPS steps, default 15; the median
+# tokens/s after the fifth) as configured, then under each setting of ZT_AB,
+# then as configured again: the drift between the two is how far apart a
+# setting's row must be to mean anything. Settings are separated by ';', each
+# NAME=VALUE words: environment variables, or config keys (a dot in the name)
+# given to --set. Without ZT_AB: the switches whose default the kernel bench
+# alone cannot settle.
+if [ "$what" = ab ]; then
+  settings=${ZT_AB:-"ZT_CUDA_CE_STAGED=1;ZT_CUDA_CE_ROWS=2;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256;train.deterministic=false"}
+  IFS=';' read -r -a listed <<< "$settings"
+  runs_of=("" "${listed[@]}" "")
+  for arch in "${models[@]}"; do
+    mb=$(largest_fitting_micro_batch $arch)
+    [ -n "$mb" ] || continue
+    table="$out/ab-$arch.tsv"
+    : > "$table"
+    for i in "${!runs_of[@]}"; do
+      setting=${runs_of[$i]}
+      envs=() sets=()
+      for word in $setting; do
+        case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
+      done
+      log="$out/ab-$arch-$i.log"
+      bounded 60 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
+        configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
+        --set train.steps="${ZT_AB_STEPS:-15}" --set train.run_dir="$runs/ab-$arch-$i" "${sets[@]}" > "$log" 2>&1
+      rc=$?
+      [ $rc -eq 75 ] && break
+      [ $rc -eq 0 ] || said_failed $rc "A/B $arch (${setting:-as configured})" "$log" 5
+      printf '%s\t%s\n' "${setting:-as configured}" "$runs/ab-$arch-$i/metrics.jsonl" >> "$table"
+    done
+    python3 - "$table" "$arch" "$mb" <<'PY'
+import sys
+sys.path.insert(0, "bench/gpu")
+from train_metrics import measured
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+base = measured(rows[0][1]) if rows else None
+print(f"{sys.argv[2]}, micro-batch {sys.argv[3]}: tokens/s (median after warm-up) under each setting")
+print("| setting | tok/s | MFU | peak GiB | vs the first run as configured |")
+print("|---|---|---|---|---|")
+for setting, path in rows:
+    m = measured(path)
+    if m is None:
+        print(f"| {setting} | failed | | | |")
+        continue
+    ratio = f"{m[0] / base[0] - 1:+.1%}" if base else "-"
+    print(f"| {setting} | {m[0]:,.0f} | {100 * m[1]:.1f}% | {m[2]:.1f} | {ratio} |")
+PY
+  done
+  exit 0
+fi
 for arch in "${models[@]}"; do
   cfg=configs/bench-gpu-$arch.toml
   mb=$(largest_fitting_micro_batch $arch)
@@ -311,16 +364,9 @@ for arch in "${models[@]}"; do
     --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
     || said_failed $? "zettatron $arch (train.deterministic = false)" "$out/zt-$arch-atomic.log" 20
   python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" "$runs/run-$arch-atomic/metrics.jsonl" <<'PY'
-import json, statistics, sys
-def measured(path):  # median tokens/s and MFU after warm-up, peak GiB; None when the run left nothing
-    try:
-        rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l][5:]
-    except OSError:
-        return None
-    if not rows:
-        return None
-    return (statistics.median(r["tokens_per_s"] for r in rows), statistics.median(r["mfu"] for r in rows),
-            max(r["peak_memory_bytes"]["total"] for r in rows) / 2**30)
+import json, sys
+sys.path.insert(0, "bench/gpu")
+from train_metrics import measured
 try:
     pt = json.loads(open(sys.argv[2]).read())
 except Exception:
