@@ -29,7 +29,7 @@
 # sweeps each product's candidates with 256 MiB as well (MatmulWorkspaceScope).
 # ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's
 # ranked algorithms (timed on its first call) instead of the heuristic's
-# first: the A/B of `bench` for what the kernels' candidate table suggests.
+# first, 0 never; unset, products tune while train.deterministic = false.
 # ZT_FUSED_QKV=0 runs q, k and v as three products (Llama: and RoPE in place)
 # instead of one product (nn::qkv_form: Llama's split by the RoPE pass,
 # GPT-2's read in place by cuDNN's attention): the A/B of `bench` for the
@@ -39,8 +39,8 @@
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
 # twice: as configured (deterministic), then with train.deterministic = false
-# (cuDNN's attention backward sums dq with atomics), both against the same
-# PyTorch run. `attention` also times cuDNN's other engine configurations
+# (cuDNN's attention backward sums dq with atomics, and each product keeps the
+# fastest of cuBLASLt's ranked algorithms), both against the same PyTorch run. `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
 # `ab` trains each model as configured and under each switch in ZT_AB (the
 # switches above; see the ab block below for the form).
@@ -358,7 +358,7 @@ for arch in "${models[@]}"; do
   done
   # The same run with train.deterministic = false: cuDNN's attention backward
   # sums dq with atomics (as PyTorch's flash backward does) instead of
-  # keeping the score gradients in its workspace.
+  # keeping the score gradients in its workspace, and the products tune.
   bounded 60 "zettatron $arch (train.deterministic = false)" ./build-gpu/bin/zettatron train $cfg \
     --set train.micro_batch=$mb --set train.global_batch=$mb --set train.deterministic=false \
     --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \

@@ -6,12 +6,14 @@
 // On, every op sums in an order fixed by its shapes, so a run repeats bit for
 // bit (exact resume, and the tests that compare recompute policies or layouts
 // bitwise). Off, an op may take a faster path whose floating-point sums run
-// in an order that varies between runs; today one does: on a GPU, cuDNN's
+// in an order that varies between runs; today two do, on a GPU: cuDNN's
 // attention backward adds each key tile's share of dq into an f32
 // accumulator with atomics, instead of keeping every head's (T, T) score
 // gradients in its workspace and reading them back for dq (the deterministic
-// engine: B x Hq x T^2 bf16 written and read per layer). The CPU backend is
-// deterministic either way.
+// engine: B x Hq x T^2 bf16 written and read per layer); and each new matmul
+// shape keeps the fastest of cuBLASLt's ranked algorithms, timed on its first
+// call (backend/cuda/matmul.h), where the clock's choice may differ between
+// processes. The CPU backend is deterministic either way.
 #pragma once
 
 namespace zt::ops {

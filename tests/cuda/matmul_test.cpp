@@ -36,6 +36,7 @@
 #include "backend/cuda/matmul.h"
 #include "core/allocator.h"
 #include "cuda/cuda_test_util.h"
+#include "ops/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 
@@ -362,6 +363,34 @@ TEST(CudaMatmul, TuningTimesTheRankedCandidates) {
   acc.K = 2048, acc.beta = 1.0f;
   check_matmul(acc, rng);
   EXPECT_EQ(cuda::tuned_matmul_plans(), before + 2);
+}
+
+// Without ZT_CUDA_MATMUL_TUNE, products tune exactly while bitwise repetition
+// is not asked for (ops::DeterminismScope(false), train.deterministic =
+// false), and a deterministic product never takes a tuned plan.
+TEST(CudaMatmul, TuningFollowsTheDeterminismSwitch) {
+  ZT_REQUIRE_GPU();
+  if (const char* tune = std::getenv("ZT_CUDA_MATMUL_TUNE"); tune && *tune)
+    GTEST_SKIP() << "ZT_CUDA_MATMUL_TUNE is set: it overrides the switch";
+  auto rng = make_rng(113);
+  MatmulCase c{.batch = {}, .M = 1024, .N = 768, .K = 1792, .tb = true};  // a shape no other case uses
+  c.in = DType::bf16, c.out = DType::f32;
+  const int64_t before = cuda::tuned_matmul_plans();
+  {
+    const ops::DeterminismScope exact(true);
+    check_matmul(c, rng);
+  }
+  EXPECT_EQ(cuda::tuned_matmul_plans(), before) << "tuned while deterministic";
+  {
+    const ops::DeterminismScope fast(false);
+    check_matmul(c, rng);
+  }
+  EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1) << "not tuned with determinism off";
+  {
+    const ops::DeterminismScope exact(true);  // the untuned plan again: nothing timed
+    check_matmul(c, rng);
+  }
+  EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1);
 }
 
 TEST(CudaMatmul, CandidateScopeNamesItsRange) {  // no GPU needed

@@ -112,6 +112,7 @@ struct PlanKey {
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
   int candidate = 0;  // which of the heuristic's ranked algorithms (MatmulCandidateScope)
   uint64_t workspace_bytes = 0;  // the heuristic's workspace limit: 0 the device's (MatmulWorkspaceScope)
+  bool tune = false;             // the plan times its candidates (tuning_on)
 
   bool operator==(const PlanKey&) const = default;
 };
@@ -129,7 +130,7 @@ struct PlanKeyHash {
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
-    mix(uint64_t(k.align_aux) | uint64_t(k.candidate) << 32);
+    mix(uint64_t(k.align_aux) | uint64_t(k.candidate) << 32 | uint64_t(k.tune) << 62);
     mix(k.workspace_bytes);
     return size_t(h);
   }
@@ -179,13 +180,15 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-// ZT_CUDA_MATMUL_TUNE (matmul.h): 1 times the ranked candidates of each plan.
+// Whether a new plan times its candidates (matmul.h): ZT_CUDA_MATMUL_TUNE
+// when set, else set_matmul_tuning's switch.
+std::atomic<bool> g_tuning{false};
 bool tuning_on() {
-  static const bool on =
+  static const std::optional<int64_t> forced =
       env_whole_number("ZT_CUDA_MATMUL_TUNE", 0,
-                       "1: each product keeps the fastest of cuBLASLt's ranked algorithms on its first call; 0: the first")
-          .value_or(0) > 0;
-  return on;
+                       "1: each product keeps the fastest of cuBLASLt's ranked algorithms on its first call; 0: the "
+                       "first; unset: 1 while train.deterministic is false");
+  return forced ? *forced > 0 : g_tuning.load(std::memory_order_relaxed);
 }
 
 // Builds the descriptors of `k` and asks the heuristic for its ranked
@@ -248,7 +251,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k.align_out,
                                                        sizeof(k.align_out)));
   cublasLtMatmulHeuristicResult_t results[kMatmulCandidates] = {};
-  const bool tune = k.candidate == 0 && tuning_on();
+  const bool tune = k.tune;
   int returned = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->handle, p->op, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
                                                             pref, tune ? kMatmulCandidates : k.candidate + 1, results,
@@ -323,6 +326,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   PlanKey k = key;
   k.candidate = t_candidate;
   k.workspace_bytes = t_workspace_bytes;
+  k.tune = k.candidate == 0 && tuning_on();
   Plan& p = plan_for(k, bias, aux);
   void* const workspace = t_workspace != nullptr ? t_workspace : p.workspace;
   const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
@@ -461,6 +465,7 @@ MatmulWorkspaceScope::~MatmulWorkspaceScope() {
   t_workspace_bytes = previous_bytes_;
 }
 
+void set_matmul_tuning(bool on) { g_tuning.store(on, std::memory_order_relaxed); }
 int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
 
 void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,

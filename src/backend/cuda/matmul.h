@@ -95,16 +95,21 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // candidate n throws zt::Error (where a sweep ends) instead of launching it
 // (an f32 bias prefill, where the bias needs one, may have run).
 //
-// ZT_CUDA_MATMUL_TUNE=1 in the environment: each plan times every candidate
-// the heuristic ranks on its first call's operands (a few launches each; an
-// accumulating product into a scratch of its output's size) and keeps the
-// fastest for the process. The clock chooses, so two processes may choose
-// differently and compute different bits: with it on, a resumed run matches
-// the original only to rounding. The scratch of an accumulating product is
-// outside the memory plan (Llama 1B's LM-head dW: 1 GiB of f32, once, on the
-// first step). Off by default; the kernel bench's sweep says where it would
-// pay.
+// Tuning: a plan times every candidate the heuristic ranks on its first
+// call's operands (a few launches each; an accumulating product into a
+// scratch of its output's size) and keeps the fastest for the process. The
+// clock chooses, so two processes may choose differently and compute
+// different bits: a tuned run is not bitwise repeatable, and products tune
+// only while bitwise repetition is not asked for - set_matmul_tuning(true),
+// which ops::set_deterministic(false) calls (train.deterministic = false;
+// on an H200 tuning gave GPT-2 +0.6% and Llama +1.1% tokens/s,
+// bench/results/gpu-2026-11-27.md). Tuned and untuned plans are cached apart,
+// so a deterministic step never takes a tuned algorithm. ZT_CUDA_MATMUL_TUNE
+// in the environment overrides: 1 tunes always, 0 never. The scratch of an
+// accumulating product is outside the memory plan (Llama 1B's LM-head dW:
+// 1 GiB of f32, once, on the first step).
 constexpr int kMatmulCandidates = 8;  // candidates 0 .. kMatmulCandidates - 1
+void set_matmul_tuning(bool on);      // process-wide; off at start
 int64_t tuned_matmul_plans();         // plans whose candidates this process has timed
 class MatmulCandidateScope {
  public:
