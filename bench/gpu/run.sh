@@ -295,7 +295,7 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
 # given to --set. Without ZT_AB: the switches whose default the kernel bench
 # alone cannot settle.
 if [ "$what" = ab ]; then
-  settings=${ZT_AB:-"ZT_CUDA_CE_STAGED=1;ZT_CUDA_CE_ROWS=2;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256;train.deterministic=false"}
+  settings=${ZT_AB:-"ZT_CUDA_CE_STAGED=1;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"}
   IFS=';' read -r -a listed <<< "$settings"
   runs_of=("" "${listed[@]}" "")
   for arch in "${models[@]}"; do
