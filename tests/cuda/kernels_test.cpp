@@ -301,9 +301,12 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
   auto rng = make_rng(6);
   // 600 and 2000 rows: more than the blocks of every kernel (at most 528 on a
   // 132-SM GPU), so each block strides over rows. Llama's 128256 columns: the
-  // staged kernel's tail (packs past the shared memory) in both passes.
+  // staged kernel's tail (packs past the shared memory) in both passes; then
+  // a narrower row and the wide one again (the staged kernel's shared memory
+  // limit, raised for the wide row, must not be lowered by the narrow one).
   for (auto [N, Vp, V] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 5}, {100, 1000, 997}, {64, 50304, 50257},
-                          {600, 50304, 50257}, {2000, 1000, 997}, {300, 128256, 128256}}) {
+                          {600, 50304, 50257}, {2000, 1000, 997}, {300, 128256, 128256}, {50, 20000, 19999},
+                          {30, 128256, 128256}}) {
     const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
     Tensor targets = random_tokens(Shape{N}, V, rng);
     targets.data<int32_t>()[0] = -1;  // ignored row

@@ -62,8 +62,8 @@ int max_shared_optin(Device device);
 // How many blocks of `kernel` (a __global__ function) with `threads` threads
 // and `shared_bytes` of dynamic shared memory one multiprocessor of `device`
 // holds at once (the occupancy calculator; cached per kernel, shape and
-// device). Sets the kernel's dynamic shared memory limit to shared_bytes
-// first, which launches above 48 KiB need.
+// device). Raises the kernel's dynamic shared memory limit to shared_bytes
+// first if it is below (never lowers it), which launches above 48 KiB need.
 int resident_blocks_per_sm(const void* kernel, int threads, size_t shared_bytes, Device device);
 // cuBLASLt handle of the device, and a workspace of cublaslt_workspace_bytes()
 // (runtime.h) on it.
