@@ -20,8 +20,8 @@
 //
 // ce_staged_kernel moves the minimum, 4 bytes per bf16 element, whatever the
 // L2 holds: a block stages its row's first packs in shared memory with
-// cp.async (the whole row where it fits: GPT-2's 98 KiB; 227 KiB of Llama's
-// 251), and both passes read them there; packs past those (the tail) come
+// cp.async (the whole row where it fits: GPT-2's 98 KiB; 224 KiB of Llama's
+// 250.5), and both passes read them there; packs past those (the tail) come
 // from memory in each pass. Each thread stages and alone reads the packs it
 // sums (t, t + kThreads, ...), so no barrier guards them, and pass 2 refills
 // each pack's slot with the block's next row right after reading it: the next
