@@ -32,7 +32,8 @@ echo 'then, call 1 (timeout_s 590): export ZT_CALL_DEADLINE=$(( $(date +%s) + 57
 echo '        bash bench/gpu/run.sh bench llama gpt2'
 echo '      call 2 at once (timeout_s: the budget left less 60 s, at most 600; D = that less 20):'
 echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh kernels; bash bench/gpu/run.sh attention'
-echo '      call 3 at once, if 4 minutes are left (same timeout rule): bash bench/gpu/run.sh ab gpt2 llama'
+echo '      call 3 at once, if 4 minutes are left (the same timeout rule):'
+echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh ab gpt2 llama'
 echo '        (each model as configured, under each open switch, then as configured again; ZT_AB picks the switches)'
 echo '      then give the machine back; a step a call skipped for time says "skipped:" in its output'
 [ $((tree_mib + carry_mib)) -lt 64 ] || { echo "prepare_lease: too large to travel"; exit 1; }
