@@ -8,7 +8,7 @@
 
 #include "backend/cpu/attention.h"
 #include "ops/check.h"
-#include "ops/determinism.h"
+#include "core/determinism.h"
 #include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/attention.h"

@@ -10,9 +10,9 @@
 // Dtypes: q, k, v, out (and the grads) all f32 or all bf16; math in f32.
 // Aliasing: no output may overlap an input or another output.
 // Deterministic: results do not depend on the number of threads. On a GPU
-// the backward repeats bit for bit while ops::deterministic() holds (the
+// the backward repeats bit for bit while deterministic() holds (the
 // default); with it off, cuDNN's backward sums dq with atomics
-// (ops/determinism.h).
+// (core/determinism.h).
 #pragma once
 
 #include "core/tensor.h"

@@ -25,7 +25,7 @@ namespace zt::ops {
 struct AttentionDims {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::f32;
-  bool deterministic = true;  // the backward's algorithm (ops/determinism.h)
+  bool deterministic = true;  // the backward's algorithm (core/determinism.h)
   bool packed = false;        // q, k, v the heads of one tensor (attention_forward_packed)
 };
 

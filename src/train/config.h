@@ -42,7 +42,7 @@ struct TrainSettings {
   int64_t steps = 100;                // optimizer steps
   int64_t seed = 1337;                // initialisation, data order, stochastic rounding
   std::string recompute = "none";     // none | selective | full
-  bool deterministic = true;          // the same bits every run (false, on a GPU: attention's dq by atomics, tuned matmuls; ops/determinism.h)
+  bool deterministic = true;          // the same bits every run (false, on a GPU: attention's dq by atomics, tuned matmuls; core/determinism.h)
   int64_t eval_every = 0;             // steps between evaluations (0: never)
   int64_t eval_batches = 4;           // validation micro-batches per evaluation
   int64_t sample_every = 0;           // steps between text samples (0: only at the end)

@@ -16,7 +16,7 @@
 #include "backend/cuda/runtime.h"
 #endif
 #include "core/error.h"
-#include "ops/determinism.h"
+#include "core/determinism.h"
 #include "ops/device.h"
 #include "ops/op_profile.h"
 #include "train/checkpointing.h"
@@ -186,7 +186,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
 
 StepMetrics Trainer::train_step(int64_t step) {
   const auto t_step = Clock::now();
-  const ops::DeterminismScope determinism(cfg_.train.deterministic);  // the step's ops (ops/determinism.h)
+  const DeterminismScope determinism(cfg_.train.deterministic);  // the step's ops (core/determinism.h)
   StepMetrics m;
   m.step = step + 1;
   comm::set_current_step(m.step);  // named by the comm watchdog if a collective hangs

@@ -24,7 +24,7 @@
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
-#include "ops/determinism.h"
+#include "core/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/embedding.h"
@@ -324,9 +324,9 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
     // Every kernel (the kernel bench's sweep): the same bits, in place and
     // into a tensor of their own, and the losses alone.
     const Tensor gpu_targets = to_gpu(targets);
-    for (const cuda::ClassifierKernel k : {cuda::ClassifierKernel{.staged = true}, cuda::ClassifierKernel{.rows_per_sm = 1},
-                                           cuda::ClassifierKernel{.rows_per_sm = 2},
-                                           cuda::ClassifierKernel{.rows_per_sm = 4}}) {
+    using Kernel = cuda::ClassifierKernel;
+    for (const Kernel k : {Kernel{.staged = true}, Kernel{.rows_per_sm = 1}, Kernel{.rows_per_sm = 2},
+                           Kernel{.rows_per_sm = 4}}) {
       SCOPED_TRACE(::testing::Message() << Vp << " columns, " << (k.staged ? "staged" : "re-read at ")
                                         << (k.staged ? "" : std::to_string(k.rows_per_sm) + " rows per SM"));
       Tensor rl = to_gpu(logits), rlosses = gpu_poisoned(Shape{N}, DType::f32);
@@ -570,7 +570,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       } else if (path == Path::cudnn_atomic) {
         // Through ops with determinism off: the dispatcher takes cuDNN's
         // atomic backward, which allocates exactly what the plan counts for it.
-        const ops::DeterminismScope atomics(false);
+        const DeterminismScope atomics(false);
         ops::attention_forward(gout, glse, gq, gk, gv);
         Allocator& alloc = allocator_for(gq.device());
         const int64_t before = alloc.stats().current(MemCategory::workspace);
@@ -727,7 +727,7 @@ TEST_P(CudaKernels, AttentionOnPackedHeads) {
     // Its backward with atomics (train.deterministic = false) through ops.
     if (cudnn_takes_it && cuda::cudnn_attention_unsupported(packed, scale, atomic_pass).empty()) {
       SCOPED_TRACE("cuDNN's backward with atomics");
-      const ops::DeterminismScope atomics(false);
+      const DeterminismScope atomics(false);
       Tensor gdqkv = gpu_poisoned(qkv.shape(), dt);
       const Tensor gout = to_gpu(out), glse = to_gpu(lse);
       Allocator& alloc = allocator_for(gqkv.device());

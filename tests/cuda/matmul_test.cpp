@@ -35,8 +35,8 @@
 
 #include "backend/cuda/matmul.h"
 #include "core/allocator.h"
+#include "core/determinism.h"
 #include "cuda/cuda_test_util.h"
-#include "ops/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 
@@ -366,7 +366,7 @@ TEST(CudaMatmul, TuningTimesTheRankedCandidates) {
 }
 
 // Without ZT_CUDA_MATMUL_TUNE, products tune exactly while bitwise repetition
-// is not asked for (ops::DeterminismScope(false), train.deterministic =
+// is not asked for (DeterminismScope(false), train.deterministic =
 // false), and a deterministic product never takes a tuned plan.
 TEST(CudaMatmul, TuningFollowsTheDeterminismSwitch) {
   ZT_REQUIRE_GPU();
@@ -377,17 +377,17 @@ TEST(CudaMatmul, TuningFollowsTheDeterminismSwitch) {
   c.in = DType::bf16, c.out = DType::f32;
   const int64_t before = cuda::tuned_matmul_plans();
   {
-    const ops::DeterminismScope exact(true);
+    const DeterminismScope exact(true);
     check_matmul(c, rng);
   }
   EXPECT_EQ(cuda::tuned_matmul_plans(), before) << "tuned while deterministic";
   {
-    const ops::DeterminismScope fast(false);
+    const DeterminismScope fast(false);
     check_matmul(c, rng);
   }
   EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1) << "not tuned with determinism off";
   {
-    const ops::DeterminismScope exact(true);  // the untuned plan again: nothing timed
+    const DeterminismScope exact(true);  // the untuned plan again: nothing timed
     check_matmul(c, rng);
   }
   EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1);

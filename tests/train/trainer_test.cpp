@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "data/dataset_index.h"
 #include "data/shard.h"
-#include "ops/determinism.h"
+#include "core/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/op_profile.h"
 #include "test_util.h"
@@ -64,13 +64,13 @@ class BatchesNotingDeterminism : public RandomBatches {
  public:
   using RandomBatches::RandomBatches;
   void next(const Tensor& inputs, const Tensor& targets) override {
-    seen.push_back(ops::deterministic());
+    seen.push_back(deterministic());
     RandomBatches::next(inputs, targets);
   }
   std::vector<bool> seen;
 };
 
-// train.deterministic is the switch the ops read (ops/determinism.h): each
+// train.deterministic is the switch the ops read (core/determinism.h): each
 // step of a trainer runs under its own config's value (true by default) and
 // leaves the process's as it found it, so two trainers with different
 // settings can step in turn. On the CPU both settings train to the same bits
@@ -90,7 +90,7 @@ TEST(Trainer, StepsUnderTheDeterminismOfItsConfig) {
   double loss[2][2];
   for (int64_t step = 0; step < 2; ++step) {  // in turn
     loss[0][step] = a.train_step(step).loss;
-    EXPECT_TRUE(ops::deterministic()) << "a step leaves the switch as it found it";
+    EXPECT_TRUE(deterministic()) << "a step leaves the switch as it found it";
     loss[1][step] = b.train_step(step).loss;
   }
   ASSERT_FALSE(fast_seen.seen.empty());

@@ -56,6 +56,7 @@
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/runtime.h"
+#include "core/determinism.h"
 #include "core/env.h"
 
 namespace zt::cuda {
@@ -181,14 +182,13 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 }
 
 // Whether a new plan times its candidates (matmul.h): ZT_CUDA_MATMUL_TUNE
-// when set, else set_matmul_tuning's switch.
-std::atomic<bool> g_tuning{false};
+// when set, else while determinism is off (core/determinism.h).
 bool tuning_on() {
   static const std::optional<int64_t> forced =
       env_whole_number("ZT_CUDA_MATMUL_TUNE", 0,
                        "1: each product keeps the fastest of cuBLASLt's ranked algorithms on its first call; 0: the "
                        "first; unset: 1 while train.deterministic is false");
-  return forced ? *forced > 0 : g_tuning.load(std::memory_order_relaxed);
+  return forced ? *forced > 0 : !deterministic();
 }
 
 // Builds the descriptors of `k` and asks the heuristic for its ranked
@@ -465,7 +465,6 @@ MatmulWorkspaceScope::~MatmulWorkspaceScope() {
   t_workspace_bytes = previous_bytes_;
 }
 
-void set_matmul_tuning(bool on) { g_tuning.store(on, std::memory_order_relaxed); }
 int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
 
 void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,

@@ -100,16 +100,15 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // scratch of its output's size) and keeps the fastest for the process. The
 // clock chooses, so two processes may choose differently and compute
 // different bits: a tuned run is not bitwise repeatable, and products tune
-// only while bitwise repetition is not asked for - set_matmul_tuning(true),
-// which ops::set_deterministic(false) calls (train.deterministic = false;
-// on an H200 tuning gave GPT-2 +0.6% and Llama +1.1% tokens/s,
-// bench/results/gpu-2026-11-27.md). Tuned and untuned plans are cached apart,
+// only while bitwise repetition is not asked for (deterministic() false,
+// core/determinism.h: train.deterministic = false; on an H200 tuning gave
+// GPT-2 +0.6% and Llama +1.1% tokens/s, bench/results/gpu-2026-11-27.md).
+// Tuned and untuned plans are cached apart,
 // so a deterministic step never takes a tuned algorithm. ZT_CUDA_MATMUL_TUNE
 // in the environment overrides: 1 tunes always, 0 never. The scratch of an
 // accumulating product is outside the memory plan (Llama 1B's LM-head dW:
 // 1 GiB of f32, once, on the first step).
 constexpr int kMatmulCandidates = 8;  // candidates 0 .. kMatmulCandidates - 1
-void set_matmul_tuning(bool on);      // process-wide; off at start
 int64_t tuned_matmul_plans();         // plans whose candidates this process has timed
 class MatmulCandidateScope {
  public:

@@ -1,7 +1,7 @@
 // Whether ops must give the same bits on every run: process-wide, on by
 // default; a trainer's step runs under its config's `train.deterministic`
 // (DeterminismScope), so trainers with different settings can share a
-// process.
+// process. In core so that the ops and the backends read the one switch.
 //
 // On, every op sums in an order fixed by its shapes, so a run repeats bit for
 // bit (exact resume, and the tests that compare recompute policies or layouts
@@ -16,7 +16,7 @@
 // processes. The CPU backend is deterministic either way.
 #pragma once
 
-namespace zt::ops {
+namespace zt {
 
 void set_deterministic(bool on);
 bool deterministic();
@@ -34,4 +34,4 @@ class DeterminismScope {
   bool previous_;
 };
 
-}  // namespace zt::ops
+}  // namespace zt
