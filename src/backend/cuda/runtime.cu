@@ -166,20 +166,18 @@ int resident_blocks_per_sm(const void* kernel, int threads, size_t shared_bytes,
   };
   static std::mutex mu;
   static auto* cache = new std::map<Key, int>();  // never freed, like the device states
-  // The kernel's dynamic shared memory limit per device, only ever raised: a
-  // launch with less than an earlier one (the classifier's staged rows of
-  // another vocabulary) must not lower it under a size already cached.
-  static auto* limit = new std::map<std::pair<const void*, int>, size_t>();
   const Key key{kernel, threads, shared_bytes, device.index};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   state(device);  // initialised and current
-  size_t& allowed = (*limit)[{kernel, device.index}];
-  if (shared_bytes > allowed) {
+  // The kernel's dynamic shared memory limit, only ever raised: a launch with
+  // less than an earlier one (the classifier's staged rows of another
+  // vocabulary) must not lower it under a size already cached.
+  cudaFuncAttributes attributes{};
+  ZT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  if (shared_bytes > size_t(attributes.maxDynamicSharedSizeBytes))
     ZT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
-    allowed = shared_bytes;
-  }
   int blocks = 0;
   ZT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, shared_bytes));
   ZT_CHECK(blocks > 0, "internal: a kernel of ", threads, " threads and ", shared_bytes,
