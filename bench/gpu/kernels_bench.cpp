@@ -479,8 +479,8 @@ int main(int argc, char** argv) {
   const double copy_gbps = 2.0 * double(a.nbytes()) / median_seconds(dev, [&] { ops::copy(b, a); }) / 1e9;
   // The A/B switches set for this run, so that two runs' rows can be told apart.
   std::string switches;
-  for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE",
-                           "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
+  for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS",
+                           "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

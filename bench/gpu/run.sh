@@ -40,7 +40,8 @@
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
 # twice: as configured (deterministic), then with train.deterministic = false
 # (cuDNN's attention backward sums dq with atomics, and each product keeps the
-# fastest of cuBLASLt's ranked algorithms), both against the same PyTorch run. `attention` also times cuDNN's other engine configurations
+# fastest of cuBLASLt's ranked algorithms), both against the same PyTorch run.
+# `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
 # `ab` trains each model as configured and under each switch in ZT_AB (the
 # switches above; see the ab block below for the form).

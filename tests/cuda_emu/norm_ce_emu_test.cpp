@@ -46,7 +46,8 @@ void fused_backward_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool r
                                 const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
                                 const Tensor& dw0, const Tensor& db0, int64_t blocks, bool overwrite) {
   const int64_t N = x.size(0), C = x.size(1);
-  const Tensor pdw = poisoned(Shape{blocks, C}, DType::f32), pdb = kDb ? poisoned(Shape{blocks, C}, DType::f32) : Tensor();
+  const Tensor pdw = poisoned(Shape{blocks, C}, DType::f32);
+  const Tensor pdb = kDb ? poisoned(Shape{blocks, C}, DType::f32) : Tensor();
   emu::launch(dim3(unsigned(blocks)), nk::kBackwardWarps * 32, nk::backward_shared_bytes(Q, V, kDb),
               nk::norm_backward_fused_kernel<T, V, Q, kDb>, rms, p<T>(dx), p<float>(pdw), p<float>(pdb),
               static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)), static_cast<const T*>(p<T>(w)),
@@ -202,9 +203,9 @@ void ce_case(int64_t N, int64_t Vp, int64_t V, DType dt, std::mt19937_64& rng) {
   Tensor losses = Tensor::empty(Shape{N}, DType::f32), d = Tensor::empty(Shape{N, Vp}, dt);
   ops::softmax_cross_entropy(losses, d, logits, targets, V, 0.25f);
   Tensor gl = copy_of(logits), glosses = poisoned(Shape{N}, DType::f32);
-  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P, cuda::ClassifierKernel{}.rows_per_sm>, p<float>(glosses),
-              p<T>(gl), static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V,
-              0.25f);
+  constexpr int kRows = cuda::ClassifierKernel{}.rows_per_sm;  // training's default
+  emu::launch(dim3(unsigned(N)), ck::kThreads, 0, ck::ce_kernel<T, P, kRows>, p<float>(glosses), p<T>(gl),
+              static_cast<const T*>(p<T>(gl)), static_cast<const int32_t*>(p<int32_t>(targets)), N, Vp, V, 0.25f);
   EXPECT_TRUE(close(glosses, losses, dt == DType::f32 ? 1e-5 : 1e-3, "losses"));
   EXPECT_TRUE(close(gl, d, tol(dt), "dlogits (in place)"));
   // Every rows-per-SM choice (its packs ahead per thread), on fewer blocks

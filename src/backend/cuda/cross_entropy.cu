@@ -25,7 +25,8 @@ ClassifierKernel classifier_kernel() {
     k.staged = env_whole_number("ZT_CUDA_CE_STAGED", 0,
                                 "1: the classifier stages each row in shared memory; 0: it reads the row twice")
                    .value_or(0) > 0;
-    const std::optional<int64_t> rows = env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
+    const std::optional<int64_t> rows =
+        env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
     if (rows) {
       ZT_CHECK(std::ranges::find(kRowsPerSmChoices, *rows) != std::end(kRowsPerSmChoices), "ZT_CUDA_CE_ROWS = ", *rows,
                " is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it for the default");

@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool ignored = target < 0;
     load_ahead<T, V, U>(ahead, lr, staged + t, packs);
     for (int64_t j = t; j < staged; j += blockDim.x) {
-      store_pack<T, V>(dr + j * V, dlogits_pack<T, V>(slots[j], j, vocab, target, ignored, lse, grad_scale, grad_scale));
+      store_pack<T, V>(dr + j * V,
+                       dlogits_pack<T, V>(slots[j], j, vocab, target, ignored, lse, grad_scale, grad_scale));
       if (next < N) {
         compiler_memory_fence();
         cp_async16(slots + j, logits + next * Vp + j * V, true);
