@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -161,35 +162,47 @@ class Bench {
 
   // Every algorithm cuBLASLt's heuristic ranks for a product (at most
   // kMatmulCandidates, matmul.h: MatmulCandidateScope), each timed like the
-  // product's row: whether choosing algorithms by measurement would beat the
-  // heuristic's first. One line per product: op "<product>.candidates",
-  // candidate_ms in the heuristic's order (candidate 0 is the row above,
-  // timed again). A candidate that fails is reported and ends the sweep.
+  // product's row, then cuBLAS's own GEMM (kCublasCandidate) where it applies:
+  // whether choosing algorithms by measurement would beat the heuristic's
+  // first. One line per product: op "<product>.candidates", candidate_ms in
+  // the heuristic's order (candidate 0 is the row above, timed again unless a
+  // switch changed that row's choice), candidate_algos their configurations
+  // (last_matmul_algorithm), cublas_ms (null: no epilogue-free product). A
+  // candidate that fails is reported and ends the sweep.
   void sweep_candidates([[maybe_unused]] const std::string& op, [[maybe_unused]] int64_t M,
                         [[maybe_unused]] int64_t K, [[maybe_unused]] int64_t N,
                         [[maybe_unused]] const std::function<void()>& run) {
 #ifdef ZT_WITH_CUDA
     if (!dev_.is_cuda()) return;
-    auto sweep = [&] {
-      std::string ms;
-      for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
-        try {
-          const cuda::MatmulCandidateScope scope(n);
-          const double seconds = median_seconds(dev_, run);
-          char one[32];
-          std::snprintf(one, sizeof one, "%s%.4f", ms.empty() ? "" : ", ", seconds * 1e3);
-          ms += one;
-        } catch (const std::exception& e) {  // the list's end (zt::Error), or a candidate that failed
-          if (std::string(e.what()).find("so there is no candidate") == std::string::npos)
-            std::fprintf(stderr, "%s %s: candidate %d failed: %s\n", m_.name, op.c_str(), n, e.what());
-          break;
-        }
+    // The JSON fields of one sweep: candidate_ms, candidate_algos, cublas_ms.
+    auto ms_of = [&](int n) -> std::optional<double> {  // nullopt: no candidate n
+      try {
+        const cuda::MatmulCandidateScope scope(n);
+        return median_seconds(dev_, run) * 1e3;
+      } catch (const std::exception& e) {  // the list's end (zt::Error), or a candidate that failed
+        if (std::string(e.what()).find("so there is no candidate") == std::string::npos)
+          std::fprintf(stderr, "%s %s: candidate %d failed: %s\n", m_.name, op.c_str(), n, e.what());
+        return std::nullopt;
       }
-      return ms;
     };
-    const std::string ms = sweep();
-    std::printf("{\"model\": \"%s\", \"op\": \"%s.candidates\", \"shape\": \"%s\", \"candidate_ms\": [%s]}\n", m_.name,
-                op.c_str(), dims({M, K, N}).c_str(), ms.c_str());
+    auto sweep = [&] {
+      std::string ms, algos;
+      char one[32];
+      for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
+        const std::optional<double> t = ms_of(n);
+        if (!t) break;
+        std::snprintf(one, sizeof one, "%s%.4f", ms.empty() ? "" : ", ", *t);
+        ms += one;
+        algos += (algos.empty() ? "\"" : ", \"") + cuda::last_matmul_algorithm() + "\"";
+      }
+      const std::optional<double> cublas = ms_of(cuda::kCublasCandidate);
+      std::snprintf(one, sizeof one, "%.4f", cublas.value_or(0.0));
+      return "\"candidate_ms\": [" + ms + "], \"candidate_algos\": [" + algos +
+             "], \"cublas_ms\": " + (cublas ? one : "null");
+    };
+    const std::string fields = sweep();
+    std::printf("{\"model\": \"%s\", \"op\": \"%s.candidates\", \"shape\": \"%s\", %s}\n", m_.name, op.c_str(),
+                dims({M, K, N}).c_str(), fields.c_str());
     // Again with kLargeWorkspaceMiB of cuBLASLt workspace (MatmulWorkspaceScope):
     // whether split-K algorithms held back by the device's 32 MiB would pay.
     if (!large_workspace_.defined())
@@ -200,7 +213,7 @@ class Bench {
       large = sweep();
     }
     std::printf("{\"model\": \"%s\", \"op\": \"%s.candidates_large_workspace\", \"shape\": \"%s\", "
-                "\"workspace_mib\": %lld, \"candidate_ms\": [%s]}\n",
+                "\"workspace_mib\": %lld, %s}\n",
                 m_.name, op.c_str(), dims({M, K, N}).c_str(), static_cast<long long>(kLargeWorkspaceMiB), large.c_str());
     std::fflush(stdout);
 #endif
@@ -480,7 +493,8 @@ int main(int argc, char** argv) {
   // The A/B switches set for this run, so that two runs' rows can be told apart.
   std::string switches;
   for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS",
-                           "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
+                           "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_MATMUL_CUBLAS", "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV",
+                           "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

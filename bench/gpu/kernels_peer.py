@@ -4,7 +4,10 @@ step (memory-bound ops and the products), at the shapes that bench printed (its 
 input, so both time the same rows), through PyTorch's eager kernels (one op
 or the few an eager model runs for it; torch.compile would fuse some of
 them, at a compile per shape). Median of 10 timed runs after 3 warm-ups
-(CUDA events; the host clock on the CPU). Prints one JSON line per op.
+(CUDA events; the host clock on the CPU). Prints one JSON line per op. A
+product on the GPU is timed twice: as PyTorch runs it by default (cuBLAS may
+reduce split-K partials in bf16: allow_bf16_reduced_precision_reduction),
+and with that off, as our products always run ("ms_strict").
 
     python3 bench/gpu/kernels_peer.py kernels-zt.jsonl [cuda|cpu]
 """
@@ -166,8 +169,17 @@ def main():
         fn = work(row, dev)
         if fn is None:
             continue
-        print(json.dumps({"model": row["model"], "op": row["op"], "shape": row["shape"],
-                          "kernel": f"torch {torch.__version__} eager", "ms": round(median_ms(fn, dev), 4)}))
+        out = {"model": row["model"], "op": row["op"], "shape": row["shape"],
+               "kernel": f"torch {torch.__version__} eager", "ms": round(median_ms(fn, dev), 4)}
+        if "tflops" in row and dev == "cuda":
+            flags = torch.backends.cuda.matmul
+            default = flags.allow_bf16_reduced_precision_reduction
+            flags.allow_bf16_reduced_precision_reduction = False
+            try:
+                out["ms_strict"] = round(median_ms(fn, dev), 4)
+            finally:
+                flags.allow_bf16_reduced_precision_reduction = default
+        print(json.dumps(out))
         sys.stdout.flush()
         del fn
         if dev == "cuda":

@@ -28,8 +28,11 @@
 # instead of 32 (split-K algorithms keep their f32 partials there); `kernels`
 # sweeps each product's candidates with 256 MiB as well (MatmulWorkspaceScope).
 # ZT_CUDA_MATMUL_TUNE=1 makes every product keep the fastest of cuBLASLt's
-# ranked algorithms (timed on its first call) instead of the heuristic's
-# first, 0 never; unset, products tune while train.deterministic = false.
+# ranked algorithms and cuBLAS's own GEMM (timed on its first call) instead
+# of the heuristic's first, 0 never; unset, products tune while
+# train.deterministic = false. ZT_CUDA_MATMUL_CUBLAS=1 runs the products
+# without an epilogue through cuBLAS's own GEMM (cublasGemmEx, as PyTorch
+# does); `kernels` times it beside each product's candidates.
 # ZT_FUSED_QKV=0 runs q, k and v as three products (Llama: and RoPE in place)
 # instead of one product (nn::qkv_form: Llama's split by the RoPE pass,
 # GPT-2's read in place by cuDNN's attention): the A/B of `bench` for the
@@ -154,13 +157,14 @@ for r in ours:
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['of_copy']:.0%} | "
               + " | ".join(vs_torch(r)) + " |")
 print(f"\ndense bf16 GEMM 8192^3: {rate.get('gemm_tflops', 0):.0f} TFLOP/s")
-print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours |")
-print("|---|---|---|---|---|---|---|---|")
+print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours | torch, f32 split-K ms |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in ours:
     if "tflops" in r:
         of = f"{r['of_gemm']:.0%}" if r["of_gemm"] is not None else "-"
+        strict = peer.get((r["model"], r["op"], r["shape"]), {}).get("ms_strict")
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['tflops']:.1f} | {of} | "
-              + " | ".join(vs_torch(r)) + " |")
+              + " | ".join(vs_torch(r)) + f" | {strict if strict is not None else '-'} |")
 # Llama's q, k and v: the fused product and its RoPE split (the default,
 # nn::qkv_form) against three products and RoPE on q and k in place
 # (ZT_FUSED_QKV=0), per layer: forward, dgrad, wgrad and the RoPE passes.
@@ -189,19 +193,34 @@ large = {(r["model"], r["op"].removesuffix(".candidates_large_workspace"), r["sh
          if r.get("candidate_ms") and r["op"].endswith(".candidates_large_workspace")}
 if sweeps:
     mib = next(iter(large.values()))["workspace_mib"] if large else 0
-    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest;")
+    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest")
+    print("and cuBLAS's own GEMM (cublasGemmEx, f32 split-K; products without an epilogue);")
     print(f"then the same with {mib} MiB of workspace (MatmulWorkspaceScope) instead of 32")
-    print("| model | product | M x K x N | candidates | first ms | fastest ms | fastest | first / fastest "
-          f"| {mib} MiB: first ms | fastest ms | 32 MiB first / {mib} MiB fastest |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | product | M x K x N | candidates | first ms | fastest ms | fastest | first / fastest | cuBLAS ms "
+          f"| first / cuBLAS | {mib} MiB: first ms | fastest ms | cuBLAS ms | 32 MiB first / {mib} MiB fastest |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    algos = []
     for r in sweeps:
         ms = r["candidate_ms"]
         best = min(range(len(ms)), key=ms.__getitem__)
         product = r["op"].removesuffix(".candidates")
-        big = large.get((r["model"], product, r["shape"]), {}).get("candidate_ms") or []
-        tail = (f"{big[0]:.3f} | {min(big):.3f} | {ms[0] / min(big):.2f}x" if big else "- | - | -")
-        print(f"| {r['model']} | {product} | {r['shape']} | {len(ms)} | {ms[0]:.3f} | "
-              f"{ms[best]:.3f} | {best} | {ms[0] / ms[best]:.2f}x | {tail} |")
+        cub = r.get("cublas_ms")
+        other = large.get((r["model"], product, r["shape"]), {})
+        big, big_cub = other.get("candidate_ms") or [], other.get("cublas_ms")
+        fastest_big = min(big + ([big_cub] if big_cub else [])) if big else None
+        tail = (f"{big[0]:.3f} | {min(big):.3f} | {big_cub if big_cub else '-'} | {ms[0] / fastest_big:.2f}x"
+                if big else "- | - | - | -")
+        print(f"| {r['model']} | {product} | {r['shape']} | {len(ms)} | {ms[0]:.3f} | {ms[best]:.3f} | {best} | "
+              f"{ms[0] / ms[best]:.2f}x | {f'{cub:.3f}' if cub else '-'} | {f'{ms[0] / cub:.2f}x' if cub else '-'} | "
+              f"{tail} |")
+        names = r.get("candidate_algos") or []
+        if len(names) == len(ms):
+            algos.append(f"| {r['model']} | {product} | {names[0]} | {names[best]} |")
+    if algos:
+        print("\nThe first and the fastest candidate's cuBLASLt configuration (cublasLt.h's enum values)")
+        print("| model | product | first | fastest |")
+        print("|---|---|---|---|")
+        print("\n".join(algos))
 PY
 fi
 [ "$what" = kernels ] && exit 0
@@ -296,7 +315,7 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
 # given to --set. Without ZT_AB: the switches whose default the kernel bench
 # alone cannot settle.
 if [ "$what" = ab ]; then
-  settings=${ZT_AB:-"ZT_CUDA_CE_STAGED=1;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"}
+  settings=${ZT_AB:-"ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"}
   IFS=';' read -r -a listed <<< "$settings"
   runs_of=("" "${listed[@]}" "")
   for arch in "${models[@]}"; do

@@ -282,10 +282,11 @@ TEST(CudaMatmul, EmptyReductionGivesBetaOutPlusBias) {
 }
 
 // Every algorithm cuBLASLt's heuristic ranks for a product computes it
-// (MatmulCandidateScope): what choosing algorithms by measurement would rely
-// on; the kernel bench times them. Cases: a bf16 product with the bias
-// epilogue (a linear layer), an f32-accumulated weight gradient of bf16
-// operands (beta 1), an odd f32 product.
+// (MatmulCandidateScope), and so does cuBLAS's own GEMM where it applies (no
+// epilogue): what choosing algorithms by measurement would rely on; the
+// kernel bench times them. Cases: a bf16 product with the bias epilogue (a
+// linear layer), an f32-accumulated weight gradient of bf16 operands (beta
+// 1), an odd f32 product, a strided batch with a shared b.
 TEST(CudaMatmul, EveryRankedCandidateComputesTheProduct) {
   ZT_REQUIRE_GPU();
   auto rng = make_rng(108);
@@ -294,7 +295,9 @@ TEST(CudaMatmul, EveryRankedCandidateComputesTheProduct) {
   MatmulCase wgrad{.batch = {}, .M = 768, .N = 384, .K = 512, .ta = true, .beta = 1.0f};
   wgrad.in = DType::bf16, wgrad.out = DType::f32;
   const MatmulCase odd{.batch = {}, .M = 37, .N = 53, .K = 29};
-  for (const MatmulCase& c : {linear, wgrad, odd}) {
+  MatmulCase batched{.batch = {3}, .M = 40, .N = 24, .K = 56, .ta = true, .b_shared = true};
+  batched.in = batched.out = DType::bf16;
+  for (const MatmulCase& c : {linear, wgrad, odd, batched}) {
     int ranked = 0;
     for (int n = 0; n < cuda::kMatmulCandidates; ++n) {
       const cuda::MatmulCandidateScope scope(n);
@@ -305,11 +308,28 @@ TEST(CudaMatmul, EveryRankedCandidateComputesTheProduct) {
         EXPECT_NE(std::string(e.what()).find("so there is no candidate"), std::string::npos) << e.what();
         break;
       }
+      EXPECT_EQ(cuda::last_matmul_algorithm().rfind("algo ", 0), 0u) << cuda::last_matmul_algorithm();
       ++ranked;
     }
-    std::printf("%s: cuBLASLt ranks %d candidate(s) (%d asked for)\n", c.str().c_str(), ranked,
-                cuda::kMatmulCandidates);
+    std::printf("%s: cuBLASLt ranks %d candidate(s) (%d asked for); last: %s\n", c.str().c_str(), ranked,
+                cuda::kMatmulCandidates, cuda::last_matmul_algorithm().c_str());
     EXPECT_GE(ranked, 1) << c.str();
+    // cuBLAS's own GEMM: the product, or no candidate where an epilogue is asked for.
+    const cuda::MatmulCandidateScope scope(cuda::kCublasCandidate);
+    const int64_t before = cuda::cublas_matmul_launches();
+    if (c.bias && c.bias_dt == c.out) {
+      try {
+        check_matmul(c, rng);
+        ADD_FAILURE() << c.str() << ": cuBLAS's GEMM took a product with the bias epilogue";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("so there is no candidate"), std::string::npos) << e.what();
+      }
+    } else {
+      SCOPED_TRACE("cuBLAS's own GEMM");
+      check_matmul(c, rng);
+      EXPECT_GT(cuda::cublas_matmul_launches(), before) << c.str();
+      EXPECT_EQ(cuda::last_matmul_algorithm(), "cublas");
+    }
   }
 }
 
@@ -394,16 +414,42 @@ TEST(CudaMatmul, TuningFollowsTheDeterminismSwitch) {
 }
 
 TEST(CudaMatmul, CandidateScopeNamesItsRange) {  // no GPU needed
-  for (int n : {-1, cuda::kMatmulCandidates}) {
+  for (int n : {-1, cuda::kCublasCandidate + 1}) {
     try {
       const cuda::MatmulCandidateScope scope(n);
       ADD_FAILURE() << "candidate " << n << " was taken";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("outside 0.." + std::to_string(cuda::kMatmulCandidates - 1)),
+      EXPECT_NE(std::string(e.what()).find("outside 0.." + std::to_string(cuda::kCublasCandidate)),
                 std::string::npos)
           << e.what();
     }
   }
+}
+
+// With ZT_CUDA_MATMUL_CUBLAS=1 (the ctest entry gpu.matmul_cublas runs these
+// suites with it), a product without an epilogue runs through cuBLAS's own
+// GEMM and one with the bias epilogue through cuBLASLt; both match the CPU,
+// and the suites' other cases check the rest. Tuning, when on, chooses instead.
+TEST(CudaMatmul, CublasSwitchRunsThePlainProducts) {
+  ZT_REQUIRE_GPU();
+  const char* on = std::getenv("ZT_CUDA_MATMUL_CUBLAS");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "ZT_CUDA_MATMUL_CUBLAS is not 1 (ctest's gpu.matmul_cublas sets it)";
+  const DeterminismScope exact(true);  // no tuning (unless ZT_CUDA_MATMUL_TUNE=1 forces it)
+  if (const char* tune = std::getenv("ZT_CUDA_MATMUL_TUNE"); tune && std::string(tune) == "1")
+    GTEST_SKIP() << "ZT_CUDA_MATMUL_TUNE=1: tuning chooses";
+  auto rng = make_rng(114);
+  MatmulCase plain{.batch = {}, .M = 256, .N = 384, .K = 512, .tb = true};
+  plain.in = plain.out = DType::bf16;
+  int64_t before = cuda::cublas_matmul_launches();
+  check_matmul(plain, rng);
+  EXPECT_EQ(cuda::cublas_matmul_launches(), before + 1);
+  EXPECT_EQ(cuda::last_matmul_algorithm(), "cublas");
+  MatmulCase linear = plain;
+  linear.bias = true, linear.bias_dt = DType::bf16;
+  before = cuda::cublas_matmul_launches();
+  check_matmul(linear, rng);
+  EXPECT_EQ(cuda::cublas_matmul_launches(), before) << "a product with the bias epilogue went to cuBLAS's GEMM";
+  EXPECT_EQ(cuda::last_matmul_algorithm().rfind("algo ", 0), 0u) << cuda::last_matmul_algorithm();
 }
 
 TEST(CudaMatmul, MeasuredBf16GemmThroughput) {

@@ -31,8 +31,13 @@
 //   once per (device, shape, transposes, dtypes, bias, alignments) key and
 //   cached for the process (thread-safe). The algorithm is the heuristic's
 //   first candidate, or under a MatmulCandidateScope the one it names (the
-//   key holds the index), or with ZT_CUDA_MATMUL_TUNE=1 the fastest of its
-//   ranked candidates on the plan's first call (matmul.h).
+//   key holds the index), or when tuning the fastest of its ranked
+//   candidates and cuBLAS's own GEMM on the plan's first call (matmul.h).
+// cuBLAS's own GEMM (cublasGemmEx, one handle per device on the compute
+//   stream, sharing the cuBLASLt workspace; math mode without reduced-precision
+//   reductions, so split-K partials stay f32 as above) runs the products
+//   without an epilogue that choose it: kCublasCandidate, ZT_CUDA_MATMUL_CUBLAS=1,
+//   or a tuned plan where it was fastest.
 //
 // Linear backward (y = x W^T + b; dy (N, OC), x (N, C), W (OC, C)):
 //   dx = dy @ W  (NN)      dW += dy^T @ x  (TN, beta 1)      db += colsum(dy)
@@ -50,8 +55,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <cublas_v2.h>
 
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -140,8 +148,7 @@ struct PlanKeyHash {
 // Descriptors and algorithm of one cached product; never destroyed (they
 // live as long as the process, like the cuBLASLt handles).
 struct Plan {
-  cublasLtHandle_t handle = nullptr;  // of the key's device, with its workspace
-  void* workspace = nullptr;
+  cublasLtHandle_t handle = nullptr;  // of the key's device
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t lay_a = nullptr;  // cuBLASLt's A: our b
   cublasLtMatrixLayout_t lay_b = nullptr;  // cuBLASLt's B: our a
@@ -149,10 +156,12 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   bool found = false;  // the heuristic returned the key's candidate
   int offered = 0;     // how many candidates it returned
-  // ZT_CUDA_MATMUL_TUNE: the heuristic's ranked candidates, timed on the
-  // plan's first call (once), the fastest becoming `algo`.
+  // A tuning plan (tuning_on): the heuristic's ranked candidates, timed with
+  // cuBLAS's GEMM on the plan's first call (once), the fastest becoming
+  // `algo` (or use_cublas).
   cublasLtMatmulAlgo_t ranked[kMatmulCandidates] = {};
   int num_ranked = 0;
+  bool use_cublas = false;  // tuning found cuBLAS's own GEMM fastest (a plain product only)
   std::once_flag tuned;
   std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
@@ -191,6 +200,72 @@ bool tuning_on() {
   return forced ? *forced > 0 : !deterministic();
 }
 
+// Whether products without an epilogue run through cuBLAS's own GEMM when
+// not tuning (ZT_CUDA_MATMUL_CUBLAS=1; matmul.h says why).
+bool cublas_by_default() {
+  static const bool on =
+      env_whole_number("ZT_CUDA_MATMUL_CUBLAS", 0,
+                       "1: products without an epilogue run through cuBLAS's own GEMM (cublasGemmEx, its heuristic's "
+                       "choice) instead of cuBLASLt's first ranked algorithm; 0 or unset: cuBLASLt")
+          .value_or(0) > 0;
+  return on;
+}
+
+// A cuBLAS handle of one device: on its compute stream, reductions in f32
+// (no reduced-precision split-K), no atomics (cuBLAS's default). Its calls
+// are serialised: a handle's workspace is set per call, and cuBLAS handles
+// are not for concurrent use.
+struct CublasHandle {
+  cublasHandle_t handle = nullptr;
+  std::mutex mu;
+};
+
+CublasHandle& cublas_for(Device device) {
+  static std::mutex mu;
+  static auto* handles = new std::unordered_map<int, std::unique_ptr<CublasHandle>>();  // never freed, like cuBLASLt's
+  cudaStream_t stream = compute_stream(device);  // also makes the device current for cublasCreate
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<CublasHandle>& slot = (*handles)[device.index];
+  if (!slot) {
+    auto c = std::make_unique<CublasHandle>();
+    ZT_CUBLAS_CHECK(cublasCreate(&c->handle));
+    ZT_CUBLAS_CHECK(cublasSetStream(c->handle, stream));  // before the workspace: it resets the workspace
+    ZT_CUBLAS_CHECK(cublasSetMathMode(
+        c->handle, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    slot = std::move(c);
+  }
+  return *slot;
+}
+
+// out = alpha * op(a) @ op(b) + beta * out for a plain key (no epilogue)
+// through cuBLAS's own GEMM, with the same column-major mapping as cuBLASLt
+// (its A is our b) and `workspace` as its workspace.
+std::atomic<int64_t> g_cublas_launches{0};
+cublasStatus_t cublas_gemm(const PlanKey& k, const void* a, const void* b, void* out, float alpha, float beta,
+                           void* workspace, size_t workspace_bytes, Device device) {
+  ZT_ASSERT(!k.has_bias && !k.dgelu, "cublas_gemm: cuBLAS's GEMM has no epilogue");
+  CublasHandle& c = cublas_for(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  ZT_CUBLAS_CHECK(cublasSetWorkspace(c.handle, workspace, workspace_bytes));
+  const cublasOperation_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is our b
+  const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cudaDataType_t ab = lt_type(k.ab), ct = lt_type(k.out);
+  ++g_cublas_launches;
+  if (k.batch == 1)
+    return cublasGemmEx_64(c.handle, op_a, op_b, k.N, k.M, k.K, &alpha, b, ab, k.ldb, a, ab, k.lda, &beta, out, ct,
+                           k.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return cublasGemmStridedBatchedEx_64(c.handle, op_a, op_b, k.N, k.M, k.K, &alpha, b, ab, k.ldb, k.stride_b, a, ab,
+                                       k.lda, k.stride_a, &beta, out, ct, k.ldc, k.stride_c, k.batch,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+// The algorithm of this thread's last product (last_matmul_algorithm).
+struct LastAlgorithm {
+  bool any = false, cublas = false;
+  cublasLtMatmulAlgo_t algo{};
+};
+thread_local LastAlgorithm t_last;
+
 // Builds the descriptors of `k` and asks the heuristic for its ranked
 // algorithms that fit the workspace and the alignments, taking the key's
 // candidate: the first, unless a MatmulCandidateScope names another (all of
@@ -200,7 +275,6 @@ bool tuning_on() {
 std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* aux) {
   auto p = std::make_unique<Plan>();
   p->handle = cublaslt_handle(Device::cuda(k.device));
-  p->workspace = cublaslt_workspace(Device::cuda(k.device));
   ZT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const int32_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our b
   const int32_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -269,21 +343,23 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
 
 // The candidate products take on this thread (MatmulCandidateScope), and the
 // workspace they plan for and use (MatmulWorkspaceScope; null: the device's).
-thread_local int t_candidate = 0;
+thread_local int t_candidate = -1;  // -1: no scope (the first, tuned, or cuBLAS's by the switches)
 thread_local void* t_workspace = nullptr;
 thread_local uint64_t t_workspace_bytes = 0;
 
-// Tuning (ZT_CUDA_MATMUL_TUNE): sets p.algo to the fastest of p's ranked
-// candidates on this call's operands. launch(algo, dst) runs the call's
-// product with `algo` into dst. Each candidate runs once to warm up, then
-// kTimedLaunches times between two marks; one that fails to launch is passed
-// over. The timing launches write `out` itself when beta = 0 (the call's own
-// launch overwrites it next), else a scratch of out's size (workspace, freed
-// at once): they must not add into out.
+// Tuning (tuning_on): sets p.algo, or p.use_cublas, to the fastest of p's
+// ranked candidates and (with_cublas) cuBLAS's own GEMM on this call's
+// operands. launch(option, dst) runs the call's product into dst with
+// p.ranked[option], or cuBLAS's GEMM for option = p.num_ranked. Each option
+// runs once to warm up, then kTimedLaunches times between two marks; one that
+// fails to launch is passed over. The timing launches write `out` itself when
+// beta = 0 (the call's own launch overwrites it next), else a scratch of
+// out's size (workspace, freed at once): they must not add into out.
 constexpr int kTimedLaunches = 5;
 std::atomic<int64_t> g_tuned_plans{0};
 template <typename Launch>
-void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device device, Launch&& launch) {
+void keep_fastest(Plan& p, const PlanKey& k, bool with_cublas, void* out, float beta, Device device,
+                  Launch&& launch) {
   Tensor scratch;
   void* dst = out;
   if (beta != 0.0f) {
@@ -294,14 +370,16 @@ void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device devic
   }
   float best = std::numeric_limits<float>::infinity();
   EventTimer timer(device);
-  for (int i = 0; i < p.num_ranked; ++i) {
-    if (launch(p.ranked[i], dst) != CUBLAS_STATUS_SUCCESS) continue;
+  const int options = p.num_ranked + (with_cublas ? 1 : 0);
+  for (int i = 0; i < options; ++i) {
+    if (launch(i, dst) != CUBLAS_STATUS_SUCCESS) continue;
     timer.start();
-    for (int r = 0; r < kTimedLaunches; ++r) ZT_CUBLAS_CHECK(launch(p.ranked[i], dst));
+    for (int r = 0; r < kTimedLaunches; ++r) ZT_CUBLAS_CHECK(launch(i, dst));
     const float ms = timer.stop_ms();
     if (ms < best) {
       best = ms;
-      p.algo = p.ranked[i];
+      p.use_cublas = i == p.num_ranked;
+      if (!p.use_cublas) p.algo = p.ranked[i];
     }
   }
   ++g_tuned_plans;
@@ -324,12 +402,23 @@ Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
 bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, const void* bias, const void* aux,
                  float alpha_in, float beta_in, Device device) {
   PlanKey k = key;
-  k.candidate = t_candidate;
+  const bool scoped = t_candidate >= 0;  // exactly the scope's candidate: no tuning, no switch
+  k.candidate = scoped ? t_candidate : 0;
   k.workspace_bytes = t_workspace_bytes;
-  k.tune = k.candidate == 0 && tuning_on();
-  Plan& p = plan_for(k, bias, aux);
-  void* const workspace = t_workspace != nullptr ? t_workspace : p.workspace;
+  k.tune = !scoped && tuning_on();
+  const float alpha = alpha_in, beta = beta_in;
+  void* const workspace = t_workspace != nullptr ? t_workspace : cublaslt_workspace(device);
   const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
+  const bool plain = !k.has_bias && !k.dgelu;
+  if (k.candidate == kCublasCandidate || (plain && !scoped && !k.tune && cublas_by_default())) {
+    ZT_CHECK(plain, "matmul: cuBLAS's own GEMM applies no epilogue, so there is no candidate ", kCublasCandidate,
+             " (cuBLAS's GEMM) for ", describe(k), "; MatmulCandidateScope's cuBLASLt candidates are 0..",
+             kMatmulCandidates - 1);
+    ZT_CUBLAS_CHECK(cublas_gemm(k, a, b, out, alpha, beta, workspace, workspace_bytes, device));
+    t_last = LastAlgorithm{.any = true, .cublas = true};
+    return true;
+  }
+  Plan& p = plan_for(k, bias, aux);
   // A candidate asked for by index ends a sweep where the list ends, rather
   // than falling back to another product.
   ZT_CHECK(p.found || k.candidate == 0, "matmul: cuBLASLt offers ", p.offered, " candidate(s) for ", describe(k),
@@ -338,15 +427,26 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
     if (k.has_bias || k.dgelu) return false;
     throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
   }
-  const float alpha = alpha_in, beta = beta_in;
   cudaStream_t stream = compute_stream(device);
   auto launch_with = [&](const cublasLtMatmulAlgo_t& algo, void* dst) {
     return cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, dst, p.lay_c, dst, p.lay_c, &algo,
                           workspace, workspace_bytes, stream);
   };
+  // Tuning's options: the ranked algorithms, then cuBLAS's GEMM (plain products).
+  auto launch_option = [&](int option, void* dst) {
+    return option < p.num_ranked ? launch_with(p.ranked[option], dst)
+                                 : cublas_gemm(k, a, b, dst, alpha, beta, workspace, workspace_bytes, device);
+  };
   auto launch = [&] {
-    if (p.num_ranked > 1) std::call_once(p.tuned, [&] { keep_fastest(p, k, out, beta, device, launch_with); });
-    ZT_CUBLAS_CHECK(launch_with(p.algo, out));
+    if (p.num_ranked > 1 || (p.num_ranked == 1 && plain))
+      std::call_once(p.tuned, [&] { keep_fastest(p, k, plain, out, beta, device, launch_option); });
+    if (p.use_cublas) {
+      ZT_CUBLAS_CHECK(cublas_gemm(k, a, b, out, alpha, beta, workspace, workspace_bytes, device));
+      t_last = LastAlgorithm{.any = true, .cublas = true};
+    } else {
+      ZT_CUBLAS_CHECK(launch_with(p.algo, out));
+      t_last = LastAlgorithm{.any = true, .cublas = false, .algo = p.algo};
+    }
   };
   if (k.has_bias || k.dgelu) {
     std::lock_guard<std::mutex> lock(p.pointer_mu);
@@ -446,8 +546,9 @@ __global__ void fill_uniform_bf16_kernel(bf16_t* p, int64_t n, uint64_t seed) {
 }  // namespace
 
 MatmulCandidateScope::MatmulCandidateScope(int candidate) : previous_(t_candidate) {
-  ZT_CHECK(candidate >= 0 && candidate < kMatmulCandidates, "MatmulCandidateScope: candidate ", candidate,
-           " is outside 0..", kMatmulCandidates - 1);
+  ZT_CHECK(candidate >= 0 && candidate <= kCublasCandidate, "MatmulCandidateScope: candidate ", candidate,
+           " is outside 0..", kCublasCandidate, " (cuBLASLt's ranked 0..", kMatmulCandidates - 1, ", then ",
+           kCublasCandidate, " cuBLAS's own GEMM)");
   t_candidate = candidate;
 }
 MatmulCandidateScope::~MatmulCandidateScope() { t_candidate = previous_; }
@@ -466,6 +567,29 @@ MatmulWorkspaceScope::~MatmulWorkspaceScope() {
 }
 
 int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
+int64_t cublas_matmul_launches() { return g_cublas_launches.load(); }
+
+std::string last_matmul_algorithm() {
+  if (!t_last.any) return "";
+  if (t_last.cublas) return "cublas";
+  // Each attribute read into a zeroed 64-bit word at its own width (int32,
+  // uint32 or uint16 in cublasLt.h; little-endian, so the low bytes).
+  auto get = [](cublasLtMatmulAlgoConfigAttributes_t attr, size_t bytes) {
+    uint64_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&t_last.algo, attr, &v, bytes, &written) != CUBLAS_STATUS_SUCCESS)
+      return std::string("?");
+    return std::to_string(v);
+  };
+  return zt::detail::concat("algo ", get(CUBLASLT_ALGO_CONFIG_ID, 4), " tile ", get(CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+                            " stages ", get(CUBLASLT_ALGO_CONFIG_STAGES_ID, 4), " splitk ",
+                            get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4), " reduction ",
+                            get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 4), " swizzle ",
+                            get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4), " cluster ",
+                            get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2), " inner ",
+                            get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, 2), " custom ",
+                            get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, 4));
+}
 
 void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, DType out_type, void* out,
                   Device device) {

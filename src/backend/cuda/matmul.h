@@ -11,6 +11,8 @@
 // db is summed in an order fixed by the shape alone (deterministic bits).
 #pragma once
 
+#include <string>
+
 #include "backend/cpu/matmul.h"  // GemmDesc: a plain struct shared by both backends
 #include "core/tensor.h"
 
@@ -88,28 +90,49 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 
 // cuBLASLt's heuristic ranks the algorithms it has for a product, and plans
 // take its first. While a MatmulCandidateScope lives, the products its
-// thread launches take the heuristic's candidate n (from 0) instead, each in
-// a plan of its own: the kernel bench times every candidate against the
-// first, to say whether choosing algorithms by measurement would pay, and a
-// GPU test checks that each computes the product. A product with no
-// candidate n throws zt::Error (where a sweep ends) instead of launching it
-// (an f32 bias prefill, where the bias needs one, may have run).
+// thread launches take exactly the heuristic's candidate n (from 0; neither
+// tuning nor ZT_CUDA_MATMUL_CUBLAS applies), each in a plan of its own, or
+// with n = kCublasCandidate cuBLAS's own GEMM
+// (cublasGemmEx: its own heuristic over the same kernels, reductions in f32,
+// no atomics; products without an epilogue only). The kernel bench times
+// every candidate against the first, to say whether choosing algorithms by
+// measurement would pay, and a GPU test checks that each computes the
+// product. A product with no candidate n (the list ended; cuBLAS's GEMM on a
+// product with a bias or GeLU epilogue) throws zt::Error (where a sweep
+// ends) instead of launching it (an f32 bias prefill, where the bias needs
+// one, may have run).
 //
-// Tuning: a plan times every candidate the heuristic ranks on its first
-// call's operands (a few launches each; an accumulating product into a
-// scratch of its output's size) and keeps the fastest for the process. The
-// clock chooses, so two processes may choose differently and compute
-// different bits: a tuned run is not bitwise repeatable, and products tune
-// only while bitwise repetition is not asked for (deterministic() false,
-// core/determinism.h: train.deterministic = false; on an H200 tuning gave
-// GPT-2 +0.6% and Llama +1.1% tokens/s, bench/results/gpu-2026-11-27.md).
-// Tuned and untuned plans are cached apart,
-// so a deterministic step never takes a tuned algorithm. ZT_CUDA_MATMUL_TUNE
-// in the environment overrides: 1 tunes always, 0 never. The scratch of an
-// accumulating product is outside the memory plan (Llama 1B's LM-head dW:
-// 1 GiB of f32, once, on the first step).
-constexpr int kMatmulCandidates = 8;  // candidates 0 .. kMatmulCandidates - 1
-int64_t tuned_matmul_plans();         // plans whose candidates this process has timed
+// Why cuBLAS's own GEMM: on an H200 (2026-11-27) PyTorch's products, which
+// go through it, beat the fastest of cuBLASLt's first 8 ranked algorithms on
+// long reductions into small outputs: Llama's mlp.in input gradient 0.714 ms
+// against 0.807, its LM-head input gradient 1.341 against 1.441
+// (bench/results/gpu-2026-11-27.md). ZT_CUDA_MATMUL_CUBLAS=1 runs every
+// product without an epilogue through it (deterministic too: a fixed
+// heuristic's choice), for training A/B runs.
+//
+// Tuning: a plan times every candidate the heuristic ranks, and cuBLAS's
+// GEMM where it applies, on its first call's operands (a few launches each;
+// an accumulating product into a scratch of its output's size) and keeps the
+// fastest for the process. The clock chooses, so two processes may choose
+// differently and compute different bits: a tuned run is not bitwise
+// repeatable, and products tune only while bitwise repetition is not asked
+// for (deterministic() false, core/determinism.h: train.deterministic =
+// false; on an H200 tuning over 8 candidates gave GPT-2 +0.6% and Llama
+// +1.1% tokens/s, bench/results/gpu-2026-11-27.md). Tuned and untuned plans
+// are cached apart, so a deterministic step never takes a tuned algorithm.
+// ZT_CUDA_MATMUL_TUNE in the environment overrides: 1 tunes always, 0 never;
+// tuning wins over ZT_CUDA_MATMUL_CUBLAS. The scratch of an accumulating
+// product is outside the memory plan (Llama 1B's LM-head dW: 1 GiB of f32,
+// once, on the first step).
+constexpr int kMatmulCandidates = 16;                 // cuBLASLt's: 0 .. kMatmulCandidates - 1
+constexpr int kCublasCandidate = kMatmulCandidates;  // cuBLAS's own GEMM
+int64_t tuned_matmul_plans();    // plans whose candidates this process has timed
+int64_t cublas_matmul_launches();  // products this process ran through cuBLAS's own GEMM
+// The algorithm of the last product this thread launched, for the kernel
+// bench: "cublas", or cuBLASLt's configuration ("algo 66 tile 20 stages 35
+// splitk 1 reduction 0 swizzle 0 cluster 2 inner 0 custom 0"; the numbers
+// are cublasLt.h's enum values); "" before any.
+std::string last_matmul_algorithm();
 class MatmulCandidateScope {
  public:
   explicit MatmulCandidateScope(int candidate);
