@@ -292,15 +292,21 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
 declare -A mb_of=([gpt2]=128 [llama]=64)  # where the search starts
 declare -A trained=()
 mkdir -p "$out/probes" "$runs/probes"
+# A probe's answer is kept for the later calls on the same warm machine (the
+# same GPU and build), so that `ab` after `bench` starts training at once.
+fits=/tmp/zt-bench-fits
+mkdir -p "$fits"
 largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   local arch=$1 mb=${mb_of[$1]} log
+  local known="$fits/$arch-$(sha256sum build-gpu/bin/zettatron | cut -c1-16)"
+  if [ -s "$known" ]; then cat "$known"; return; fi
   while [ "$mb" -ge 1 ]; do
     log="$out/probes/$arch-$mb.log"
     bounded 40 "$arch probe at micro-batch $mb" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
       --set train.micro_batch=$mb --set train.global_batch=$mb --set train.steps=2 \
       --set train.run_dir="$runs/probes/run-$arch-$mb" > "$log" 2>&1
     case $? in
-      0) echo "$mb"; return ;;
+      0) echo "$mb" | tee "$known"; return ;;
       75) return ;;  # no time left for it
     esac
     grep -q "out of memory" "$log" || { echo "zettatron $arch probe at micro-batch $mb failed:" >&2; tail -5 "$log" >&2; return; }
