@@ -144,6 +144,14 @@ class Bench {
         }
       }
       row("wgrad", [&] { ops::linear_backward(Tensor(), dw, db, dy, x, w); });
+#ifdef ZT_WITH_CUDA
+      // The same dW and db from one product (the BGRADB epilogue,
+      // ZT_CUDA_BGRAD_EPILOGUE): no column-sum pass over dy. No row where no
+      // algorithm takes it.
+      if (p.bias && dev_.is_cuda() && cuda::weight_gradient_with_bias(dw, db, dy, x))
+        print_product(m_.name, std::string(p.name) + ".wgrad_bgrad", p.M, p.K, p.N, true,
+                      median_seconds(dev_, [&] { cuda::weight_gradient_with_bias(dw, db, dy, x); }), gemm_tflops_);
+#endif
     }
     // The LM head's weight gradient accumulates into its f32 dW once per
     // chunk: at the chunk's rows (above) and at 4x them (fewer, longer
@@ -493,8 +501,8 @@ int main(int argc, char** argv) {
   // The A/B switches set for this run, so that two runs' rows can be told apart.
   std::string switches;
   for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS",
-                           "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_MATMUL_CUBLAS", "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV",
-                           "ZT_HEAD_CHUNK_ELEMS"})
+                           "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_MATMUL_CUBLAS", "ZT_CUDA_BGRAD_EPILOGUE",
+                           "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

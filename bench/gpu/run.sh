@@ -33,6 +33,9 @@
 # train.deterministic = false. ZT_CUDA_MATMUL_CUBLAS=1 runs the products
 # without an epilogue through cuBLAS's own GEMM (cublasGemmEx, as PyTorch
 # does); `kernels` times it beside each product's candidates.
+# ZT_CUDA_BGRAD_EPILOGUE=1 takes GPT-2's bias gradients from the weight
+# gradients' products (cuBLASLt's BGRADB epilogue) instead of a column-sum
+# pass over dy; `kernels` times it (<layer>.wgrad_bgrad beside .wgrad).
 # ZT_FUSED_QKV=0 runs q, k and v as three products (Llama: and RoPE in place)
 # instead of one product (nn::qkv_form: Llama's split by the RoPE pass,
 # GPT-2's read in place by cuDNN's attention): the A/B of `bench` for the
@@ -157,7 +160,8 @@ for r in ours:
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['of_copy']:.0%} | "
               + " | ".join(vs_torch(r)) + " |")
 print(f"\ndense bf16 GEMM 8192^3: {rate.get('gemm_tflops', 0):.0f} TFLOP/s")
-print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours | torch, f32 split-K ms |")
+print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours "
+      "| torch, f32 split-K ms |")
 print("|---|---|---|---|---|---|---|---|---|")
 for r in ours:
     if "tflops" in r:
@@ -193,7 +197,8 @@ large = {(r["model"], r["op"].removesuffix(".candidates_large_workspace"), r["sh
          if r.get("candidate_ms") and r["op"].endswith(".candidates_large_workspace")}
 if sweeps:
     mib = next(iter(large.values()))["workspace_mib"] if large else 0
-    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, against the fastest")
+    print("\ncuBLASLt's ranked algorithms per product (MatmulCandidateScope): its first, which we use, "
+          "against the fastest")
     print("and cuBLAS's own GEMM (cublasGemmEx, f32 split-K; products without an epilogue);")
     print(f"then the same with {mib} MiB of workspace (MatmulWorkspaceScope) instead of 32")
     print("| model | product | M x K x N | candidates | first ms | fastest ms | fastest | first / fastest | cuBLAS ms "
@@ -318,10 +323,13 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
 # then as configured again: the drift between the two is how far apart a
 # setting's row must be to mean anything. Settings are separated by ';', each
 # NAME=VALUE words: environment variables, or config keys (a dot in the name)
-# given to --set. Without ZT_AB: the switches whose default the kernel bench
-# alone cannot settle.
+# given to --set; "<model>:" before the words runs the setting on that model
+# only (gpt2:ZT_CUDA_BGRAD_EPILOGUE=1: Llama has no biases). Without ZT_AB:
+# the switches whose default the kernel bench alone cannot settle.
 if [ "$what" = ab ]; then
-  settings=${ZT_AB:-"ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"}
+  default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1"
+  default_settings+=";ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
+  settings=${ZT_AB:-$default_settings}
   IFS=';' read -r -a listed <<< "$settings"
   runs_of=("" "${listed[@]}" "")
   for arch in "${models[@]}"; do
@@ -331,6 +339,9 @@ if [ "$what" = ab ]; then
     : > "$table"
     for i in "${!runs_of[@]}"; do
       setting=${runs_of[$i]}
+      case $setting in
+        *:*) [ "${setting%%:*}" = "$arch" ] || continue; setting=${setting#*:} ;;
+      esac
       envs=() sets=()
       for word in $setting; do
         case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac

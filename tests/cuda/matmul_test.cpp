@@ -426,14 +426,15 @@ TEST(CudaMatmul, CandidateScopeNamesItsRange) {  // no GPU needed
   }
 }
 
-// With ZT_CUDA_MATMUL_CUBLAS=1 (the ctest entry gpu.matmul_cublas runs these
+// With ZT_CUDA_MATMUL_CUBLAS=1 (the ctest entry gpu.matmul_switches runs these
 // suites with it), a product without an epilogue runs through cuBLAS's own
 // GEMM and one with the bias epilogue through cuBLASLt; both match the CPU,
 // and the suites' other cases check the rest. Tuning, when on, chooses instead.
 TEST(CudaMatmul, CublasSwitchRunsThePlainProducts) {
   ZT_REQUIRE_GPU();
   const char* on = std::getenv("ZT_CUDA_MATMUL_CUBLAS");
-  if (!on || std::string(on) != "1") GTEST_SKIP() << "ZT_CUDA_MATMUL_CUBLAS is not 1 (ctest's gpu.matmul_cublas sets it)";
+  if (!on || std::string(on) != "1")
+    GTEST_SKIP() << "ZT_CUDA_MATMUL_CUBLAS is not 1 (ctest's gpu.matmul_switches sets it)";
   const DeterminismScope exact(true);  // no tuning (unless ZT_CUDA_MATMUL_TUNE=1 forces it)
   if (const char* tune = std::getenv("ZT_CUDA_MATMUL_TUNE"); tune && std::string(tune) == "1")
     GTEST_SKIP() << "ZT_CUDA_MATMUL_TUNE=1: tuning chooses";
@@ -624,6 +625,62 @@ TEST(CudaLinear, BackwardOverwritesWeightGradientsWithoutReadingThem) {
       c.overwrite = true;
       check_backward(c, rng);
     }
+}
+
+// The bias gradient from the weight gradient's own product (the BGRADB
+// epilogue: cuda::weight_gradient_with_bias): dw and db against the CPU's,
+// accumulated and overwritten (over NaN), db f32 and bf16, and the same bits
+// on a second run. GPT-2's bf16 shapes must take it (why it exists); other
+// cases may find no algorithm: false, nothing launched, nothing written.
+TEST(CudaLinear, BiasGradientFromTheWeightGradientsProduct) {
+  ZT_REQUIRE_GPU();
+  auto rng = make_rng(207);
+  struct Case {
+    int64_t N, C, OC;
+    bool must;  // in bf16
+  };
+  int taken = 0;
+  for (const Case s : {Case{4096, 768, 3072, true}, Case{4096, 3072, 768, true}, Case{37, 29, 53, false},
+                       Case{300, 40, 33, false}})
+    for (const DType in : {DType::bf16, DType::f32})
+      for (const DType db_type : {DType::f32, DType::bf16})
+        for (const bool overwrite : {false, true}) {
+          SCOPED_TRACE("N " + std::to_string(s.N) + " C " + std::to_string(s.C) + " OC " + std::to_string(s.OC) +
+                       " " + std::string(dtype_name(in)) + ", db " + std::string(dtype_name(db_type)) +
+                       (overwrite ? ", overwritten" : ", accumulated") + " seed " + std::to_string(test::test_seed()));
+          const Tensor dy_h = random_tensor(Shape{s.N, s.OC}, in, rng), x_h = random_tensor(Shape{s.N, s.C}, in, rng);
+          const Tensor dw0 = random_tensor(Shape{s.OC, s.C}, DType::f32, rng);
+          const Tensor db0 = random_tensor(Shape{s.OC}, db_type, rng);
+          Tensor dw_ref = as_f32(dw0), db_ref = as_f32(db0);
+          const Tensor w_unread = Tensor::empty(Shape{s.OC, s.C}, DType::f32);  // no dx asked for
+          ops::linear_backward(Tensor(), dw_ref, db_ref, as_f32(dy_h), as_f32(x_h), w_unread,
+                               overwrite ? ops::GradWrite::overwrite : ops::GradWrite::accumulate);
+          const Tensor dy = to_gpu(dy_h), x = to_gpu(x_h);
+          Tensor runs[2][2];  // dw, db of two runs
+          bool took = false;
+          for (auto& run : runs) {
+            const Tensor dw = overwrite ? gpu_poisoned(dw0.shape(), DType::f32) : to_gpu(dw0);
+            const Tensor db = overwrite ? gpu_poisoned(db0.shape(), db_type) : to_gpu(db0);
+            took = cuda::weight_gradient_with_bias(dw, db, dy, x, overwrite);
+            run[0] = to_host(dw), run[1] = to_host(db);
+            if (!took) break;
+          }
+          if (!took) {
+            EXPECT_FALSE(s.must && in == DType::bf16) << "GPT-2's shape found no algorithm with the epilogue";
+            if (!overwrite) {  // nothing written
+              EXPECT_EQ(std::memcmp(runs[0][0].data_ptr(), dw0.data_ptr(), dw0.nbytes()), 0);
+              EXPECT_EQ(std::memcmp(runs[0][1].data_ptr(), db0.data_ptr(), db0.nbytes()), 0);
+            }
+            continue;
+          }
+          ++taken;
+          EXPECT_LE(max_rel_error(runs[0][0], to_f64(dw_ref)), tolerance(in, DType::f32)) << "dw";
+          EXPECT_LE(max_rel_error(runs[0][1], to_f64(db_ref)), tolerance(in, db_type)) << "db";
+          for (int i = 0; i < 2; ++i)
+            EXPECT_EQ(std::memcmp(runs[0][i].data_ptr(), runs[1][i].data_ptr(), runs[0][i].nbytes()), 0)
+                << (i == 0 ? "dw" : "db") << " differs between two runs";
+        }
+  std::printf("the BGRADB epilogue took %d of 32 cases\n", taken);
 }
 
 TEST(CudaLinear, BackwardSkipsUndefinedOutputs) {

@@ -44,7 +44,8 @@
 // db: rows are cut into chunks whose size depends on the shape only; each
 // chunk's column sums are f32 partials (fixed order inside the block), and the
 // partials are added in chunk order to db with one rounding: the same bits
-// every run, for every launch.
+// every run, for every launch. With ZT_CUDA_BGRAD_EPILOGUE=1, db comes from
+// dW's own product instead (the BGRADB epilogue: weight_gradient_with_bias).
 #include "backend/cuda/matmul.h"
 
 #include <algorithm>
@@ -118,6 +119,7 @@ struct PlanKey {
   DType ab = DType::f32, out = DType::f32, bias = DType::f32;
   bool has_bias = false;
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
+  bool bgrad = false;  // the BGRADB epilogue: the bias pointer receives a's column sums (f32 out only)
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
   int candidate = 0;  // which of the heuristic's ranked algorithms (MatmulCandidateScope)
   uint64_t workspace_bytes = 0;  // the heuristic's workspace limit: 0 the device's (MatmulWorkspaceScope)
@@ -135,7 +137,8 @@ struct PlanKeyHash {
     mix(uint64_t(k.M));
     mix(uint64_t(k.N));
     mix(uint64_t(k.K));
-    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4);
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4 |
+        uint64_t(k.bgrad) << 5);
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
@@ -171,7 +174,8 @@ std::string describe(const PlanKey& k) {
                         k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
                         "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
-                        k.dgelu ? ", dgelu epilogue" : "", ", alignments a ", k.align_a, " b ", k.align_b, " out ",
+                        k.dgelu ? ", dgelu epilogue" : "", k.bgrad ? ", bgradb epilogue" : "", ", alignments a ",
+                        k.align_a, " b ", k.align_b, " out ",
                         k.align_out, " bias ", k.align_bias, " aux ", k.align_aux,
                         k.candidate > 0 ? zt::detail::concat(", candidate ", k.candidate) : "",
                         k.workspace_bytes > 0 ? zt::detail::concat(", workspace ", k.workspace_bytes, " B") : "");
@@ -243,7 +247,7 @@ CublasHandle& cublas_for(Device device) {
 std::atomic<int64_t> g_cublas_launches{0};
 cublasStatus_t cublas_gemm(const PlanKey& k, const void* a, const void* b, void* out, float alpha, float beta,
                            void* workspace, size_t workspace_bytes, Device device) {
-  ZT_ASSERT(!k.has_bias && !k.dgelu, "cublas_gemm: cuBLAS's GEMM has no epilogue");
+  ZT_ASSERT(!k.has_bias && !k.dgelu && !k.bgrad, "cublas_gemm: cuBLAS's GEMM has no epilogue");
   CublasHandle& c = cublas_for(device);
   std::lock_guard<std::mutex> lock(c.mu);
   ZT_CUBLAS_CHECK(cublasSetWorkspace(c.handle, workspace, workspace_bytes));
@@ -282,6 +286,14 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (k.has_bias) {
     const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = lt_type(k.bias);
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (k.bgrad) {  // our a's column sums: the sums over k of cuBLASLt's B, one per column of D
+    const uint32_t epi = CUBLASLT_EPILOGUE_BGRADB;
     const int32_t bias_type = lt_type(k.bias);
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     ZT_CUBLAS_CHECK(
@@ -409,7 +421,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   const float alpha = alpha_in, beta = beta_in;
   void* const workspace = t_workspace != nullptr ? t_workspace : cublaslt_workspace(device);
   const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
-  const bool plain = !k.has_bias && !k.dgelu;
+  const bool plain = !k.has_bias && !k.dgelu && !k.bgrad;
   if (k.candidate == kCublasCandidate || (plain && !scoped && !k.tune && cublas_by_default())) {
     ZT_CHECK(plain, "matmul: cuBLAS's own GEMM applies no epilogue, so there is no candidate ", kCublasCandidate,
              " (cuBLAS's GEMM) for ", describe(k), "; MatmulCandidateScope's cuBLASLt candidates are 0..",
@@ -424,7 +436,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   ZT_CHECK(p.found || k.candidate == 0, "matmul: cuBLASLt offers ", p.offered, " candidate(s) for ", describe(k),
            ", so there is no candidate ", k.candidate, " (MatmulCandidateScope counts from 0)");
   if (!p.found) {
-    if (k.has_bias || k.dgelu) return false;
+    if (!plain) return false;
     throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
   }
   cudaStream_t stream = compute_stream(device);
@@ -448,9 +460,9 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
       t_last = LastAlgorithm{.any = true, .cublas = false, .algo = p.algo};
     }
   };
-  if (k.has_bias || k.dgelu) {
+  if (!plain) {
     std::lock_guard<std::mutex> lock(p.pointer_mu);
-    if (k.has_bias)
+    if (k.has_bias || k.bgrad)
       ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (k.dgelu)
       ZT_CUBLAS_CHECK(
@@ -663,6 +675,17 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
 }
 
 namespace {
+// Whether linear_backward takes the bias gradient from the weight
+// gradient's product (ZT_CUDA_BGRAD_EPILOGUE=1; matmul.h).
+bool bgrad_epilogue_on() {
+  static const bool on =
+      env_whole_number("ZT_CUDA_BGRAD_EPILOGUE", 0,
+                       "1: a linear layer's bias gradient comes from its weight gradient's product (cuBLASLt's "
+                       "BGRADB epilogue) instead of a column-sum pass over dy; 0 or unset: the column sums")
+          .value_or(0) > 0;
+  return on;
+}
+
 // The 128 x 128 output tiles of an (OC, C) weight gradient, and whether they
 // are too few to keep half of `sms` busy: the products row chunks are for.
 int64_t wgrad_tiles(int64_t OC, int64_t C) { return ((OC + 127) / 128) * ((C + 127) / 128); }
@@ -707,7 +730,33 @@ int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
 int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, bool bias, Device device) {
   const int64_t chunks = wgrad_row_chunks(OC, C, rows, device);
   const int64_t partials = chunks > 1 ? 4 * chunks * OC * C : 0;
-  return std::max(partials, bias ? colsum_workspace_bytes(rows, OC) : 0);
+  // The epilogue's f32 sums, or (no algorithm takes it) the column sums'.
+  const int64_t epilogue = bias && chunks == 1 && bgrad_epilogue_on() ? 4 * OC : 0;
+  return std::max({partials, bias ? colsum_workspace_bytes(rows, OC) : 0, epilogue});
+}
+
+bool weight_gradient_with_bias(const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                               bool overwrite) {
+  const int64_t N = dy.size(0), OC = dy.size(1), C = x.size(1);
+  if (dw.dtype() != DType::f32 || N == 0 || OC == 0 || C == 0) return false;
+  const Device device = dw.device();
+  // dw (OC, C) += dy^T (OC, N) @ x (N, C): cuBLASLt's B is dy, whose sums
+  // over k = N are the BGRADB epilogue's, one per column of D = dw^T.
+  GemmDesc d;
+  d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = overwrite ? 0.0f : 1.0f;
+  // The sums go straight into an f32 db that is overwritten, else into an f32
+  // scratch added into db once (add_chunk_partials: db's dtype, one rounding).
+  const bool direct = overwrite && db.dtype() == DType::f32;
+  const Tensor sums = direct ? db : Tensor::empty(Shape{OC}, DType::f32, device, MemCategory::workspace);
+  PlanKey k = contiguous_key(d, dy.dtype(), dy.data_ptr(), x.data_ptr(), DType::f32, dw.data_ptr(), nullptr,
+                             DType::f32, device);
+  k.bgrad = true;
+  k.bias = DType::f32;
+  k.align_bias = alignment_of(sums.data_ptr(), 1, 0, 0);
+  if (!launch_plan(k, dy.data_ptr(), x.data_ptr(), dw.data_ptr(), sums.data_ptr(), nullptr, 1.0f, d.beta, device))
+    return false;
+  if (!direct) add_chunk_partials(db, sums, 1, OC, overwrite);
+  return true;
 }
 
 void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks, bool overwrite) {
@@ -739,7 +788,11 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
     d.M = N, d.N = C, d.K = OC;
     cuda::matmul(dx, dy, w, Tensor(), d);
   }
-  if (dw.defined()) weight_gradient(dw, dy, x, N > 0 ? wgrad_row_chunks(OC, C, N, dw.device()) : 1, overwrite);
+  const int64_t chunks = dw.defined() && N > 0 ? wgrad_row_chunks(OC, C, N, dw.device()) : 1;
+  if (dw.defined() && db.defined() && chunks == 1 && bgrad_epilogue_on() &&
+      weight_gradient_with_bias(dw, db, dy, x, overwrite))
+    return;
+  if (dw.defined()) weight_gradient(dw, dy, x, chunks, overwrite);
   if (db.defined()) colsum_accumulate(db, dy, N, OC, overwrite);
 }
 

@@ -54,7 +54,9 @@ bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (overwrite: dw and db
 // written, not read); each may be undefined. dW runs through
-// weight_gradient in wgrad_row_chunks chunks.
+// weight_gradient in wgrad_row_chunks chunks, db through colsum.h; with
+// ZT_CUDA_BGRAD_EPILOGUE=1 both through weight_gradient_with_bias where it
+// applies (one chunk).
 void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& w, bool overwrite = false);
 
@@ -63,6 +65,20 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
 // into dw in chunk order with one rounding (add_chunk_partials); 1: one
 // product (beta 0 when overwriting). Chunks must be wgrad_chunks_usable.
 void weight_gradient(const Tensor& dw, const Tensor& dy, const Tensor& x, int64_t chunks, bool overwrite = false);
+
+// dw (OC, C) += dy^T x (= when overwriting) and db (OC) += dy's column sums
+// in one cuBLASLt product, its BGRADB epilogue summing dy's columns as the
+// product reads them: no pass over dy for db (GPT-2 at micro-batch 128
+// reads 1.8 GB of dy a layer for its four biases). dw f32 (the sums take
+// out's type); db any float type: the sums straight into an f32 db that is
+// overwritten, else into an f32 scratch added once (add_chunk_partials).
+// The sums' order is the algorithm's, fixed per plan (the same bits every
+// run), not colsum.h's. Returns false, having launched nothing, where it
+// does not apply (dw not f32, an empty product, no algorithm with the
+// epilogue): the caller then runs weight_gradient and colsum_accumulate.
+// Opt-in (ZT_CUDA_BGRAD_EPILOGUE=1) until measured.
+bool weight_gradient_with_bias(const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                               bool overwrite = false);
 
 // The row chunks of dW += dy^T x. A dW whose (OC, C) output has fewer
 // 128 x 128 tiles than half the GPU's SMs leaves most of it idle over a long
