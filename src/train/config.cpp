@@ -67,7 +67,7 @@ const std::vector<Field>& fields() {
       ZT_F("train", "deterministic", train.deterministic,
            "the same bits on every run (default); false lets a GPU's attention backward sum dq with atomics instead "
            "of writing and re-reading every head's (T, T) score gradients, and each matmul shape keep the fastest of "
-           "cuBLASLt's algorithms by timing them; a run no longer repeats bit for bit"),
+           "cuBLASLt's algorithms and cuBLAS's own GEMM by timing them; a run no longer repeats bit for bit"),
       ZT_F("train", "eval_every", train.eval_every, "steps between evaluations (0: never)"),
       ZT_F("train", "eval_batches", train.eval_batches, "validation micro-batches per evaluation"),
       ZT_F("train", "sample_every", train.sample_every, "steps between samples (0: at the end only)"),
