@@ -444,10 +444,16 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
     return cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, dst, p.lay_c, dst, p.lay_c, &algo,
                           workspace, workspace_bytes, stream);
   };
-  // Tuning's options: the ranked algorithms, then cuBLAS's GEMM (plain products).
+  // Tuning's options: the ranked algorithms, then cuBLAS's GEMM (plain
+  // products). A cuBLAS handle that cannot be made (its few buffers on a
+  // full GPU) only takes cuBLAS's GEMM out of the running.
   auto launch_option = [&](int option, void* dst) {
-    return option < p.num_ranked ? launch_with(p.ranked[option], dst)
-                                 : cublas_gemm(k, a, b, dst, alpha, beta, workspace, workspace_bytes, device);
+    if (option < p.num_ranked) return launch_with(p.ranked[option], dst);
+    try {
+      return cublas_gemm(k, a, b, dst, alpha, beta, workspace, workspace_bytes, device);
+    } catch (const std::exception&) {  // InternalError from a failed cuBLAS call
+      return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
   };
   auto launch = [&] {
     if (p.num_ranked > 1 || (p.num_ranked == 1 && plain))
