@@ -39,5 +39,26 @@ TEST(Env, WholeNumbersAreTakenAndEverythingElseIsNamed) {
   ::unsetenv("ZT_TEST_ENV_NUMBER");
 }
 
+TEST(Env, SwitchesAreZeroOrOne) {
+  ::unsetenv("ZT_TEST_ENV_SWITCH");
+  EXPECT_FALSE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch"));
+  ::setenv("ZT_TEST_ENV_SWITCH", "1", 1);
+  EXPECT_TRUE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch"));
+  ::setenv("ZT_TEST_ENV_SWITCH", "0", 1);
+  EXPECT_FALSE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch"));
+  for (const char* bad : {"2", "-1", "on", "yes"}) {
+    ::setenv("ZT_TEST_ENV_SWITCH", bad, 1);
+    try {
+      env_switch("ZT_TEST_ENV_SWITCH", "a test switch");
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("ZT_TEST_ENV_SWITCH = '") + bad + "' is not"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("ZT_TEST_ENV_SWITCH");
+}
+
 }  // namespace
 }  // namespace zt

@@ -22,9 +22,8 @@ using namespace ce_kernels;
 ClassifierKernel classifier_kernel() {
   static const ClassifierKernel kernel = [] {
     ClassifierKernel k;
-    k.staged = env_whole_number("ZT_CUDA_CE_STAGED", 0,
-                                "1: the classifier stages each row in shared memory; 0: it reads the row twice")
-                   .value_or(0) > 0;
+    k.staged = env_switch("ZT_CUDA_CE_STAGED",
+                          "1: the classifier stages each row in shared memory; 0: it reads the row twice");
     const std::optional<int64_t> rows =
         env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
     if (rows) {

@@ -208,10 +208,9 @@ bool tuning_on() {
 // not tuning (ZT_CUDA_MATMUL_CUBLAS=1; matmul.h says why).
 bool cublas_by_default() {
   static const bool on =
-      env_whole_number("ZT_CUDA_MATMUL_CUBLAS", 0,
-                       "1: products without an epilogue run through cuBLAS's own GEMM (cublasGemmEx, its heuristic's "
-                       "choice) instead of cuBLASLt's first ranked algorithm; 0 or unset: cuBLASLt")
-          .value_or(0) > 0;
+      env_switch("ZT_CUDA_MATMUL_CUBLAS",
+                 "1: products without an epilogue run through cuBLAS's own GEMM (cublasGemmEx, its heuristic's "
+                 "choice) instead of cuBLASLt's first ranked algorithm; 0 or unset: cuBLASLt");
   return on;
 }
 
@@ -685,10 +684,9 @@ namespace {
 // gradient's product (ZT_CUDA_BGRAD_EPILOGUE=1; matmul.h).
 bool bgrad_epilogue_on() {
   static const bool on =
-      env_whole_number("ZT_CUDA_BGRAD_EPILOGUE", 0,
-                       "1: a linear layer's bias gradient comes from its weight gradient's product (cuBLASLt's "
-                       "BGRADB epilogue) instead of a column-sum pass over dy; 0 or unset: the column sums")
-          .value_or(0) > 0;
+      env_switch("ZT_CUDA_BGRAD_EPILOGUE",
+                 "1: a linear layer's bias gradient comes from its weight gradient's product (cuBLASLt's BGRADB "
+                 "epilogue) instead of a column-sum pass over dy; 0 or unset: the column sums");
   return on;
 }
 
