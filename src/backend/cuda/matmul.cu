@@ -283,16 +283,11 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   const int32_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (k.has_bias) {
-    const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const int32_t bias_type = lt_type(k.bias);
-    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    ZT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
-  if (k.bgrad) {  // our a's column sums: the sums over k of cuBLASLt's B, one per column of D
-    const uint32_t epi = CUBLASLT_EPILOGUE_BGRADB;
+  // BIAS adds the bias vector to every row of out; BGRADB writes our a's
+  // column sums there instead (the sums over k of cuBLASLt's B, one per
+  // column of D).
+  if (k.has_bias || k.bgrad) {
+    const uint32_t epi = k.bgrad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BIAS;
     const int32_t bias_type = lt_type(k.bias);
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     ZT_CUBLAS_CHECK(
