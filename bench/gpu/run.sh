@@ -44,9 +44,11 @@
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
-# twice: as configured (deterministic), then with train.deterministic = false
-# (cuDNN's attention backward sums dq with atomics, and each product keeps the
-# fastest of cuBLASLt's ranked algorithms), both against the same PyTorch run.
+# three times: as configured (deterministic), then with train.deterministic =
+# false (cuDNN's attention backward sums dq with atomics, and each product
+# keeps the fastest of cuBLASLt's ranked algorithms and cuBLAS's GEMM,
+# recorded in a ZT_CUDA_MATMUL_PLANS file), then deterministic with that
+# file's choices, all against the same PyTorch run.
 # `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
 # `ab` trains each model as configured and under each switch in ZT_AB (the
@@ -396,12 +398,23 @@ for arch in "${models[@]}"; do
   done
   # The same run with train.deterministic = false: cuDNN's attention backward
   # sums dq with atomics (as PyTorch's flash backward does) instead of
-  # keeping the score gradients in its workspace, and the products tune.
-  bounded 60 "zettatron $arch (train.deterministic = false)" ./build-gpu/bin/zettatron train $cfg \
-    --set train.micro_batch=$mb --set train.global_batch=$mb --set train.deterministic=false \
-    --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
+  # keeping the score gradients in its workspace, and the products tune,
+  # recording their choices (ZT_CUDA_MATMUL_PLANS); then deterministic again,
+  # taking those choices: the same bits every run, with the tuned products.
+  plans="$runs/matmul-plans-$arch.tsv"
+  bounded 60 "zettatron $arch (train.deterministic = false)" env ZT_CUDA_MATMUL_PLANS="$plans" \
+    ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
+    --set train.deterministic=false --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
     || said_failed $? "zettatron $arch (train.deterministic = false)" "$out/zt-$arch-atomic.log" 20
-  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" "$runs/run-$arch-atomic/metrics.jsonl" <<'PY'
+  if [ -s "$plans" ]; then
+    cp "$plans" "$out/"
+    bounded 60 "zettatron $arch (tuned plans)" env ZT_CUDA_MATMUL_PLANS="$plans" \
+      ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
+      --set train.run_dir="$runs/run-$arch-plans" > "$out/zt-$arch-plans.log" 2>&1 \
+      || said_failed $? "zettatron $arch (tuned plans)" "$out/zt-$arch-plans.log" 20
+  fi
+  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" "$runs/run-$arch-atomic/metrics.jsonl" \
+    "$runs/run-$arch-plans/metrics.jsonl" <<'PY'
 import json, sys
 sys.path.insert(0, "bench/gpu")
 from train_metrics import measured
@@ -409,7 +422,8 @@ try:
     pt = json.loads(open(sys.argv[2]).read())
 except Exception:
     pt = None
-for label, path in (("zettatron", sys.argv[1]), ("  deterministic = false", sys.argv[5])):
+for label, path in (("zettatron", sys.argv[1]), ("  deterministic = false", sys.argv[5]),
+                    ("  deterministic, tuned plans", sys.argv[6])):
     m = measured(path)
     if m is None:
         continue

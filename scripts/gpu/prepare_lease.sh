@@ -27,7 +27,10 @@ echo "prepare_lease: the tree ${tree_mib} MiB + carried ${carry_mib} MiB (the li
 echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
 # Most wanted first (correctness and the issue's benchmark, then where the
 # time goes), each call bounded by its deadline (bench/gpu/run.sh). On an
-# H200 on 2026-11-27 call 1 took 373 s and call 2 47 s, on one machine start.
+# H200 on 2026-11-27 call 1 took 373 s and call 2 47 s, on one machine start;
+# since then call 1 trains each model once more (deterministic with the tuned
+# plans) and its tests sweep twice the candidates, and call 2 too: about
+# 480 s and 80 s expected.
 echo 'then, call 1 (timeout_s 590): export ZT_CALL_DEADLINE=$(( $(date +%s) + 572 )); ZT_GPU_TESTS_SECONDS=200 bash bench/gpu/run.sh tests;'
 echo '        bash bench/gpu/run.sh bench llama gpt2'
 echo '      call 2 at once (timeout_s: the budget left less 60 s, at most 600; D = that less 20):'

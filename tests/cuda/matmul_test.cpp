@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -411,6 +412,40 @@ TEST(CudaMatmul, TuningFollowsTheDeterminismSwitch) {
     check_matmul(c, rng);
   }
   EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1);
+}
+
+// With ZT_CUDA_MATMUL_PLANS (the ctest entry gpu.matmul_switches sets it, to
+// a file it removes first), a tuned product records its choice, and the same
+// product run deterministically takes it: the algorithm the tuned run kept,
+// from an untuned plan.
+TEST(CudaMatmul, DeterministicRunsTakeTheRecordedTunedChoice) {
+  ZT_REQUIRE_GPU();
+  const char* path = std::getenv("ZT_CUDA_MATMUL_PLANS");
+  if (!path || !*path) GTEST_SKIP() << "ZT_CUDA_MATMUL_PLANS is unset (ctest's gpu.matmul_switches sets it)";
+  if (const char* tune = std::getenv("ZT_CUDA_MATMUL_TUNE"); tune && *tune)
+    GTEST_SKIP() << "ZT_CUDA_MATMUL_TUNE is set: it overrides the switch";
+  auto rng = make_rng(115);
+  MatmulCase c{.batch = {}, .M = 1024, .N = 640, .K = 1536, .tb = true};  // a shape no other case uses
+  c.in = DType::bf16, c.out = DType::f32;
+  std::string tuned;
+  {
+    const DeterminismScope fast(false);
+    const int64_t before = cuda::tuned_matmul_plans();
+    check_matmul(c, rng);
+    ASSERT_EQ(cuda::tuned_matmul_plans(), before + 1);
+    tuned = cuda::last_matmul_algorithm();
+  }
+  std::ifstream in(path);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) lines += line.find(" M 1024 N 640 K 1536 ") != std::string::npos;
+  EXPECT_EQ(lines, 1) << "the tuned product's line in " << path;
+  {
+    const DeterminismScope exact(true);
+    const int64_t before = cuda::tuned_matmul_plans();
+    check_matmul(c, rng);
+    EXPECT_EQ(cuda::tuned_matmul_plans(), before) << "a deterministic product tuned";
+    EXPECT_EQ(cuda::last_matmul_algorithm(), tuned) << "not the recorded choice";
+  }
 }
 
 TEST(CudaMatmul, CandidateScopeNamesItsRange) {  // no GPU needed

@@ -52,6 +52,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,7 @@
 
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/matmul_plans.h"
 #include "backend/cuda/runtime.h"
 #include "core/determinism.h"
 #include "core/env.h"
@@ -163,6 +165,7 @@ struct Plan {
   // cuBLAS's GEMM on the plan's first call (once), the fastest becoming
   // `algo` (or use_cublas).
   cublasLtMatmulAlgo_t ranked[kMatmulCandidates] = {};
+  int ranked_at[kMatmulCandidates] = {};  // each one's place in the heuristic's list (its candidate number)
   int num_ranked = 0;
   bool use_cublas = false;  // tuning found cuBLAS's own GEMM fastest (a plain product only)
   std::once_flag tuned;
@@ -262,6 +265,47 @@ cublasStatus_t cublas_gemm(const PlanKey& k, const void* a, const void* b, void*
                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
+// The tuned choices file (ZT_CUDA_MATMUL_PLANS; matmul_plans.h), or null
+// when unset: read once per process.
+MatmulPlanFile* plan_file() {
+  static MatmulPlanFile* const file = [] {
+    const char* path = std::getenv("ZT_CUDA_MATMUL_PLANS");
+    return path && *path ? new MatmulPlanFile(path) : nullptr;  // never freed
+  }();
+  return file;
+}
+
+// A product's name in the plans file: the GPU, the cuBLASLt version and
+// describe's product (the key less its device index, candidate and tuning).
+std::string product_name(const PlanKey& key) {
+  static std::mutex mu;
+  static auto* gpu_names = new std::unordered_map<int, std::string>();  // never freed
+  std::string gpu;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = gpu_names->find(key.device);
+    if (it == gpu_names->end()) it = gpu_names->emplace(key.device, device_info(key.device).name).first;
+    gpu = it->second;
+  }
+  PlanKey k = key;
+  k.candidate = 0;
+  k.tune = false;
+  return zt::detail::concat(gpu, " | cuBLASLt ", cublasLtGetVersion(), " | ", describe(k));
+}
+
+// The choice the plans file records for an untuned, unscoped product
+// (looked up once per key).
+std::optional<MatmulChoice> recorded_choice(const PlanKey& k) {
+  MatmulPlanFile* file = plan_file();
+  if (file == nullptr) return std::nullopt;
+  static std::mutex mu;
+  static auto* found = new std::unordered_map<PlanKey, std::optional<MatmulChoice>, PlanKeyHash>();  // never freed
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = found->find(k);
+  if (it == found->end()) it = found->emplace(k, file->find(product_name(k))).first;
+  return it->second;
+}
+
 // The algorithm of this thread's last product (last_matmul_algorithm).
 struct LastAlgorithm {
   bool any = false, cublas = false;
@@ -343,7 +387,10 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   if (p->found) p->algo = chosen.algo;
   if (tune && p->found)
     for (int i = 0; i < p->offered; ++i)
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) p->ranked[p->num_ranked++] = results[i].algo;
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+        p->ranked_at[p->num_ranked] = i;
+        p->ranked[p->num_ranked++] = results[i].algo;
+      }
   return p;
 }
 
@@ -375,6 +422,7 @@ void keep_fastest(Plan& p, const PlanKey& k, bool with_cublas, void* out, float 
     dst = scratch.data_ptr();
   }
   float best = std::numeric_limits<float>::infinity();
+  int chosen = -1;
   EventTimer timer(device);
   const int options = p.num_ranked + (with_cublas ? 1 : 0);
   for (int i = 0; i < options; ++i) {
@@ -384,11 +432,16 @@ void keep_fastest(Plan& p, const PlanKey& k, bool with_cublas, void* out, float 
     const float ms = timer.stop_ms();
     if (ms < best) {
       best = ms;
+      chosen = i;
       p.use_cublas = i == p.num_ranked;
       if (!p.use_cublas) p.algo = p.ranked[i];
     }
   }
   ++g_tuned_plans;
+  // For the deterministic runs that read the plans file.
+  if (MatmulPlanFile* file = plan_file(); file != nullptr && chosen >= 0)
+    file->record(product_name(k), chosen == p.num_ranked ? MatmulChoice{.cublas = true}
+                                                          : MatmulChoice{.candidate = p.ranked_at[chosen]});
 }
 
 // The cached plan of `k` (made on first use).
@@ -416,7 +469,14 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   void* const workspace = t_workspace != nullptr ? t_workspace : cublaslt_workspace(device);
   const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
   const bool plain = !k.has_bias && !k.dgelu && !k.bgrad;
-  if (k.candidate == kCublasCandidate || (plain && !scoped && !k.tune && cublas_by_default())) {
+  // What a tuning run recorded for it (ZT_CUDA_MATMUL_PLANS), else the switch.
+  const std::optional<MatmulChoice> recorded = scoped || k.tune ? std::nullopt : recorded_choice(k);
+  ZT_CHECK(!recorded || !recorded->cublas || plain, "matmul plans ", plan_file() ? plan_file()->path() : "",
+           " name cuBLAS's GEMM for ", product_name(k), ", which has an epilogue cuBLAS's GEMM cannot apply; delete ",
+           "that line and a tuning run records it again");
+  if (recorded && !recorded->cublas) k.candidate = recorded->candidate;
+  if (k.candidate == kCublasCandidate || (recorded && recorded->cublas) ||
+      (plain && !scoped && !k.tune && !recorded && cublas_by_default())) {
     ZT_CHECK(plain, "matmul: cuBLAS's own GEMM applies no epilogue, so there is no candidate ", kCublasCandidate,
              " (cuBLAS's GEMM) for ", describe(k), "; MatmulCandidateScope's cuBLASLt candidates are 0..",
              kMatmulCandidates - 1);
@@ -427,6 +487,9 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   Plan& p = plan_for(k, bias, aux);
   // A candidate asked for by index ends a sweep where the list ends, rather
   // than falling back to another product.
+  ZT_CHECK(p.found || k.candidate == 0 || !recorded, "matmul plans ", plan_file() ? plan_file()->path() : "",
+           " name cuBLASLt's candidate ", k.candidate, " for ", product_name(k), ", but it offers ", p.offered,
+           "; delete that line and a tuning run records it again");
   ZT_CHECK(p.found || k.candidate == 0, "matmul: cuBLASLt offers ", p.offered, " candidate(s) for ", describe(k),
            ", so there is no candidate ", k.candidate, " (MatmulCandidateScope counts from 0)");
   if (!p.found) {

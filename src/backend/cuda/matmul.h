@@ -140,6 +140,15 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // tuning wins over ZT_CUDA_MATMUL_CUBLAS. The scratch of an accumulating
 // product is outside the memory plan (Llama 1B's LM-head dW: 1 GiB of f32,
 // once, on the first step).
+//
+// Tuned and repeatable: with ZT_CUDA_MATMUL_PLANS = a file path, a plan that
+// tunes appends its choice to that file (matmul_plans.h: the GPU, the
+// cuBLASLt version and the product name it), and an untuned product that
+// the file names takes the recorded choice instead of the heuristic's first
+// (or of ZT_CUDA_MATMUL_CUBLAS). A deterministic run with a fixed file takes
+// the same algorithms every run, so its bits repeat: tune once (a short run
+// with train.deterministic = false), then train deterministically with the
+// tuned products. A MatmulCandidateScope ignores the file.
 constexpr int kMatmulCandidates = 16;                 // cuBLASLt's: 0 .. kMatmulCandidates - 1
 constexpr int kCublasCandidate = kMatmulCandidates;  // cuBLAS's own GEMM
 int64_t tuned_matmul_plans();    // plans whose candidates this process has timed
