@@ -101,7 +101,8 @@ bool wgrad_chunks_usable(int64_t chunks, int64_t rows);  // equal, 8-row aligned
 int64_t wgrad_chunks_for(int64_t OC, int64_t C, int64_t rows, int64_t sms);
 int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device);
 // The workspace one linear_backward of these sizes allocates for itself
-// (bytes): the dW partials, or the db column sum's.
+// (bytes): the dW partials, the db column sum's, or the bias epilogue's sums
+// (ZT_CUDA_BGRAD_EPILOGUE).
 int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, bool bias, Device device);
 
 // cuBLASLt's heuristic ranks the algorithms it has for a product, and plans
@@ -135,7 +136,8 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // for (deterministic() false, core/determinism.h: train.deterministic =
 // false; on an H200 tuning over 8 candidates gave GPT-2 +0.6% and Llama
 // +1.1% tokens/s, bench/results/gpu-2026-11-27.md). Tuned and untuned plans
-// are cached apart, so a deterministic step never takes a tuned algorithm.
+// are cached apart, so a deterministic step never takes an algorithm the
+// clock chose in its own process (only one a plans file names, below).
 // ZT_CUDA_MATMUL_TUNE in the environment overrides: 1 tunes always, 0 never;
 // tuning wins over ZT_CUDA_MATMUL_CUBLAS. The scratch of an accumulating
 // product is outside the memory plan (Llama 1B's LM-head dW: 1 GiB of f32,
