@@ -12,8 +12,9 @@
 // gradients in its workspace and reading them back for dq (the deterministic
 // engine: B x Hq x T^2 bf16 written and read per layer); and each new matmul
 // shape keeps the fastest of cuBLASLt's ranked algorithms and cuBLAS's own
-// GEMM, timed on its first call (backend/cuda/matmul.h), where the clock's choice may differ between
-// processes. The CPU backend is deterministic either way.
+// GEMM, timed on its first call (backend/cuda/matmul.h), where the clock's
+// choice may differ between processes. The CPU backend is deterministic
+// either way.
 #pragma once
 
 namespace zt {

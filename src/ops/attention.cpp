@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "backend/cpu/attention.h"
-#include "ops/check.h"
 #include "core/determinism.h"
+#include "ops/check.h"
 #include "ops/op_profile.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/attention.h"

@@ -417,7 +417,10 @@ TEST(CudaMatmul, TuningFollowsTheDeterminismSwitch) {
 // With ZT_CUDA_MATMUL_PLANS (the ctest entry gpu.matmul_switches sets it, to
 // a file it removes first), a tuned product records its choice, and the same
 // product run deterministically takes it: the algorithm the tuned run kept,
-// from an untuned plan.
+// from an untuned plan, counted as replayed (without the count the check of
+// the algorithm could pass by chance: with ZT_CUDA_MATMUL_CUBLAS=1, as that
+// entry sets, an unreplayed product runs cuBLAS's GEMM, which tuning may
+// have kept too).
 TEST(CudaMatmul, DeterministicRunsTakeTheRecordedTunedChoice) {
   ZT_REQUIRE_GPU();
   const char* path = std::getenv("ZT_CUDA_MATMUL_PLANS");
@@ -441,9 +444,10 @@ TEST(CudaMatmul, DeterministicRunsTakeTheRecordedTunedChoice) {
   EXPECT_EQ(lines, 1) << "the tuned product's line in " << path;
   {
     const DeterminismScope exact(true);
-    const int64_t before = cuda::tuned_matmul_plans();
+    const int64_t before = cuda::tuned_matmul_plans(), replayed = cuda::replayed_matmul_plans();
     check_matmul(c, rng);
     EXPECT_EQ(cuda::tuned_matmul_plans(), before) << "a deterministic product tuned";
+    EXPECT_EQ(cuda::replayed_matmul_plans(), replayed + 1) << "the recorded choice was not looked up and taken";
     EXPECT_EQ(cuda::last_matmul_algorithm(), tuned) << "not the recorded choice";
   }
 }

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <map>
 
+#include "core/determinism.h"
 #include "core/error.h"
 #include "data/dataset_index.h"
 #include "data/shard.h"
-#include "core/determinism.h"
 #include "ops/elementwise.h"
 #include "ops/op_profile.h"
 #include "test_util.h"

@@ -172,6 +172,9 @@ struct Plan {
   std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
 
+// A product without an epilogue: one cuBLAS's own GEMM can run.
+bool epilogue_free(const PlanKey& k) { return !k.has_bias && !k.dgelu && !k.bgrad; }
+
 std::string describe(const PlanKey& k) {
   return zt::detail::concat("batch ", k.batch, " M ", k.M, " N ", k.N, " K ", k.K, k.trans_a ? " trans_a" : "",
                         k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
@@ -249,7 +252,7 @@ CublasHandle& cublas_for(Device device) {
 std::atomic<int64_t> g_cublas_launches{0};
 cublasStatus_t cublas_gemm(const PlanKey& k, const void* a, const void* b, void* out, float alpha, float beta,
                            void* workspace, size_t workspace_bytes, Device device) {
-  ZT_ASSERT(!k.has_bias && !k.dgelu && !k.bgrad, "cublas_gemm: cuBLAS's GEMM has no epilogue");
+  ZT_ASSERT(epilogue_free(k), "cublas_gemm: cuBLAS's GEMM has no epilogue");
   CublasHandle& c = cublas_for(device);
   std::lock_guard<std::mutex> lock(c.mu);
   ZT_CUBLAS_CHECK(cublasSetWorkspace(c.handle, workspace, workspace_bytes));
@@ -294,7 +297,8 @@ std::string product_name(const PlanKey& key) {
 }
 
 // The choice the plans file records for an untuned, unscoped product
-// (looked up once per key).
+// (looked up once per key; g_replayed_plans counts the keys it named).
+std::atomic<int64_t> g_replayed_plans{0};
 std::optional<MatmulChoice> recorded_choice(const PlanKey& k) {
   MatmulPlanFile* file = plan_file();
   if (file == nullptr) return std::nullopt;
@@ -302,7 +306,10 @@ std::optional<MatmulChoice> recorded_choice(const PlanKey& k) {
   static auto* found = new std::unordered_map<PlanKey, std::optional<MatmulChoice>, PlanKeyHash>();  // never freed
   std::lock_guard<std::mutex> lock(mu);
   auto it = found->find(k);
-  if (it == found->end()) it = found->emplace(k, file->find(product_name(k))).first;
+  if (it == found->end()) {
+    it = found->emplace(k, file->find(product_name(k))).first;
+    if (it->second) ++g_replayed_plans;
+  }
   return it->second;
 }
 
@@ -401,8 +408,8 @@ thread_local void* t_workspace = nullptr;
 thread_local uint64_t t_workspace_bytes = 0;
 
 // Tuning (tuning_on): sets p.algo, or p.use_cublas, to the fastest of p's
-// ranked candidates and (with_cublas) cuBLAS's own GEMM on this call's
-// operands. launch(option, dst) runs the call's product into dst with
+// ranked candidates and (epilogue-free products) cuBLAS's own GEMM on this
+// call's operands. launch(option, dst) runs the call's product into dst with
 // p.ranked[option], or cuBLAS's GEMM for option = p.num_ranked. Each option
 // runs once to warm up, then kTimedLaunches times between two marks; one that
 // fails to launch is passed over. The timing launches write `out` itself when
@@ -411,8 +418,7 @@ thread_local uint64_t t_workspace_bytes = 0;
 constexpr int kTimedLaunches = 5;
 std::atomic<int64_t> g_tuned_plans{0};
 template <typename Launch>
-void keep_fastest(Plan& p, const PlanKey& k, bool with_cublas, void* out, float beta, Device device,
-                  Launch&& launch) {
+void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device device, Launch&& launch) {
   Tensor scratch;
   void* dst = out;
   if (beta != 0.0f) {
@@ -424,7 +430,7 @@ void keep_fastest(Plan& p, const PlanKey& k, bool with_cublas, void* out, float 
   float best = std::numeric_limits<float>::infinity();
   int chosen = -1;
   EventTimer timer(device);
-  const int options = p.num_ranked + (with_cublas ? 1 : 0);
+  const int options = p.num_ranked + (epilogue_free(k) ? 1 : 0);
   for (int i = 0; i < options; ++i) {
     if (launch(i, dst) != CUBLAS_STATUS_SUCCESS) continue;
     timer.start();
@@ -468,7 +474,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   const float alpha = alpha_in, beta = beta_in;
   void* const workspace = t_workspace != nullptr ? t_workspace : cublaslt_workspace(device);
   const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
-  const bool plain = !k.has_bias && !k.dgelu && !k.bgrad;
+  const bool plain = epilogue_free(k);
   // What a tuning run recorded for it (ZT_CUDA_MATMUL_PLANS), else the switch.
   const std::optional<MatmulChoice> recorded = scoped || k.tune ? std::nullopt : recorded_choice(k);
   ZT_CHECK(!recorded || !recorded->cublas || plain, "matmul plans ", plan_file() ? plan_file()->path() : "",
@@ -514,7 +520,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   };
   auto launch = [&] {
     if (p.num_ranked > 1 || (p.num_ranked == 1 && plain))
-      std::call_once(p.tuned, [&] { keep_fastest(p, k, plain, out, beta, device, launch_option); });
+      std::call_once(p.tuned, [&] { keep_fastest(p, k, out, beta, device, launch_option); });
     if (p.use_cublas) {
       ZT_CUBLAS_CHECK(cublas_gemm(k, a, b, out, alpha, beta, workspace, workspace_bytes, device));
       t_last = LastAlgorithm{.any = true, .cublas = true};
@@ -643,6 +649,7 @@ MatmulWorkspaceScope::~MatmulWorkspaceScope() {
 
 int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
 int64_t cublas_matmul_launches() { return g_cublas_launches.load(); }
+int64_t replayed_matmul_plans() { return g_replayed_plans.load(); }
 
 std::string last_matmul_algorithm() {
   if (!t_last.any) return "";

@@ -12,7 +12,6 @@
 // runs append, and a later run never changes what an earlier one recorded.
 #pragma once
 
-#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
