@@ -17,14 +17,21 @@
 //   usage: zt_bench_gpu_kernels [cuda|cpu] [row divisor]
 // cpu with a divisor (e.g. 64) runs the same code on small shapes: a check of
 // the harness on a machine without a GPU. Prints one JSON line per op.
+// ZT_KERNELS_ONLY=REGEX times only the rows whose "model/op" it matches
+// (ECMAScript, anywhere in the name; e.g. "llama3-1b/swiglu_backward"); with
+// ZT_BENCH_PROFILE=1 (median_time.h) each runs once under a profiler's
+// capture, and products skip their candidate sweeps (bench/gpu/run.sh ncu).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <optional>
+#include <regex>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "gpu/median_time.h"
 #ifdef ZT_WITH_CUDA
@@ -47,6 +54,22 @@ namespace {
 
 using namespace zt;
 using bench::median_seconds;
+
+// Whether the row "model/op" is timed: ZT_KERNELS_ONLY's regex matches it
+// (all rows when it is unset).
+bool selected(const char* model, const std::string& op) {
+  static const std::optional<std::regex> only = []() -> std::optional<std::regex> {
+    const char* pattern = std::getenv("ZT_KERNELS_ONLY");
+    if (pattern == nullptr || *pattern == '\0') return std::nullopt;
+    try {
+      return std::regex(pattern);
+    } catch (const std::regex_error& e) {
+      ZT_FAIL("ZT_KERNELS_ONLY = \"", pattern, "\" is not a regular expression (", e.what(),
+              "); give one over \"model/op\" names such as llama3-1b/swiglu_backward, or unset it");
+    }
+  }();
+  return !only || std::regex_search(std::string(model) + "/" + op, *only);
+}
 
 struct Model {
   const char* name;
@@ -129,8 +152,9 @@ class Bench {
       Tensor db = p.bias ? zeros({p.N}) : Tensor();
       auto row = [&](const char* kind, const std::function<void()>& run) {
         const std::string op = std::string(p.name) + "." + kind;
+        if (!selected(m_.name, op)) return;
         print_product(m_.name, op, p.M, p.K, p.N, p.bias, median_seconds(dev_, run), gemm_tflops_);
-        sweep_candidates(op, p.M, p.K, p.N, run);
+        if (!bench::profiling_run()) sweep_candidates(op, p.M, p.K, p.N, run);
       };
       row("forward", [&] { ops::linear_forward(y, x, w, b); });
       if (p.gelu_dgrad) {
@@ -148,7 +172,7 @@ class Bench {
       // The same dW and db from one product (the BGRADB epilogue,
       // ZT_CUDA_BGRAD_EPILOGUE): no column-sum pass over dy. No row where no
       // algorithm takes it; a failure is reported and the bench goes on.
-      if (p.bias && dev_.is_cuda()) {
+      if (p.bias && dev_.is_cuda() && selected(m_.name, std::string(p.name) + ".wgrad_bgrad")) {
         try {
           if (cuda::weight_gradient_with_bias(dw, db, dy, x))
             print_product(m_.name, std::string(p.name) + ".wgrad_bgrad", p.M, p.K, p.N, true,
@@ -165,7 +189,7 @@ class Bench {
     // products: a quarter of the dW traffic), to say whether larger head
     // chunks would pay.
     const int64_t long_rows = std::min(N, 4 * head_rows);
-    if (long_rows > head_rows) {
+    if (long_rows > head_rows && selected(m_.name, "head.wgrad")) {
       const Tensor x = rand({long_rows, C}, bf), dy = rand({long_rows, m_.Vp}, bf);
       const Tensor w = rand({m_.Vp, C}, bf, -0.05f, 0.05f);
       Tensor dw = zeros({m_.Vp, C});
@@ -251,6 +275,7 @@ class Bench {
     for (const int64_t chunks : {1, 2, 4, 8, 16, 32, 64}) {
       if (!cuda::wgrad_chunks_usable(chunks, rows)) continue;
       const std::string op = std::string(layer) + ".wgrad_chunks" + std::to_string(chunks) + (chunks == chosen ? "*" : "");
+      if (!selected(m_.name, op)) continue;
       print_product(m_.name, op, rows, C, OC, false,
                     median_seconds(dev_, [&] { cuda::weight_gradient(dw, dy, x, chunks); }), gemm_tflops_);
     }
@@ -461,6 +486,7 @@ class Bench {
   }
   void time(const std::string& op, const std::string& shape, double bytes, const std::function<void()>& run,
             int64_t vocab = 0) {
+    if (!selected(m_.name, op)) return;
     print_row(m_.name, op.c_str(), shape, vocab, median_seconds(dev_, run), bytes, copy_gbps_);
   }
 
@@ -492,6 +518,13 @@ int main(int argc, char** argv) {
   const int64_t divisor = argc > 2 ? std::max<int64_t>(1, std::stoll(argv[2])) : 1;
   if (where != "cuda" && where != "cpu") {
     std::fprintf(stderr, "usage: zt_bench_gpu_kernels [cuda|cpu] [row divisor]\n");
+    return 2;
+  }
+  try {  // the switches' errors before any work
+    selected("", "");
+    bench::profiling_run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
   if (where == "cuda" && ops::gpu_count() == 0) {

@@ -52,9 +52,11 @@
 # `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
 # `ab` trains each model as configured and under each switch in ZT_AB (the
-# switches above; see the ab block below for the form).
-#   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|ab|all] [gpt2|llama ...]
-#   (default all, both models)
+# switches above; see the ab block below for the form). `ncu` reads Nsight
+# Compute's counters of the kernel bench rows ZT_NCU_OPS names (the ncu block
+# below; not part of `all`).
+#   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|ab|ncu|all] [gpt2|llama ...]
+#   (default all, both models; `ncu` is not part of all)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
 # packed, nothing compiles there); it prints what to carry and the two calls,
@@ -135,6 +137,38 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
 fi
 [ "$what" = tests ] && exit 0
+if [ "$what" = ncu ]; then
+  # Hardware counters (Nsight Compute) of the kernel bench's rows that the
+  # timings alone leave unexplained: one ncu process per entry of ZT_NCU_OPS
+  # (';'-separated regexes over "model/op", ZT_KERNELS_ONLY of
+  # kernels_bench.cpp; most wanted first), each row run once after a warmup
+  # inside the profiler's capture (ZT_BENCH_PROFILE=1), so each of its
+  # kernels is one run of one row. The kernel bench's ms under ncu are not
+  # timings (ncu replays each kernel); ncu's duration is. Clocks as found
+  # (--clock-control none). About 10-30 s an entry.
+  ncu_bin=$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)
+  if [ -z "$ncu_bin" ] || [ ! -x "$ncu_bin" ]; then
+    echo "ncu: Nsight Compute is not on this machine; nothing profiled"
+    exit 0
+  fi
+  "$ncu_bin" --version | tail -1
+  IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-llama3-1b/swiglu_(backward|backward_in_place|forward)$;gpt2-124m/layernorm_backward$;gpt2-124m/layernorm_backward_two_pass$;llama3-1b/rmsnorm_backward$;/cross_entropy_fused_(staged|rows4)}"
+  n=0 reports=()
+  for op in "${ncu_ops[@]}"; do
+    n=$((n + 1))
+    echo "$op" > "$out/ncu-$n.ops"
+    reports+=("$out/ncu-$n.csv")
+    bounded 30 "ncu of $op" env ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" "$ncu_bin" --profile-from-start off \
+      --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
+      -f -o "$out/ncu-$n" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/ncu-$n.log" 2>&1 \
+      || { said_failed $? "ncu of $op" "$out/ncu-$n.log" 5; continue; }
+    "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
+      || said_failed $? "ncu's export of $op" "$out/ncu-$n.log" 5
+  done
+  python3 bench/gpu/ncu_table.py "${reports[@]}"
+  exit 0
+fi
 if [ "$what" = kernels ] || [ "$what" = all ]; then
   # The step's memory-bound ops one by one against the copy rate, its products
   # against the GEMM rate (and each of cuBLASLt's ranked algorithms against its

@@ -30,11 +30,13 @@ echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
 # H200 on 2026-11-27 call 1 took 373 s and call 2 47 s, on one machine start;
 # since then call 1 trains each model once more (deterministic with the tuned
 # plans) and its tests sweep twice the candidates, and call 2 too: about
-# 480 s and 80 s expected.
+# 480 s and 80 s expected. Call 2 then profiles the kernels the timings left
+# unexplained (run.sh ncu: Nsight Compute's counters, about 60-120 s).
 echo 'then, call 1 (timeout_s 590): export ZT_CALL_DEADLINE=$(( $(date +%s) + 572 )); ZT_GPU_TESTS_SECONDS=200 bash bench/gpu/run.sh tests;'
 echo '        bash bench/gpu/run.sh bench llama gpt2'
 echo '      call 2 at once (timeout_s: the budget left less 60 s, at most 600; D = that less 20):'
-echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh kernels; bash bench/gpu/run.sh attention'
+echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh kernels; bash bench/gpu/run.sh attention;'
+echo '        bash bench/gpu/run.sh ncu'
 echo '      call 3 at once, if 4 minutes are left (the same timeout rule):'
 echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh ab gpt2 llama'
 echo '        (each model as configured, under each open switch, then as configured again; ZT_AB picks the switches)'

@@ -72,6 +72,17 @@ void synchronize(Device device) {
 #endif
 }
 
+void profiler_capture(Device device, bool on) {
+  if (device.is_cpu()) return;
+#if ZT_WITH_CUDA
+  if (device.is_cuda()) {
+    cuda::profiler_capture(on);
+    return;
+  }
+#endif
+  no_backend("profiler_capture", device);
+}
+
 DeviceMark::DeviceMark(Device device) : defined_(true) {
 #if ZT_WITH_CUDA
   if (device.is_cuda()) {

@@ -27,6 +27,11 @@ Tensor on_device(const Tensor& src, Device device, MemCategory category = MemCat
 // Waits for every kernel queued on the device (a no-op for the CPU).
 void synchronize(Device device);
 
+// Starts (on) or stops (off) a profiler's capture of the device's kernels
+// (on a GPU: ncu --profile-from-start off profiles only what is launched in
+// between; bench/gpu/run.sh ncu). A no-op for the CPU.
+void profiler_capture(Device device, bool on);
+
 // A point in a device's stream of work, for timing it without blocking: the
 // host clock on the CPU; on a GPU an event on the compute stream, read only
 // by seconds_since. Movable, not copyable (a GPU mark holds a pooled event).

@@ -12,6 +12,8 @@
 #include <tuple>
 #include <vector>
 
+#include <cuda_profiler_api.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "core/allocator.h"
 #include "core/env.h"
@@ -346,6 +348,8 @@ bool event_completed(void* event, const char* where) {
   if (q != cudaSuccess) ZT_FAIL(where, ": ", cudaGetErrorString(q));
   return true;
 }
+
+void profiler_capture(bool on) { ZT_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
 float elapsed_ms(TimingMark start, TimingMark end) {
   ZT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));

@@ -62,6 +62,11 @@ struct DeviceInfo {
 };
 DeviceInfo device_info(int index);
 
+// Starts (on) or stops (off) a profiler's capture (cudaProfilerStart/Stop):
+// a profiler told not to capture from the start (ncu --profile-from-start
+// off) profiles only the kernels launched in between. No effect otherwise.
+void profiler_capture(bool on);
+
 // Timing marks (ops::DeviceMark, EventTimer): record_mark puts an
 // event on the device's compute stream (events come from a pool, so a mark
 // costs one cudaEventRecord); elapsed_ms waits for `end` and returns the time
