@@ -152,19 +152,42 @@ if [ "$what" = ncu ]; then
     exit 0
   fi
   "$ncu_bin" --version | tail -1
+  # What every profile collects: the counters ncu_table.py reads.
+  ncu=("$ncu_bin" --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
+       --section Occupancy --section LaunchStats --section WarpStateStats
+       --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct)
   IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-llama3-1b/swiglu_(backward|backward_in_place|forward)$;gpt2-124m/layernorm_backward$;gpt2-124m/layernorm_backward_two_pass$;llama3-1b/rmsnorm_backward$;/cross_entropy_fused_(staged|rows4)}"
   n=0 reports=()
   for op in "${ncu_ops[@]}"; do
     n=$((n + 1))
     echo "$op" > "$out/ncu-$n.ops"
     reports+=("$out/ncu-$n.csv")
-    bounded 30 "ncu of $op" env ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" "$ncu_bin" --profile-from-start off \
-      --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-      --section LaunchStats --section WarpStateStats --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \
-      -f -o "$out/ncu-$n" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/ncu-$n.log" 2>&1 \
+    bounded 30 "ncu of $op" env ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" "${ncu[@]}" -f -o "$out/ncu-$n" \
+      ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/ncu-$n.log" 2>&1 \
       || { said_failed $? "ncu of $op" "$out/ncu-$n.log" 5; continue; }
     "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
       || said_failed $? "ncu's export of $op" "$out/ncu-$n.log" 5
+  done
+  # In training (opt-in): ZT_NCU_TRAIN = ';'-separated "arch:kernel regex[:launches]"
+  # entries (e.g. "gpt2:norm_backward_fused_kernel:4;llama:swiglu_bwd_kernel:2"):
+  # the first `launches` (default 4) of the matching kernels in step 3 of
+  # the model's benchmark run (metrics.profiler_capture_step), at the
+  # micro-batch a probe of this machine found (else half the probe's start).
+  IFS=';' read -r -a ncu_train <<< "${ZT_NCU_TRAIN:-}"
+  for entry in "${ncu_train[@]}"; do
+    IFS=':' read -r arch kernels launches <<< "$entry"
+    n=$((n + 1))
+    echo "train $arch, step 3: $kernels" > "$out/ncu-$n.ops"
+    reports+=("$out/ncu-$n.csv")
+    mb=$(cat /tmp/zt-bench-fits/"$arch"-* 2>/dev/null | head -1)
+    [ -n "$mb" ] || { [ "$arch" = gpt2 ] && mb=64 || mb=32; }
+    bounded 60 "ncu of $arch's training" "${ncu[@]}" -k "regex:$kernels" -c "${launches:-4}" -f -o "$out/ncu-$n" \
+      ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml --set train.micro_batch=$mb \
+      --set train.global_batch=$mb --set train.steps=3 --set metrics.profiler_capture_step=3 \
+      --set train.run_dir="$runs/ncu-$arch" > "$out/ncu-$n.log" 2>&1 \
+      || { said_failed $? "ncu of $arch's training" "$out/ncu-$n.log" 5; continue; }
+    "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
+      || said_failed $? "ncu's export of $arch's training" "$out/ncu-$n.log" 5
   done
   python3 bench/gpu/ncu_table.py "${reports[@]}"
   exit 0

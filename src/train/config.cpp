@@ -97,6 +97,7 @@ const std::vector<Field>& fields() {
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
       ZT_F("metrics", "pipeline_trace_step", metrics.pipeline_trace_step, "with pp > 1: write RUN_DIR/pipeline_trace.json (Chrome trace, open in Perfetto) of this step (0: none)"),
+      ZT_F("metrics", "profiler_capture_step", metrics.profiler_capture_step, "on a GPU: a profiler started with capture off (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi) records this step's kernels alone (0: none)"),
       ZT_F("metrics", "op_profile", metrics.op_profile, "time every op (GPU: events) and report the time per op in metrics.jsonl and at the end"),
       ZT_F("parallel", "dp", parallel.dp, "data-parallel size (0: every process not used by tp x pp x cp)"),
       ZT_F("parallel", "tp", parallel.tp, "tensor-parallel size"),
@@ -453,6 +454,8 @@ void Config::validate() const {
            "sample.top_k, sample.tokens and sample.count must be >= 0");
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
   ZT_CHECK(metrics.pipeline_trace_step >= 0, "metrics.pipeline_trace_step must be >= 0 (0: no trace)");
+  ZT_CHECK(metrics.profiler_capture_step >= 0, "metrics.profiler_capture_step must be >= 0 (0: no capture), not ",
+           metrics.profiler_capture_step);
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
   ZT_CHECK(parallel.cp == 1 && parallel.ep == 1,

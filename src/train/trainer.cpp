@@ -203,6 +203,10 @@ StepMetrics Trainer::train_step(int64_t step) {
   const double loss_scale = scaler_ ? m.loss_scale : 1.0;
   const float grad_scale = float(loss_scale / double(m.tokens));
   const Device device = model().device();
+  // metrics.profiler_capture_step: this step's launches, from its first to
+  // its optimizer's, are what a profiler started with capture off records.
+  const bool capture = cfg_.metrics.profiler_capture_step == m.step;
+  if (capture) ops::profiler_capture(device, true);
   allocator_for(device).reset_peak();
   // No zeros written first: each gradient's first write of the step
   // overwrites it (nn::Transformer::begin_grads).
@@ -309,6 +313,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     ops::synchronize(device);  // the step's GPU work inside its time, so the op shares add up
     m.op_totals = ops::take_op_profile();
   }
+  if (capture) ops::profiler_capture(device, false);
   m.optimizer_seconds = seconds_since(t_opt);
   m.step_seconds = seconds_since(t_step);
   progress_.tokens_seen += m.tokens;

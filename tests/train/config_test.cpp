@@ -85,6 +85,9 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
                   "optim.stochastic_rounding rounds bf16 weights from their f32 master, but train.dtype = \"f32\""));
   EXPECT_TRUE(has(error_of(kBase, {"optim.stochastic_rounding=true", "train.dtype=\"f16\"", "train.device=\"cuda\""}),
                   "has f16 weights"));
+  EXPECT_TRUE(has(error_of(kBase, {"metrics.profiler_capture_step=-2"}),
+                  "metrics.profiler_capture_step must be >= 0 (0: no capture), not -2"));
+  EXPECT_EQ(error_of(kBase, {"metrics.profiler_capture_step=2"}), "");
 }
 
 // Parallel layouts the model or schedule cannot take: one message naming the
