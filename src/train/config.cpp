@@ -456,6 +456,9 @@ void Config::validate() const {
   ZT_CHECK(metrics.pipeline_trace_step >= 0, "metrics.pipeline_trace_step must be >= 0 (0: no trace)");
   ZT_CHECK(metrics.profiler_capture_step >= 0, "metrics.profiler_capture_step must be >= 0 (0: no capture), not ",
            metrics.profiler_capture_step);
+  ZT_CHECK(metrics.profiler_capture_step <= train.steps, "metrics.profiler_capture_step = ",
+           metrics.profiler_capture_step, " comes after the run's last step (train.steps = ", train.steps,
+           "), so nothing would be captured; pick a step from 1 to ", train.steps, ", or 0 for none");
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
   ZT_CHECK(parallel.cp == 1 && parallel.ep == 1,

@@ -87,7 +87,9 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
                   "has f16 weights"));
   EXPECT_TRUE(has(error_of(kBase, {"metrics.profiler_capture_step=-2"}),
                   "metrics.profiler_capture_step must be >= 0 (0: no capture), not -2"));
-  EXPECT_EQ(error_of(kBase, {"metrics.profiler_capture_step=2"}), "");
+  EXPECT_TRUE(has(error_of(kBase, {"metrics.profiler_capture_step=4"}),
+                  "metrics.profiler_capture_step = 4 comes after the run's last step (train.steps = 3)"));
+  EXPECT_EQ(error_of(kBase, {"metrics.profiler_capture_step=3"}), "");
 }
 
 // Parallel layouts the model or schedule cannot take: one message naming the
