@@ -5,7 +5,8 @@
 # PyTorch (bench/gpu/pytorch_peer.py: torch.compile, flash SDPA, bf16 autocast,
 # fused AdamW) on GPT-2 124M and a Llama 3 1B-shaped model, T = 1024, each at
 # the largest power-of-two micro-batch that fits (2-step probes) - and
-# prints a short table last, then where Zettatron's step goes (a short second
+# prints a short table last (and the GPU's clock and power in each training
+# run: bench/gpu/gpu_clocks.py), then where Zettatron's step goes (a short second
 # run with metrics.op_profile: GPU time per op from events) and the activation
 # memory `zettatron info` estimates against its peak on the GPU. `attention` times
 # the CUDA attention kernels (cuDNN, and its backward with atomics; mma, flash, tensor-core gemm path, simple)
@@ -93,7 +94,15 @@ pack_logs() {
      && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs.tgz' -exec rm -rf {} +) \
     && mv "/tmp/$archive" "$out/"
 }
-trap pack_logs EXIT
+# The clock sampler of the training runs (bench, ab), stopped before packing.
+sampler=""
+stop_sampler() {
+  [ -n "$sampler" ] || return 0
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  sampler=""
+}
+trap 'stop_sampler; pack_logs' EXIT
 # A call to the GPU machine ends at its limit (10 minutes at most), and a call
 # killed there brings back loose files, not this archive. ZT_CALL_DEADLINE
 # (epoch seconds, exported once at the start of a call for every run.sh in
@@ -348,6 +357,33 @@ PY
 fi
 [ "$what" = attention ] && exit 0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+# The GPU's clock, power, temperature and load every half second while the
+# models train, and each run's window (`window NAME COMMAND...`):
+# bench/gpu/gpu_clocks.py says whether a run held the clock the GEMM rate was
+# measured at, or a power or thermal limit pulled it down.
+samples="$out/gpu-samples.csv" windows="$out/gpu-windows.txt"
+: > "$windows"
+(  # its own output only: it holds none of the call's
+  while :; do
+    line=$(nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv,noheader,nounits) \
+      && echo "$(date +%s.%N), $line"
+    sleep 0.5
+  done
+) > "$samples" 2> /dev/null 3>&- < /dev/null &
+sampler=$!
+window() {  # window NAME COMMAND...: runs it between two marks, returning its status
+  local name=$1 rc
+  shift
+  echo "$(date +%s.%N) start $name" >> "$windows"
+  "$@"
+  rc=$?
+  echo "$(date +%s.%N) end $name" >> "$windows"
+  return $rc
+}
+clock_table() {
+  stop_sampler
+  [ -s "$windows" ] && python3 bench/gpu/gpu_clocks.py "$samples" "$windows"
+}
 # The rule: the largest power-of-two micro-batch that fits. Zettatron's
 # is found by 2-step probes from the top down (an allocator "out of memory"
 # means too large; any other failure stops the search); PyTorch runs the same
@@ -407,7 +443,8 @@ if [ "$what" = ab ]; then
         case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
       done
       log="$out/ab-$arch-$i.log"
-      bounded 60 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
+      window "A/B $arch: ${setting:-as configured}" \
+        bounded 60 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
         configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
         --set train.steps="${ZT_AB_STEPS:-15}" --set train.run_dir="$runs/ab-$arch-$i" "${sets[@]}" > "$log" 2>&1
       rc=$?
@@ -433,6 +470,7 @@ for setting, path in rows:
     print(f"| {setting} | {m[0]:,.0f} | {100 * m[1]:.1f}% | {m[2]:.1f} | {ratio} |")
 PY
   done
+  clock_table
   exit 0
 fi
 for arch in "${models[@]}"; do
@@ -440,13 +478,14 @@ for arch in "${models[@]}"; do
   mb=$(largest_fitting_micro_batch $arch)
   [ -n "$mb" ] || continue
   mb_of[$arch]=$mb
-  bounded 60 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
+  window "zettatron $arch" bounded 60 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
     --set train.global_batch=$mb --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
     || { said_failed $? "zettatron $arch" "$out/zt-$arch.log" 20; continue; }
   trained[$arch]=1
   pt_mb=$mb
   while [ "$pt_mb" -ge 1 ]; do
-    bounded 150 "pytorch $arch" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
+    window "pytorch $arch B=$pt_mb" bounded 150 "pytorch $arch" python3 bench/gpu/pytorch_peer.py --arch $arch \
+      --batch "$pt_mb" --seq 1024 \
       > "$out/pt-$arch.json" 2> "$out/pt-$arch.err"
     rc=$?
     case $rc in 0 | 75) break ;; esac
@@ -459,13 +498,14 @@ for arch in "${models[@]}"; do
   # recording their choices (ZT_CUDA_MATMUL_PLANS); then deterministic again,
   # taking those choices: the same bits every run, with the tuned products.
   plans="$runs/matmul-plans-$arch.tsv"
-  bounded 60 "zettatron $arch (train.deterministic = false)" env ZT_CUDA_MATMUL_PLANS="$plans" \
+  window "zettatron $arch, deterministic = false" \
+    bounded 60 "zettatron $arch (train.deterministic = false)" env ZT_CUDA_MATMUL_PLANS="$plans" \
     ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
     --set train.deterministic=false --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
     || said_failed $? "zettatron $arch (train.deterministic = false)" "$out/zt-$arch-atomic.log" 20
   if [ -s "$plans" ]; then
     cp "$plans" "$out/"
-    bounded 60 "zettatron $arch (tuned plans)" env ZT_CUDA_MATMUL_PLANS="$plans" \
+    window "zettatron $arch, tuned plans" bounded 60 "zettatron $arch (tuned plans)" env ZT_CUDA_MATMUL_PLANS="$plans" \
       ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
       --set train.run_dir="$runs/run-$arch-plans" > "$out/zt-$arch-plans.log" 2>&1 \
       || said_failed $? "zettatron $arch (tuned plans)" "$out/zt-$arch-plans.log" 20
@@ -492,6 +532,7 @@ for label, path in (("zettatron", sys.argv[1]), ("  deterministic = false", sys.
     print(line)
 PY
 done
+clock_table
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml
