@@ -43,9 +43,11 @@ def read_report(path):
     if start is None:
         return []
     header = rows[start]
-    units = rows[start + 1] if len(rows) > start + 1 else []
+    # The units row, where there is one (its first cell is not a kernel's ID).
+    has_units = len(rows) > start + 1 and rows[start + 1] and number(rows[start + 1][0]) is None
+    units = rows[start + 1] if has_units else []
     kernels = []
-    for r in rows[start + 2:]:
+    for r in rows[start + (2 if has_units else 1):]:
         if not r or number(r[0]) is None:  # the units row, or a note
             continue
         kernels.append({name: (value, units[i] if i < len(units) else "")

@@ -90,6 +90,15 @@ class NcuTableTest(unittest.TestCase):
         self.assertTrue(all(r.split("|")[2].strip() == "-" for r in rows[:3]))
         self.assertIn("rows in order: llama3-1b a 1; llama3-1b b 2 (3 kernels)", rows[3])
 
+    def test_a_page_without_a_units_row_keeps_its_first_kernel(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = self.write(d, 4, [HEADER] + [kernel(i, "k", 1, "1", "1", "1", 8, [1, 1, 1, 1, 1]) for i in range(2)],
+                              [("a", "1"), ("b", "2")], "z")
+            rows = self.table([path])
+        self.assertEqual(len(rows), 2)
+        self.assertIn("llama3-1b a 1", rows[0])
+        self.assertEqual(rows[0].split("|")[6].strip(), "-")  # no unit to convert the duration from
+
     def test_a_report_without_kernels_says_so(self):
         with tempfile.TemporaryDirectory() as d:
             path = self.write(d, 3, [["==ERROR== the profiler could not read the counters"]], [("a", "1")], "y")
