@@ -143,8 +143,9 @@ def main(paths):
             block = first(k, "launch__block_size", "Block Size")
             achieved = value(k, "sm__warps_active.avg.pct_of_peak_sustained_active")
             theoretical = value(k, "sm__maximum_warps_per_active_cycle_pct")
-            print(f"| {label} | {rows[i // per_row] if per_row else '-'} | {short_name(first(k, 'Kernel Name') or '?')} "
-                  f"| {grid or '-'} x {block or '-'} | {fmt(value(k, 'launch__registers_per_thread'), '.0f')} "
+            row = rows[i // per_row] if per_row else "-"
+            print(f"| {label} | {row} | {short_name(first(k, 'Kernel Name') or '?')} | {grid or '-'} x {block or '-'}"
+                  f" | {fmt(value(k, 'launch__registers_per_thread'), '.0f')} "
                   f"| {fmt(seconds * 1e6 if seconds is not None else None, '.1f')} "
                   f"| {fmt(moved / 1e6 if moved is not None else None, '.1f')} | {fmt(rate, '.0f')} "
                   f"| {fmt(value(k, DRAM_PEAK_PCT), '.1f')} "
