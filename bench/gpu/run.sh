@@ -181,7 +181,7 @@ if [ "$what" = ncu ]; then
   # entries (e.g. "gpt2:norm_backward_fused_kernel:4;llama:swiglu_bwd_kernel:2"):
   # the first `launches` (default 4) of the matching kernels in step 3 of
   # the model's benchmark run (metrics.profiler_capture_step), at the
-  # micro-batch a probe of this machine found (else half the probe's start).
+  # micro-batch a probe of this machine found (else 64 for GPT-2, 32 for Llama).
   IFS=';' read -r -a ncu_train <<< "${ZT_NCU_TRAIN:-}"
   for entry in "${ncu_train[@]}"; do
     IFS=':' read -r arch kernels launches <<< "$entry"
@@ -385,11 +385,15 @@ clock_table() {
   [ -s "$windows" ] && python3 bench/gpu/gpu_clocks.py "$samples" "$windows"
 }
 # The issue's rule: the largest power-of-two micro-batch that fits. Zettatron's
-# is found by 2-step probes from the top down (an allocator "out of memory"
+# is found by 2-step probes from the top down (an allocator "out of memory",
+# or the trainer's memory plan saying the run "would run out of memory",
 # means too large; any other failure stops the search); PyTorch runs the same
 # micro-batch, or (if that does not fit it) its own largest, and the table
-# says which.
-declare -A mb_of=([gpt2]=128 [llama]=64)  # where the search starts
+# says which. The search starts above what fits any lent GPU (GPT-2 at 256
+# fits an H200's 139 GiB, 76.6 GiB on 2026-11-27; Llama at 64 too, 97.4):
+# the memory plan turns a micro-batch that cannot fit away before anything is
+# allocated, in a few seconds.
+declare -A mb_of=([gpt2]=512 [llama]=128)  # where the search starts
 declare -A trained=()
 mkdir -p "$out/probes" "$runs/probes"
 # A probe's answer is kept for the later calls on the same warm machine (the
