@@ -20,9 +20,14 @@ SECONDS = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 
            "second": 1.0, "s": 1.0}
 BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
          "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024.0, "MiB": 1024.0 ** 2, "GiB": 1024.0 ** 3}
-# SpeedOfLight's "DRAM Throughput", as newer and older versions name it.
+# SpeedOfLight's "DRAM Throughput", as newer and older versions name it, and
+# its "Compute (SM) Throughput" (a product's kernel: how near the SMs' peak).
 DRAM_PEAK_PCT = ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
                  "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+SM_PEAK_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+COLUMNS = ("entry", "bench row", "kernel", "grid x block", "regs", "us", "DRAM MB read + written", "DRAM GB/s",
+           "DRAM % of peak", "SM % of peak", "L2 hit %", "warps: achieved / theoretical %",
+           "top stalls (cycles per issue)")
 STALL = re.compile(r"issue_stalled_(.+?)(?:_per_issue_active\.ratio|_per_warp_active\.pct|\.ratio|\.pct)$")
 
 
@@ -114,22 +119,26 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def line(*cells):
+    """A table line: `cells`, then empty cells to the table's width."""
+    return "| " + " | ".join(list(cells) + [""] * (len(COLUMNS) - len(cells))) + " |"
+
+
 def main(paths):
-    print("| entry | bench row | kernel | grid x block | regs | us | DRAM MB read + written | DRAM GB/s "
-          "| DRAM % of peak | L2 hit % | warps: achieved / theoretical % | top stalls (cycles per issue) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(line(*COLUMNS))
+    print("|" + "---|" * len(COLUMNS))
     for path in paths:
         entry = re.sub(r"\.csv$", ".ops", path)
         label = open(entry).read().strip() if os.path.exists(entry) else os.path.basename(path)
+        label = label.replace("|", "\\|")  # a regex's alternatives, not the table's columns
         rows = bench_rows(path)
         if not os.path.exists(path):
-            print(f"| {label} | {'; '.join(rows) or '-'} | no report: ncu failed or ran out of time (its log) "
-                  "| | | | | | | | | |")
+            print(line(label, "; ".join(rows) or "-", "no report: ncu failed or ran out of time (its log)"))
             continue
         kernels = read_report(path)
         per_row = len(kernels) // len(rows) if rows and kernels and len(kernels) % len(rows) == 0 else 0
         if not kernels:
-            print(f"| {label} | {'; '.join(rows) or '-'} | no kernels in the report | | | | | | | | | |")
+            print(line(label, "; ".join(rows) or "-", "no kernels in the report"))
             continue
         for i, k in enumerate(kernels):
             seconds = value(k, "gpu__time_duration.sum", SECONDS)
@@ -148,11 +157,11 @@ def main(paths):
                   f" | {fmt(value(k, 'launch__registers_per_thread'), '.0f')} "
                   f"| {fmt(seconds * 1e6 if seconds is not None else None, '.1f')} "
                   f"| {fmt(moved / 1e6 if moved is not None else None, '.1f')} | {fmt(rate, '.0f')} "
-                  f"| {fmt(value(k, DRAM_PEAK_PCT), '.1f')} "
+                  f"| {fmt(value(k, DRAM_PEAK_PCT), '.1f')} | {fmt(value(k, SM_PEAK_PCT), '.1f')} "
                   f"| {fmt(value(k, 'lts__t_sector_hit_rate.pct'), '.1f')} "
                   f"| {fmt(achieved, '.1f')} / {fmt(theoretical, '.1f')} | {', '.join(stalls) or '-'} |")
         if rows and not per_row:
-            print(f"| {label} | rows in order: {'; '.join(rows)} ({len(kernels)} kernels) | | | | | | | | | | |")
+            print(line(label, f"rows in order: {'; '.join(rows)} ({len(kernels)} kernels)"))
 
 
 if __name__ == "__main__":

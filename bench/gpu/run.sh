@@ -165,7 +165,14 @@ if [ "$what" = ncu ]; then
   ncu=("$ncu_bin" --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis
        --section Occupancy --section LaunchStats --section WarpStateStats
        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct)
-  IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-llama3-1b/swiglu_(backward|backward_in_place|forward)$;gpt2-124m/layernorm_backward$;gpt2-124m/layernorm_backward_two_pass$;llama3-1b/rmsnorm_backward$;/cross_entropy_fused_(staged|rows4)}"
+  # The default: SwiGLU's rows at 1x-8x (the backward's fall-off), the norms'
+  # backward (one pass, two), the classifier (staged, R = 4), then the
+  # products slower than PyTorch's (Llama's mlp.in and head input gradients)
+  # and GPT-2's DGELU product: their kernels' names and SM throughput.
+  ncu_default="llama3-1b/swiglu_(backward|backward_in_place|forward)$;gpt2-124m/layernorm_backward$"
+  ncu_default+=";gpt2-124m/layernorm_backward_two_pass$;llama3-1b/rmsnorm_backward$;/cross_entropy_fused_(staged|rows4)"
+  ncu_default+=";llama3-1b/(mlp\.in|head)\.dgrad$;gpt2-124m/mlp\.out\.dgrad_gelu$"
+  IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-$ncu_default}"
   n=0 reports=()
   for op in "${ncu_ops[@]}"; do
     n=$((n + 1))

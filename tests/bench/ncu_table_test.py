@@ -8,6 +8,7 @@ placed next to the kernel bench row it ran for.
 import contextlib
 import io
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -22,14 +23,15 @@ HEADER = ['"ID"', '"Process ID"', '"Kernel Name"', '"Block Size"', '"Grid Size"'
           '"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio"',
           '"smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio"',
           '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"',
-          '"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"']
+          '"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"',
+          '"sm__throughput.avg.pct_of_peak_sustained_elapsed"']
 UNITS = ['""', '""', '""', '""', '""', '"usecond"', '"Mbyte"', '"Kbyte"', '"register/thread"',
-         '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"%"']
+         '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"%"', '"%"']
 
 
-def kernel(i, name, grid, us, read_mb, write_kb, regs, stalls, dram_pct=""):
+def kernel(i, name, grid, us, read_mb, write_kb, regs, stalls, dram_pct="", sm_pct=""):
     return [f'"{i}"', '"4242"', f'"{name}"', '"(512, 1, 1)"', f'"({grid}, 1, 1)"', f'"{us}"', f'"{read_mb}"',
-            f'"{write_kb}"', f'"{regs}"'] + [f'"{s}"' for s in stalls] + [f'"{dram_pct}"']
+            f'"{write_kb}"', f'"{regs}"'] + [f'"{s}"' for s in stalls] + [f'"{dram_pct}"', f'"{sm_pct}"']
 
 
 class NcuTableTest(unittest.TestCase):
@@ -57,15 +59,15 @@ class NcuTableTest(unittest.TestCase):
             name = "void zt::cuda::act_kernels::swiglu_backward_kernel<__nv_bfloat16, 8>(T1 *, const T1 *, long)"
             path = self.write(d, 1, [HEADER, UNITS,
                                      kernel(0, name, 4224, "1,096.5", "3,221.2", "2,147,483.6", 32,
-                                            [12.5, 0.5, 1.0, 3.25, 2.0], "71.34"),
+                                            [12.5, 0.5, 1.0, 3.25, 2.0], "71.34", "43.96"),
                                      kernel(1, name, 4224, "2,540.0", "6,442.5", "4,294,967.3", 32,
                                             [30.0, 0.1, 1.0, 9.0, 2.0])],
                               [("swiglu_backward", "32768x16384"), ("swiglu_backward", "65536x16384")],
-                              "llama3-1b/swiglu_backward$")
+                              "llama3-1b/swiglu_(backward|forward)$")
             rows = self.table([path])
         self.assertEqual(len(rows), 2)
-        cells = [c.strip() for c in rows[0].split("|")[1:-1]]
-        self.assertEqual(cells[0], "llama3-1b/swiglu_backward$")
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", rows[0])[1:-1]]  # columns: pipes not escaped
+        self.assertEqual(cells[0], "llama3-1b/swiglu_(backward\\|forward)$")
         self.assertEqual(cells[1], "llama3-1b swiglu_backward 32768x16384")
         self.assertEqual(cells[2], "swiglu_backward_kernel")
         self.assertEqual(cells[3], "(4224, 1, 1) x (512, 1, 1)")
@@ -75,9 +77,10 @@ class NcuTableTest(unittest.TestCase):
         self.assertEqual(cells[6], "5368.7")
         self.assertEqual(cells[7], f"{(3221.2e6 + 2147483.6e3) / 1096.5e-6 / 1e9:.0f}")
         self.assertEqual(cells[8], "71.3")
-        self.assertEqual(cells[9:11], ["-", "- / -"])  # metrics this report lacks
+        self.assertEqual(cells[9], "44.0")
+        self.assertEqual(cells[10:12], ["-", "- / -"])  # metrics this report lacks
         # Largest first; "selected" is not a stall.
-        self.assertEqual(cells[11], "long_scoreboard 12.5, lg_throttle 3.2, wait 2.0")
+        self.assertEqual(cells[12], "long_scoreboard 12.5, lg_throttle 3.2, wait 2.0")
         self.assertIn("65536x16384", rows[1])
 
     def test_rows_unmatched_when_kernel_counts_differ(self):
