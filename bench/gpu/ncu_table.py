@@ -53,7 +53,7 @@ def read_report(path):
     units = rows[start + 1] if has_units else []
     kernels = []
     for r in rows[start + (2 if has_units else 1):]:
-        if not r or number(r[0]) is None:  # the units row, or a note
+        if not r or number(r[0]) is None:  # a note of ncu's, not a kernel
             continue
         kernels.append({name: (value, units[i] if i < len(units) else "")
                         for i, (name, value) in enumerate(zip(header, r))})
@@ -145,21 +145,20 @@ def main(paths):
             read, written = value(k, "dram__bytes_read.sum", BYTES), value(k, "dram__bytes_write.sum", BYTES)
             moved = read + written if read is not None and written is not None else None
             rate = moved / seconds / 1e9 if moved is not None and seconds else None
-            stalls = sorted(((value(k, n), STALL.search(n).group(1)) for n in k if STALL.search(n)),
+            stalls = sorted(((value(k, n), m.group(1)) for n in k if (m := STALL.search(n))),
                             key=lambda s: -(s[0] or 0))
             stalls = [f"{why} {v:.1f}" for v, why in stalls if v and why not in ("selected", "not_selected")][:3]
             grid = first(k, "launch__grid_size", "Grid Size")
             block = first(k, "launch__block_size", "Block Size")
             achieved = value(k, "sm__warps_active.avg.pct_of_peak_sustained_active")
             theoretical = value(k, "sm__maximum_warps_per_active_cycle_pct")
-            row = rows[i // per_row] if per_row else "-"
-            print(f"| {label} | {row} | {short_name(first(k, 'Kernel Name') or '?')} | {grid or '-'} x {block or '-'}"
-                  f" | {fmt(value(k, 'launch__registers_per_thread'), '.0f')} "
-                  f"| {fmt(seconds * 1e6 if seconds is not None else None, '.1f')} "
-                  f"| {fmt(moved / 1e6 if moved is not None else None, '.1f')} | {fmt(rate, '.0f')} "
-                  f"| {fmt(value(k, DRAM_PEAK_PCT), '.1f')} | {fmt(value(k, SM_PEAK_PCT), '.1f')} "
-                  f"| {fmt(value(k, 'lts__t_sector_hit_rate.pct'), '.1f')} "
-                  f"| {fmt(achieved, '.1f')} / {fmt(theoretical, '.1f')} | {', '.join(stalls) or '-'} |")
+            print(line(label, rows[i // per_row] if per_row else "-", short_name(first(k, "Kernel Name") or "?"),
+                       f"{grid or '-'} x {block or '-'}", fmt(value(k, "launch__registers_per_thread"), ".0f"),
+                       fmt(seconds * 1e6 if seconds is not None else None, ".1f"),
+                       fmt(moved / 1e6 if moved is not None else None, ".1f"), fmt(rate, ".0f"),
+                       fmt(value(k, DRAM_PEAK_PCT), ".1f"), fmt(value(k, SM_PEAK_PCT), ".1f"),
+                       fmt(value(k, "lts__t_sector_hit_rate.pct"), ".1f"),
+                       f"{fmt(achieved, '.1f')} / {fmt(theoretical, '.1f')}", ", ".join(stalls) or "-"))
         if rows and not per_row:
             print(line(label, f"rows in order: {'; '.join(rows)} ({len(kernels)} kernels)"))
 

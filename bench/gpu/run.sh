@@ -79,6 +79,11 @@ mkdir -p "$out"
 # metrics.jsonl is copied in first).
 runs=/tmp/zt-bench-runs
 rm -rf "$runs" && mkdir -p "$runs"  # a warm machine keeps the last call's
+# A probe's answer (the largest micro-batch that fits) is kept for the later
+# calls on the same warm machine (the same GPU and build), so that `ab` or
+# `ncu` after `bench` starts training at once.
+fits=/tmp/zt-bench-fits
+mkdir -p "$fits"
 pack_logs() {
   [ -n "${OUT:-}" ] || return 0  # by hand: the logs stay as they are
   for m in "$runs"/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$out/metrics-$(basename "$(dirname "$m")").jsonl"; done
@@ -174,15 +179,23 @@ if [ "$what" = ncu ]; then
   ncu_default+=";llama3-1b/(mlp\.in|head)\.dgrad$;gpt2-124m/mlp\.out\.dgrad_gelu$"
   IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-$ncu_default}"
   n=0 reports=()
-  for op in "${ncu_ops[@]}"; do
+  # profile NEED LABEL NCU_OPTION... -- COMMAND...: report n (ncu-<n>.ops names
+  # it, .log its output, .csv the raw page ncu_table.py reads).
+  profile() {
+    local need=$1 label=$2 options=()
+    shift 2
+    while [ "$1" != -- ]; do options+=("$1"); shift; done
+    shift
     n=$((n + 1))
-    echo "$op" > "$out/ncu-$n.ops"
+    echo "$label" > "$out/ncu-$n.ops"
     reports+=("$out/ncu-$n.csv")
-    bounded 30 "ncu of $op" env ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" "${ncu[@]}" -f -o "$out/ncu-$n" \
-      ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/ncu-$n.log" 2>&1 \
-      || { said_failed $? "ncu of $op" "$out/ncu-$n.log" 5; continue; }
+    bounded "$need" "ncu of $label" "${ncu[@]}" "${options[@]}" -f -o "$out/ncu-$n" "$@" > "$out/ncu-$n.log" 2>&1 \
+      || { said_failed $? "ncu of $label" "$out/ncu-$n.log" 5; return; }
     "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
-      || said_failed $? "ncu's export of $op" "$out/ncu-$n.log" 5
+      || said_failed $? "ncu's export of $label" "$out/ncu-$n.log" 5
+  }
+  for op in "${ncu_ops[@]}"; do
+    ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" profile 30 "$op" -- ./build-gpu/bin/zt_bench_gpu_kernels cuda
   done
   # In training (opt-in): ZT_NCU_TRAIN = ';'-separated "arch:kernel regex[:launches]"
   # entries (e.g. "gpt2:norm_backward_fused_kernel:4;llama:swiglu_bwd_kernel:2"):
@@ -192,18 +205,12 @@ if [ "$what" = ncu ]; then
   IFS=';' read -r -a ncu_train <<< "${ZT_NCU_TRAIN:-}"
   for entry in "${ncu_train[@]}"; do
     IFS=':' read -r arch kernels launches <<< "$entry"
-    n=$((n + 1))
-    echo "train $arch, step 3: $kernels" > "$out/ncu-$n.ops"
-    reports+=("$out/ncu-$n.csv")
-    mb=$(cat /tmp/zt-bench-fits/"$arch"-* 2>/dev/null | head -1)
+    mb=$(cat "$fits/$arch"-* 2>/dev/null | head -1)
     [ -n "$mb" ] || { [ "$arch" = gpt2 ] && mb=64 || mb=32; }
-    bounded 60 "ncu of $arch's training" "${ncu[@]}" -k "regex:$kernels" -c "${launches:-4}" -f -o "$out/ncu-$n" \
+    profile 60 "train $arch, step 3: $kernels" -k "regex:$kernels" -c "${launches:-4}" -- \
       ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml --set train.micro_batch=$mb \
       --set train.global_batch=$mb --set train.steps=3 --set metrics.profiler_capture_step=3 \
-      --set train.run_dir="$runs/ncu-$arch" > "$out/ncu-$n.log" 2>&1 \
-      || { said_failed $? "ncu of $arch's training" "$out/ncu-$n.log" 5; continue; }
-    "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
-      || said_failed $? "ncu's export of $arch's training" "$out/ncu-$n.log" 5
+      --set train.run_dir="$runs/ncu-$arch"
   done
   python3 bench/gpu/ncu_table.py "${reports[@]}"
   exit 0
@@ -365,7 +372,7 @@ fi
 [ "$what" = attention ] && exit 0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 # The GPU's clock, power, temperature and load every half second while the
-# models train, and each run's window (`window NAME COMMAND...`):
+# models train, and each run's window (`window NEED NAME COMMAND...`):
 # bench/gpu/gpu_clocks.py says whether a run held the clock the GEMM rate was
 # measured at, or a power or thermal limit pulled it down.
 samples="$out/gpu-samples.csv" windows="$out/gpu-windows.txt"
@@ -378,11 +385,11 @@ samples="$out/gpu-samples.csv" windows="$out/gpu-windows.txt"
   done
 ) > "$samples" 2> /dev/null 3>&- < /dev/null &
 sampler=$!
-window() {  # window NAME COMMAND...: runs it between two marks, returning its status
-  local name=$1 rc
-  shift
+window() {  # window NEED NAME COMMAND...: `bounded` between two marks of the run NAME
+  local need=$1 name=$2 rc
+  shift 2
   echo "$(date +%s.%N) start $name" >> "$windows"
-  "$@"
+  bounded "$need" "$name" "$@"
   rc=$?
   echo "$(date +%s.%N) end $name" >> "$windows"
   return $rc
@@ -403,10 +410,6 @@ clock_table() {
 declare -A mb_of=([gpt2]=512 [llama]=128)  # where the search starts
 declare -A trained=()
 mkdir -p "$out/probes" "$runs/probes"
-# A probe's answer is kept for the later calls on the same warm machine (the
-# same GPU and build), so that `ab` after `bench` starts training at once.
-fits=/tmp/zt-bench-fits
-mkdir -p "$fits"
 largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   local arch=$1 mb=${mb_of[$1]} log
   local known="$fits/$arch-$(sha256sum build-gpu/bin/zettatron | cut -c1-16)"
@@ -454,8 +457,7 @@ if [ "$what" = ab ]; then
         case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
       done
       log="$out/ab-$arch-$i.log"
-      window "A/B $arch: ${setting:-as configured}" \
-        bounded 60 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
+      window 60 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
         configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
         --set train.steps="${ZT_AB_STEPS:-15}" --set train.run_dir="$runs/ab-$arch-$i" "${sets[@]}" > "$log" 2>&1
       rc=$?
@@ -489,14 +491,13 @@ for arch in "${models[@]}"; do
   mb=$(largest_fitting_micro_batch $arch)
   [ -n "$mb" ] || continue
   mb_of[$arch]=$mb
-  window "zettatron $arch" bounded 60 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
+  window 60 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
     --set train.global_batch=$mb --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
     || { said_failed $? "zettatron $arch" "$out/zt-$arch.log" 20; continue; }
   trained[$arch]=1
   pt_mb=$mb
   while [ "$pt_mb" -ge 1 ]; do
-    window "pytorch $arch B=$pt_mb" bounded 150 "pytorch $arch" python3 bench/gpu/pytorch_peer.py --arch $arch \
-      --batch "$pt_mb" --seq 1024 \
+    window 150 "pytorch $arch B=$pt_mb" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
       > "$out/pt-$arch.json" 2> "$out/pt-$arch.err"
     rc=$?
     case $rc in 0 | 75) break ;; esac
@@ -509,17 +510,16 @@ for arch in "${models[@]}"; do
   # recording their choices (ZT_CUDA_MATMUL_PLANS); then deterministic again,
   # taking those choices: the same bits every run, with the tuned products.
   plans="$runs/matmul-plans-$arch.tsv"
-  window "zettatron $arch, deterministic = false" \
-    bounded 60 "zettatron $arch (train.deterministic = false)" env ZT_CUDA_MATMUL_PLANS="$plans" \
+  window 60 "zettatron $arch, deterministic = false" env ZT_CUDA_MATMUL_PLANS="$plans" \
     ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
     --set train.deterministic=false --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
-    || said_failed $? "zettatron $arch (train.deterministic = false)" "$out/zt-$arch-atomic.log" 20
+    || said_failed $? "zettatron $arch, deterministic = false" "$out/zt-$arch-atomic.log" 20
   if [ -s "$plans" ]; then
     cp "$plans" "$out/"
-    window "zettatron $arch, tuned plans" bounded 60 "zettatron $arch (tuned plans)" env ZT_CUDA_MATMUL_PLANS="$plans" \
+    window 60 "zettatron $arch, tuned plans" env ZT_CUDA_MATMUL_PLANS="$plans" \
       ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
       --set train.run_dir="$runs/run-$arch-plans" > "$out/zt-$arch-plans.log" 2>&1 \
-      || said_failed $? "zettatron $arch (tuned plans)" "$out/zt-$arch-plans.log" 20
+      || said_failed $? "zettatron $arch, tuned plans" "$out/zt-$arch-plans.log" 20
   fi
   python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" "$runs/run-$arch-atomic/metrics.jsonl" \
     "$runs/run-$arch-plans/metrics.jsonl" <<'PY'
