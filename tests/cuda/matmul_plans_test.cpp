@@ -39,7 +39,7 @@ TEST(MatmulPlans, ChoicesFormatAndParse) {
   EXPECT_EQ(cuda::parse_matmul_choice("cublas"), MatmulChoice{.cublas = true});
   EXPECT_EQ(cuda::parse_matmul_choice("lt 0"), MatmulChoice{.candidate = 0});
   EXPECT_EQ(cuda::parse_matmul_choice("lt 15"), MatmulChoice{.candidate = 15});
-  for (const char* bad : {"", "lt", "lt ", "lt -1", "lt 3x", "lt 1 ", "LT 1", "cuBLAS", "lt 99999999999"})
+  for (const char* bad : {"", "lt", "lt ", "lt -1", "lt 3x", "lt 1 ", "LT 1", "cuBLAS", "lt 16", "lt 99999999999"})
     EXPECT_FALSE(cuda::parse_matmul_choice(bad).has_value()) << "'" << bad << "'";
 }
 

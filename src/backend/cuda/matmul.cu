@@ -293,6 +293,9 @@ std::string product_name(const PlanKey& key) {
   PlanKey k = key;
   k.candidate = 0;
   k.tune = false;
+  // The heuristic's list depends on the workspace it may use: a run with
+  // another ZT_CUDA_CUBLAS_WORKSPACE_MIB must not take this run's "lt n".
+  if (k.workspace_bytes == 0) k.workspace_bytes = cublaslt_workspace_bytes();
   return zt::detail::concat(gpu, " | cuBLASLt ", cublasLtGetVersion(), " | ", describe(k));
 }
 
@@ -384,11 +387,15 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   cublasLtMatmulHeuristicResult_t results[kMatmulCandidates] = {};
   const bool tune = k.tune;
   int returned = 0;
+  // Always the whole list, tuned or not: a recorded candidate n is then the
+  // n-th of the same list its tuning run timed (nothing documents that the
+  // first n + 1 of a shorter request are the same algorithms).
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->handle, p->op, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
-                                                            pref, tune ? kMatmulCandidates : k.candidate + 1, results,
-                                                            &returned);
+                                                            pref, kMatmulCandidates, results, &returned);
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   p->offered = st == CUBLAS_STATUS_SUCCESS ? returned : 0;
+  ZT_CHECK(k.candidate >= 0 && k.candidate < kMatmulCandidates, "matmul: cuBLASLt candidate ", k.candidate,
+           " is outside 0..", kMatmulCandidates - 1);
   const cublasLtMatmulHeuristicResult_t& chosen = results[k.candidate];
   p->found = p->offered > k.candidate && chosen.state == CUBLAS_STATUS_SUCCESS;
   if (p->found) p->algo = chosen.algo;
@@ -463,7 +470,8 @@ Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
 // Runs the cached plan of k: out = alpha * op(a) @ op(b) + beta * out (+ bias
 // through the epilogue; times gelu'(aux) with the DGELU one). Returns false,
 // having launched nothing, when an epilogue is asked for and no algorithm
-// applies it; throws when a plain product finds no algorithm.
+// applies it (none offered, or the offered one refused at launch); throws
+// when a plain product finds no algorithm.
 bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, const void* bias, const void* aux,
                  float alpha_in, float beta_in, Device device) {
   PlanKey k = key;
@@ -518,29 +526,30 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
       return CUBLAS_STATUS_NOT_INITIALIZED;
     }
   };
+  // False when the library turns an epilogue's algorithm away at launch
+  // (launching nothing): the heuristic does not see beta, and an epilogue
+  // (BGRADB accumulating into dW) may be offered, then refused with beta = 1.
   auto launch = [&] {
     if (p.num_ranked > 1 || (p.num_ranked == 1 && plain))
       std::call_once(p.tuned, [&] { keep_fastest(p, k, out, beta, device, launch_option); });
     if (p.use_cublas) {
       ZT_CUBLAS_CHECK(cublas_gemm(k, a, b, out, alpha, beta, workspace, workspace_bytes, device));
       t_last = LastAlgorithm{.any = true, .cublas = true};
-    } else {
-      ZT_CUBLAS_CHECK(launch_with(p.algo, out));
-      t_last = LastAlgorithm{.any = true, .cublas = false, .algo = p.algo};
+      return true;
     }
+    const cublasStatus_t status = launch_with(p.algo, out);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED && !plain) return false;
+    ZT_CUBLAS_CHECK(status);
+    t_last = LastAlgorithm{.any = true, .cublas = false, .algo = p.algo};
+    return true;
   };
-  if (!plain) {
-    std::lock_guard<std::mutex> lock(p.pointer_mu);
-    if (k.has_bias || k.bgrad)
-      ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (k.dgelu)
-      ZT_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-    launch();
-  } else {
-    launch();
-  }
-  return true;
+  if (plain) return launch();
+  std::lock_guard<std::mutex> lock(p.pointer_mu);
+  if (k.has_bias || k.bgrad)
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (k.dgelu)
+    ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  return launch();
 }
 
 // The plan key of a GemmDesc (d already folded) over contiguous matrices.
@@ -815,7 +824,8 @@ bool weight_gradient_with_bias(const Tensor& dw, const Tensor& db, const Tensor&
   d.M = OC, d.N = C, d.K = N, d.trans_a = true, d.beta = overwrite ? 0.0f : 1.0f;
   // The sums go straight into an f32 db that is overwritten, else into an f32
   // scratch added into db once (add_chunk_partials: db's dtype, one rounding).
-  const bool direct = overwrite && db.dtype() == DType::f32;
+  // (16-byte aligned, as matmul asks of a bias epilogue's pointer.)
+  const bool direct = overwrite && db.dtype() == DType::f32 && reinterpret_cast<uintptr_t>(db.data_ptr()) % 16 == 0;
   const Tensor sums = direct ? db : Tensor::empty(Shape{OC}, DType::f32, device, MemCategory::workspace);
   PlanKey k = contiguous_key(d, dy.dtype(), dy.data_ptr(), x.data_ptr(), DType::f32, dw.data_ptr(), nullptr,
                              DType::f32, device);

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backend/cpu/matmul.h"  // GemmDesc: a plain struct shared by both backends
+#include "backend/cuda/matmul_plans.h"  // kMatmulCandidates
 #include "core/tensor.h"
 
 namespace zt::cuda {
@@ -151,8 +152,7 @@ int64_t linear_backward_workspace_bytes(int64_t OC, int64_t C, int64_t rows, boo
 // the same algorithms every run, so its bits repeat: tune once (a short run
 // with train.deterministic = false), then train deterministically with the
 // tuned products. A MatmulCandidateScope ignores the file.
-constexpr int kMatmulCandidates = 16;                 // cuBLASLt's: 0 .. kMatmulCandidates - 1
-constexpr int kCublasCandidate = kMatmulCandidates;  // cuBLAS's own GEMM
+constexpr int kCublasCandidate = kMatmulCandidates;  // cuBLAS's own GEMM (cuBLASLt's: 0 .. kMatmulCandidates - 1)
 int64_t tuned_matmul_plans();    // plans whose candidates this process has timed
 int64_t cublas_matmul_launches();  // products this process ran through cuBLAS's own GEMM
 int64_t replayed_matmul_plans();   // products that took a choice the plans file records

@@ -23,7 +23,8 @@ std::optional<MatmulChoice> parse_matmul_choice(std::string_view text) {
   const std::string_view digits = text.substr(3);
   int n = -1;
   const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-  if (err != std::errc() || end != digits.data() + digits.size() || n < 0) return std::nullopt;
+  if (err != std::errc() || end != digits.data() + digits.size() || n < 0 || n >= kMatmulCandidates)
+    return std::nullopt;
   return MatmulChoice{.candidate = n};
 }
 

@@ -20,6 +20,10 @@
 
 namespace zt::cuda {
 
+// How many of cuBLASLt's ranked algorithms a plan asks for, tunes over and
+// can record (candidates 0 .. kMatmulCandidates - 1).
+constexpr int kMatmulCandidates = 16;
+
 struct MatmulChoice {
   bool cublas = false;  // cuBLAS's own GEMM
   int candidate = 0;    // else cuBLASLt's ranked candidate
@@ -28,7 +32,8 @@ struct MatmulChoice {
 
 // "lt <n>" or "cublas".
 std::string format_matmul_choice(const MatmulChoice& choice);
-// The choice a line's first field names; nothing when it names none.
+// The choice a line's first field names; nothing when it names none or a
+// candidate outside 0 .. kMatmulCandidates - 1.
 std::optional<MatmulChoice> parse_matmul_choice(std::string_view text);
 
 class MatmulPlanFile {
