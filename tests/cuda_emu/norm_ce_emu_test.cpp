@@ -2,10 +2,10 @@
 // classifier (cross_entropy_kernels.cuh), run by the warp emulator on the CPU
 // with the launches of norm.cu / cross_entropy.cu, against the CPU backend
 // (itself checked against float64 references in tests/ops): forward with and
-// without the fused residual, backward dx (with dx_add) and the two-stage
-// dw / db, and the loss with its in-place gradient (padding columns, an
-// ignored row), whole or in the three vocabulary-parallel passes. f32 and
-// bf16; outputs poisoned first.
+// without the fused residual, backward dx (with and without dx_add) and the
+// two-stage dw / db, and the loss with its in-place gradient (padding
+// columns, an ignored row), whole or in the three vocabulary-parallel passes.
+// f32 and bf16; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
 #include "cuda_emu/colsum_emu.h"
@@ -83,6 +83,19 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
     return d;
   };
   const std::vector<double> sums_dw = minus(want_dw, dw0), sums_db = rms ? std::vector<double>() : minus(want_db, db0);
+  // norm.cu's launch: Q packs a lane, a bias gradient for the LayerNorm.
+  const auto fused = [&](const Tensor& dx, Tensor& dw, Tensor& db, const Tensor& add, int64_t blocks, bool overwrite) {
+    nk::with_backward_packs(Q, [&](auto q_tag) {
+      constexpr int kQ = decltype(q_tag)::value;
+      if (rms) {
+        fused_backward_on_emulator<T, V, kQ, false>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
+                                                    overwrite);
+      } else {
+        fused_backward_on_emulator<T, V, kQ, true>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
+                                                   overwrite);
+      }
+    });
+  };
   const int64_t sparse = (N + 4) / 5;  // 5 rows a block: warps 5-7 have none
   Tensor out_of_place;
   for (const int64_t blocks : {nk::backward_blocks(N, 3), sparse})
@@ -91,18 +104,8 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
       SCOPED_TRACE(::testing::Message() << "fused on " << blocks << " blocks" << (in_place ? ", dx over dx_add" : "")
                                         << (overwrite ? ", dw/db overwritten" : ""));
       Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
-      const Tensor add = in_place ? dx : dx_add;
       Tensor dw, db;
-      nk::with_backward_packs(Q, [&](auto q_tag) {
-        constexpr int kQ = decltype(q_tag)::value;
-        if (rms) {
-          fused_backward_on_emulator<T, V, kQ, false>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
-                                                      overwrite);
-        } else {
-          fused_backward_on_emulator<T, V, kQ, true>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
-                                                     overwrite);
-        }
-      });
+      fused(dx, dw, db, in_place ? dx : dx_add, blocks, overwrite);
       EXPECT_TRUE(close(dx, want_dx, tol(dt), "dx"));
       if (out_of_place.defined()) {
         EXPECT_EQ(to_f64(dx), to_f64(out_of_place)) << "dx the same on any grid, in place or not";
@@ -114,6 +117,16 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
         EXPECT_TRUE(rel_error_within(db, overwrite ? sums_db : to_f64(want_db), 1e-5, "db"));
       }
     }
+  // Without dx_add (a block's first norm, whose input gradient has no
+  // residual branch to add): dx against the CPU's without one.
+  SCOPED_TRACE("fused, no dx_add");
+  const auto kind = rms ? ops::NormKind::rmsnorm : ops::NormKind::layernorm;
+  Tensor want_plain = Tensor::empty(x.shape(), dt), cdw = copy_of(dw0), cdb = rms ? Tensor() : copy_of(db0);
+  ops::norm_backward(kind, want_plain, cdw, cdb, dy, x, w, mean, rstd, Tensor());
+  Tensor dx = poisoned(x.shape(), dt), dw, db;
+  fused(dx, dw, db, Tensor(), nk::backward_blocks(N, 3), false);
+  EXPECT_TRUE(close(dx, want_plain, tol(dt), "dx"));
+  EXPECT_TRUE(rel_error_within(dw, to_f64(want_dw), 1e-5, "dw"));
 }
 
 // V elements per load (1, or a 16-byte pack: C a multiple of V), as norm.cu
@@ -339,6 +352,17 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
       norm_case<__nv_bfloat16, kBf16Pack>(kind, 3, 64, residual, DType::bf16, rng);
       norm_case<__nv_bfloat16, kBf16Pack>(kind, 9, 776, residual, DType::bf16, rng);
     }
+  // The fused backward's other packs per lane (backward_packs_per_lane): 3
+  // in bf16 (GPT-2's 768), 6 (1536, 1416: lanes past the row's 177 packs
+  // hold 5), 8 with the LayerNorm's bias gradient (the most shared memory);
+  // f32 at 8, 6 and 1.
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 40, 768, false, DType::bf16, rng);
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 20, 1536, true, DType::bf16, rng);
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::rmsnorm, 20, 1416, true, DType::bf16, rng);
+  norm_case<__nv_bfloat16, kBf16Pack>(ops::NormKind::layernorm, 17, 2048, false, DType::bf16, rng);
+  norm_case<float, kF32Pack>(ops::NormKind::layernorm, 12, 1024, false, DType::f32, rng);
+  norm_case<float, kF32Pack>(ops::NormKind::rmsnorm, 12, 700, false, DType::f32, rng);
+  norm_case<float, kF32Pack>(ops::NormKind::layernorm, 70, 64, false, DType::f32, rng);
 }
 
 // The classifier's grid: R blocks per SM (H100: 132 SMs), never more blocks
@@ -379,6 +403,13 @@ TEST(CudaKernelsEmulated, CrossEntropyLossAndInPlaceGradientMatchTheCpu) {
   // 2513 packs of 8: past one round of kUnroll packs per thread (4 x 512), the
   // second round partial.
   ce_case<__nv_bfloat16, kBf16Pack>(3, 20104, 20100, DType::bf16, rng);
+  // Whole packs of padding (GPT-2's 50257 of 50304): 520 packs, 513 real;
+  // 1032 packs, 500 real (the staged sweep of 512 past the real ones); one
+  // row of 2 packs.
+  ce_case<__nv_bfloat16, kBf16Pack>(5, 4160, 4100, DType::bf16, rng);
+  ce_case<float, kF32Pack>(4, 2080, 2050, DType::f32, rng);
+  ce_case<__nv_bfloat16, kBf16Pack>(3, 8256, 4000, DType::bf16, rng);
+  ce_case<__nv_bfloat16, kBf16Pack>(1, 16, 3, DType::bf16, rng);
 }
 
 TEST(CudaKernelsEmulated, VocabParallelCrossEntropyMatchesTheCpu) {

@@ -299,5 +299,9 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return other;
 }
 inline float __expf(float x) { return std::exp(x); }
+// Rounded operations the device compiler may not contract into FMAs.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -26,7 +26,10 @@
 // sums (t, t + kThreads, ...), so no barrier guards them, and pass 2 refills
 // each pack's slot with the block's next row right after reading it: the next
 // row's loads stream in under this row's writes and reductions. Its bits are
-// ce_kernel's (the same order of packs per thread, the same block sums).
+// ce_kernel's (the same order of packs per thread, the same block sums; the
+// sums' and dlogits' multiplies and adds are rounded intrinsics, which the
+// compiler cannot contract into FMAs one way in one kernel and another way in
+// the next).
 //
 // Rows are swept in packs of V elements (V = 1, or kPack16<T> when the launch
 // checked that 16-byte packs tile the rows: one 128-bit memory instruction
@@ -85,11 +88,11 @@ __device__ __forceinline__ void online_add(float& m, float& s, const Pack<T, V>&
   const float pm = real_values<T, V>(xs, p, j, real);
   if (pm == -INFINITY) return;  // nothing to add (and -inf - -inf is NaN)
   if (pm > m) {
-    s *= __expf(m - pm);  // 0 while m is still -inf
+    s = __fmul_rn(s, __expf(m - pm));  // 0 while m is still -inf
     m = pm;
   }
 #pragma unroll
-  for (int k = 0; k < V; ++k) s += __expf(xs[k] - m);
+  for (int k = 0; k < V; ++k) s = __fadd_rn(s, __expf(xs[k] - m));
 }
 
 // Pack j of a row's dlogits from the same pack of its logits (p):
@@ -103,7 +106,7 @@ __device__ __forceinline__ Pack<T, V> dlogits_pack(const Pack<T, V>& p, int64_t 
   for (int k = 0; k < V; ++k) {
     const int64_t c = j * V + k;
     float g = 0.0f;
-    if (!ignored && c < real) g = __expf(to_f32(p.v[k]) - m) * r - (c == target ? grad_scale : 0.0f);
+    if (!ignored && c < real) g = __fsub_rn(__fmul_rn(__expf(to_f32(p.v[k]) - m), r), c == target ? grad_scale : 0.0f);
     out.v[k] = from_f32<T>(g);
   }
   return out;
@@ -170,7 +173,7 @@ __device__ __forceinline__ void write_dlogits(T* dr, const T* lr, int64_t cols, 
 template <typename T>
 __device__ __forceinline__ float row_lse(float m, float s, float* scratch, const T* lr, int32_t target, float* loss) {
   const float row_max = block_max(m, scratch);
-  const float sum = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - row_max), scratch);
+  const float sum = block_sum(m == -INFINITY ? 0.0f : __fmul_rn(s, __expf(m - row_max)), scratch);
   const float lse = row_max + logf(sum);
   const bool ignored = target < 0;
   const float target_logit = ignored ? 0.0f : to_f32(lr[target]);
@@ -244,7 +247,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     load_ahead<T, V, U>(ahead, lr, staged + t, real_packs);
     cp_async_wait<0>();
     float m = -INFINITY, s = 0.0f;
-    for (int64_t j = t; j < staged_real; j += blockDim.x) online_add<T, V>(m, s, slots[j], j, vocab);
+    for (int64_t j = t; j < staged_real; j += blockDim.x) {
+      P p = slots[j];  // one 16-byte shared load (keep_packed)
+      keep_packed(p);
+      online_add<T, V>(m, s, p, j, vocab);
+    }
     sum_from_memory<T, V, U>(m, s, ahead, lr, staged + t, real_packs, vocab);
     const float lse = row_lse(m, s, scratch, lr, target, losses + row);
     if (dlogits == nullptr) {
@@ -257,8 +264,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool ignored = target < 0;
     load_ahead<T, V, U>(ahead, lr, staged + t, packs);
     for (int64_t j = t; j < staged; j += blockDim.x) {
-      store_pack<T, V>(dr + j * V,
-                       dlogits_pack<T, V>(slots[j], j, vocab, target, ignored, lse, grad_scale, grad_scale));
+      P p = slots[j];
+      keep_packed(p);
+      store_pack<T, V>(dr + j * V, dlogits_pack<T, V>(p, j, vocab, target, ignored, lse, grad_scale, grad_scale));
       if (next < N) {
         compiler_memory_fence();
         cp_async16(slots + j, logits + next * Vp + j * V, true);

@@ -106,8 +106,21 @@ template <typename T, int V>
 __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, V>*>(p);
 }
+// A 16-byte pack is stored by one st.v4.b32 (generic address: global or
+// shared). As a struct copy, NVVM split some into 2-byte stores, 8 store
+// instructions for 1 (one of SwiGLU's backward's two, two of the classifier's
+// four unrolled ones on sm_90a, CUDA 13.0).
 template <typename T, int V>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
+#if !ZT_WARP_EMULATION
+  if constexpr (sizeof(Pack<T, V>) == 16) {
+    uint32_t w[4];
+    memcpy(w, &v, 16);
+    asm volatile("st.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+    return;
+  }
+#endif
   *reinterpret_cast<Pack<T, V>*>(p) = v;
 }
 // The pack at p + offset, or zeros when p is null (an optional operand).
@@ -117,6 +130,25 @@ __device__ __forceinline__ Pack<T, V> load_pack_or_zero(const T* p, int64_t offs
   if (p != nullptr) v = load_pack<T, V>(p + offset);
   return v;
 }
+// Makes the compiler forget what it knows of a pack's registers: the norm
+// backward converts the packed values to f32 again where they are used next
+// rather than holding the f32 copies of a whole row (twice the registers)
+// across the statistics' shuffles; a pack copied out of shared memory is
+// read in one 16-byte load (passed on by reference, NVVM read it an element
+// at a time, each lane's 2-byte loads 4-way bank conflicted). No code;
+// nothing in the emulator.
+template <typename T, int V>
+__device__ __forceinline__ void keep_packed(Pack<T, V>& p) {
+#ifndef ZT_WARP_EMULATION
+  static_assert(sizeof(p) % 4 == 0, "a pack of whole 32-bit registers");
+  uint32_t* words = reinterpret_cast<uint32_t*>(&p);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(p) / 4); ++i) asm volatile("" : "+r"(words[i]));
+#else
+  (void)p;
+#endif
+}
+
 // ---- asynchronous copies, global -> shared (cp.async, sm_80 and later) ----
 #if ZT_WARP_EMULATION
 // The warp emulator's: copies deferred to their wait (a missing wait reads
@@ -136,7 +168,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until at most kPending of this thread's committed groups are in flight.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");  // no shared read moves above it
 }
 // No code: keeps the compiler from moving this thread's earlier memory
 // accesses past what follows (cp_async16 has no memory clobber), as when a

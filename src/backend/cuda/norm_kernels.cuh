@@ -278,22 +278,6 @@ inline int64_t backward_blocks(int64_t rows, int64_t resident) {
   return resident < most ? resident : most;
 }
 
-// Makes the compiler forget what it knows of a pack's registers, so that it
-// converts the packed values to f32 again where they are used next rather
-// than holding the f32 copies of a whole row (twice the registers) across the
-// statistics' shuffles. No code; nothing in the emulator.
-template <typename T, int V>
-__device__ __forceinline__ void keep_packed(Pack<T, V>& p) {
-#ifndef ZT_WARP_EMULATION
-  static_assert(sizeof(p) % 4 == 0, "a pack of whole 32-bit registers");
-  uint32_t* words = reinterpret_cast<uint32_t*>(&p);
-#pragma unroll
-  for (int i = 0; i < int(sizeof(p) / 4); ++i) asm volatile("" : "+r"(words[i]));
-#else
-  (void)p;
-#endif
-}
-
 // At least 3 blocks an SM up to 3 packs a lane (80 registers: GPT-2's rows),
 // else 2 (128): more would spill.
 template <typename T, int V, int Q, bool kDb>
