@@ -28,7 +28,10 @@ SM_PEAK_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 COLUMNS = ("entry", "bench row", "kernel", "grid x block", "regs", "us", "DRAM MB read + written", "DRAM GB/s",
            "DRAM % of peak", "SM % of peak", "L2 hit %", "warps: achieved / theoretical %",
            "top stalls (cycles per issue)")
-STALL = re.compile(r"issue_stalled_(.+?)(?:_per_issue_active\.ratio|_per_warp_active\.pct|\.ratio|\.pct)$")
+# Cycles per issue by stall reason (smsp__average_warps_issue_stalled_<reason>_
+# per_issue_active.ratio), not the kernel's total cycles by reason
+# (smsp__average_warp_latency_issue_stalled_<reason>.ratio, millions).
+STALL = re.compile(r"warps_issue_stalled_(.+?)_per_issue_active\.ratio$")
 
 
 def number(text):

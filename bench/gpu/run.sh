@@ -160,7 +160,8 @@ if [ "$what" = ncu ]; then
   # kernels is one run of one row. The kernel bench's ms under ncu are not
   # timings (ncu replays each kernel); ncu's duration is. Clocks as found
   # (--clock-control none). About 10-30 s an entry.
-  ncu_bin=$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | tail -1)
+  ncu_bin=$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/nsight-compute-*/ncu \
+    /usr/local/cuda*/bin/ncu 2>/dev/null | tail -1)
   if [ -z "$ncu_bin" ] || [ ! -x "$ncu_bin" ]; then
     echo "ncu: Nsight Compute is not on this machine; nothing profiled"
     exit 0
@@ -180,9 +181,14 @@ if [ "$what" = ncu ]; then
   IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-$ncu_default}"
   n=0 reports=()
   # profile NEED LABEL NCU_OPTION... -- COMMAND...: report n (ncu-<n>.ops names
-  # it, .log its output, .csv the raw page ncu_table.py reads).
+  # it, .log its output, .csv the raw page ncu_table.py reads). A report ncu
+  # wrote is exported even when the command or ncu failed after it (a bench
+  # that failed a later row). No access to the counters (a container without
+  # CAP_SYS_ADMIN or CAP_PERFMON on a host that keeps them for admins) ends
+  # the profiling: every later entry would fail the same way.
+  ncu_denied=
   profile() {
-    local need=$1 label=$2 options=()
+    local need=$1 label=$2 options=() rc=0
     shift 2
     while [ "$1" != -- ]; do options+=("$1"); shift; done
     shift
@@ -190,11 +196,19 @@ if [ "$what" = ncu ]; then
     echo "$label" > "$out/ncu-$n.ops"
     reports+=("$out/ncu-$n.csv")
     bounded "$need" "ncu of $label" "${ncu[@]}" "${options[@]}" -f -o "$out/ncu-$n" "$@" > "$out/ncu-$n.log" 2>&1 \
-      || { said_failed $? "ncu of $label" "$out/ncu-$n.log" 5; return; }
+      || rc=$?
+    if grep -q ERR_NVGPUCTRPERM "$out/ncu-$n.log"; then
+      echo "ncu: no access to the GPU's performance counters (ERR_NVGPUCTRPERM); nothing more profiled"
+      ncu_denied=1
+      return
+    fi
+    [ "$rc" = 0 ] || said_failed "$rc" "ncu of $label" "$out/ncu-$n.log" 5
+    [ -s "$out/ncu-$n.ncu-rep" ] || return 0
     "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
       || said_failed $? "ncu's export of $label" "$out/ncu-$n.log" 5
   }
   for op in "${ncu_ops[@]}"; do
+    [ -z "$ncu_denied" ] || break
     ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" profile 30 "$op" -- ./build-gpu/bin/zt_bench_gpu_kernels cuda
   done
   # In training (opt-in): ZT_NCU_TRAIN = ';'-separated "arch:kernel regex[:launches]"
@@ -204,6 +218,7 @@ if [ "$what" = ncu ]; then
   # micro-batch a probe of this machine found (else 64 for GPT-2, 32 for Llama).
   IFS=';' read -r -a ncu_train <<< "${ZT_NCU_TRAIN:-}"
   for entry in "${ncu_train[@]}"; do
+    [ -z "$ncu_denied" ] || break
     IFS=':' read -r arch kernels launches <<< "$entry"
     mb=$(cat "$fits/$arch"-* 2>/dev/null | head -1)
     [ -n "$mb" ] || { [ "$arch" = gpt2 ] && mb=64 || mb=32; }

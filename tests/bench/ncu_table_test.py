@@ -23,15 +23,17 @@ HEADER = ['"ID"', '"Process ID"', '"Kernel Name"', '"Block Size"', '"Grid Size"'
           '"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio"',
           '"smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio"',
           '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"',
+          # A total over the kernel (cycles), not a per-issue stall: not a column of the table.
+          '"smsp__average_warp_latency_issue_stalled_barrier.ratio"',
           '"gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"',
           '"sm__throughput.avg.pct_of_peak_sustained_elapsed"']
 UNITS = ['""', '""', '""', '""', '""', '"usecond"', '"Mbyte"', '"Kbyte"', '"register/thread"',
-         '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"%"', '"%"']
+         '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"ratio"', '"cycle"', '"%"', '"%"']
 
 
 def kernel(i, name, grid, us, read_mb, write_kb, regs, stalls, dram_pct="", sm_pct=""):
     return [f'"{i}"', '"4242"', f'"{name}"', '"(512, 1, 1)"', f'"({grid}, 1, 1)"', f'"{us}"', f'"{read_mb}"',
-            f'"{write_kb}"', f'"{regs}"'] + [f'"{s}"' for s in stalls] + [f'"{dram_pct}"', f'"{sm_pct}"']
+            f'"{write_kb}"', f'"{regs}"'] + [f'"{s}"' for s in stalls] + ['"4,782,348"', f'"{dram_pct}"', f'"{sm_pct}"']
 
 
 class NcuTableTest(unittest.TestCase):
