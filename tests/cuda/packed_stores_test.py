@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 # Kernels with 2-byte elements in 16-byte packs (8 per pack): every store to
-# global memory a 16-byte one (the classifier's f32 losses aside).
+# memory a 16-byte one (the f32 losses and statistics aside).
 PACKED = {
     "activation.cu": [r"gelu_fwd_kernelI13__nv_bfloat16Li8E", r"gelu_bwd_kernelI13__nv_bfloat16Li8E",
                       r"swiglu_fwd_kernelI13__nv_bfloat16Li8E", r"swiglu_bwd_kernelI13__nv_bfloat16Li8E",
@@ -30,7 +30,9 @@ PACKED = {
                          r"ce_kernelI13__nv_bfloat16Li8ELi4E", r"ce_staged_kernelI13__nv_bfloat16E",
                          r"ce_staged_kernelI6__halfE"],
 }
-NARROW_STORE = re.compile(r"\bst(?:\.global)?(?:\.wb|\.cs|\.cg)?\.(?:v2\.)?[bu](?:8|16)\b")
+# Any integer store narrower than the pack: 1, 2, 4 or 8 bytes (a split pack;
+# the f32 losses and statistics are st.global.f32).
+NARROW_STORE = re.compile(r"\bst(?:\.global)?(?:\.wb|\.cs|\.cg)?\.(?:v2\.)?[bu](?:8|16|32)\b")
 WIDE_STORE = re.compile(r"\bst(?:\.global)?(?:\.wb|\.cs|\.cg)?\.v4\.(?:b32|u32|f32)\b")
 NARROW_SHARED_LOAD = re.compile(r"\bld\.shared\.(?:v2\.)?[bu](?:8|16)\b")
 

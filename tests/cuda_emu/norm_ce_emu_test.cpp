@@ -127,6 +127,9 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
   fused(dx, dw, db, Tensor(), nk::backward_blocks(N, 3), false);
   EXPECT_TRUE(close(dx, want_plain, tol(dt), "dx"));
   EXPECT_TRUE(rel_error_within(dw, to_f64(want_dw), 1e-5, "dw"));
+  if (!rms) {
+    EXPECT_TRUE(rel_error_within(db, to_f64(want_db), 1e-5, "db"));
+  }
 }
 
 // V elements per load (1, or a 16-byte pack: C a multiple of V), as norm.cu
