@@ -1,6 +1,7 @@
 // Timing shared by the GPU benchmarks (attention_bench.cpp, kernels_bench.cpp):
-// the median of `reps` runs after `warmups`, each between two marks on the
-// device's stream (CUDA events on a GPU, the host clock on the CPU).
+// the median of `reps` runs after `warmups`, queued back to back, each
+// between two marks on the device's stream (CUDA events on a GPU, the host
+// clock on the CPU).
 //
 // ZT_BENCH_PROFILE=1 (bench/gpu/run.sh ncu) runs each op once after one
 // warmup (plans, scratch and first-use allocations made outside) and tells
@@ -35,12 +36,21 @@ inline double median_seconds(Device dev, const std::function<void()>& run, int r
     return seconds;
   }
   for (int i = 0; i < warmups; ++i) run();
-  std::vector<double> s;
+  // The runs queue back to back and their marks are read after the last: each
+  // interval is the device's time for one run, as in a training step, where
+  // the host runs ahead. (Waiting for each run before the next would add the
+  // launch delay of work started on an idle GPU, some microseconds: a sixth
+  // of GPT-2's smallest rows, and a different share for kernels with
+  // different host work.)
+  std::vector<ops::DeviceMark> marks;
+  marks.reserve(size_t(reps) + 1);
+  marks.emplace_back(dev);
   for (int i = 0; i < reps; ++i) {
-    const ops::DeviceMark start(dev);
     run();
-    s.push_back(ops::DeviceMark(dev).seconds_since(start));
+    marks.emplace_back(dev);
   }
+  std::vector<double> s;
+  for (int i = 0; i < reps; ++i) s.push_back(marks[size_t(i) + 1].seconds_since(marks[size_t(i)]));
   std::sort(s.begin(), s.end());
   return s[s.size() / 2];
 }

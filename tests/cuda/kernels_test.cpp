@@ -18,6 +18,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/matmul.h"
+#include "backend/cuda/norm.h"
 #include "core/determinism.h"
 #include "core/rng.h"
 #include "cuda/cuda_test_util.h"
@@ -50,10 +51,12 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
   const DType dt = GetParam();
   auto rng = make_rng(1);
   for (auto kind : {ops::NormKind::layernorm, ops::NormKind::rmsnorm}) {
-    // The one-pass backward (norm.cu) at 1-8 packs a lane: 768 (bf16: 3;
-    // f32: 6), 1000 (4; 8), 2048 (bf16: 8, over 19 or more blocks); the two
-    // passes at 4099 (no packs) and 2048 f32 (16 a lane).
-    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 7}, {37, 768}, {300, 1000}, {600, 2048}, {5, 4099}}) {
+    // The one-pass backward (norm.cu) at 1-8 packs a lane: 256 (bf16: 1;
+    // f32: 2), 512 (2; 4), 768 (3; 6), 1000 (4; 8), 2048 (bf16: 8, over 19
+    // or more blocks); the two passes at 4099 (no packs) and 2048 f32 (16 a
+    // lane), and at every shape when asked for (the kernel bench's A/B).
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 7}, {300, 256}, {300, 512}, {37, 768}, {300, 1000},
+                        {600, 2048}, {5, 4099}}) {
       const bool ln = kind == ops::NormKind::layernorm;
       const Tensor x = random_tensor(Shape{N, C}, dt, rng), w = random_tensor(Shape{C}, dt, rng, 0.5, 1.5);
       const Tensor b = ln ? random_tensor(Shape{C}, dt, rng) : Tensor();
@@ -83,6 +86,16 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
       EXPECT_TRUE(matches(gdw, dw, dt == DType::f32 ? 1e-5 : 2e-2, "dw"));
       if (ln) {
         EXPECT_TRUE(matches(gdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "db"));
+      }
+      {  // The two passes where the one pass would run (ZT_CUDA_NORM_BACKWARD=two_pass).
+        Tensor tdx = gpu_poisoned(Shape{N, C}, dt), tdw = to_gpu(dw0), tdb = ln ? to_gpu(db0) : Tensor();
+        cuda::norm_backward(!ln, tdx, tdw, tdb, gdy, gr_out, gw, gmean, grstd, gr_in, false,
+                            cuda::NormBackwardKernel::two_pass);
+        EXPECT_TRUE(matches(tdx, dx, tol(dt), "two-pass dx")) << N << "x" << C;
+        EXPECT_TRUE(matches(tdw, dw, dt == DType::f32 ? 1e-5 : 2e-2, "two-pass dw"));
+        if (ln) {
+          EXPECT_TRUE(matches(tdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "two-pass db"));
+        }
       }
       // Deterministic dw: a second run from the same start gives the same bits.
       Tensor gdw2 = to_gpu(dw0), gdx2 = gpu_poisoned(Shape{N, C}, dt);
@@ -324,6 +337,9 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
     // Every kernel (the kernel bench's sweep): the same bits, in place and
     // into a tensor of their own, and the losses alone.
     const Tensor gpu_targets = to_gpu(targets);
+    // Read back once: at 300 x 128256 each is a 308 MB vector of doubles.
+    const std::vector<double> want_losses = values_of(glosses), want_dlogits = values_of(gl),
+                              logits_values = values_of(logits);
     using Kernel = cuda::ClassifierKernel;
     for (const Kernel k : {Kernel{.staged = true}, Kernel{.rows_per_sm = 1}, Kernel{.rows_per_sm = 2},
                            Kernel{.rows_per_sm = 4}}) {
@@ -331,16 +347,16 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
                                         << (k.staged ? "" : std::to_string(k.rows_per_sm) + " rows per SM"));
       Tensor rl = to_gpu(logits), rlosses = gpu_poisoned(Shape{N}, DType::f32);
       cuda::softmax_cross_entropy(rlosses, rl, rl, gpu_targets, V, 0.25f, k);
-      EXPECT_EQ(values_of(rlosses), values_of(glosses));
-      EXPECT_EQ(values_of(rl), values_of(gl));
+      EXPECT_EQ(values_of(rlosses), want_losses);
+      EXPECT_EQ(values_of(rl), want_dlogits);
       const Tensor ol = to_gpu(logits);
       Tensor od = gpu_poisoned(Shape{N, Vp}, dt), olosses = gpu_poisoned(Shape{N}, DType::f32);
       cuda::softmax_cross_entropy(olosses, od, ol, gpu_targets, V, 0.25f, k);
-      EXPECT_EQ(values_of(od), values_of(gl)) << "out of place";
-      EXPECT_EQ(values_of(ol), values_of(logits)) << "the logits read, not written";
+      EXPECT_EQ(values_of(od), want_dlogits) << "out of place";
+      EXPECT_EQ(values_of(ol), logits_values) << "the logits read, not written";
       Tensor llosses = gpu_poisoned(Shape{N}, DType::f32);
       cuda::softmax_cross_entropy(llosses, Tensor(), ol, gpu_targets, V, 0.25f, k);
-      EXPECT_EQ(values_of(llosses), values_of(glosses)) << "losses alone";
+      EXPECT_EQ(values_of(llosses), want_losses) << "losses alone";
     }
   }
 }

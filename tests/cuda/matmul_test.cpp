@@ -343,8 +343,11 @@ TEST(CudaMatmul, WorkspaceScopeComputesTheProduct) {
   auto rng = make_rng(110);
   MatmulCase linear{.batch = {}, .M = 512, .N = 768, .K = 384, .tb = true, .bias = true};
   linear.in = linear.out = linear.bias_dt = DType::bf16;
-  MatmulCase long_k{.batch = {}, .M = 256, .N = 256, .K = 65536, .tb = true};  // 4 output tiles
+  // 4 output tiles over a long reduction (split-K territory); drawn and
+  // checked on the host once per candidate, so K stays at 16384.
+  MatmulCase long_k{.batch = {}, .M = 256, .N = 256, .K = 16384, .tb = true};
   long_k.in = long_k.out = DType::bf16;
+  ops::init_device(gpu());  // the workspace below is the first allocation on the GPU of a one-test process
   const Tensor workspace =
       Tensor::empty(Shape{int64_t(64) << 18}, DType::u32, Device::cuda(0), MemCategory::workspace);  // 64 MiB
   for (const MatmulCase& c : {linear, long_k}) {
@@ -377,7 +380,7 @@ TEST(CudaMatmul, TuningTimesTheRankedCandidates) {
   MatmulCase c{.batch = {}, .M = 1024, .N = 768, .K = 2304, .tb = true};  // a shape no other case uses
   c.in = DType::bf16, c.out = DType::f32;
   check_matmul(c, rng);
-  EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1) << "the heuristic ranked one candidate only, or none was timed";
+  EXPECT_EQ(cuda::tuned_matmul_plans(), before + 1) << "no candidate was timed";
   // Accumulating (another shape, so another plan): the timing launches go to
   // a scratch, and out gets exactly one product added.
   MatmulCase acc = c;
@@ -720,6 +723,21 @@ TEST(CudaLinear, BiasGradientFromTheWeightGradientsProduct) {
                 << (i == 0 ? "dw" : "db") << " differs between two runs";
         }
   std::printf("the BGRADB epilogue took %d of 32 cases\n", taken);
+  // An overwritten f32 db that is not 16-byte aligned (4 bytes into its
+  // buffer) takes the sums through a scratch, not straight from the epilogue:
+  // the same bits as an aligned db, and the float before it untouched.
+  const int64_t N = 4096, C = 768, OC = 3072;
+  const Tensor dy = to_gpu(random_tensor(Shape{N, OC}, DType::bf16, rng));
+  const Tensor x = to_gpu(random_tensor(Shape{N, C}, DType::bf16, rng));
+  const Tensor aligned_db = gpu_poisoned(Shape{OC}, DType::f32), buffer = gpu_poisoned(Shape{OC + 1}, DType::f32);
+  const Tensor before = to_host(buffer), shifted_db = buffer.flat_view(1, Shape{OC});
+  const bool aligned_took =
+      cuda::weight_gradient_with_bias(gpu_poisoned(Shape{OC, C}, DType::f32), aligned_db, dy, x, true);
+  const bool shifted_took =
+      cuda::weight_gradient_with_bias(gpu_poisoned(Shape{OC, C}, DType::f32), shifted_db, dy, x, true);
+  ASSERT_TRUE(aligned_took && shifted_took) << "GPT-2's shape found no algorithm with the epilogue";
+  EXPECT_EQ(test::values_of(shifted_db), test::values_of(aligned_db)) << "db 4 bytes off its alignment";
+  EXPECT_EQ(std::memcmp(to_host(buffer).data_ptr(), before.data_ptr(), sizeof(float)), 0) << "the float before db";
 }
 
 TEST(CudaLinear, BackwardSkipsUndefinedOutputs) {
