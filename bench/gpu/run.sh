@@ -49,10 +49,11 @@
 # false (cuDNN's attention backward sums dq with atomics, and each product
 # keeps the fastest of cuBLASLt's ranked algorithms and cuBLAS's GEMM,
 # recorded in a ZT_CUDA_MATMUL_PLANS file), then deterministic with that
-# file's choices, all against the same PyTorch run.
+# file's choices, all against the same PyTorch run (both models' first run
+# and PyTorch's come before the others, which a call short of time drops).
 # `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
-# `ab` trains each model as configured and under each switch in ZT_AB (the
+# `ab` trains each model twice as configured, then under each switch in ZT_AB (the
 # switches above; see the ab block below for the form). `ncu` reads Nsight
 # Compute's counters of the kernel bench rows ZT_NCU_OPS names (the ncu block
 # below; not part of `all`).
@@ -94,9 +95,9 @@ pack_logs() {
   while [ -e "$out/$archive" ]; do archive="gpu-$what-${models[*]}-logs-$n.tgz"; n=$((n + 1)); done
   # This call's files only: an earlier call's archive (one call runs several
   # run.sh) stays beside it, not inside.
-  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs.tgz' -print0 \
+  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs*.tgz' -print0 \
      | tar czf "/tmp/$archive" --null -T - 2>/dev/null \
-     && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs.tgz' -exec rm -rf {} +) \
+     && find . -mindepth 1 -maxdepth 1 ! -name 'gpu-*-logs*.tgz' -exec rm -rf {} +) \
     && mv "/tmp/$archive" "$out/"
 }
 # The clock sampler of the training runs (bench, ab), stopped before packing.
@@ -133,7 +134,15 @@ said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's
   echo "$2 failed:"
   tail -"$4" "$3"
 }
-bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+# Under the call's deadline: a pack that does not match the sources builds
+# here (minutes), and a build cut off leaves build-gpu/ for the next call on
+# the same warm machine to go on with, and this call's logs packed.
+bounded 30 "the build" bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || {
+  rc=$?
+  tail -60 "$out/build.log"
+  [ $rc -ne 124 ] || echo "the build ran out of this call's time: a next call on this warm machine goes on with it"
+  exit 1
+}
 tail -3 "$out/build.log"
 source scripts/gpu/env.sh
 if [ "$what" = tests ] || [ "$what" = all ]; then
@@ -337,7 +346,7 @@ if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
     choice=gemm  # a crash names no path: the cuBLASLt one
     if grep -q "Failure" "$log"; then  # failure traces (": <path>" lines) name the paths that failed
       choice=""
-      for k in "cudnn:cuDNN" "mma:mma kernel" "flash:flash kernel" "gemm:tensor-core path" "simple:simple kernel"; do
+      for k in "cudnn:cuDNN(, atomic dq .*)?" "mma:mma kernel" "flash:flash kernel" "gemm:tensor-core path" "simple:simple kernel"; do
         [ "${k%%:*}" = cudnn ] && grep -q "cuDNN refused a model shape" "$log" && continue
         if ! grep -qE ": ${k#*:}\$" "$log"; then choice=${k%%:*}; break; fi
       done
@@ -393,7 +402,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw -
 samples="$out/gpu-samples.csv" windows="$out/gpu-windows.txt"
 : > "$windows"
 (  # its own output only: it holds none of the call's
-  while :; do
+  while kill -0 $$ 2> /dev/null; do  # ends with run.sh, even one killed at the call's limit
     line=$(nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv,noheader,nounits) \
       && echo "$(date +%s.%N), $line"
     sleep 0.5
@@ -406,7 +415,8 @@ window() {  # window NEED NAME COMMAND...: `bounded` between two marks of the ru
   echo "$(date +%s.%N) start $name" >> "$windows"
   bounded "$need" "$name" "$@"
   rc=$?
-  echo "$(date +%s.%N) end $name" >> "$windows"
+  # A skipped run has no end: gpu_clocks.py drops a start without one.
+  [ $rc -eq 75 ] || echo "$(date +%s.%N) end $name" >> "$windows"
   return $rc
 }
 clock_table() {
@@ -431,7 +441,9 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   if [ -s "$known" ]; then cat "$known"; return; fi
   while [ "$mb" -ge 1 ]; do
     log="$out/probes/$arch-$mb.log"
-    bounded 40 "$arch probe at micro-batch $mb" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
+    # At most 2 minutes however much of the call is left: a probe that hangs
+    # does not take the call (timeout's 124 ends the search as a failure).
+    bounded 40 "$arch probe at micro-batch $mb" timeout -k 5 120 ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
       --set train.micro_batch=$mb --set train.global_batch=$mb --set train.steps=2 \
       --set train.run_dir="$runs/probes/run-$arch-$mb" > "$log" 2>&1
     case $? in
@@ -443,9 +455,9 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   done
 }
 # `ab`: each model trained briefly (ZT_AB_STEPS steps, default 15; the median
-# tokens/s after the fifth) as configured, then under each setting of ZT_AB,
-# then as configured again: the drift between the two is how far apart a
-# setting's row must be to mean anything. Settings are separated by ';', each
+# tokens/s after the fifth) twice as configured, then under each setting of
+# ZT_AB: the drift between the first two is how far apart a setting's row must
+# be to mean anything. Settings are separated by ';', each
 # NAME=VALUE words: environment variables, or config keys (a dot in the name)
 # given to --set; "<model>:" before the words runs the setting on that model
 # only (gpt2:ZT_CUDA_BGRAD_EPILOGUE=1: Llama has no biases). Without ZT_AB:
@@ -456,7 +468,9 @@ if [ "$what" = ab ]; then
   default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
   settings=${ZT_AB:-$default_settings}
   IFS=';' read -r -a listed <<< "$settings"
-  runs_of=("" "${listed[@]}" "")
+  # Twice as configured first: their difference is the drift a setting's row
+  # must exceed, and a call short of time drops settings, not the baseline.
+  runs_of=("" "" "${listed[@]}")
   for arch in "${models[@]}"; do
     mb=$(largest_fitting_micro_batch $arch)
     [ -n "$mb" ] || continue
@@ -472,7 +486,7 @@ if [ "$what" = ab ]; then
         case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
       done
       log="$out/ab-$arch-$i.log"
-      window 60 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
+      window 35 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
         configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
         --set train.steps="${ZT_AB_STEPS:-15}" --set train.run_dir="$runs/ab-$arch-$i" "${sets[@]}" > "$log" 2>&1
       rc=$?
@@ -501,43 +515,53 @@ PY
   clock_table
   exit 0
 fi
+# The issue's comparison first, both models (as configured, then PyTorch),
+# then the runs that settle defaults: a call short of time loses those.
 for arch in "${models[@]}"; do
   cfg=configs/bench-gpu-$arch.toml
   mb=$(largest_fitting_micro_batch $arch)
   [ -n "$mb" ] || continue
   mb_of[$arch]=$mb
-  window 60 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
+  window 45 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
     --set train.global_batch=$mb --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
     || { said_failed $? "zettatron $arch" "$out/zt-$arch.log" 20; continue; }
   trained[$arch]=1
   pt_mb=$mb
+  # torch.compile and 25 steps: 50-70 s on an H200 (2026-11-27).
   while [ "$pt_mb" -ge 1 ]; do
-    window 150 "pytorch $arch B=$pt_mb" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
+    window 90 "pytorch $arch B=$pt_mb" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
       > "$out/pt-$arch.json" 2> "$out/pt-$arch.err"
     rc=$?
     case $rc in 0 | 75) break ;; esac
     grep -q "OutOfMemoryError\|out of memory" "$out/pt-$arch.err" || { said_failed $rc "pytorch $arch" "$out/pt-$arch.err" 5; break; }
     pt_mb=$((pt_mb / 2))
   done
+done
+for arch in "${models[@]}"; do
+  [ -n "${trained[$arch]:-}" ] || continue
+  cfg=configs/bench-gpu-$arch.toml mb=${mb_of[$arch]}
   # The same run with train.deterministic = false: cuDNN's attention backward
   # sums dq with atomics (as PyTorch's flash backward does) instead of
   # keeping the score gradients in its workspace, and the products tune,
   # recording their choices (ZT_CUDA_MATMUL_PLANS); then deterministic again,
   # taking those choices: the same bits every run, with the tuned products.
   plans="$runs/matmul-plans-$arch.tsv"
-  window 60 "zettatron $arch, deterministic = false" env ZT_CUDA_MATMUL_PLANS="$plans" \
+  window 45 "zettatron $arch, deterministic = false" env ZT_CUDA_MATMUL_PLANS="$plans" \
     ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
     --set train.deterministic=false --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
     || said_failed $? "zettatron $arch, deterministic = false" "$out/zt-$arch-atomic.log" 20
   if [ -s "$plans" ]; then
     cp "$plans" "$out/"
-    window 60 "zettatron $arch, tuned plans" env ZT_CUDA_MATMUL_PLANS="$plans" \
+    window 45 "zettatron $arch, tuned plans" env ZT_CUDA_MATMUL_PLANS="$plans" \
       ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
       --set train.run_dir="$runs/run-$arch-plans" > "$out/zt-$arch-plans.log" 2>&1 \
       || said_failed $? "zettatron $arch, tuned plans" "$out/zt-$arch-plans.log" 20
   fi
-  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "$mb" "$runs/run-$arch-atomic/metrics.jsonl" \
-    "$runs/run-$arch-plans/metrics.jsonl" <<'PY'
+done
+for arch in "${models[@]}"; do
+  [ -n "${trained[$arch]:-}" ] || continue
+  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "${mb_of[$arch]}" \
+    "$runs/run-$arch-atomic/metrics.jsonl" "$runs/run-$arch-plans/metrics.jsonl" <<'PY'
 import json, sys
 sys.path.insert(0, "bench/gpu")
 from train_metrics import measured
@@ -562,7 +586,7 @@ clock_table
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml
-  if bounded 40 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
+  if bounded 30 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
       --set train.steps=6 --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
       --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1; then
     echo "$arch: time per op (steps 2-6)"
@@ -572,7 +596,7 @@ for arch in "${models[@]}"; do
   fi
   # The memory planner on the GPU: `zettatron info`'s activation estimate for
   # each recompute policy next to the allocator's peak of a step on this GPU.
-  bounded 40 "zettatron info $arch" ./build-gpu/bin/zettatron info configs/bench-gpu-$arch.toml \
+  bounded 20 "zettatron info $arch" ./build-gpu/bin/zettatron info configs/bench-gpu-$arch.toml \
     --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} > "$out/zt-$arch-info.log" 2>&1 \
     || { said_failed $? "zettatron info $arch" "$out/zt-$arch-info.log" 10; continue; }
   echo "$arch: activation memory per micro-batch of ${mb_of[$arch]}, estimated and measured on this GPU"

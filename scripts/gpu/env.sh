@@ -18,4 +18,6 @@ PY
 )
 zt_prefix_lib=/tmp/zt-prefix/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$zt_prefix_lib/openblas-openmp:$zt_prefix_lib:${zt_wheel_libs:+$zt_wheel_libs:}${LD_LIBRARY_PATH:-}
-[ -d .cache/zettatron/tokenizers ] && export ZT_CACHE_DIR=$PWD/.cache/zettatron
+# (An if, not [ ] &&: a false test as the last line would make `source`
+# fail, and build.sh under set -e stop without a word.)
+if [ -d .cache/zettatron/tokenizers ]; then export ZT_CACHE_DIR=$PWD/.cache/zettatron; fi

@@ -40,7 +40,7 @@ echo '      call 2 at once (timeout_s: the budget left less 60 s, at most 600; D
 echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh kernels; bash bench/gpu/run.sh attention;'
 echo '        bash bench/gpu/run.sh ncu'
 echo '      call 3 at once, if 4 minutes are left (the same timeout rule):'
-echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh ab gpt2 llama'
-echo '        (each model as configured, under each open switch, then as configured again; ZT_AB picks the switches)'
+echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh ab llama gpt2'
+echo '        (each model twice as configured, then under each open switch; ZT_AB picks the switches)'
 echo '      then give the machine back; a step a call skipped for time says "skipped:" in its output'
 [ $((tree_mib + carry_mib)) -lt 64 ] || { echo "prepare_lease: too large to travel"; exit 1; }
