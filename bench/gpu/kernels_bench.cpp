@@ -190,10 +190,16 @@ class Bench {
       const std::string bgrad_op = std::string(p.name) + ".wgrad_bgrad";
       if (p.bias && dev_.is_cuda() && selected(m_.name, bgrad_op))
         guarded(m_.name, bgrad_op, [&] {
-          if (cuda::weight_gradient_with_bias(dw, db, dy, x))
-            print_product(m_.name, bgrad_op, p.M, p.K, p.N, true,
-                          median_seconds(dev_, [&] { cuda::weight_gradient_with_bias(dw, db, dy, x); }),
+          // Accumulating, as the wgrad row; where the library refuses that
+          // (beta = 1), overwriting (op <layer>.wgrad_bgrad_overwrite), as a
+          // step's first micro-batch runs it.
+          for (const bool overwrite : {false, true}) {
+            if (!cuda::weight_gradient_with_bias(dw, db, dy, x, overwrite)) continue;
+            print_product(m_.name, bgrad_op + (overwrite ? "_overwrite" : ""), p.M, p.K, p.N, true,
+                          median_seconds(dev_, [&] { cuda::weight_gradient_with_bias(dw, db, dy, x, overwrite); }),
                           gemm_tflops_);
+            break;
+          }
         });
 #endif
     }
