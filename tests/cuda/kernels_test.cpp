@@ -83,18 +83,18 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
         EXPECT_TRUE(matches(gmean, mean, 1e-4, "mean"));
       }
       EXPECT_TRUE(matches(gdx, dx, tol(dt), "dx")) << N << "x" << C;
-      EXPECT_TRUE(matches(gdw, dw, dt == DType::f32 ? 1e-5 : 2e-2, "dw"));
+      EXPECT_TRUE(matches(gdw, dw, tol(dt), "dw"));
       if (ln) {
-        EXPECT_TRUE(matches(gdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "db"));
+        EXPECT_TRUE(matches(gdb, db, tol(dt), "db"));
       }
       {  // The two passes where the one pass would run (ZT_CUDA_NORM_BACKWARD=two_pass).
         Tensor tdx = gpu_poisoned(Shape{N, C}, dt), tdw = to_gpu(dw0), tdb = ln ? to_gpu(db0) : Tensor();
         cuda::norm_backward(!ln, tdx, tdw, tdb, gdy, gr_out, gw, gmean, grstd, gr_in, false,
                             cuda::NormBackwardKernel::two_pass);
         EXPECT_TRUE(matches(tdx, dx, tol(dt), "two-pass dx")) << N << "x" << C;
-        EXPECT_TRUE(matches(tdw, dw, dt == DType::f32 ? 1e-5 : 2e-2, "two-pass dw"));
+        EXPECT_TRUE(matches(tdw, dw, tol(dt), "two-pass dw"));
         if (ln) {
-          EXPECT_TRUE(matches(tdb, db, dt == DType::f32 ? 1e-5 : 2e-2, "two-pass db"));
+          EXPECT_TRUE(matches(tdb, db, tol(dt), "two-pass db"));
         }
       }
       // Deterministic dw: a second run from the same start gives the same bits.
@@ -273,7 +273,7 @@ TEST_P(CudaKernels, RopeTableAndRotation) {
     ops::rope_forward(gx, gx, gtable, 3);  // in place
     EXPECT_TRUE(matches(gx, y, tol(dt), "rope"));
     ops::rope_backward(gx, gx, gtable, 3);
-    EXPECT_TRUE(matches(gx, x, dt == DType::f32 ? 1e-5 : 2e-2, "rope inverse"));
+    EXPECT_TRUE(matches(gx, x, tol(dt), "rope inverse"));
   }
 }
 
@@ -621,7 +621,7 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
           EXPECT_EQ(values_of(again[2]), values_of(gdv));
         }
       }
-      const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
+      const double lim = tol(dt);
       EXPECT_TRUE(matches(gout, out, lim, "out")) << s.T << " " << s.D;
       EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
       if (s.T == 1) {
@@ -714,7 +714,7 @@ TEST_P(CudaKernels, AttentionOnPackedHeads) {
           EXPECT_EQ(values_of(gdqkv), joined) << "dqkv";
         }
       }
-      const double lim = dt == DType::f32 ? 1e-5 : 2e-2;
+      const double lim = tol(dt);
       EXPECT_TRUE(matches(gout, out, lim, "out"));
       EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
       EXPECT_TRUE(matches(gdqkv, dqkv, lim, "dqkv"));

@@ -139,7 +139,7 @@ __device__ __forceinline__ Pack<T, V> load_pack_or_zero(const T* p, int64_t offs
 // nothing in the emulator.
 template <typename T, int V>
 __device__ __forceinline__ void keep_packed(Pack<T, V>& p) {
-#ifndef ZT_WARP_EMULATION
+#if !ZT_WARP_EMULATION
   static_assert(sizeof(p) % 4 == 0, "a pack of whole 32-bit registers");
   uint32_t* words = reinterpret_cast<uint32_t*>(&p);
 #pragma unroll
