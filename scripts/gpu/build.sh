@@ -29,15 +29,27 @@ echo "gpu-build: $(nvcc --version | tail -1); $(g++ --version | head -1); $(cmak
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
 # The pack made here by scripts/gpu/prebuild.sh, while every source it was
 # built from is unchanged and every library it loads is found (LD_LIBRARY_PATH
-# as run.sh sets it): no compiling on device time.
+# as run.sh sets it): no compiling on device time. It unpacks with xz, or
+# with Python's lzma where the machine has no xz.
+unpack_lease() {
+  rm -rf build-gpu && mkdir build-gpu
+  if command -v xz > /dev/null; then
+    tar -C build-gpu -xJf .gpu-lease/build-gpu.tar.xz
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+      .gpu-lease/build-gpu.tar.xz build-gpu
+  fi
+}
 if [ -f .gpu-lease/prebuilt.sha256 ]; then
   if ! sha256sum -c --quiet .gpu-lease/prebuilt.sha256 > build-gpu.prebuilt.log 2>&1; then
     echo "gpu-build: .gpu-lease is stale ($(grep -c FAILED build-gpu.prebuilt.log) sources changed since prebuild.sh), building here"
-  elif missing=$(ldd .gpu-lease/bin/zettatron .gpu-lease/bin/zt_cuda_tests | grep "not found" | sort -u) && [ -n "$missing" ]; then
-    echo "gpu-build: .gpu-lease cannot load: $missing; building here"
-  else
+  elif ! unpack_lease > build-gpu.unpack.log 2>&1; then
+    echo "gpu-build: .gpu-lease/build-gpu.tar.xz does not unpack: $(tail -1 build-gpu.unpack.log); building here"
     rm -rf build-gpu
-    cp -r .gpu-lease build-gpu
+  elif missing=$(ldd build-gpu/bin/zettatron build-gpu/bin/zt_cuda_tests | grep "not found" | sort -u) && [ -n "$missing" ]; then
+    echo "gpu-build: .gpu-lease cannot load: $missing; building here"
+    rm -rf build-gpu
+  else
     ln -sfn "$(pwd -P)" /tmp/zettatron-src  # the path its ctest files name
     echo "gpu-build: ok (prebuilt here by scripts/gpu/prebuild.sh; sources match)"
     exit 0
