@@ -45,12 +45,13 @@
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
-# three times: as configured (deterministic), then with train.deterministic =
-# false (cuDNN's attention backward sums dq with atomics, and each product
-# keeps the fastest of cuBLASLt's ranked algorithms and cuBLAS's GEMM,
-# recorded in a ZT_CUDA_MATMUL_PLANS file), then deterministic with that
-# file's choices, all against the same PyTorch run (both models' first run
-# and PyTorch's come before the others, which a call short of time drops).
+# four times: as configured (deterministic), then with the switches not yet
+# on by default (ZT_BENCH_CANDIDATES), then with train.deterministic = false
+# (cuDNN's attention backward sums dq with atomics, and each product keeps
+# the fastest of cuBLASLt's ranked algorithms and cuBLAS's GEMM, recorded in
+# a ZT_CUDA_MATMUL_PLANS file), then deterministic with that file's choices,
+# all against the same PyTorch run (both models' first run and PyTorch's
+# come before the others, which a call short of time drops).
 # `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
 # `ab` trains each model twice as configured, then under each switch in ZT_AB (the
@@ -134,6 +135,16 @@ said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's
   echo "$2 failed:"
   tail -"$4" "$3"
 }
+# The switches `bench` also trains each model under (environment words
+# NAME=VALUE; empty: none): those not yet on by default, whose kernels the
+# GPU tests hold against the CPU - the staged classifier and the bias
+# gradients from the weight gradient's product (Llama has no biases: for it
+# only the classifier differs from the run as configured).
+read -r -a candidates <<< "${ZT_BENCH_CANDIDATES-ZT_CUDA_CE_STAGED=1 ZT_CUDA_BGRAD_EPILOGUE=1}"
+for word in "${candidates[@]}"; do
+  [[ $word =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] \
+    || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting NAME=VALUE (e.g. ZT_CUDA_CE_STAGED=1)"; exit 2; }
+done
 # Under the call's deadline: a pack that does not match the sources builds
 # here (minutes), and a build cut off leaves build-gpu/ for the next call on
 # the same warm machine to go on with, and this call's logs packed.
@@ -537,6 +548,18 @@ for arch in "${models[@]}"; do
     pt_mb=$((pt_mb / 2))
   done
 done
+# The same run with the switches not yet on by default (ZT_BENCH_CANDIDATES,
+# checked above), both models before the tuning runs: what flipping their
+# defaults would give the issue's comparison, in the call that measures it;
+# `ab` splits it into each switch's share.
+for arch in "${models[@]}"; do
+  [ -n "${trained[$arch]:-}" ] && [ ${#candidates[@]} -gt 0 ] || continue
+  mb=${mb_of[$arch]}
+  window 45 "zettatron $arch, ${candidates[*]}" env "${candidates[@]}" ./build-gpu/bin/zettatron train \
+    configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
+    --set train.run_dir="$runs/run-$arch-candidates" > "$out/zt-$arch-candidates.log" 2>&1 \
+    || said_failed $? "zettatron $arch, ${candidates[*]}" "$out/zt-$arch-candidates.log" 20
+done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml mb=${mb_of[$arch]}
@@ -561,7 +584,8 @@ done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "${mb_of[$arch]}" \
-    "$runs/run-$arch-atomic/metrics.jsonl" "$runs/run-$arch-plans/metrics.jsonl" <<'PY'
+    "$runs/run-$arch-atomic/metrics.jsonl" "$runs/run-$arch-plans/metrics.jsonl" \
+    "$runs/run-$arch-candidates/metrics.jsonl" "${candidates[*]}" <<'PY'
 import json, sys
 sys.path.insert(0, "bench/gpu")
 from train_metrics import measured
@@ -569,8 +593,8 @@ try:
     pt = json.loads(open(sys.argv[2]).read())
 except Exception:
     pt = None
-for label, path in (("zettatron", sys.argv[1]), ("  deterministic = false", sys.argv[5]),
-                    ("  deterministic, tuned plans", sys.argv[6])):
+for label, path in (("zettatron", sys.argv[1]), (f"  {sys.argv[8]}", sys.argv[7]),
+                    ("  deterministic = false", sys.argv[5]), ("  deterministic, tuned plans", sys.argv[6])):
     m = measured(path)
     if m is None:
         continue
