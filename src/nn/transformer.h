@@ -41,6 +41,7 @@
 #include "nn/parallel_linear.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
+#include "ops/device.h"
 #include "ops/norm.h"
 
 namespace zt::nn {
@@ -94,6 +95,10 @@ struct ForwardContext {
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
   bool weights_pending = false;
+  // Training on the head stage: marked as the LM head starts (after the final
+  // norm), so that the trainer's account of the step separates the head -
+  // logits, loss and, fused, the head's own backward - from the blocks.
+  ops::DeviceMark head_start;
 };
 
 // Which part of the model an object holds: all of it, or one pipeline

@@ -46,6 +46,7 @@ void MetricsLog::write_step(const StepMetrics& m) {
   j["mfu"] = m.mfu;
   j["time_s"] = {{"step", m.step_seconds},
                  {"forward", m.forward_seconds},
+                 {"head", m.head_seconds},
                  {"backward", m.backward_seconds},
                  {"optimizer", m.optimizer_seconds},
                  {"data", m.data_seconds}};
@@ -122,11 +123,11 @@ std::string format_step_line(const StepMetrics& m) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | "
-                "fwd %.0f%% bwd %.0f%% opt %.0f%% data %.0f%% | mem %.0f MiB | ETA %s",
+                "fwd %.0f%% head %.0f%% bwd %.0f%% opt %.0f%% data %.0f%% | mem %.0f MiB | ETA %s",
                 (long long)m.step, (long long)m.total_steps, m.loss,
                 m.overflow ? " (skipped: gradient overflow)" : m.skipped ? " (skipped)" : "", m.lr,
                 m.grad_norm, m.tokens_per_second, 100.0 * m.mfu, 100.0 * m.forward_seconds / step_s,
-                100.0 * m.backward_seconds / step_s, 100.0 * m.optimizer_seconds / step_s,
+                100.0 * m.head_seconds / step_s, 100.0 * m.backward_seconds / step_s, 100.0 * m.optimizer_seconds / step_s,
                 100.0 * m.data_seconds / step_s, double(m.memory.total_peak_bytes) / (1 << 20),
                 format_duration(eta).c_str());
   std::string line = buf;

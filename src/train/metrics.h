@@ -23,7 +23,9 @@ struct StepMetrics {
   int64_t tokens = 0;          // tokens in this step's global batch
   int64_t tokens_seen = 0;     // cumulative
   double step_seconds = 0;
-  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, data_seconds = 0;
+  // forward: embeddings and blocks; head: the LM head with the loss and, where
+  // it runs fused in the forward pass (no pipeline), its own backward.
+  double forward_seconds = 0, head_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, data_seconds = 0;
   double tokens_per_second = 0;
   double mfu = 0;              // model FLOPs utilisation, 0..1
   double elapsed_seconds = 0;  // since training started

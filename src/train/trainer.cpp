@@ -247,7 +247,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   // and their forward and backward times (marks on the device's stream), at
   // the end.
   struct MicroBatchMarks {
-    ops::DeviceMark start, forward_done, backward_done;
+    ops::DeviceMark start, head_start, forward_done, backward_done;
   };
   std::vector<MicroBatchMarks> marks;
   std::vector<Tensor> token_losses;
@@ -262,6 +262,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     model().forward_part(ctx, Tensor(), inputs_, targets_, true, grad_scale);  // loss sum deferred
     token_losses.push_back(ctx.token_losses);  // backward releases ctx
     mk.forward_done = ops::DeviceMark(device);
+    mk.head_start = std::move(ctx.head_start);
     dp_->begin_backward(micro + 1 == accum);  // only the last micro-batch reduces (ZeRO < 2)
     dp_->set_prefetch(-1);
     model().backward(ctx);
@@ -269,7 +270,11 @@ StepMetrics Trainer::train_step(int64_t step) {
     mk.backward_done = ops::DeviceMark(device);
   }
   for (const MicroBatchMarks& mk : marks) {
-    m.forward_seconds += mk.forward_done.seconds_since(mk.start);
+    // The LM head runs in the forward pass with its own backward fused in:
+    // counted apart, so that "fwd" is the blocks' forward.
+    const ops::DeviceMark& blocks_done = mk.head_start.defined() ? mk.head_start : mk.forward_done;
+    m.forward_seconds += blocks_done.seconds_since(mk.start);
+    if (mk.head_start.defined()) m.head_seconds += mk.forward_done.seconds_since(mk.head_start);
     m.backward_seconds += mk.backward_done.seconds_since(mk.forward_done);
   }
   for (const Tensor& l : token_losses) loss_sum += nn::sum_token_losses(l);

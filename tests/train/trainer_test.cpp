@@ -105,7 +105,9 @@ TEST(Trainer, StepsUnderTheDeterminismOfItsConfig) {
 // one attention per block and micro-batch, forward and backward), and the
 // op times sum to at most the step time (outermost ops never overlap), the
 // products' reported arithmetic is the model's; the run ends with the table;
-// without it neither appears.
+// without it neither appears. The step's account splits the LM head (its
+// forward, loss and fused backward) from the blocks' forward and backward:
+// each op lies in the part that runs it.
 TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
   for (const bool on : {true, false}) {
     SCOPED_TRACE(on ? "op_profile on" : "op_profile off");
@@ -128,9 +130,20 @@ TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
       const nlohmann::json j = nlohmann::json::parse(line);
       if (!j.contains("step") || !j.contains("loss")) continue;
       ++steps;
+      const nlohmann::json& time = j["time_s"];
+      const double forward = time.at("forward").get<double>(), head = time.at("head").get<double>(),
+                   backward = time.at("backward").get<double>();
+      EXPECT_GT(forward, 0) << line;
+      EXPECT_GT(head, 0) << line;
+      EXPECT_GT(backward, 0) << line;
+      EXPECT_LE(forward + head + backward, time.at("step").get<double>()) << line;
       ASSERT_EQ(j.contains("ops"), on) << line;
       if (!on) continue;
       const nlohmann::json& ops = j["ops"];
+      // Only the head computes the loss; attention runs in the blocks.
+      EXPECT_LE(ops["softmax_cross_entropy"]["s"].get<double>(), head) << line;
+      EXPECT_LE(ops["attention_forward"]["s"].get<double>(), forward) << line;
+      EXPECT_LE(ops["attention_backward"]["s"].get<double>(), backward) << line;
       EXPECT_EQ(ops["embedding_forward"]["calls"].get<int64_t>(), micro);
       EXPECT_EQ(ops["embedding_backward"]["calls"].get<int64_t>(), micro);
       EXPECT_EQ(ops["attention_forward"]["calls"].get<int64_t>(), blocks * micro);
