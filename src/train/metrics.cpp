@@ -127,8 +127,9 @@ std::string format_step_line(const StepMetrics& m) {
                 (long long)m.step, (long long)m.total_steps, m.loss,
                 m.overflow ? " (skipped: gradient overflow)" : m.skipped ? " (skipped)" : "", m.lr,
                 m.grad_norm, m.tokens_per_second, 100.0 * m.mfu, 100.0 * m.forward_seconds / step_s,
-                100.0 * m.head_seconds / step_s, 100.0 * m.backward_seconds / step_s, 100.0 * m.optimizer_seconds / step_s,
-                100.0 * m.data_seconds / step_s, double(m.memory.total_peak_bytes) / (1 << 20),
+                100.0 * m.head_seconds / step_s, 100.0 * m.backward_seconds / step_s,
+                100.0 * m.optimizer_seconds / step_s, 100.0 * m.data_seconds / step_s,
+                double(m.memory.total_peak_bytes) / (1 << 20),
                 format_duration(eta).c_str());
   std::string line = buf;
   if (m.loss_scale > 0) {

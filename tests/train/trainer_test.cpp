@@ -130,13 +130,13 @@ TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
       const nlohmann::json j = nlohmann::json::parse(line);
       if (!j.contains("step") || !j.contains("loss")) continue;
       ++steps;
-      const nlohmann::json& time = j["time_s"];
-      const double forward = time.at("forward").get<double>(), head = time.at("head").get<double>(),
-                   backward = time.at("backward").get<double>();
+      const nlohmann::json& times = j["time_s"];
+      const double forward = times.at("forward").get<double>(), head = times.at("head").get<double>(),
+                   backward = times.at("backward").get<double>();
       EXPECT_GT(forward, 0) << line;
       EXPECT_GT(head, 0) << line;
       EXPECT_GT(backward, 0) << line;
-      EXPECT_LE(forward + head + backward, time.at("step").get<double>()) << line;
+      EXPECT_LE(forward + head + backward, times.at("step").get<double>()) << line;
       ASSERT_EQ(j.contains("ops"), on) << line;
       if (!on) continue;
       const nlohmann::json& ops = j["ops"];
