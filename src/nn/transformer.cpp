@@ -765,7 +765,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ctx.lnf_rstd = stat_tensor(R, device_);
   ops::norm_forward(norm_kind(), lnf_rows, ctx.lnf_mean, ctx.lnf_rstd, x, fw, fb, cfg_.norm_eps);
   ctx.targets = targets;
-  if (train) ctx.head_start = ops::DeviceMark(device_);
+  if (train && !head_keeps_dlogits) ctx.head_start = ops::DeviceMark(device_);  // the head's backward runs fused
   head_loss(ctx, lnf_rows, train, m);
   done(head_set());
   if (head_weight_set() != head_set()) done(head_weight_set());

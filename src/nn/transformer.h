@@ -95,9 +95,10 @@ struct ForwardContext {
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
   bool weights_pending = false;
-  // Training on the head stage: marked as the LM head starts (after the final
-  // norm), so that the trainer's account of the step separates the head -
-  // logits, loss and, fused, the head's own backward - from the blocks.
+  // Training with the head's backward fused into its forward (no pipeline):
+  // marked as the LM head starts (after the final norm), so that the
+  // trainer's account of the step separates the head - logits, loss and the
+  // head's own backward - from the blocks.
   ops::DeviceMark head_start;
 };
 

@@ -44,7 +44,6 @@ class DeviceMark {
   DeviceMark& operator=(DeviceMark&& o) noexcept;
   DeviceMark(const DeviceMark&) = delete;
   DeviceMark& operator=(const DeviceMark&) = delete;
-  bool defined() const { return defined_; }
   bool on_gpu() const { return event_ != nullptr; }  // reading it may wait for the GPU
   // Seconds of device work from `start` to this mark (waits for this mark's
   // work on a GPU). Both marks of one device.

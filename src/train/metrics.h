@@ -23,8 +23,9 @@ struct StepMetrics {
   int64_t tokens = 0;          // tokens in this step's global batch
   int64_t tokens_seen = 0;     // cumulative
   double step_seconds = 0;
-  // forward: embeddings and blocks; head: the LM head with the loss and, where
-  // it runs fused in the forward pass (no pipeline), its own backward.
+  // forward: embeddings and blocks; head: the LM head, its loss and its own
+  // backward, fused in the forward pass (0 under a pipeline, whose passes
+  // count the head's work in forward and backward).
   double forward_seconds = 0, head_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, data_seconds = 0;
   double tokens_per_second = 0;
   double mfu = 0;              // model FLOPs utilisation, 0..1

@@ -270,11 +270,10 @@ StepMetrics Trainer::train_step(int64_t step) {
     mk.backward_done = ops::DeviceMark(device);
   }
   for (const MicroBatchMarks& mk : marks) {
-    // The LM head runs in the forward pass with its own backward fused in:
-    // counted apart, so that "fwd" is the blocks' forward.
-    const ops::DeviceMark& blocks_done = mk.head_start.defined() ? mk.head_start : mk.forward_done;
-    m.forward_seconds += blocks_done.seconds_since(mk.start);
-    if (mk.head_start.defined()) m.head_seconds += mk.forward_done.seconds_since(mk.head_start);
+    // The whole model's LM head runs in the forward pass with its own
+    // backward fused in: counted apart, so that "fwd" is the blocks' forward.
+    m.forward_seconds += mk.head_start.seconds_since(mk.start);
+    m.head_seconds += mk.forward_done.seconds_since(mk.head_start);
     m.backward_seconds += mk.backward_done.seconds_since(mk.forward_done);
   }
   for (const Tensor& l : token_losses) loss_sum += nn::sum_token_losses(l);
