@@ -430,6 +430,24 @@ window() {  # window NEED NAME COMMAND...: `bounded` between two marks of the ru
   [ $rc -eq 75 ] || echo "$(date +%s.%N) end $name" >> "$windows"
   return $rc
 }
+# train_run NEED LABEL ARCH MB NAME WORDS...: a timed training run of ARCH at
+# micro-batch MB under `window LABEL`, into $runs/NAME (its log $out/NAME.log),
+# each word NAME=VALUE an environment variable or, with a dot in the name, a
+# config key given to --set; a failure's log tail is printed. Returns
+# zettatron's status (75: skipped for time).
+train_run() {
+  local need=$1 label=$2 arch=$3 mb=$4 name=$5 envs=() sets=() word rc
+  shift 5
+  for word in "$@"; do
+    case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
+  done
+  window "$need" "$label" env "${envs[@]}" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
+    --set train.micro_batch=$mb --set train.global_batch=$mb --set train.run_dir="$runs/$name" "${sets[@]}" \
+    > "$out/$name.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || said_failed $rc "$label" "$out/$name.log" 20
+  return $rc
+}
 clock_table() {
   stop_sampler
   [ -s "$windows" ] && python3 bench/gpu/gpu_clocks.py "$samples" "$windows"
@@ -492,17 +510,10 @@ if [ "$what" = ab ]; then
       case $setting in
         *:*) [ "${setting%%:*}" = "$arch" ] || continue; setting=${setting#*:} ;;
       esac
-      envs=() sets=()
-      for word in $setting; do
-        case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
-      done
-      log="$out/ab-$arch-$i.log"
-      window 35 "A/B $arch: ${setting:-as configured}" env "${envs[@]}" ./build-gpu/bin/zettatron train \
-        configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
-        --set train.steps="${ZT_AB_STEPS:-15}" --set train.run_dir="$runs/ab-$arch-$i" "${sets[@]}" > "$log" 2>&1
-      rc=$?
-      [ $rc -eq 75 ] && break
-      [ $rc -eq 0 ] || said_failed $rc "A/B $arch (${setting:-as configured})" "$log" 5
+      # $setting unquoted: its words are the run's settings
+      train_run 35 "A/B $arch: ${setting:-as configured}" $arch $mb ab-$arch-$i \
+        train.steps="${ZT_AB_STEPS:-15}" $setting
+      [ $? -eq 75 ] && break
       printf '%s\t%s\n' "${setting:-as configured}" "$runs/ab-$arch-$i/metrics.jsonl" >> "$table"
     done
     python3 - "$table" "$arch" "$mb" <<'PY'
@@ -529,13 +540,10 @@ fi
 # The issue's comparison first, both models (as configured, then PyTorch),
 # then the runs that settle defaults: a call short of time loses those.
 for arch in "${models[@]}"; do
-  cfg=configs/bench-gpu-$arch.toml
   mb=$(largest_fitting_micro_batch $arch)
   [ -n "$mb" ] || continue
   mb_of[$arch]=$mb
-  window 45 "zettatron $arch" ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb \
-    --set train.global_batch=$mb --set train.run_dir="$runs/run-$arch" > "$out/zt-$arch.log" 2>&1 \
-    || { said_failed $? "zettatron $arch" "$out/zt-$arch.log" 20; continue; }
+  train_run 45 "zettatron $arch" $arch $mb zt-$arch || continue
   trained[$arch]=1
   pt_mb=$mb
   # torch.compile and 25 steps: 50-70 s on an H200 (2026-11-27).
@@ -554,38 +562,29 @@ done
 # `ab` splits it into each switch's share.
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] && [ ${#candidates[@]} -gt 0 ] || continue
-  mb=${mb_of[$arch]}
-  window 45 "zettatron $arch, ${candidates[*]}" env "${candidates[@]}" ./build-gpu/bin/zettatron train \
-    configs/bench-gpu-$arch.toml --set train.micro_batch=$mb --set train.global_batch=$mb \
-    --set train.run_dir="$runs/run-$arch-candidates" > "$out/zt-$arch-candidates.log" 2>&1 \
-    || said_failed $? "zettatron $arch, ${candidates[*]}" "$out/zt-$arch-candidates.log" 20
+  train_run 45 "zettatron $arch, ${candidates[*]}" $arch ${mb_of[$arch]} zt-$arch-candidates "${candidates[@]}"
 done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
-  cfg=configs/bench-gpu-$arch.toml mb=${mb_of[$arch]}
+  mb=${mb_of[$arch]}
   # The same run with train.deterministic = false: cuDNN's attention backward
   # sums dq with atomics (as PyTorch's flash backward does) instead of
   # keeping the score gradients in its workspace, and the products tune,
   # recording their choices (ZT_CUDA_MATMUL_PLANS); then deterministic again,
   # taking those choices: the same bits every run, with the tuned products.
   plans="$runs/matmul-plans-$arch.tsv"
-  window 45 "zettatron $arch, deterministic = false" env ZT_CUDA_MATMUL_PLANS="$plans" \
-    ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
-    --set train.deterministic=false --set train.run_dir="$runs/run-$arch-atomic" > "$out/zt-$arch-atomic.log" 2>&1 \
-    || said_failed $? "zettatron $arch, deterministic = false" "$out/zt-$arch-atomic.log" 20
+  train_run 45 "zettatron $arch, deterministic = false" $arch $mb zt-$arch-atomic ZT_CUDA_MATMUL_PLANS="$plans" \
+    train.deterministic=false
   if [ -s "$plans" ]; then
     cp "$plans" "$out/"
-    window 45 "zettatron $arch, tuned plans" env ZT_CUDA_MATMUL_PLANS="$plans" \
-      ./build-gpu/bin/zettatron train $cfg --set train.micro_batch=$mb --set train.global_batch=$mb \
-      --set train.run_dir="$runs/run-$arch-plans" > "$out/zt-$arch-plans.log" 2>&1 \
-      || said_failed $? "zettatron $arch, tuned plans" "$out/zt-$arch-plans.log" 20
+    train_run 45 "zettatron $arch, tuned plans" $arch $mb zt-$arch-plans ZT_CUDA_MATMUL_PLANS="$plans"
   fi
 done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
-  python3 - "$runs/run-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "${mb_of[$arch]}" \
-    "$runs/run-$arch-atomic/metrics.jsonl" "$runs/run-$arch-plans/metrics.jsonl" \
-    "$runs/run-$arch-candidates/metrics.jsonl" "${candidates[*]}" <<'PY'
+  python3 - "$runs/zt-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "${mb_of[$arch]}" \
+    "$runs/zt-$arch-atomic/metrics.jsonl" "$runs/zt-$arch-plans/metrics.jsonl" \
+    "$runs/zt-$arch-candidates/metrics.jsonl" "${candidates[*]}" <<'PY'
 import json, sys
 sys.path.insert(0, "bench/gpu")
 from train_metrics import measured
