@@ -132,7 +132,8 @@ class Bench {
   // product, attn.qkv (nn::qkv_form), timed beside their ZT_FUSED_QKV=0
   // form: attn.q and attn.k (GPT-2's k and v have q's shape, Llama's v has
   // k's):
-  // forward y (M, N) = x (M, K) W (N, K)^T + b; dgrad dx = dy W (GPT-2's
+  // forward y (M, N) = x (M, K) W (N, K)^T + b (forward_residual: + the
+  // residual stream, attn.proj and mlp.out); dgrad dx = dy W (GPT-2's
   // mlp.out with the GeLU backward in its epilogue; dgrad_add dx += dy W, as
   // the second and third of three q, k, v products run); wgrad dW += dy^T x (f32),
   // db += column sums of dy. M = the micro-batch's tokens, or a head chunk.
@@ -172,6 +173,12 @@ class Bench {
         });
       };
       row("forward", [&] { ops::linear_forward(y, x, w, b); });
+      // The block's output layers add the residual stream inside the product
+      // (its C apart from D): against forward plus the add row, what that saves.
+      if (std::string(p.name) == "attn.proj" || std::string(p.name) == "mlp.out") {
+        const Tensor residual = rand({p.M, p.N}, bf);
+        row("forward_residual", [&] { ops::linear_forward(y, x, w, b, residual); });
+      }
       if (p.gelu_dgrad) {
         const Tensor pre = rand({p.M, p.K}, bf, -4, 4);
         row("dgrad_gelu", [&] { ops::matmul_gelu_backward(dx, dy, w, pre); });

@@ -2,6 +2,7 @@
 #include "nn/parallel_linear.h"
 
 #include "core/error.h"
+#include "ops/elementwise.h"
 #include "ops/matmul.h"
 
 namespace zt::nn {
@@ -31,18 +32,21 @@ void ColumnParallelLinear::backward_weights(const Tensor& dy, const Tensor& x, o
 RowParallelLinear::RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp)
     : w_(std::move(w)), b_(std::move(b)), dw_(std::move(dw)), db_(std::move(db)), tp_(tp) {}
 
-void RowParallelLinear::forward(const Tensor& y, const Tensor& x) const {
-  const Tensor bias = tp_.rank() == 0 ? b_ : Tensor();  // added once to the group's sum
-  if (tp_.size() == 1) return ops::linear_forward(y, x, w_, bias);
+void RowParallelLinear::forward(const Tensor& y, const Tensor& x, const Tensor& residual) const {
+  // The bias and a replicated residual are added once to the group's sum.
+  const Tensor bias = tp_.rank() == 0 ? b_ : Tensor();
+  if (tp_.size() == 1) return ops::linear_forward(y, x, w_, bias, residual);
   if (!tp_.sequence_parallel) {
-    ops::linear_forward(y, x, w_, bias);
+    ops::linear_forward(y, x, w_, bias, tp_.rank() == 0 ? residual : Tensor());
     tp_.group->all_reduce(as_rows(y))->wait();
     return;
   }
+  // Each rank holds only its rows of the residual: added to its rows of the sum.
   const Tensor xr = as_rows(x);
   Tensor partial = Tensor::empty(Shape{xr.size(0), w_.size(0)}, y.dtype(), y.device(), MemCategory::activations);
   ops::linear_forward(partial, xr, w_, bias);
   tp_.group->reduce_scatter(as_rows(y), partial)->wait();
+  if (residual.defined()) ops::add(y, y, residual);
 }
 
 void RowParallelLinear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x) const {

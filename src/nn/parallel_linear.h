@@ -58,8 +58,11 @@ class RowParallelLinear {
   // w (out, in_local), b (out) or undefined (replicated over the group).
   RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp);
   // y = x (N, in_local) W^T summed over the group, + b: (N, out), or this
-  // rank's rows (N/tp, out) of it under sequence parallelism.
-  void forward(const Tensor& y, const Tensor& x) const;
+  // rank's rows (N/tp, out) of it under sequence parallelism. A residual
+  // (y's shape) is added to y: inside the product (one rank's, before the
+  // all-reduce, as the bias), or after the reduce-scatter under sequence
+  // parallelism.
+  void forward(const Tensor& y, const Tensor& x, const Tensor& residual = {}) const;
   // dy as forward's y (replicated, or this rank's rows under sequence
   // parallelism: gathered here). dx (N, in_local) = dy W (overwritten);
   // dw += dy^T x; db += sum_rows(dy) over all N rows (every rank's db is

@@ -351,7 +351,7 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   const int64_t R = x_in.size(0), W = cfg_.mlp_in_width() / shares_.tp, F = shares_.ff;
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   a.x_in = x_in;
-  // Attention half: ln1 -> q, k, v -> RoPE -> attention -> proj, residual add fused into ln2.
+  // Attention half: ln1 -> q, k, v -> RoPE -> attention -> proj (+ x_in) -> ln2.
   a.ln1 = act_tensor(Shape{R, C}, dtype_, device_);
   a.ln1_mean = layernorm ? stat_tensor(R, device_) : Tensor();
   a.ln1_rstd = stat_tensor(R, device_);
@@ -383,15 +383,15 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     }
   }
   attention_forward(a, B, T);
-  Tensor branch = act_tensor(Shape{R, C}, dtype_, device_);
-  lin.proj.forward(branch, a.att.view(Shape{N, Hq * D}));
+  // Each half's residual connection is added inside its output product
+  // (the product's C): no (R, C) branch tensor, no pass of its own.
   a.res_mid = act_tensor(Shape{R, C}, dtype_, device_);
+  lin.proj.forward(a.res_mid, a.att.view(Shape{N, Hq * D}), x_in);
   a.ln2 = act_tensor(Shape{R, C}, dtype_, device_);
   a.ln2_mean = layernorm ? stat_tensor(R, device_) : Tensor();
   a.ln2_rstd = stat_tensor(R, device_);
-  ops::residual_norm_forward(norm_kind(), a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, branch, p.ln2_w,
-                             p.ln2_b, cfg_.norm_eps);
-  // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out, plus the residual.
+  ops::norm_forward(norm_kind(), a.ln2, a.ln2_mean, a.ln2_rstd, a.res_mid, p.ln2_w, p.ln2_b, cfg_.norm_eps);
+  // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out (+ res_mid).
   const Tensor ln2 = gather_rows(m, a.ln2);
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
   lin.mlp_in.forward(a.mlp_in.view(Shape{N, W}), ln2);
@@ -400,9 +400,8 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     ops::gelu_forward(a.act, a.mlp_in);
   else
     ops::swiglu_forward(a.act, a.mlp_in);
-  lin.mlp_out.forward(branch, a.act.view(Shape{N, F}));  // reuse: the proj output is dead
   Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
-  ops::add(x_out, a.res_mid, branch);
+  lin.mlp_out.forward(x_out, a.act.view(Shape{N, F}), a.res_mid);
   return x_out;
 }
 

@@ -1,7 +1,7 @@
 // matmul, linear_forward, linear_backward: argument validation and dispatch.
 //
 //   matmul:          out = alpha * op(a) @ op(b) + beta * out (+ bias over rows)
-//   linear_forward:  y (N, OC) = x (N, C) @ W^T + b        (x (..., C) flattened to N rows)
+//   linear_forward:  y (N, OC) = x (N, C) @ W^T + b [+ residual]   (x (..., C) flattened to N rows)
 //   linear_backward: dx = dy @ W (overwritten), dW += dy^T @ x, db += sum_rows(dy)
 // (gradient of y = x W^T + b: dL/dx = dL/dy W, dL/dW = dL/dy^T x, dL/db = column sums of dL/dy).
 // No output may overlap an input: sgemm cannot run in place.
@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cpu/matmul.h"
 #include "ops/activation.h"
@@ -105,13 +106,13 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   no_backend(op, out.device());
 }
 
-void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b) {
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
   const char* op = "linear_forward";
   OpScope scope(op, y);
   check_defined(op, "y", y);
   check_defined(op, "x", x);
   check_ndim(op, "w", w, 2);
-  check_device(op, y.device(), {{"y", &y}, {"x", &x}, {"w", &w}, {"b", &b}});
+  check_device(op, y.device(), {{"y", &y}, {"x", &x}, {"w", &w}, {"b", &b}, {"residual", &residual}});
   ZT_CHECK(x.ndim() >= 1, op, ": 'x' has shape ", x.shape().str(), " but (..., C) is required");
   check_compute_dtype(op, "x", x);
   check_same_dtype(op, "x", x, "w", w);
@@ -125,6 +126,11 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   check_disjoint(op, "y", y, "x", x);
   check_disjoint(op, "y", y, "w", w);
   check_disjoint(op, "y", y, "b", b);
+  if (residual.defined()) {
+    check_same_dtype(op, "residual", residual, "y", y);
+    check_shape(op, "residual", residual, y.shape());
+    check_disjoint_from(op, "residual", residual, {{"y", &y}, {"x", &x}, {"w", &w}, {"b", &b}});
+  }
   const int64_t N = x.shape().prod(0, x.ndim() - 1);
   check_blas_dim(op, "rows of x", N);
   check_blas_dim(op, "C", C);
@@ -132,10 +138,17 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
 
   cpu::GemmDesc d;
   d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
+  d.beta = residual.defined() ? 1.0f : 0.0f;  // y = 1 * residual + x W^T + b
   scope.add_flops(2.0 * double(N) * double(C) * double(OC));
-  if (y.device().is_cpu()) return cpu::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
+  const Tensor y2 = y.view(Shape{N, OC}), x2 = x.view(Shape{N, C});
+  if (y.device().is_cpu()) {
+    // sgemm's C is its output: the residual is copied in and accumulated onto.
+    if (residual.defined() && y.nbytes() > 0) std::memcpy(y.data_ptr(), residual.data_ptr(), y.nbytes());
+    return cpu::matmul(y2, x2, w, b, d);
+  }
 #if ZT_WITH_CUDA
-  if (use_cuda(op, y.device())) return cuda::matmul(y.view(Shape{N, OC}), x.view(Shape{N, C}), w, b, d);
+  if (use_cuda(op, y.device()))
+    return cuda::matmul(y2, x2, w, b, d, residual.defined() ? residual.view(Shape{N, OC}) : Tensor());
 #endif
   no_backend(op, y.device());
 }

@@ -24,7 +24,14 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a = 
 //   x: (..., C)   w: (OC, C)   b: (OC) or undefined   y: (..., OC)
 // x and w share a dtype (f32 or bf16); y is f32 or x's dtype; b is f32 or y's.
 // y must not share memory with x, w or b.
-void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b);
+//
+// With a residual (y's shape and dtype): y = residual + x W^T + b, the
+// residual added in the product's f32 accumulator and y rounded once - a
+// transformer block's residual connection without a pass of its own (on
+// CUDA cuBLASLt reads it as the product's C, D = y). residual must not share
+// memory with y, x, w or b.
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                    const Tensor& residual = {});
 
 // Backward of linear_forward. Each output may be undefined to skip it.
 //   dx  = dy W          (overwritten)            (..., C)

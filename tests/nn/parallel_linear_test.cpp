@@ -1,6 +1,6 @@
 // Column- and row-parallel linear layers at tensor-parallel size 1: they must
-// equal the plain linear layer (forward and every gradient) and column-parallel
-// dx accumulation must add. Larger groups: tests/parallel/tp_test.cpp (mpirun).
+// equal the plain linear layer (forward and every gradient), the row-parallel
+// forward must add a residual, and column-parallel dx accumulation must add. Larger groups: tests/parallel/tp_test.cpp (mpirun).
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
 
@@ -62,6 +62,25 @@ TEST(ParallelLinear, SizeOneGroupsEqualThePlainLinearLayer) {
     EXPECT_TRUE(test::all_close(dw, to_f64(dw_ref), 1e-6, 1e-6)) << kind;
     EXPECT_TRUE(test::all_close(db, to_f64(db_ref), 1e-6, 1e-6)) << kind;
   }
+}
+
+TEST(ParallelLinear, RowParallelForwardAddsTheResidual) {
+  auto rng = test::make_rng(5);
+  const int64_t N = 6, in = 9, out = 4;
+  const Layer l = make_layer(out, in, rng);
+  const Tensor x = random_tensor(Shape{N, in}, DType::f32, rng);
+  const Tensor residual = random_tensor(Shape{N, out}, DType::f32, rng);
+  const Tensor y = Tensor::empty(Shape{N, out}, DType::f32);
+  test::poison(y);
+  RowParallelLinear(l.w, l.b, Tensor(), Tensor(), TensorParallel{}).forward(y, x, residual);
+  std::vector<double> ref = to_f64(residual);
+  const std::vector<double> w = to_f64(l.w), b = to_f64(l.b), xv = to_f64(x);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out; ++o) {
+      ref[size_t(n * out + o)] += b[size_t(o)];
+      for (int64_t i = 0; i < in; ++i) ref[size_t(n * out + o)] += xv[size_t(n * in + i)] * w[size_t(o * in + i)];
+    }
+  EXPECT_TRUE(test::all_close(y, ref, 1e-5, 1e-6));
 }
 
 TEST(ParallelLinear, ColumnParallelBackwardAccumulatesDxWhenAsked) {

@@ -7,7 +7,8 @@
 // Row-major on column-major cuBLASLt: a row-major (M, N) matrix is the
 // column-major (N, M) matrix out^T, and out^T = op(b)^T @ op(a)^T, so
 // cuBLASLt's "A" is our b and its "B" our a, each keeping its own transpose
-// flag, and D = C = out with leading dimension N.
+// flag, and D = out with leading dimension N; C = out, or a matrix of out's
+// layout apart from it (linear_forward's residual).
 //
 // Compute: CUBLAS_COMPUTE_32F with f32 scale, i.e. true fp32 FMA for f32
 // operands (never TF32) and f32 accumulation of bf16 operands on tensor cores.
@@ -122,6 +123,7 @@ struct PlanKey {
   bool has_bias = false;
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
   bool bgrad = false;  // the BGRADB epilogue: the bias pointer receives a's column sums (f32 out only)
+  bool separate_c = false;  // beta scales another matrix of out's layout (a residual), not out itself
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
   int candidate = 0;  // which of the heuristic's ranked algorithms (MatmulCandidateScope)
   uint64_t workspace_bytes = 0;  // the heuristic's workspace limit: 0 the device's (MatmulWorkspaceScope)
@@ -140,7 +142,7 @@ struct PlanKeyHash {
     mix(uint64_t(k.N));
     mix(uint64_t(k.K));
     mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4 |
-        uint64_t(k.bgrad) << 5);
+        uint64_t(k.bgrad) << 5 | uint64_t(k.separate_c) << 6);
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
@@ -172,15 +174,17 @@ struct Plan {
   std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
 
-// A product without an epilogue: one cuBLAS's own GEMM can run.
-bool epilogue_free(const PlanKey& k) { return !k.has_bias && !k.dgelu && !k.bgrad; }
+// A product cuBLAS's own GEMM can run: no epilogue, and C is out (cuBLAS's
+// GEMM has no D apart from C).
+bool epilogue_free(const PlanKey& k) { return !k.has_bias && !k.dgelu && !k.bgrad && !k.separate_c; }
 
 std::string describe(const PlanKey& k) {
   return zt::detail::concat("batch ", k.batch, " M ", k.M, " N ", k.N, " K ", k.K, k.trans_a ? " trans_a" : "",
                         k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
                         "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
-                        k.dgelu ? ", dgelu epilogue" : "", k.bgrad ? ", bgradb epilogue" : "", ", alignments a ",
+                        k.dgelu ? ", dgelu epilogue" : "", k.bgrad ? ", bgradb epilogue" : "",
+                        k.separate_c ? ", C apart from out" : "", ", alignments a ",
                         k.align_a, " b ", k.align_b, " out ",
                         k.align_out, " bias ", k.align_bias, " aux ", k.align_aux,
                         k.candidate > 0 ? zt::detail::concat(", candidate ", k.candidate) : "",
@@ -420,15 +424,16 @@ thread_local uint64_t t_workspace_bytes = 0;
 // p.ranked[option], or cuBLAS's GEMM for option = p.num_ranked. Each option
 // runs once to warm up, then kTimedLaunches times between two marks; one that
 // fails to launch is passed over. The timing launches write `out` itself when
-// beta = 0 (the call's own launch overwrites it next), else a scratch of
-// out's size (workspace, freed at once): they must not add into out.
+// beta = 0 or C is apart from it (the call's own launch overwrites it next),
+// else a scratch of out's size (workspace, freed at once): they must not add
+// into out.
 constexpr int kTimedLaunches = 5;
 std::atomic<int64_t> g_tuned_plans{0};
 template <typename Launch>
 void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device device, Launch&& launch) {
   Tensor scratch;
   void* dst = out;
-  if (beta != 0.0f) {
+  if (beta != 0.0f && !k.separate_c) {
     const int64_t elems = (k.batch - 1) * k.stride_c + (k.M - 1) * k.ldc + k.N;
     const int64_t words = (elems * int64_t(dtype_size(k.out)) + 3) / 4;
     scratch = Tensor::empty(Shape{words}, DType::f32, device, MemCategory::workspace);
@@ -468,12 +473,13 @@ Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
 }
 
 // Runs the cached plan of k: out = alpha * op(a) @ op(b) + beta * out (+ bias
-// through the epilogue; times gelu'(aux) with the DGELU one). Returns false,
-// having launched nothing, when an epilogue is asked for and no algorithm
-// applies it (none offered, or the offered one refused at launch); throws
-// when a plain product finds no algorithm.
+// through the epilogue; times gelu'(aux) with the DGELU one; beta * c instead
+// of beta * out when k.separate_c). Returns false, having launched nothing,
+// when an epilogue or a separate c is asked for and no algorithm applies it
+// (none offered, or the offered one refused at launch); throws when a plain
+// product finds no algorithm.
 bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, const void* bias, const void* aux,
-                 float alpha_in, float beta_in, Device device) {
+                 float alpha_in, float beta_in, Device device, const void* c = nullptr) {
   PlanKey k = key;
   const bool scoped = t_candidate >= 0;  // exactly the scope's candidate: no tuning, no switch
   k.candidate = scoped ? t_candidate : 0;
@@ -511,8 +517,10 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
     throw InternalError(zt::detail::concat("cuBLASLt found no algorithm for the matmul ", describe(k)));
   }
   cudaStream_t stream = compute_stream(device);
+  // C = D = dst, or C the separate matrix (D = dst: tuning's scratch or out).
   auto launch_with = [&](const cublasLtMatmulAlgo_t& algo, void* dst) {
-    return cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, dst, p.lay_c, dst, p.lay_c, &algo,
+    const void* src = k.separate_c ? c : dst;
+    return cublasLtMatmul(p.handle, p.op, &alpha, b, p.lay_a, a, p.lay_b, &beta, src, p.lay_c, dst, p.lay_c, &algo,
                           workspace, workspace_bytes, stream);
   };
   // Tuning's options: the ranked algorithms, then cuBLAS's GEMM (plain
@@ -552,9 +560,10 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   return launch();
 }
 
-// The plan key of a GemmDesc (d already folded) over contiguous matrices.
+// The plan key of a GemmDesc (d already folded) over contiguous matrices;
+// c (null: out) the matrix beta scales, of out's layout.
 PlanKey contiguous_key(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
-                       const void* bias, DType bias_type, Device device) {
+                       const void* bias, DType bias_type, Device device, const void* c = nullptr) {
   PlanKey k;
   k.device = device.index;
   k.batch = d.batch, k.M = d.M, k.N = d.N, k.K = d.K;
@@ -573,15 +582,18 @@ PlanKey contiguous_key(const GemmDesc& d, DType ab, const void* a, const void* b
   k.align_a = alignment_of(a, d.batch, k.stride_a, es);
   k.align_b = alignment_of(b, d.batch, k.stride_b, es);
   k.align_out = alignment_of(out, d.batch, k.stride_c, dtype_size(out_type));
+  k.separate_c = c != nullptr && c != out;
+  // One alignment preference covers C and D: the smaller of the two.
+  if (k.separate_c) k.align_out = std::min(k.align_out, alignment_of(c, d.batch, k.stride_c, dtype_size(out_type)));
   k.align_bias = k.has_bias ? alignment_of(bias, 1, 0, 0) : 0;
   return k;
 }
 
 // launch_plan for a GemmDesc (d already folded) over contiguous matrices.
 bool lt_matmul(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
-               const void* bias, DType bias_type, Device device) {
-  const PlanKey k = contiguous_key(d, ab, a, b, out_type, out, bias, bias_type, device);
-  return launch_plan(k, a, b, out, bias, nullptr, d.alpha, d.beta, device);
+               const void* bias, DType bias_type, Device device, const void* c = nullptr) {
+  const PlanKey k = contiguous_key(d, ab, a, b, out_type, out, bias, bias_type, device, c);
+  return launch_plan(k, a, b, out, bias, nullptr, d.alpha, d.beta, device, c);
 }
 
 // dst[i] = beta * prev[i] + bias[i % cols] in f32, rounded once to TDst.
@@ -714,7 +726,8 @@ bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
                      out.device());
 }
 
-void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& desc) {
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& desc,
+            const Tensor& c) {
   GemmDesc d = desc;
   // A shared b with an untransposed a: the batch is just more rows of a.
   if (d.b_shared && !d.trans_a && d.batch > 1 && d.batch * d.M <= INT_MAX) {
@@ -727,29 +740,33 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
   const int64_t n = d.batch * d.M * d.N;
   const void* bias_p = bias.defined() ? bias.data_ptr() : nullptr;
   const DType bias_type = bias.defined() ? bias.dtype() : DType::f32;
-  if (d.K == 0) {  // empty reduction: out = beta * out + bias
-    if (d.beta != 1.0f || bias_p)
-      beta_bias(out.data_ptr(), out.dtype(), out.data_ptr(), out.dtype(), bias_p, bias_type, d.beta, n, d.N, device);
+  // The matrix beta scales: c, or out itself.
+  const void* prev = c.defined() && d.beta != 0.0f ? c.data_ptr() : out.data_ptr();
+  const void* c_apart = prev != out.data_ptr() ? prev : nullptr;
+  if (d.K == 0) {  // empty reduction: out = beta * prev + bias
+    if (d.beta != 1.0f || bias_p || c_apart)
+      beta_bias(out.data_ptr(), out.dtype(), prev, out.dtype(), bias_p, bias_type, d.beta, n, d.N, device);
     return;
   }
   // The epilogue only for a 16-byte aligned bias: its loads are vectorised (the
   // heuristic should filter by the bias pointer, but we do not rely on it).
   const bool bias_aligned = reinterpret_cast<uintptr_t>(bias_p) % 16 == 0;
   if (!bias_p || (bias_type == out.dtype() && bias_aligned)) {
-    if (lt_matmul(d, a.dtype(), a.data_ptr(), b.data_ptr(), out.dtype(), out.data_ptr(), bias_p, bias_type, device))
+    if (lt_matmul(d, a.dtype(), a.data_ptr(), b.data_ptr(), out.dtype(), out.data_ptr(), bias_p, bias_type, device,
+                  c_apart))
       return;
   }
-  // Bias outside cuBLASLt: C = beta * out + bias in f32, then C += alpha * op(a) @ op(b).
+  // Bias (or c) outside cuBLASLt: C = beta * prev + bias in f32, then C += alpha * op(a) @ op(b).
   GemmDesc acc = d;
   acc.beta = 1.0f;
   if (out.dtype() == DType::f32) {
-    beta_bias(out.data_ptr(), DType::f32, out.data_ptr(), DType::f32, bias_p, bias_type, d.beta, n, d.N, device);
+    beta_bias(out.data_ptr(), DType::f32, prev, DType::f32, bias_p, bias_type, d.beta, n, d.N, device);
     lt_matmul(acc, a.dtype(), a.data_ptr(), b.data_ptr(), DType::f32, out.data_ptr(), nullptr, DType::f32, device);
   } else {
-    Tensor c = Tensor::empty(Shape{n}, DType::f32, device, MemCategory::workspace);
-    beta_bias(c.data_ptr(), DType::f32, out.data_ptr(), out.dtype(), bias_p, bias_type, d.beta, n, d.N, device);
-    lt_matmul(acc, a.dtype(), a.data_ptr(), b.data_ptr(), DType::f32, c.data_ptr(), nullptr, DType::f32, device);
-    beta_bias(out.data_ptr(), out.dtype(), c.data_ptr(), DType::f32, nullptr, DType::f32, 1.0f, n, d.N, device);
+    Tensor acc32 = Tensor::empty(Shape{n}, DType::f32, device, MemCategory::workspace);
+    beta_bias(acc32.data_ptr(), DType::f32, prev, out.dtype(), bias_p, bias_type, d.beta, n, d.N, device);
+    lt_matmul(acc, a.dtype(), a.data_ptr(), b.data_ptr(), DType::f32, acc32.data_ptr(), nullptr, DType::f32, device);
+    beta_bias(out.data_ptr(), out.dtype(), acc32.data_ptr(), DType::f32, nullptr, DType::f32, 1.0f, n, d.N, device);
   }
 }
 

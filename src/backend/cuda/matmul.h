@@ -26,7 +26,12 @@ using GemmDesc = cpu::GemmDesc;
 // a: batch x (M, K) or (K, M); b: [batch x] (K, N) or (N, K); out: batch x (M, N);
 // bias: (N) or undefined. a, b f32 or bf16 (same); out f32 or a's dtype; bias f32 or out's.
 // beta = 0 never reads out. All on one GPU; runs on its compute stream.
-void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d);
+// c (out's shape and dtype, disjoint from out) or undefined: beta scales c
+// instead of out - cuBLASLt's C apart from its D (out = x W^T + b + residual
+// in one product: linear_forward's residual); cuBLAS's own GEMM, which has
+// no D apart from C, is then not a candidate.
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d,
+            const Tensor& c = {});
 
 // One strided-batched product over explicit row-major layouts (the per-head
 // matrices inside (B, T, H, D) tensors): for i < batch,
