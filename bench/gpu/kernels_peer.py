@@ -133,8 +133,8 @@ def work(row, dev):
         if not kind.endswith("*"):
             return None
         kind = "wgrad"
-    if kind in ("forward", "dgrad", "dgrad_add", "dgrad_gelu", "wgrad") and "tflops" in row:
-        # A product: y (M, N) = x (M, K) W (N, K)^T + b, its input gradient
+    if kind in ("forward", "forward_residual", "dgrad", "dgrad_add", "dgrad_gelu", "wgrad") and "tflops" in row:
+        # A product: y (M, N) = x (M, K) W (N, K)^T + b (+ r), its input gradient
         # (GPT-2's mlp.out through the GeLU backward: two kernels here), and the
         # weight and bias gradients accumulated into f32, as autocast leaves them.
         M, K, N = dims
@@ -142,6 +142,9 @@ def work(row, dev):
         b = rand(N) if row["bias"] else None
         if kind == "forward":
             return lambda: F.linear(x, w, b)
+        if kind == "forward_residual":  # a block's output layer and its residual connection, as models write it
+            r = rand(M, N)
+            return lambda: r + F.linear(x, w, b)
         if kind == "dgrad":
             return lambda: dy @ w
         if kind == "dgrad_add":  # into an existing sum, as autograd adds a second use's gradient
