@@ -41,6 +41,10 @@
 # instead of one product (nn::qkv_form: Llama's split by the RoPE pass,
 # GPT-2's read in place by cuDNN's attention): the A/B of `bench` for the
 # kernels' "q, k, v per layer" lines.
+# ZT_FUSED_RESIDUAL=0 adds the blocks' residual connections in passes of
+# their own (the residual norm, an add) instead of inside attn.proj's and
+# mlp.out's products (nn::residual_in_products); `kernels` times
+# <layer>.forward_residual beside .forward and the add.
 # ZT_HEAD_CHUNK_ELEMS=n sets the LM head's logits per chunk (default 2^28 on a
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
@@ -493,7 +497,7 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
 # the switches whose default the kernel bench alone cannot settle.
 if [ "$what" = ab ]; then
   # Most wanted first: a call that runs out of time skips the rest.
-  default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1"
+  default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
   default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
   settings=${ZT_AB:-$default_settings}
   IFS=';' read -r -a listed <<< "$settings"

@@ -21,10 +21,10 @@ std::optional<int64_t> env_whole_number(const char* name, int64_t least, const c
   return int64_t(v);
 }
 
-bool env_switch(const char* name, const char* what) {
+bool env_switch(const char* name, const char* what, bool unset) {
   const std::optional<int64_t> v = env_whole_number(name, 0, what);
   ZT_CHECK(!v || *v <= 1, name, " = '", *v, "' is not 0 or 1 (", what, "); unset it for the default");
-  return v.value_or(0) == 1;
+  return v ? *v == 1 : unset;
 }
 
 }  // namespace zt

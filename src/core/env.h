@@ -15,8 +15,8 @@ namespace zt {
 // restores the default.
 std::optional<int64_t> env_whole_number(const char* name, int64_t least, const char* what);
 
-// An on/off switch in environment variable `name`: 1 on; 0, unset or empty
-// off; anything else throws zt::Error as env_whole_number does.
-bool env_switch(const char* name, const char* what);
+// An on/off switch in environment variable `name`: 1 on, 0 off, unset or
+// empty `unset`; anything else throws zt::Error as env_whole_number does.
+bool env_switch(const char* name, const char* what, bool unset = false);
 
 }  // namespace zt

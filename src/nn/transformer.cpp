@@ -97,6 +97,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
            cfg_.n_layer, " blocks");
   shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank());
   qkv_form_ = qkv_form(cfg_, shares_, device_);
+  residual_in_products_ = residual_in_products();
   if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(part_.last_layer - part_.first_layer));
   for (int64_t i = part_.first_layer; i < part_.last_layer; ++i)
@@ -383,14 +384,22 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     }
   }
   attention_forward(a, B, T);
-  // Each half's residual connection is added inside its output product
-  // (the product's C): no (R, C) branch tensor, no pass of its own.
+  // Each half's residual connection inside its output product (the
+  // product's C), or in passes of its own (residual_in_products).
+  Tensor branch;  // the unfused form's output of proj, then of mlp_out
   a.res_mid = act_tensor(Shape{R, C}, dtype_, device_);
-  lin.proj.forward(a.res_mid, a.att.view(Shape{N, Hq * D}), x_in);
   a.ln2 = act_tensor(Shape{R, C}, dtype_, device_);
   a.ln2_mean = layernorm ? stat_tensor(R, device_) : Tensor();
   a.ln2_rstd = stat_tensor(R, device_);
-  ops::norm_forward(norm_kind(), a.ln2, a.ln2_mean, a.ln2_rstd, a.res_mid, p.ln2_w, p.ln2_b, cfg_.norm_eps);
+  if (residual_in_products_) {
+    lin.proj.forward(a.res_mid, a.att.view(Shape{N, Hq * D}), x_in);
+    ops::norm_forward(norm_kind(), a.ln2, a.ln2_mean, a.ln2_rstd, a.res_mid, p.ln2_w, p.ln2_b, cfg_.norm_eps);
+  } else {
+    branch = act_tensor(Shape{R, C}, dtype_, device_);
+    lin.proj.forward(branch, a.att.view(Shape{N, Hq * D}));
+    ops::residual_norm_forward(norm_kind(), a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, branch, p.ln2_w,
+                               p.ln2_b, cfg_.norm_eps);
+  }
   // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out (+ res_mid).
   const Tensor ln2 = gather_rows(m, a.ln2);
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
@@ -401,7 +410,12 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   else
     ops::swiglu_forward(a.act, a.mlp_in);
   Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
-  lin.mlp_out.forward(x_out, a.act.view(Shape{N, F}), a.res_mid);
+  if (residual_in_products_) {
+    lin.mlp_out.forward(x_out, a.act.view(Shape{N, F}), a.res_mid);
+  } else {
+    lin.mlp_out.forward(branch, a.act.view(Shape{N, F}));  // reuse: the proj output is dead
+    ops::add(x_out, a.res_mid, branch);
+  }
   return x_out;
 }
 
@@ -817,6 +831,14 @@ QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device) 
   if (shares.kv_replicas > 1 || asked == 0) return QkvForm::three;
   if (cfg.arch == Arch::llama3) return QkvForm::split;
   return device.is_cuda() || asked.has_value() ? QkvForm::packed : QkvForm::three;
+}
+
+bool residual_in_products() {
+  // Read at each model's construction, as qkv_form.
+  return env_switch("ZT_FUSED_RESIDUAL",
+                    "1 or unset: a block half adds its residual connection inside its output product; 0: in the "
+                    "residual norm and an add of their own",
+                    true);
 }
 
 int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems) {

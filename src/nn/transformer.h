@@ -144,6 +144,13 @@ int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems);
 enum class QkvForm { three, split, packed };
 QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device);
 
+// Whether a block half adds its residual connection inside its output
+// product (linear_forward's residual: res_mid = x_in + proj(att), x_out =
+// res_mid + mlp_out(act); no (R, C) branch tensor, no pass of its own), as
+// by default, or (ZT_FUSED_RESIDUAL=0, for A/B runs) in the fused residual
+// norm and an add after plain products. The memory plan asks too.
+bool residual_in_products();
+
 class Transformer {
  public:
   // compute_dtype: f32 or bf16 for parameters and activations (grads are f32).
@@ -343,6 +350,7 @@ class Transformer {
   ModelPart part_;
   std::unique_ptr<comm::ProcessGroup> kv_group_;  // ranks sharing kv heads (Hkv < tp)
   QkvForm qkv_form_ = QkvForm::three;              // qkv_form(cfg_, shares_, device_)
+  bool residual_in_products_ = true;               // residual_in_products()
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]

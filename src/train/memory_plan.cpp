@@ -128,10 +128,12 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t backward = blocks + ids + rebuilt + gradients;
   // zb's input-gradient pass ends at the first block: the later blocks'
   // held tensors, this block's activations (rebuilt whole under full
-  // recompute, with the rerun forward's (R, C) output, dropped once made)
+  // recompute, with the rerun forward's (R, C) output, dropped once made,
+  // and the branch tensor where the residual is not added in the products)
   // and its gradients in flight.
+  const int64_t rerun_temporaries = (nn::residual_in_products() ? 1 : 2) * rows_c;
   const int64_t last_block_of_held = layers > 0 ? full_block - held_block + gradients +
-                                                     (policy == nn::Recompute::full ? rows_c : 0)
+                                                     (policy == nn::Recompute::full ? rerun_temporaries : 0)
                                                 : 0;
   if (!part.head) {
     a.kept = blocks + ids;

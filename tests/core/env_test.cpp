@@ -46,6 +46,13 @@ TEST(Env, SwitchesAreZeroOrOne) {
   EXPECT_TRUE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch"));
   ::setenv("ZT_TEST_ENV_SWITCH", "0", 1);
   EXPECT_FALSE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch"));
+  // A switch on by default: unset or empty is its default, 0 still turns it off.
+  EXPECT_FALSE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch", true));
+  ::setenv("ZT_TEST_ENV_SWITCH", "", 1);
+  EXPECT_TRUE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch", true));
+  EXPECT_FALSE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch"));
+  ::unsetenv("ZT_TEST_ENV_SWITCH");
+  EXPECT_TRUE(env_switch("ZT_TEST_ENV_SWITCH", "a test switch", true));
   for (const char* bad : {"2", "-1", "on", "yes"}) {
     ::setenv("ZT_TEST_ENV_SWITCH", bad, 1);
     try {

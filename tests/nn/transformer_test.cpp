@@ -398,6 +398,45 @@ TEST(Transformer, OneQkvProductGivesTheSameLossAndGradientsAsThree) {
   }
 }
 
+// The residual connections inside the blocks' output products (the default)
+// against passes of their own (ZT_FUSED_RESIDUAL=0: the fused residual norm
+// and an add): the same loss and gradients up to f32 rounding (the residual
+// joins the product's sum instead of being added to its rounded result),
+// under every recompute policy; a switch that is not 0 or 1 is an error.
+TEST(Transformer, ResidualInTheProductsGivesTheSameLossAndGradients) {
+  ZT_TEST_TRACE_SEED();
+  ASSERT_EQ(std::getenv("ZT_FUSED_RESIDUAL"), nullptr) << "the test sets it itself";
+  EXPECT_TRUE(residual_in_products());
+  for (const char* preset : {"llama3-tiny", "gpt2-tiny"}) {
+    for (const Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
+      SCOPED_TRACE(std::string(preset) + ", recompute " + std::string(recompute_name(policy)));
+      const ModelConfig c = model_preset(preset);
+      const int64_t B = 2, T = 24;
+      const Batch b = random_batch(c, B, T, 19);
+      auto run = [&](Transformer& m) {
+        m.init_weights(9);
+        m.recompute = policy;
+        ForwardContext ctx;
+        const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(B * T));
+        m.backward(ctx);
+        return loss;
+      };
+      Transformer fused(c, DType::f32);
+      ::setenv("ZT_FUSED_RESIDUAL", "0", 1);
+      EXPECT_FALSE(residual_in_products());
+      Transformer apart(c, DType::f32);
+      ::unsetenv("ZT_FUSED_RESIDUAL");
+      const double want = run(apart), got = run(fused);
+      EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
+      // A residual dropped or added twice is off by O(1).
+      expect_same_gradients(fused, apart, 32);
+    }
+  }
+  ::setenv("ZT_FUSED_RESIDUAL", "2", 1);
+  EXPECT_NE(test::error_of([] { residual_in_products(); }).find("ZT_FUSED_RESIDUAL = '2'"), std::string::npos);
+  ::unsetenv("ZT_FUSED_RESIDUAL");
+}
+
 // The LM head in chunks of 1 row, of 5 rows (the last one short) and whole:
 // the same loss and gradients, fused with the loss and with kept dlogits.
 TEST(Transformer, HeadChunksGiveTheSameLossAndGradients) {
