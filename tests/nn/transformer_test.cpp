@@ -34,6 +34,17 @@ Batch random_batch(const ModelConfig& c, int64_t B, int64_t T, uint64_t salt) {
   return {test::random_tokens(Shape{B, T}, c.vocab_size, rng), test::random_tokens(Shape{B, T}, c.vocab_size, rng)};
 }
 
+// One training pass of m from weights of `weight_seed` under `policy`: the
+// mean loss over the batch's tokens; the gradients are left in m.
+double mean_loss_and_gradients(Transformer& m, const Batch& b, Recompute policy, uint64_t weight_seed) {
+  m.init_weights(weight_seed);
+  m.recompute = policy;
+  ForwardContext ctx;
+  const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(b.tokens.numel()));
+  m.backward(ctx);
+  return loss;
+}
+
 std::vector<std::vector<char>> grad_bytes(const Transformer& m) {
   std::vector<std::vector<char>> out;
   for (const ParamSet* s : m.param_sets()) {
@@ -375,14 +386,7 @@ TEST(Transformer, OneQkvProductGivesTheSameLossAndGradientsAsThree) {
       const ModelConfig c = model_preset(preset);
       const int64_t B = 2, T = 24;
       const Batch b = random_batch(c, B, T, 17);
-      auto run = [&](Transformer& m) {
-        m.init_weights(8);
-        m.recompute = policy;
-        ForwardContext ctx;
-        const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(B * T));
-        m.backward(ctx);
-        return loss;
-      };
+      auto run = [&](Transformer& m) { return mean_loss_and_gradients(m, b, policy, 8); };
       ::setenv("ZT_FUSED_QKV", "1", 1);
       Transformer one(c, DType::f32);
       ::setenv("ZT_FUSED_QKV", "0", 1);
@@ -413,14 +417,7 @@ TEST(Transformer, ResidualInTheProductsGivesTheSameLossAndGradients) {
       const ModelConfig c = model_preset(preset);
       const int64_t B = 2, T = 24;
       const Batch b = random_batch(c, B, T, 19);
-      auto run = [&](Transformer& m) {
-        m.init_weights(9);
-        m.recompute = policy;
-        ForwardContext ctx;
-        const double loss = m.forward(ctx, b.tokens, b.targets, true, 1.0f / float(B * T));
-        m.backward(ctx);
-        return loss;
-      };
+      auto run = [&](Transformer& m) { return mean_loss_and_gradients(m, b, policy, 9); };
       Transformer fused(c, DType::f32);
       ::setenv("ZT_FUSED_RESIDUAL", "0", 1);
       EXPECT_FALSE(residual_in_products());
