@@ -9,7 +9,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstring>
 
 #include "backend/cpu/matmul.h"
 #include "ops/activation.h"
@@ -141,14 +140,10 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   d.beta = residual.defined() ? 1.0f : 0.0f;  // y = 1 * residual + x W^T + b
   scope.add_flops(2.0 * double(N) * double(C) * double(OC));
   const Tensor y2 = y.view(Shape{N, OC}), x2 = x.view(Shape{N, C});
-  if (y.device().is_cpu()) {
-    // sgemm's C is its output: the residual is copied in and accumulated onto.
-    if (residual.defined() && y.nbytes() > 0) std::memcpy(y.data_ptr(), residual.data_ptr(), y.nbytes());
-    return cpu::matmul(y2, x2, w, b, d);
-  }
+  const Tensor c = residual.defined() ? residual.view(Shape{N, OC}) : Tensor();
+  if (y.device().is_cpu()) return cpu::matmul(y2, x2, w, b, d, c);
 #if ZT_WITH_CUDA
-  if (use_cuda(op, y.device()))
-    return cuda::matmul(y2, x2, w, b, d, residual.defined() ? residual.view(Shape{N, OC}) : Tensor());
+  if (use_cuda(op, y.device())) return cuda::matmul(y2, x2, w, b, d, c);
 #endif
   no_backend(op, y.device());
 }

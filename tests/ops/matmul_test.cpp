@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -463,36 +464,42 @@ TEST(LinearTest, ForwardMatchesReference) {
 }
 
 // y = residual + x W^T + b: the residual is added in the product (a block's
-// residual connection); y poisoned first, the residual left as it was.
+// residual connection); y poisoned first, the residual left as it was. Also
+// with a scratch budget that cuts the products into panels (each panel's
+// prefill reads its own block of the residual).
 TEST(LinearTest, ForwardAddsTheResidual) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(27);
-  const std::vector<int64_t> leads[] = {{2, 7}, {13}, {}};
+  const std::vector<int64_t> leads[] = {{2, 7}, {13}, {}, {40, 3}};
   const int64_t dims[][2] = {{12, 20}, {1, 5}, {33, 17}, {0, 6}};  // C, OC (C 0: y = residual + b)
-  for (const auto& combo : kCombos)
-    for (const auto& lead : leads)
-      for (const auto& cd : dims)
-        for (int with_bias = 0; with_bias < 2; ++with_bias) {
-          const int64_t C = cd[0], OC = cd[1];
-          SCOPED_TRACE(std::string(dtype_name(combo.in)) + "->" + std::string(dtype_name(combo.out)) + " C " +
-                       std::to_string(C) + " OC " + std::to_string(OC) + " bias " + std::to_string(with_bias));
-          const Tensor x = random_tensor(lead_shape(lead, C), combo.in, rng);
-          const Tensor w = random_tensor(Shape{OC, C}, combo.in, rng);
-          const Tensor b = with_bias ? random_tensor(Shape{OC}, DType::f32, rng) : Tensor();
-          const Tensor residual = random_tensor(lead_shape(lead, OC), combo.out, rng);
-          const std::vector<double> res = to_f64(residual);
-          const Tensor y = Tensor::empty(lead_shape(lead, OC), combo.out);
-          poison(y);
-          ops::linear_forward(y, x, w, b, residual);
-          const int64_t N = residual.numel() / OC;
-          std::vector<double> ref, mag;
-          const std::vector<double> bv = with_bias ? to_f64(b) : std::vector<double>();
-          linear_ref(to_f64(x), to_f64(w), with_bias ? &bv : nullptr, N, C, OC, ref, mag);
-          ASSERT_EQ(ref.size(), res.size());
-          for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i], mag[i] += std::fabs(res[i]);
-          EXPECT_TRUE(close_to_bound(y, ref, mag, C));
-          EXPECT_EQ(to_f64(residual), res) << "the residual is an input";
-        }
+  for (const size_t budget : {size_t(0), size_t(300)})
+    for (const auto& combo : kCombos)
+      for (const auto& lead : leads)
+        for (const auto& cd : dims)
+          for (int with_bias = 0; with_bias < 2; ++with_bias) {
+            const int64_t C = cd[0], OC = cd[1];
+            SCOPED_TRACE(std::string(dtype_name(combo.in)) + "->" + std::string(dtype_name(combo.out)) + " C " +
+                         std::to_string(C) + " OC " + std::to_string(OC) + " bias " + std::to_string(with_bias) +
+                         " budget " + std::to_string(budget));
+            std::optional<ScopedBudget> panels;
+            if (budget > 0) panels.emplace(budget);
+            const Tensor x = random_tensor(lead_shape(lead, C), combo.in, rng);
+            const Tensor w = random_tensor(Shape{OC, C}, combo.in, rng);
+            const Tensor b = with_bias ? random_tensor(Shape{OC}, DType::f32, rng) : Tensor();
+            const Tensor residual = random_tensor(lead_shape(lead, OC), combo.out, rng);
+            const std::vector<double> res = to_f64(residual);
+            const Tensor y = Tensor::empty(lead_shape(lead, OC), combo.out);
+            poison(y);
+            ops::linear_forward(y, x, w, b, residual);
+            const int64_t N = residual.numel() / OC;
+            std::vector<double> ref, mag;
+            const std::vector<double> bv = with_bias ? to_f64(b) : std::vector<double>();
+            linear_ref(to_f64(x), to_f64(w), with_bias ? &bv : nullptr, N, C, OC, ref, mag);
+            ASSERT_EQ(ref.size(), res.size());
+            for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i], mag[i] += std::fabs(res[i]);
+            EXPECT_TRUE(close_to_bound(y, ref, mag, C));
+            EXPECT_EQ(to_f64(residual), res) << "the residual is an input";
+          }
 }
 
 // Runs linear_backward with the outputs selected by `which` (bit 0 dx, 1 dw,

@@ -3,10 +3,11 @@
 //
 //   out_i = alpha * op(a_i) @ op(b_i) + beta * out_i + bias        (i over the batch)
 //
-// f32 in, f32 out: cblas_sgemm on the caller's buffers. With a bias, out is
-//   first set to beta * out + bias (bias alone when beta = 0, never reading
-//   out) and sgemm accumulates with beta = 1; that pass replaces the one in
-//   which sgemm itself would scale or zero C, so it costs nothing extra.
+// f32 in, f32 out: cblas_sgemm on the caller's buffers. With a bias (or a
+//   separate c that beta scales instead of out), out is first set to
+//   beta * out + bias (beta * c + bias; bias alone when beta = 0, never
+//   reading out) and sgemm accumulates with beta = 1; that pass replaces the
+//   one in which sgemm itself would scale or zero C, so it costs nothing extra.
 // bf16 in: a and b are widened to f32 (exact) in per-thread scratch, each
 //   element exactly once, and sgemm accumulates in f32. An f32 out is written
 //   in place; a bf16 out gets an f32 tile C (= beta * out + bias when either is
@@ -118,7 +119,8 @@ void narrow_block(const float* C, int64_t ldc, bf16* out, int64_t ldo, int64_t r
 }
 
 // C (rows, cols) = beta * prev + bias, with beta = 0 never reading prev.
-// prev is the out block: C itself for an f32 out (in place), the bf16 out else.
+// prev is the out block (C itself for an f32 out, in place; the bf16 out
+// else), or the block of a separate c (matmul's c, a residual).
 // bias (cols) is already offset to the block's first column, or null.
 template <typename TPrev, typename TBias>
 void prefill(float* C, int64_t ldc, const TPrev* prev, int64_t ldp, int64_t rows, int64_t cols, float beta,
@@ -172,12 +174,14 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
-// One product out (M, N) = alpha * op(A) @ op(B) + beta * out + bias.
+// One product out (M, N) = alpha * op(A) @ op(B) + beta * prev + bias, prev
+// out itself, or c (M, N) when given (then read by the prefill, never written).
 // A is stored (M, K) or (K, M) per d.trans_a, B (K, N) or (N, K) per d.trans_b.
 // par: this call may use all threads (threaded passes, panels); false inside
 // a batch-parallel region, where everything stays on the calling thread.
 template <typename TOut, typename TBias>
-void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, const TBias* bias, bool par) {
+void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, const TBias* bias, bool par,
+              const TOut* c = nullptr) {
   constexpr bool wc = std::is_same_v<TOut, bf16>;  // out needs an f32 tile
   const int64_t M = d.M, N = d.N, K = d.K;
   if (M == 0 || N == 0) return;
@@ -227,6 +231,7 @@ void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, 
     for (int64_t n0 = 0; n0 < N; n0 += pn) {
       const int64_t n1 = std::min(N, n0 + pn), nb = n1 - n0;
       TOut* out_blk = out + m0 * N + n0;
+      const TOut* prev_blk = c ? c + m0 * N + n0 : out_blk;
       float* C;
       int64_t ldc;
       if constexpr (wc) {
@@ -240,8 +245,8 @@ void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, 
         const int64_t k1 = std::min(K, k0 + pk), kb = k1 - k0;
         float beta = d.beta;
         if (k0 == 0) {
-          if (bias || kb == 0 || (wc && beta != 0.0f)) {
-            prefill(C, ldc, out_blk, N, mb, nb, beta, bias ? bias + n0 : bias, par);
+          if (bias || kb == 0 || (beta != 0.0f && (wc || c))) {
+            prefill(C, ldc, prev_blk, N, mb, nb, beta, bias ? bias + n0 : bias, par);
             beta = 1.0f;
           }
         } else {
@@ -263,7 +268,8 @@ void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, 
 }
 
 template <typename TOut, typename TBias>
-void run_matmul(GemmDesc d, const Tensor& out, const Tensor& a, const Tensor& b, const TBias* bias) {
+void run_matmul(GemmDesc d, const Tensor& out, const Tensor& a, const Tensor& b, const TBias* bias,
+                const Tensor& c) {
   // A shared b with an untransposed a: the batch is just more rows of a.
   if (d.b_shared && !d.trans_a && d.batch > 1) {
     d.M *= d.batch;
@@ -275,6 +281,7 @@ void run_matmul(GemmDesc d, const Tensor& out, const Tensor& a, const Tensor& b,
   const char* ap = static_cast<const char*>(a.data_ptr());
   const char* bp = static_cast<const char*>(b.data_ptr());
   TOut* op = out.data<TOut>();
+  const TOut* cp = c.defined() ? c.data<TOut>() : nullptr;
   const int64_t lda = d.trans_a ? d.M : d.K, ldb = d.trans_b ? d.K : d.N;
   const int64_t stride_a = d.M * d.K, stride_b = d.b_shared ? 0 : d.K * d.N, stride_o = d.M * d.N;
 
@@ -289,7 +296,7 @@ void run_matmul(GemmDesc d, const Tensor& out, const Tensor& a, const Tensor& b,
   auto entry = [&](int64_t i, bool par) {
     const Operand A{ap + size_t(i * stride_a) * es, bf, lda};
     const Operand B{static_cast<const char*>(b0.p) + size_t(i * stride_b) * es, b0.bf, ldb};
-    gemm_one<TOut, TBias>(d, A, B, op + i * stride_o, bias, par);
+    gemm_one<TOut, TBias>(d, A, B, op + i * stride_o, bias, par, cp ? cp + i * stride_o : nullptr);
   };
   if (matmul_batch_parallel(d, bf, omp_get_max_threads())) {
     // Dynamic: a thread the OS delays does not hold back a fixed share.
@@ -376,17 +383,18 @@ bool matmul_batch_parallel(const GemmDesc& d, bool widens, int threads) {
 size_t set_matmul_scratch_budget(size_t floats) { return g_scratch_budget.exchange(floats); }
 size_t matmul_scratch_budget() { return g_scratch_budget.load(); }
 
-void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d) {
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d,
+            const Tensor& c) {
   const bool bias_bf = bias.defined() && bias.dtype() == DType::bf16;
   const void* bp = bias.defined() ? bias.data_ptr() : nullptr;
   if (out.dtype() == DType::bf16) {
     if (bias_bf) {
-      run_matmul<bf16, bf16>(d, out, a, b, static_cast<const bf16*>(bp));
+      run_matmul<bf16, bf16>(d, out, a, b, static_cast<const bf16*>(bp), c);
     } else {
-      run_matmul<bf16, float>(d, out, a, b, static_cast<const float*>(bp));
+      run_matmul<bf16, float>(d, out, a, b, static_cast<const float*>(bp), c);
     }
   } else {
-    run_matmul<float, float>(d, out, a, b, static_cast<const float*>(bp));
+    run_matmul<float, float>(d, out, a, b, static_cast<const float*>(bp), c);
   }
 }
 

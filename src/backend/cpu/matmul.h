@@ -32,8 +32,11 @@ struct GemmDesc {
 
 // a: batch x (M, K) or (K, M); b: [batch x] (K, N) or (N, K); out: batch x (M, N);
 // bias: (N) or undefined. a, b f32 or bf16 (same); out f32 or a's dtype; bias f32 or out's.
-// beta = 0 never reads out.
-void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d);
+// beta = 0 never reads out. c (out's shape and dtype, disjoint from out) or
+// undefined: beta scales c instead of out (linear_forward's residual), read
+// by the prefill pass that a bias or a bf16 out has anyway.
+void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& d,
+            const Tensor& c = {});
 
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (=, not read, when
