@@ -580,8 +580,9 @@ TEST(CudaLinear, ForwardAddsTheResidual) {
     EXPECT_LE(max_rel_error(to_host(y), to_f64(ref)), tolerance(c.in, c.out));
     EXPECT_EQ(to_f64(to_host(residual_gpu)), to_f64(residual)) << "the residual was written";
     EXPECT_EQ(cuda::cublas_matmul_launches(), cublas_before) << "cuBLAS's GEMM has no D apart from C";
-    if (c.tuned && !std::getenv("ZT_CUDA_MATMUL_TUNE"))
+    if (c.tuned && !std::getenv("ZT_CUDA_MATMUL_TUNE")) {
       EXPECT_EQ(cuda::tuned_matmul_plans(), tuned_before + 1) << "the tuned product timed no candidate";
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -373,62 +374,54 @@ TEST(Transformer, QkvFormFollowsTheModelTheDeviceAndTheEnvironment) {
   ::unsetenv("ZT_FUSED_QKV");
 }
 
-// One qkv product (split by the RoPE pass, or read in place by attention)
-// against three products: the same loss and gradients up to f32 rounding
-// (the input gradient is one product of depth (Hq + 2 Hkv) D instead of
-// three added), under every recompute policy.
-TEST(Transformer, OneQkvProductGivesTheSameLossAndGradientsAsThree) {
-  ZT_TEST_TRACE_SEED();
-  ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
+// Two forms of the same model, chosen by environment variable `var` at
+// construction (`form` against `reference`, each a value or null for unset):
+// the same loss and gradients up to f32 rounding, for both tiny models under
+// every recompute policy. Gradients within 32 units of f32 roundoff.
+void expect_forms_train_alike(const char* var, const char* form, const char* reference, uint64_t salt) {
+  ASSERT_EQ(std::getenv(var), nullptr) << "the test sets " << var << " itself";
+  auto build = [&](const ModelConfig& c, const char* value) {
+    if (value) ::setenv(var, value, 1);
+    auto m = std::make_unique<Transformer>(c, DType::f32);
+    ::unsetenv(var);
+    return m;
+  };
   for (const char* preset : {"llama3-tiny", "gpt2-tiny"}) {  // llama3-tiny: 4 query heads, 2 kv heads
     for (const Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
-      SCOPED_TRACE(std::string(preset) + ", recompute " + std::string(recompute_name(policy)));
+      SCOPED_TRACE(std::string(var) + ", " + preset + ", recompute " + std::string(recompute_name(policy)));
       const ModelConfig c = model_preset(preset);
-      const int64_t B = 2, T = 24;
-      const Batch b = random_batch(c, B, T, 17);
-      auto run = [&](Transformer& m) { return mean_loss_and_gradients(m, b, policy, 8); };
-      ::setenv("ZT_FUSED_QKV", "1", 1);
-      Transformer one(c, DType::f32);
-      ::setenv("ZT_FUSED_QKV", "0", 1);
-      Transformer three(c, DType::f32);
-      ::unsetenv("ZT_FUSED_QKV");
-      const double want = run(three), got = run(one);
+      const Batch b = random_batch(c, 2, 24, salt);
+      const std::unique_ptr<Transformer> got_m = build(c, form), want_m = build(c, reference);
+      const double want = mean_loss_and_gradients(*want_m, b, policy, salt);
+      const double got = mean_loss_and_gradients(*got_m, b, policy, salt);
       EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
-      // Seen on this CPU over 12 seeds (2026-11-27): at most 3.6 units of f32
-      // roundoff; k's and v's gradients swapped in the join are off by 0.5,
-      // a head in the wrong place or a gradient dropped by O(1).
-      expect_same_gradients(one, three, 32);
+      expect_same_gradients(*got_m, *want_m, 32);
     }
   }
 }
 
+// One qkv product (split by the RoPE pass, or read in place by attention)
+// against three products: the input gradient is one product of depth
+// (Hq + 2 Hkv) D instead of three added. Seen on this CPU over 12 seeds
+// (2026-11-27): at most 3.6 units of f32 roundoff; k's and v's gradients
+// swapped in the join are off by 0.5, a head in the wrong place or a gradient
+// dropped by O(1).
+TEST(Transformer, OneQkvProductGivesTheSameLossAndGradientsAsThree) {
+  ZT_TEST_TRACE_SEED();
+  expect_forms_train_alike("ZT_FUSED_QKV", "1", "0", 17);
+}
+
 // The residual connections inside the blocks' output products (the default)
 // against passes of their own (ZT_FUSED_RESIDUAL=0: the fused residual norm
-// and an add): the same loss and gradients up to f32 rounding (the residual
-// joins the product's sum instead of being added to its rounded result),
-// under every recompute policy; a switch that is not 0 or 1 is an error.
+// and an add): the residual joins the product's sum instead of being added
+// to its rounded result; one dropped or added twice is off by O(1). A switch
+// that is not 0 or 1 is an error.
 TEST(Transformer, ResidualInTheProductsGivesTheSameLossAndGradients) {
   ZT_TEST_TRACE_SEED();
-  ASSERT_EQ(std::getenv("ZT_FUSED_RESIDUAL"), nullptr) << "the test sets it itself";
   EXPECT_TRUE(residual_in_products());
-  for (const char* preset : {"llama3-tiny", "gpt2-tiny"}) {
-    for (const Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
-      SCOPED_TRACE(std::string(preset) + ", recompute " + std::string(recompute_name(policy)));
-      const ModelConfig c = model_preset(preset);
-      const int64_t B = 2, T = 24;
-      const Batch b = random_batch(c, B, T, 19);
-      auto run = [&](Transformer& m) { return mean_loss_and_gradients(m, b, policy, 9); };
-      Transformer fused(c, DType::f32);
-      ::setenv("ZT_FUSED_RESIDUAL", "0", 1);
-      EXPECT_FALSE(residual_in_products());
-      Transformer apart(c, DType::f32);
-      ::unsetenv("ZT_FUSED_RESIDUAL");
-      const double want = run(apart), got = run(fused);
-      EXPECT_NEAR(got, want, 1e-6 * std::fabs(want));
-      // A residual dropped or added twice is off by O(1).
-      expect_same_gradients(fused, apart, 32);
-    }
-  }
+  expect_forms_train_alike("ZT_FUSED_RESIDUAL", nullptr, "0", 19);
+  ::setenv("ZT_FUSED_RESIDUAL", "0", 1);
+  EXPECT_FALSE(residual_in_products());
   ::setenv("ZT_FUSED_RESIDUAL", "2", 1);
   EXPECT_NE(test::error_of([] { residual_in_products(); }).find("ZT_FUSED_RESIDUAL = '2'"), std::string::npos);
   ::unsetenv("ZT_FUSED_RESIDUAL");
