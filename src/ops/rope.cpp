@@ -97,6 +97,30 @@ void rope_apply(const char* op, const char* y_name, const Tensor& y, const char*
   }
 }
 
+// RoPE in place on the query and key heads of a fused product's output
+// (inverse: its gradient).
+void rope_packed_apply(const char* op, const char* qkv_name, const Tensor& qkv, int64_t Hq, int64_t Hkv,
+                       const Tensor& table, int64_t pos_offset, bool inverse) {
+  const OpScope scope(op, qkv);
+  check_heads(op, qkv_name, qkv);
+  ZT_CHECK(Hq >= 1 && Hkv >= 1, op, ": Hq is ", Hq, " and Hkv is ", Hkv,
+           " but a fused product holds at least one query and one key-value head");
+  ZT_CHECK(qkv.size(2) == Hq + 2 * Hkv, op, ": '", qkv_name, "' has shape ", qkv.shape().str(), " but Hq ", Hq,
+           " query and 2 x Hkv ", Hkv, " key and value heads make ", Hq + 2 * Hkv, " heads a token (dim 2)");
+  check_device(op, qkv.device(), {{qkv_name, &qkv}, {"table", &table}});
+  check_table(op, table, qkv.size(1), qkv.size(3), pos_offset);
+  check_disjoint(op, qkv_name, qkv, "table", table);
+  if (qkv.device().is_cpu()) {
+    cpu::rope_packed_qkv(qkv, Hq, Hkv, table, pos_offset, inverse);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, qkv.device())) {
+    cuda::rope_packed_qkv(qkv, Hq, Hkv, table, pos_offset, inverse);
+#endif
+  } else {
+    no_backend(op, qkv.device());
+  }
+}
+
 // The split of the fused qkv product (backward: its gradient's join); the
 // names are the gradients' in the backward.
 void rope_split_apply(const char* op, const char* qkv_name, const Tensor& qkv, const char* q_name, const Tensor& q,
@@ -165,6 +189,15 @@ void rope_forward(const Tensor& y, const Tensor& x, const Tensor& table, int64_t
 
 void rope_backward(const Tensor& dx, const Tensor& dy, const Tensor& table, int64_t pos_offset) {
   rope_apply("rope_backward", "dx", dx, "dy", dy, table, pos_offset, /*inverse=*/true);
+}
+
+void rope_packed_qkv_forward(const Tensor& qkv, int64_t Hq, int64_t Hkv, const Tensor& table, int64_t pos_offset) {
+  rope_packed_apply("rope_packed_qkv_forward", "qkv", qkv, Hq, Hkv, table, pos_offset, /*inverse=*/false);
+}
+
+void rope_packed_qkv_backward(const Tensor& dqkv, int64_t Hq, int64_t Hkv, const Tensor& table,
+                              int64_t pos_offset) {
+  rope_packed_apply("rope_packed_qkv_backward", "dqkv", dqkv, Hq, Hkv, table, pos_offset, /*inverse=*/true);
 }
 
 void rope_split_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& qkv,

@@ -33,6 +33,18 @@ void rope_forward(const Tensor& y, const Tensor& x, const Tensor& table, int64_t
 // The inverse rotation applied to the gradient; dx may alias dy (same rule).
 void rope_backward(const Tensor& dx, const Tensor& dy, const Tensor& table, int64_t pos_offset = 0);
 
+// RoPE in place on the fused qkv product's output, qkv (B, T, Hq + 2 Hkv, D)
+// with the heads in the qkv weight's row order: its Hq query and Hkv key
+// heads rotated, its Hkv value heads untouched (attention reads the heads
+// where they are: attention_forward_packed). The query and key heads get
+// the bits rope_forward gives them as separate tensors. Hq, Hkv >= 1.
+void rope_packed_qkv_forward(const Tensor& qkv, int64_t Hq, int64_t Hkv, const Tensor& table,
+                             int64_t pos_offset = 0);
+// Its gradient, in place on dqkv (attention_backward_packed's output): the
+// inverse rotation of the query and key heads' gradients; dv untouched.
+void rope_packed_qkv_backward(const Tensor& dqkv, int64_t Hq, int64_t Hkv, const Tensor& table,
+                              int64_t pos_offset = 0);
+
 // The fused qkv product's split: qkv (B, T, Hq + 2 Hkv, D) holds the heads in
 // the qkv weight's row order (Hq query heads, Hkv key heads, Hkv value
 // heads); q (B, T, Hq, D) and k (B, T, Hkv, D) get its query and key heads

@@ -424,6 +424,37 @@ void rope_split_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, 
   EXPECT_TRUE(close(gdqkv, dqkv, tol(dt), "dqkv"));
 }
 
+// The fused product's query and key heads rotated in place, (B, T, Hq +
+// 2 Hkv, D), forward and then the inverse, against the CPU's: a thread per
+// unit of the Hq + Hkv visited heads of each token, the value heads skipped
+// (their bits must stay).
+template <typename T, int V>
+void rope_packed_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, int64_t pos_offset,
+                      const ops::RopeScaling& scaling, std::mt19937_64& rng) {
+  const DType dt = dtype_of<T>();
+  SCOPED_TRACE(::testing::Message() << "qkv in place " << B << "x" << T_ << "x(" << Hq << "+2x" << Hkv << ")x" << D
+                                    << ", pos_offset " << pos_offset << " " << dtype_name(dt) << ", " << V
+                                    << " per thread");
+  const int64_t units = B * T_ * (Hq + Hkv) * D / V;
+  const RopeTables tables = rope_tables(D, pos_offset + T_, scaling);
+  const Shape packed{B, T_, Hq + 2 * Hkv, D};
+  const Tensor qkv = random_tensor(packed, dt, rng);
+  for (const bool inverse : {false, true}) {
+    SCOPED_TRACE(inverse ? "inverse" : "forward");
+    Tensor want = copy_of(qkv), got = copy_of(qkv);
+    if (inverse) ops::rope_packed_qkv_backward(want, Hq, Hkv, tables.cpu, pos_offset);
+    else ops::rope_packed_qkv_forward(want, Hq, Hkv, tables.cpu, pos_offset);
+    emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>,
+                rk::HeadLayout<T>{p<T>(got), p<T>(got), nullptr, nullptr, Hq + Hkv, 0, Hkv}, p<float>(tables.gpu),
+                units, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f, false);
+    EXPECT_TRUE(close(got, want, tol(dt), "q and k heads"));
+    EXPECT_TRUE(all_close(test::heads_of(got, Hq + Hkv, Hkv), to_f64(test::heads_of(qkv, Hq + Hkv, Hkv)), 0.0, 0.0))
+        << "v heads untouched";
+    EXPECT_FALSE(all_close(test::heads_of(got, 0, Hq), to_f64(test::heads_of(qkv, 0, Hq)), 0.0, 0.0))
+        << "q heads rotated";
+  }
+}
+
 TEST(CudaKernelsEmulated, EmbeddingForwardBackwardMatchTheCpu) {
   auto rng = make_rng(43);
   // C = 300: two 256-channel column blocks of dwte, the second partial; 15
@@ -530,6 +561,11 @@ TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {
   rope_split_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
   rope_split_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);
   rope_split_case<__nv_bfloat16, kBf16Pack>(2, 9, 8, 2, 64, 5, scaling, rng);
+  // The fused product's q and k heads rotated in place, the same shapes.
+  rope_packed_case<float, 2>(2, 5, 4, 2, 6, 3, scaling, rng);
+  rope_packed_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
+  rope_packed_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);
+  rope_packed_case<__nv_bfloat16, kBf16Pack>(2, 9, 8, 2, 64, 5, scaling, rng);
 }
 
 }  // namespace

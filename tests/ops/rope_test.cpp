@@ -331,6 +331,76 @@ TEST(Rope, SplitQkvBadArguments) {
   expect_error([&] { ops::rope_split_qkv_backward(qkv, q, k, k, table); }, {"rope_split_qkv_backward", "'dk'", "'dv'"});
 }
 
+// RoPE in place on the fused product's output (B, T, Hq + 2 Hkv, D): its
+// query and key heads against float64 and with the bits rope_forward gives
+// them as separate tensors (what the split hands attention), its value
+// heads untouched to the bit; the gradient the same with the inverse.
+void check_packed(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t offset, DType dtype,
+                  uint64_t salt) {
+  SCOPED_TRACE(::testing::Message() << "packed " << B << "x" << T << "x(" << Hq << "+2x" << Hkv << ")x" << D
+                                    << " offset " << offset << " " << dtype_name(dtype));
+  auto rng = test::make_rng(salt);
+  const RopeScaling s = llama31();
+  Tensor table = make_table(offset + T + 2, D, 500000.0, s);
+  const std::vector<double> f = expected_freqs(D, 500000.0, s);
+  const bool bf = dtype == DType::bf16;
+  const double rtol = bf ? 4e-3 : 1e-6, atol = bf ? 1e-5 : 1e-6;
+  const Shape qs{B, T, Hq, D}, kvs{B, T, Hkv, D}, packed{B, T, Hq + 2 * Hkv, D};
+  for (const bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "backward" : "forward");
+    const Tensor before = random_tensor(packed, dtype, rng);
+    Tensor qkv = Tensor::empty(packed, dtype);
+    std::memcpy(qkv.data_ptr(), before.data_ptr(), before.nbytes());
+    if (backward) ops::rope_packed_qkv_backward(qkv, Hq, Hkv, table, offset);
+    else ops::rope_packed_qkv_forward(qkv, Hq, Hkv, table, offset);
+    const Tensor q0 = test::heads_of(before, 0, Hq), k0 = test::heads_of(before, Hq, Hkv);
+    EXPECT_TRUE(all_close(test::heads_of(qkv, 0, Hq), ref_rotate(to_f64(q0), qs, f, offset, backward), rtol, atol))
+        << "query heads";
+    EXPECT_TRUE(all_close(test::heads_of(qkv, Hq, Hkv), ref_rotate(to_f64(k0), kvs, f, offset, backward), rtol, atol))
+        << "key heads";
+    EXPECT_EQ(to_f64(test::heads_of(qkv, Hq + Hkv, Hkv)), to_f64(test::heads_of(before, Hq + Hkv, Hkv)))
+        << "value heads untouched";
+    // The bits of the separate rotation, which the split also gives.
+    Tensor q_sep = Tensor::empty(qs, dtype), k_sep = Tensor::empty(kvs, dtype);
+    if (backward) {
+      ops::rope_backward(q_sep, q0, table, offset);
+      ops::rope_backward(k_sep, k0, table, offset);
+    } else {
+      ops::rope_forward(q_sep, q0, table, offset);
+      ops::rope_forward(k_sep, k0, table, offset);
+    }
+    EXPECT_EQ(to_f64(test::heads_of(qkv, 0, Hq)), to_f64(q_sep)) << "query heads as rope on their own";
+    EXPECT_EQ(to_f64(test::heads_of(qkv, Hq, Hkv)), to_f64(k_sep)) << "key heads as rope on their own";
+  }
+}
+
+TEST(Rope, PackedQkvInPlaceMatchesReference) {
+  ZT_TEST_TRACE_SEED();
+  check_packed(2, 5, 4, 2, 8, 3, DType::f32, 60);  // GQA, 2 query heads per kv head
+  check_packed(1, 3, 2, 2, 6, 0, DType::f32, 61);  // one kv head per query head
+  check_packed(2, 7, 8, 2, 64, 9, DType::bf16, 62);
+  check_packed(1, 4, 3, 1, 128, 1, DType::bf16, 63);
+}
+
+TEST(Rope, PackedQkvBadArguments) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(64);
+  Tensor table = make_table(8, 8, 10000.0, RopeScaling{});
+  Tensor qkv = random_tensor(Shape{2, 5, 8, 8}, DType::f32, rng);
+  ops::rope_packed_qkv_forward(qkv, 4, 2, table, 3);  // valid
+  ops::rope_packed_qkv_backward(qkv, 4, 2, table, 3);
+  expect_error([&] { ops::rope_packed_qkv_forward(qkv, 4, 1, table); },
+               {"rope_packed_qkv_forward", "'qkv'", "(2, 5, 8, 8)", "make 6 heads"});
+  expect_error([&] { ops::rope_packed_qkv_backward(qkv, 8, 0, table); },
+               {"rope_packed_qkv_backward", "Hkv is 0", "at least one"});
+  expect_error([&] { ops::rope_packed_qkv_forward(qkv, 4, 2, table, 4); },
+               {"rope_packed_qkv_forward", "'table'", "pos_offset 4"});
+  Tensor odd = random_tensor(Shape{2, 5, 8, 7}, DType::f32, rng);
+  expect_error([&] { ops::rope_packed_qkv_forward(odd, 4, 2, table); }, {"rope_packed_qkv_forward", "'qkv'", "even"});
+  Tensor flat = random_tensor(Shape{10, 64}, DType::f32, rng);
+  expect_error([&] { ops::rope_packed_qkv_forward(flat, 4, 2, table); }, {"rope_packed_qkv_forward", "'qkv'"});
+}
+
 // The reference gradient (the inverse rotation) against central differences
 // of L = sum(w * rope(x)) in float64.
 TEST(Rope, ReferenceGradientMatchesFiniteDifferences) {

@@ -36,12 +36,14 @@ void rope_table(const Tensor& table, const double* freqs) {
 
 namespace {
 
-// Rows of (B, T) tokens, each Hq + 2 Hkv heads of D channels in `packed`
-// and Hq (q), Hkv (k), Hkv (v) heads in the separate tensors. Heads
-// [0, Hq + Hkv) are rotated (by -angle when `inverse`), the rest copied
-// (all copied without a table);
+// Rows of (B, T) tokens, each Hq + 2 Hkv (+ skipped) heads of D channels in
+// `packed` and Hq (q), Hkv (k), Hkv (v) heads in the separate tensors. Heads
+// [0, Hq + Hkv) are rotated (by -angle when `inverse`), the next Hkv copied
+// (all copied without a table), a token's last `skipped` heads not visited;
 // to_packed: from the separate tensors into packed, else the other way.
-// A plain rotation is Hkv = 0 (k and v unused), in place when q == packed.
+// A plain rotation is Hkv = 0 (k and v unused), in place when q == packed
+// (then q shares packed's layout: a fused product's query and key heads
+// rotated in place are Hq + Hkv heads with the Hkv value heads skipped).
 template <typename T>
 struct HeadLayout {
   T* packed;
@@ -49,12 +51,14 @@ struct HeadLayout {
   T* k;
   T* v;
   int64_t Hq, Hkv;
+  int64_t skipped = 0;
 };
 
 template <typename T>
 void rotate_heads(const HeadLayout<T>& l, int64_t rows, int64_t T_, int64_t D, const Tensor& table,
                   int64_t pos_offset, bool inverse, bool to_packed) {
   const int64_t half = D / 2, H = l.Hq + 2 * l.Hkv, rotated = table.defined() ? l.Hq + l.Hkv : 0;
+  const int64_t token_heads = H + l.skipped;  // packed's heads per token
   const float* tp = table.defined() ? table.data<float>() : nullptr;
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
@@ -62,10 +66,11 @@ void rotate_heads(const HeadLayout<T>& l, int64_t rows, int64_t T_, int64_t D, c
     const int64_t t = bt % T_;
     const float* cs = tp ? tp + (t + pos_offset) * half * 2 : nullptr;  // (cos, sin) pairs
     for (int64_t h = 0; h < H; ++h) {
-      T* sep = h < l.Hq ? l.q + (bt * l.Hq + h) * D
+      T* pk = l.packed + (bt * token_heads + h) * D;
+      T* sep = l.q == l.packed   ? pk
+               : h < l.Hq        ? l.q + (bt * l.Hq + h) * D
                : h < l.Hq + l.Hkv ? l.k + (bt * l.Hkv + h - l.Hq) * D
                                   : l.v + (bt * l.Hkv + h - l.Hq - l.Hkv) * D;
-      T* pk = l.packed + (bt * H + h) * D;
       const T* src = to_packed ? sep : pk;
       T* dst = to_packed ? pk : sep;  // may equal src
       if (h >= rotated) {
@@ -98,6 +103,18 @@ void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t 
   } else {
     rotate_heads<float>({ptr<float>(x), ptr<float>(y), nullptr, nullptr, H, 0}, rows, T_, D, table, pos_offset,
                         inverse, false);
+  }
+}
+
+void rope_packed_qkv(const Tensor& qkv, int64_t Hq, int64_t Hkv, const Tensor& table, int64_t pos_offset,
+                     bool inverse) {
+  const int64_t rows = qkv.size(0) * qkv.size(1), T_ = qkv.size(1), D = qkv.size(3);
+  if (qkv.dtype() == DType::bf16) {
+    rotate_heads<bf16>({ptr<bf16>(qkv), ptr<bf16>(qkv), nullptr, nullptr, Hq + Hkv, 0, Hkv}, rows, T_, D, table,
+                       pos_offset, inverse, false);
+  } else {
+    rotate_heads<float>({ptr<float>(qkv), ptr<float>(qkv), nullptr, nullptr, Hq + Hkv, 0, Hkv}, rows, T_, D, table,
+                        pos_offset, inverse, false);
   }
 }
 

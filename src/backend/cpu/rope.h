@@ -17,6 +17,11 @@ void rope_table(const Tensor& table, const double* freqs);
 // position t + pos_offset: y = R x, or y = R^T x (the inverse) when `inverse`.
 void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t pos_offset, bool inverse);
 
+// qkv (B, T, Hq + 2 Hkv, D): its first Hq + Hkv heads (query, key) rotated
+// in place (R^T when `inverse`), its value heads untouched.
+void rope_packed_qkv(const Tensor& qkv, int64_t Hq, int64_t Hkv, const Tensor& table, int64_t pos_offset,
+                     bool inverse);
+
 // qkv (B, T, Hq + 2 Hkv, D) and its heads q (B, T, Hq, D), k, v (B, T, Hkv,
 // D), one dtype, disjoint. Forward: q and k = qkv's first Hq and next Hkv
 // heads rotated, v = its last Hkv heads. Backward: qkv = (R^T dq | R^T dk | dv).

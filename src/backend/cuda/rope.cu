@@ -16,14 +16,14 @@ namespace {
 
 using namespace rope_kernels;
 
-// One launch over the packed tensor's units; every pointer of the layout
-// decides whether 16-byte packs fit.
+// One launch over the visited heads' units of the packed tensor; every
+// pointer of the layout decides whether 16-byte packs fit.
 template <typename T>
 void launch_rope(const HeadLayout<T>& l, const Tensor& packed, const Tensor& table, int64_t T_, int64_t D,
                  int64_t pos_offset, bool inverse, bool to_packed) {
   with_pack_width<T, 2>(packs_of_16_fit<T>(D, l.packed, l.q, l.k, l.v), [&](auto v) {
     constexpr int V = decltype(v)::value;
-    const int64_t units = packed.numel() / V;
+    const int64_t units = packed.numel() / (l.Hq + 2 * l.Hkv + l.skipped) * (l.Hq + 2 * l.Hkv) / V;
     rope_kernel<T, V><<<grid_for(units, kThreads, packed.device()), kThreads, 0, stream_of(packed)>>>(
         l, table.data<float>(), units, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f, to_packed);
   });
@@ -51,6 +51,16 @@ void rope_rotate(const Tensor& y, const Tensor& x, const Tensor& table, int64_t 
                    inverse, false);
   });
   ZT_CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+void rope_packed_qkv(const Tensor& qkv, int64_t Hq, int64_t Hkv, const Tensor& table, int64_t pos_offset,
+                     bool inverse) {
+  if (qkv.numel() == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(qkv.dtype(), "rope_packed_qkv", [&] {
+    launch_rope<T>({ptr<T>(qkv), ptr<T>(qkv), nullptr, nullptr, Hq + Hkv, 0, Hkv}, qkv, table, qkv.size(1),
+                   qkv.size(3), pos_offset, inverse, false);
+  });
+  ZT_CUDA_CHECK_LAUNCH("rope_kernel (packed qkv in place)");
 }
 
 void rope_split_qkv(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& table,

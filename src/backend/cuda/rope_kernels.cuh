@@ -28,12 +28,15 @@ inline void rope_table_host(float* table, int64_t T_max, int64_t half, const dou
     }
 }
 
-// Tokens of Hq + 2 Hkv heads of D = 2 half channels in `packed`, and the same
-// heads as separate tensors q (tokens, Hq, D), k and v (tokens, Hkv, D).
-// Heads [0, Hq + Hkv) are rotated (sign = -1: the inverse), the last Hkv
-// copied; to_packed: from the separate tensors into packed, else from packed
-// into them. A plain rotation is Hkv = 0 (k, v unused), in place when
-// q == packed: each thread reads its unit before writing it.
+// Tokens of Hq + 2 Hkv (+ skipped) heads of D = 2 half channels in
+// `packed`, and the same heads as separate tensors q (tokens, Hq, D), k and v
+// (tokens, Hkv, D). Heads [0, Hq + Hkv) are rotated (sign = -1: the
+// inverse), the next Hkv copied, a token's last `skipped` heads not visited;
+// to_packed: from the separate tensors into packed, else from packed into
+// them. A plain rotation is Hkv = 0 (k, v unused), in place when
+// q == packed: each thread reads its unit before writing it, and q shares
+// packed's layout (a fused product's query and key heads rotated in place:
+// Hq + Hkv heads, the Hkv value heads skipped).
 template <typename T>
 struct HeadLayout {
   T* packed;
@@ -41,26 +44,28 @@ struct HeadLayout {
   T* k;
   T* v;
   int64_t Hq, Hkv;
+  int64_t skipped = 0;
 };
 
-// Each thread takes V consecutive elements of packed (V / 2 pairs of one head
-// row): V = 2, one pair by element loads, or V = kPack16<T> in 16-byte packs
-// when the launch checked that they fit (V divides D, aligned pointers).
-// units = numel(packed) / V. The position, head and pair index cost 64-bit
-// divisions, once per unit.
+// Each thread takes V consecutive elements of a visited head row (V / 2
+// pairs): V = 2, one pair by element loads, or V = kPack16<T> in 16-byte
+// packs when the launch checked that they fit (V divides D, aligned
+// pointers). units = tokens (Hq + 2 Hkv) D / V: the skipped heads get no
+// thread. The position, head and pair index cost 64-bit divisions, once per
+// unit.
 template <typename T, int V>
 __global__ void rope_kernel(HeadLayout<T> l, const float* table, int64_t units, int64_t T_, int64_t half,
                             int64_t pos_offset, float sign, bool to_packed) {
   static_assert(V % 2 == 0, "a unit holds whole pairs");
-  const int64_t H = l.Hq + 2 * l.Hkv;
+  const int64_t H = l.Hq + 2 * l.Hkv, token_heads = H + l.skipped;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t pair0 = i * (V / 2), bth = pair0 / half;  // bth = (b*T + t)*H + h
     const int64_t p0 = pair0 - bth * half, bt = bth / H, h = bth - bt * H, t = bt % T_;
-    T* sep = h < l.Hq ? l.q + (bt * l.Hq + h) * 2 * half
-             : h < l.Hq + l.Hkv ? l.k + (bt * l.Hkv + h - l.Hq) * 2 * half
-                                : l.v + (bt * l.Hkv + h - l.Hq - l.Hkv) * 2 * half;
-    sep += 2 * p0;
-    T* pk = l.packed + 2 * pair0;
+    T* pk = l.packed + ((bt * token_heads + h) * half + p0) * 2;
+    T* sep = l.q == l.packed   ? pk
+             : h < l.Hq        ? l.q + (bt * l.Hq + h) * 2 * half + 2 * p0
+             : h < l.Hq + l.Hkv ? l.k + (bt * l.Hkv + h - l.Hq) * 2 * half + 2 * p0
+                                : l.v + (bt * l.Hkv + h - l.Hq - l.Hkv) * 2 * half + 2 * p0;
     const T* src = to_packed ? sep : pk;
     T* dst = to_packed ? pk : sep;
     Pack<T, V> in, out;
