@@ -377,8 +377,9 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     const Tensor qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
     if (qkv_form_ == QkvForm::packed) {
-      a.qkv = qkv;  // attention reads its heads in place
-    } else {        // split: the RoPE pass makes rotated q, k and copied v of it
+      a.qkv = qkv;  // attention reads its heads in place, Llama's q and k rotated there
+      if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_forward(qkv, Hq, Hkv, rope_table_, 0);
+    } else {  // split: the RoPE pass makes rotated q, k and copied v of it
       separate_heads();
       ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
     }
@@ -576,6 +577,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   if (qkv_form_ == QkvForm::packed) {
     dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     ops::attention_backward_packed(dqkv, d_att, a.qkv, a.att, a.lse, Hq, Hkv);
+    if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_backward(dqkv, Hq, Hkv, rope_table_, 0);
   } else {
     dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
     dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
@@ -825,12 +827,19 @@ int64_t default_head_chunk_elems(Device device) {
 QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device) {
   // Read at each model's construction (not once per process), so a test can
   // build every form in one process.
-  const std::optional<int64_t> asked = env_whole_number(
-      "ZT_FUSED_QKV", 0, "0: q, k and v as three products; 1: as one, also on the CPU; unset: as one on a GPU, "
-                         "and on the CPU where the RoPE pass splits it");
+  const char* what =
+      "0: q, k and v as three products; 1: as one whose heads attention reads in place (Llama's q and k rotated "
+      "there), also on the CPU; 2: as one, Llama's split into q, k and v by the RoPE pass (GPT-2's as 1); unset: "
+      "1 on a GPU, on the CPU 2 for Llama and 0 for GPT-2";
+  const std::optional<int64_t> asked = env_whole_number("ZT_FUSED_QKV", 0, what);
+  ZT_CHECK(!asked || *asked <= 2, "ZT_FUSED_QKV = '", *asked, "' is not 0, 1 or 2 (", what,
+           "); unset it for the default");
   if (shares.kv_replicas > 1 || asked == 0) return QkvForm::three;
-  if (cfg.arch == Arch::llama3) return QkvForm::split;
-  return device.is_cuda() || asked.has_value() ? QkvForm::packed : QkvForm::three;
+  // On the CPU attention copies a packed tensor's heads out (and the
+  // gradients back): the split's one pass does that and the rotation at once.
+  const int64_t form = asked.value_or(device.is_cuda() ? 1 : cfg.arch == Arch::llama3 ? 2 : 0);
+  if (form == 0) return QkvForm::three;
+  return form == 2 && cfg.arch == Arch::llama3 ? QkvForm::split : QkvForm::packed;
 }
 
 bool residual_in_products() {

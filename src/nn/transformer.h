@@ -127,20 +127,24 @@ int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems);
 //   three   three products over its row slices, RoPE in place on q and k.
 //   split   one product into (N, (Hq + 2 Hkv) D); the RoPE pass splits it
 //           into rotated q, k and copied v and joins their gradients back
-//           (so only v's bytes are moved more). Models that rotate q and k.
+//           (so only v's bytes are moved more). Llama on the CPU, where
+//           attention would copy a packed tensor's heads anyway.
 //   packed  one product whose output attention reads in place, writing the
 //           backward's dq, dk, dv in place too (cuDNN takes strided heads;
-//           other kernels and the CPU run on copies). Models without RoPE,
-//           on a GPU.
+//           other kernels and the CPU run on copies); Llama's RoPE rotates
+//           q and k in place there and v is not moved at all (a sixth less
+//           traffic than the split's pass, and no second (N, (Hq + 2 Hkv) D)
+//           tensor in forward or backward). Both models on a GPU.
 // With one product the input gradient is one product of depth (Hq + 2 Hkv) D
 // (not three, the last two adding into the first's output) and the weight
 // gradient one of (Hq + 2 Hkv) D rows: Llama 1B's k and v products (512
 // columns) and GPT-2's 768-wide ones ran at 37-59% of the GEMM rate alone
 // (bench/results/gpu-2026-11-26.md). Three where kv heads are shared by
 // several ranks (their weight gradients are partial sums reduced apart).
-// ZT_FUSED_QKV=0 asks for three anywhere, 1 for one product also on the CPU
-// (where packed means copies; the tests' way to run it). The memory plan asks
-// the same function.
+// ZT_FUSED_QKV=0 asks for three anywhere, 1 for packed also on the CPU
+// (where packed means copies; the tests' way to run it), 2 for Llama's split
+// also on a GPU (an A/B; GPT-2 has no RoPE pass to split with, so it is
+// packed). The memory plan asks the same function.
 enum class QkvForm { three, split, packed };
 QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device);
 

@@ -107,6 +107,8 @@ TEST(TensorParallel, LogitsLossAndGradientsMatchOneProcess) {
   // GPT-2's q, k, v as one product whose heads attention reads in place (a
   // GPU's form; on the CPU attention copies them), against three in one process.
   all.push_back({"gpt2-tiny", true, {}, "gpt2 + SP, one qkv product read in place", "1"});
+  // Llama's too, its q and k rotated in place (the GPU's form).
+  all.push_back({"llama3-tiny", true, {}, "llama3 + SP, one qkv product rotated and read in place", "1"});
   for (const Case& c : all) {
     SCOPED_TRACE(std::string(c.what) + ", tp = " + std::to_string(p));
     const Config cfg = case_config(c, p), ref_cfg = case_config(c, 1);
