@@ -402,6 +402,15 @@ class Bench {
            [&] { ops::rope_split_qkv_forward(q, k, v, qkv, table, 0); });
       time("rope_split_qkv_backward", split, 2 * N * H * m_.D * es,
            [&] { ops::rope_split_qkv_backward(dqkv, q, k, v, table, 0); });
+      // The same product's query and key heads rotated in place (the GPU's
+      // form, nn::qkv_form), and its gradient's: value heads not moved.
+      // Repeated runs rotate on (the same work).
+      const int64_t rotated = 2 * N * (m_.Hq + m_.Hkv) * m_.D * es;
+      Tensor packed = rand({m_.B, m_.T, H, m_.D}, bf);
+      time("rope_packed_qkv_forward", split, rotated,
+           [&] { ops::rope_packed_qkv_forward(packed, m_.Hq, m_.Hkv, table, 0); });
+      time("rope_packed_qkv_backward", split, rotated,
+           [&] { ops::rope_packed_qkv_backward(packed, m_.Hq, m_.Hkv, table, 0); });
     } else {  // GeLU forward (its backward is fused into a product)
       const int64_t F = m_.F;
       const Tensor x = rand({N, F}, bf, -4, 4);

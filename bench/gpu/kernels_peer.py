@@ -91,6 +91,14 @@ def work(row, dev):
                             qkv[:, :, Hq + Hkv:])
         dq, dk, dv = rand(B, T, Hq, D), rand(B, T, Hkv, D), rand(B, T, Hkv, D)
         return lambda: torch.cat((rotate(dq, cos, -sin), rotate(dk, cos, -sin), dv), dim=2)
+    if op.startswith("rope_packed_qkv"):
+        # Eager PyTorch's rotation of the product's query and key heads (a
+        # view of them in, a new tensor out; v stays a view).
+        B, T, Hq, Hkv, D = dims
+        cos, sin = rope_angles(T, D, dev)
+        qkv = rand(B, T, Hq + 2 * Hkv, D)
+        sign = 1 if op.endswith("_forward") else -1
+        return lambda: rotate(qkv[:, :, :Hq + Hkv], cos, sign * sin)
     if op == "cross_entropy_fused":
         rows, Vp = dims
         V = row["vocab"]  # real columns; the rest padding

@@ -38,9 +38,10 @@
 # gradients' products (cuBLASLt's BGRADB epilogue) instead of a column-sum
 # pass over dy; `kernels` times it (<layer>.wgrad_bgrad beside .wgrad).
 # ZT_FUSED_QKV=0 runs q, k and v as three products (Llama: and RoPE in place)
-# instead of one product (nn::qkv_form: Llama's split by the RoPE pass,
-# GPT-2's read in place by cuDNN's attention): the A/B of `bench` for the
-# kernels' "q, k, v per layer" lines.
+# instead of one product whose heads cuDNN's attention reads in place
+# (nn::qkv_form; Llama's q and k rotated in place there); ZT_FUSED_QKV=2
+# splits Llama's product into q, k, v by the RoPE pass instead: the A/Bs of
+# `bench` for the kernels' "q, k, v per layer" lines.
 # ZT_FUSED_RESIDUAL=0 adds the blocks' residual connections in passes of
 # their own (the residual norm, an add) instead of inside attn.proj's and
 # mlp.out's products (nn::residual_in_products); `kernels` times
@@ -290,21 +291,24 @@ for r in ours:
         strict = peer.get((r["model"], r["op"], r["shape"]), {}).get("ms_strict")
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['tflops']:.1f} | {of} | "
               + " | ".join(vs_torch(r)) + f" | {strict if strict is not None else '-'} |")
-# Llama's q, k and v: the fused product and its RoPE split (the default,
-# nn::qkv_form) against three products and RoPE on q and k in place
-# (ZT_FUSED_QKV=0), per layer: forward, dgrad, wgrad and the RoPE passes.
+# Llama's q, k and v per layer (forward, dgrad, wgrad and the RoPE passes):
+# the fused product with RoPE in place on its q and k heads (the default on
+# a GPU, nn::qkv_form), with the RoPE pass splitting it (ZT_FUSED_QKV=2), and
+# three products with RoPE on q and k in place (ZT_FUSED_QKV=0).
 ms = {(r["model"], r["op"]): r["ms"] for r in ours if "ms" in r}
 def layer_ms(model, ops):
     return sum(n * ms[(model, op)] for op, n in ops) if all((model, op) in ms for op, _ in ops) else None
 passes = ("forward", "dgrad", "wgrad")
-fused = layer_ms("llama3-1b", [(f"attn.qkv.{p}", 1) for p in passes]
-                 + [("rope_split_qkv_forward", 1), ("rope_split_qkv_backward", 1)])
+qkv_products = [(f"attn.qkv.{p}", 1) for p in passes]
+in_place = layer_ms("llama3-1b", qkv_products + [("rope_packed_qkv_forward", 1), ("rope_packed_qkv_backward", 1)])
+fused = layer_ms("llama3-1b", qkv_products + [("rope_split_qkv_forward", 1), ("rope_split_qkv_backward", 1)])
 # rope_forward times the queries; the keys are a quarter of them (8 of 32 heads).
 three = layer_ms("llama3-1b", [(f"attn.q.{p}", 1) for p in passes] + [("attn.k.forward", 2), ("attn.k.dgrad_add", 2),
                                                                        ("attn.k.wgrad", 2), ("rope_forward", 2 * 1.25)])
-if fused and three:
-    print(f"\nLlama's q, k, v per layer (kernel rows): fused product + split {fused:.3f} ms, "
-          f"three products + RoPE {three:.3f} ms ({three / fused:.2f}x)")
+if in_place and fused and three:
+    print(f"\nLlama's q, k, v per layer (kernel rows): fused product + RoPE in place {in_place:.3f} ms, "
+          f"+ split {fused:.3f} ms ({fused / in_place:.2f}x), three products + RoPE {three:.3f} ms "
+          f"({three / in_place:.2f}x)")
 # GPT-2's: one product whose output cuDNN's attention reads in place (the
 # default on a GPU) against three (ZT_FUSED_QKV=0), the products alone.
 one = layer_ms("gpt2-124m", [(f"attn.qkv.{p}", 1) for p in passes])
@@ -498,6 +502,7 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
 if [ "$what" = ab ]; then
   # Most wanted first: a call that runs out of time skips the rest.
   default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
+  default_settings+=";llama:ZT_FUSED_QKV=2"
   default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
   settings=${ZT_AB:-$default_settings}
   IFS=';' read -r -a listed <<< "$settings"
