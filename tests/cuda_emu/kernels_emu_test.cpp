@@ -393,13 +393,16 @@ void rope_case(int64_t B, int64_t T_, int64_t H, int64_t D, int64_t T_max, int64
   EXPECT_TRUE(close(gdx, dx, tol(dt), "dx (in place)"));
 }
 
-// The fused qkv product's split, (B, T, Hq + 2 Hkv, D) into rotated q and k
-// and copied v, and its gradient's join, against the CPU's.
+// The fused qkv product (B, T, Hq + 2 Hkv, D) against the CPU's: its split
+// into rotated q and k and copied v, and its gradient's join; then its query
+// and key heads rotated in place, forward and inverse (a thread per unit of
+// the Hq + Hkv visited heads of each token, the value heads skipped: their
+// bits must stay).
 template <typename T, int V>
-void rope_split_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, int64_t pos_offset,
-                     const ops::RopeScaling& scaling, std::mt19937_64& rng) {
+void rope_fused_qkv_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, int64_t pos_offset,
+                         const ops::RopeScaling& scaling, std::mt19937_64& rng) {
   const DType dt = dtype_of<T>();
-  SCOPED_TRACE(::testing::Message() << "qkv split " << B << "x" << T_ << "x(" << Hq << "+2x" << Hkv << ")x" << D
+  SCOPED_TRACE(::testing::Message() << "fused qkv " << B << "x" << T_ << "x(" << Hq << "+2x" << Hkv << ")x" << D
                                     << ", pos_offset " << pos_offset << " " << dtype_name(dt) << ", " << V
                                     << " per thread");
   const int64_t H = Hq + 2 * Hkv, units = B * T_ * H * D / V;
@@ -422,31 +425,15 @@ void rope_split_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, 
   EXPECT_TRUE(close(gk, k, tol(dt), "k"));
   EXPECT_TRUE(all_close(gv, to_f64(v), 0.0, 0.0)) << "v is copied";
   EXPECT_TRUE(close(gdqkv, dqkv, tol(dt), "dqkv"));
-}
-
-// The fused product's query and key heads rotated in place, (B, T, Hq +
-// 2 Hkv, D), forward and then the inverse, against the CPU's: a thread per
-// unit of the Hq + Hkv visited heads of each token, the value heads skipped
-// (their bits must stay).
-template <typename T, int V>
-void rope_packed_case(int64_t B, int64_t T_, int64_t Hq, int64_t Hkv, int64_t D, int64_t pos_offset,
-                      const ops::RopeScaling& scaling, std::mt19937_64& rng) {
-  const DType dt = dtype_of<T>();
-  SCOPED_TRACE(::testing::Message() << "qkv in place " << B << "x" << T_ << "x(" << Hq << "+2x" << Hkv << ")x" << D
-                                    << ", pos_offset " << pos_offset << " " << dtype_name(dt) << ", " << V
-                                    << " per thread");
-  const int64_t units = B * T_ * (Hq + Hkv) * D / V;
-  const RopeTables tables = rope_tables(D, pos_offset + T_, scaling);
-  const Shape packed{B, T_, Hq + 2 * Hkv, D};
-  const Tensor qkv = random_tensor(packed, dt, rng);
+  const int64_t visited = B * T_ * (Hq + Hkv) * D / V;
   for (const bool inverse : {false, true}) {
-    SCOPED_TRACE(inverse ? "inverse" : "forward");
+    SCOPED_TRACE(inverse ? "in place, inverse" : "in place, forward");
     Tensor want = copy_of(qkv), got = copy_of(qkv);
     if (inverse) ops::rope_packed_qkv_backward(want, Hq, Hkv, tables.cpu, pos_offset);
     else ops::rope_packed_qkv_forward(want, Hq, Hkv, tables.cpu, pos_offset);
-    emu::launch(dim3(stride_grid(units)), rk::kThreads, 0, rk::rope_kernel<T, V>,
+    emu::launch(dim3(stride_grid(visited)), rk::kThreads, 0, rk::rope_kernel<T, V>,
                 rk::HeadLayout<T>{p<T>(got), p<T>(got), nullptr, nullptr, Hq + Hkv, 0, Hkv}, p<float>(tables.gpu),
-                units, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f, false);
+                visited, T_, D / 2, pos_offset, inverse ? -1.0f : 1.0f, false);
     EXPECT_TRUE(close(got, want, tol(dt), "q and k heads"));
     EXPECT_TRUE(all_close(test::heads_of(got, Hq + Hkv, Hkv), to_f64(test::heads_of(qkv, Hq + Hkv, Hkv)), 0.0, 0.0))
         << "v heads untouched";
@@ -555,17 +542,13 @@ TEST(CudaKernelsEmulated, RopeMatchesTheCpu) {
   rope_case<__nv_bfloat16, kBf16Pack>(2, 6, 2, 32, 9, 3, scaling, rng);
   // Packs of 8 at D = 64 (Llama's head dim): 2560 of them, more than a sweep of 768 threads.
   rope_case<__nv_bfloat16, kBf16Pack>(2, 40, 4, 64, 48, 5, scaling, rng);
-  // The fused qkv split: GQA (4 query heads, 2 kv heads), a pair or a pack per
-  // thread; one kv head per query head (3 + 3 + 3); Llama's head dim in packs.
-  rope_split_case<float, 2>(2, 5, 4, 2, 6, 3, scaling, rng);
-  rope_split_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
-  rope_split_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);
-  rope_split_case<__nv_bfloat16, kBf16Pack>(2, 9, 8, 2, 64, 5, scaling, rng);
-  // The fused product's q and k heads rotated in place, the same shapes.
-  rope_packed_case<float, 2>(2, 5, 4, 2, 6, 3, scaling, rng);
-  rope_packed_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
-  rope_packed_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);
-  rope_packed_case<__nv_bfloat16, kBf16Pack>(2, 9, 8, 2, 64, 5, scaling, rng);
+  // The fused qkv product split and rotated in place: GQA (4 query heads, 2 kv
+  // heads), a pair or a pack per thread; one kv head per query head (3 + 3 +
+  // 3); Llama's head dim in packs.
+  rope_fused_qkv_case<float, 2>(2, 5, 4, 2, 6, 3, scaling, rng);
+  rope_fused_qkv_case<float, kF32Pack>(1, 7, 4, 2, 32, 0, scaling, rng);
+  rope_fused_qkv_case<__nv_bfloat16, 2>(2, 6, 3, 3, 10, 2, scaling, rng);
+  rope_fused_qkv_case<__nv_bfloat16, kBf16Pack>(2, 9, 8, 2, 64, 5, scaling, rng);
 }
 
 }  // namespace

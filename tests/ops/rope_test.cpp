@@ -242,11 +242,14 @@ TEST(Rope, BackwardInvertsForward) {
   EXPECT_FALSE(all_close(back, to_f64(x), 0.0, 1e-3));
 }
 
-// The fused qkv split (B, T, Hq + 2 Hkv, D) -> rotated q, k and copied v, and
-// its gradient's join, against float64; the split's q and k have the bits
-// of rope_forward on the same heads (what three products would feed it).
-void check_split(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t offset, DType dtype,
-                 uint64_t salt) {
+// The fused qkv product's output (B, T, Hq + 2 Hkv, D) against float64:
+// its split into rotated q, k and copied v, and its gradient's join, the
+// split's q and k with the bits of rope_forward on the same heads (what three
+// products would feed it); then RoPE in place on it, its query and key heads
+// against float64 and with those bits too, its value heads untouched to the
+// bit, and the gradient the same with the inverse.
+void check_fused_qkv(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t offset, DType dtype,
+                     uint64_t salt) {
   SCOPED_TRACE(::testing::Message() << B << "x" << T << "x(" << Hq << "+2x" << Hkv << ")x" << D << " offset "
                                     << offset << " " << dtype_name(dtype));
   auto rng = test::make_rng(salt);
@@ -288,14 +291,32 @@ void check_split(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64
     }
   EXPECT_TRUE(all_close(dqkv, want, rtol, atol)) << "dqkv";
   EXPECT_EQ(to_f64(test::heads_of(dqkv, Hq + Hkv, Hkv)), gv) << "dv is copied into dqkv";
-}
-
-TEST(Rope, SplitQkvMatchesReference) {
-  ZT_TEST_TRACE_SEED();
-  check_split(2, 5, 4, 2, 8, 3, DType::f32, 50);  // GQA, 2 query heads per kv head
-  check_split(1, 3, 2, 2, 6, 0, DType::f32, 51);  // one kv head per query head
-  check_split(2, 7, 8, 2, 64, 9, DType::bf16, 52);
-  check_split(1, 4, 3, 1, 128, 1, DType::bf16, 53);
+  for (const bool backward : {false, true}) {
+    SCOPED_TRACE(backward ? "in place, backward" : "in place, forward");
+    const Tensor before = random_tensor(packed, dtype, rng);
+    Tensor rotated = Tensor::empty(packed, dtype);
+    std::memcpy(rotated.data_ptr(), before.data_ptr(), before.nbytes());
+    if (backward) ops::rope_packed_qkv_backward(rotated, Hq, Hkv, table, offset);
+    else ops::rope_packed_qkv_forward(rotated, Hq, Hkv, table, offset);
+    const Tensor q0 = test::heads_of(before, 0, Hq), k0 = test::heads_of(before, Hq, Hkv);
+    const std::vector<double> want_q = ref_rotate(to_f64(q0), qs, f, offset, backward),
+                              want_k = ref_rotate(to_f64(k0), kvs, f, offset, backward);
+    EXPECT_TRUE(all_close(test::heads_of(rotated, 0, Hq), want_q, rtol, atol)) << "query heads";
+    EXPECT_TRUE(all_close(test::heads_of(rotated, Hq, Hkv), want_k, rtol, atol)) << "key heads";
+    EXPECT_EQ(to_f64(test::heads_of(rotated, Hq + Hkv, Hkv)), to_f64(test::heads_of(before, Hq + Hkv, Hkv)))
+        << "value heads untouched";
+    // The bits of the separate rotation, which the split also gives.
+    Tensor q_sep = Tensor::empty(qs, dtype), k_sep = Tensor::empty(kvs, dtype);
+    if (backward) {
+      ops::rope_backward(q_sep, q0, table, offset);
+      ops::rope_backward(k_sep, k0, table, offset);
+    } else {
+      ops::rope_forward(q_sep, q0, table, offset);
+      ops::rope_forward(k_sep, k0, table, offset);
+    }
+    EXPECT_EQ(to_f64(test::heads_of(rotated, 0, Hq)), to_f64(q_sep)) << "query heads as rope on their own";
+    EXPECT_EQ(to_f64(test::heads_of(rotated, Hq, Hkv)), to_f64(k_sep)) << "key heads as rope on their own";
+  }
 }
 
 TEST(Rope, SplitQkvBadArguments) {
@@ -331,55 +352,16 @@ TEST(Rope, SplitQkvBadArguments) {
   expect_error([&] { ops::rope_split_qkv_backward(qkv, q, k, k, table); }, {"rope_split_qkv_backward", "'dk'", "'dv'"});
 }
 
-// RoPE in place on the fused product's output (B, T, Hq + 2 Hkv, D): its
-// query and key heads against float64 and with the bits rope_forward gives
-// them as separate tensors (what the split hands attention), its value
-// heads untouched to the bit; the gradient the same with the inverse.
-void check_packed(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t offset, DType dtype,
-                  uint64_t salt) {
-  SCOPED_TRACE(::testing::Message() << "packed " << B << "x" << T << "x(" << Hq << "+2x" << Hkv << ")x" << D
-                                    << " offset " << offset << " " << dtype_name(dtype));
-  auto rng = test::make_rng(salt);
-  const RopeScaling s = llama31();
-  Tensor table = make_table(offset + T + 2, D, 500000.0, s);
-  const std::vector<double> f = expected_freqs(D, 500000.0, s);
-  const bool bf = dtype == DType::bf16;
-  const double rtol = bf ? 4e-3 : 1e-6, atol = bf ? 1e-5 : 1e-6;
-  const Shape qs{B, T, Hq, D}, kvs{B, T, Hkv, D}, packed{B, T, Hq + 2 * Hkv, D};
-  for (const bool backward : {false, true}) {
-    SCOPED_TRACE(backward ? "backward" : "forward");
-    const Tensor before = random_tensor(packed, dtype, rng);
-    Tensor qkv = Tensor::empty(packed, dtype);
-    std::memcpy(qkv.data_ptr(), before.data_ptr(), before.nbytes());
-    if (backward) ops::rope_packed_qkv_backward(qkv, Hq, Hkv, table, offset);
-    else ops::rope_packed_qkv_forward(qkv, Hq, Hkv, table, offset);
-    const Tensor q0 = test::heads_of(before, 0, Hq), k0 = test::heads_of(before, Hq, Hkv);
-    EXPECT_TRUE(all_close(test::heads_of(qkv, 0, Hq), ref_rotate(to_f64(q0), qs, f, offset, backward), rtol, atol))
-        << "query heads";
-    EXPECT_TRUE(all_close(test::heads_of(qkv, Hq, Hkv), ref_rotate(to_f64(k0), kvs, f, offset, backward), rtol, atol))
-        << "key heads";
-    EXPECT_EQ(to_f64(test::heads_of(qkv, Hq + Hkv, Hkv)), to_f64(test::heads_of(before, Hq + Hkv, Hkv)))
-        << "value heads untouched";
-    // The bits of the separate rotation, which the split also gives.
-    Tensor q_sep = Tensor::empty(qs, dtype), k_sep = Tensor::empty(kvs, dtype);
-    if (backward) {
-      ops::rope_backward(q_sep, q0, table, offset);
-      ops::rope_backward(k_sep, k0, table, offset);
-    } else {
-      ops::rope_forward(q_sep, q0, table, offset);
-      ops::rope_forward(k_sep, k0, table, offset);
-    }
-    EXPECT_EQ(to_f64(test::heads_of(qkv, 0, Hq)), to_f64(q_sep)) << "query heads as rope on their own";
-    EXPECT_EQ(to_f64(test::heads_of(qkv, Hq, Hkv)), to_f64(k_sep)) << "key heads as rope on their own";
-  }
-}
-
-TEST(Rope, PackedQkvInPlaceMatchesReference) {
+// The fused product's two RoPE forms on the same shapes.
+TEST(Rope, FusedQkvSplitAndInPlaceMatchReference) {
   ZT_TEST_TRACE_SEED();
-  check_packed(2, 5, 4, 2, 8, 3, DType::f32, 60);  // GQA, 2 query heads per kv head
-  check_packed(1, 3, 2, 2, 6, 0, DType::f32, 61);  // one kv head per query head
-  check_packed(2, 7, 8, 2, 64, 9, DType::bf16, 62);
-  check_packed(1, 4, 3, 1, 128, 1, DType::bf16, 63);
+  struct S { int64_t B, T, Hq, Hkv, D, offset; DType dtype; };
+  uint64_t salt = 50;
+  for (const S s : {S{2, 5, 4, 2, 8, 3, DType::f32},  // GQA, 2 query heads per kv head
+                    S{1, 3, 2, 2, 6, 0, DType::f32},  // one kv head per query head
+                    S{2, 7, 8, 2, 64, 9, DType::bf16}, S{1, 4, 3, 1, 128, 1, DType::bf16}}) {
+    check_fused_qkv(s.B, s.T, s.Hq, s.Hkv, s.D, s.offset, s.dtype, salt++);
+  }
 }
 
 TEST(Rope, PackedQkvBadArguments) {
