@@ -68,6 +68,25 @@ TEST(MatmulPlans, RecordedChoicesAreReadBackAndTheFirstWins) {
   std::remove(path.c_str());
 }
 
+// A file whose last line (written by hand) has no newline: the next choice
+// goes on a line of its own, and both read back.
+TEST(MatmulPlans, ARecordAfterALastLineWithoutNewlineStartsItsOwn) {
+  const std::string path = scratch_path("no_newline.tsv");
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "cublas\tGPU | M 4";
+  }
+  {
+    MatmulPlanFile file(path);
+    file.record("GPU | M 8", MatmulChoice{.candidate = 2});
+  }
+  EXPECT_EQ(read_all(path), "cublas\tGPU | M 4\nlt 2\tGPU | M 8\n");
+  const MatmulPlanFile again(path);
+  EXPECT_EQ(again.find("GPU | M 4"), MatmulChoice{.cublas = true});
+  EXPECT_EQ(again.find("GPU | M 8"), MatmulChoice{.candidate = 2});
+  std::remove(path.c_str());
+}
+
 TEST(MatmulPlans, AMalformedLineIsNamedWithTheFix) {
   const std::string path = scratch_path("bad.tsv");
   for (const char* bad : {"lt 3 GPU | M 8", "fast\tGPU | M 8", "lt 3\t"}) {

@@ -53,10 +53,16 @@ std::optional<MatmulChoice> MatmulPlanFile::find(const std::string& product) con
 void MatmulPlanFile::record(const std::string& product, const MatmulChoice& choice) {
   std::lock_guard<std::mutex> lock(mu_);
   if (choices_.contains(product)) return;
-  const std::string line = format_matmul_choice(choice) + "\t" + product + "\n";
-  const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  std::string line = format_matmul_choice(choice) + "\t" + product + "\n";
+  const int fd = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   ZT_CHECK(fd >= 0, "matmul plans ", path_, ": cannot open for appending (", std::strerror(errno),
            "); point ZT_CUDA_MATMUL_PLANS at a writable file");
+  // A file edited by hand may end without a newline: the line must not join
+  // its last one (the next read would reject the product).
+  if (const off_t size = ::lseek(fd, 0, SEEK_END); size > 0) {
+    char last = '\n';
+    if (::pread(fd, &last, 1, size - 1) == 1 && last != '\n') line.insert(line.begin(), '\n');
+  }
   const ssize_t written = ::write(fd, line.data(), line.size());
   const int write_errno = errno;
   ::close(fd);

@@ -48,7 +48,8 @@ class MatmulPlanFile {
   std::optional<MatmulChoice> find(const std::string& product) const;
   // Appends `choice` for `product` (one write to a file opened for
   // appending, so processes that tune at once do not interleave lines) unless
-  // the product already has one; throws zt::Error when the file cannot be
+  // the product already has one, on a line of its own also after a last line
+  // left without its newline; throws zt::Error when the file cannot be
   // written.
   void record(const std::string& product, const MatmulChoice& choice);
 
