@@ -536,7 +536,9 @@ TEST(CudaLinear, ForwardMatchesCpu) {
 // only element-aligned (the heuristic plans for it, or the f32 prefill path
 // runs), an empty reduction, and tuned (the timing launches write y, never
 // the residual). The residual must come out as it went in; cuBLAS's own
-// GEMM (no D apart from C) must not run it even under ZT_CUDA_MATMUL_CUBLAS.
+// GEMM (no D apart from C) must not run it even under ZT_CUDA_MATMUL_CUBLAS
+// (the prefill path's own product, plain, may go there); the models' shapes
+// must not need the prefill path (a pass of its own over y).
 TEST(CudaLinear, ForwardAddsTheResidual) {
   ZT_REQUIRE_GPU();
   auto rng = make_rng(206);
@@ -546,18 +548,19 @@ TEST(CudaLinear, ForwardAddsTheResidual) {
     bool bias;
     int64_t misalign;  // element offset of the residual's view
     bool tuned;
+    bool model = false;  // a model's product: cuBLASLt must take the residual as C
   };
   const Case cases[] = {
-      {1024, 768, 768, DType::bf16, DType::bf16, true, 0, false},     // GPT-2's attn.proj
-      {1024, 3072, 768, DType::bf16, DType::bf16, true, 0, false},    // GPT-2's mlp.out
-      {512, 8192, 2048, DType::bf16, DType::bf16, false, 0, false},   // Llama's mlp.out
+      {1024, 768, 768, DType::bf16, DType::bf16, true, 0, false, true},     // GPT-2's attn.proj
+      {1024, 3072, 768, DType::bf16, DType::bf16, true, 0, false, true},    // GPT-2's mlp.out
+      {512, 8192, 2048, DType::bf16, DType::bf16, false, 0, false, true},   // Llama's mlp.out
       {300, 37, 53, DType::bf16, DType::bf16, true, 0, false},        // odd
       {300, 37, 53, DType::f32, DType::f32, true, 0, false},
       {300, 37, 53, DType::bf16, DType::f32, false, 0, false},
       {256, 96, 64, DType::bf16, DType::bf16, true, 1, false},        // misaligned residual
       {256, 96, 64, DType::f32, DType::f32, false, 1, false},
       {7, 0, 24, DType::bf16, DType::bf16, true, 0, false},           // empty reduction: residual + b
-      {1024, 1280, 768, DType::bf16, DType::bf16, true, 0, true},     // tuned (a shape no other case uses)
+      {1024, 1280, 768, DType::bf16, DType::bf16, true, 0, true, true},  // tuned (a shape no other case uses)
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("N " + std::to_string(c.N) + " C " + std::to_string(c.C) + " OC " + std::to_string(c.OC) + " " +
@@ -572,14 +575,21 @@ TEST(CudaLinear, ForwardAddsTheResidual) {
     ops::linear_forward(ref, as_f32(x), as_f32(w), b.defined() ? as_f32(b) : Tensor(), as_f32(residual));
     const Tensor y = gpu_poisoned(Shape{c.N, c.OC}, c.out);
     const Tensor residual_gpu = to_gpu_at(residual, c.misalign);
-    const int64_t cublas_before = cuda::cublas_matmul_launches(), tuned_before = cuda::tuned_matmul_plans();
+    const int64_t cublas_before = cuda::cublas_matmul_launches(), tuned_before = cuda::tuned_matmul_plans(),
+                  prefilled_before = cuda::prefilled_matmul_launches();
     {
       const DeterminismScope mode(!c.tuned);
       ops::linear_forward(y, to_gpu(x), to_gpu(w), b.defined() ? to_gpu(b) : Tensor(), residual_gpu);
     }
     EXPECT_LE(max_rel_error(to_host(y), to_f64(ref)), tolerance(c.in, c.out));
     EXPECT_EQ(to_f64(to_host(residual_gpu)), to_f64(residual)) << "the residual was written";
-    EXPECT_EQ(cuda::cublas_matmul_launches(), cublas_before) << "cuBLAS's GEMM has no D apart from C";
+    const bool prefilled = cuda::prefilled_matmul_launches() != prefilled_before;
+    if (!prefilled) {
+      EXPECT_EQ(cuda::cublas_matmul_launches(), cublas_before) << "cuBLAS's GEMM has no D apart from C";
+    }
+    if (c.model) {
+      EXPECT_FALSE(prefilled) << "cuBLASLt took no residual as C for a model's product: the prefill pass ran";
+    }
     if (c.tuned && !std::getenv("ZT_CUDA_MATMUL_TUNE")) {
       EXPECT_EQ(cuda::tuned_matmul_plans(), tuned_before + 1) << "the tuned product timed no candidate";
     }

@@ -254,6 +254,7 @@ CublasHandle& cublas_for(Device device) {
 // through cuBLAS's own GEMM, with the same column-major mapping as cuBLASLt
 // (its A is our b) and `workspace` as its workspace.
 std::atomic<int64_t> g_cublas_launches{0};
+std::atomic<int64_t> g_prefilled_launches{0};  // prefilled_matmul_launches (matmul.h)
 cublasStatus_t cublas_gemm(const PlanKey& k, const void* a, const void* b, void* out, float alpha, float beta,
                            void* workspace, size_t workspace_bytes, Device device) {
   ZT_ASSERT(epilogue_free(k), "cublas_gemm: cuBLAS's GEMM has no epilogue");
@@ -670,6 +671,7 @@ MatmulWorkspaceScope::~MatmulWorkspaceScope() {
 
 int64_t tuned_matmul_plans() { return g_tuned_plans.load(); }
 int64_t cublas_matmul_launches() { return g_cublas_launches.load(); }
+int64_t prefilled_matmul_launches() { return g_prefilled_launches.load(); }
 int64_t replayed_matmul_plans() { return g_replayed_plans.load(); }
 
 std::string last_matmul_algorithm() {
@@ -757,6 +759,7 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
       return;
   }
   // Bias (or c) outside cuBLASLt: C = beta * prev + bias in f32, then C += alpha * op(a) @ op(b).
+  ++g_prefilled_launches;
   GemmDesc acc = d;
   acc.beta = 1.0f;
   if (out.dtype() == DType::f32) {

@@ -161,6 +161,10 @@ constexpr int kCublasCandidate = kMatmulCandidates;  // cuBLAS's own GEMM (cuBLA
 int64_t tuned_matmul_plans();    // plans whose candidates this process has timed
 int64_t cublas_matmul_launches();  // products this process ran through cuBLAS's own GEMM
 int64_t replayed_matmul_plans();   // products that took a choice the plans file records
+// Products whose bias or separate c took the f32 prefill pass (a pass of its
+// own over the output) because cuBLASLt offered or ran no algorithm with the
+// bias epilogue or C apart from D: a model's products should take none.
+int64_t prefilled_matmul_launches();
 // The algorithm of the last product this thread launched, for the kernel
 // bench: "cublas", or cuBLASLt's configuration ("algo 66 tile 20 stages 35
 // splitk 1 reduction 0 swizzle 0 cluster 2 inner 0 custom 0"; the numbers
