@@ -78,6 +78,9 @@ what=${1:-all}
 shift || true
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(gpt2 llama)
+for arch in "${models[@]}"; do  # before anything runs: a typo would cost the build first
+  [[ $arch == gpt2 || $arch == llama ]] || { echo "run.sh: model '$arch' is not gpt2 or llama"; exit 2; }
+done
 out=$(realpath -m "${OUT:-bench-gpu-out}")
 mkdir -p "$out"
 # Training runs (checkpoints, final weights: hundreds of MB) stay out of $OUT;
@@ -150,6 +153,25 @@ for word in "${candidates[@]}"; do
   [[ $word =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] \
     || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting NAME=VALUE (e.g. ZT_CUDA_CE_STAGED=1)"; exit 2; }
 done
+# `ab`'s settings (below), parsed and checked before anything runs. Most
+# wanted first: a call that runs out of time skips the rest.
+if [ "$what" = ab ]; then
+  default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
+  default_settings+=";llama:ZT_FUSED_QKV=2"
+  default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
+  IFS=';' read -r -a raw <<< "${ZT_AB:-$default_settings}"
+  listed=()
+  for setting in "${raw[@]}"; do  # trimmed; each word NAME=VALUE (a dot in NAME: a config key)
+    read -r -a words <<< "$setting"
+    [ ${#words[@]} -gt 0 ] || continue
+    for word in "${words[@]}"; do
+      word=${word#gpt2:} word=${word#llama:}
+      [[ $word =~ ^([A-Z_][A-Z0-9_]*|[a-z_]+(\.[a-z_]+)+)=.+$ ]] \
+        || { echo "ZT_AB: '$word' in '$setting' is not NAME=VALUE (an environment variable or a config key)"; exit 2; }
+    done
+    listed+=("${words[*]}")
+  done
+fi
 # Under the call's deadline: a pack that does not match the sources builds
 # here (minutes), and a build cut off leaves build-gpu/ for the next call on
 # the same warm machine to go on with, and this call's logs packed.
@@ -222,8 +244,12 @@ if [ "$what" = ncu ]; then
     reports+=("$out/ncu-$n.csv")
     bounded "$need" "ncu of $label" "${ncu[@]}" "${options[@]}" -f -o "$out/ncu-$n" "$@" > "$out/ncu-$n.log" 2>&1 \
       || rc=$?
-    if grep -q ERR_NVGPUCTRPERM "$out/ncu-$n.log"; then
-      echo "ncu: no access to the GPU's performance counters (ERR_NVGPUCTRPERM); nothing more profiled"
+    # No counters (ERR_NVGPUCTRPERM), or no profiler at all (a sandboxed GPU:
+    # "Failed to initialize the profiler: LibraryNotLoaded"): every later
+    # entry would fail the same way after starting the bench for nothing.
+    if grep -qE "ERR_NVGPUCTRPERM|LibraryNotLoaded|Failed to initialize the profiler" "$out/ncu-$n.log"; then
+      echo "ncu: cannot profile on this machine ($(grep -oE "ERR_NVGPUCTRPERM|Failed to initialize the profiler[^.]*" \
+        "$out/ncu-$n.log" | head -1)); nothing more profiled"
       ncu_denied=1
       return
     fi
@@ -261,8 +287,10 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
   # first), and PyTorch's eager kernels on the same rows (about a minute).
   bounded 100 "kernel bench" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
     || said_failed $? "kernels bench" "$out/kernels-zt.err" 3
-  bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
-    > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" || said_failed $? "kernels peer" "$out/kernels-pt.err" 5
+  : > "$out/kernels-pt.jsonl"
+  [ -s "$out/kernels-zt.jsonl" ] \
+    && { bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
+      > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" || said_failed $? "kernels peer" "$out/kernels-pt.err" 5; }
   [ -s "$out/kernels-zt.jsonl" ] && python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
 import json, sys
 ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -365,8 +393,9 @@ if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
     choice=gemm  # a crash names no path: the cuBLASLt one
     if grep -q "Failure" "$log"; then  # failure traces (": <path>" lines) name the paths that failed
       choice=""
-      for k in "cudnn:cuDNN(, atomic dq .*)?" "mma:mma kernel" "flash:flash kernel" "gemm:tensor-core path" "simple:simple kernel"; do
-        [ "${k%%:*}" = cudnn ] && grep -q "cuDNN refused a model shape" "$log" && continue
+      for k in "cudnn:cuDNN(, atomic dq .*| in batch chunks)?" "mma:mma kernel" "flash:flash kernel" \
+          "gemm:tensor-core path(, chunked)?" "simple:simple kernel"; do
+        [ "${k%%:*}" = cudnn ] && grep -q "refused a model shape" "$log" && continue
         if ! grep -qE ": ${k#*:}\$" "$log"; then choice=${k%%:*}; break; fi
       done
     fi
@@ -383,9 +412,9 @@ if [ "$what" = attention ] || [ "$what" = all ]; then
       || said_failed $? "attention bench ($kernel)" "$out/attention-zt.err" 3
   done
   grep "cuDNN cannot" "$out/attention-zt.err" | head -4
-  bounded 60 "attention bench's PyTorch peer" python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" \
-    2> "$out/attention-pt.err" \
-    || said_failed $? "attention peer" "$out/attention-pt.err" 5
+  [ -s "$out/attention-zt.jsonl" ] \
+    && { bounded 60 "attention bench's PyTorch peer" python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" \
+      2> "$out/attention-pt.err" || said_failed $? "attention peer" "$out/attention-pt.err" 5; }
   # cuDNN's other engine configurations against its first choice (rows
   # "cudnn f<n>": forward configuration n; "b<n>": backward): the forward's
   # list has 4 on an H100, the backward's 2 (deterministic) and 3 (atomics).
@@ -500,12 +529,6 @@ largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
 # only (gpt2:ZT_CUDA_BGRAD_EPILOGUE=1: Llama has no biases). Without ZT_AB:
 # the switches whose default the kernel bench alone cannot settle.
 if [ "$what" = ab ]; then
-  # Most wanted first: a call that runs out of time skips the rest.
-  default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
-  default_settings+=";llama:ZT_FUSED_QKV=2"
-  default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
-  settings=${ZT_AB:-$default_settings}
-  IFS=';' read -r -a listed <<< "$settings"
   # Twice as configured first: their difference is the drift a setting's row
   # must exceed, and a call short of time drops settings, not the baseline.
   runs_of=("" "" "${listed[@]}")
