@@ -834,11 +834,10 @@ QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device) 
   const std::optional<int64_t> asked = env_whole_number("ZT_FUSED_QKV", 0, what);
   ZT_CHECK(!asked || *asked <= 2, "ZT_FUSED_QKV = '", *asked, "' is not 0, 1 or 2 (", what,
            "); unset it for the default");
-  if (shares.kv_replicas > 1 || asked == 0) return QkvForm::three;
   // On the CPU attention copies a packed tensor's heads out (and the
   // gradients back): the split's one pass does that and the rotation at once.
   const int64_t form = asked.value_or(device.is_cuda() ? 1 : cfg.arch == Arch::llama3 ? 2 : 0);
-  if (form == 0) return QkvForm::three;
+  if (shares.kv_replicas > 1 || form == 0) return QkvForm::three;
   return form == 2 && cfg.arch == Arch::llama3 ? QkvForm::split : QkvForm::packed;
 }
 

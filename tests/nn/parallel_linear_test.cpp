@@ -1,6 +1,7 @@
 // Column- and row-parallel linear layers at tensor-parallel size 1: they must
 // equal the plain linear layer (forward and every gradient), the row-parallel
-// forward must add a residual, and column-parallel dx accumulation must add. Larger groups: tests/parallel/tp_test.cpp (mpirun).
+// forward must add a residual, and column-parallel dx accumulation must add.
+// Larger groups: tests/parallel/tp_test.cpp (mpirun).
 #include <gtest/gtest.h>
 #include <gmock/gmock.h>
 

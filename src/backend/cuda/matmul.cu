@@ -562,7 +562,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
 }
 
 // The plan key of a GemmDesc (d already folded) over contiguous matrices;
-// c (null: out) the matrix beta scales, of out's layout.
+// c the matrix beta scales when apart from out (of out's layout), else null.
 PlanKey contiguous_key(const GemmDesc& d, DType ab, const void* a, const void* b, DType out_type, void* out,
                        const void* bias, DType bias_type, Device device, const void* c = nullptr) {
   PlanKey k;
@@ -583,7 +583,7 @@ PlanKey contiguous_key(const GemmDesc& d, DType ab, const void* a, const void* b
   k.align_a = alignment_of(a, d.batch, k.stride_a, es);
   k.align_b = alignment_of(b, d.batch, k.stride_b, es);
   k.align_out = alignment_of(out, d.batch, k.stride_c, dtype_size(out_type));
-  k.separate_c = c != nullptr && c != out;
+  k.separate_c = c != nullptr;
   // One alignment preference covers C and D: the smaller of the two.
   if (k.separate_c) k.align_out = std::min(k.align_out, alignment_of(c, d.batch, k.stride_c, dtype_size(out_type)));
   k.align_bias = k.has_bias ? alignment_of(bias, 1, 0, 0) : 0;
