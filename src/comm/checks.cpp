@@ -16,8 +16,8 @@ void check_host(const char* op, const ProcessGroup& g, const Tensor& t) {
 
 void check_reducible(const char* op, const ProcessGroup& g, const Tensor& t) {
   const DType d = t.dtype();
-  ZT_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::i32 || d == DType::i64, where(op, g), "cannot reduce ",
-           dtype_name(d), " (f32, bf16, i32 and i64 can be reduced)");
+  ZT_CHECK(d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::i32 || d == DType::i64, where(op, g),
+           "cannot reduce ", dtype_name(d), " (f32, bf16, f16, i32 and i64 can be reduced)");
 }
 
 void check_same_dtype(const char* op, const ProcessGroup& g, const Tensor& a, const Tensor& b) {

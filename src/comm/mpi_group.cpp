@@ -35,22 +35,25 @@ int as_int(int64_t n, const char* op, const ProcessGroup& g) {
   return int(n);
 }
 
-// bf16 reductions: MPI has no bf16, so a user op over 16-bit words that
-// computes in f32 and rounds back (nearest even).
-template <typename F>
-void bf16_apply(void* in, void* inout, int* len, F f) {
-  const bf16* a = static_cast<const bf16*>(in);
-  bf16* b = static_cast<bf16*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(f(bf16_to_float(a[i]), bf16_to_float(b[i])));
+// bf16 and f16 reductions: MPI has neither, so user ops over 16-bit words
+// that compute in f32 and round back (nearest even) at each step.
+template <typename H, typename F>
+void half_apply(void* in, void* inout, int* len, F f) {
+  const H* a = static_cast<const H*>(in);
+  H* b = static_cast<H*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = from_float<H>(f(to_float(a[i]), to_float(b[i])));
 }
-void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-  bf16_apply(in, inout, len, [](float x, float y) { return x + y; });
+template <typename H>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  half_apply<H>(in, inout, len, [](float x, float y) { return x + y; });
 }
-void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
-  bf16_apply(in, inout, len, [](float x, float y) { return std::max(x, y); });
+template <typename H>
+void half_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  half_apply<H>(in, inout, len, [](float x, float y) { return std::max(x, y); });
 }
-void bf16_min(void* in, void* inout, int* len, MPI_Datatype*) {
-  bf16_apply(in, inout, len, [](float x, float y) { return std::min(x, y); });
+template <typename H>
+void half_min(void* in, void* inout, int* len, MPI_Datatype*) {
+  half_apply<H>(in, inout, len, [](float x, float y) { return std::min(x, y); });
 }
 
 MPI_Datatype reduce_type(DType d) {
@@ -58,23 +61,29 @@ MPI_Datatype reduce_type(DType d) {
     case DType::f32: return MPI_FLOAT;
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
-    case DType::bf16: return MPI_UINT16_T;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;
     default: ZT_ASSERT(false, "not reducible: ", dtype_name(d));
   }
   return MPI_DATATYPE_NULL;
 }
 
+// The user ops of a 16-bit float type, created once: sum, max, min.
+template <typename H>
+MPI_Op half_op(ReduceOp op) {
+  static MPI_Op ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Op_create(&half_sum<H>, 1, &ops[0]);
+    MPI_Op_create(&half_max<H>, 1, &ops[1]);
+    MPI_Op_create(&half_min<H>, 1, &ops[2]);
+  });
+  return ops[int(op)];
+}
+
 MPI_Op reduce_op(ReduceOp op, DType d) {
-  if (d == DType::bf16) {
-    static MPI_Op ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-    static std::once_flag once;
-    std::call_once(once, [] {
-      MPI_Op_create(&bf16_sum, 1, &ops[0]);
-      MPI_Op_create(&bf16_max, 1, &ops[1]);
-      MPI_Op_create(&bf16_min, 1, &ops[2]);
-    });
-    return ops[int(op)];
-  }
+  if (d == DType::bf16) return half_op<bf16>(op);
+  if (d == DType::f16) return half_op<f16>(op);
   switch (op) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;

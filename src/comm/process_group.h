@@ -9,7 +9,8 @@
 // Tensors are contiguous host tensors for the MPI and solo backends; GPU
 // tensors go through the NCCL backend (comm/nccl) or are staged through host
 // memory (comm/staged_group.h). Reductions
-// take f32, i32 or i64 (and bf16, reduced in f32); data movement
+// take f32, i32 or i64 (and bf16 and f16, reduced in f32 and rounded at each
+// step); data movement
 // (gather, broadcast, send/recv, all-to-all) takes any dtype. The caller
 // keeps the tensors alive and untouched until the Work completes.
 //

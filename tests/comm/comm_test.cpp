@@ -23,7 +23,8 @@ ProcessGroup& W() { return world(); }
 // per rank and element, with a per-test salt.
 double value(int r, int64_t i, int salt) { return double(((r + 1) * 7919 + i * 104729 + salt * 31) % 2001 - 1000); }
 
-// value() as stored in dtype d (bf16 rounds integers above 256).
+// value() as stored in dtype d (bf16 rounds integers above 256; f16 holds
+// them all).
 double stored(DType d, int r, int64_t i, int salt) {
   Tensor t = Tensor::empty(Shape{1}, d);
   test::store_f64(t, 0, value(r, i, salt));
@@ -44,7 +45,7 @@ const std::vector<int64_t> kSizes = {0, 1, 7, 64, 1000, 4099};
 
 TEST(Comm, AllReduceSumMaxMinEveryDtype) {
   const int p = W().size(), me = W().rank();
-  for (DType d : {DType::f32, DType::i32, DType::i64, DType::bf16})
+  for (DType d : {DType::f32, DType::i32, DType::i64, DType::bf16, DType::f16})
     for (int64_t n : kSizes)
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
         Tensor t = filled(d, n, me, 1);
@@ -56,10 +57,12 @@ TEST(Comm, AllReduceSumMaxMinEveryDtype) {
             magnitude += std::fabs(v);
             want = op == ReduceOp::sum ? want + v : op == ReduceOp::max ? std::max(want, v) : std::min(want, v);
           }
-          if (d == DType::bf16 && op == ReduceOp::sum) {
-            // Each partial sum rounds to bf16 (unit roundoff 2^-8: 8 significant bits; at
-            // most the sum of magnitudes), p - 1 times.
-            ASSERT_NEAR(test::load_f64(t, i), want, double(p) * magnitude / 256.0)
+          if ((d == DType::bf16 || d == DType::f16) && op == ReduceOp::sum) {
+            // Each partial sum rounds to the 16-bit type (unit roundoff 2^-8 for bf16's
+            // 8 significant bits, 2^-11 for f16's 11; at most the sum of magnitudes),
+            // p - 1 times.
+            const double roundoff = d == DType::bf16 ? 1.0 / 256.0 : 1.0 / 2048.0;
+            ASSERT_NEAR(test::load_f64(t, i), want, double(p) * magnitude * roundoff)
                 << dtype_name(d) << " n " << n << " i " << i;
           } else {
             ASSERT_EQ(test::load_f64(t, i), want) << dtype_name(d) << " n " << n << " i " << i;

@@ -9,7 +9,8 @@
 #   dp = 2 (ZeRO-1), tp = 2 with sequence parallelism, pp = 2 (1F1B),
 #   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3); then GPT-2
 #   (tied embeddings: the head's copy on the last stage, a vocabulary-parallel
-#   tied head) at tp = 2 with SP, pp = 2 and pp = 2 x tp = 2;
+#   tied head) at tp = 2 with SP, pp = 2 and pp = 2 x tp = 2, and in f16 at
+#   tp = 2 (relative 1e-2 to the one-GPU f16 run);
 # and NCCL's rule: two processes on one GPU without comm_backend = mpi
 # stop with a message that names the fix. On a machine with several GPUs
 # the layouts that fit run over NCCL too (one GPU per process).
@@ -63,6 +64,18 @@ llama=$cfg llama_ref=$ref
 layouts mpi 4  # GPU tensors staged through host memory: processes share the GPU(s)
 reference gpt2-tiny
 gpt2_layouts mpi 4
+# f16 (dynamic loss scaling) under tensor parallelism: the blocks'
+# all-reduces carry f16 activations (reduced in f32, rounded to f16 at each
+# step), and the run tracks the one-GPU f16 run within f16 noise.
+f16=(--set train.dtype=f16)
+"$bin" train "$cfg" "${gpu[@]}" "${f16[@]}" --set train.run_dir="$tmp/ref-f16" > "$tmp/ref-f16.log" 2>&1 \
+  || { echo "FAIL: the one-GPU f16 run"; tail -20 "$tmp/ref-f16.log"; exit 1; }
+"${mpi[@]}" -np 2 "$bin" train "$cfg" "${gpu[@]}" "${f16[@]}" --set parallel.comm_backend=mpi --set parallel.tp=2 \
+  --set train.run_dir="$tmp/gpt2-tp2-f16" > "$tmp/gpt2-tp2-f16.log" 2>&1 \
+  || { echo "FAIL: gpt2-tp2-f16"; tail -20 "$tmp/gpt2-tp2-f16.log"; exit 1; }
+same "$(losses "$tmp/ref-f16")" "$(losses "$tmp/gpt2-tp2-f16")" 1e-2 \
+  || { echo "FAIL: gpt2-tp2-f16: losses differ from the one-GPU f16 run"; exit 1; }
+echo "gpt2-tp2-f16: losses track the one-GPU f16 run"
 gpus=$(grep -c "cuda:[0-9]* " <<< "$("$bin" devices)" || true)
 if [ "$gpus" -ge 2 ]; then
   gpt2_layouts nccl "$gpus"

@@ -30,7 +30,7 @@ class NcclGroupTest : public ::testing::Test {
 
 TEST_F(NcclGroupTest, CollectivesOnGpuTensorsGiveTheOneRankResultInStreamOrder) {
   auto rng = make_rng(21);
-  for (const DType dt : {DType::f32, DType::bf16}) {
+  for (const DType dt : {DType::f32, DType::bf16, DType::f16}) {
     SCOPED_TRACE(std::string(dtype_name(dt)));
     const Tensor host = random_tensor(Shape{1000}, dt, rng);
     const std::vector<double> want = values_of(host);

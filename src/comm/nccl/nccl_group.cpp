@@ -52,12 +52,13 @@ void cuda_check(cudaError_t e, const char* call, const std::string& where) {
 #define ZT_NCCL(call, where) nccl_check((call), #call, (where))
 #define ZT_CUDART(call, where) cuda_check((call), #call, (where))
 
-// Reductions: NCCL's types for the dtypes comm reduces (bf16 computed in f32
-// and rounded at each step, as the MPI backend's user op does).
+// Reductions: NCCL's types for the dtypes comm reduces (bf16 and f16 rounded
+// to their type at each step, as the MPI backend's user ops do).
 ncclDataType_t reduce_type(DType d) {
   switch (d) {
     case DType::f32: return ncclFloat32;
     case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
     case DType::i32: return ncclInt32;
     case DType::i64: return ncclInt64;
     default: ZT_FAIL("internal: no NCCL reduction type for ", dtype_name(d));
