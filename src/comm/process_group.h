@@ -95,6 +95,17 @@ class ProcessGroup {
   // same color form a new group, ordered by key (then by rank).
   virtual std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
 
+  // True when this group runs its operations (on its device's tensors) on
+  // one queue with every other such group of the process - NCCL: the GPU's
+  // one communication stream -, so an operation starts only once everything
+  // issued before it on any of them has finished. Ranks must then issue
+  // operations in one order across all those groups, not only within each
+  // (else two ranks can each wait for the other's next operation: a
+  // cycle), and a caller may queue an operation behind another one whose
+  // result it reads without waiting for it. False: each group runs its own
+  // operations (MPI: a thread per group), in any order with other groups'.
+  virtual bool shares_one_queue() const { return false; }
+
   // A snapshot of the counters (they are updated by the comm thread). A
   // group that forwards its operations to another reports that one's.
   virtual CommStats stats() const;

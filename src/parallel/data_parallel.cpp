@@ -26,6 +26,7 @@ DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& 
     own_shard_group_ = group.split(int(group.rank() / sg), int(group.rank() % sg), "dp_shard");
     replica_group_ = group.split(int(group.rank() % sg), int(group.rank() / sg), "dp_replica");
     shard_group_ = own_shard_group_.get();
+    replica_behind_scatter_ = shard_group_->shares_one_queue() && replica_group_->shares_one_queue();
   }
   last_.resize(groups().size());
   const int64_t p = sg;
@@ -144,7 +145,7 @@ void DataParallel::start(size_t i) {
       p.set = i;
       pending_.push_back(std::move(p));
     }
-    drain(false);
+    drain(0);
     return;
   }
   // ZeRO 1 reduce-scatters the step's gradient straight into the shard;
@@ -164,26 +165,29 @@ void DataParallel::start(size_t i) {
     p.work = shard_group_->reduce_scatter(out, g);
   else if (!accumulate)
     ops::copy(out, g);
-  if (replica_group_) p.replica_reduce = out;
+  // Hybrid: the shard group's sum, summed again across the replicas - queued
+  // behind the reduce-scatter (its work completes both), or by drain().
+  if (replica_behind_scatter_)
+    p.work = replica_group_->all_reduce(out);
+  else if (replica_group_)
+    p.replica_reduce = out;
   pending_.push_back(std::move(p));
-  drain(false);  // also starts the replica all-reduces of finished reduce-scatters early
+  drain(0);  // also starts the replica all-reduces of finished reduce-scatters early
   // Back-pressure (ZeRO >= 2): at most one layer's reduction in flight while
   // the next layer's backward runs, so gradient memory stays at the shards
-  // plus two layers however slow the network is.
-  while (accumulate && pending_.size() > 1) {
-    if (pending_.front().work) pending_.front().work->wait();
-    drain(false);
-  }
+  // plus two layers however slow the network is. (NCCL: the compute stream
+  // waits for the older one; the host goes on queueing the backward.)
+  if (accumulate && pending_.size() > 1) drain(pending_.size() - 1);
 }
 
-void DataParallel::drain(bool wait_all) {
+void DataParallel::drain(size_t wait_first) {
   size_t done = 0;
   for (; done < pending_.size(); ++done) {
     Pending& p = pending_[done];
     bool finished = true;
     for (;;) {
       if (p.work) {
-        if (wait_all) {
+        if (done < wait_first) {
           p.work->wait();
         } else if (!p.work->test()) {
           finished = false;
@@ -192,7 +196,6 @@ void DataParallel::drain(bool wait_all) {
         p.work = nullptr;
       }
       if (!p.replica_reduce.defined()) break;
-      // Hybrid: the shard group's sum, summed again across the replicas.
       p.work = replica_group_->all_reduce(p.replica_reduce);
       p.replica_reduce = Tensor();
     }
@@ -207,7 +210,7 @@ void DataParallel::finish_reduction() {
   // are reduced now, in order: the step's gradients are complete.
   if (armed_ || opt_.zero_stage <= 1)
     for (size_t i = 0; i < sets_.size(); ++i) start(i);
-  drain(true);
+  drain(pending_.size());
   armed_ = false;
 }
 

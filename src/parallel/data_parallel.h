@@ -120,14 +120,22 @@ class DataParallel {
 
  private:
   void start(size_t set_index);
-  // ZeRO-2: adds finished reduce-scatters to the shards, oldest first
-  // (a fixed order: the sums are deterministic); wait_all blocks for all.
-  void drain(bool wait_all);
+  // Retires finished reductions, oldest first (a fixed order: ZeRO-2's sums
+  // into the shards are deterministic): waits for the first `wait_first`
+  // (wait(), which on a shared queue does not block the host), then takes
+  // those that test() finished, up to the first that has not.
+  void drain(size_t wait_first);
   std::vector<nn::ParamSet*> sets_;
   comm::ProcessGroup* group_;
   DataParallelOptions opt_;
   std::unique_ptr<comm::ProcessGroup> own_shard_group_, replica_group_;  // hybrid sharding
   comm::ProcessGroup* shard_group_ = nullptr;                            // group_ unless hybrid
+  // Hybrid on one shared queue (NCCL; shares_one_queue): a set's replica
+  // all-reduce is issued right behind its reduce-scatter, the same place on
+  // every rank, and the queue runs it after. Otherwise it starts when the
+  // reduce-scatter is seen finished, which differs between ranks: harmless
+  // where each group has its own queue, a cycle of waits on a shared one.
+  bool replica_behind_scatter_ = false;
   void start_gather(size_t set_index);
   std::vector<Tensor> grad_shards_;       // zero >= 1: per set, (numel / dp) f32
   std::vector<Tensor> param_shards_;      // zero 3: per set, (numel / dp) compute dtype

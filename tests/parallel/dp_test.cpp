@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "parallel/mesh.h"
+#include "parallel/one_queue_group.h"
 #include "train/config.h"
 #include "train/data_source.h"
 #include "parallel/parallel_test_util.h"
@@ -131,13 +133,19 @@ TEST(DataParallel, ZeroOneShardsTheOptimizerState) {
       << " ranks";
 }
 
+// The single process's 4 steps, which the hybrid layouts match.
+const RunResult& hybrid_reference() {
+  return test::cached_reference<RunResult>(
+      "gpt2-tiny, 4 steps", [] { return train(tiny("gpt2-tiny", 0, {"train.steps=4"}), nullptr); });
+}
+
 // Hybrid sharding (shards over pairs of ranks, replicated across pairs)
 // trains like the single process too.
 TEST(DataParallel, HybridShardingMatchesTheSingleProcessRun) {
   const int64_t p = comm::world().size();
   if (p < 4) GTEST_SKIP() << "needs 4 ranks (2 shard groups of 2)";
   auto mesh = world_mesh();
-  const RunResult ref = train(tiny("gpt2-tiny", 0, {"train.steps=4"}), nullptr);
+  const RunResult& ref = hybrid_reference();
   for (int zero : {1, 2}) {
     const Config cfg = tiny("gpt2-tiny", zero, {"parallel.shard_group=2", "train.steps=4"});
     const RunResult dp = train(cfg, mesh);
@@ -145,6 +153,33 @@ TEST(DataParallel, HybridShardingMatchesTheSingleProcessRun) {
       EXPECT_NEAR(dp.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "ZeRO-" << zero << " step " << s + 1;
     for (size_t i = 0; i < ref.params.size(); ++i)
       EXPECT_LT(rel_diff(dp.params[i], ref.params[i]), 1e-5) << "ZeRO-" << zero << " layer " << i;
+  }
+}
+
+// Hybrid sharding with every group on one queue (one_queue_group.h), as
+// NCCL runs all of a GPU's communicators on its one stream: every rank
+// issues the shard groups' reduce-scatters and the replicas' all-reduces in
+// one order - else ranks wait on each other in a cycle, as 4 GPUs would -
+// and the run still matches the single process.
+TEST(DataParallel, HybridShardingOnOneQueueIssuesInOneOrderOnEveryRank) {
+  const int64_t p = comm::world().size();
+  if (p < 4) GTEST_SKIP() << "needs 4 ranks (2 shard groups of 2)";
+  const RunResult& ref = hybrid_reference();
+  for (int zero : {1, 2}) {
+    test::OneQueueGroup one_queue(comm::world());
+    auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{0, 1, 1, 1, 1}, one_queue);
+    const RunResult dp = train(tiny("gpt2-tiny", zero, {"parallel.shard_group=2", "train.steps=4"}), mesh);
+    for (size_t s = 0; s < dp.losses.size(); ++s)
+      EXPECT_NEAR(dp.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "ZeRO-" << zero << " step " << s + 1;
+    for (size_t i = 0; i < ref.params.size(); ++i)
+      EXPECT_LT(rel_diff(dp.params[i], ref.params[i]), 1e-5) << "ZeRO-" << zero << " layer " << i;
+    const std::vector<std::string> mine = one_queue.issued();
+    std::string joined;
+    for (const std::string& op : mine) joined += op + "\n";
+    const std::vector<std::string> every = comm::all_gather_strings(comm::world(), joined);
+    EXPECT_GT(std::count(mine.begin(), mine.end(), "dp_replica:all_reduce"), 0) << "ZeRO-" << zero;
+    for (size_t r = 1; r < every.size(); ++r)
+      EXPECT_EQ(every[r], every[0]) << "ZeRO-" << zero << ": rank " << r << " issued in another order than rank 0";
   }
 }
 

@@ -134,6 +134,9 @@ class NcclGroup : public ProcessGroup {
     (void)ncclCommDestroy(comm_);
   }
 
+  // Every communicator of the device runs on its one comm stream.
+  bool shares_one_queue() const override { return true; }
+
   WorkHandle all_reduce(const Tensor& t, ReduceOp op) override {
     if (on_host(t)) return host_->all_reduce(t, op);
     const char* name = "all_reduce";
