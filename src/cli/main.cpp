@@ -1,13 +1,11 @@
 // zettatron: the command-line front door. Subcommands live in *_cmd.cpp.
-#include <cstdio>
 #include <exception>
 #include <iostream>
-#include <new>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/errors.h"
 #include "comm/process_group.h"
-#include "core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Zettatron: trains transformer language models, from one CPU to thousands of GPUs"};
@@ -33,18 +31,9 @@ int main(int argc, char** argv) {
       if (c.app->parsed()) return c.run();
     std::cout << app.help() << std::flush;
     return 0;
-  } catch (const zt::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (...) {
+    zt::cli::print_error(std::current_exception());
     zt::comm::abort_job_after_error(1);  // the other ranks must not wait for this one
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of host memory outside the tensor allocator; `zettatron info CONFIG` shows "
-                         "what a config needs (lower train.micro_batch, or use train.recompute or parallel.zero_stage)\n");
-    zt::comm::abort_job_after_error(1);
-    return 1;
-  } catch (const std::exception& e) {  // not ours (the standard library, a dependency): still one line, whole job
-    std::fprintf(stderr, "error: %s\n", e.what());
-    zt::comm::abort_job_after_error(1);
     return 1;
   }
 }

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/errors.h"
 #include "comm/nccl/nccl_group.h"
 #include "comm/process_group.h"
 #include "comm/staged_group.h"
@@ -50,51 +51,62 @@ Command add_train_command(CLI::App& app) {
     ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
              "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
              opts->stop_after, ")");
-    // Host collectives over MPI (or solo). GPU tensors over NCCL when asked, or
-    // by default when several processes train on GPUs; with comm_backend = mpi
-    // they are staged through host memory and MPI (slow; processes may share
-    // a GPU). Either group also serves host tensors, so the mesh's groups are
-    // all split from it.
-    const bool nccl_asked = cfg.parallel.comm_backend == "nccl";
-    comm::ProcessGroup& world =
-        comm::world({nccl_asked ? "auto" : cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
-    const bool gpu = cfg.device(false).is_cuda();
-    std::unique_ptr<comm::ProcessGroup> gpu_world;  // outlives the mesh and trainer below
-    if (nccl_asked || (cfg.parallel.comm_backend == "auto" && gpu && world.size() > 1))
-      gpu_world = comm::make_nccl_group(world.split(0, world.rank(), "world"), cfg.device(true), "world");
-    else if (gpu && world.size() > 1)
-      gpu_world = comm::make_host_staged_group(world.split(0, world.rank(), "world"), ops::copy);
-    comm::ProcessGroup& mesh_world = gpu_world ? *gpu_world : world;
-    const parallel::MeshShape shape = parallel::resolve_mesh_shape(
-        {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, mesh_world.size());
-    ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * shape.dp) == 0, "train.global_batch = ",
-             cfg.train.global_batch, " is not divisible by micro_batch x dp = ", cfg.train.micro_batch, " x ",
-             shape.dp, "; each of the ", shape.dp, " data-parallel ranks runs global_batch / dp sequences");
-    ZT_CHECK(cfg.parallel.shard_group == 0 || shape.dp % cfg.parallel.shard_group == 0, "parallel.shard_group = ",
-             cfg.parallel.shard_group, " must divide dp = ", shape.dp);
-    auto mesh = std::make_shared<parallel::Mesh>(shape, mesh_world);
-    train::TrainingData data = train::open_training_data(cfg, int(mesh->coord().dp), int(shape.dp));
-    train::Trainer trainer(cfg, std::move(data.train), std::move(data.val), std::move(data.codec), mesh);
-    const bool main_rank = trainer.is_main_rank();
-    if (!resume_from.empty()) {
-      const std::string dir = train::restore_checkpoint(trainer, resume_from);
-      if (main_rank) std::cout << "restored " << dir << " (step " << trainer.progress().steps_done << ")" << std::endl;
+    // The groups and what holds them live outside the try: an error in a job
+    // of several processes ends it while they do (end_job_on_error).
+    std::unique_ptr<comm::ProcessGroup> gpu_world;  // outlives the mesh and trainer
+    std::shared_ptr<parallel::Mesh> mesh;
+    std::unique_ptr<train::Trainer> trainer;
+    try {
+      // Host collectives over MPI (or solo). GPU tensors over NCCL when asked, or
+      // by default when several processes train on GPUs; with comm_backend = mpi
+      // they are staged through host memory and MPI (slow; processes may share
+      // a GPU). Either group also serves host tensors, so the mesh's groups are
+      // all split from it.
+      const bool nccl_asked = cfg.parallel.comm_backend == "nccl";
+      comm::ProcessGroup& world =
+          comm::world({nccl_asked ? "auto" : cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
+      const bool gpu = cfg.device(false).is_cuda();
+      if (nccl_asked || (cfg.parallel.comm_backend == "auto" && gpu && world.size() > 1))
+        gpu_world = comm::make_nccl_group(world.split(0, world.rank(), "world"), cfg.device(true), "world");
+      else if (gpu && world.size() > 1)
+        gpu_world = comm::make_host_staged_group(world.split(0, world.rank(), "world"), ops::copy);
+      comm::ProcessGroup& mesh_world = gpu_world ? *gpu_world : world;
+      const parallel::MeshShape shape = parallel::resolve_mesh_shape(
+          {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, mesh_world.size());
+      ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * shape.dp) == 0, "train.global_batch = ",
+               cfg.train.global_batch, " is not divisible by micro_batch x dp = ", cfg.train.micro_batch, " x ",
+               shape.dp, "; each of the ", shape.dp, " data-parallel ranks runs global_batch / dp sequences");
+      ZT_CHECK(cfg.parallel.shard_group == 0 || shape.dp % cfg.parallel.shard_group == 0, "parallel.shard_group = ",
+               cfg.parallel.shard_group, " must divide dp = ", shape.dp);
+      mesh = std::make_shared<parallel::Mesh>(shape, mesh_world);
+      train::TrainingData data = train::open_training_data(cfg, int(mesh->coord().dp), int(shape.dp));
+      trainer = std::make_unique<train::Trainer>(cfg, std::move(data.train), std::move(data.val), std::move(data.codec),
+                                                 mesh);
+      const bool main_rank = trainer->is_main_rank();
+      if (!resume_from.empty()) {
+        const std::string dir = train::restore_checkpoint(*trainer, resume_from);
+        if (main_rank)
+          std::cout << "restored " << dir << " (step " << trainer->progress().steps_done << ")" << std::endl;
+      }
+      if (!opts->init_from.empty()) {
+        const std::string dir = train::init_weights_from_checkpoint(*trainer, opts->init_from);
+        if (main_rank) std::cout << "initial weights from " << dir << std::endl;
+      }
+      const train::TrainResult r = trainer->run(opts->stop_after);
+      if (r.steps < cfg.train.steps) return 0;  // stopped early: the checkpoint is the result
+      trainer->data_parallel().hold_full_params(true);  // ZeRO-3: the whole model, for the final file
+      std::vector<const nn::Transformer*> chunks;
+      for (const auto& c : trainer->chunks()) chunks.push_back(c.get());
+      // A collective over tp (slices) and pp (stages): every rank takes part.
+      const std::string path = train::save_model_file(chunks, trainer->pp_group(), cfg, main_rank);
+      if (!main_rank) return 0;
+      std::cout << "final weights: " << path << "\n"
+                << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;
+      return 0;
+    } catch (...) {
+      end_job_on_error();
+      throw;
     }
-    if (!opts->init_from.empty()) {
-      const std::string dir = train::init_weights_from_checkpoint(trainer, opts->init_from);
-      if (main_rank) std::cout << "initial weights from " << dir << std::endl;
-    }
-    const train::TrainResult r = trainer.run(opts->stop_after);
-    if (r.steps < cfg.train.steps) return 0;  // stopped early: the checkpoint is the result
-    trainer.data_parallel().hold_full_params(true);  // ZeRO-3: the whole model, for the final file
-    std::vector<const nn::Transformer*> chunks;
-    for (const auto& c : trainer.chunks()) chunks.push_back(c.get());
-    // A collective over tp (slices) and pp (stages): every rank takes part.
-    const std::string path = train::save_model_file(chunks, trainer.pp_group(), cfg, main_rank);
-    if (!main_rank) return 0;
-    std::cout << "final weights: " << path << "\n"
-              << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;
-    return 0;
   };
   return c;
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -43,6 +44,14 @@ int64_t processes_sharing_device(Device device, bool multi_process) {
   if (device.is_cpu()) return w.local_size;
   const int64_t gpus = std::max(1, ops::gpu_count());
   return (w.local_size + gpus - 1) / gpus;
+}
+// Test-only fault injection: ZT_TRAIN_FAILPOINT=STEP throws a zt::Error at
+// the start of that step on a process whose environment has it - one rank's
+// failure mid-run (a bad disk, a bad batch) while its peers go on.
+void failpoint(int64_t step) {
+  static const char* fp = std::getenv("ZT_TRAIN_FAILPOINT");
+  if (fp != nullptr && std::to_string(step) == fp)
+    ZT_FAIL("ZT_TRAIN_FAILPOINT=", fp, ": this rank fails at the start of step ", step);
 }
 }  // namespace
 
@@ -190,6 +199,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   StepMetrics m;
   m.step = step + 1;
   comm::set_current_step(m.step);  // named by the comm watchdog if a collective hangs
+  failpoint(m.step);
   std::vector<comm::CommStats> tp_start;
   for (comm::ProcessGroup* g : model().comm_groups()) tp_start.push_back(g->stats());
   m.total_steps = cfg_.train.steps;

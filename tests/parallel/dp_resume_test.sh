@@ -7,7 +7,9 @@
 #      steps 5..10 match the reference (relative 1e-5: only the reduction
 #      order differs).
 #   4. layouts that do not fit the job fail with one message on every rank.
-#   5. 2 ranks, one killed with SIGKILL mid-training: mpirun exits non-zero
+#   5. 2 ranks (dp = 2, then pp = 2), one failing with an error at step 3:
+#      the job ends with that rank's message, not the watchdog's.
+#   6. 2 ranks, one killed with SIGKILL mid-training: mpirun exits non-zero
 #      well within the comm timeout and no process is left behind.
 # Usage: dp_resume_test.sh BUILD_DIR
 set -euo pipefail
@@ -56,6 +58,27 @@ set -e
 test "$rc" -ne 0
 grep -q "needs dp x tp x pp x cp = 2 processes, but the job has 4" <<< "$bad" || { echo "$bad"; exit 1; }
 echo "bad layouts: one clear error on every rank"
+
+# One rank's error mid-training (ZT_TRAIN_FAILPOINT=3 in rank 1's environment
+# only: it throws at the start of step 3) ends the job with that rank's
+# message, under data and under pipeline parallelism: no rank is left waiting
+# for the comm watchdog (60 s), and no process stays behind.
+for layout in parallel.dp=2 parallel.pp=2; do
+  run=(train "$tmp/cfg.toml" --set train.run_dir="$tmp/f" --set checkpoint.every=0 --set parallel.comm_timeout=60
+       --set "$layout")
+  set +e
+  timeout 120 "${mpi[@]}" -np 1 "$bin" "${run[@]}" : -np 1 env ZT_TRAIN_FAILPOINT=3 "$bin" "${run[@]}" \
+    > "$tmp/f.out" 2>&1
+  rc=$?
+  set -e
+  echo "$layout, rank 1 failing at step 3: exit status $rc"
+  { [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ]; } || { echo "FAIL: the job did not end with an error"; cat "$tmp/f.out"; exit 1; }
+  grep -q "error: ZT_TRAIN_FAILPOINT=3: this rank fails at the start of step 3" "$tmp/f.out" \
+    || { echo "FAIL: rank 1's error is not shown"; cat "$tmp/f.out"; exit 1; }
+  if grep -q "comm watchdog" "$tmp/f.out"; then echo "FAIL: a rank waited for the watchdog"; cat "$tmp/f.out"; exit 1; fi
+  sleep 1
+  if pgrep -f "$tmp/cfg.toml" > /dev/null; then echo "FAIL: processes left behind"; exit 1; fi
+done
 
 # A rank killed mid-training.
 "${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/k" --set train.steps=100000 \
