@@ -19,6 +19,7 @@
 #include "core/allocator.h"
 #include "nn/transformer.h"
 #include "parallel/mesh.h"
+#include "parallel/one_queue_group.h"
 #include "parallel/parallel_test_util.h"
 #include "test_util.h"
 #include "train/config.h"
@@ -273,6 +274,25 @@ TEST(TensorParallel, ComposesWithDataParallelAndZero) {
       const Config cfg = case_config(c, 2, z);
       expect_same_training(train_run(cfg, mesh), c, cfg.model);
     }
+}
+
+// tp 2 x dp 2 with ZeRO-3 and every group on one queue (one_queue_group.h),
+// as NCCL runs all of a GPU's communicators on its one stream: the tp
+// all-reduces, the dp reduce-scatters and ZeRO-3's gathers are issued in one
+// order on every rank (else ranks would wait on each other in a cycle), and
+// training still matches. (ZeRO-2's back-pressure: dp_test's hybrid case.)
+TEST(TensorParallel, ComposesWithDataParallelAndZeroOnOneQueue) {
+  const int64_t p = comm::world().size();
+  if (p != 4) GTEST_SKIP() << "needs 4 ranks (tp 2 x dp 2)";
+  const Case c{"gpt2-tiny", true, {}, "gpt2-tiny"};
+  test::OneQueueGroup one_queue(comm::world());
+  auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{0, 2, 1, 1, 1}, one_queue);
+  const Config cfg = case_config(c, 2, {"parallel.zero_stage=3"});
+  expect_same_training(train_run(cfg, mesh), c, cfg.model);
+  std::string mine;
+  for (const std::string& op : one_queue.issued()) mine += op + "\n";
+  const std::vector<std::string> every = comm::all_gather_strings(comm::world(), mine);
+  for (size_t r = 1; r < every.size(); ++r) EXPECT_EQ(every[r], every[0]) << "rank " << r << " issued in another order";
 }
 
 // Activations kept for backward after a training forward (the allocator's
