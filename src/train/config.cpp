@@ -497,7 +497,9 @@ Device local_gpu(int local_rank, int local_size, int gpus, const std::string& co
   ZT_CHECK(comm_backend == "mpi", local_size, " processes on this node share its ", gpus,
            " GPU(s), but NCCL needs one GPU per process: launch at most ", gpus, " processes per node, or set "
            "parallel.comm_backend = mpi (GPU tensors staged through host memory and MPI: slow, for testing "
-           "layouts on few GPUs)");
+           "layouts on few GPUs). If the launcher gives each process GPUs of its own (srun --gpus-per-task, "
+           "CUDA_VISIBLE_DEVICES set per rank), set train.device = \"cuda:0\": each process then takes its own "
+           "first GPU");
   return Device::cuda(local_rank % gpus);
 }
 

@@ -137,9 +137,12 @@ struct Config {
 };
 
 // The GPU of local rank `local_rank` of the `local_size` processes on a node
-// with `gpus` GPUs: cuda:local_rank, or local_rank modulo gpus when
-// comm_backend = "mpi" lets processes share a GPU (staged through host
-// memory). With too few GPUs for NCCL, throws naming both fixes.
+// with `gpus` GPUs visible to each: cuda:local_rank, or local_rank modulo
+// gpus when comm_backend = "mpi" lets processes share a GPU (staged through
+// host memory). With too few GPUs for NCCL, throws naming the fixes -
+// including train.device = "cuda:N" where a launcher gives each process its
+// own GPU (srun --gpus-per-task=1: every process sees one GPU, cuda:0),
+// which Config::device takes as placed, as is.
 Device local_gpu(int local_rank, int local_size, int gpus, const std::string& comm_backend);
 
 // Reads a TOML file and applies `overrides` ("section.key=value", value in

@@ -134,6 +134,9 @@ TEST(Config, LocalRanksGetTheirGpuOrShareOnlyThroughTheStagedMpiPath) {
     const std::string e = test::error_of([&] { local_gpu(1, 2, 1, backend); });
     EXPECT_TRUE(has(e, "2 processes on this node share its 1 GPU(s), but NCCL needs one GPU per process")) << e;
     EXPECT_TRUE(has(e, "launch at most 1 processes per node, or set parallel.comm_backend = mpi")) << e;
+    // A launcher that binds one GPU per process (each sees one): the way out.
+    EXPECT_TRUE(has(e, "(srun --gpus-per-task, CUDA_VISIBLE_DEVICES set per rank), set train.device = \"cuda:0\""))
+        << e;
   }
   // No GPU at all: the device's own initialisation names the problem later.
   EXPECT_EQ(local_gpu(1, 2, 0, "auto"), Device::cuda(1));
