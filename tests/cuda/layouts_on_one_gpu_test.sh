@@ -7,7 +7,8 @@
 # every step must match the single-GPU run to relative 1e-5, as the CPU
 # layouts match the single process.
 #   dp = 2 (ZeRO-1), tp = 2 with sequence parallelism, pp = 2 (1F1B),
-#   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3); then GPT-2
+#   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3), dp = 4 in
+#   shard groups of 2 (hybrid ZeRO-2); then GPT-2
 #   (tied embeddings: the head's copy on the last stage, a vocabulary-parallel
 #   tied head) at tp = 2 with SP, pp = 2 and pp = 2 x tp = 2, and in f16 at
 #   tp = 2 (relative 1e-2 to the one-GPU f16 run);
@@ -53,6 +54,9 @@ layouts() {  # layouts BACKEND MAX_PROCESSES
   [ "$2" -ge 4 ] || return 0
   run "$1" pp2-tp2-zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb
   run "$1" tp2-dp2-zero3 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero_stage=3
+  # Hybrid ZeRO: over NCCL each replica all-reduce queues right behind its
+  # reduce-scatter on the one comm stream (DataParallel, shares_one_queue).
+  run "$1" dp4-hybrid-zero2 4 --set parallel.dp=4 --set parallel.zero_stage=2 --set parallel.shard_group=2
 }
 gpt2_layouts() {  # gpt2_layouts BACKEND MAX_PROCESSES
   run "$1" gpt2-tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true

@@ -240,6 +240,13 @@ class NcclGroup : public ProcessGroup {
       cuda::ensure_initialized(device_);  // NCCL works on the current device
       ZT_NCCL(ncclCommSplit(comm_, color, key, &comm, nullptr), where("split", *this));
     }
+    // Block offsets and peers are host ranks: NCCL's split must order the
+    // members as the host's does (by key, then parent rank).
+    int nccl_rank = -1, nccl_size = -1;
+    ZT_NCCL(ncclCommUserRank(comm, &nccl_rank), where("split", *this));
+    ZT_NCCL(ncclCommCount(comm, &nccl_size), where("split", *this));
+    ZT_ASSERT(nccl_rank == host->rank() && nccl_size == host->size(), where("split", *this), "NCCL made rank ",
+              nccl_rank, " of ", nccl_size, " where the host group made rank ", host->rank(), " of ", host->size());
     return std::make_unique<NcclGroup>(std::move(host), device_, comm, name);
   }
 
@@ -313,12 +320,21 @@ class NcclGroup : public ProcessGroup {
       char* o = static_cast<char*>(out.data_ptr());
       const char* i = static_cast<const char*>(in.data_ptr());
       ZT_NCCL(ncclGroupStart(), at);
+      // A send or receive that throws still ends the group: else this
+      // thread's later NCCL calls would join it and never launch.
+      struct EndGroup {
+        bool ended = false;
+        ~EndGroup() {
+          if (!ended) (void)ncclGroupEnd();
+        }
+      } group;
       for (int r = 0; r < size_; ++r) {
         ZT_NCCL(ncclSend(i, size_t(ic[size_t(r)] * es), ncclUint8, r, comm_, s), at);
         ZT_NCCL(ncclRecv(o, size_t(oc[size_t(r)] * es), ncclUint8, r, comm_, s), at);
         i += ic[size_t(r)] * es;
         o += oc[size_t(r)] * es;
       }
+      group.ended = true;
       ZT_NCCL(ncclGroupEnd(), at);
     });
   }
