@@ -22,7 +22,7 @@ void print_error(std::exception_ptr error) {
 }
 
 void end_job_on_error() {
-  if (comm::world_info().size <= 1) return;
+  if (!comm::in_multi_process_job()) return;  // also when the error came from creating the world
   print_error(std::current_exception());
   comm::abort_job_after_error(1);
 }

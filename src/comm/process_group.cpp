@@ -170,14 +170,14 @@ std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name) {
 void set_current_step(int64_t step) { g_step = step; }
 int64_t current_step() { return g_step; }
 
-void abort_job_after_error(int exit_code) {
+bool in_multi_process_job() {
   World& w = the_world();
-  bool multi = false;
-  {
-    std::lock_guard<std::mutex> lock(w.mu);
-    multi = w.group && w.info.backend == "mpi" && w.info.size > 1;
-  }
-  if (!multi) return;
+  std::lock_guard<std::mutex> lock(w.mu);
+  return w.group && w.info.backend == "mpi" && w.info.size > 1;
+}
+
+void abort_job_after_error(int exit_code) {
+  if (!in_multi_process_job()) return;
   std::fflush(stdout);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, exit_code);

@@ -156,6 +156,9 @@ std::vector<std::string> all_gather_strings(ProcessGroup& g, const std::string& 
 // The step training is at, for watchdog messages (set by the trainer).
 void set_current_step(int64_t step);
 int64_t current_step();
+// True once the world group exists and spans several processes (never
+// creates it: safe in an error path that may run before it does).
+bool in_multi_process_job();
 // After a fatal error on this rank of a multi-process job: ends the whole
 // job at once (MPI_Abort) instead of leaving the other ranks waiting in a
 // collective until the watchdog fires. Does nothing for a single process.
