@@ -122,7 +122,7 @@ class DataParallel {
   void start(size_t set_index);
   // Retires finished reductions, oldest first (a fixed order: ZeRO-2's sums
   // into the shards are deterministic): waits for the first `wait_first`
-  // (wait(), which on a shared queue does not block the host), then takes
+  // (wait(); NCCL's does not block the host), then takes
   // those that test() finished, up to the first that has not.
   void drain(size_t wait_first);
   std::vector<nn::ParamSet*> sets_;

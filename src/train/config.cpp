@@ -504,7 +504,7 @@ Device local_gpu(int local_rank, int local_size, int gpus, const std::string& co
 }
 
 Device Config::device(bool multi_process) const {
-  if (train.device != "cuda" || !multi_process) return parse_device(train.device);
+  if (!gpu_by_local_rank() || !multi_process) return parse_device(train.device);
   const comm::WorldInfo w = comm::world_info();
   return local_gpu(w.local_rank, w.local_size, ops::gpu_count(), parallel.comm_backend);
 }

@@ -134,6 +134,10 @@ struct Config {
   // modulo the GPU count when parallel.comm_backend = mpi lets processes
   // share a GPU; else an error names the fix when there are too few).
   Device device(bool multi_process) const;
+  // True for a bare `cuda`: a multi-process run's GPU follows the local rank.
+  // False for `cuda:N`, which the user placed (a launcher that gives each
+  // process its own GPU), and for the CPU.
+  bool gpu_by_local_rank() const { return train.device == "cuda"; }
 };
 
 // The GPU of local rank `local_rank` of the `local_size` processes on a node

@@ -40,11 +40,11 @@ std::string format_mib(double v) {
 // (parallel.comm_backend = mpi), unless the user placed each process on a
 // GPU of its own (train.device = "cuda:N": a launcher that binds one GPU per
 // process, so each sees fewer GPUs than the node's processes).
-int64_t processes_sharing_device(Device device, bool multi_process, bool placed) {
+int64_t processes_sharing_device(Device device, bool multi_process, bool by_local_rank) {
   if (!multi_process) return 1;
   const comm::WorldInfo w = comm::world_info();
   if (device.is_cpu()) return w.local_size;
-  if (placed) return 1;
+  if (!by_local_rank) return 1;
   const int64_t gpus = std::max(1, ops::gpu_count());
   return (w.local_size + gpus - 1) / gpus;
 }
@@ -99,8 +99,8 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     // reaches the same verdict.
     PlanPlace layout;
     if (mesh_) layout = {mesh_->shape().dp, mesh_->shape().tp, mesh_->shape().pp, 0, 0};
-    const bool placed = cfg_.train.device != "cuda";  // "cuda:N": as given, not by local rank (Config::device)
-    int64_t capacity = device_capacity_bytes(device, processes_sharing_device(device, mesh_ != nullptr, placed));
+    int64_t capacity = device_capacity_bytes(
+        device, processes_sharing_device(device, mesh_ != nullptr, cfg_.gpu_by_local_rank()));
     if (mesh_)  // the minimum over the mesh: its dp, tp and pp groups in turn cover every rank
       for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp()})
         for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));

@@ -50,6 +50,12 @@ class OneQueueGroup : public comm::ProcessGroup {
     std::lock_guard<std::mutex> lock(queue_->mu);
     return queue_->issued;
   }
+  // The log as one string, a line an operation: what ranks compare.
+  std::string issued_lines() const {
+    std::string lines;
+    for (const std::string& op : issued()) lines += op + "\n";
+    return lines;
+  }
 
   comm::WorkHandle all_reduce(const Tensor& t, comm::ReduceOp op) override {
     return queued("all_reduce", [this, t, op] { inner_.all_reduce(t, op)->wait(); });
