@@ -10,6 +10,8 @@
 
 namespace zt::parallel {
 
+int64_t zero_pad_multiple(int64_t zero_stage, int64_t dp) { return zero_stage >= 1 ? 16 * dp : 1; }
+
 DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& group,
                            const DataParallelOptions& options)
     : sets_(std::move(sets)), group_(&group), opt_(options), started_(sets_.size(), false) {

@@ -10,7 +10,8 @@
 //   last micro-batch finishes that layer (Transformer::on_grads_ready), on
 //   the group's communication thread while backward goes on. Every rank
 //   then holds the full gradient and updates every parameter.
-// zero_stage 1: the flat buffers are padded to a multiple of dp; rank r owns
+// zero_stage 1: the flat buffers are padded to a multiple of dp (times 16:
+//   zero_pad_multiple); rank r owns
 //   elements [r n/dp, (r+1) n/dp) of every layer. A layer's gradient is
 //   reduce-scattered into the rank's shard (MemCategory::grads), AdamW keeps
 //   master weights and moments for the shard only (1/dp of the optimizer
@@ -51,6 +52,15 @@ struct DataParallelOptions {
   // clusters whose links between groups are slow. 0: the whole dp group.
   int64_t shard_group = 0;
 };
+
+// What each layer's flat buffers are padded to a multiple of (elements),
+// for a dp group of `dp` ranks: under ZeRO every rank's shard is an equal
+// slice, and a whole number of 16-byte packs of the narrowest dtype a shard
+// travels in (bf16 weights, f32 gradients: 16 elements covers both and
+// 1-byte dtypes), so each shard starts 16-byte aligned and NCCL takes its
+// aligned path. Hybrid shard groups divide dp, so their shards are too.
+// 1 without ZeRO (whole buffers are reduced).
+int64_t zero_pad_multiple(int64_t zero_stage, int64_t dp);
 
 class DataParallel {
  public:

@@ -16,6 +16,7 @@
 #include "nn/tensor_parallel.h"
 #include "nn/transformer.h"
 #include "ops/workspace.h"
+#include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
 #include "parallel/pipeline_schedule.h"
@@ -198,7 +199,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const int64_t s = int64_t(dtype_size(cfg.compute_dtype()));
   const int64_t zero = cfg.parallel.zero_stage;
   const int64_t shard = cfg.parallel.shard_group > 0 ? cfg.parallel.shard_group : at.dp;  // ZeRO shard group
-  const int64_t pad = zero >= 1 ? at.dp : 1;  // as the trainer pads the flat buffers
+  const int64_t pad = parallel::zero_pad_multiple(zero, at.dp);  // as the trainer pads the flat buffers
   const nn::TpShares sh = nn::tp_shares(m, at.tp, at.tp_rank);
   const bool sp = at.tp > 1 && cfg.parallel.sequence_parallel;
   const std::vector<nn::ModelPart> parts = rank_parts(cfg, at);
@@ -241,7 +242,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     else
       reducing = std::max(reducing, big + next + big / shard);
   }
-  const int64_t shard_sets = all / shard;  // equal slices: every set is padded to a multiple of dp
+  const int64_t shard_sets = all / shard;  // equal slices: every set is padded to a multiple of 16 dp
   MemoryPlan p;
   // RoPE's table per chunk (f32, params).
   const int64_t rope = m.arch == nn::Arch::llama3 ? 4 * m.max_seq_len * m.head_dim() * int64_t(parts.size()) : 0;

@@ -122,8 +122,8 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   comm::ProcessGroup& dp_group = mesh_ ? mesh_->dp() : *solo_dp_;
   main_rank_ = !mesh_ || mesh_->world_rank() == 0;
   const int64_t dp = dp_group.size();
-  // ZeRO shards are equal slices of each layer's flat buffers: pad them to a multiple of dp.
-  const int64_t pad = cfg_.parallel.zero_stage >= 1 ? dp : 1;
+  // ZeRO shards are equal, aligned slices of each layer's flat buffers.
+  const int64_t pad = parallel::zero_pad_multiple(cfg_.parallel.zero_stage, dp);
   // Tensor parallelism: this rank's slices of every layer (the mesh's tp group).
   nn::TensorParallel tp;
   if (mesh_ && mesh_->tp().size() > 1) tp = {&mesh_->tp(), cfg_.parallel.sequence_parallel};

@@ -115,22 +115,42 @@ INSTANTIATE_TEST_SUITE_P(Models, DataParallelTest,
                                            std::make_tuple("llama3-tiny", 0), std::make_tuple("llama3-tiny", 1),
                                            std::make_tuple("llama3-tiny", 2), std::make_tuple("llama3-tiny", 3)));
 
-// ZeRO-1 keeps 1/dp of the optimizer state (up to the padding of each
-// layer to a multiple of dp), as the allocator measures it.
-TEST(DataParallel, ZeroOneShardsTheOptimizerState) {
+// ZeRO-1 keeps 1/dp of the optimizer state, as the allocator measures it:
+// exactly the padded layers' shards, each a whole number of 16-element
+// packs starting 16-byte aligned (NCCL's aligned path; zero_pad_multiple).
+TEST(DataParallel, ZeroOneShardsTheOptimizerStateInAlignedSlices) {
   const int64_t p = comm::world().size();
   auto mesh = world_mesh();
-  Config cfg = tiny("gpt2-tiny", 0, {"train.steps=1"});
+  // d_model 40: the blocks' 19720 elements are no multiple of 16 p (what
+  // a padding to a multiple of p alone leaves misaligned).
+  const std::vector<std::string> odd = {"train.steps=1", "model.d_model=40"};
+  Config cfg = tiny("gpt2-tiny", 0, odd);
   const RunResult replicated = train(cfg, mesh);
-  cfg = tiny("gpt2-tiny", 1, {"train.steps=1"});
-  const RunResult sharded = train(cfg, mesh);
+  cfg = tiny("gpt2-tiny", 1, odd);
+  std::vector<optim::OptimShard> shards;
+  const RunResult sharded = train(cfg, mesh, [&](Trainer& t) { shards = t.data_parallel().optimizer_shards(); });
   ASSERT_GT(replicated.optimizer_bytes, 0);
-  const double expected = double(replicated.optimizer_bytes) / double(p);
-  const int64_t layers = int64_t(sharded.params.size());
-  // Padding: at most p - 1 elements per layer, two f32 moments each.
-  EXPECT_NEAR(double(sharded.optimizer_bytes), expected, double(layers * (p - 1) * 2 * 4) + 1)
+  int64_t unpadded = 0, shard_elements = 0;
+  for (const auto& v : replicated.params) unpadded += int64_t(v.size());
+  ASSERT_EQ(sharded.params.size(), replicated.params.size());
+  for (size_t i = 0; i < sharded.params.size(); ++i) {
+    const int64_t n = int64_t(sharded.params[i].size());
+    EXPECT_EQ(n % (16 * p), 0) << "layer " << i << ": " << n << " elements on " << p << " ranks";
+    EXPECT_LT(n - int64_t(replicated.params[i].size()), 16 * p) << "layer " << i << " padded more than needed";
+    shard_elements += n / p;
+  }
+  ASSERT_EQ(replicated.optimizer_bytes % unpadded, 0);
+  const int64_t bytes_per_element = replicated.optimizer_bytes / unpadded;  // the moments (+ master)
+  EXPECT_EQ(sharded.optimizer_bytes, bytes_per_element * shard_elements)
       << "ZeRO-0 " << replicated.optimizer_bytes << " bytes, ZeRO-1 " << sharded.optimizer_bytes << " on " << p
       << " ranks";
+  ASSERT_EQ(shards.size(), sharded.params.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const optim::OptimShard& sh = shards[i];
+    EXPECT_EQ(sh.begin % 16, 0) << "layer " << i;
+    EXPECT_EQ((sh.end - sh.begin) % 16, 0) << "layer " << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(sh.grad.data_ptr()) % 16, 0u) << "layer " << i;
+  }
 }
 
 // The single process's 4 steps, which the hybrid layouts match.
@@ -251,6 +271,7 @@ TEST(DataParallel, ZeroTwoAndThreeKeepShardsAndTheLayersInFlight) {
   const int64_t p = comm::world().size();
   auto mesh = world_mesh();
   int64_t peak[4] = {0, 0, 0, 0}, param_peak[4] = {0, 0, 0, 0}, total = 0, largest = 0, embed = 0, head = 0;
+  int64_t unpadded = 0;  // ZeRO-0's buffers (ZeRO pads each layer: zero_pad_multiple)
   for (int zero : {0, 2, 3}) {
     const Config cfg = tiny("gpt2-tiny", zero, {"model.vocab_size=512", "model.n_layer=8", "train.steps=2"});
     Trainer t(cfg, std::make_unique<RandomTokens>(7 + uint64_t(mesh->dp().rank())), nullptr, nullptr, mesh);
@@ -261,12 +282,13 @@ TEST(DataParallel, ZeroTwoAndThreeKeepShardsAndTheLayersInFlight) {
       total += s->numel();
       largest = std::max(largest, s->numel());
     }
+    if (zero == 0) unpadded = total;
     t.train_step(0);
     const StepMetrics m = t.train_step(1);
     peak[zero] = m.memory.peak_bytes[size_t(MemCategory::grads)];
     param_peak[zero] = m.memory.peak_bytes[size_t(MemCategory::params)];
   }
-  EXPECT_EQ(peak[0], 4 * total) << "ZeRO-0 holds every full gradient buffer";
+  EXPECT_EQ(peak[0], 4 * unpadded) << "ZeRO-0 holds every full gradient buffer";
   // The tied embedding's gradient is written by the LM head in forward and
   // by the embedding backward at the very end, so it lives through the pass;
   // the head's (the final norm's) is reduced while the last block's is made.
@@ -279,7 +301,7 @@ TEST(DataParallel, ZeroTwoAndThreeKeepShardsAndTheLayersInFlight) {
   EXPECT_LE(peak[3], bound);
   // Parameters: ZeRO-3 keeps the shards plus the layer in use, the one
   // prefetched and the tied embedding at the LM head.
-  EXPECT_EQ(param_peak[0], 4 * total) << "f32 weights, every layer resident";
+  EXPECT_EQ(param_peak[0], 4 * unpadded) << "f32 weights, every layer resident";
   const int64_t param_bound = 4 * (total / p + 3 * largest);
   EXPECT_LE(param_peak[3], param_bound) << "ZeRO-3 weights peak " << param_peak[3] << " bytes";
   if (p > 1) {
