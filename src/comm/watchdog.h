@@ -3,7 +3,9 @@
 // operations on its GPU stream). One in flight longer than the timeout is fatal: one
 // line on stderr naming the operation, the group, its ranks and the step,
 // then MPI_Abort (the launcher tears the whole job down; a collective stuck
-// in MPI cannot be cancelled, and waiting forever is the worst outcome).
+// in MPI cannot be cancelled, and waiting forever is the worst outcome). So
+// is a failure the group's library reports by itself (NCCL's asynchronous
+// errors: a peer or a link gone), at once instead of after the timeout.
 #pragma once
 
 #include <functional>
@@ -23,6 +25,9 @@ struct WatchedGroup {
   std::vector<int> world_ranks;
   int world_rank;
   double timeout_seconds;
+  // A failure the group's library reported by itself, as one line (empty:
+  // none); optional, called from the monitor thread every 200 ms.
+  std::function<std::string()> fault = {};
 };
 
 // Registration (the group's lifetime brackets it).

@@ -88,10 +88,17 @@ SharedEvent record_timed_event(cudaStream_t stream, const std::string& at) {
 }
 
 // An operation on the communication stream: complete when its event is.
+// It holds its tensors until it is dropped; one dropped before wait() first
+// makes the compute stream wait for the operation, so their memory, freed
+// then and reused in compute-stream order, is not overwritten while NCCL
+// still reads or writes it.
 class NcclWork : public Work {
  public:
-  NcclWork(SharedEvent done, cudaStream_t compute, std::string where)
-      : done_(std::move(done)), compute_(compute), where_(std::move(where)) {}
+  NcclWork(SharedEvent done, cudaStream_t compute, std::string where, std::vector<Tensor> keep)
+      : done_(std::move(done)), compute_(compute), where_(std::move(where)), keep_(std::move(keep)) {}
+  ~NcclWork() override {
+    if (!waited_) (void)cudaStreamWaitEvent(compute_, done_.get(), 0);
+  }
   bool test() override { return cuda::event_completed(done_.get(), where_.c_str()); }
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -104,6 +111,7 @@ class NcclWork : public Work {
   SharedEvent done_;
   cudaStream_t compute_;
   std::string where_;
+  std::vector<Tensor> keep_;
   std::mutex mu_;
   bool waited_ = false;
 };
@@ -125,8 +133,18 @@ class NcclGroup : public ProcessGroup {
       (void)cudaSetDevice(device_.index);  // the monitor thread's current device, for the event queries
       return settle();
     };
+    // NCCL's own asynchronous errors (a peer's process or a link gone, a
+    // remote failure) end the job when NCCL sees them, not at the timeout.
+    auto fault = [this]() -> std::string {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return {};
+      if (state == ncclSuccess || state == ncclInProgress) return {};
+      std::string what = std::string("NCCL reported ") + ncclGetErrorString(state);
+      if (const char* last = ncclGetLastError(comm_); last && *last) what += std::string(" (") + last + ")";
+      return what + " - a peer may have died or a link failed";
+    };
     watch({this, from_monitor, name_ + " (NCCL)", world_ranks_, world_ranks_[size_t(rank_)],
-           world_info().timeout_seconds});
+           world_info().timeout_seconds, fault});
   }
   ~NcclGroup() override {
     unwatch(this);
@@ -142,7 +160,7 @@ class NcclGroup : public ProcessGroup {
     const char* name = "all_reduce";
     check_device(name, t);
     check_reducible(name, *this, t);
-    return launch(name, 2 * int64_t(t.nbytes()) * (size_ - 1) / size_, [&](cudaStream_t s) {
+    return launch(name, 2 * int64_t(t.nbytes()) * (size_ - 1) / size_, {t}, [&](cudaStream_t s) {
       ZT_NCCL(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), reduce_type(t.dtype()), reduce_op(op),
                             comm_, s),
               where(name, *this));
@@ -157,7 +175,7 @@ class NcclGroup : public ProcessGroup {
     check_reducible(name, *this, in);
     check_same_dtype(name, *this, out, in);
     check_numel(name, *this, "in", in.numel(), out.numel() * size_);
-    return launch(name, int64_t(in.nbytes()) * (size_ - 1) / size_, [&](cudaStream_t s) {
+    return launch(name, int64_t(in.nbytes()) * (size_ - 1) / size_, {out, in}, [&](cudaStream_t s) {
       ZT_NCCL(ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), reduce_type(in.dtype()),
                                 reduce_op(op), comm_, s),
               where(name, *this));
@@ -172,7 +190,7 @@ class NcclGroup : public ProcessGroup {
     check_same_dtype(name, *this, out, in);
     check_numel(name, *this, "out", out.numel(), in.numel() * size_);
     // In place when `in` is this rank's block of `out` (NCCL's own rule).
-    return launch(name, int64_t(out.nbytes()) * (size_ - 1) / size_, [&](cudaStream_t s) {
+    return launch(name, int64_t(out.nbytes()) * (size_ - 1) / size_, {out, in}, [&](cudaStream_t s) {
       ZT_NCCL(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, s), where(name, *this));
     });
   }
@@ -182,7 +200,7 @@ class NcclGroup : public ProcessGroup {
     const char* name = "broadcast";
     check_device(name, t);
     check_peer(name, *this, root, true);
-    return launch(name, rank_ == root ? int64_t(t.nbytes()) : 0, [&](cudaStream_t s) {
+    return launch(name, rank_ == root ? int64_t(t.nbytes()) : 0, {t}, [&](cudaStream_t s) {
       ZT_NCCL(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s), where(name, *this));
     });
   }
@@ -282,9 +300,11 @@ class NcclGroup : public ProcessGroup {
   void update_stats() const override { const_cast<NcclGroup*>(this)->settle(); }
 
   // Runs body(stream) on the communication stream after the compute stream's
-  // queued work; the Work completes with it. Timed on the device (start and
-  // done events) and listed for the watchdog until it completes.
-  WorkHandle launch(const char* op, int64_t bytes_sent, const std::function<void(cudaStream_t)>& body) {
+  // queued work; the Work completes with it and holds `keep` (the operation's
+  // tensors) until dropped. Timed on the device (start and done events) and
+  // listed for the watchdog until it completes.
+  WorkHandle launch(const char* op, int64_t bytes_sent, std::vector<Tensor> keep,
+                    const std::function<void(cudaStream_t)>& body) {
     const std::string at = where(op, *this);
     std::lock_guard<std::mutex> lock(mu_);  // one thread at a time in a communicator
     cuda::ensure_initialized(device_);
@@ -303,7 +323,7 @@ class NcclGroup : public ProcessGroup {
       std::lock_guard<std::mutex> plock(pending_mu_);
       pending_.push_back({start, done, op, issued});
     }
-    return std::make_shared<NcclWork>(std::move(done), compute_, at);
+    return std::make_shared<NcclWork>(std::move(done), compute_, at, std::move(keep));
   }
 
   // Block r of `in` (in_counts[r] elements) to rank r; block r of `out`
@@ -315,7 +335,7 @@ class NcclGroup : public ProcessGroup {
     for (int r = 0; r < size_; ++r)
       if (r != rank_) sent += in_counts[size_t(r)] * es;
     const std::vector<int64_t> oc(out_counts.begin(), out_counts.end()), ic(in_counts.begin(), in_counts.end());
-    return launch(op, sent, [&](cudaStream_t s) {
+    return launch(op, sent, {out, in}, [&](cudaStream_t s) {
       const std::string at = where(op, *this);
       char* o = static_cast<char*>(out.data_ptr());
       const char* i = static_cast<const char*>(in.data_ptr());
