@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -30,6 +31,8 @@ namespace zt::comm {
 #if !ZT_WITH_NCCL
 
 bool nccl_available() { return false; }
+
+int nccl_communicators() { return 0; }
 
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup>, Device, const std::string&) {
   ZT_FAIL("comm: this build has no NCCL backend (NCCL was not found when it was built: install NCCL or point "
@@ -116,10 +119,57 @@ class NcclWork : public Work {
   bool waited_ = false;
 };
 
+// A communicator and the lock its callers take (NCCL's calls on one
+// communicator must not overlap); destroyed with its last group.
+struct SharedComm {
+  explicit SharedComm(ncclComm_t c) : comm(c) {}
+  ~SharedComm() { (void)ncclCommDestroy(comm); }
+  ncclComm_t comm;
+  std::mutex mu;
+};
+
+// This process's communicators by their members (world ranks in group rank
+// order: the same list on every member). A split whose members already
+// have one shares it instead of making another - the mesh's dp, dp_cp and
+// ep_dp groups are the world, or each other, whenever the other dimensions
+// are 1, and every NCCL communicator holds its own buffers on the GPU
+// (hundreds of MB with NVLS), outside the memory plan.
+class CommRegistry {
+ public:
+  static CommRegistry& get() {
+    static CommRegistry* r = new CommRegistry;  // never destroyed: groups may outlive static destruction
+    return *r;
+  }
+  std::shared_ptr<SharedComm> find(const std::vector<int>& members) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = comms_.find(members);
+    if (it == comms_.end()) return nullptr;
+    std::shared_ptr<SharedComm> c = it->second.lock();
+    if (!c) comms_.erase(it);
+    return c;
+  }
+  std::shared_ptr<SharedComm> add(const std::vector<int>& members, ncclComm_t comm) {
+    auto c = std::make_shared<SharedComm>(comm);
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_[members] = c;
+    return c;
+  }
+  int live() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (const auto& [members, c] : comms_) n += c.expired() ? 0 : 1;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::vector<int>, std::weak_ptr<SharedComm>> comms_;
+};
+
 class NcclGroup : public ProcessGroup {
  public:
-  NcclGroup(std::unique_ptr<ProcessGroup> host, Device device, ncclComm_t comm, std::string name)
-      : host_(std::move(host)), device_(device), comm_(comm) {
+  NcclGroup(std::unique_ptr<ProcessGroup> host, Device device, std::shared_ptr<SharedComm> comm, std::string name)
+      : host_(std::move(host)), device_(device), shared_(std::move(comm)), comm_(shared_->comm) {
     rank_ = host_->rank();
     size_ = host_->size();
     world_ranks_ = host_->world_ranks();
@@ -149,7 +199,7 @@ class NcclGroup : public ProcessGroup {
   ~NcclGroup() override {
     unwatch(this);
     (void)cudaStreamSynchronize(stream_);  // nothing of ours in flight when the communicator goes
-    (void)ncclCommDestroy(comm_);
+    // (shared_ destroys it after the last group that holds it)
   }
 
   // Every communicator of the device runs on its one comm stream.
@@ -252,11 +302,19 @@ class NcclGroup : public ProcessGroup {
 
   std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
     std::unique_ptr<ProcessGroup> host = host_->split(color, key, name);
+    // Every member of this group passes NCCL_SPLIT_NOCOLOR when their
+    // communicator exists already (each made it with the others), so the
+    // split, collective over this group, is still called by every rank.
+    std::shared_ptr<SharedComm> same = CommRegistry::get().find(host->world_ranks());
     ncclComm_t comm = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(shared_->mu);
       cuda::ensure_initialized(device_);  // NCCL works on the current device
-      ZT_NCCL(ncclCommSplit(comm_, color, key, &comm, nullptr), where("split", *this));
+      ZT_NCCL(ncclCommSplit(comm_, same ? NCCL_SPLIT_NOCOLOR : color, key, &comm, nullptr), where("split", *this));
+    }
+    if (same) {
+      ZT_ASSERT(comm == nullptr, where("split", *this), "NCCL made a communicator for a rank that passed no color");
+      return std::make_unique<NcclGroup>(std::move(host), device_, std::move(same), name);
     }
     // Block offsets and peers are host ranks: NCCL's split must order the
     // members as the host's does (by key, then parent rank).
@@ -265,7 +323,8 @@ class NcclGroup : public ProcessGroup {
     ZT_NCCL(ncclCommCount(comm, &nccl_size), where("split", *this));
     ZT_ASSERT(nccl_rank == host->rank() && nccl_size == host->size(), where("split", *this), "NCCL made rank ",
               nccl_rank, " of ", nccl_size, " where the host group made rank ", host->rank(), " of ", host->size());
-    return std::make_unique<NcclGroup>(std::move(host), device_, comm, name);
+    std::shared_ptr<SharedComm> made = CommRegistry::get().add(host->world_ranks(), comm);
+    return std::make_unique<NcclGroup>(std::move(host), device_, std::move(made), name);
   }
 
  private:
@@ -306,7 +365,7 @@ class NcclGroup : public ProcessGroup {
   WorkHandle launch(const char* op, int64_t bytes_sent, std::vector<Tensor> keep,
                     const std::function<void(cudaStream_t)>& body) {
     const std::string at = where(op, *this);
-    std::lock_guard<std::mutex> lock(mu_);  // one thread at a time in a communicator
+    std::lock_guard<std::mutex> lock(shared_->mu);  // one thread at a time in a communicator
     cuda::ensure_initialized(device_);
     settle();
     cudaEvent_t ready = nullptr;
@@ -367,16 +426,18 @@ class NcclGroup : public ProcessGroup {
 
   std::unique_ptr<ProcessGroup> host_;
   Device device_;
-  ncclComm_t comm_;
+  std::shared_ptr<SharedComm> shared_;  // with every group of the same members
+  ncclComm_t comm_;                     // shared_->comm
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
-  std::mutex mu_;
-  std::mutex pending_mu_;        // after mu_ when both are held
+  std::mutex pending_mu_;               // after shared_->mu when both are held
   std::deque<Pending> pending_;  // issued, not yet seen complete, in stream order
 };
 
 }  // namespace
 
 bool nccl_available() { return true; }
+
+int nccl_communicators() { return CommRegistry::get().live(); }
 
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host, Device device,
                                               const std::string& name) {
@@ -395,11 +456,12 @@ std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host
   std::memcpy(&id, id_words.data_ptr(), sizeof id);
   ncclComm_t comm = nullptr;
   ZT_NCCL(ncclCommInitRank(&comm, host->size(), id, host->rank()), at);
+  std::shared_ptr<SharedComm> shared = CommRegistry::get().add(host->world_ranks(), comm);
   // Point-to-point transfers of GPU tensors are staged through the host group.
   auto copy = [](const Tensor& dst, const Tensor& src) {
     cuda::copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
   };
-  return std::make_unique<NcclGroup>(make_host_staged_group(std::move(host), copy), device, comm, name);
+  return std::make_unique<NcclGroup>(make_host_staged_group(std::move(host), copy), device, std::move(shared), name);
 }
 
 #endif

@@ -18,6 +18,10 @@
 // parallel.comm_timeout it ends the job with a message naming it. bytes_sent
 // is counted as for MPI; wait_seconds stays 0 (wait() does not block the host).
 //
+// Groups with the same members (a split that keeps them all, or the mesh's
+// dp, dp_cp and ep_dp groups when cp = ep = 1) share one NCCL communicator:
+// each holds its own buffers on the GPU, outside the memory plan.
+//
 // Point-to-point transfers of GPU tensors (pipelines) go through host memory
 // and the host group (comm/staged_group.h), which matches them by tag: slow
 // (the host waits for the tensor's producers; two copies over the host bus),
@@ -39,5 +43,8 @@ bool nccl_available();
 // zt::Error naming the problem when NCCL is missing or fails to initialise.
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host, Device device,
                                               const std::string& name);
+
+// The NCCL communicators this process holds now (0 without NCCL).
+int nccl_communicators();
 
 }  // namespace zt::comm
