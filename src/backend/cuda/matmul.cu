@@ -124,6 +124,10 @@ struct PlanKey {
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
   bool bgrad = false;  // the BGRADB epilogue: the bias pointer receives a's column sums (f32 out only)
   bool separate_c = false;  // beta scales another matrix of out's layout (a residual), not out itself
+  // beta != 0: the heuristic never sees beta, but the library may refuse an
+  // algorithm at launch for it (BGRADB accumulating into dW), so the choice
+  // and its timing are kept apart for overwriting and accumulating calls.
+  bool accumulate = false;
   uint32_t align_a = 0, align_b = 0, align_out = 0, align_bias = 0, align_aux = 0;
   int candidate = 0;  // which of the heuristic's ranked algorithms (MatmulCandidateScope)
   uint64_t workspace_bytes = 0;  // the heuristic's workspace limit: 0 the device's (MatmulWorkspaceScope)
@@ -142,7 +146,7 @@ struct PlanKeyHash {
     mix(uint64_t(k.N));
     mix(uint64_t(k.K));
     mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4 |
-        uint64_t(k.bgrad) << 5 | uint64_t(k.separate_c) << 6);
+        uint64_t(k.bgrad) << 5 | uint64_t(k.separate_c) << 6 | uint64_t(k.accumulate) << 7);
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
@@ -184,7 +188,8 @@ std::string describe(const PlanKey& k) {
                         "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
                         k.dgelu ? ", dgelu epilogue" : "", k.bgrad ? ", bgradb epilogue" : "",
-                        k.separate_c ? ", C apart from out" : "", ", alignments a ",
+                        k.separate_c ? ", C apart from out" : "", k.accumulate ? ", beta != 0" : "",
+                        ", alignments a ",
                         k.align_a, " b ", k.align_b, " out ",
                         k.align_out, " bias ", k.align_bias, " aux ", k.align_aux,
                         k.candidate > 0 ? zt::detail::concat(", candidate ", k.candidate) : "",
@@ -398,7 +403,27 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->handle, p->op, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
                                                             pref, kMatmulCandidates, results, &returned);
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  // NOT_SUPPORTED: no algorithm; anything else names a descriptor we built wrong.
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+    throw InternalError(zt::detail::concat("cuBLASLt's heuristic failed (", cublasGetStatusName(st), ") for the matmul ",
+                                           describe(k)));
   p->offered = st == CUBLAS_STATUS_SUCCESS ? returned : 0;
+  // The heuristic sees one layout for C and D, not that they are apart: a
+  // separate C keeps only the algorithms that may write D elsewhere (in
+  // their order, so candidate n is the n-th of the same list in every run).
+  if (k.separate_c) {
+    int kept = 0;
+    for (int i = 0; i < p->offered; ++i) {
+      int32_t out_of_place = 0;
+      size_t written = 0;
+      if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+          cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+                                            &out_of_place, sizeof(out_of_place), &written) == CUBLAS_STATUS_SUCCESS &&
+          out_of_place != 0)
+        results[kept++] = results[i];
+    }
+    p->offered = kept;
+  }
   ZT_CHECK(k.candidate >= 0 && k.candidate < kMatmulCandidates, "matmul: cuBLASLt candidate ", k.candidate,
            " is outside 0..", kMatmulCandidates - 1);
   const cublasLtMatmulHeuristicResult_t& chosen = results[k.candidate];
@@ -486,6 +511,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   k.candidate = scoped ? t_candidate : 0;
   k.workspace_bytes = t_workspace_bytes;
   k.tune = !scoped && tuning_on();
+  k.accumulate = beta_in != 0.0f;
   const float alpha = alpha_in, beta = beta_in;
   void* const workspace = t_workspace != nullptr ? t_workspace : cublaslt_workspace(device);
   const size_t workspace_bytes = t_workspace != nullptr ? size_t(t_workspace_bytes) : cublaslt_workspace_bytes();
@@ -547,7 +573,8 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
       return true;
     }
     const cublasStatus_t status = launch_with(p.algo, out);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED && !plain) return false;
+    // A refusal may also read as parameters "in an impossible configuration".
+    if ((status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) && !plain) return false;
     ZT_CUBLAS_CHECK(status);
     t_last = LastAlgorithm{.any = true, .cublas = false, .algo = p.algo};
     return true;
