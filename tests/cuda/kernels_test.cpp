@@ -286,9 +286,14 @@ TEST_P(CudaKernels, RopeSplitsOrRotatesTheFusedQkv) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();
   auto rng = make_rng(15);
-  for (const int64_t D : {int64_t(64), int64_t(42)}) {
-    SCOPED_TRACE(::testing::Message() << "D " << D);
-    const int64_t B = 2, T = 19, Hq = 4, Hkv = 2, Tmax = 24;
+  struct Heads {
+    int64_t Hq, Hkv, D;
+  };
+  // Small GQA heads (D 42: no 16-byte packs), and Llama 3.2 1B's 32 / 8.
+  for (const Heads& h : {Heads{4, 2, 64}, Heads{4, 2, 42}, Heads{32, 8, 64}}) {
+    const int64_t Hq = h.Hq, Hkv = h.Hkv, D = h.D;
+    SCOPED_TRACE(::testing::Message() << "Hq " << Hq << " Hkv " << Hkv << " D " << D);
+    const int64_t B = 2, T = 19, Tmax = 24;
     Tensor table = Tensor::empty(Shape{Tmax, D / 2, 2}, DType::f32);
     Tensor gtable = gpu_poisoned(Shape{Tmax, D / 2, 2}, DType::f32);
     ops::rope_table(table, D, 500000.0, ops::RopeScaling{});
