@@ -32,7 +32,7 @@ namespace zt::comm {
 
 bool nccl_available() { return false; }
 
-int nccl_communicators() { return 0; }
+int nccl_communicators(const ProcessGroup&) { return 0; }
 
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup>, Device, const std::string&) {
   ZT_FAIL("comm: this build has no NCCL backend (NCCL was not found when it was built: install NCCL or point "
@@ -128,18 +128,15 @@ struct SharedComm {
   std::mutex mu;
 };
 
-// This process's communicators by their members (world ranks in group rank
-// order: the same list on every member). A split whose members already
-// have one shares it instead of making another - the mesh's dp, dp_cp and
-// ep_dp groups are the world, or each other, whenever the other dimensions
-// are 1, and every NCCL communicator holds its own buffers on the GPU
-// (hundreds of MB with NVLS), outside the memory plan.
+// The communicators of one group and every group split from it, by their
+// members (world ranks in group rank order: the same list on every member).
+// A split whose members already have one shares it instead of making
+// another - the mesh's dp, dp_cp and ep_dp groups are the world, or each
+// other, whenever the other dimensions are 1, and every NCCL communicator
+// holds its own buffers on the GPU (hundreds of MB with NVLS), outside the
+// memory plan. Owned by the groups of that family (no global state).
 class CommRegistry {
  public:
-  static CommRegistry& get() {
-    static CommRegistry* r = new CommRegistry;  // never destroyed: groups may outlive static destruction
-    return *r;
-  }
   std::shared_ptr<SharedComm> find(const std::vector<int>& members) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = comms_.find(members);
@@ -168,8 +165,13 @@ class CommRegistry {
 
 class NcclGroup : public ProcessGroup {
  public:
-  NcclGroup(std::unique_ptr<ProcessGroup> host, Device device, std::shared_ptr<SharedComm> comm, std::string name)
-      : host_(std::move(host)), device_(device), shared_(std::move(comm)), comm_(shared_->comm) {
+  NcclGroup(std::unique_ptr<ProcessGroup> host, Device device, std::shared_ptr<CommRegistry> family,
+            std::shared_ptr<SharedComm> comm, std::string name)
+      : host_(std::move(host)),
+        device_(device),
+        family_(std::move(family)),
+        shared_(std::move(comm)),
+        comm_(shared_->comm) {
     rank_ = host_->rank();
     size_ = host_->size();
     world_ranks_ = host_->world_ranks();
@@ -201,6 +203,8 @@ class NcclGroup : public ProcessGroup {
     (void)cudaStreamSynchronize(stream_);  // nothing of ours in flight when the communicator goes
     // (shared_ destroys it after the last group that holds it)
   }
+
+  int communicators() const { return family_->live(); }
 
   // Every communicator of the device runs on its one comm stream.
   bool shares_one_queue() const override { return true; }
@@ -305,7 +309,7 @@ class NcclGroup : public ProcessGroup {
     // Every member of this group passes NCCL_SPLIT_NOCOLOR when their
     // communicator exists already (each made it with the others), so the
     // split, collective over this group, is still called by every rank.
-    std::shared_ptr<SharedComm> same = CommRegistry::get().find(host->world_ranks());
+    std::shared_ptr<SharedComm> same = family_->find(host->world_ranks());
     ncclComm_t comm = nullptr;
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
@@ -314,7 +318,7 @@ class NcclGroup : public ProcessGroup {
     }
     if (same) {
       ZT_ASSERT(comm == nullptr, where("split", *this), "NCCL made a communicator for a rank that passed no color");
-      return std::make_unique<NcclGroup>(std::move(host), device_, std::move(same), name);
+      return std::make_unique<NcclGroup>(std::move(host), device_, family_, std::move(same), name);
     }
     // Block offsets and peers are host ranks: NCCL's split must order the
     // members as the host's does (by key, then parent rank).
@@ -323,8 +327,8 @@ class NcclGroup : public ProcessGroup {
     ZT_NCCL(ncclCommCount(comm, &nccl_size), where("split", *this));
     ZT_ASSERT(nccl_rank == host->rank() && nccl_size == host->size(), where("split", *this), "NCCL made rank ",
               nccl_rank, " of ", nccl_size, " where the host group made rank ", host->rank(), " of ", host->size());
-    std::shared_ptr<SharedComm> made = CommRegistry::get().add(host->world_ranks(), comm);
-    return std::make_unique<NcclGroup>(std::move(host), device_, std::move(made), name);
+    std::shared_ptr<SharedComm> made = family_->add(host->world_ranks(), comm);
+    return std::make_unique<NcclGroup>(std::move(host), device_, family_, std::move(made), name);
   }
 
  private:
@@ -426,6 +430,7 @@ class NcclGroup : public ProcessGroup {
 
   std::unique_ptr<ProcessGroup> host_;
   Device device_;
+  std::shared_ptr<CommRegistry> family_;  // of the group this one was split from, and its splits
   std::shared_ptr<SharedComm> shared_;  // with every group of the same members
   ncclComm_t comm_;                     // shared_->comm
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
@@ -437,7 +442,10 @@ class NcclGroup : public ProcessGroup {
 
 bool nccl_available() { return true; }
 
-int nccl_communicators() { return CommRegistry::get().live(); }
+int nccl_communicators(const ProcessGroup& group) {
+  const auto* g = dynamic_cast<const NcclGroup*>(&group);
+  return g ? g->communicators() : 0;
+}
 
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host, Device device,
                                               const std::string& name) {
@@ -456,12 +464,14 @@ std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host
   std::memcpy(&id, id_words.data_ptr(), sizeof id);
   ncclComm_t comm = nullptr;
   ZT_NCCL(ncclCommInitRank(&comm, host->size(), id, host->rank()), at);
-  std::shared_ptr<SharedComm> shared = CommRegistry::get().add(host->world_ranks(), comm);
+  auto family = std::make_shared<CommRegistry>();
+  std::shared_ptr<SharedComm> shared = family->add(host->world_ranks(), comm);
   // Point-to-point transfers of GPU tensors are staged through the host group.
   auto copy = [](const Tensor& dst, const Tensor& src) {
     cuda::copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
   };
-  return std::make_unique<NcclGroup>(make_host_staged_group(std::move(host), copy), device, std::move(shared), name);
+  return std::make_unique<NcclGroup>(make_host_staged_group(std::move(host), copy), device, std::move(family),
+                                     std::move(shared), name);
 }
 
 #endif

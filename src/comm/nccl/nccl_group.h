@@ -44,7 +44,8 @@ bool nccl_available();
 std::unique_ptr<ProcessGroup> make_nccl_group(std::unique_ptr<ProcessGroup> host, Device device,
                                               const std::string& name);
 
-// The NCCL communicators this process holds now (0 without NCCL).
-int nccl_communicators();
+// The NCCL communicators that `group` (an NCCL group), the group it was
+// split from and their other splits hold now (0 for any other group).
+int nccl_communicators(const ProcessGroup& group);
 
 }  // namespace zt::comm
