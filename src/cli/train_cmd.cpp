@@ -11,6 +11,7 @@
 #include "parallel/mesh.h"
 #include "train/checkpointing.h"
 #include "train/data_source.h"
+#include "train/gpu_placement.h"
 #include "train/model_file.h"
 #include "train/trainer.h"
 
@@ -43,7 +44,7 @@ Command add_train_command(CLI::App& app) {
                     "with --resume)")
       ->check(CLI::NonNegativeNumber);
   c.run = [opts, resume] {
-    const train::Config cfg = train::load_config(opts->config, opts->overrides);
+    train::Config cfg = train::load_config(opts->config, opts->overrides);
     // Every check below is pure and the same on every rank: a bad setting
     // fails everywhere, with one message, before the first collective.
     std::string resume_from;
@@ -65,6 +66,10 @@ Command add_train_command(CLI::App& app) {
       const bool nccl_asked = cfg.parallel.comm_backend == "nccl";
       comm::ProcessGroup& world =
           comm::world({nccl_asked ? "auto" : cfg.parallel.comm_backend, cfg.parallel.comm_timeout});
+      // A launcher that binds one GPU per process: each process's GPU named.
+      train::GpuPlacement placed = train::place_on_gpus(std::move(cfg), world);
+      cfg = std::move(placed.config);
+      if (!placed.note.empty() && world.rank() == 0) std::cout << placed.note << std::endl;
       const bool gpu = cfg.device(false).is_cuda();
       if (nccl_asked || (cfg.parallel.comm_backend == "auto" && gpu && world.size() > 1))
         gpu_world = comm::make_nccl_group(world.split(0, world.rank(), "world"), cfg.device(true), "world");

@@ -32,6 +32,14 @@ int gpu_count() {
 #endif
 }
 
+std::string gpu_uuid(int index) {
+#if ZT_WITH_CUDA
+  return cuda::device_info(index).uuid;
+#else
+  ZT_FAIL("gpu_uuid(", index, "): this build has no CUDA backend");
+#endif
+}
+
 std::string describe_cpu() { return cpu::describe_blas_kernels(); }
 
 void copy(const Tensor& dst, const Tensor& src) {

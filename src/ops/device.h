@@ -13,6 +13,9 @@ namespace zt::ops {
 void init_device(Device device);
 // Number of usable GPUs (0 in a build without CUDA).
 int gpu_count();
+// The UUID of GPU `index` of those this process sees ("GPU-...", as
+// nvidia-smi -L prints it; unique across machines). Throws without it.
+std::string gpu_uuid(int index);
 // The CPU's product kernels in one phrase (which OpenBLAS kernels, and
 // whether Zettatron replaced the library's pick: backend/cpu/blas_kernels.h).
 std::string describe_cpu();

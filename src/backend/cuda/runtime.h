@@ -59,6 +59,7 @@ struct DeviceInfo {
   int multiprocessors = 0;
   size_t total_memory = 0;    // bytes
   double peak_bf16_tflops = 0;  // dense tensor-core peak from the datasheet, 0 if unknown
+  std::string uuid;             // "GPU-8c3f...-...", as nvidia-smi -L names it: unique across machines
 };
 DeviceInfo device_info(int index);
 
