@@ -405,8 +405,8 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   // NOT_SUPPORTED: no algorithm; anything else names a descriptor we built wrong.
   if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
-    throw InternalError(zt::detail::concat("cuBLASLt's heuristic failed (", cublasGetStatusName(st), ") for the matmul ",
-                                           describe(k)));
+    throw InternalError(
+        zt::detail::concat("cuBLASLt's heuristic failed (", cublasGetStatusName(st), ") for the matmul ", describe(k)));
   p->offered = st == CUBLAS_STATUS_SUCCESS ? returned : 0;
   // The heuristic sees one layout for C and D, not that they are apart: a
   // separate C keeps only the algorithms that may write D elsewhere (in

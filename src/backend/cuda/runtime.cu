@@ -278,7 +278,8 @@ DeviceInfo device_info(int index) {
   d.total_memory = p.totalGlobalMem;
   // 16 bytes as hex, grouped 4-2-2-2-6 (nvidia-smi's form).
   char hex[33];
-  for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", unsigned(static_cast<unsigned char>(p.uuid.bytes[i])));
+  for (int i = 0; i < 16; ++i)
+    std::snprintf(hex + 2 * i, 3, "%02x", unsigned(static_cast<unsigned char>(p.uuid.bytes[i])));
   const std::string h(hex, 32);
   d.uuid = "GPU-" + h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" +
            h.substr(20, 12);
