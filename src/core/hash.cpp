@@ -75,6 +75,14 @@ std::string hex64(uint64_t v) {
   return s;
 }
 
+std::string hex_bytes(const void* data, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(2 * n, '0');
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) s[2 * i] = kDigits[p[i] >> 4], s[2 * i + 1] = kDigits[p[i] & 15];
+  return s;
+}
+
 uint64_t parse_hex64(const std::string& s, const std::string& where) {
   ZT_CHECK(s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos, where,
            ": checksum \"", s, "\" is not 16 lowercase hex digits");

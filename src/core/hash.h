@@ -68,6 +68,8 @@ uint64_t checksum64(const void* data, size_t n);
 
 // "0123456789abcdef" (16 lowercase hex digits).
 std::string hex64(uint64_t v);
+// n bytes as 2 n lowercase hex digits, first byte first.
+std::string hex_bytes(const void* data, size_t n);
 // The inverse of hex64; throws zt::Error naming `where` for anything else.
 uint64_t parse_hex64(const std::string& s, const std::string& where);
 

@@ -10,9 +10,8 @@
 //   last micro-batch finishes that layer (Transformer::on_grads_ready), on
 //   the group's communication thread while backward goes on. Every rank
 //   then holds the full gradient and updates every parameter.
-// zero_stage 1: the flat buffers are padded to a multiple of dp (times 16:
-//   zero_pad_multiple); rank r owns
-//   elements [r n/dp, (r+1) n/dp) of every layer. A layer's gradient is
+// zero_stage 1: the flat buffers are padded to a multiple of 16 dp
+//   (zero_pad_multiple); rank r owns elements [r n/dp, (r+1) n/dp) of every layer. A layer's gradient is
 //   reduce-scattered into the rank's shard (MemCategory::grads), AdamW keeps
 //   master weights and moments for the shard only (1/dp of the optimizer
 //   memory), and after the update the parameter shards are all-gathered.

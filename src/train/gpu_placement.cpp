@@ -20,16 +20,17 @@ GpuPlacement place_on_gpus(Config cfg, comm::ProcessGroup& world, int local_rank
   if (!each_process_has_its_own_gpu(uuids)) return {std::move(cfg), ""};
   const int index = local_rank % gpus;
   cfg.train.device = "cuda:" + std::to_string(index);
-  std::string note = "devices: each of the " + std::to_string(world.size()) + " processes has a GPU of its own (" +
-                     std::to_string(uuids.size()) + " distinct UUIDs); this one trains on cuda:" +
+  std::string note = "devices: each of the " + std::to_string(world.size()) +
+                     " processes has a GPU of its own (their UUIDs differ); this one trains on cuda:" +
                      std::to_string(index);
   return {std::move(cfg), std::move(note)};
 }
 
 GpuPlacement place_on_gpus(Config cfg, comm::ProcessGroup& world) {
+  if (world.size() <= 1 || !cfg.gpu_by_local_rank()) return {std::move(cfg), ""};  // no GPU asked about
   const int gpus = ops::gpu_count();
   const comm::WorldInfo w = comm::world_info();
-  const std::string uuid = gpus > 0 && cfg.gpu_by_local_rank() ? ops::gpu_uuid(w.local_rank % gpus) : "";
+  const std::string uuid = gpus > 0 ? ops::gpu_uuid(w.local_rank % gpus) : "";
   return place_on_gpus(std::move(cfg), world, w.local_rank, gpus, uuid);
 }
 

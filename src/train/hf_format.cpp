@@ -29,6 +29,7 @@
 
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "ops/device.h"
 
 namespace zt::train {
@@ -378,14 +379,6 @@ void import_piece(const Piece& pc, const Tensor& h, const Tensor& z) {
 
 // --- buffers -----------------------------------------------------------------------
 
-std::string to_hex(const void* data, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) s[2 * i] = digits[p[i] >> 4], s[2 * i + 1] = digits[p[i] & 15];
-  return s;
-}
-
 std::vector<uint8_t> from_hex(const std::string& s, const std::string& where) {
   auto nibble = [&](char c) -> uint8_t {
     if (c >= '0' && c <= '9') return uint8_t(c - '0');
@@ -428,7 +421,7 @@ json record_buffer(const std::string& name, const Tensor& t) {
     b["fill"] = "tril";
   } else if (t.nbytes() <= kMaxHexBufferBytes) {
     b["fill"] = "hex";
-    b["hex"] = to_hex(t.data_ptr(), t.nbytes());
+    b["hex"] = hex_bytes(t.data_ptr(), t.nbytes());
   } else {
     return nullptr;
   }

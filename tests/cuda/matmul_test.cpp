@@ -608,14 +608,20 @@ TEST(CudaLinear, ForwardAddsTheResidual) {
                   (long long)c.N, (long long)c.C, (long long)c.OC, c.bias ? ", bias" : "");
     if (c.tuned && !std::getenv("ZT_CUDA_MATMUL_TUNE")) {
       // The prefill pass's plain product always times (cuBLAS's GEMM beside
-      // cuBLASLt's); the residual's product only when it is offered more than
-      // one algorithm that writes D apart from C.
+      // cuBLASLt's); the residual's product once, unless it is offered a
+      // single algorithm that writes D apart from C (no candidate 1).
       const int64_t timed = cuda::tuned_matmul_plans() - tuned_before;
       if (prefilled) {
         EXPECT_GE(timed, 1) << "the prefill pass's product timed no candidate";
+      } else if (timed == 0) {
+        const cuda::MatmulCandidateScope second(1);
+        const std::string e = test::error_of([&] {
+          ops::linear_forward(y, to_gpu(x), to_gpu(w), b.defined() ? to_gpu(b) : Tensor(), residual_gpu);
+        });
+        EXPECT_NE(e.find("so there is no candidate"), std::string::npos) << "the tuned product timed none of its "
+                                                                            "algorithms: " << e;
       } else {
-        EXPECT_LE(timed, 1);
-        if (timed == 0) std::printf("[   INFO   ] the tuned residual product had one algorithm: nothing to time\n");
+        EXPECT_EQ(timed, 1) << "the tuned residual product was timed more than once";
       }
     }
   }

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -18,6 +17,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "core/allocator.h"
 #include "core/env.h"
+#include "core/hash.h"
 
 namespace zt::cuda {
 
@@ -277,10 +277,7 @@ DeviceInfo device_info(int index) {
   d.multiprocessors = p.multiProcessorCount;
   d.total_memory = p.totalGlobalMem;
   // 16 bytes as hex, grouped 4-2-2-2-6 (nvidia-smi's form).
-  char hex[33];
-  for (int i = 0; i < 16; ++i)
-    std::snprintf(hex + 2 * i, 3, "%02x", unsigned(static_cast<unsigned char>(p.uuid.bytes[i])));
-  const std::string h(hex, 32);
+  const std::string h = hex_bytes(p.uuid.bytes, sizeof p.uuid.bytes);
   d.uuid = "GPU-" + h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" +
            h.substr(20, 12);
   // Dense bf16 tensor-core peaks from NVIDIA's datasheets (TFLOP/s): the MFU

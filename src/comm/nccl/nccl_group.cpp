@@ -170,8 +170,7 @@ class NcclGroup : public ProcessGroup {
       : host_(std::move(host)),
         device_(device),
         family_(std::move(family)),
-        shared_(std::move(comm)),
-        comm_(shared_->comm) {
+        shared_(std::move(comm)) {
     rank_ = host_->rank();
     size_ = host_->size();
     world_ranks_ = host_->world_ranks();
@@ -189,10 +188,10 @@ class NcclGroup : public ProcessGroup {
     // remote failure) end the job when NCCL sees them, not at the timeout.
     auto fault = [this]() -> std::string {
       ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return {};
+      if (ncclCommGetAsyncError(nccl(), &state) != ncclSuccess) return {};
       if (state == ncclSuccess || state == ncclInProgress) return {};
       std::string what = std::string("NCCL reported ") + ncclGetErrorString(state);
-      if (const char* last = ncclGetLastError(comm_); last && *last) what += std::string(" (") + last + ")";
+      if (const char* last = ncclGetLastError(nccl()); last && *last) what += std::string(" (") + last + ")";
       return what + " - a peer may have died or a link failed";
     };
     watch({this, from_monitor, name_ + " (NCCL)", world_ranks_, world_ranks_[size_t(rank_)],
@@ -216,7 +215,7 @@ class NcclGroup : public ProcessGroup {
     check_reducible(name, *this, t);
     return launch(name, 2 * int64_t(t.nbytes()) * (size_ - 1) / size_, {t}, [&](cudaStream_t s) {
       ZT_NCCL(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), reduce_type(t.dtype()), reduce_op(op),
-                            comm_, s),
+                            nccl(), s),
               where(name, *this));
     });
   }
@@ -231,7 +230,7 @@ class NcclGroup : public ProcessGroup {
     check_numel(name, *this, "in", in.numel(), out.numel() * size_);
     return launch(name, int64_t(in.nbytes()) * (size_ - 1) / size_, {out, in}, [&](cudaStream_t s) {
       ZT_NCCL(ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), reduce_type(in.dtype()),
-                                reduce_op(op), comm_, s),
+                                reduce_op(op), nccl(), s),
               where(name, *this));
     });
   }
@@ -245,7 +244,7 @@ class NcclGroup : public ProcessGroup {
     check_numel(name, *this, "out", out.numel(), in.numel() * size_);
     // In place when `in` is this rank's block of `out` (NCCL's own rule).
     return launch(name, int64_t(out.nbytes()) * (size_ - 1) / size_, {out, in}, [&](cudaStream_t s) {
-      ZT_NCCL(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, s), where(name, *this));
+      ZT_NCCL(ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, nccl(), s), where(name, *this));
     });
   }
 
@@ -255,7 +254,7 @@ class NcclGroup : public ProcessGroup {
     check_device(name, t);
     check_peer(name, *this, root, true);
     return launch(name, rank_ == root ? int64_t(t.nbytes()) : 0, {t}, [&](cudaStream_t s) {
-      ZT_NCCL(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, comm_, s), where(name, *this));
+      ZT_NCCL(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, nccl(), s), where(name, *this));
     });
   }
 
@@ -314,7 +313,7 @@ class NcclGroup : public ProcessGroup {
     {
       std::lock_guard<std::mutex> lock(shared_->mu);
       cuda::ensure_initialized(device_);  // NCCL works on the current device
-      ZT_NCCL(ncclCommSplit(comm_, same ? NCCL_SPLIT_NOCOLOR : color, key, &comm, nullptr), where("split", *this));
+      ZT_NCCL(ncclCommSplit(nccl(), same ? NCCL_SPLIT_NOCOLOR : color, key, &comm, nullptr), where("split", *this));
     }
     if (same) {
       ZT_ASSERT(comm == nullptr, where("split", *this), "NCCL made a communicator for a rank that passed no color");
@@ -332,6 +331,7 @@ class NcclGroup : public ProcessGroup {
   }
 
  private:
+  ncclComm_t nccl() const { return shared_->comm; }
   bool on_host(const Tensor& t) const { return t.defined() && t.device().is_cpu(); }
 
   void check_device(const char* op, const Tensor& t) const {
@@ -412,8 +412,8 @@ class NcclGroup : public ProcessGroup {
         }
       } group;
       for (int r = 0; r < size_; ++r) {
-        ZT_NCCL(ncclSend(i, size_t(ic[size_t(r)] * es), ncclUint8, r, comm_, s), at);
-        ZT_NCCL(ncclRecv(o, size_t(oc[size_t(r)] * es), ncclUint8, r, comm_, s), at);
+        ZT_NCCL(ncclSend(i, size_t(ic[size_t(r)] * es), ncclUint8, r, nccl(), s), at);
+        ZT_NCCL(ncclRecv(o, size_t(oc[size_t(r)] * es), ncclUint8, r, nccl(), s), at);
         i += ic[size_t(r)] * es;
         o += oc[size_t(r)] * es;
       }
@@ -432,7 +432,6 @@ class NcclGroup : public ProcessGroup {
   Device device_;
   std::shared_ptr<CommRegistry> family_;  // of the group this one was split from, and its splits
   std::shared_ptr<SharedComm> shared_;  // with every group of the same members
-  ncclComm_t comm_;                     // shared_->comm
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   std::mutex pending_mu_;               // after shared_->mu when both are held
   std::deque<Pending> pending_;  // issued, not yet seen complete, in stream order
