@@ -430,13 +430,20 @@ class Bench {
 #ifdef ZT_WITH_CUDA
       // Each kernel (cross_entropy_kernels.cuh): the row staged in shared
       // memory, and re-read at 1, 2 or 4 rows in flight per SM; "*" after
-      // the one training takes. Targets already on the GPU.
+      // the one training takes: the environment's pin, else the one its race
+      // chose over the cross_entropy_fused row's calls (whose line follows).
       if (dev_.is_cuda()) {
         const Tensor gpu_targets = ops::on_device(targets, dev_);
-        const cuda::ClassifierKernel trained = cuda::classifier_kernel();
+        std::optional<cuda::ClassifierKernel> trained = cuda::pinned_classifier_kernel();
+        if (!trained)
+          for (const cuda::ClassifierRaceStanding& race : cuda::classifier_races()) {
+            if (!race.call.starts_with(std::to_string(rows) + " x " + std::to_string(m_.Vp) + " ")) continue;
+            std::printf("{\"model\": \"%s\", \"race\": \"%s\"}\n", m_.name,
+                        cuda::format_classifier_race(race).c_str());
+            if (race.tally.decided()) trained = cuda::kClassifierCandidates[race.tally.winner()];
+          }
         const auto time_kernel = [&](const std::string& name, cuda::ClassifierKernel k) {
-          const bool taken = k.staged == trained.staged && (k.staged || k.rows_per_sm == trained.rows_per_sm);
-          time(name + (taken ? "*" : ""), dims({rows, m_.Vp}), 2 * rows * m_.Vp * es, [&] {
+          time(name + (trained == k ? "*" : ""), dims({rows, m_.Vp}), 2 * rows * m_.Vp * es, [&] {
             cuda::softmax_cross_entropy(losses, logits, logits, gpu_targets, m_.V, 1.0f / float(N), k);
           }, m_.V);
         };
@@ -564,7 +571,7 @@ int main(int argc, char** argv) {
     selected("", "");
     bench::profiling_run();
 #ifdef ZT_WITH_CUDA
-    if (where == "cuda") cuda::classifier_kernel();  // ZT_CUDA_CE_ROWS, ZT_CUDA_CE_STAGED
+    if (where == "cuda") cuda::pinned_classifier_kernel();  // ZT_CUDA_CE_ROWS, ZT_CUDA_CE_STAGED
 #endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -18,11 +18,13 @@
 # ZT_CUDA_NORM_BACKWARD=two_pass keeps the norms' backward in two passes (the
 # A/B of the fused one-pass kernel; `kernels` times both: <norm>_backward and
 # <norm>_backward_two_pass).
-# ZT_CUDA_CE_ROWS=1|2|4 sets the fused classifier's rows in flight per SM
-# (default 4; backend/cuda/cross_entropy_kernels.cuh); ZT_CUDA_CE_STAGED=1
-# takes its staged kernel instead (the row read once, through shared memory);
-# `kernels` sweeps them (cross_entropy_fused_staged, _rows<n>; "*" the one
-# training takes).
+# The fused classifier's kernels (backend/cuda/cross_entropy_kernels.cuh:
+# the row staged in shared memory, or re-read at 1, 2 or 4 rows in flight per
+# SM) write the same bits, so training races them on its first calls of each
+# shape and keeps the fastest (backend/cuda/kernel_race.h);
+# ZT_CUDA_CE_ROWS=1|2|4 or ZT_CUDA_CE_STAGED=1 pins one instead. `kernels`
+# sweeps them (cross_entropy_fused_staged, _rows<n>; "*" the one training
+# takes) and prints the race of the cross_entropy_fused row.
 # ZT_CUDA_WGRAD_CHUNKS=n forces n row chunks on the weight gradients with few
 # output tiles (1: one product; backend/cuda/matmul.h); `kernels` sweeps them.
 # ZT_CUDA_CUBLAS_WORKSPACE_MIB=n gives each GPU n MiB of cuBLASLt workspace
@@ -144,19 +146,29 @@ said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's
   tail -"$4" "$3"
 }
 # The switches `bench` also trains each model under (environment words
-# NAME=VALUE; empty: none): those not yet on by default, whose kernels the
-# GPU tests hold against the CPU - the staged classifier and the bias
-# gradients from the weight gradient's product (Llama has no biases: for it
-# only the classifier differs from the run as configured).
-read -r -a candidates <<< "${ZT_BENCH_CANDIDATES-ZT_CUDA_CE_STAGED=1 ZT_CUDA_BGRAD_EPILOGUE=1}"
+# NAME=VALUE, "gpt2:" or "llama:" before one that applies to that model
+# alone; empty: none): those not yet on by default, whose kernels the GPU
+# tests hold against the CPU - the bias gradients from the weight gradient's
+# product (GPT-2's: Llama has no biases, so it skips the run).
+read -r -a candidates <<< "${ZT_BENCH_CANDIDATES-gpt2:ZT_CUDA_BGRAD_EPILOGUE=1}"
 for word in "${candidates[@]}"; do
-  [[ $word =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] \
-    || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting NAME=VALUE (e.g. ZT_CUDA_CE_STAGED=1)"; exit 2; }
+  [[ ${word#*:} =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] && [[ $word != *:* || $word =~ ^(gpt2|llama): ]] \
+    || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting [gpt2:|llama:]NAME=VALUE (e.g. ZT_CUDA_MATMUL_CUBLAS=1)"; exit 2; }
 done
+candidates_for() {  # candidates_for ARCH: the candidate words that apply to ARCH, prefixes dropped
+  local word
+  for word in "${candidates[@]}"; do
+    case $word in
+      "$1":*) echo "${word#*:}" ;;
+      *:*) ;;
+      *) echo "$word" ;;
+    esac
+  done
+}
 # `ab`'s settings (below), parsed and checked before anything runs. Most
 # wanted first: a call that runs out of time skips the rest.
 if [ "$what" = ab ]; then
-  default_settings="ZT_CUDA_CE_STAGED=1;ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
+  default_settings="ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
   default_settings+=";llama:ZT_FUSED_QKV=2"
   default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
   IFS=';' read -r -a raw <<< "${ZT_AB:-$default_settings}"
@@ -309,6 +321,12 @@ for r in ours:
     if "gbps" in r:
         print(f"| {r['model']} | {r['op']} | {r['shape']} | {r['ms']:.3f} | {r['gbps']:.0f} | {r['of_copy']:.0%} | "
               + " | ".join(vs_torch(r)) + " |")
+races = [r for r in ours if "race" in r]
+if races:
+    print("\nThe classifier's race over the cross_entropy_fused row's calls (training's choice per shape, "
+          "fastest call of each kernel):")
+    for r in races:
+        print(f"- {r['model']}: {r['race']}")
 print(f"\ndense bf16 GEMM 8192^3: {rate.get('gemm_tflops', 0):.0f} TFLOP/s")
 print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours "
       "| torch, f32 split-K ms |")
@@ -593,8 +611,9 @@ done
 # defaults would give the issue's comparison, in the call that measures it;
 # `ab` splits it into each switch's share.
 for arch in "${models[@]}"; do
-  [ -n "${trained[$arch]:-}" ] && [ ${#candidates[@]} -gt 0 ] || continue
-  train_run 45 "zettatron $arch, ${candidates[*]}" $arch ${mb_of[$arch]} zt-$arch-candidates "${candidates[@]}"
+  mapfile -t own < <(candidates_for "$arch")
+  [ -n "${trained[$arch]:-}" ] && [ ${#own[@]} -gt 0 ] || continue
+  train_run 45 "zettatron $arch, ${own[*]}" $arch ${mb_of[$arch]} zt-$arch-candidates "${own[@]}"
 done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
@@ -616,7 +635,7 @@ for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   python3 - "$runs/zt-$arch/metrics.jsonl" "$out/pt-$arch.json" "$arch" "${mb_of[$arch]}" \
     "$runs/zt-$arch-atomic/metrics.jsonl" "$runs/zt-$arch-plans/metrics.jsonl" \
-    "$runs/zt-$arch-candidates/metrics.jsonl" "${candidates[*]}" <<'PY'
+    "$runs/zt-$arch-candidates/metrics.jsonl" "$(candidates_for "$arch" | xargs)" <<'PY'
 import json, sys
 sys.path.insert(0, "bench/gpu")
 from train_metrics import measured

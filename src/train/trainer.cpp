@@ -14,6 +14,7 @@
 #include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/peak_rate.h"
 #if ZT_WITH_CUDA
+#include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/runtime.h"
 #endif
 #include "core/error.h"
@@ -605,6 +606,16 @@ TrainResult Trainer::run(int64_t stop_after) {
     say("time per op, mean of " + std::to_string(op_steps) + " step(s)" +
         (model().device().is_cuda() ? " (GPU time from events)" : "") + ", this process:\n" +
         format_op_profile(op_run, op_steps, op_step_seconds));
+#if ZT_WITH_CUDA
+  if (model().device().is_cuda()) {
+    std::string races;
+    for (const cuda::ClassifierRaceStanding& race : cuda::classifier_races())
+      races += "\n  " + cuda::format_classifier_race(race);
+    if (!races.empty())
+      say("the classifier's kernels raced on this process's first calls of each shape (fastest call of each; they "
+          "write the same bits):" + races);
+  }
+#endif
   if (dp_->size() > 1 && result.steps > first_step)
     say("highest peak of the last step: data-parallel rank " + std::to_string(last.max_peak_rank) + ", " +
         std::to_string(last.max_peak_memory.total_peak_bytes >> 20) + " MiB");

@@ -20,6 +20,7 @@
 #include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/norm.h"
+#include "backend/cuda/runtime.h"
 #include "core/determinism.h"
 #include "core/rng.h"
 #include "cuda/cuda_test_util.h"
@@ -382,6 +383,54 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
       cuda::softmax_cross_entropy(llosses, Tensor(), ol, gpu_targets, V, 0.25f, k);
       EXPECT_EQ(values_of(llosses), want_losses) << "losses alone";
     }
+  }
+}
+
+// Training's classifier races its kernels per shape of call (kernel_race.h):
+// every call on the way - each candidate in turn, then the winner - writes
+// the bits of a pinned kernel, and the race ends on the candidate whose
+// fastest call was the fastest, each timed kClassifierRaceSamples times.
+TEST_P(CudaKernels, ClassifierRaceKeepsTheBitsAndChoosesTheFastest) {
+  ZT_REQUIRE_GPU();
+  if (cuda::pinned_classifier_kernel())
+    GTEST_SKIP() << "ZT_CUDA_CE_STAGED or ZT_CUDA_CE_ROWS pins the classifier's kernel: training races none";
+  const DType dt = GetParam();
+  auto rng = make_rng(16);
+  const Device gpu = Device::cuda(0);
+  // Rows no other test uses, so that this test sees each race from its start.
+  for (auto [N, Vp, V] : {std::tuple<int64_t, int64_t, int64_t>{613, 50304, 50257}, {211, 128256, 128256}}) {
+    SCOPED_TRACE(::testing::Message() << N << " x " << Vp);
+    const Tensor logits = random_tensor(Shape{N, Vp}, dt, rng, -8, 8);
+    const Tensor targets = to_gpu(random_tokens(Shape{N}, V, rng));
+    Tensor want = to_gpu(logits), want_losses = gpu_poisoned(Shape{N}, DType::f32);
+    cuda::softmax_cross_entropy(want_losses, want, want, targets, V, 0.5f, cuda::ClassifierKernel{.rows_per_sm = 4});
+    const std::vector<double> want_d = values_of(want), want_l = values_of(want_losses);
+    const int candidates = int(std::size(cuda::kClassifierCandidates));
+    const int calls = candidates * cuda::kClassifierRaceSamples + 2;  // the race, then the winner
+    for (int call = 0; call < calls; ++call) {
+      Tensor d = to_gpu(logits), losses = gpu_poisoned(Shape{N}, DType::f32);
+      cuda::softmax_cross_entropy(losses, d, d, targets, V, 0.5f);  // in place, as training calls it
+      EXPECT_EQ(values_of(d), want_d) << "call " << call;
+      EXPECT_EQ(values_of(losses), want_l) << "call " << call;
+      cuda::synchronize(gpu);  // so that the next call reads this one's time
+    }
+    const std::string prefix = std::to_string(N) + " x " + std::to_string(Vp) + " " + std::string(dtype_name(dt));
+    const std::vector<cuda::ClassifierRaceStanding> races = cuda::classifier_races();
+    const auto race = std::ranges::find_if(races, [&](const auto& r) { return r.call.starts_with(prefix); });
+    ASSERT_NE(race, races.end()) << "no race for " << prefix;
+    std::printf("%s\n", cuda::format_classifier_race(*race).c_str());
+    const cuda::RaceTally& t = race->tally;
+    ASSERT_TRUE(t.decided()) << cuda::format_classifier_race(*race);
+    EXPECT_TRUE(t.available(0)) << "the re-reading kernel runs every shape";
+    for (int c = 0; c < candidates; ++c) {
+      if (!t.available(c)) continue;
+      EXPECT_GE(t.timed_calls(c), cuda::kClassifierRaceSamples)
+          << cuda::classifier_kernel_name(cuda::kClassifierCandidates[c]);
+      EXPECT_LE(t.best_ms(t.winner()), t.best_ms(c)) << cuda::format_classifier_race(*race);
+    }
+    // The staged kernel runs these shapes (16-byte packs tile the rows; a
+    // row, or whole sweeps of one, fit a block's shared memory).
+    EXPECT_TRUE(t.available(1)) << cuda::format_classifier_race(*race);
   }
 }
 

@@ -1,11 +1,16 @@
 // CUDA fused classifier (softmax + cross-entropy + dlogits) and its
 // vocabulary-parallel passes: the launches (16-byte packs where they tile the
-// rows); the kernels are in cross_entropy_kernels.cuh.
+// rows), and training's race among the classifier's kernels, which write the
+// same bits (kernel_race.h); the kernels are in cross_entropy_kernels.cuh.
 #include "backend/cuda/cross_entropy.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <iterator>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <utility>
 
 #include "backend/cuda/cross_entropy_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -19,26 +24,26 @@ using namespace ce_kernels;
 
 }  // namespace
 
-ClassifierKernel classifier_kernel() {
-  static const ClassifierKernel kernel = [] {
+std::string classifier_kernel_name(ClassifierKernel kernel) {
+  return kernel.staged ? "staged" : "rows" + std::to_string(kernel.rows_per_sm);
+}
+
+std::optional<ClassifierKernel> pinned_classifier_kernel() {
+  static const std::optional<ClassifierKernel> pinned = []() -> std::optional<ClassifierKernel> {
     ClassifierKernel k;
     k.staged = env_switch("ZT_CUDA_CE_STAGED",
-                          "1: the classifier stages each row in shared memory; 0: it reads the row twice");
+                          "1: the classifier stages each row in shared memory; 0 or unset: training races its kernels");
     const std::optional<int64_t> rows =
-        env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM");
+        env_whole_number("ZT_CUDA_CE_ROWS", 1, "the classifier's rows in flight per SM (unset: training races them)");
     if (rows) {
       ZT_CHECK(std::ranges::find(kRowsPerSmChoices, *rows) != std::end(kRowsPerSmChoices), "ZT_CUDA_CE_ROWS = ", *rows,
                " is not one of 1, 2, 4 (the classifier's rows in flight per SM); unset it for the default");
       k.rows_per_sm = int(*rows);
     }
+    if (!k.staged && !rows) return std::nullopt;
     return k;
   }();
-  return kernel;
-}
-
-void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                           int64_t vocab, float grad_scale) {
-  softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale, classifier_kernel());
+  return pinned;
 }
 
 namespace {
@@ -64,16 +69,19 @@ bool staged_classifier(const Tensor& losses, T* dp, const T* lp, const Tensor& t
   return true;
 }
 
-}  // namespace
-
-void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                           int64_t vocab, float grad_scale, ClassifierKernel choice) {
+// The call on `choice`; false (nothing launched) when it is the staged
+// kernel and that cannot run this call.
+bool launch_classifier(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                       int64_t vocab, float grad_scale, ClassifierKernel choice) {
   const int64_t N = logits.size(0), Vp = logits.size(1);
-  if (N == 0) return;
+  bool launched = true;
   ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "softmax_cross_entropy", [&] {
     T* dp = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
     const T* lp = static_cast<const T*>(logits.data_ptr());
-    if (choice.staged && staged_classifier<T>(losses, dp, lp, targets, N, Vp, vocab, grad_scale)) return;
+    if (choice.staged) {
+      launched = staged_classifier<T>(losses, dp, lp, targets, N, Vp, vocab, grad_scale);
+      return;
+    }
     const unsigned grid = ce_grid(N, num_sms(logits.device()), choice.rows_per_sm);
     with_pack_width<T>(packs_of_16_fit<T>(Vp, lp, dp), [&](auto v) {
       constexpr int V = decltype(v)::value;
@@ -86,6 +94,116 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
     });
     ZT_CUDA_CHECK_LAUNCH("ce_kernel");
   });
+  return launched;
+}
+
+// Whether 16-byte packs tile the rows at the logits and dlogits.
+bool ce_packs_fit(const Tensor& logits, const Tensor& dlogits) {
+  bool fit = false;
+  ZT_CUDA_DISPATCH_FLOAT(logits.dtype(), "softmax_cross_entropy", [&] {
+    fit = packs_of_16_fit<T>(logits.size(1), static_cast<const T*>(logits.data_ptr()),
+                             dlogits.defined() ? static_cast<const T*>(dlogits.data_ptr()) : nullptr);
+  });
+  return fit;
+}
+
+// A race per shape of call: what makes one kernel faster than another.
+struct RaceKey {
+  int device;
+  DType dtype;
+  int64_t rows, cols, vocab;
+  int form;  // 0 dlogits in place over the logits, 1 into a tensor of their own, 2 losses alone
+  bool packs;  // 16-byte packs tile the rows at every pointer
+  bool operator==(const RaceKey&) const = default;
+};
+
+struct Races {
+  std::mutex mu;
+  std::vector<std::pair<RaceKey, std::unique_ptr<KernelRace>>> all;  // few: one per shape of call
+};
+
+Races& races() {
+  static auto* r = new Races();  // never freed: launches may come from static destructors' threads
+  return *r;
+}
+
+KernelRace& race_for(const RaceKey& key) {
+  Races& r = races();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& [k, race] : r.all)
+    if (k == key) return *race;
+  r.all.emplace_back(key, std::make_unique<KernelRace>(Device::cuda(key.device),
+                                                       int(std::size(kClassifierCandidates)),
+                                                       kClassifierRaceSamples));
+  return *r.all.back().second;
+}
+
+std::string describe(const RaceKey& k) {
+  static const char* const forms[] = {"in place", "into dlogits", "losses alone"};
+  return std::to_string(k.rows) + " x " + std::to_string(k.cols) + " " + std::string(dtype_name(k.dtype)) + " (vocab " +
+         std::to_string(k.vocab) + "), " + forms[k.form] + (k.packs ? "" : ", unpacked") + ", " +
+         Device::cuda(k.device).str();
+}
+
+}  // namespace
+
+void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                           int64_t vocab, float grad_scale) {
+  if (logits.size(0) == 0) return;
+  if (const std::optional<ClassifierKernel> pinned = pinned_classifier_kernel()) {
+    softmax_cross_entropy(losses, dlogits, logits, targets, vocab, grad_scale, *pinned);
+    return;
+  }
+  const RaceKey key{.device = logits.device().index,
+                    .dtype = logits.dtype(),
+                    .rows = logits.size(0),
+                    .cols = logits.size(1),
+                    .vocab = vocab,
+                    .form = !dlogits.defined() ? 2 : dlogits.data_ptr() == logits.data_ptr() ? 0 : 1,
+                    .packs = ce_packs_fit(logits, dlogits)};
+  race_for(key).run([&](int c) {
+    return launch_classifier(losses, dlogits, logits, targets, vocab, grad_scale, kClassifierCandidates[c]);
+  });
+}
+
+void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                           int64_t vocab, float grad_scale, ClassifierKernel choice) {
+  if (logits.size(0) == 0) return;
+  if (launch_classifier(losses, dlogits, logits, targets, vocab, grad_scale, choice)) return;
+  choice.staged = false;  // the staged kernel cannot run this call: the re-reading one at the same rows per SM
+  launch_classifier(losses, dlogits, logits, targets, vocab, grad_scale, choice);
+}
+
+std::vector<ClassifierRaceStanding> classifier_races() {
+  std::vector<std::pair<RaceKey, KernelRace*>> listed;
+  {
+    Races& r = races();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (auto& [k, race] : r.all) listed.emplace_back(k, race.get());
+  }
+  std::vector<ClassifierRaceStanding> out;
+  for (const auto& [k, race] : listed) out.push_back({describe(k), race->tally()});
+  return out;
+}
+
+std::string format_classifier_race(const ClassifierRaceStanding& race) {
+  const RaceTally& t = race.tally;
+  std::string line = race.call + ":";
+  for (int c = 0; c < t.candidates(); ++c) {
+    line += (c == 0 ? " " : ", ") + classifier_kernel_name(kClassifierCandidates[c]);
+    if (!t.available(c)) {
+      line += " cannot run it";
+      continue;
+    }
+    if (t.timed_calls(c) == 0) {
+      line += " untimed";
+      continue;
+    }
+    char ms[32];
+    std::snprintf(ms, sizeof ms, " %.3f ms", t.best_ms(c));
+    line += ms + std::string(" (") + std::to_string(t.timed_calls(c)) + (t.timed_calls(c) == 1 ? " call)" : " calls)");
+  }
+  return line + (t.decided() ? " -> " + classifier_kernel_name(kClassifierCandidates[t.winner()]) : " -> racing");
 }
 
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t real) {

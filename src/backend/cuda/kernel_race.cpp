@@ -1,0 +1,97 @@
+// The kernel race (kernel_race.h): its tally and its timing marks.
+#include "backend/cuda/kernel_race.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+
+namespace zt::cuda {
+
+RaceTally::RaceTally(int candidates, int samples_each)
+    : slots_(size_t(std::max(candidates, 0))), samples_each_(samples_each) {
+  ZT_CHECK(candidates >= 1 && samples_each >= 1, "internal: a kernel race of ", candidates, " candidates, ",
+           samples_each, " samples each");
+}
+
+const RaceTally::Slot& RaceTally::slot(int c) const {
+  ZT_CHECK(c >= 0 && c < candidates(), "internal: kernel race candidate ", c, " of ", candidates());
+  return slots_[size_t(c)];
+}
+
+RaceTally::Slot& RaceTally::slot(int c) { return const_cast<Slot&>(std::as_const(*this).slot(c)); }
+
+int RaceTally::next() const {
+  if (decided()) return winner_;
+  int best = -1;
+  for (int c = 0; c < candidates(); ++c) {
+    const Slot& s = slots_[size_t(c)];
+    if (s.refused) continue;
+    const Slot* b = best < 0 ? nullptr : &slots_[size_t(best)];
+    if (b == nullptr || s.timed + s.in_flight < b->timed + b->in_flight) best = c;
+  }
+  return best;
+}
+
+void RaceTally::launched(int c) { ++slot(c).in_flight; }
+
+void RaceTally::timed(int c, double ms) {
+  Slot& s = slot(c);
+  ZT_CHECK(s.in_flight > 0, "internal: a timing of kernel race candidate ", c, " that was not launched");
+  --s.in_flight;
+  ++s.timed;
+  s.best_ms = std::min(s.best_ms, ms);
+  decide_if_done();
+}
+
+void RaceTally::refused(int c) {
+  slot(c).refused = true;
+  if (winner_ == c) winner_ = -1;
+  decide_if_done();
+}
+
+void RaceTally::decide_if_done() {
+  if (decided()) return;
+  int best = -1;
+  for (int c = 0; c < candidates(); ++c) {
+    const Slot& s = slots_[size_t(c)];
+    if (s.refused) continue;
+    if (s.timed < samples_each_) return;  // still racing
+    if (best < 0 || s.best_ms < slots_[size_t(best)].best_ms) best = c;
+  }
+  winner_ = best;  // -1 only when every candidate refused
+}
+
+KernelRace::KernelRace(Device device, int candidates, int samples_each)
+    : device_(device), tally_(candidates, samples_each) {}
+
+KernelRace::~KernelRace() {
+  for (const InFlight& f : in_flight_) {
+    release_mark(f.start);
+    release_mark(f.end);
+  }
+}
+
+void KernelRace::read_completed() {
+  std::erase_if(in_flight_, [&](const InFlight& f) {
+    if (!event_completed(f.end, "a timed kernel of a kernel race")) return false;
+    tally_.timed(f.candidate, double(elapsed_ms(f.start, f.end)));
+    release_mark(f.start);
+    release_mark(f.end);
+    return true;
+  });
+}
+
+int KernelRace::next_or_fail() const {
+  const int c = tally_.next();
+  ZT_CHECK(c >= 0, "internal: every kernel of a race refused the call");
+  return c;
+}
+
+RaceTally KernelRace::tally() {
+  std::lock_guard<std::mutex> lock(mu_);
+  read_completed();
+  return tally_;
+}
+
+}  // namespace zt::cuda

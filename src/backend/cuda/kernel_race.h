@@ -1,0 +1,116 @@
+// Choosing among kernels that write the same bits by timing them on the
+// calls training makes anyway: no extra work, no copy of the inputs, and no
+// host synchronisation (a call's time is read from its events on a later
+// call, once they have completed). Which kernel is fastest for a shape
+// depends on the GPU (the classifier's rows in flight per SM ran at 31% of
+// an H200's copy rate where the H100 had measured 93% at another setting:
+// bench/results/gpu-2026-11-27.md); a race settles it on the machine that
+// runs, and since every candidate writes the same bits the choice changes no
+// result, so it runs in deterministic training too. Host-only (no CUDA
+// headers); RaceTally, the bookkeeping, is tested on any machine.
+#pragma once
+
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/runtime.h"
+#include "core/device.h"
+
+namespace zt::cuda {
+
+// Which candidate each call of one shape runs: round-robin, the fewest
+// samples first, until every available candidate has `samples_each` timed
+// calls; then the one whose fastest call was fastest (the minimum, not the
+// mean: a candidate's first call pays for loading its module, and any call
+// may share the GPU with communication). Ties go to the lower index, so a
+// caller lists its candidates in order of preference.
+class RaceTally {
+ public:
+  RaceTally(int candidates, int samples_each);
+
+  int candidates() const { return int(slots_.size()); }
+  int samples_each() const { return samples_each_; }
+  // While undecided: the available candidate with the fewest calls (timed or
+  // in flight), the lowest index on a tie. Decided: the winner. -1: none is
+  // available.
+  int next() const;
+  bool decided() const { return winner_ >= 0; }
+  int winner() const { return winner_; }
+
+  void launched(int c);          // a timed call of c is in flight
+  void timed(int c, double ms);  // one of them came back: `ms` of GPU time
+  void refused(int c);           // c cannot run this shape: never chosen again
+  bool available(int c) const { return !slot(c).refused; }
+  int timed_calls(int c) const { return slot(c).timed; }
+  double best_ms(int c) const { return slot(c).best_ms; }  // +inf before its first timing
+
+ private:
+  struct Slot {
+    int timed = 0, in_flight = 0;
+    double best_ms = std::numeric_limits<double>::infinity();
+    bool refused = false;
+  };
+  const Slot& slot(int c) const;
+  Slot& slot(int c);
+  void decide_if_done();
+
+  std::vector<Slot> slots_;
+  int samples_each_;
+  int winner_ = -1;
+};
+
+// A RaceTally on one GPU's compute stream: run(launch) calls launch(c) for
+// the candidate c the tally names, between two timing marks while the race
+// is on; launch returns false when c refuses the call (nothing launched),
+// and the next candidate is tried. The marks of earlier calls are read (and
+// returned to the pool) once they have completed. Thread-safe.
+class KernelRace {
+ public:
+  KernelRace(Device device, int candidates, int samples_each);
+  KernelRace(const KernelRace&) = delete;
+  KernelRace& operator=(const KernelRace&) = delete;
+  ~KernelRace();
+
+  // Returns the candidate that ran.
+  template <typename Launch>
+  int run(Launch&& launch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    read_completed();
+    for (;;) {
+      const int c = next_or_fail();
+      if (tally_.decided()) {
+        if (launch(c)) return c;
+        tally_.refused(c);  // (a winner cannot refuse later: its key fixes the shape)
+        continue;
+      }
+      const TimingMark start = record_mark(device_);
+      if (!launch(c)) {
+        release_mark(start);
+        tally_.refused(c);
+        continue;
+      }
+      in_flight_.push_back({c, start, record_mark(device_)});
+      tally_.launched(c);
+      return c;
+    }
+  }
+
+  // The tally after reading every completed call's time.
+  RaceTally tally();
+
+ private:
+  struct InFlight {
+    int candidate;
+    TimingMark start, end;
+  };
+  void read_completed();  // requires mu_
+  int next_or_fail() const;
+
+  Device device_;
+  std::mutex mu_;
+  RaceTally tally_;
+  std::vector<InFlight> in_flight_;
+};
+
+}  // namespace zt::cuda
