@@ -12,6 +12,7 @@
 #include "backend/cuda/runtime.h"
 #endif
 #include "comm/process_group.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "nn/tensor_parallel.h"
 #include "nn/transformer.h"
@@ -376,6 +377,22 @@ int64_t device_capacity_bytes(Device device, int64_t processes_sharing) {
   return total / std::max<int64_t>(1, processes_sharing);
 }
 
+int64_t usable_share(int64_t free, int64_t total, int64_t held, int64_t processes_sharing) {
+  const int64_t p = std::max<int64_t>(1, processes_sharing);
+  return std::min(total / p, free / p + held);
+}
+
+TrainingMemory training_memory(Device device, int64_t processes_sharing) {
+  const int64_t share = device_capacity_bytes(device, processes_sharing);
+  if (device.is_cpu()) return {share, share};
+#if ZT_WITH_CUDA
+  const cuda::DeviceMemory m = cuda::device_memory(device);
+  return {usable_share(m.free, m.total, allocator_for(device).stats().reserved_bytes, processes_sharing), share};
+#else
+  return {share, share};
+#endif
+}
+
 std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& plan) {
   std::array<int64_t, kNumMemCategories> planned;
   planned.fill(-1);  // not planned
@@ -449,8 +466,8 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
                                        device.str(), ": ",
                                        where.empty() ? "it" : where + " of " + describe_layout(worst),
                                        " needs about ", format_memory_plan(plan, device, 0), " with recompute ",
-                                       cfg.train.recompute, ", and ", device.str(), " holds ",
-                                       format_gib(double(capacity_bytes)));
+                                       cfg.train.recompute, ", and ", device.str(), " has ",
+                                       format_gib(double(capacity_bytes)), device.is_cuda() ? " free" : "", " for it");
   // What would fit, one of each kind when any does: the largest smaller
   // micro-batch that divides a data-parallel rank's share of the batch
   // (gradient accumulation keeps the global batch), another recompute

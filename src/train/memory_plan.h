@@ -82,6 +82,20 @@ int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy);
 // among the processes that share it.
 int64_t device_capacity_bytes(Device device, int64_t processes_sharing = 1);
 
+// The memory one of `processes_sharing` training processes on `device` can
+// plan in now (bytes), and the device's total share. A GPU: its free memory
+// shared among them, plus what this process's allocator already holds (live
+// or cached), at most the total's share - what the CUDA context, the
+// libraries' own buffers (cuBLAS, cuDNN, NCCL's communicators) and other
+// processes hold is not there for the plan. The host: device_capacity_bytes
+// for both.
+struct TrainingMemory {
+  int64_t usable = 0, total = 0;
+};
+TrainingMemory training_memory(Device device, int64_t processes_sharing);
+// Its rule: min(total / sharing, free / sharing + held).
+int64_t usable_share(int64_t free, int64_t total, int64_t held, int64_t processes_sharing);
+
 // A line of /proc/meminfo in bytes ("MemTotal", "MemAvailable"; 0 when it
 // does not say), and bytes as "12.3 GiB".
 int64_t host_meminfo_bytes(const std::string& name);

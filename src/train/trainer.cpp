@@ -100,8 +100,11 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     // reaches the same verdict.
     PlanPlace layout;
     if (mesh_) layout = {mesh_->shape().dp, mesh_->shape().tp, mesh_->shape().pp, 0, 0};
-    int64_t capacity = device_capacity_bytes(
-        device, processes_sharing_device(device, mesh_ != nullptr, cfg_.gpu_by_local_rank()));
+    // A GPU's free memory: the CUDA context, the libraries and NCCL's
+    // communicators (the mesh's, made by now) hold theirs already.
+    const TrainingMemory room =
+        training_memory(device, processes_sharing_device(device, mesh_ != nullptr, cfg_.gpu_by_local_rank()));
+    int64_t capacity = room.usable;
     if (mesh_)  // the minimum over the mesh: its dp, tp and pp groups in turn cover every rank
       for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp()})
         for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
@@ -112,6 +115,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     const std::string where = describe_place(at);
     rank_plan_ = plan_memory(cfg_, at);
     memory_plan_ = format_memory_plan(rank_plan_, device, capacity) +
+                   (device.is_cuda() ? " free (of " + format_gib(double(room.total)) + ")" : "") +
                    (where.empty() ? "" : " (" + where + " of " + describe_layout(at) + ")");
   }
   schedule_ = cfg_.lr_schedule();
@@ -602,6 +606,18 @@ TrainResult Trainer::run(int64_t stop_after) {
   say("memory by category (this process; peaks over the run, evaluation and checkpoints included; planned: the "
       "pre-flight estimate of a training step):\n" +
       format_memory_against_plan(allocator_for(model().device()).stats(), rank_plan_));
+#if ZT_WITH_CUDA
+  if (model().device().is_cuda()) {
+    // What the allocator does not see: the CUDA context, cuBLAS's, cuDNN's
+    // and NCCL's own buffers (NCCL connects its channels at their first use),
+    // and other processes on the GPU.
+    const cuda::DeviceMemory m = cuda::device_memory(model().device());
+    const int64_t outside = m.total - m.free - allocator_for(model().device()).stats().reserved_bytes;
+    say(model().device().str() + " outside this process's allocator at the end: " + format_gib(double(outside)) +
+        " (the CUDA context, cuBLAS's, cuDNN's and NCCL's own buffers, other processes); free: " +
+        format_gib(double(m.free)) + " of " + format_gib(double(m.total)));
+  }
+#endif
   if (op_steps > 0)
     say("time per op, mean of " + std::to_string(op_steps) + " step(s)" +
         (model().device().is_cuda() ? " (GPU time from events)" : "") + ", this process:\n" +

@@ -143,7 +143,26 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   // Nothing fits: the way out is more devices.
   const std::string none = memory_plan_verdict(cfg, PlanPlace{}, Device::cuda(0), 1024);
   EXPECT_TRUE(has(none, "out of memory on cuda:0")) << none;
+  EXPECT_TRUE(has(none, "and cuda:0 has 0.0 GiB free for it")) << none;
   EXPECT_TRUE(has(none, "parallel.zero_stage")) << none;
+  EXPECT_TRUE(has(v, "and cpu has ")) << v;
+}
+
+// What a training process plans in: a GPU's free memory (the CUDA context,
+// libraries, NCCL and other processes hold the rest) shared among the
+// processes on it, plus what its own allocator already holds, never past its
+// share of the total; the host's physical memory.
+TEST(MemoryPlan, UsableMemoryIsTheFreeShareAndWhatTheProcessHolds) {
+  const int64_t G = int64_t(1) << 30;
+  EXPECT_EQ(usable_share(77 * G, 80 * G, 0, 1), 77 * G) << "the context and libraries hold 3 GiB";
+  EXPECT_EQ(usable_share(77 * G, 80 * G, 2 * G, 1), 79 * G) << "the allocator's own cached blocks are usable";
+  EXPECT_EQ(usable_share(79 * G, 80 * G, 4 * G, 1), 80 * G) << "never past the total";
+  EXPECT_EQ(usable_share(60 * G, 80 * G, 1 * G, 4), 16 * G) << "four processes on one GPU: 15 free each + 1 held";
+  EXPECT_EQ(usable_share(72 * G, 80 * G, 0, 0), 72 * G) << "no count of processes is one process";
+  const TrainingMemory host = training_memory(Device::cpu(), 2);
+  EXPECT_EQ(host.usable, device_capacity_bytes(Device::cpu(), 2));
+  EXPECT_EQ(host.total, host.usable);
+  EXPECT_GT(host.usable, 0);
 }
 
 // A GPU's workspace (ops/workspace.h) counts in the plan's total, is named

@@ -267,6 +267,13 @@ void memset_bytes(void* ptr, Device device, int value, size_t bytes) {
   ZT_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, compute_stream(device)));
 }
 
+DeviceMemory device_memory(Device device) {
+  state(device);  // current on this thread, with its context
+  size_t free = 0, total = 0;
+  ZT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {int64_t(free), int64_t(total)};
+}
+
 DeviceInfo device_info(int index) {
   cudaDeviceProp p{};
   ZT_CUDA_CHECK(cudaGetDeviceProperties(&p, index));

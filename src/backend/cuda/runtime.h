@@ -52,6 +52,14 @@ enum class EventState { complete, pending, failed };
 EventState event_state(void* event);
 bool event_completed(void* event, const char* where);
 
+// The device's free and total memory now (cudaMemGetInfo, bytes): free is
+// what no process holds - this one's allocator, CUDA context and libraries'
+// own buffers (cuBLAS, cuDNN, NCCL's communicators) and other processes'.
+struct DeviceMemory {
+  int64_t free = 0, total = 0;
+};
+DeviceMemory device_memory(Device device);
+
 // Device facts for metrics and the planner.
 struct DeviceInfo {
   std::string name;           // "NVIDIA H100 80GB HBM3"
