@@ -36,6 +36,7 @@
 #include "gpu/median_time.h"
 #ifdef ZT_WITH_CUDA
 #include "backend/cuda/cross_entropy.h"
+#include "backend/cuda/kernel_race.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/norm.h"
 #endif
@@ -344,12 +345,14 @@ class Bench {
       time(std::string(norm) + "_backward", dims({rows, C}), 4 * rows * C * es,
            [&] { ops::norm_backward(kind, dx, dw, db, dy, x, w, mean, rstd, dres); });
 #ifdef ZT_WITH_CUDA
-      // The A/B of the one-pass backward the row above takes where it fits.
+      // Each of the kernels the row above races (the same bits): one pass,
+      // and two on its blocks.
       if (dev_.is_cuda())
-        time(std::string(norm) + "_backward_two_pass", dims({rows, C}), 4 * rows * C * es, [&] {
-          cuda::norm_backward(m_.llama, dx, dw, db, dy, x, w, mean, rstd, dres, false,
-                              cuda::NormBackwardKernel::two_pass);
-        });
+        for (const auto& [name, kernel] : {std::pair{"_backward_one_pass", cuda::NormBackwardKernel::one_pass},
+                                           std::pair{"_backward_two_pass", cuda::NormBackwardKernel::two_pass}})
+          time(std::string(norm) + name, dims({rows, C}), 4 * rows * C * es, [&, kernel = kernel] {
+            cuda::norm_backward(m_.llama, dx, dw, db, dy, x, w, mean, rstd, dres, false, kernel);
+          });
 #endif
     }
     if (m_.llama) {  // SwiGLU over [gate | up] rows; RoPE on the queries in place, and the qkv split
@@ -436,12 +439,10 @@ class Bench {
         const Tensor gpu_targets = ops::on_device(targets, dev_);
         std::optional<cuda::ClassifierKernel> trained = cuda::pinned_classifier_kernel();
         if (!trained)
-          for (const cuda::ClassifierRaceStanding& race : cuda::classifier_races()) {
-            if (!race.call.starts_with(std::to_string(rows) + " x " + std::to_string(m_.Vp) + " ")) continue;
-            std::printf("{\"model\": \"%s\", \"race\": \"%s\"}\n", m_.name,
-                        cuda::format_classifier_race(race).c_str());
-            if (race.tally.decided()) trained = cuda::kClassifierCandidates[race.tally.winner()];
-          }
+          for (const cuda::ClassifierRaceStanding& race : cuda::classifier_races())
+            if (race.call.starts_with(std::to_string(rows) + " x " + std::to_string(m_.Vp) + " ") &&
+                race.tally.decided())
+              trained = cuda::kClassifierCandidates[race.tally.winner()];
         const auto time_kernel = [&](const std::string& name, cuda::ClassifierKernel k) {
           time(name + (trained == k ? "*" : ""), dims({rows, m_.Vp}), 2 * rows * m_.Vp * es, [&] {
             cuda::softmax_cross_entropy(losses, logits, logits, gpu_targets, m_.V, 1.0f / float(N), k);
@@ -618,6 +619,12 @@ int main(int argc, char** argv) {
     for (const int64_t rows : {int64_t(16 * 1024), m.llama ? int64_t(32 * 1024) : int64_t(128 * 1024)})
       bench.run_wgrad_chunks(rows);
   }
+#ifdef ZT_WITH_CUDA
+  // The races the automatic rows ran (the classifier's, the norms'
+  // backward): what training would choose for those shapes.
+  if (dev.is_cuda())
+    for (const std::string& line : cuda::kernel_race_lines()) std::printf("{\"race\": \"%s\"}\n", line.c_str());
+#endif
   if (failed_rows > 0) std::fprintf(stderr, "%d rows failed (above); the others are timed\n", failed_rows);
   return failed_rows > 0 ? 1 : 0;
 }

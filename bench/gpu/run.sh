@@ -15,9 +15,10 @@
 # fused classifier, activations, embedding, AdamW, ...) against the device's
 # copy rate and PyTorch's eager kernels (bench/gpu/kernels_bench.cpp,
 # kernels_peer.py), and each product with every algorithm cuBLASLt ranks for it. Logs go to $OUT (or ./bench-gpu-out).
-# ZT_CUDA_NORM_BACKWARD=two_pass keeps the norms' backward in two passes (the
-# A/B of the fused one-pass kernel; `kernels` times both: <norm>_backward and
-# <norm>_backward_two_pass).
+# The norms' backward in one pass and in two on its blocks write the same
+# bits, so training races them per shape (backend/cuda/kernel_race.h);
+# ZT_CUDA_NORM_BACKWARD=one_pass or two_pass pins one. `kernels` times both
+# (<norm>_backward_one_pass, _two_pass) beside the raced <norm>_backward.
 # The fused classifier's kernels (backend/cuda/cross_entropy_kernels.cuh:
 # the row staged in shared memory, or re-read at 1, 2 or 4 rows in flight per
 # SM) write the same bits, so training races them on its first calls of each
@@ -153,7 +154,8 @@ said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's
 read -r -a candidates <<< "${ZT_BENCH_CANDIDATES-gpt2:ZT_CUDA_BGRAD_EPILOGUE=1}"
 for word in "${candidates[@]}"; do
   [[ ${word#*:} =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] && [[ $word != *:* || $word =~ ^(gpt2|llama): ]] \
-    || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting [gpt2:|llama:]NAME=VALUE (e.g. ZT_CUDA_MATMUL_CUBLAS=1)"; exit 2; }
+    || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting [gpt2:|llama:]NAME=VALUE" \
+              "(e.g. ZT_CUDA_MATMUL_CUBLAS=1)"; exit 2; }
 done
 candidates_for() {  # candidates_for ARCH: the candidate words that apply to ARCH, prefixes dropped
   local word
@@ -170,7 +172,7 @@ candidates_for() {  # candidates_for ARCH: the candidate words that apply to ARC
 if [ "$what" = ab ]; then
   default_settings="ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
   default_settings+=";llama:ZT_FUSED_QKV=2"
-  default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_NORM_BACKWARD=two_pass;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
+  default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
   IFS=';' read -r -a raw <<< "${ZT_AB:-$default_settings}"
   listed=()
   for setting in "${raw[@]}"; do  # trimmed; each word NAME=VALUE (a dot in NAME: a config key)
@@ -234,8 +236,9 @@ if [ "$what" = ncu ]; then
   # backward (one pass, two), the classifier (staged, R = 4), then the
   # products slower than PyTorch's (Llama's mlp.in and head input gradients)
   # and GPT-2's DGELU product: their kernels' names and SM throughput.
-  ncu_default="llama3-1b/swiglu_(backward|backward_in_place|forward)$;gpt2-124m/layernorm_backward$"
-  ncu_default+=";gpt2-124m/layernorm_backward_two_pass$;llama3-1b/rmsnorm_backward$;/cross_entropy_fused_(staged|rows4)"
+  ncu_default="llama3-1b/swiglu_(backward|backward_in_place|forward)$;gpt2-124m/layernorm_backward_one_pass$"
+  ncu_default+=";gpt2-124m/layernorm_backward_two_pass$;llama3-1b/rmsnorm_backward_one_pass$"
+  ncu_default+=";/cross_entropy_fused_(staged|rows4)"
   ncu_default+=";llama3-1b/(mlp\.in|head)\.dgrad$;gpt2-124m/mlp\.out\.dgrad_gelu$"
   IFS=';' read -r -a ncu_ops <<< "${ZT_NCU_OPS:-$ncu_default}"
   n=0 reports=()
@@ -323,10 +326,10 @@ for r in ours:
               + " | ".join(vs_torch(r)) + " |")
 races = [r for r in ours if "race" in r]
 if races:
-    print("\nThe classifier's race over the cross_entropy_fused row's calls (training's choice per shape, "
-          "fastest call of each kernel):")
+    print("\nThe races of the automatic rows (kernels that write the same bits, raced per shape of call as training "
+          "does: the fastest call of each, and the choice):")
     for r in races:
-        print(f"- {r['model']}: {r['race']}")
+        print(f"- {r['race']}")
 print(f"\ndense bf16 GEMM 8192^3: {rate.get('gemm_tflops', 0):.0f} TFLOP/s")
 print("| model | product | M x K x N | ms | TFLOP/s | of GEMM | torch eager ms | torch / ours "
       "| torch, f32 split-K ms |")

@@ -14,7 +14,7 @@
 #include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/peak_rate.h"
 #if ZT_WITH_CUDA
-#include "backend/cuda/cross_entropy.h"
+#include "backend/cuda/kernel_race.h"
 #include "backend/cuda/runtime.h"
 #endif
 #include "core/error.h"
@@ -625,11 +625,10 @@ TrainResult Trainer::run(int64_t stop_after) {
 #if ZT_WITH_CUDA
   if (model().device().is_cuda()) {
     std::string races;
-    for (const cuda::ClassifierRaceStanding& race : cuda::classifier_races())
-      races += "\n  " + cuda::format_classifier_race(race);
+    for (const std::string& line : cuda::kernel_race_lines()) races += "\n  " + line;
     if (!races.empty())
-      say("the classifier's kernels raced on this process's first calls of each shape (fastest call of each; they "
-          "write the same bits):" + races);
+      say("kernels raced on this process's first calls of each shape (the fastest call of each; the kernels of a "
+          "race write the same bits):" + races);
   }
 #endif
   if (dp_->size() > 1 && result.steps > first_step)

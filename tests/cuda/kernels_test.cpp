@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -18,6 +19,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cross_entropy.h"
+#include "backend/cuda/kernel_race.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/runtime.h"
@@ -89,14 +91,25 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
       if (ln) {
         EXPECT_TRUE(matches(gdb, db, tol(dt), "db"));
       }
-      {  // The two passes where the one pass would run (ZT_CUDA_NORM_BACKWARD=two_pass).
+      {  // Each kernel: where the one pass runs, the two passes on its
+         // blocks write its bits (training races them, and the automatic
+         // call above took one of them); elsewhere both are the two passes
+         // over row chunks.
+        Tensor odx = gpu_poisoned(Shape{N, C}, dt), odw = to_gpu(dw0), odb = ln ? to_gpu(db0) : Tensor();
+        cuda::norm_backward(!ln, odx, odw, odb, gdy, gr_out, gw, gmean, grstd, gr_in, false,
+                            cuda::NormBackwardKernel::one_pass);
         Tensor tdx = gpu_poisoned(Shape{N, C}, dt), tdw = to_gpu(dw0), tdb = ln ? to_gpu(db0) : Tensor();
         cuda::norm_backward(!ln, tdx, tdw, tdb, gdy, gr_out, gw, gmean, grstd, gr_in, false,
                             cuda::NormBackwardKernel::two_pass);
         EXPECT_TRUE(matches(tdx, dx, tol(dt), "two-pass dx")) << N << "x" << C;
         EXPECT_TRUE(matches(tdw, dw, tol(dt), "two-pass dw"));
+        EXPECT_EQ(values_of(tdx), values_of(odx)) << "two passes against one: dx";
+        EXPECT_EQ(values_of(tdw), values_of(odw)) << "two passes against one: dw";
+        EXPECT_EQ(values_of(gdx), values_of(odx)) << "the automatic call's dx";
+        EXPECT_EQ(values_of(gdw), values_of(odw)) << "the automatic call's dw";
         if (ln) {
           EXPECT_TRUE(matches(tdb, db, tol(dt), "two-pass db"));
+          EXPECT_EQ(values_of(tdb), values_of(odb)) << "two passes against one: db";
         }
       }
       // Deterministic dw: a second run from the same start gives the same bits.
@@ -118,6 +131,57 @@ TEST_P(CudaKernels, NormForwardBackwardAndResidual) {
         EXPECT_EQ(values_of(gdb4), values_of(gdb5)) << "db written over";
       }
     }
+  }
+}
+
+// Training races the norm backward's one pass against two passes on its
+// blocks per shape of call (kernel_race.h): every call on the way writes
+// the one pass's bits, and the race ends with each timed 3 times and the
+// faster kept.
+TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
+  ZT_REQUIRE_GPU();
+  if (const char* pin = std::getenv("ZT_CUDA_NORM_BACKWARD"); pin && *pin && std::string(pin) != "auto")
+    GTEST_SKIP() << "ZT_CUDA_NORM_BACKWARD pins the norm backward: training races none";
+  const DType dt = GetParam();
+  auto rng = make_rng(17);
+  const Device gpu = Device::cuda(0);
+  // Rows no other test uses, so that this test sees each race from its start.
+  for (auto [kind, N, C] : {std::tuple<ops::NormKind, int64_t, int64_t>{ops::NormKind::layernorm, 777, 768},
+                            {ops::NormKind::rmsnorm, 333, 1024}}) {
+    const bool ln = kind == ops::NormKind::layernorm;
+    SCOPED_TRACE(::testing::Message() << (ln ? "layernorm " : "rmsnorm ") << N << " x " << C);
+    const Tensor x = to_gpu(random_tensor(Shape{N, C}, dt, rng));
+    const Tensor w = to_gpu(random_tensor(Shape{C}, dt, rng, 0.5, 1.5));
+    const Tensor b = ln ? to_gpu(random_tensor(Shape{C}, dt, rng)) : Tensor();
+    const Tensor dy = to_gpu(random_tensor(Shape{N, C}, dt, rng)), dres = to_gpu(random_tensor(Shape{N, C}, dt, rng));
+    Tensor y = gpu_poisoned(Shape{N, C}, dt), rstd = gpu_poisoned(Shape{N}, DType::f32);
+    Tensor mean = ln ? gpu_poisoned(Shape{N}, DType::f32) : Tensor();
+    ops::norm_forward(kind, y, mean, rstd, x, w, b, 1e-5f);
+    Tensor wdx = gpu_poisoned(Shape{N, C}, dt), wdw = gpu_poisoned(Shape{C}, DType::f32);
+    Tensor wdb = ln ? gpu_poisoned(Shape{C}, DType::f32) : Tensor();
+    cuda::norm_backward(!ln, wdx, wdw, wdb, dy, x, w, mean, rstd, dres, true, cuda::NormBackwardKernel::one_pass);
+    const std::vector<double> want_dx = values_of(wdx), want_dw = values_of(wdw);
+    const std::vector<double> want_db = ln ? values_of(wdb) : std::vector<double>();
+    for (int call = 0; call < 2 * 3 + 2; ++call) {  // the race (3 timed calls each), then the winner
+      Tensor dx = gpu_poisoned(Shape{N, C}, dt), dw = gpu_poisoned(Shape{C}, DType::f32);
+      Tensor db = ln ? gpu_poisoned(Shape{C}, DType::f32) : Tensor();
+      cuda::norm_backward(!ln, dx, dw, db, dy, x, w, mean, rstd, dres, true);  // dw, db overwritten
+      EXPECT_EQ(values_of(dx), want_dx) << "call " << call;
+      EXPECT_EQ(values_of(dw), want_dw) << "call " << call;
+      if (ln) {
+        EXPECT_EQ(values_of(db), want_db) << "call " << call;
+      }
+      cuda::synchronize(gpu);  // so that the next call reads this one's time
+    }
+    const std::string call = std::string("norm backward ") + (ln ? "layernorm " : "rmsnorm ") + std::to_string(N) +
+                             " x " + std::to_string(C) + " " + std::string(dtype_name(dt));
+    const std::vector<std::string> lines = cuda::kernel_race_lines();
+    const auto line = std::ranges::find_if(lines, [&](const std::string& l) { return l.starts_with(call); });
+    ASSERT_NE(line, lines.end()) << "no race line for " << call;
+    std::printf("%s\n", line->c_str());
+    EXPECT_TRUE(line->find("one_pass ") != std::string::npos && line->find("(3 calls)") != std::string::npos)
+        << *line;
+    EXPECT_TRUE(line->ends_with("-> one_pass") || line->ends_with("-> two_pass")) << *line;
   }
 }
 

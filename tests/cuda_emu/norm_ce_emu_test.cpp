@@ -59,14 +59,39 @@ void fused_backward_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool r
   db = kDb ? colsum_on_emulator<float, kF32Pack>(pdb, start(db0), overwrite) : Tensor();
 }
 
+// The two passes on the one pass's blocks, as norm.cu's two_pass_on_blocks
+// launches them: the partials in its order on `blocks` blocks, their column
+// sums (colsum.h), then dx a warp per row.
+template <typename T, int V>
+void two_pass_on_blocks_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool rms, const Tensor& dy,
+                                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                    const Tensor& dx_add, const Tensor& dw0, const Tensor& db0, int64_t blocks,
+                                    bool overwrite) {
+  const int64_t N = x.size(0), C = x.size(1);
+  const Tensor pdw = poisoned(Shape{blocks, C}, DType::f32);
+  const Tensor pdb = rms ? Tensor() : poisoned(Shape{blocks, C}, DType::f32);
+  emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(blocks)),
+              dim3(nk::kSumCols, nk::kBackwardWarps), 0, nk::norm_dwdb_block_partial_kernel<T, V>, rms,
+              p<float>(pdw), p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C);
+  constexpr int kF32Pack = cuda::kPack16<float>;
+  const auto start = [&](const Tensor& g0) { return overwrite ? poisoned(g0.shape(), DType::f32) : g0; };
+  dw = colsum_on_emulator<float, kF32Pack>(pdw, start(dw0), overwrite);
+  db = rms ? Tensor() : colsum_on_emulator<float, kF32Pack>(pdb, start(db0), overwrite);
+  emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_dx_kernel<T, T, V>, rms, p<T>(dx),
+              static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)), static_cast<const T*>(p<T>(w)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
+              static_cast<const T*>(p<T>(dx_add)), N, C);
+}
+
 // The fused backward where norm.cu takes it (16-byte packs, a width
 // backward_packs_per_lane takes): dx, dw and db against the CPU's on the
 // block count norm.cu would launch on a GPU holding 3 blocks at once (600
 // rows: 25 a warp) and on so many blocks that some warps get no row; dx in place over
 // dx_add with the bits of dx out of place; dw and db overwritten (the
-// partials' sums alone) as well as added. (Its dx may differ from the
-// two-pass kernel's in the last place: the compiler contracts multiply-adds
-// in each kernel its own way.)
+// partials' sums alone) as well as added. On every one of those, the two
+// passes on the same blocks (which training races against it) give its
+// bits: dx, dw and db.
 template <typename T, int V>
 void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dx_add, const Tensor& dw0, const Tensor& db0,
@@ -106,6 +131,17 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
       Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
       Tensor dw, db;
       fused(dx, dw, db, in_place ? dx : dx_add, blocks, overwrite);
+      {  // the two passes on these blocks: the same bits
+        Tensor tdx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
+        Tensor tdw, tdb;
+        two_pass_on_blocks_on_emulator<T, V>(tdx, tdw, tdb, rms, dy, x, w, mean, rstd, in_place ? tdx : dx_add, dw0,
+                                             db0, blocks, overwrite);
+        EXPECT_EQ(to_f64(tdx), to_f64(dx)) << "two passes on the blocks: dx";
+        EXPECT_EQ(to_f64(tdw), to_f64(dw)) << "two passes on the blocks: dw";
+        if (!rms) {
+          EXPECT_EQ(to_f64(tdb), to_f64(db)) << "two passes on the blocks: db";
+        }
+      }
       EXPECT_TRUE(close(dx, want_dx, tol(dt), "dx"));
       if (out_of_place.defined()) {
         EXPECT_EQ(to_f64(dx), to_f64(out_of_place)) << "dx the same on any grid, in place or not";

@@ -299,9 +299,20 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return other;
 }
 inline float __expf(float x) { return std::exp(x); }
-// Rounded operations the device compiler may not contract into FMAs.
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
+// Rounded operations the device compiler may not contract into FMAs; nor
+// may the host compiler here (-march=native has FMA, and GCC contracts
+// across inlined calls): each result passes through a volatile, so the
+// emulator rounds where nvcc does and two kernels built of the same
+// operations give the same bits on both.
+namespace zt::emu {
+inline float rounded_here(float x) {
+  volatile float v = x;
+  return v;
+}
+}  // namespace zt::emu
+inline float __fmul_rn(float a, float b) { return ::zt::emu::rounded_here(a * b); }
+inline float __fadd_rn(float a, float b) { return ::zt::emu::rounded_here(a + b); }
+inline float __fsub_rn(float a, float b) { return ::zt::emu::rounded_here(a - b); }
+inline float __fdiv_rn(float a, float b) { return ::zt::emu::rounded_here(a / b); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -5,12 +5,11 @@
 #include "backend/cuda/cross_entropy.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <iterator>
-#include <memory>
-#include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cross_entropy_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
@@ -117,32 +116,20 @@ struct RaceKey {
   bool operator==(const RaceKey&) const = default;
 };
 
-struct Races {
-  std::mutex mu;
-  std::vector<std::pair<RaceKey, std::unique_ptr<KernelRace>>> all;  // few: one per shape of call
-};
-
-Races& races() {
-  static auto* r = new Races();  // never freed: launches may come from static destructors' threads
-  return *r;
-}
-
-KernelRace& race_for(const RaceKey& key) {
-  Races& r = races();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (auto& [k, race] : r.all)
-    if (k == key) return *race;
-  r.all.emplace_back(key, std::make_unique<KernelRace>(Device::cuda(key.device),
-                                                       int(std::size(kClassifierCandidates)),
-                                                       kClassifierRaceSamples));
-  return *r.all.back().second;
-}
-
 std::string describe(const RaceKey& k) {
   static const char* const forms[] = {"in place", "into dlogits", "losses alone"};
-  return std::to_string(k.rows) + " x " + std::to_string(k.cols) + " " + std::string(dtype_name(k.dtype)) + " (vocab " +
-         std::to_string(k.vocab) + "), " + forms[k.form] + (k.packs ? "" : ", unpacked") + ", " +
+  return std::to_string(k.rows) + " x " + std::to_string(k.cols) + " " + std::string(dtype_name(k.dtype)) +
+         " (vocab " + std::to_string(k.vocab) + "), " + forms[k.form] + (k.packs ? "" : ", unpacked") + ", " +
          Device::cuda(k.device).str();
+}
+
+RaceBook<RaceKey>& races() {
+  static auto* book = [] {
+    std::vector<std::string> names;
+    for (const ClassifierKernel& k : kClassifierCandidates) names.push_back(classifier_kernel_name(k));
+    return new RaceBook<RaceKey>("classifier", std::move(names), kClassifierRaceSamples, describe);
+  }();  // never freed (kernel_race_lines reads it)
+  return *book;
 }
 
 }  // namespace
@@ -161,7 +148,7 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
                     .vocab = vocab,
                     .form = !dlogits.defined() ? 2 : dlogits.data_ptr() == logits.data_ptr() ? 0 : 1,
                     .packs = ce_packs_fit(logits, dlogits)};
-  race_for(key).run([&](int c) {
+  races().run(key, logits.device(), [&](int c) {
     return launch_classifier(losses, dlogits, logits, targets, vocab, grad_scale, kClassifierCandidates[c]);
   });
 }
@@ -175,35 +162,13 @@ void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Te
 }
 
 std::vector<ClassifierRaceStanding> classifier_races() {
-  std::vector<std::pair<RaceKey, KernelRace*>> listed;
-  {
-    Races& r = races();
-    std::lock_guard<std::mutex> lock(r.mu);
-    for (auto& [k, race] : r.all) listed.emplace_back(k, race.get());
-  }
   std::vector<ClassifierRaceStanding> out;
-  for (const auto& [k, race] : listed) out.push_back({describe(k), race->tally()});
+  for (const auto& s : races().standings()) out.push_back({describe(s.key), s.tally});
   return out;
 }
 
 std::string format_classifier_race(const ClassifierRaceStanding& race) {
-  const RaceTally& t = race.tally;
-  std::string line = race.call + ":";
-  for (int c = 0; c < t.candidates(); ++c) {
-    line += (c == 0 ? " " : ", ") + classifier_kernel_name(kClassifierCandidates[c]);
-    if (!t.available(c)) {
-      line += " cannot run it";
-      continue;
-    }
-    if (t.timed_calls(c) == 0) {
-      line += " untimed";
-      continue;
-    }
-    char ms[32];
-    std::snprintf(ms, sizeof ms, " %.3f ms", t.best_ms(c));
-    line += ms + std::string(" (") + std::to_string(t.timed_calls(c)) + (t.timed_calls(c) == 1 ? " call)" : " calls)");
-  }
-  return line + (t.decided() ? " -> " + classifier_kernel_name(kClassifierCandidates[t.winner()]) : " -> racing");
+  return race.call + ": " + races().format(race.tally);
 }
 
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t real) {

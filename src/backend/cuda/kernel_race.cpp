@@ -2,6 +2,7 @@
 #include "backend/cuda/kernel_race.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "core/error.h"
@@ -92,6 +93,58 @@ RaceTally KernelRace::tally() {
   std::lock_guard<std::mutex> lock(mu_);
   read_completed();
   return tally_;
+}
+
+std::string format_race(const RaceTally& t, const std::vector<std::string>& names) {
+  ZT_CHECK(int(names.size()) == t.candidates(), "internal: ", names.size(), " names for a race of ", t.candidates());
+  std::string line;
+  for (int c = 0; c < t.candidates(); ++c) {
+    line += (c == 0 ? "" : ", ") + names[size_t(c)];
+    if (!t.available(c)) {
+      line += " cannot run it";
+    } else if (t.timed_calls(c) == 0) {
+      line += " untimed";
+    } else {
+      char ms[48];
+      std::snprintf(ms, sizeof ms, " %.3f ms (%d call%s)", t.best_ms(c), t.timed_calls(c),
+                    t.timed_calls(c) == 1 ? "" : "s");
+      line += ms;
+    }
+  }
+  return line + " -> " + (t.decided() ? names[size_t(t.winner())] : std::string("racing"));
+}
+
+namespace {
+
+struct Reports {
+  std::mutex mu;
+  std::vector<std::function<std::vector<std::string>()>> all;
+};
+
+Reports& reports() {
+  static auto* r = new Reports();  // never freed, as the books it lists
+  return *r;
+}
+
+}  // namespace
+
+void add_race_report(std::function<std::vector<std::string>()> lines) {
+  Reports& r = reports();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.all.push_back(std::move(lines));
+}
+
+std::vector<std::string> kernel_race_lines() {
+  std::vector<std::function<std::vector<std::string>()>> all;
+  {
+    Reports& r = reports();
+    std::lock_guard<std::mutex> lock(r.mu);
+    all = r.all;
+  }
+  std::vector<std::string> out;
+  for (const auto& lines : all)
+    for (std::string& l : lines()) out.push_back(std::move(l));
+  return out;
 }
 
 }  // namespace zt::cuda

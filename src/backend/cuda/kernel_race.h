@@ -10,8 +10,12 @@
 // headers); RaceTally, the bookkeeping, is tested on any machine.
 #pragma once
 
+#include <functional>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/runtime.h"
@@ -59,6 +63,10 @@ class RaceTally {
   int samples_each_;
   int winner_ = -1;
 };
+
+// A tally as a line: each candidate's fastest call and calls timed, and the
+// choice (names[c]: candidate c).
+std::string format_race(const RaceTally& tally, const std::vector<std::string>& names);
 
 // A RaceTally on one GPU's compute stream: run(launch) calls launch(c) for
 // the candidate c the tally names, between two timing marks while the race
@@ -111,6 +119,74 @@ class KernelRace {
   std::mutex mu_;
   RaceTally tally_;
   std::vector<InFlight> in_flight_;
+};
+
+// The lines of every race this process has run, over all ops ("<op> <call>:
+// <standings>"): what the trainer prints at the end of a GPU run.
+std::vector<std::string> kernel_race_lines();
+// An op's lines for kernel_race_lines (each RaceBook adds its own).
+void add_race_report(std::function<std::vector<std::string>()> lines);
+
+// One op's races, one per shape of call (Key: what makes one kernel faster
+// than another - the GPU, dtype, sizes, in place or not). Never destroyed
+// (make it with new): kernel_race_lines reads it at any time.
+template <typename Key>
+class RaceBook {
+ public:
+  struct Standing {
+    Key key;
+    RaceTally tally;
+  };
+
+  // `names[c]`: candidate c as the lines name it; `describe(key)` names a call.
+  RaceBook(std::string op, std::vector<std::string> names, int samples_each,
+           std::function<std::string(const Key&)> describe)
+      : op_(std::move(op)), names_(std::move(names)), samples_each_(samples_each), describe_(std::move(describe)) {
+    add_race_report([this] {
+      std::vector<std::string> lines;
+      for (const Standing& s : standings()) lines.push_back(op_ + " " + describe_(s.key) + ": " + format(s.tally));
+      return lines;
+    });
+  }
+
+  // A call of `key`'s shape on `device` (KernelRace::run).
+  template <typename Launch>
+  int run(const Key& key, Device device, Launch&& launch) {
+    return race(key, device).run(std::forward<Launch>(launch));
+  }
+
+  std::vector<Standing> standings() {
+    std::vector<std::pair<Key, KernelRace*>> listed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [k, r] : races_) listed.emplace_back(k, r.get());
+    }
+    std::vector<Standing> out;
+    for (auto& [k, r] : listed) out.push_back({k, r->tally()});
+    return out;
+  }
+
+  std::string describe(const Key& key) const { return describe_(key); }
+  const std::string& name(int c) const { return names_[size_t(c)]; }
+
+  // "rows4 0.312 ms (3 calls), staged cannot run it, ... -> rows4" (or "-> racing").
+  std::string format(const RaceTally& t) const { return format_race(t, names_); }
+
+ private:
+  KernelRace& race(const Key& key, Device device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [k, r] : races_)
+      if (k == key) return *r;
+    races_.emplace_back(key, std::make_unique<KernelRace>(device, int(names_.size()), samples_each_));
+    return *races_.back().second;
+  }
+
+  std::string op_;
+  std::vector<std::string> names_;
+  int samples_each_;
+  std::function<std::string(const Key&)> describe_;
+  std::mutex mu_;
+  std::vector<std::pair<Key, std::unique_ptr<KernelRace>>> races_;  // few: one per shape of call
 };
 
 }  // namespace zt::cuda

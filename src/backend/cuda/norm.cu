@@ -1,15 +1,20 @@
 // CUDA LayerNorm / RMSNorm forward and backward: the launches (16-byte packs
 // where they fit the rows); the kernels are in norm_kernels.cuh. The backward
-// is one pass where a row fits its lanes' registers (dx and per-block dw / db
-// partials, then their column sums), else two (dw / db partials, then dx); the
-// partials are summed deterministically either way.
+// where a row fits its lanes' registers: one pass (dx and per-block dw / db
+// partials, then their column sums) or two on the same blocks (the partials
+// in the same order, then dx), the same bits, which training races per
+// shape (kernel_race.h); elsewhere two passes over row chunks. The partials
+// are summed deterministically either way.
 #include "backend/cuda/norm.h"
 
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernel_race.h"
 #include "backend/cuda/norm_kernels.cuh"
 
 namespace zt::cuda {
@@ -67,97 +72,98 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
 
 namespace {
 
-// ZT_CUDA_NORM_BACKWARD = two_pass keeps the backward in two passes where the
-// fused one could run: the A/B of the kernel bench (unset or "auto": fused).
-bool fused_allowed() {
-  static const bool allowed = [] {
+// ZT_CUDA_NORM_BACKWARD pins training's backward where the one pass can run:
+// one_pass (or fused), two_pass; unset or "auto": the race.
+NormBackwardKernel pinned_backward() {
+  static const NormBackwardKernel pinned = [] {
     const char* env = std::getenv("ZT_CUDA_NORM_BACKWARD");
     const std::string_view v = env ? env : "";
-    if (v.empty() || v == "auto" || v == "fused") return true;
-    if (v == "two_pass") return false;
-    ZT_FAIL("ZT_CUDA_NORM_BACKWARD = '", v, "' is not one of fused, two_pass; unset it to let Zettatron choose");
+    if (v.empty() || v == "auto") return NormBackwardKernel::automatic;
+    if (v == "one_pass" || v == "fused") return NormBackwardKernel::one_pass;
+    if (v == "two_pass") return NormBackwardKernel::two_pass;
+    ZT_FAIL("ZT_CUDA_NORM_BACKWARD = '", v,
+            "' is not one of one_pass, two_pass, auto; unset it to let training race the two");
   }();
-  return allowed;
+  return pinned;
 }
 
-// The one-pass backward (norm_backward_fused_kernel, its per-block partials
-// summed by colsum.h) where a row fits its lanes' registers: weights of the
-// activations' dtype, 16-byte packs, and at most 8 packs a lane
-// (backward_packs_per_lane: C up to 2048 in bf16, 1024 in f32), its shared
-// memory within what a block may have. Returns false, having done nothing,
-// otherwise.
-bool fused_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
-                    const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add, bool overwrite) {
+// Where the one-pass kernel can run a call - weights of the activations'
+// dtype, 16-byte packs, at most 8 packs a lane (backward_packs_per_lane: C
+// up to 2048 in bf16, 1024 in f32), its shared memory within what a block
+// may have -: its packs a lane and its grid (the blocks the GPU holds at
+// once), which the two passes that race it take too. Nothing otherwise.
+struct OnePass {
+  int packs_per_lane;
+  int64_t blocks;
+};
+
+template <typename T, int Q, bool kDb>
+int64_t one_pass_blocks(int64_t N, Device device) {
+  constexpr int V = kPack16<T>;
+  const auto kernel = norm_backward_fused_kernel<T, V, Q, kDb>;
+  const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kBackwardWarps * 32,
+                                            backward_shared_bytes(Q, V, kDb), device);
+  return backward_blocks(N, int64_t(per_sm) * num_sms(device));
+}
+
+std::optional<OnePass> one_pass_fit(const Tensor& dx, const Tensor& db, const Tensor& dy, const Tensor& x,
+                                    const Tensor& w, const Tensor& dx_add) {
   const int64_t C = x.size(-1), N = x.numel() / C;
-  if (w.dtype() != x.dtype() || !fused_allowed()) return false;
-  bool done = false;
+  if (w.dtype() != x.dtype()) return std::nullopt;
+  std::optional<OnePass> fit;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     constexpr int V = kPack16<T>;
-    T* dxp = static_cast<T*>(dx.data_ptr());
-    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
-    const T *wp = static_cast<const T*>(w.data_ptr()), *addp = ptr_or_null<T>(dx_add);
     const int Q = backward_packs_per_lane(C / V);
-    if (Q == 0 || !row_packs_fit<T>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp)) return;
+    if (Q == 0 || !row_packs_fit<T>(C, static_cast<const T*>(w.data_ptr()), static_cast<const T*>(nullptr),
+                                    static_cast<const T*>(dx.data_ptr()), static_cast<const T*>(dy.data_ptr()),
+                                    static_cast<const T*>(x.data_ptr()), ptr_or_null<T>(dx_add)))
+      return;
     const bool with_db = db.defined();
     // A block's sums must fit the SM (up to 128 KiB: LayerNorm's 2048 with a
     // bias gradient; more than a 99 KiB consumer GPU gives a block).
     if (backward_shared_bytes(Q, V, with_db) > size_t(max_shared_optin(x.device()))) return;
-    cudaStream_t s = stream_of(dx);
-    Tensor pdw, pdb;
-    int64_t blocks = 0;
     with_backward_packs(Q, [&](auto q_tag) {
       constexpr int kQ = decltype(q_tag)::value;
+      const int64_t blocks =
+          with_db ? one_pass_blocks<T, kQ, true>(N, x.device()) : one_pass_blocks<T, kQ, false>(N, x.device());
+      fit = OnePass{Q, blocks};
+    });
+  });
+  return fit;
+}
+
+// The one pass (norm_backward_fused_kernel, its per-block partials summed by
+// colsum.h) on `fit`.
+void one_pass(const OnePass& fit, bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+              const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+              bool overwrite) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  const bool with_db = db.defined();
+  Tensor pdw = Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace);
+  Tensor pdb = with_db ? Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace) : Tensor();
+  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
+    constexpr int V = kPack16<T>;
+    with_backward_packs(fit.packs_per_lane, [&](auto q_tag) {
+      constexpr int kQ = decltype(q_tag)::value;
       auto launch = [&](auto kernel) {
-        const size_t smem = backward_shared_bytes(kQ, V, with_db);
-        constexpr int kThreads = kBackwardWarps * 32;
-        const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem, x.device());
-        blocks = backward_blocks(N, int64_t(per_sm) * num_sms(x.device()));
-        pdw = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
-        if (with_db) pdb = Tensor::empty(Shape{blocks, C}, DType::f32, x.device(), MemCategory::workspace);
-        float* const pdb_p = with_db ? pdb.data<float>() : nullptr;
-        kernel<<<unsigned(blocks), kThreads, smem, s>>>(rms, dxp, pdw.data<float>(), pdb_p, dyp, xp, wp, f32_or_null(mean),
-                                                        rstd.data<float>(), addp, N, C);
+        kernel<<<unsigned(fit.blocks), kBackwardWarps * 32, backward_shared_bytes(kQ, V, with_db), stream_of(dx)>>>(
+            rms, static_cast<T*>(dx.data_ptr()), pdw.data<float>(), with_db ? pdb.data<float>() : nullptr,
+            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
+            static_cast<const T*>(w.data_ptr()), f32_or_null(mean), rstd.data<float>(), ptr_or_null<T>(dx_add), N, C);
       };
       if (with_db) launch(norm_backward_fused_kernel<T, V, kQ, true>);
       else launch(norm_backward_fused_kernel<T, V, kQ, false>);
     });
-    ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
-    colsum_accumulate(dw, pdw, blocks, C, overwrite);
-    if (with_db) colsum_accumulate(db, pdb, blocks, C, overwrite);
-    done = true;
   });
-  return done;
+  ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
+  colsum_accumulate(dw, pdw, fit.blocks, C, overwrite);
+  if (with_db) colsum_accumulate(db, pdb, fit.blocks, C, overwrite);
 }
 
-}  // namespace
-
-void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
-                   bool overwrite, NormBackwardKernel kernel) {
+// dx = the norm's input gradient, a warp per row (the second of two passes).
+void dx_pass(bool rms, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+             const Tensor& rstd, const Tensor& dx_add) {
   const int64_t C = x.size(-1), N = x.numel() / C;
-  if (N == 0) return;  // the ops layer has zeroed dw and db for an overwrite
-  const bool one_pass_allowed = kernel == NormBackwardKernel::automatic;
-  if (one_pass_allowed && fused_backward(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite)) return;
-  // Two passes: the dw / db partials, then dx.
-  cudaStream_t s = stream_of(dx);
-  // Weight/bias partials first: dx may overwrite dy in place.
-  const int64_t per_chunk = chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
-  Tensor pdw = Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace);
-  Tensor pdb = db.defined() ? Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace)
-                            : Tensor();
-  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
-    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
-    with_pack_width<T>(packs_of_16_fit<T>(C, dyp, xp), [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(chunks));
-      norm_dwdb_partial_kernel<T, V><<<grid, dim3(kSumCols, kSumLanes), 0, s>>>(
-          rms, pdw.data<float>(), pdb.defined() ? pdb.data<float>() : nullptr, dyp, xp, f32_or_null(mean),
-          rstd.data<float>(), N, C, per_chunk);
-    });
-  });
-  ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
-  add_chunk_partials(dw, pdw, chunks, C, overwrite);
-  if (db.defined()) add_chunk_partials(db, pdb, chunks, C, overwrite);
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     using TX = T;
     TX* dxp = static_cast<TX*>(dx.data_ptr());
@@ -167,12 +173,115 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
       const T* wp = static_cast<const T*>(w.data_ptr());
       with_pack_width<TX>(row_packs_fit<TX>(C, wp, static_cast<const T*>(nullptr), dxp, dyp, xp, addp), [&](auto v) {
         constexpr int V = decltype(v)::value;
-        norm_dx_kernel<TX, T, V><<<row_blocks(N), kRowWarps * 32, 0, s>>>(rms, dxp, dyp, xp, wp, f32_or_null(mean),
-                                                                          rstd.data<float>(), addp, N, C);
+        norm_dx_kernel<TX, T, V><<<row_blocks(N), kRowWarps * 32, 0, stream_of(dx)>>>(
+            rms, dxp, dyp, xp, wp, f32_or_null(mean), rstd.data<float>(), addp, N, C);
       });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_dx_kernel");
+}
+
+// Two passes on the one pass's grid (`fit`): the dw / db partials in its
+// order (norm_dwdb_block_partial_kernel), summed by colsum.h as its are,
+// then dx - its bits. Partials first: dx may overwrite dy in place.
+void two_pass_on_blocks(const OnePass& fit, bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                        const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& dx_add, bool overwrite) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  const bool with_db = db.defined();
+  Tensor pdw = Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace);
+  Tensor pdb = with_db ? Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace) : Tensor();
+  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
+    constexpr int V = kPack16<T>;
+    const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(fit.blocks));
+    norm_dwdb_block_partial_kernel<T, V><<<grid, dim3(kSumCols, kBackwardWarps), 0, stream_of(dx)>>>(
+        rms, pdw.data<float>(), with_db ? pdb.data<float>() : nullptr, static_cast<const T*>(dy.data_ptr()),
+        static_cast<const T*>(x.data_ptr()), f32_or_null(mean), rstd.data<float>(), N, C);
+  });
+  ZT_CUDA_CHECK_LAUNCH("norm_dwdb_block_partial_kernel");
+  colsum_accumulate(dw, pdw, fit.blocks, C, overwrite);
+  if (with_db) colsum_accumulate(db, pdb, fit.blocks, C, overwrite);
+  dx_pass(rms, dx, dy, x, w, mean, rstd, dx_add);
+}
+
+// Two passes on colsum_kernels::chunk_rows chunks, for any call: dw / db
+// partials, then dx.
+void two_pass_on_chunks(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                        const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& dx_add, bool overwrite) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  const int64_t per_chunk = chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
+  Tensor pdw = Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace);
+  Tensor pdb = db.defined() ? Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace)
+                            : Tensor();
+  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
+    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(C, dyp, xp), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(chunks));
+      norm_dwdb_partial_kernel<T, V><<<grid, dim3(kSumCols, kSumLanes), 0, stream_of(dx)>>>(
+          rms, pdw.data<float>(), pdb.defined() ? pdb.data<float>() : nullptr, dyp, xp, f32_or_null(mean),
+          rstd.data<float>(), N, C, per_chunk);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
+  add_chunk_partials(dw, pdw, chunks, C, overwrite);
+  if (db.defined()) add_chunk_partials(db, pdb, chunks, C, overwrite);
+  dx_pass(rms, dx, dy, x, w, mean, rstd, dx_add);
+}
+
+// The race of the one pass and the two on its grid, per shape of call.
+struct RaceKey {
+  int device;
+  DType dtype;
+  int64_t rows, cols;
+  bool rms, db, add, overwrite;
+  int form;  // dx: 0 a tensor of its own, 1 over dy, 2 over dx_add
+  bool operator==(const RaceKey&) const = default;
+};
+
+RaceBook<RaceKey>& races() {
+  static auto* book = new RaceBook<RaceKey>(
+      "norm backward", {"one_pass", "two_pass"}, 3, [](const RaceKey& k) {
+        static const char* const forms[] = {"", ", dx over dy", ", dx over dx_add"};
+        return std::string(k.rms ? "rmsnorm " : "layernorm ") + std::to_string(k.rows) + " x " +
+               std::to_string(k.cols) + " " + std::string(dtype_name(k.dtype)) + (k.db ? "" : ", no db") +
+               (k.add ? ", dx_add" : "") + forms[k.form] + (k.overwrite ? ", overwrite" : "") + ", " +
+               Device::cuda(k.device).str();
+      });  // never freed (kernel_race_lines reads it)
+  return *book;
+}
+
+}  // namespace
+
+void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                   const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
+                   bool overwrite, NormBackwardKernel kernel) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  if (N == 0) return;  // the ops layer has zeroed dw and db for an overwrite
+  const std::optional<OnePass> fit = one_pass_fit(dx, db, dy, x, w, dx_add);
+  if (!fit) return two_pass_on_chunks(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
+  if (kernel == NormBackwardKernel::automatic) kernel = pinned_backward();
+  if (kernel == NormBackwardKernel::one_pass)
+    return one_pass(*fit, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
+  if (kernel == NormBackwardKernel::two_pass)
+    return two_pass_on_blocks(*fit, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
+  const RaceKey key{.device = x.device().index,
+                    .dtype = x.dtype(),
+                    .rows = N,
+                    .cols = C,
+                    .rms = rms,
+                    .db = db.defined(),
+                    .add = dx_add.defined(),
+                    .overwrite = overwrite,
+                    .form = dx.data_ptr() == dy.data_ptr()                          ? 1
+                            : dx_add.defined() && dx.data_ptr() == dx_add.data_ptr() ? 2
+                                                                                     : 0};
+  races().run(key, x.device(), [&](int c) {
+    if (c == 0) one_pass(*fit, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
+    else two_pass_on_blocks(*fit, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
+    return true;
+  });
 }
 
 }  // namespace zt::cuda

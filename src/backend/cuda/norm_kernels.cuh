@@ -152,22 +152,39 @@ __global__ void __launch_bounds__(kRowWarps * 32)
   }
 }
 
-// One pack's share of a row's dx sums: sg += g, sgx += g * xhat, where
-// g = dy * w and xhat = (x - mean) * rstd.
+// The backward's arithmetic is rounded intrinsics (__fmul_rn, __fadd_rn,
+// __fsub_rn, __fdiv_rn), which nvcc may not contract into FMAs: the one-pass
+// kernel and the two passes it races (norm.cu) then compute the same bits
+// from the same sums in the same order, whatever each kernel's code around
+// them. xhat = (x - mean) * rstd.
+__device__ __forceinline__ float xhat_of(float x, float mu, float rs) { return __fmul_rn(__fsub_rn(x, mu), rs); }
+
+// One element's share of a row's dx sums: sg += g, sgx += g * xhat, where
+// g = dy * w; returns xhat (the dw sums' factor).
+__device__ __forceinline__ float add_dx_sum(float& sg, float& sgx, float dy, float w, float x, float mu, float rs) {
+  const float g = __fmul_rn(dy, w), xhat = xhat_of(x, mu, rs);
+  sg = __fadd_rn(sg, g);
+  sgx = __fadd_rn(sgx, __fmul_rn(g, xhat));
+  return xhat;
+}
+
+// One pack's share of a row's dx sums (add_dx_sum, element by element).
 template <typename T, typename W, int V>
 __device__ __forceinline__ void add_dx_sums(float& sg, float& sgx, const Pack<T, V>& dv, const Pack<T, V>& xv,
                                             const Pack<W, V>& wv, float mu, float rs) {
 #pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
-    const float xhat = (to_f32(xv.v[k]) - mu) * rs;
-    sg += g;
-    sgx += g * xhat;
-  }
+  for (int k = 0; k < V; ++k) add_dx_sum(sg, sgx, to_f32(dv.v[k]), to_f32(wv.v[k]), to_f32(xv.v[k]), mu, rs);
 }
 
-// A row's dx means, mg = mean(g) (0 for RMSNorm) and mgx = mean(g * xhat):
-// each lane's packs l, l + 32, ... through add_dx_sums, then warp sums.
+// A row's dx means from its lanes' sums: mg = mean(g) (0 for RMSNorm),
+// mgx = mean(g * xhat), by warp sums.
+__device__ __forceinline__ void dx_means(bool rms, int64_t C, float sg, float sgx, float& mg, float& mgx) {
+  mg = rms ? 0.0f : __fdiv_rn(warp_sum(sg), float(C));
+  mgx = __fdiv_rn(warp_sum(sgx), float(C));
+}
+
+// A row's dx means: each lane's packs l, l + 32, ... through add_dx_sums,
+// then dx_means.
 template <typename T, typename W, int V>
 __device__ __forceinline__ void row_dx_means(bool rms, int lane, int64_t C, const T* dyr, const T* xr, const W* w,
                                              float mu, float rs, float& mg, float& mgx) {
@@ -175,11 +192,10 @@ __device__ __forceinline__ void row_dx_means(bool rms, int lane, int64_t C, cons
   for (int64_t j = lane; j < C / V; j += 32)
     add_dx_sums<T, W, V>(sg, sgx, load_pack<T, V>(dyr + j * V), load_pack<T, V>(xr + j * V),
                          load_pack<W, V>(w + j * V), mu, rs);
-  mg = rms ? 0.0f : warp_sum(sg) / float(C);
-  mgx = warp_sum(sgx) / float(C);
+  dx_means(rms, C, sg, sgx, mg, mgx);
 }
 
-// One pack of dx = rstd * (g - mg - xhat * mgx), plus dx_add's pack when add.
+// One pack of dx = rstd * ((g - mg) - xhat * mgx), plus dx_add's pack when add.
 template <typename T, typename W, int V>
 __device__ __forceinline__ Pack<T, V> dx_pack(const Pack<T, V>& dv, const Pack<T, V>& xv, const Pack<W, V>& wv,
                                               const Pack<T, V>& av, bool add, float mu, float rs, float mg,
@@ -187,10 +203,10 @@ __device__ __forceinline__ Pack<T, V> dx_pack(const Pack<T, V>& dv, const Pack<T
   Pack<T, V> out;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    const float g = to_f32(dv.v[k]) * to_f32(wv.v[k]);
-    const float xhat = (to_f32(xv.v[k]) - mu) * rs;
-    float v = rs * (g - mg - xhat * mgx);
-    if (add) v += to_f32(av.v[k]);
+    const float g = __fmul_rn(to_f32(dv.v[k]), to_f32(wv.v[k]));
+    const float xhat = xhat_of(to_f32(xv.v[k]), mu, rs);
+    float v = __fmul_rn(rs, __fsub_rn(__fsub_rn(g, mg), __fmul_rn(xhat, mgx)));
+    if (add) v = __fadd_rn(v, to_f32(av.v[k]));
     out.v[k] = from_f32<T>(v);
   }
   return out;
@@ -235,8 +251,7 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // registers), so every warp of the SM keeps a whole row in flight and a row
 // costs one trip to device memory; the statistics are warp shuffles, dx is computed
 // from the registers (so dx may be dy or dx_add: a row is read before it is
-// written) with norm_dx_kernel's arithmetic (the last place may differ: each
-// kernel has its own multiply-add contractions).
+// written) with norm_dx_kernel's arithmetic, to the bit.
 //
 // dw / db: each warp adds its rows' dy * xhat (and dy) into its own f32
 // region of shared memory, lane l owning the columns of its packs, laid out
@@ -244,8 +259,11 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // banks; no atomics, no registers held across rows. At the end the block
 // adds its warps' regions in warp order and writes its partials rows:
 // pdw, pdb (G, C) f32, which colsum.h adds over the blocks. Every order
-// depends on the shape and G alone: the same bits on every run on one GPU. Requires 16-byte packs (V = kPack16<T>) and C / V <= 32 Q; weights of
-// type T. Dynamic shared memory: backward_shared_bytes.
+// depends on the shape and G alone: the same bits on every run on one GPU,
+// and those of the two passes on the same G (norm_dwdb_block_partial_kernel,
+// norm_dx_kernel). Requires 16-byte packs (V = kPack16<T>) and
+// C / V <= 32 Q; weights of type T. Dynamic shared memory:
+// backward_shared_bytes.
 constexpr int kBackwardWarps = 8;
 
 // Packs per lane Q for rows of `packs` 16-byte packs: the least of 1, 2, 3,
@@ -330,25 +348,25 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
         for (int e = 0; e < 4; ++e) {
           const int k = 4 * h + e;
           gy[e] = to_f32(dv[q].v[k]);
-          const float g = gy[e] * to_f32(wv.v[k]);
-          const float xhat = (to_f32(xv[q].v[k]) - mu) * rs;
-          sg += g;
-          sgx += g * xhat;
-          gx[e] = gy[e] * xhat;
+          const float xhat = add_dx_sum(sg, sgx, gy[e], to_f32(wv.v[k]), to_f32(xv[q].v[k]), mu, rs);
+          gx[e] = __fmul_rn(gy[e], xhat);
         }
         float4* dw_slot = mine + (q * (V / 4) + h) * 32;
         float4 a = *dw_slot;
-        a.x += gx[0], a.y += gx[1], a.z += gx[2], a.w += gx[3];
+        a.x = __fadd_rn(a.x, gx[0]), a.y = __fadd_rn(a.y, gx[1]), a.z = __fadd_rn(a.z, gx[2]),
+        a.w = __fadd_rn(a.w, gx[3]);
         *dw_slot = a;
         if constexpr (kDb) {
           float4* db_slot = dw_slot + kSlots * 32;
           float4 b = *db_slot;
-          b.x += gy[0], b.y += gy[1], b.z += gy[2], b.w += gy[3];
+          b.x = __fadd_rn(b.x, gy[0]), b.y = __fadd_rn(b.y, gy[1]), b.z = __fadd_rn(b.z, gy[2]),
+          b.w = __fadd_rn(b.w, gy[3]);
           *db_slot = b;
         }
       }
     }
-    const float mg = rms ? 0.0f : warp_sum(sg) / float(C), mgx = warp_sum(sgx) / float(C);
+    float mg, mgx;
+    dx_means(rms, C, sg, sgx, mg, mgx);
     T* dxr = dx + row * C;
 #pragma unroll
     for (int q = 0; q < Q; ++q) {
@@ -376,6 +394,55 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
       t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
     }
     *reinterpret_cast<float4*>((sum == 0 ? pdw : pdb) + int64_t(blockIdx.x) * C + c) = t;
+  }
+}
+
+// The two passes' dw / db partials in the one-pass kernel's order, so that
+// the two race on the same bits (norm.cu): the (ceil(C / V / kSumCols), G)
+// grid's block (cx, b) takes columns [(cx kSumCols + threadIdx.x) V, + V)
+// of the rows [b N / G, (b + 1) N / G) - the one-pass kernel's block b of
+// G -, row lane j = threadIdx.y (kBackwardWarps of them: its warps) summing
+// dy * xhat (and dy) over its rows r0 + j, r0 + j + kBackwardWarps, ... in
+// order from 0, then the lanes added in lane order. pdw, pdb: (G, C) f32,
+// for colsum.h as the one pass's.
+template <typename T, int V>
+__global__ void __launch_bounds__(kSumCols* kBackwardWarps)
+    norm_dwdb_block_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x, const float* mean,
+                                   const float* rstd, int64_t N, int64_t C) {
+  __shared__ float lanes_dw[kBackwardWarps][kSumCols * V + 1], lanes_db[kBackwardWarps][kSumCols * V + 1];
+  const int64_t c0 = (int64_t(blockIdx.x) * kSumCols + threadIdx.x) * V;
+  const int64_t r0 = int64_t(blockIdx.y) * N / gridDim.y, r1 = (int64_t(blockIdx.y) + 1) * N / gridDim.y;
+  float sw[V] = {}, sb[V] = {};
+  if (c0 < C) {
+#pragma unroll 4  // several rows' loads in flight; the additions stay in row order
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBackwardWarps) {
+      const Pack<T, V> g = load_pack<T, V>(dy + r * C + c0), xv = load_pack<T, V>(x + r * C + c0);
+      const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float gk = to_f32(g.v[k]);
+        sw[k] = __fadd_rn(sw[k], __fmul_rn(gk, xhat_of(to_f32(xv.v[k]), mu, rs)));
+        sb[k] = __fadd_rn(sb[k], gk);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    lanes_dw[threadIdx.y][threadIdx.x * V + k] = sw[k];
+    lanes_db[threadIdx.y][threadIdx.x * V + k] = sb[k];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || c0 >= C) return;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    float w = lanes_dw[0][threadIdx.x * V + k], b = lanes_db[0][threadIdx.x * V + k];
+#pragma unroll
+    for (int j = 1; j < kBackwardWarps; ++j) {
+      w = __fadd_rn(w, lanes_dw[j][threadIdx.x * V + k]);
+      b = __fadd_rn(b, lanes_db[j][threadIdx.x * V + k]);
+    }
+    pdw[int64_t(blockIdx.y) * C + c0 + k] = w;
+    if (pdb != nullptr) pdb[int64_t(blockIdx.y) * C + c0 + k] = b;
   }
 }
 
