@@ -185,6 +185,48 @@ TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
   }
 }
 
+// Training races the pointwise activations' launch shapes per shape of
+// call (activation.cu): every call on the way writes the first call's bits
+// (a pack a thread, on a capped grid), and each race ends with every shape
+// timed 3 times and one chosen.
+TEST_P(CudaKernels, PointwiseLaunchRaceKeepsTheBits) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(18);
+  const Device gpu = Device::cuda(0);
+  // Sizes no other test uses, so that this test sees each race from its start.
+  const int64_t n = 3 * 1024 * 401, rows = 301, H = 2048;
+  const Tensor x = to_gpu(random_tensor(Shape{n}, dt, rng, -5, 5)), dy = to_gpu(random_tensor(Shape{n}, dt, rng));
+  const Tensor sx = to_gpu(random_tensor(Shape{rows, 2 * H}, dt, rng, -5, 5));
+  const Tensor sdy = to_gpu(random_tensor(Shape{rows, H}, dt, rng));
+  std::vector<std::vector<double>> first;
+  for (int call = 0; call < 3 * 3 + 2; ++call) {  // the race (3 timed calls each), then the winner
+    Tensor y = gpu_poisoned(Shape{n}, dt), dx = gpu_poisoned(Shape{n}, dt), sy = gpu_poisoned(Shape{rows, H}, dt);
+    Tensor sdx = Tensor::empty(Shape{rows, 2 * H}, dt, gpu);
+    ops::copy(sdx, sx);
+    ops::gelu_forward(y, x);
+    ops::gelu_backward(dx, dy, x);
+    ops::swiglu_forward(sy, sx);
+    ops::swiglu_backward(sdx, sdy, sdx);  // in place over its input, as the model calls it
+    const std::vector<std::vector<double>> got = {values_of(y), values_of(dx), values_of(sy), values_of(sdx)};
+    if (call == 0) first = got;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], first[i]) << "output " << i << ", call " << call;
+    cuda::synchronize(gpu);  // so that the next call reads this one's time
+  }
+  const int64_t pack = dt == DType::f32 ? 4 : 8;  // elements in 16 bytes
+  const std::vector<std::string> lines = cuda::kernel_race_lines();
+  for (const auto& [op, elements] : {std::pair<std::string, int64_t>{"gelu_forward", n}, {"gelu_backward", n},
+                                     {"swiglu_forward", rows * H}, {"swiglu_backward", rows * H}}) {
+    const std::string call = "pointwise " + op + " " + std::to_string(elements / pack) + " packs of " +
+                             std::to_string(pack) + " " + std::string(dtype_name(dt));
+    const auto line = std::ranges::find_if(lines, [&](const std::string& l) { return l.starts_with(call); });
+    ASSERT_NE(line, lines.end()) << "no race line for " << call;
+    std::printf("%s\n", line->c_str());
+    EXPECT_EQ(line->find("racing"), std::string::npos) << *line;
+    EXPECT_EQ(line->find("untimed"), std::string::npos) << *line;
+  }
+}
+
 TEST_P(CudaKernels, ActivationsForwardAndBackward) {
   ZT_REQUIRE_GPU();
   const DType dt = GetParam();

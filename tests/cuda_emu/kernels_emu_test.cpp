@@ -292,6 +292,27 @@ void activation_case(int64_t n, int64_t rows, int64_t H, std::mt19937_64& rng) {
   emu::launch(dim3(stride_grid(rows * H / V)), actk::kThreads, 0, actk::swiglu_bwd_kernel<T, V>, p<T>(in_place),
               p<T>(sdy), static_cast<const T*>(p<T>(in_place)), rows, H);
   EXPECT_EQ(to_f64(in_place), to_f64(gsdx)) << "swiglu dx in place";
+  // The launch shapes activation.cu races: 4 packs a thread an iteration,
+  // on a grid that strides (3 blocks) and one that does not; the bits of a
+  // pack a thread.
+  for (const unsigned blocks : {3u, 0u}) {
+    SCOPED_TRACE(::testing::Message() << "4 packs a thread, " << (blocks ? "3 blocks" : "a block per 4 x 256 packs"));
+    const auto grid = [&](int64_t packs) {
+      return dim3(blocks ? blocks : unsigned((packs + 4 * actk::kThreads - 1) / (4 * actk::kThreads)));
+    };
+    Tensor uy = poisoned(Shape{n}, dt), udx = poisoned(Shape{n}, dt);
+    emu::launch(grid(n / V), actk::kThreads, 0, actk::gelu_fwd_kernel<T, V, 4>, p<T>(uy), p<T>(x), n);
+    emu::launch(grid(n / V), actk::kThreads, 0, actk::gelu_bwd_kernel<T, V, 4>, p<T>(udx), p<T>(dy), p<T>(x), n);
+    EXPECT_EQ(to_f64(uy), to_f64(gy)) << "gelu y";
+    EXPECT_EQ(to_f64(udx), to_f64(gdx)) << "gelu dx";
+    Tensor usy = poisoned(sy.shape(), dt), usdx = copy_of(sx);  // the backward in place, as the model calls it
+    emu::launch(grid(rows * H / V), actk::kThreads, 0, actk::swiglu_fwd_kernel<T, V, 4>, p<T>(usy), p<T>(sx), rows,
+                H);
+    emu::launch(grid(rows * H / V), actk::kThreads, 0, actk::swiglu_bwd_kernel<T, V, 4>, p<T>(usdx), p<T>(sdy),
+                static_cast<const T*>(p<T>(usdx)), rows, H);
+    EXPECT_EQ(to_f64(usy), to_f64(gsy)) << "swiglu y";
+    EXPECT_EQ(to_f64(usdx), to_f64(gsdx)) << "swiglu dx in place";
+  }
 }
 
 // add and scale on n elements, V per load and store (1, or a 16-byte pack: n

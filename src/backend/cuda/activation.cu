@@ -1,18 +1,82 @@
 // CUDA GeLU (tanh approximation) and SwiGLU: grid-stride pointwise kernels in
 // f32 with one rounding per output, over 16-byte packs where they fit. The
-// launches; the kernels are in activation_kernels.cuh.
+// launches, whose shape - packs a thread an iteration, grid capped or not -
+// training races per shape of call (kernel_race.h: every shape writes the
+// same bits); the kernels are in activation_kernels.cuh.
 #include "backend/cuda/activation.h"
 
 #include <algorithm>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/activation_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernel_race.h"
 
 namespace zt::cuda {
 
 namespace {
 
 using namespace activation_kernels;
+
+// A launch shape: U packs a thread an iteration; a grid of at most 32 blocks
+// an SM (the threads then stride), or of every block the packs need (each
+// thread takes U packs once).
+struct LaunchShape {
+  int packs_per_thread;
+  bool capped;
+};
+// The race's candidates, the first preferred on a tie: the shape before the
+// race (a pack a thread, capped), one without the stride, and 4 packs' loads
+// in flight a thread.
+constexpr LaunchShape kShapes[] = {{1, true}, {1, false}, {4, true}};
+
+unsigned grid_of(int64_t packs, LaunchShape shape, Device device) {
+  const int64_t per_block = int64_t(kThreads) * shape.packs_per_thread;
+  const int64_t blocks = std::max<int64_t>(1, (packs + per_block - 1) / per_block);
+  const int64_t cap = shape.capped ? int64_t(num_sms(device)) * 32 : int64_t(0x7fffffff);
+  return unsigned(std::min(blocks, cap));
+}
+
+enum class Op { gelu_forward, gelu_backward, swiglu_forward, swiglu_backward };
+
+struct RaceKey {
+  int device;
+  Op op;
+  DType dtype;
+  int64_t packs;
+  int pack;  // elements a pack
+  bool in_place;
+  bool operator==(const RaceKey&) const = default;
+};
+
+RaceBook<RaceKey>& races() {
+  static auto* book = new RaceBook<RaceKey>(
+      "pointwise", {"1 pack a thread, capped grid", "1 pack a thread, full grid", "4 packs a thread, capped grid"}, 3,
+      [](const RaceKey& k) {
+        static const char* const ops[] = {"gelu_forward", "gelu_backward", "swiglu_forward", "swiglu_backward"};
+        return std::string(ops[int(k.op)]) + " " + std::to_string(k.packs) + " packs of " + std::to_string(k.pack) +
+               " " + std::string(dtype_name(k.dtype)) + (k.in_place ? ", in place" : "") + ", " +
+               Device::cuda(k.device).str();
+      });  // never freed (kernel_race_lines reads it)
+  return *book;
+}
+
+// Runs launch(shape_tag, grid) for the race's shape of this call, where
+// shape_tag is std::integral_constant<int, U>.
+template <typename Launch>
+void race_launch(Op op, const Tensor& out, DType dtype, int64_t packs, int pack, bool in_place, Launch&& launch) {
+  const Device device = out.device();
+  const RaceKey key{device.index, op, dtype, packs, pack, in_place};
+  races().run(key, device, [&](int c) {
+    const LaunchShape shape = kShapes[c];
+    const unsigned grid = grid_of(packs, shape, device);
+    if (shape.packs_per_thread == 4) launch(std::integral_constant<int, 4>{}, grid);
+    else launch(std::integral_constant<int, 1>{}, grid);
+    return true;
+  });
+}
 
 }  // namespace
 
@@ -24,7 +88,9 @@ void gelu_forward(const Tensor& y, const Tensor& x) {
     const T* xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(n, yp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      gelu_fwd_kernel<T, V><<<grid_for(n / V, kThreads, x.device()), kThreads, 0, stream_of(y)>>>(yp, xp, n);
+      race_launch(Op::gelu_forward, y, x.dtype(), n / V, V, yp == xp, [&](auto u, unsigned grid) {
+        gelu_fwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(y)>>>(yp, xp, n);
+      });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("gelu_fwd_kernel");
@@ -38,7 +104,9 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(n, dxp, dyp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      gelu_bwd_kernel<T, V><<<grid_for(n / V, kThreads, x.device()), kThreads, 0, stream_of(dx)>>>(dxp, dyp, xp, n);
+      race_launch(Op::gelu_backward, dx, x.dtype(), n / V, V, dxp == dyp || dxp == xp, [&](auto u, unsigned grid) {
+        gelu_bwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(dx)>>>(dxp, dyp, xp, n);
+      });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("gelu_bwd_kernel");
@@ -53,8 +121,9 @@ void swiglu_forward(const Tensor& y, const Tensor& x) {
     const T* xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(H, yp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      swiglu_fwd_kernel<T, V><<<grid_for(rows * H / V, kThreads, x.device()), kThreads, 0, stream_of(y)>>>(yp, xp,
-                                                                                                           rows, H);
+      race_launch(Op::swiglu_forward, y, x.dtype(), rows * H / V, V, false, [&](auto u, unsigned grid) {
+        swiglu_fwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(y)>>>(yp, xp, rows, H);
+      });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("swiglu_fwd_kernel");
@@ -68,8 +137,9 @@ void swiglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(H, dxp, dyp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      swiglu_bwd_kernel<T, V><<<grid_for(rows * H / V, kThreads, x.device()), kThreads, 0, stream_of(dx)>>>(
-          dxp, dyp, xp, rows, H);
+      race_launch(Op::swiglu_backward, dx, x.dtype(), rows * H / V, V, dxp == xp, [&](auto u, unsigned grid) {
+        swiglu_bwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(dx)>>>(dxp, dyp, xp, rows, H);
+      });
     });
   });
   ZT_CUDA_CHECK_LAUNCH("swiglu_bwd_kernel");
