@@ -71,9 +71,10 @@ void two_pass_on_blocks_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bo
   const Tensor pdw = poisoned(Shape{blocks, C}, DType::f32);
   const Tensor pdb = rms ? Tensor() : poisoned(Shape{blocks, C}, DType::f32);
   emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(blocks)),
-              dim3(nk::kSumCols, nk::kBackwardWarps), 0, nk::norm_dwdb_block_partial_kernel<T, V>, rms,
-              p<float>(pdw), p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)),
-              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C);
+              dim3(nk::kSumCols, nk::kSumLanes), 0, nk::norm_dwdb_partial_kernel<T, V>, rms, p<float>(pdw),
+              p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)),
+              static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)), N, C,
+              int64_t(0));
   constexpr int kF32Pack = cuda::kPack16<float>;
   const auto start = [&](const Tensor& g0) { return overwrite ? poisoned(g0.shape(), DType::f32) : g0; };
   dw = colsum_on_emulator<float, kF32Pack>(pdw, start(dw0), overwrite);

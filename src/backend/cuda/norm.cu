@@ -132,6 +132,21 @@ std::optional<OnePass> one_pass_fit(const Tensor& dx, const Tensor& db, const Te
   return fit;
 }
 
+// f32 partial sums of dw (and db), a row per run of rows: (rows, C).
+struct Partials {
+  Tensor dw, db;
+  Partials(int64_t rows, int64_t C, bool with_db, Device device)
+      : dw(Tensor::empty(Shape{rows, C}, DType::f32, device, MemCategory::workspace)),
+        db(with_db ? Tensor::empty(Shape{rows, C}, DType::f32, device, MemCategory::workspace) : Tensor()) {}
+  float* dw_data() const { return dw.data<float>(); }
+  float* db_data() const { return db.defined() ? db.data<float>() : nullptr; }
+  // dw (db) += (or, overwrite, =) the partials' column sums (colsum.h).
+  void sum_into(const Tensor& dw_out, const Tensor& db_out, bool overwrite) const {
+    colsum_accumulate(dw_out, dw, dw.size(0), dw.size(1), overwrite);
+    if (db.defined()) colsum_accumulate(db_out, db, db.size(0), db.size(1), overwrite);
+  }
+};
+
 // The one pass (norm_backward_fused_kernel, its per-block partials summed by
 // colsum.h) on `fit`.
 void one_pass(const OnePass& fit, bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
@@ -139,15 +154,14 @@ void one_pass(const OnePass& fit, bool rms, const Tensor& dx, const Tensor& dw, 
               bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
   const bool with_db = db.defined();
-  Tensor pdw = Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace);
-  Tensor pdb = with_db ? Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace) : Tensor();
+  const Partials partials(fit.blocks, C, with_db, x.device());
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     constexpr int V = kPack16<T>;
     with_backward_packs(fit.packs_per_lane, [&](auto q_tag) {
       constexpr int kQ = decltype(q_tag)::value;
       auto launch = [&](auto kernel) {
         kernel<<<unsigned(fit.blocks), kBackwardWarps * 32, backward_shared_bytes(kQ, V, with_db), stream_of(dx)>>>(
-            rms, static_cast<T*>(dx.data_ptr()), pdw.data<float>(), with_db ? pdb.data<float>() : nullptr,
+            rms, static_cast<T*>(dx.data_ptr()), partials.dw_data(), partials.db_data(),
             static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
             static_cast<const T*>(w.data_ptr()), f32_or_null(mean), rstd.data<float>(), ptr_or_null<T>(dx_add), N, C);
       };
@@ -156,14 +170,30 @@ void one_pass(const OnePass& fit, bool rms, const Tensor& dx, const Tensor& dw, 
     });
   });
   ZT_CUDA_CHECK_LAUNCH("norm_backward_fused_kernel");
-  colsum_accumulate(dw, pdw, fit.blocks, C, overwrite);
-  if (with_db) colsum_accumulate(db, pdb, fit.blocks, C, overwrite);
+  partials.sum_into(dw, db, overwrite);
 }
 
-// dx = the norm's input gradient, a warp per row (the second of two passes).
-void dx_pass(bool rms, const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-             const Tensor& rstd, const Tensor& dx_add) {
+// Two passes: the dw / db partials (norm_dwdb_partial_kernel) over `runs`
+// runs of rows - chunks of per_chunk rows, or (per_chunk = 0) the one
+// pass's blocks -, summed by colsum.h, then dx a warp per row. Partials
+// first: dx may overwrite dy in place.
+void two_pass(int64_t runs, int64_t per_chunk, bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db,
+              const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+              const Tensor& dx_add, bool overwrite) {
   const int64_t C = x.size(-1), N = x.numel() / C;
+  const Partials partials(runs, C, db.defined(), x.device());
+  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
+    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
+    with_pack_width<T>(packs_of_16_fit<T>(C, dyp, xp), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(runs));
+      norm_dwdb_partial_kernel<T, V><<<grid, dim3(kSumCols, kSumLanes), 0, stream_of(dx)>>>(
+          rms, partials.dw_data(), partials.db_data(), dyp, xp, f32_or_null(mean), rstd.data<float>(), N, C,
+          per_chunk);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
+  partials.sum_into(dw, db, overwrite);
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
     using TX = T;
     TX* dxp = static_cast<TX*>(dx.data_ptr());
@@ -181,53 +211,20 @@ void dx_pass(bool rms, const Tensor& dx, const Tensor& dy, const Tensor& x, cons
   ZT_CUDA_CHECK_LAUNCH("norm_dx_kernel");
 }
 
-// Two passes on the one pass's grid (`fit`): the dw / db partials in its
-// order (norm_dwdb_block_partial_kernel), summed by colsum.h as its are,
-// then dx - its bits. Partials first: dx may overwrite dy in place.
+// Two passes on the one pass's blocks (`fit`): its bits.
 void two_pass_on_blocks(const OnePass& fit, bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db,
                         const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                         const Tensor& dx_add, bool overwrite) {
-  const int64_t C = x.size(-1), N = x.numel() / C;
-  const bool with_db = db.defined();
-  Tensor pdw = Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace);
-  Tensor pdb = with_db ? Tensor::empty(Shape{fit.blocks, C}, DType::f32, x.device(), MemCategory::workspace) : Tensor();
-  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
-    constexpr int V = kPack16<T>;
-    const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(fit.blocks));
-    norm_dwdb_block_partial_kernel<T, V><<<grid, dim3(kSumCols, kBackwardWarps), 0, stream_of(dx)>>>(
-        rms, pdw.data<float>(), with_db ? pdb.data<float>() : nullptr, static_cast<const T*>(dy.data_ptr()),
-        static_cast<const T*>(x.data_ptr()), f32_or_null(mean), rstd.data<float>(), N, C);
-  });
-  ZT_CUDA_CHECK_LAUNCH("norm_dwdb_block_partial_kernel");
-  colsum_accumulate(dw, pdw, fit.blocks, C, overwrite);
-  if (with_db) colsum_accumulate(db, pdb, fit.blocks, C, overwrite);
-  dx_pass(rms, dx, dy, x, w, mean, rstd, dx_add);
+  two_pass(fit.blocks, 0, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
 }
 
-// Two passes on colsum_kernels::chunk_rows chunks, for any call: dw / db
-// partials, then dx.
+// Two passes on colsum_kernels::chunk_rows chunks, for any call.
 void two_pass_on_chunks(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                         const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                         const Tensor& dx_add, bool overwrite) {
-  const int64_t C = x.size(-1), N = x.numel() / C;
-  const int64_t per_chunk = chunk_rows(N), chunks = (N + per_chunk - 1) / per_chunk;
-  Tensor pdw = Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace);
-  Tensor pdb = db.defined() ? Tensor::empty(Shape{chunks, C}, DType::f32, x.device(), MemCategory::workspace)
-                            : Tensor();
-  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "norm_backward", [&] {
-    const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
-    with_pack_width<T>(packs_of_16_fit<T>(C, dyp, xp), [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      const dim3 grid(unsigned((C / V + kSumCols - 1) / kSumCols), unsigned(chunks));
-      norm_dwdb_partial_kernel<T, V><<<grid, dim3(kSumCols, kSumLanes), 0, stream_of(dx)>>>(
-          rms, pdw.data<float>(), pdb.defined() ? pdb.data<float>() : nullptr, dyp, xp, f32_or_null(mean),
-          rstd.data<float>(), N, C, per_chunk);
-    });
-  });
-  ZT_CUDA_CHECK_LAUNCH("norm_dwdb_partial_kernel");
-  add_chunk_partials(dw, pdw, chunks, C, overwrite);
-  if (db.defined()) add_chunk_partials(db, pdb, chunks, C, overwrite);
-  dx_pass(rms, dx, dy, x, w, mean, rstd, dx_add);
+  const int64_t N = x.numel() / x.size(-1), per_chunk = chunk_rows(N);
+  const int64_t chunks = (N + per_chunk - 1) / per_chunk;
+  two_pass(chunks, per_chunk, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
 }
 
 // The race of the one pass and the two on its grid, per shape of call.

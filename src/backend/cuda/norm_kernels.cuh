@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 // adds its warps' regions in warp order and writes its partials rows:
 // pdw, pdb (G, C) f32, which colsum.h adds over the blocks. Every order
 // depends on the shape and G alone: the same bits on every run on one GPU,
-// and those of the two passes on the same G (norm_dwdb_block_partial_kernel,
-// norm_dx_kernel). Requires 16-byte packs (V = kPack16<T>) and
+// and those of the two passes on the same G (norm_dwdb_partial_kernel on
+// its blocks, then norm_dx_kernel). Requires 16-byte packs (V = kPack16<T>) and
 // C / V <= 32 Q; weights of type T. Dynamic shared memory:
 // backward_shared_bytes.
 constexpr int kBackwardWarps = 8;
@@ -397,25 +397,31 @@ __global__ void __launch_bounds__(kBackwardWarps * 32, Q <= 3 ? 3 : 2)
   }
 }
 
-// The two passes' dw / db partials in the one-pass kernel's order, so that
-// the two race on the same bits (norm.cu): the (ceil(C / V / kSumCols), G)
-// grid's block (cx, b) takes columns [(cx kSumCols + threadIdx.x) V, + V)
-// of the rows [b N / G, (b + 1) N / G) - the one-pass kernel's block b of
-// G -, row lane j = threadIdx.y (kBackwardWarps of them: its warps) summing
-// dy * xhat (and dy) over its rows r0 + j, r0 + j + kBackwardWarps, ... in
-// order from 0, then the lanes added in lane order. pdw, pdb: (G, C) f32,
-// for colsum.h as the one pass's.
+// The two passes' dw / db partials: lane threadIdx.x takes V adjacent
+// columns (V = 1, or a 16-byte pack when packs tile the rows: a warp reads
+// 512 contiguous bytes of a row per load), row lane j = threadIdx.y sums
+// dy * xhat (and dy) over its rows r0 + j, r0 + j + kSumLanes, ... in row
+// order from 0, then the lanes are added in lane order; pdw, pdb: (gridDim.y,
+// C) f32. Block row blockIdx.y = b takes the rows [b R, (b + 1) R), R =
+// per_chunk; or, per_chunk = 0, [b N / G, (b + 1) N / G) on G = gridDim.y:
+// the one-pass kernel's block b, whose warps are these row lanes - its
+// order, so on its grid the two passes race it on the same bits (norm.cu).
+// Every column's order depends on the shape and the grid alone (the same
+// bits at any V).
+static_assert(kSumLanes == kBackwardWarps, "the two passes' row lanes are the one pass's warps");
 template <typename T, int V>
-__global__ void __launch_bounds__(kSumCols* kBackwardWarps)
-    norm_dwdb_block_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x, const float* mean,
-                                   const float* rstd, int64_t N, int64_t C) {
-  __shared__ float lanes_dw[kBackwardWarps][kSumCols * V + 1], lanes_db[kBackwardWarps][kSumCols * V + 1];
+__global__ void __launch_bounds__(kSumCols* kSumLanes)
+    norm_dwdb_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x, const float* mean,
+                             const float* rstd, int64_t N, int64_t C, int64_t per_chunk) {
+  __shared__ float lanes_dw[kSumLanes][kSumCols * V + 1], lanes_db[kSumLanes][kSumCols * V + 1];
   const int64_t c0 = (int64_t(blockIdx.x) * kSumCols + threadIdx.x) * V;
-  const int64_t r0 = int64_t(blockIdx.y) * N / gridDim.y, r1 = (int64_t(blockIdx.y) + 1) * N / gridDim.y;
+  const int64_t b = blockIdx.y, G = gridDim.y;
+  const int64_t r0 = per_chunk > 0 ? b * per_chunk : b * N / G;
+  const int64_t r1 = per_chunk > 0 ? min(N, r0 + per_chunk) : (b + 1) * N / G;
   float sw[V] = {}, sb[V] = {};
   if (c0 < C) {
 #pragma unroll 4  // several rows' loads in flight; the additions stay in row order
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kBackwardWarps) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumLanes) {
       const Pack<T, V> g = load_pack<T, V>(dy + r * C + c0), xv = load_pack<T, V>(x + r * C + c0);
       const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
 #pragma unroll
@@ -435,62 +441,14 @@ __global__ void __launch_bounds__(kSumCols* kBackwardWarps)
   if (threadIdx.y != 0 || c0 >= C) return;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    float w = lanes_dw[0][threadIdx.x * V + k], b = lanes_db[0][threadIdx.x * V + k];
-#pragma unroll
-    for (int j = 1; j < kBackwardWarps; ++j) {
-      w = __fadd_rn(w, lanes_dw[j][threadIdx.x * V + k]);
-      b = __fadd_rn(b, lanes_db[j][threadIdx.x * V + k]);
-    }
-    pdw[int64_t(blockIdx.y) * C + c0 + k] = w;
-    if (pdb != nullptr) pdb[int64_t(blockIdx.y) * C + c0 + k] = b;
-  }
-}
-
-// Partials of dw (and db) over the rows [chunk * R, (chunk + 1) * R) of chunk
-// blockIdx.y, R = per_chunk: lane threadIdx.x takes V adjacent columns (V = 1,
-// or a 16-byte pack when packs tile the rows: a warp reads 512 contiguous
-// bytes of a row per load), row lane j = threadIdx.y sums rows j, j + kSumLanes,
-// ... in row order, then the lanes are added in lane order. Every column's
-// summation order depends on the shape alone (the same bits at any V).
-// pdw, pdb: (chunks, C) f32.
-template <typename T, int V>
-__global__ void __launch_bounds__(kSumCols* kSumLanes)
-    norm_dwdb_partial_kernel(bool rms, float* pdw, float* pdb, const T* dy, const T* x, const float* mean,
-                             const float* rstd, int64_t N, int64_t C, int64_t per_chunk) {
-  __shared__ float lanes_dw[kSumLanes][kSumCols * V + 1], lanes_db[kSumLanes][kSumCols * V + 1];
-  const int64_t c0 = (int64_t(blockIdx.x) * kSumCols + threadIdx.x) * V;
-  const int64_t r0 = int64_t(blockIdx.y) * per_chunk, r1 = min(N, r0 + per_chunk);
-  float sw[V] = {}, sb[V] = {};
-  if (c0 < C) {
-#pragma unroll 4  // several rows' loads in flight; the additions stay in row order
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumLanes) {
-      const Pack<T, V> g = load_pack<T, V>(dy + r * C + c0), xv = load_pack<T, V>(x + r * C + c0);
-      const float mu = rms ? 0.0f : mean[r], rs = rstd[r];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float gk = to_f32(g.v[k]);
-        sw[k] += gk * ((to_f32(xv.v[k]) - mu) * rs);
-        sb[k] += gk;
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    lanes_dw[threadIdx.y][threadIdx.x * V + k] = sw[k];
-    lanes_db[threadIdx.y][threadIdx.x * V + k] = sb[k];
-  }
-  __syncthreads();
-  if (threadIdx.y != 0 || c0 >= C) return;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    float w = lanes_dw[0][threadIdx.x * V + k], b = lanes_db[0][threadIdx.x * V + k];
+    float w = lanes_dw[0][threadIdx.x * V + k], sum_b = lanes_db[0][threadIdx.x * V + k];
 #pragma unroll
     for (int j = 1; j < kSumLanes; ++j) {
-      w += lanes_dw[j][threadIdx.x * V + k];
-      b += lanes_db[j][threadIdx.x * V + k];
+      w = __fadd_rn(w, lanes_dw[j][threadIdx.x * V + k]);
+      sum_b = __fadd_rn(sum_b, lanes_db[j][threadIdx.x * V + k]);
     }
-    pdw[int64_t(blockIdx.y) * C + c0 + k] = w;
-    if (pdb != nullptr) pdb[int64_t(blockIdx.y) * C + c0 + k] = b;
+    pdw[b * C + c0 + k] = w;
+    if (pdb != nullptr) pdb[b * C + c0 + k] = sum_b;
   }
 }
 
