@@ -31,10 +31,10 @@ echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
 # since then call 1 trains each model once more (deterministic with the tuned
 # plans) and its tests sweep twice the candidates, and call 2 too: about
 # 480 s and 80 s expected; on an H200 GPT-2 now trains at micro-batch 256,
-# the largest that fits (about 35 s more), and each model trains once more
-# with the switches not yet on by default (ZT_BENCH_CANDIDATES, about 90 s
-# for both; the profile and info runs at the end are what a call short of
-# time drops). Call 2 then profiles the kernels
+# the largest that fits (about 35 s more), and GPT-2 trains once more with
+# the switch not yet on by default (ZT_BENCH_CANDIDATES, about 45 s; the
+# classifier's and the norms' kernels are raced in training now, not A/B'd;
+# the profile and info runs at the end are what a call short of time drops). Call 2 then profiles the kernels
 # the timings left unexplained (run.sh ncu: Nsight Compute's counters, about
 # 60-120 s).
 echo 'then, call 1 (timeout_s 590): export ZT_CALL_DEADLINE=$(( $(date +%s) + 572 )); ZT_GPU_TESTS_SECONDS=200 bash bench/gpu/run.sh tests;'
