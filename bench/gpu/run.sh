@@ -660,6 +660,13 @@ for label, path in (("zettatron", sys.argv[1]), (f"  {sys.argv[8]}", sys.argv[7]
 PY
 done
 clock_table
+# What the as-configured runs' kernel races chose (the trainer's last lines:
+# each same-bit kernel's fastest call per shape, and the one kept).
+for arch in "${models[@]}"; do
+  [ -s "$out/zt-$arch.log" ] || continue
+  races=$(sed -n '/^kernels raced/,/^[^ ]/p' "$out/zt-$arch.log" | grep '^  ')
+  [ -z "$races" ] || { echo "$arch: kernels raced in training"; echo "$races"; }
+done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml
