@@ -572,7 +572,10 @@ int main(int argc, char** argv) {
     selected("", "");
     bench::profiling_run();
 #ifdef ZT_WITH_CUDA
-    if (where == "cuda") cuda::pinned_classifier_kernel();  // ZT_CUDA_CE_ROWS, ZT_CUDA_CE_STAGED
+    if (where == "cuda") {
+      cuda::pinned_classifier_kernel();  // ZT_CUDA_CE_ROWS, ZT_CUDA_CE_STAGED
+      cuda::kernel_races_on();           // ZT_CUDA_KERNEL_RACES
+    }
 #endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
@@ -591,9 +594,10 @@ int main(int argc, char** argv) {
   const double copy_gbps = 2.0 * double(a.nbytes()) / median_seconds(dev, [&] { ops::copy(b, a); }) / 1e9;
   // The A/B switches set for this run, so that two runs' rows can be told apart.
   std::string switches;
-  for (const char* name : {"ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS", "ZT_CUDA_WGRAD_CHUNKS",
-                           "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_MATMUL_CUBLAS", "ZT_CUDA_BGRAD_EPILOGUE",
-                           "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
+  for (const char* name : {"ZT_CUDA_KERNEL_RACES", "ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS",
+                           "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_MATMUL_CUBLAS",
+                           "ZT_CUDA_BGRAD_EPILOGUE", "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV",
+                           "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

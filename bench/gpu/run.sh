@@ -19,6 +19,8 @@
 # bits, so training races them per shape (backend/cuda/kernel_race.h);
 # ZT_CUDA_NORM_BACKWARD=one_pass or two_pass pins one. `kernels` times both
 # (<norm>_backward_one_pass, _two_pass) beside the raced <norm>_backward.
+# ZT_CUDA_KERNEL_RACES=0 makes every race (the classifier's, the norms', the
+# activations' launch shapes) take its first candidate: `ab`'s last setting.
 # The fused classifier's kernels (backend/cuda/cross_entropy_kernels.cuh:
 # the row staged in shared memory, or re-read at 1, 2 or 4 rows in flight per
 # SM) write the same bits, so training races them on its first calls of each
@@ -172,7 +174,7 @@ candidates_for() {  # candidates_for ARCH: the candidate words that apply to ARC
 if [ "$what" = ab ]; then
   default_settings="ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
   default_settings+=";llama:ZT_FUSED_QKV=2"
-  default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256"
+  default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256;ZT_CUDA_KERNEL_RACES=0"
   IFS=';' read -r -a raw <<< "${ZT_AB:-$default_settings}"
   listed=()
   for setting in "${raw[@]}"; do  # trimmed; each word NAME=VALUE (a dot in NAME: a config key)

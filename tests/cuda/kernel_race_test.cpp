@@ -3,6 +3,8 @@
 // and timings that come back late. No GPU needed.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/kernel_race.h"
@@ -93,6 +95,28 @@ TEST(KernelRace, ARefusedCandidateIsPassedOver) {
   t.refused(0);
   EXPECT_FALSE(t.decided());
   EXPECT_EQ(t.next(), -1) << "no candidate left";
+}
+
+// ZT_CUDA_KERNEL_RACES=0 (ctest cuda.kernel_races_off): a call takes the
+// first candidate that accepts it, with no timing marks (so no GPU here).
+TEST(KernelRace, TheSwitchTurnsRacesOff) {
+  const char* env = std::getenv("ZT_CUDA_KERNEL_RACES");
+  const bool off = env != nullptr && std::string(env) == "0";
+  EXPECT_EQ(cuda::kernel_races_on(), !off);
+  if (!off) GTEST_SKIP() << "races are on; ctest cuda.kernel_races_off runs this with ZT_CUDA_KERNEL_RACES=0";
+  cuda::KernelRace race(Device::cuda(0), 3, 3);
+  std::vector<int> tried;
+  for (int call = 0; call < 4; ++call) {
+    tried.clear();
+    EXPECT_EQ(race.run([&](int c) {
+      tried.push_back(c);
+      return c == 1;
+    }),
+              1);
+    EXPECT_EQ(tried, (std::vector<int>{0, 1})) << "call " << call;
+  }
+  EXPECT_FALSE(race.tally().decided()) << "nothing timed";
+  EXPECT_THROW(race.run([](int) { return false; }), Error);
 }
 
 TEST(KernelRace, RejectsWhatNoCallerMeans) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace zt::cuda {
@@ -61,6 +62,12 @@ void RaceTally::decide_if_done() {
     if (best < 0 || s.best_ms < slots_[size_t(best)].best_ms) best = c;
   }
   winner_ = best;  // -1 only when every candidate refused
+}
+
+bool kernel_races_on() {
+  static const bool on =
+      env_switch("ZT_CUDA_KERNEL_RACES", "1 (default): same-bit kernels race on their first calls; 0: the first", true);
+  return on;
 }
 
 KernelRace::KernelRace(Device device, int candidates, int samples_each)

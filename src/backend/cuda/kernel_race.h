@@ -20,6 +20,7 @@
 
 #include "backend/cuda/runtime.h"
 #include "core/device.h"
+#include "core/error.h"
 
 namespace zt::cuda {
 
@@ -68,6 +69,11 @@ class RaceTally {
 // choice (names[c]: candidate c).
 std::string format_race(const RaceTally& tally, const std::vector<std::string>& names);
 
+// False when ZT_CUDA_KERNEL_RACES=0 in the environment: every race's call
+// then takes its first candidate (the A/B of the races, and a way around one
+// that misbehaves).
+bool kernel_races_on();
+
 // A RaceTally on one GPU's compute stream: run(launch) calls launch(c) for
 // the candidate c the tally names, between two timing marks while the race
 // is on; launch returns false when c refuses the call (nothing launched),
@@ -80,9 +86,15 @@ class KernelRace {
   KernelRace& operator=(const KernelRace&) = delete;
   ~KernelRace();
 
-  // Returns the candidate that ran.
+  // Returns the candidate that ran. With races off (kernel_races_on) the
+  // first candidate that accepts the call, untimed.
   template <typename Launch>
   int run(Launch&& launch) {
+    if (!kernel_races_on()) {
+      for (int c = 0; c < tally_.candidates(); ++c)
+        if (launch(c)) return c;
+      ZT_FAIL("internal: every kernel of a race refused the call");
+    }
     std::lock_guard<std::mutex> lock(mu_);
     read_completed();
     for (;;) {
