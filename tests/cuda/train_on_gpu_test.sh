@@ -36,6 +36,18 @@ assert len(l) == 10 and sum(l[-3:]) / 3 < l[0] - 0.4, f"the GPU run did not lear
 PY
 test "$(grep -c '^sample (step 10): .' "$tmp/ref.log")" = 2 || { echo "FAIL: no samples"; tail -5 "$tmp/ref.log"; exit 1; }
 echo "the GPU run learns and samples"
+# Its last lines account for the GPU: the kernel races it ran (each decided or
+# still racing, every line naming its candidates' times) and what lay outside
+# the allocator; the plan was checked against the free memory.
+grep -q '^memory plan (estimated): .* free (of ' "$tmp/ref.log" \
+  || { echo "FAIL: the memory plan does not name the GPU's free memory"; grep 'memory plan' "$tmp/ref.log"; exit 1; }
+grep -q "^cuda:0 outside this process's allocator at the end: " "$tmp/ref.log" \
+  || { echo "FAIL: no account of the memory outside the allocator"; tail -20 "$tmp/ref.log"; exit 1; }
+races=$(sed -n '/^kernels raced/,/^[^ ]/p' "$tmp/ref.log" | grep '^  ' || true)
+for op in classifier 'norm backward' pointwise; do
+  grep -q "^  $op .* -> " <<< "$races" || { echo "FAIL: no $op race in the log"; echo "$races"; exit 1; }
+done
+echo "the GPU run accounts for its kernel races and its memory"
 
 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/a" --stop-after 4 > "$tmp/a.log" 2>&1
 test "$(cat "$tmp/a/checkpoints/latest")" = step_00000004
