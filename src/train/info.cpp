@@ -111,9 +111,12 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   }
   if (measure == Measure::when_affordable) {
     const double gflops = device.is_cpu() ? cpu::measure_sgemm_gflops(0.2) : 0.0;
-    r.measure_skipped = measure_cost_verdict(device, measured_step_bytes(r),
-                                             device.is_cpu() ? host_meminfo_bytes("MemAvailable") : 0,
-                                             measured_step_flops(cfg), gflops);
+    // What is free now: the host's available memory, a GPU's free memory
+    // beside its CUDA context and libraries (training_memory).
+    const int64_t available =
+        device.is_cpu() ? host_meminfo_bytes("MemAvailable") : training_memory(device, 1).usable;
+    r.measure_skipped =
+        measure_cost_verdict(device, measured_step_bytes(r), available, measured_step_flops(cfg), gflops);
     if (!r.measure_skipped.empty()) {
       if (!fallback.empty()) r.measure_skipped = fallback + " and " + r.measure_skipped;
       return r;
