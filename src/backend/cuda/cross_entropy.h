@@ -44,7 +44,7 @@ struct ClassifierRaceStanding {
 };
 std::vector<ClassifierRaceStanding> classifier_races();
 // One line: each candidate's fastest call and number timed, and the choice
-// ("rows4 0.312 ms (3 calls), staged 0.330 ms (3), ... -> rows4").
+// ("rows4 0.312 ms (3 calls), staged 0.330 ms (3 calls), ... -> rows4").
 std::string format_classifier_race(const ClassifierRaceStanding& race);
 
 // Training's classifier: the pinned kernel, else the race of this call's

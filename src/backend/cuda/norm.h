@@ -18,9 +18,9 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
 enum class NormBackwardKernel { automatic, one_pass, two_pass };
 
 // dw/db accumulate deterministically: fixed runs of rows (the one pass's
-// blocks, or the two passes' chunks where it cannot run) write f32 partials, a second kernel sums
-// them in order and adds with one rounding (or, overwrite, writes them: dw
-// and db not read). The bits repeat on one GPU; the one pass's block count
+// blocks, or the two passes' chunks where it cannot run) write f32
+// partials, a second kernel sums them in order and adds with one rounding
+// (or, overwrite, writes them: dw and db not read). The bits repeat on one GPU; the one pass's block count
 // follows the GPU's SMs, so another model may round differently.
 void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx_add,
