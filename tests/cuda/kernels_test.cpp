@@ -142,6 +142,7 @@ TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
   ZT_REQUIRE_GPU();
   if (const char* pin = std::getenv("ZT_CUDA_NORM_BACKWARD"); pin && *pin && std::string(pin) != "auto")
     GTEST_SKIP() << "ZT_CUDA_NORM_BACKWARD pins the norm backward: training races none";
+  if (!cuda::kernel_races_on()) GTEST_SKIP() << "ZT_CUDA_KERNEL_RACES=0: no kernel races";
   const DType dt = GetParam();
   auto rng = make_rng(17);
   const Device gpu = Device::cuda(0);
@@ -191,6 +192,7 @@ TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
 // timed 3 times and one chosen.
 TEST_P(CudaKernels, PointwiseLaunchRaceKeepsTheBits) {
   ZT_REQUIRE_GPU();
+  if (!cuda::kernel_races_on()) GTEST_SKIP() << "ZT_CUDA_KERNEL_RACES=0: no kernel races";
   const DType dt = GetParam();
   auto rng = make_rng(18);
   const Device gpu = Device::cuda(0);
@@ -500,6 +502,7 @@ TEST_P(CudaKernels, ClassifierRaceKeepsTheBitsAndChoosesTheFastest) {
   ZT_REQUIRE_GPU();
   if (cuda::pinned_classifier_kernel())
     GTEST_SKIP() << "ZT_CUDA_CE_STAGED or ZT_CUDA_CE_ROWS pins the classifier's kernel: training races none";
+  if (!cuda::kernel_races_on()) GTEST_SKIP() << "ZT_CUDA_KERNEL_RACES=0: no kernel races";
   const DType dt = GetParam();
   auto rng = make_rng(16);
   const Device gpu = Device::cuda(0);
