@@ -44,9 +44,11 @@ grep -q '^memory plan (estimated): .* free (of ' "$tmp/ref.log" \
 grep -q "^cuda:0 outside this process's allocator at the end: " "$tmp/ref.log" \
   || { echo "FAIL: no account of the memory outside the allocator"; tail -20 "$tmp/ref.log"; exit 1; }
 races=$(sed -n '/^kernels raced/,/^[^ ]/p' "$tmp/ref.log" | grep '^  ' || true)
-for op in classifier 'norm backward' pointwise; do
-  grep -q "^  $op .* -> " <<< "$races" || { echo "FAIL: no $op race in the log"; echo "$races"; exit 1; }
-done
+if [ "${ZT_CUDA_KERNEL_RACES:-1}" != 0 ]; then
+  for op in classifier 'norm backward' pointwise; do
+    grep -q "^  $op .* -> " <<< "$races" || { echo "FAIL: no $op race in the log"; echo "$races"; exit 1; }
+  done
+fi
 echo "the GPU run accounts for its kernel races and its memory"
 
 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/a" --stop-after 4 > "$tmp/a.log" 2>&1
