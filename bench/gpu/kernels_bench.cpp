@@ -180,6 +180,16 @@ class Bench {
         const Tensor residual = rand({p.M, p.N}, bf);
         row("forward_residual", [&] { ops::linear_forward(y, x, w, b, residual); });
       }
+#ifdef ZT_WITH_CUDA
+      // GPT-2's mlp.in with its GeLU in the product (the GELU_AUX_BIAS
+      // epilogue, ZT_CUDA_GELU_EPILOGUE): against forward plus the
+      // gelu_forward row, what that saves. No row where no algorithm takes it.
+      if (!m_.llama && std::string(p.name) == "mlp.in" && dev_.is_cuda()) {
+        Tensor act = empty({p.M, p.N}, bf);
+        if (cuda::linear_gelu_forward(act, y, x, w, b))
+          row("forward_gelu", [&] { cuda::linear_gelu_forward(act, y, x, w, b); });
+      }
+#endif
       if (p.gelu_dgrad) {
         const Tensor pre = rand({p.M, p.K}, bf, -4, 4);
         row("dgrad_gelu", [&] { ops::matmul_gelu_backward(dx, dy, w, pre); });
@@ -575,6 +585,7 @@ int main(int argc, char** argv) {
     if (where == "cuda") {
       cuda::pinned_classifier_kernel();  // ZT_CUDA_CE_ROWS, ZT_CUDA_CE_STAGED
       cuda::kernel_races_on();           // ZT_CUDA_KERNEL_RACES
+      cuda::gelu_epilogue_on();          // ZT_CUDA_GELU_EPILOGUE
     }
 #endif
   } catch (const std::exception& e) {
@@ -596,8 +607,8 @@ int main(int argc, char** argv) {
   std::string switches;
   for (const char* name : {"ZT_CUDA_KERNEL_RACES", "ZT_CUDA_NORM_BACKWARD", "ZT_CUDA_CE_STAGED", "ZT_CUDA_CE_ROWS",
                            "ZT_CUDA_WGRAD_CHUNKS", "ZT_CUDA_MATMUL_TUNE", "ZT_CUDA_MATMUL_CUBLAS",
-                           "ZT_CUDA_BGRAD_EPILOGUE", "ZT_CUDA_CUBLAS_WORKSPACE_MIB", "ZT_FUSED_QKV",
-                           "ZT_HEAD_CHUNK_ELEMS"})
+                           "ZT_CUDA_BGRAD_EPILOGUE", "ZT_CUDA_GELU_EPILOGUE", "ZT_CUDA_CUBLAS_WORKSPACE_MIB",
+                           "ZT_FUSED_QKV", "ZT_HEAD_CHUNK_ELEMS"})
     if (const char* value = std::getenv(name); value && *value) {
       if (!switches.empty()) switches += ' ';
       switches.append(name).append("=").append(value);

@@ -42,6 +42,10 @@
 # ZT_CUDA_BGRAD_EPILOGUE=1 takes GPT-2's bias gradients from the weight
 # gradients' products (cuBLASLt's BGRADB epilogue) instead of a column-sum
 # pass over dy; `kernels` times it (<layer>.wgrad_bgrad beside .wgrad).
+# ZT_CUDA_GELU_EPILOGUE=1 runs GPT-2's GeLU inside mlp.in's product
+# (cuBLASLt's GELU_AUX_BIAS epilogue writes the GeLU's input and output)
+# instead of a pass of its own; `kernels` times it (mlp.in.forward_gelu
+# beside .forward and gelu_forward).
 # ZT_FUSED_QKV=0 runs q, k and v as three products (Llama: and RoPE in place)
 # instead of one product whose heads cuDNN's attention reads in place
 # (nn::qkv_form; Llama's q and k rotated in place there); ZT_FUSED_QKV=2
@@ -152,8 +156,9 @@ said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's
 # NAME=VALUE, "gpt2:" or "llama:" before one that applies to that model
 # alone; empty: none): those not yet on by default, whose kernels the GPU
 # tests hold against the CPU - the bias gradients from the weight gradient's
-# product (GPT-2's: Llama has no biases, so it skips the run).
-read -r -a candidates <<< "${ZT_BENCH_CANDIDATES-gpt2:ZT_CUDA_BGRAD_EPILOGUE=1}"
+# product and the GeLU in mlp.in's (GPT-2's: Llama has neither, so it skips
+# the run).
+read -r -a candidates <<< "${ZT_BENCH_CANDIDATES-gpt2:ZT_CUDA_BGRAD_EPILOGUE=1 gpt2:ZT_CUDA_GELU_EPILOGUE=1}"
 for word in "${candidates[@]}"; do
   [[ ${word#*:} =~ ^[A-Z_][A-Z0-9_]*=.+$ ]] && [[ $word != *:* || $word =~ ^(gpt2|llama): ]] \
     || { echo "ZT_BENCH_CANDIDATES: '$word' is not an environment setting [gpt2:|llama:]NAME=VALUE" \
@@ -172,7 +177,8 @@ candidates_for() {  # candidates_for ARCH: the candidate words that apply to ARC
 # `ab`'s settings (below), parsed and checked before anything runs. Most
 # wanted first: a call that runs out of time skips the rest.
 if [ "$what" = ab ]; then
-  default_settings="ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;ZT_FUSED_RESIDUAL=0"
+  default_settings="ZT_CUDA_MATMUL_CUBLAS=1;gpt2:ZT_CUDA_BGRAD_EPILOGUE=1;gpt2:ZT_CUDA_GELU_EPILOGUE=1"
+  default_settings+=";ZT_FUSED_RESIDUAL=0"
   default_settings+=";llama:ZT_FUSED_QKV=2"
   default_settings+=";ZT_HEAD_CHUNK_ELEMS=1073741824;ZT_CUDA_CUBLAS_WORKSPACE_MIB=256;ZT_CUDA_KERNEL_RACES=0"
   IFS=';' read -r -a raw <<< "${ZT_AB:-$default_settings}"

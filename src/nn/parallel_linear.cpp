@@ -21,6 +21,10 @@ void ColumnParallelLinear::forward(const Tensor& y, const Tensor& x) const {
   ops::linear_forward(y, x, w_, b_);  // no communication: each rank owns its output rows
 }
 
+void ColumnParallelLinear::forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& x) const {
+  ops::linear_gelu_forward(act, pre, x, w_, b_);
+}
+
 void ColumnParallelLinear::backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const {
   ops::matmul(as_rows(dx), as_rows(dy), w_, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
 }

@@ -39,6 +39,9 @@ class ColumnParallelLinear {
   ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db);
   // y (..., out_local) = x (..., in) W^T + b.
   void forward(const Tensor& y, const Tensor& x) const;
+  // The same into pre, and act = gelu(pre) (ops::linear_gelu_forward: one
+  // product on a GPU with ZT_CUDA_GELU_EPILOGUE=1).
+  void forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& x) const;
   // dx (..., in) = dy W: overwritten, or accumulated (+=) when accumulate_dx.
   void backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const;
   // dw += dy^T x, db += sum_rows(dy) (GradWrite::overwrite: =).

@@ -404,12 +404,13 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out (+ res_mid).
   const Tensor ln2 = gather_rows(m, a.ln2);
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
-  lin.mlp_in.forward(a.mlp_in.view(Shape{N, W}), ln2);
   a.act = act_tensor(Shape{B, T, F}, dtype_, device_);
-  if (cfg_.arch == Arch::gpt2)
-    ops::gelu_forward(a.act, a.mlp_in);
-  else
+  if (cfg_.arch == Arch::gpt2) {
+    lin.mlp_in.forward_gelu(a.act.view(Shape{N, F}), a.mlp_in.view(Shape{N, W}), ln2);
+  } else {
+    lin.mlp_in.forward(a.mlp_in.view(Shape{N, W}), ln2);
     ops::swiglu_forward(a.act, a.mlp_in);
+  }
   Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
   if (residual_in_products_) {
     lin.mlp_out.forward(x_out, a.act.view(Shape{N, F}), a.res_mid);

@@ -105,9 +105,12 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, bool trans_a, b
   no_backend(op, out.device());
 }
 
-void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
-  const char* op = "linear_forward";
-  OpScope scope(op, y);
+namespace {
+
+// linear_forward's argument checks (y = x W^T + b + residual); returns x's
+// rows.
+int64_t check_linear(const char* op, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                     const Tensor& residual) {
   check_defined(op, "y", y);
   check_defined(op, "x", x);
   check_ndim(op, "w", w, 2);
@@ -134,7 +137,16 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Ten
   check_blas_dim(op, "rows of x", N);
   check_blas_dim(op, "C", C);
   check_blas_dim(op, "OC", OC);
+  return N;
+}
 
+}  // namespace
+
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& residual) {
+  const char* op = "linear_forward";
+  OpScope scope(op, y);
+  const int64_t N = check_linear(op, y, x, w, b, residual);
+  const int64_t C = x.size(-1), OC = w.size(0);
   cpu::GemmDesc d;
   d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
   d.beta = residual.defined() ? 1.0f : 0.0f;  // y = 1 * residual + x W^T + b
@@ -222,6 +234,27 @@ void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
 #endif
   matmul(out, a, b);
   gelu_backward(out, out, pre);
+}
+
+void linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const char* op = "linear_gelu_forward";
+  check_defined(op, "act", act);
+  check_defined(op, "pre", pre);
+  check_device(op, pre.device(), {{"act", &act}, {"x", &x}, {"w", &w}, {"b", &b}});
+  check_same_dtype(op, "pre", pre, "act", act);
+  check_shape(op, "act", act, pre.shape());
+  check_disjoint_from(op, "act", act, {{"pre", &pre}, {"x", &x}, {"w", &w}, {"b", &b}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, pre.device()) && cuda::gelu_epilogue_on()) {
+    OpScope scope(op, pre);
+    const int64_t N = check_linear(op, pre, x, w, b, Tensor());  // linear_forward's messages
+    check_same_dtype(op, "x", x, "pre", pre);
+    scope.add_flops(2.0 * double(N) * double(x.size(-1)) * double(w.size(0)));
+    if (cuda::linear_gelu_forward(act, pre, x, w, b)) return;
+  }
+#endif
+  linear_forward(pre, x, w, b);
+  gelu_forward(act, pre);
 }
 
 }  // namespace zt::ops

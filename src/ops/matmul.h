@@ -54,4 +54,14 @@ void linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, const
 // calling the two. out must not share memory with a, b or pre.
 void matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre);
 
+// A linear layer and the GeLU after it:
+//   pre = x W^T + b,  act = gelu(pre)   (tanh form, of activation_gelu)
+//   x: (..., C)   w: (OC, C)   b: (OC) or undefined   pre, act: (..., OC)
+// one dtype (f32 or bf16). linear_forward then gelu_forward (their bits),
+// except on CUDA with ZT_CUDA_GELU_EPILOGUE=1, where one cuBLASLt product
+// writes both (its GELU_AUX epilogue: its GeLU's bits, within bf16 rounding
+// of these) where it has an algorithm. act and pre must not share memory
+// with each other or the inputs.
+void linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b);
+
 }  // namespace zt::ops

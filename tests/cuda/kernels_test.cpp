@@ -670,6 +670,37 @@ TEST_P(CudaKernels, MatmulGeluBackwardMatchesTheCpu) {
   }
 }
 
+// The GeLU forward fused into the product before it (cuBLASLt's GELU_AUX and
+// GELU_AUX_BIAS epilogues, ZT_CUDA_GELU_EPILOGUE=1) against the CPU's linear
+// then GeLU: pre and act both, with and without a bias, GPT-2's widths.
+// bf16 widths that are multiples of 8 must take the fused path; others fall
+// back to the two ops, having written nothing.
+TEST_P(CudaKernels, LinearGeluForwardMatchesTheCpu) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(19);
+  for (const auto& [R, C, OC] : {std::tuple<int64_t, int64_t, int64_t>{64, 96, 128}, {300, 768, 3072}, {5, 40, 30}})
+    for (const bool bias : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << R << "x" << C << "x" << OC << (bias ? " bias" : ""));
+      const Tensor x = random_tensor(Shape{R, C}, dt, rng), w = random_tensor(Shape{OC, C}, dt, rng);
+      const Tensor b = bias ? random_tensor(Shape{OC}, dt, rng) : Tensor();
+      Tensor act = Tensor::empty(Shape{R, OC}, dt), pre = Tensor::empty(Shape{R, OC}, dt);
+      ops::linear_forward(pre, x, w, b);
+      ops::gelu_forward(act, pre);
+      Tensor gact = gpu_poisoned(Shape{R, OC}, dt), gpre = gpu_poisoned(Shape{R, OC}, dt);
+      const bool fused = cuda::linear_gelu_forward(gact, gpre, to_gpu(x), to_gpu(w), bias ? to_gpu(b) : Tensor());
+      if (OC % 8 != 0) {
+        EXPECT_FALSE(fused);
+        continue;  // nothing written: the ops path's two ops run instead (the tests above)
+      }
+      if (dt == DType::bf16) EXPECT_TRUE(fused) << "cuBLASLt has no GELU_AUX algorithm";
+      if (!fused) continue;
+      EXPECT_TRUE(matches(gpre, pre, tol(dt), "pre"));
+      // The epilogue's own tanh, as DGELU's: f32 within 5e-5.
+      EXPECT_TRUE(matches(gact, act, dt == DType::f32 ? 5e-5 : 2e-2, "act"));
+    }
+}
+
 // Every implementation against the CPU backend: the ops entry (automatic:
 // cuDNN or mma for bf16, the tensor-core path for f32), the simple kernel,
 // the tensor-core path with a workspace budget of one kv head's group (head

@@ -28,6 +28,9 @@
 // DGELU: out = gelu'(pre) * (a @ b) through CUBLASLT_EPILOGUE_DGELU with pre
 //   as the epilogue's auxiliary input (same layout as out): the GeLU backward
 //   fused into the product that computes its incoming gradient.
+// GELU_AUX: out = gelu(a @ b^T + bias), pre = a @ b^T + bias written as the
+//   epilogue's auxiliary output (same layout as out): the GeLU forward
+//   fused into the product that computes its input (ZT_CUDA_GELU_EPILOGUE=1).
 // Plans: matmul descriptor, layouts and the heuristic's algorithm are made
 //   once per (device, shape, transposes, dtypes, bias, alignments) key and
 //   cached for the process (thread-safe). The algorithm is the heuristic's
@@ -122,6 +125,7 @@ struct PlanKey {
   DType ab = DType::f32, out = DType::f32, bias = DType::f32;
   bool has_bias = false;
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
+  bool gelu_aux = false;  // the GELU_AUX(_BIAS) epilogue, its output pre (the GeLU's input) laid out like out
   bool bgrad = false;  // the BGRADB epilogue: the bias pointer receives a's column sums (f32 out only)
   bool separate_c = false;  // beta scales another matrix of out's layout (a residual), not out itself
   // beta != 0: the heuristic never sees beta, but the library may refuse an
@@ -146,7 +150,8 @@ struct PlanKeyHash {
     mix(uint64_t(k.N));
     mix(uint64_t(k.K));
     mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4 |
-        uint64_t(k.bgrad) << 5 | uint64_t(k.separate_c) << 6 | uint64_t(k.accumulate) << 7);
+        uint64_t(k.bgrad) << 5 | uint64_t(k.separate_c) << 6 | uint64_t(k.accumulate) << 7 |
+        uint64_t(k.gelu_aux) << 8);
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
     mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
@@ -180,14 +185,17 @@ struct Plan {
 
 // A product cuBLAS's own GEMM can run: no epilogue, and C is out (cuBLAS's
 // GEMM has no D apart from C).
-bool epilogue_free(const PlanKey& k) { return !k.has_bias && !k.dgelu && !k.bgrad && !k.separate_c; }
+bool epilogue_free(const PlanKey& k) {
+  return !k.has_bias && !k.dgelu && !k.gelu_aux && !k.bgrad && !k.separate_c;
+}
 
 std::string describe(const PlanKey& k) {
   return zt::detail::concat("batch ", k.batch, " M ", k.M, " N ", k.N, " K ", k.K, k.trans_a ? " trans_a" : "",
                         k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
                         "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
-                        k.dgelu ? ", dgelu epilogue" : "", k.bgrad ? ", bgradb epilogue" : "",
+                        k.dgelu ? ", dgelu epilogue" : "", k.gelu_aux ? ", gelu_aux epilogue" : "",
+                        k.bgrad ? ", bgradb epilogue" : "",
                         k.separate_c ? ", C apart from out" : "", k.accumulate ? ", beta != 0" : "",
                         ", alignments a ",
                         k.align_a, " b ", k.align_b, " out ",
@@ -358,8 +366,11 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  if (k.dgelu) {
-    const uint32_t epi = CUBLASLT_EPILOGUE_DGELU;
+  if (k.dgelu || k.gelu_aux) {
+    // GELU_AUX_BIAS adds the bias (set above) before the GeLU, aux = the sum.
+    const uint32_t epi = k.dgelu          ? CUBLASLT_EPILOGUE_DGELU
+                         : k.has_bias     ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                          : CUBLASLT_EPILOGUE_GELU_AUX;
     const int32_t aux_type = lt_type(k.out);
     const int64_t aux_ld = k.ldc;
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
@@ -583,7 +594,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
   std::lock_guard<std::mutex> lock(p.pointer_mu);
   if (k.has_bias || k.bgrad)
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  if (k.dgelu)
+  if (k.dgelu || k.gelu_aux)
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
   return launch();
 }
@@ -753,6 +764,29 @@ bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, c
   k.align_aux = alignment_of(pre.data_ptr(), 1, 0, dtype_size(pre.dtype()), N);
   return launch_plan(k, a.data_ptr(), b.data_ptr(), out.data_ptr(), nullptr, pre.data_ptr(), 1.0f, 0.0f,
                      out.device());
+}
+
+bool gelu_epilogue_on() {
+  static const bool on =
+      env_switch("ZT_CUDA_GELU_EPILOGUE",
+                 "1: GPT-2's GeLU runs inside the product before it (cuBLASLt's GELU_AUX epilogue); 0 or unset: a "
+                 "pass of its own");
+  return on;
+}
+
+bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t N = pre.numel() / pre.size(-1), OC = w.size(0), C = w.size(1);
+  if (N == 0 || OC == 0) return true;
+  if (C == 0 || OC % 8 != 0) return false;  // the epilogue's aux leading dimension must be a multiple of 8
+  GemmDesc d;
+  d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
+  const void* bias = b.defined() ? b.data_ptr() : nullptr;
+  PlanKey k = contiguous_key(d, x.dtype(), x.data_ptr(), w.data_ptr(), act.dtype(), act.data_ptr(), bias,
+                             b.defined() ? b.dtype() : act.dtype(), act.device());
+  k.gelu_aux = true;
+  k.align_aux = alignment_of(pre.data_ptr(), 1, 0, dtype_size(pre.dtype()), OC);
+  return launch_plan(k, x.data_ptr(), w.data_ptr(), act.data_ptr(), bias, pre.data_ptr(), 1.0f, 0.0f,
+                     act.device());
 }
 
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias, const GemmDesc& desc,

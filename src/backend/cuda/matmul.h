@@ -57,6 +57,18 @@ void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, 
 // leading-dimension rule): the caller then runs matmul and gelu_backward.
 bool matmul_gelu_backward(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& pre);
 
+// pre (..., OC) = x (..., C) W^T + b and act = gelu(pre) (tanh), w (OC, C),
+// b (OC) or undefined, one dtype: one cuBLASLt product with the GELU_AUX
+// (_BIAS) epilogue, act its output and pre its auxiliary one (each rounded
+// once from the f32 accumulator). Returns false, having launched nothing,
+// when cuBLASLt has no algorithm for it or OC is not a multiple of 8: the
+// caller then runs linear_forward and gelu_forward. Its bits are cuBLASLt's
+// GeLU's, not gelu_forward's.
+bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b);
+// Whether ops::linear_gelu_forward takes it: ZT_CUDA_GELU_EPILOGUE=1 (off by
+// default until a GPU has measured it).
+bool gelu_epilogue_on();
+
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (overwrite: dw and db
 // written, not read); each may be undefined. dW runs through
