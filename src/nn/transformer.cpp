@@ -405,16 +405,17 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   const Tensor ln2 = gather_rows(m, a.ln2);
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
   a.act = act_tensor(Shape{B, T, F}, dtype_, device_);
+  // GPT-2's GeLU may run inside mlp_in's product, except under selective
+  // recompute, which makes act again from mlp_in with gelu_forward: the
+  // forward then does so too, so both have the same bits.
   if (cfg_.arch == Arch::gpt2 && recompute != Recompute::selective) {
-    // (Selective recompute makes act again from mlp_in with gelu_forward:
-    // the forward then does so too, so both have the same bits.)
     lin.mlp_in.forward_gelu(a.act.view(Shape{N, F}), a.mlp_in.view(Shape{N, W}), ln2);
-  } else if (cfg_.arch == Arch::gpt2) {
-    lin.mlp_in.forward(a.mlp_in.view(Shape{N, W}), ln2);
-    ops::gelu_forward(a.act, a.mlp_in);
   } else {
     lin.mlp_in.forward(a.mlp_in.view(Shape{N, W}), ln2);
-    ops::swiglu_forward(a.act, a.mlp_in);
+    if (cfg_.arch == Arch::gpt2)
+      ops::gelu_forward(a.act, a.mlp_in);
+    else
+      ops::swiglu_forward(a.act, a.mlp_in);
   }
   Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
   if (residual_in_products_) {

@@ -11,10 +11,11 @@
 //   the group's communication thread while backward goes on. Every rank
 //   then holds the full gradient and updates every parameter.
 // zero_stage 1: the flat buffers are padded to a multiple of 16 dp
-//   (zero_pad_multiple); rank r owns elements [r n/dp, (r+1) n/dp) of every layer. A layer's gradient is
-//   reduce-scattered into the rank's shard (MemCategory::grads), AdamW keeps
-//   master weights and moments for the shard only (1/dp of the optimizer
-//   memory), and after the update the parameter shards are all-gathered.
+//   (zero_pad_multiple); rank r owns elements [r n/dp, (r+1) n/dp) of every
+//   layer. A layer's gradient is reduce-scattered into the rank's shard
+//   (MemCategory::grads), AdamW keeps master weights and moments for the
+//   shard only (1/dp of the optimizer memory), and after the update the
+//   parameter shards are all-gathered.
 // zero_stage 2: as 1, and the full gradient buffers exist only while a layer
 //   is in backward: every micro-batch reduce-scatters each layer as soon as
 //   its backward is done (Transformer::on_grads_ready) and adds the result

@@ -383,14 +383,15 @@ int64_t usable_share(int64_t free, int64_t total, int64_t held, int64_t processe
 }
 
 TrainingMemory training_memory(Device device, int64_t processes_sharing) {
-  const int64_t share = device_capacity_bytes(device, processes_sharing);
-  if (device.is_cpu()) return {share, share};
 #if ZT_WITH_CUDA
-  const cuda::DeviceMemory m = cuda::device_memory(device);
-  return {usable_share(m.free, m.total, allocator_for(device).stats().reserved_bytes, processes_sharing), share};
-#else
-  return {share, share};
+  if (device.is_cuda()) {
+    const cuda::DeviceMemory m = cuda::device_memory(device);
+    return {usable_share(m.free, m.total, allocator_for(device).stats().reserved_bytes, processes_sharing),
+            m.total / std::max<int64_t>(1, processes_sharing)};
+  }
 #endif
+  const int64_t share = device_capacity_bytes(device, processes_sharing);
+  return {share, share};
 }
 
 std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& plan) {

@@ -33,10 +33,9 @@ struct LaunchShape {
 constexpr LaunchShape kShapes[] = {{1, true}, {1, false}, {4, true}};
 
 unsigned grid_of(int64_t packs, LaunchShape shape, Device device) {
-  const int64_t per_block = int64_t(kThreads) * shape.packs_per_thread;
-  const int64_t blocks = std::max<int64_t>(1, (packs + per_block - 1) / per_block);
-  const int64_t cap = shape.capped ? int64_t(num_sms(device)) * 32 : int64_t(0x7fffffff);
-  return unsigned(std::min(blocks, cap));
+  const int64_t threads = (packs + shape.packs_per_thread - 1) / shape.packs_per_thread;  // U packs each
+  if (shape.capped) return grid_for(threads, kThreads, device);
+  return unsigned(std::clamp<int64_t>((threads + kThreads - 1) / kThreads, 1, 0x7fffffff));
 }
 
 enum class Op { gelu_forward, gelu_backward, swiglu_forward, swiglu_backward };
@@ -53,7 +52,7 @@ struct RaceKey {
 
 RaceBook<RaceKey>& races() {
   static auto* book = new RaceBook<RaceKey>(
-      "pointwise", {"1 pack a thread, capped grid", "1 pack a thread, full grid", "4 packs a thread, capped grid"}, 3,
+      "pointwise", {"1 pack a thread, capped grid", "1 pack a thread, full grid", "4 packs a thread, capped grid"},
       [](const RaceKey& k) {
         static const char* const ops[] = {"gelu_forward", "gelu_backward", "swiglu_forward", "swiglu_backward"};
         return std::string(ops[int(k.op)]) + " " + std::to_string(k.packs) + " packs of " + std::to_string(k.pack) +
@@ -66,9 +65,9 @@ RaceBook<RaceKey>& races() {
 // Runs launch(shape_tag, grid) for the race's shape of this call, where
 // shape_tag is std::integral_constant<int, U>.
 template <typename Launch>
-void race_launch(Op op, const Tensor& out, DType dtype, int64_t packs, int pack, bool in_place, Launch&& launch) {
+void race_launch(Op op, const Tensor& out, int64_t packs, int pack, bool in_place, Launch&& launch) {
   const Device device = out.device();
-  const RaceKey key{device.index, op, dtype, packs, pack, in_place};
+  const RaceKey key{device.index, op, out.dtype(), packs, pack, in_place};
   races().run(key, device, [&](int c) {
     const LaunchShape shape = kShapes[c];
     const unsigned grid = grid_of(packs, shape, device);
@@ -88,7 +87,7 @@ void gelu_forward(const Tensor& y, const Tensor& x) {
     const T* xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(n, yp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      race_launch(Op::gelu_forward, y, x.dtype(), n / V, V, yp == xp, [&](auto u, unsigned grid) {
+      race_launch(Op::gelu_forward, y, n / V, V, yp == xp, [&](auto u, unsigned grid) {
         gelu_fwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(y)>>>(yp, xp, n);
       });
     });
@@ -104,7 +103,7 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(n, dxp, dyp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      race_launch(Op::gelu_backward, dx, x.dtype(), n / V, V, dxp == dyp || dxp == xp, [&](auto u, unsigned grid) {
+      race_launch(Op::gelu_backward, dx, n / V, V, dxp == dyp || dxp == xp, [&](auto u, unsigned grid) {
         gelu_bwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(dx)>>>(dxp, dyp, xp, n);
       });
     });
@@ -121,7 +120,7 @@ void swiglu_forward(const Tensor& y, const Tensor& x) {
     const T* xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(H, yp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      race_launch(Op::swiglu_forward, y, x.dtype(), rows * H / V, V, false, [&](auto u, unsigned grid) {
+      race_launch(Op::swiglu_forward, y, rows * H / V, V, false, [&](auto u, unsigned grid) {
         swiglu_fwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(y)>>>(yp, xp, rows, H);
       });
     });
@@ -137,7 +136,7 @@ void swiglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
     const T *dyp = static_cast<const T*>(dy.data_ptr()), *xp = static_cast<const T*>(x.data_ptr());
     with_pack_width<T>(packs_of_16_fit<T>(H, dxp, dyp, xp), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      race_launch(Op::swiglu_backward, dx, x.dtype(), rows * H / V, V, dxp == xp, [&](auto u, unsigned grid) {
+      race_launch(Op::swiglu_backward, dx, rows * H / V, V, dxp == xp, [&](auto u, unsigned grid) {
         swiglu_bwd_kernel<T, V, decltype(u)::value><<<grid, kThreads, 0, stream_of(dx)>>>(dxp, dyp, xp, rows, H);
       });
     });

@@ -127,7 +127,7 @@ RaceBook<RaceKey>& races() {
   static auto* book = [] {
     std::vector<std::string> names;
     for (const ClassifierKernel& k : kClassifierCandidates) names.push_back(classifier_kernel_name(k));
-    return new RaceBook<RaceKey>("classifier", std::move(names), kClassifierRaceSamples, describe);
+    return new RaceBook<RaceKey>("classifier", std::move(names), describe);
   }();  // never freed (kernel_race_lines reads it)
   return *book;
 }
@@ -165,10 +165,6 @@ std::vector<ClassifierRaceStanding> classifier_races() {
   std::vector<ClassifierRaceStanding> out;
   for (const auto& s : races().standings()) out.push_back({describe(s.key), s.tally});
   return out;
-}
-
-std::string format_classifier_race(const ClassifierRaceStanding& race) {
-  return race.call + ": " + races().format(race.tally);
 }
 
 void vocab_parallel_ce_max(const Tensor& row_max, const Tensor& logits, int64_t real) {

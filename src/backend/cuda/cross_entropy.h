@@ -28,8 +28,6 @@ std::string classifier_kernel_name(ClassifierKernel kernel);
 // staged one, then 2 and 1 rows per SM.
 inline constexpr ClassifierKernel kClassifierCandidates[] = {
     {.rows_per_sm = 4}, {.staged = true}, {.rows_per_sm = 2}, {.rows_per_sm = 1}};
-// Timed calls of each candidate before a shape's race is decided.
-inline constexpr int kClassifierRaceSamples = 3;
 // The kernel the environment pins for training's calls (the A/B of a run):
 // ZT_CUDA_CE_STAGED=1 the staged one (the re-reading one at
 // ZT_CUDA_CE_ROWS, or 4, where it cannot run), ZT_CUDA_CE_ROWS = 1, 2 or 4
@@ -43,13 +41,10 @@ struct ClassifierRaceStanding {
   RaceTally tally;   // over kClassifierCandidates
 };
 std::vector<ClassifierRaceStanding> classifier_races();
-// One line: each candidate's fastest call and number timed, and the choice
-// ("rows4 0.312 ms (3 calls), staged 0.330 ms (3 calls), ... -> rows4").
-std::string format_classifier_race(const ClassifierRaceStanding& race);
 
 // Training's classifier: the pinned kernel, else the race of this call's
-// shape (each candidate on whole calls until each has
-// kClassifierRaceSamples timed, then the fastest).
+// shape (each candidate on whole calls until each has kRaceSamples timed,
+// then the fastest).
 void softmax_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                            int64_t vocab, float grad_scale);
 // The same on a given kernel: the kernel bench's sweep, the tests.

@@ -24,6 +24,9 @@
 
 namespace zt::cuda {
 
+// Timed calls of each candidate before a race is decided (every op's).
+inline constexpr int kRaceSamples = 3;
+
 // Which candidate each call of one shape runs: round-robin, the fewest
 // samples first, until every available candidate has `samples_each` timed
 // calls; then the one whose fastest call was fastest (the minimum, not the
@@ -35,7 +38,6 @@ class RaceTally {
   RaceTally(int candidates, int samples_each);
 
   int candidates() const { return int(slots_.size()); }
-  int samples_each() const { return samples_each_; }
   // While undecided: the available candidate with the fewest calls (timed or
   // in flight), the lowest index on a tie. Decided: the winner. -1: none is
   // available.
@@ -150,10 +152,10 @@ class RaceBook {
     RaceTally tally;
   };
 
-  // `names[c]`: candidate c as the lines name it; `describe(key)` names a call.
-  RaceBook(std::string op, std::vector<std::string> names, int samples_each,
-           std::function<std::string(const Key&)> describe)
-      : op_(std::move(op)), names_(std::move(names)), samples_each_(samples_each), describe_(std::move(describe)) {
+  // `names[c]`: candidate c as the lines name it; `describe(key)` names a
+  // call. Each candidate is timed kRaceSamples times.
+  RaceBook(std::string op, std::vector<std::string> names, std::function<std::string(const Key&)> describe)
+      : op_(std::move(op)), names_(std::move(names)), describe_(std::move(describe)) {
     add_race_report([this] {
       std::vector<std::string> lines;
       for (const Standing& s : standings()) lines.push_back(op_ + " " + describe_(s.key) + ": " + format(s.tally));
@@ -178,9 +180,6 @@ class RaceBook {
     return out;
   }
 
-  std::string describe(const Key& key) const { return describe_(key); }
-  const std::string& name(int c) const { return names_[size_t(c)]; }
-
   // "rows4 0.312 ms (3 calls), staged cannot run it, ... -> rows4" (or "-> racing").
   std::string format(const RaceTally& t) const { return format_race(t, names_); }
 
@@ -189,13 +188,12 @@ class RaceBook {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [k, r] : races_)
       if (k == key) return *r;
-    races_.emplace_back(key, std::make_unique<KernelRace>(device, int(names_.size()), samples_each_));
+    races_.emplace_back(key, std::make_unique<KernelRace>(device, int(names_.size()), kRaceSamples));
     return *races_.back().second;
   }
 
   std::string op_;
   std::vector<std::string> names_;
-  int samples_each_;
   std::function<std::string(const Key&)> describe_;
   std::mutex mu_;
   std::vector<std::pair<Key, std::unique_ptr<KernelRace>>> races_;  // few: one per shape of call

@@ -239,7 +239,7 @@ struct RaceKey {
 
 RaceBook<RaceKey>& races() {
   static auto* book = new RaceBook<RaceKey>(
-      "norm backward", {"one_pass", "two_pass"}, 3, [](const RaceKey& k) {
+      "norm backward", {"one_pass", "two_pass"}, [](const RaceKey& k) {
         static const char* const forms[] = {"", ", dx over dy", ", dx over dx_add"};
         return std::string(k.rms ? "rmsnorm " : "layernorm ") + std::to_string(k.rows) + " x " +
                std::to_string(k.cols) + " " + std::string(dtype_name(k.dtype)) + (k.db ? "" : ", no db") +
