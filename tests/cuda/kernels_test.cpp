@@ -163,7 +163,7 @@ TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
     cuda::norm_backward(!ln, wdx, wdw, wdb, dy, x, w, mean, rstd, dres, true, cuda::NormBackwardKernel::one_pass);
     const std::vector<double> want_dx = values_of(wdx), want_dw = values_of(wdw);
     const std::vector<double> want_db = ln ? values_of(wdb) : std::vector<double>();
-    for (int call = 0; call < 2 * 3 + 2; ++call) {  // the race (3 timed calls each), then the winner
+    for (int call = 0; call < 2 * cuda::kRaceSamples + 2; ++call) {  // the race, then the winner
       Tensor dx = gpu_poisoned(Shape{N, C}, dt), dw = gpu_poisoned(Shape{C}, DType::f32);
       Tensor db = ln ? gpu_poisoned(Shape{C}, DType::f32) : Tensor();
       cuda::norm_backward(!ln, dx, dw, db, dy, x, w, mean, rstd, dres, true);  // dw, db overwritten
@@ -180,7 +180,8 @@ TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
     const auto line = std::ranges::find_if(lines, [&](const std::string& l) { return l.starts_with(call); });
     ASSERT_NE(line, lines.end()) << "no race line for " << call;
     std::printf("%s\n", line->c_str());
-    EXPECT_TRUE(line->find("one_pass ") != std::string::npos && line->find("(3 calls)") != std::string::npos)
+    const std::string timed = "(" + std::to_string(cuda::kRaceSamples) + " calls)";
+    EXPECT_TRUE(line->find("one_pass ") != std::string::npos && line->find(timed) != std::string::npos)
         << *line;
     EXPECT_TRUE(line->ends_with("-> one_pass") || line->ends_with("-> two_pass")) << *line;
   }
@@ -202,7 +203,7 @@ TEST_P(CudaKernels, PointwiseLaunchRaceKeepsTheBits) {
   const Tensor sx = to_gpu(random_tensor(Shape{rows, 2 * H}, dt, rng, -5, 5));
   const Tensor sdy = to_gpu(random_tensor(Shape{rows, H}, dt, rng));
   std::vector<std::vector<double>> first;
-  for (int call = 0; call < 3 * 3 + 2; ++call) {  // the race (3 timed calls each), then the winner
+  for (int call = 0; call < 3 * cuda::kRaceSamples + 2; ++call) {  // the race, then the winner
     Tensor y = gpu_poisoned(Shape{n}, dt), dx = gpu_poisoned(Shape{n}, dt), sy = gpu_poisoned(Shape{rows, H}, dt);
     Tensor sdx = Tensor::empty(Shape{rows, 2 * H}, dt, gpu);
     ops::copy(sdx, sx);
@@ -496,9 +497,10 @@ TEST_P(CudaKernels, CrossEntropyLossAndGradient) {
 
 // Training's classifier races its kernels per shape of call (kernel_race.h):
 // every call on the way - each candidate in turn, then the winner - writes
-// the bits of a pinned kernel, and the race ends on the candidate whose
-// fastest call was the fastest, each timed kClassifierRaceSamples times.
-TEST_P(CudaKernels, ClassifierRaceKeepsTheBitsAndChoosesTheFastest) {
+// the bits of a pinned kernel, and the race ends decided with each candidate
+// timed kRaceSamples times, every time measured (the choice among them is
+// RaceTally's, tested without a GPU in kernel_race_test.cpp).
+TEST_P(CudaKernels, ClassifierRaceKeepsTheBitsAndTimesEachKernel) {
   ZT_REQUIRE_GPU();
   if (cuda::pinned_classifier_kernel())
     GTEST_SKIP() << "ZT_CUDA_CE_STAGED or ZT_CUDA_CE_ROWS pins the classifier's kernel: training races none";
@@ -515,7 +517,7 @@ TEST_P(CudaKernels, ClassifierRaceKeepsTheBitsAndChoosesTheFastest) {
     cuda::softmax_cross_entropy(want_losses, want, want, targets, V, 0.5f, cuda::ClassifierKernel{.rows_per_sm = 4});
     const std::vector<double> want_d = values_of(want), want_l = values_of(want_losses);
     const int candidates = int(std::size(cuda::kClassifierCandidates));
-    const int calls = candidates * cuda::kClassifierRaceSamples + 2;  // the race, then the winner
+    const int calls = candidates * cuda::kRaceSamples + 2;  // the race, then the winner
     for (int call = 0; call < calls; ++call) {
       Tensor d = to_gpu(logits), losses = gpu_poisoned(Shape{N}, DType::f32);
       cuda::softmax_cross_entropy(losses, d, d, targets, V, 0.5f);  // in place, as training calls it
@@ -527,19 +529,24 @@ TEST_P(CudaKernels, ClassifierRaceKeepsTheBitsAndChoosesTheFastest) {
     const std::vector<cuda::ClassifierRaceStanding> races = cuda::classifier_races();
     const auto race = std::ranges::find_if(races, [&](const auto& r) { return r.call.starts_with(prefix); });
     ASSERT_NE(race, races.end()) << "no race for " << prefix;
-    std::printf("%s\n", cuda::format_classifier_race(*race).c_str());
+    const std::vector<std::string> lines = cuda::kernel_race_lines();
+    const auto line =
+        std::ranges::find_if(lines, [&](const std::string& l) { return l.starts_with("classifier " + prefix); });
+    ASSERT_NE(line, lines.end()) << "no race line for " << prefix;
+    std::printf("%s\n", line->c_str());
     const cuda::RaceTally& t = race->tally;
-    ASSERT_TRUE(t.decided()) << cuda::format_classifier_race(*race);
+    ASSERT_TRUE(t.decided()) << *line;
     EXPECT_TRUE(t.available(0)) << "the re-reading kernel runs every shape";
     for (int c = 0; c < candidates; ++c) {
       if (!t.available(c)) continue;
-      EXPECT_GE(t.timed_calls(c), cuda::kClassifierRaceSamples)
-          << cuda::classifier_kernel_name(cuda::kClassifierCandidates[c]);
-      EXPECT_LE(t.best_ms(t.winner()), t.best_ms(c)) << cuda::format_classifier_race(*race);
+      SCOPED_TRACE(cuda::classifier_kernel_name(cuda::kClassifierCandidates[c]));
+      EXPECT_GE(t.timed_calls(c), cuda::kRaceSamples) << *line;
+      // Timing marks that measure nothing (0) or never come back (inf) fail here.
+      EXPECT_TRUE(t.best_ms(c) > 0.0 && std::isfinite(t.best_ms(c))) << *line;
     }
     // The staged kernel runs these shapes (16-byte packs tile the rows; a
     // row, or whole sweeps of one, fit a block's shared memory).
-    EXPECT_TRUE(t.available(1)) << cuda::format_classifier_race(*race);
+    EXPECT_TRUE(t.available(1)) << *line;
   }
 }
 
@@ -693,7 +700,9 @@ TEST_P(CudaKernels, LinearGeluForwardMatchesTheCpu) {
         EXPECT_FALSE(fused);
         continue;  // nothing written: the ops path's two ops run instead (the tests above)
       }
-      if (dt == DType::bf16) EXPECT_TRUE(fused) << "cuBLASLt has no GELU_AUX algorithm";
+      if (dt == DType::bf16) {
+        EXPECT_TRUE(fused) << "cuBLASLt has no GELU_AUX algorithm";
+      }
       if (!fused) continue;
       EXPECT_TRUE(matches(gpre, pre, tol(dt), "pre"));
       // The epilogue's own tanh, as DGELU's: f32 within 5e-5.
