@@ -81,13 +81,20 @@ KernelRace::~KernelRace() {
 }
 
 void KernelRace::read_completed() {
-  std::erase_if(in_flight_, [&](const InFlight& f) {
-    if (!event_completed(f.end, "a timed kernel of a kernel race")) return false;
-    tally_.timed(f.candidate, double(elapsed_ms(f.start, f.end)));
+  // A call leaves the list before its marks go back to the pool, so a
+  // failed query (a CUDA error) leaves every listed call as it was.
+  for (size_t i = 0; i < in_flight_.size();) {
+    const InFlight f = in_flight_[i];
+    if (!event_completed(f.end, "a timed kernel of a kernel race")) {
+      ++i;
+      continue;
+    }
+    const double ms = double(elapsed_ms(f.start, f.end));
+    in_flight_.erase(in_flight_.begin() + std::ptrdiff_t(i));
     release_mark(f.start);
     release_mark(f.end);
-    return true;
-  });
+    tally_.timed(f.candidate, ms);
+  }
 }
 
 int KernelRace::next_or_fail() const {

@@ -106,13 +106,22 @@ class KernelRace {
         tally_.refused(c);  // (a winner cannot refuse later: its key fixes the shape)
         continue;
       }
-      const TimingMark start = record_mark(device_);
+      // The start mark goes back to the pool unless the call's pair of
+      // marks is listed (a launch that throws, or the end mark's record).
+      struct StartMark {
+        TimingMark mark;
+        bool kept = false;
+        ~StartMark() {
+          if (!kept) release_mark(mark);
+        }
+      } start{record_mark(device_)};
       if (!launch(c)) {
-        release_mark(start);
         tally_.refused(c);
         continue;
       }
-      in_flight_.push_back({c, start, record_mark(device_)});
+      const TimingMark end = record_mark(device_);
+      in_flight_.push_back({c, start.mark, end});
+      start.kept = true;
       tally_.launched(c);
       return c;
     }

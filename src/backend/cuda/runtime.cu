@@ -320,8 +320,11 @@ float EventTimer::stop_ms() {
 }
 
 namespace {
+// An event belongs to the device current when it was made, and records only
+// on that device's streams: the free marks are kept per device.
 std::mutex g_mark_mu;
-std::vector<cudaEvent_t> g_free_marks;  // events of any device: an event is not tied to one until recorded
+std::map<int, std::vector<cudaEvent_t>> g_free_marks;  // by device index
+std::map<cudaEvent_t, int> g_mark_device;             // every mark made, its device index
 }  // namespace
 
 TimingMark record_mark(Device device) {
@@ -329,12 +332,22 @@ TimingMark record_mark(Device device) {
   cudaEvent_t e = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mark_mu);
-    if (!g_free_marks.empty()) {
-      e = g_free_marks.back();
-      g_free_marks.pop_back();
+    std::vector<cudaEvent_t>& free = g_free_marks[device.index];
+    if (!free.empty()) {
+      e = free.back();
+      free.pop_back();
     }
   }
-  if (!e) ZT_CUDA_CHECK(cudaEventCreate(&e));
+  if (!e) {
+    int current = 0;
+    ZT_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device.index) ZT_CUDA_CHECK(cudaSetDevice(device.index));
+    const cudaError_t made = cudaEventCreate(&e);
+    if (current != device.index) ZT_CUDA_CHECK(cudaSetDevice(current));
+    ZT_CUDA_CHECK(made);
+    std::lock_guard<std::mutex> lock(g_mark_mu);
+    g_mark_device[e] = device.index;
+  }
   ZT_CUDA_CHECK(cudaEventRecord(e, stream));
   return e;
 }
@@ -371,8 +384,11 @@ float elapsed_ms(TimingMark start, TimingMark end) {
 }
 
 void release_mark(TimingMark mark) {
+  const auto e = static_cast<cudaEvent_t>(mark);
   std::lock_guard<std::mutex> lock(g_mark_mu);
-  g_free_marks.push_back(static_cast<cudaEvent_t>(mark));
+  const auto it = g_mark_device.find(e);
+  ZT_CHECK(it != g_mark_device.end(), "internal: release_mark of an event record_mark did not make");
+  g_free_marks[it->second].push_back(e);
 }
 
 }  // namespace zt::cuda
