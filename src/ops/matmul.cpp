@@ -246,11 +246,13 @@ void linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, 
   check_disjoint_from(op, "act", act, {{"pre", &pre}, {"x", &x}, {"w", &w}, {"b", &b}});
 #if ZT_WITH_CUDA
   if (use_cuda(op, pre.device()) && cuda::gelu_epilogue_on()) {
-    OpScope scope(op, pre);
     const int64_t N = check_linear(op, pre, x, w, b, Tensor());  // linear_forward's messages
-    check_same_dtype(op, "x", x, "pre", pre);
-    scope.add_flops(2.0 * double(N) * double(x.size(-1)) * double(w.size(0)));
-    if (cuda::linear_gelu_forward(act, pre, x, w, b)) return;
+    OpScope scope(op, pre);
+    if (cuda::linear_gelu_forward(act, pre, x, w, b)) {
+      // (counted once: a refusal's linear_forward counts its own)
+      scope.add_flops(2.0 * double(N) * double(x.size(-1)) * double(w.size(0)));
+      return;
+    }
   }
 #endif
   linear_forward(pre, x, w, b);

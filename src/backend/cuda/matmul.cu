@@ -414,8 +414,11 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(p->handle, p->op, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
                                                             pref, kMatmulCandidates, results, &returned);
   ZT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  // NOT_SUPPORTED: no algorithm; anything else names a descriptor we built wrong.
-  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+  // NOT_SUPPORTED: no algorithm. Anything else names a descriptor we built
+  // wrong for a plain product; one with an epilogue or a C of its own may
+  // also read as "parameters in an impossible configuration" (INVALID_VALUE),
+  // a refusal that falls back (as its launch's would).
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && epilogue_free(k))
     throw InternalError(
         zt::detail::concat("cuBLASLt's heuristic failed (", cublasGetStatusName(st), ") for the matmul ", describe(k)));
   p->offered = st == CUBLAS_STATUS_SUCCESS ? returned : 0;
@@ -775,9 +778,13 @@ bool gelu_epilogue_on() {
 }
 
 bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, const Tensor& w, const Tensor& b) {
-  const int64_t N = pre.numel() / pre.size(-1), OC = w.size(0), C = w.size(1);
-  if (N == 0 || OC == 0) return true;
+  const int64_t OC = w.size(0), C = w.size(1);
+  if (OC == 0 || pre.numel() == 0) return true;
+  const int64_t N = pre.numel() / OC;
   if (C == 0 || OC % 8 != 0) return false;  // the epilogue's aux leading dimension must be a multiple of 8
+  if (x.dtype() != act.dtype()) return false;  // the aux output (pre) is D's dtype
+  // A bias as matmul takes it into an epilogue: D's dtype, 16-byte aligned.
+  if (b.defined() && (b.dtype() != act.dtype() || reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 != 0)) return false;
   GemmDesc d;
   d.M = N, d.N = OC, d.K = C, d.trans_b = true, d.b_shared = true;
   const void* bias = b.defined() ? b.data_ptr() : nullptr;
@@ -876,9 +883,28 @@ bool wgrad_chunks_usable(int64_t chunks, int64_t rows) {
          (chunks > 1 && rows % chunks == 0 && (rows / chunks) % 8 == 0 && rows / chunks >= kWgradMinChunkRows);
 }
 
-int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
+namespace {
+
+std::optional<int64_t> forced_wgrad_chunks() {
   static const std::optional<int64_t> forced =
       env_whole_number("ZT_CUDA_WGRAD_CHUNKS", 1, "row chunks of a weight gradient; 1: one product");
+  return forced;
+}
+
+}  // namespace
+
+void read_matmul_environment() {
+  (void)tuning_on();
+  (void)cublas_by_default();
+  (void)plan_file();
+  (void)gelu_epilogue_on();
+  (void)bgrad_epilogue_on();
+  (void)forced_wgrad_chunks();
+  (void)cublaslt_workspace_bytes();
+}
+
+int64_t wgrad_row_chunks(int64_t OC, int64_t C, int64_t rows, Device device) {
+  const std::optional<int64_t> forced = forced_wgrad_chunks();
   // Forced only where the rule would consider chunks: the LM head's dW in n
   // chunks would be n f32 copies of a (V, C) matrix.
   if (forced)
