@@ -49,6 +49,9 @@ Command add_train_command(CLI::App& app) {
     // fails everywhere, with one message, before the first collective.
     std::string resume_from;
     if (resume->count() > 0) resume_from = train::resume_path(cfg, opts->resume);
+    // A GPU's tuning switches too: a typo would otherwise surface at its
+    // kernel's first call, after the model is built and the data opened.
+    if (cfg.device(false).is_cuda()) ops::read_device_environment();
     ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
              "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
              opts->stop_after, ")");

@@ -9,14 +9,22 @@
 #include "backend/cpu/blas_kernels.h"
 #include "ops/check.h"
 #if ZT_WITH_CUDA
+#include "backend/cuda/environment.h"
 #include "backend/cuda/runtime.h"
 #endif
 
 namespace zt::ops {
 
+void read_device_environment() {
+#if ZT_WITH_CUDA
+  cuda::read_environment();
+#endif
+}
+
 void init_device(Device device) {
   if (device.is_cpu()) return;
 #if ZT_WITH_CUDA
+  read_device_environment();  // a bad switch fails here, with or without a GPU
   return cuda::ensure_initialized(device);
 #else
   ZT_FAIL("device ", device.str(), " requested, but this build has no CUDA backend (nvcc was not found when it "

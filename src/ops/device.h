@@ -10,7 +10,12 @@ namespace zt::ops {
 // Initialises the backend of `device` (for cuda:N: allocator, streams,
 // handles) so tensors can be allocated there. A no-op for the CPU. Throws
 // zt::Error when the device does not exist or this build has no backend for it.
+// A GPU's tuning switches (read_device_environment) are checked first.
 void init_device(Device device);
+// Reads and checks the GPU backend's tuning switches in the environment
+// (ZT_CUDA_*, ZT_CUDNN_*: backend/cuda/environment.h), throwing zt::Error for
+// a bad value; no GPU needed, nothing without a CUDA backend.
+void read_device_environment();
 // Number of usable GPUs (0 in a build without CUDA).
 int gpu_count();
 // The UUID of GPU `index` of those this process sees ("GPU-...", as

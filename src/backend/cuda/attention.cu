@@ -336,6 +336,11 @@ SplitHeads like(const SplitHeads& h) {
 
 }  // namespace
 
+void read_attention_environment() {
+  (void)environment_choice();
+  cudnn_read_environment();
+}
+
 AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
   return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), q.device()};
 }

@@ -42,6 +42,10 @@ namespace zt::cuda {
 // pass over it, but dQ's last bits vary from run to run. Our own kernels
 // stay deterministic either way.
 enum class AttentionKernel { automatic, cudnn, mma, flash, gemm, simple };
+// Reads and checks ZT_CUDA_ATTENTION, ZT_CUDNN_FORWARD_CONFIG and
+// ZT_CUDNN_BACKWARD_CONFIG now (each is read once, on first use otherwise).
+// No GPU needed.
+void read_attention_environment();
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
 // What the choice of kernel and a call's workspace depend on: q (B, T, Hq, D)
@@ -137,6 +141,9 @@ void flash_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
 // (the mma kernel's memory is O(T)).
 std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, AttentionPass pass,
                                         int64_t budget = kAttentionWorkspaceBudget);
+// ZT_CUDNN_FORWARD_CONFIG and _BACKWARD_CONFIG read and checked (nothing
+// without cuDNN).
+void cudnn_read_environment();
 int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass,
                                         int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,

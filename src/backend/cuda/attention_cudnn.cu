@@ -179,6 +179,11 @@ void for_each_batch_chunk(const AttentionShape& s, float scale, Pass pass, int64
 
 }  // namespace
 
+void cudnn_read_environment() {
+  (void)forced_engine_config(false);
+  (void)forced_engine_config(true);
+}
+
 std::string cudnn_attention_unsupported(const AttentionShape& s, float scale, Pass pass, int64_t budget) {
   std::string blocker = static_blocker(s);
   if (!blocker.empty()) return blocker;
@@ -293,6 +298,8 @@ void cudnn_attention_backward_packed(const Tensor& dqkv, const Tensor& dout, con
 #else  // no cuDNN in this build
 
 namespace zt::cuda {
+
+void cudnn_read_environment() {}
 
 std::string cudnn_attention_unsupported(const AttentionShape&, float, AttentionPass, int64_t) {
   return "this build has no cuDNN (configure with cuDNN's headers and library found, e.g. CUDNN_ROOT)";

@@ -69,6 +69,12 @@ bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& x, 
 // default until a GPU has measured it).
 bool gelu_epilogue_on();
 
+// Reads and checks every ZT_CUDA_* switch of the products now
+// (ZT_CUDA_MATMUL_TUNE, _MATMUL_CUBLAS, _MATMUL_PLANS (the file read),
+// _GELU_EPILOGUE, _BGRAD_EPILOGUE, _WGRAD_CHUNKS, _CUBLAS_WORKSPACE_MIB):
+// each is read once, on first use otherwise. No GPU needed.
+void read_matmul_environment();
+
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (overwrite: dw and db
 // written, not read); each may be undefined. dW runs through

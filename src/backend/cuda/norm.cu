@@ -70,11 +70,7 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
   launch_forward(rms, y, mean, rstd, x, r_in, r_out, w, b, eps);
 }
 
-namespace {
-
-// ZT_CUDA_NORM_BACKWARD pins training's backward where the one pass can run:
-// one_pass (or fused), two_pass; unset or "auto": the race.
-NormBackwardKernel pinned_backward() {
+NormBackwardKernel pinned_norm_backward() {
   static const NormBackwardKernel pinned = [] {
     const char* env = std::getenv("ZT_CUDA_NORM_BACKWARD");
     const std::string_view v = env ? env : "";
@@ -86,6 +82,8 @@ NormBackwardKernel pinned_backward() {
   }();
   return pinned;
 }
+
+namespace {
 
 // Where the one-pass kernel can run a call - weights of the activations'
 // dtype, 16-byte packs, at most 8 packs a lane (backward_packs_per_lane: C
@@ -258,7 +256,7 @@ void norm_backward(bool rms, const Tensor& dx, const Tensor& dw, const Tensor& d
   if (N == 0) return;  // the ops layer has zeroed dw and db for an overwrite
   const std::optional<OnePass> fit = one_pass_fit(dx, db, dy, x, w, dx_add);
   if (!fit) return two_pass_on_chunks(rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
-  if (kernel == NormBackwardKernel::automatic) kernel = pinned_backward();
+  if (kernel == NormBackwardKernel::automatic) kernel = pinned_norm_backward();
   if (kernel == NormBackwardKernel::one_pass)
     return one_pass(*fit, rms, dx, dw, db, dy, x, w, mean, rstd, dx_add, overwrite);
   if (kernel == NormBackwardKernel::two_pass)

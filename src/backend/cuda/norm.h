@@ -16,6 +16,9 @@ void residual_norm_forward(bool rms, const Tensor& r_out, const Tensor& y, const
 // (kernel_race.h), unless ZT_CUDA_NORM_BACKWARD = one_pass or two_pass in the
 // environment pins one. Other calls take two passes over row chunks.
 enum class NormBackwardKernel { automatic, one_pass, two_pass };
+// ZT_CUDA_NORM_BACKWARD's pin (automatic when unset), read once; a value
+// that names no kernel throws zt::Error.
+NormBackwardKernel pinned_norm_backward();
 
 // dw/db accumulate deterministically: fixed runs of rows (the one pass's
 // blocks, or the two passes' chunks where it cannot run) write f32
