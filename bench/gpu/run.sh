@@ -59,12 +59,12 @@
 # GPU): the A/B for the kernel bench's two head.wgrad rows.
 # ZT_CUDA_ATTENTION=cudnn|mma|flash|gemm|simple in the environment picks the kernel
 # of the training runs (backend/cuda/attention.h). `bench` trains each model
-# four times: as configured (deterministic), then with the switches not yet
+# three times: as configured (deterministic), then with the switches not yet
 # on by default (ZT_BENCH_CANDIDATES), then with train.deterministic = false
 # (cuDNN's attention backward sums dq with atomics, and each product keeps
 # the fastest of cuBLASLt's ranked algorithms and cuBLAS's GEMM, recorded in
-# a ZT_CUDA_MATMUL_PLANS file), then deterministic with that file's choices,
-# all against the same PyTorch run (both models' first run and PyTorch's
+# a ZT_CUDA_MATMUL_PLANS file), and with ZT_BENCH_PLANS=1 a fourth,
+# deterministic with that file's choices, all against the same PyTorch run (both models' first run and PyTorch's
 # come before the others, which a call short of time drops).
 # `attention` also times cuDNN's other engine configurations
 # (ZT_CUDNN_FORWARD_CONFIG / ZT_CUDNN_BACKWARD_CONFIG, rows "cudnn f<n>", "b<n>").
@@ -76,11 +76,13 @@
 #   (default all, both models; `ncu` is not part of all)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
-# packed, nothing compiles there); it prints what to carry and the two calls,
+# packed, nothing compiles there); it prints what to carry and the calls,
 # most wanted first (the micro-batch probes and PyTorch's compilation make one
-# model's benchmark a few minutes). ZT_CALL_DEADLINE (epoch seconds) makes
-# every step of every run.sh in a call start only if it still fits and end
-# before the call does, so the call's logs always come back packed.
+# model's benchmark a few minutes). A call runs its steps through
+# bench/gpu/call.sh SECONDS STEP..., which sets ZT_CALL_DEADLINE (epoch
+# seconds): every step of every run.sh in the call starts only if it still
+# fits and ends before the call does (and within its own cap, step_cap), so
+# the call's logs always come back packed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:-all}
@@ -133,10 +135,20 @@ trap 'stop_sampler; pack_logs' EXIT
 # it) bounds each step: it starts only if about the time it needs is left,
 # and runs under `timeout` until the deadline less the time packing takes.
 deadline=${ZT_CALL_DEADLINE:-0}
+[[ $deadline =~ ^[0-9]+$ ]] || { echo "run.sh: ZT_CALL_DEADLINE = '$deadline' is not epoch seconds (bench/gpu/call.sh sets it)"; exit 2; }
 exec 3>&1  # what bounded says reaches the call's output even where the step's output goes to a log
 seconds_left() {
   if [ "$deadline" -gt 0 ]; then echo $((deadline - $(date +%s) - 20)); else echo 86400; fi
 }
+if [ "$(seconds_left)" -le 0 ]; then  # (a deadline of "now": the call's time was given as 0)
+  echo "run.sh: the call's deadline (ZT_CALL_DEADLINE=$deadline) is $((deadline - $(date +%s)))s away: nothing runs." \
+    "Start a call with bash bench/gpu/call.sh SECONDS STEP..."
+  exit 2
+fi
+# step_cap=S before a call of bounded (or of a function that calls it) caps
+# that step at S seconds as well: a step that hangs (a collective, a
+# compiler) loses its own time, not the rest of the call's.
+step_cap=0
 bounded() {  # bounded NEED_SECONDS NAME COMMAND...: 75 when skipped, 124 when cut off
   local need=$1 name=$2 left
   shift 2
@@ -145,6 +157,7 @@ bounded() {  # bounded NEED_SECONDS NAME COMMAND...: 75 when skipped, 124 when c
     echo "skipped: $name (${left}s left in this call, it needs about ${need}s)" >&3
     return 75
   fi
+  [ "$step_cap" -le 0 ] || [ "$step_cap" -ge "$left" ] || left=$step_cap
   timeout -k 5 "$left" "$@"
 }
 said_failed() {  # said_failed RC NAME LOG LINES: a step's failure and its log's tail (not for a skipped step)
@@ -197,7 +210,7 @@ fi
 # Under the call's deadline: a pack that does not match the sources builds
 # here (minutes), and a build cut off leaves build-gpu/ for the next call on
 # the same warm machine to go on with, and this call's logs packed.
-bounded 30 "the build" bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || {
+bounded 10 "the build" bash scripts/gpu/build.sh > "$out/build.log" 2>&1 || {
   rc=$?
   tail -60 "$out/build.log"
   [ $rc -ne 124 ] || echo "the build ran out of this call's time: a next call on this warm machine goes on with it"
@@ -217,7 +230,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   stop=$(date -d "+$budget seconds" +%H:%M:%S)
   (cd build-gpu && bounded 30 "GPU tests" ctest -L gpu -j "${ZT_GPU_TESTS_JOBS:-4}" --output-on-failure --timeout 300 \
      --stop-time "$stop" > "$out/gpu-tests.log" 2>&1)
-  grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout" "$out/gpu-tests.log" | head -40
+  grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|Timeout|Not Run|stop time" \
+    "$out/gpu-tests.log" | head -40
+  # Tests the stop time left unstarted are missing from ctest's count.
+  listed=$(cd build-gpu && ctest -N -L gpu | sed -n 's/^Total Tests: //p')
+  started=$(grep -cE "^ *[0-9]+/[0-9]+ Test +#" "$out/gpu-tests.log")
+  echo "GPU tests started: $started of ${listed:-?}"
 fi
 [ "$what" = tests ] && exit 0
 if [ "$what" = ncu ]; then
@@ -278,12 +296,16 @@ if [ "$what" = ncu ]; then
     fi
     [ "$rc" = 0 ] || said_failed "$rc" "ncu of $label" "$out/ncu-$n.log" 5
     [ -s "$out/ncu-$n.ncu-rep" ] || return 0
-    "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" 2>> "$out/ncu-$n.log" \
-      || said_failed $? "ncu's export of $label" "$out/ncu-$n.log" 5
+    timeout -k 5 60 "$ncu_bin" --import "$out/ncu-$n.ncu-rep" --csv --page raw > "$out/ncu-$n.csv" \
+      2>> "$out/ncu-$n.log" || said_failed $? "ncu's export of $label" "$out/ncu-$n.log" 5
+    # The report stays on the machine (the CSV holds what ncu_table.py
+    # reads): reports of every kernel could take the archive past what a
+    # call brings back.
+    mv "$out/ncu-$n.ncu-rep" "$runs/"
   }
   for op in "${ncu_ops[@]}"; do
     [ -z "$ncu_denied" ] || break
-    ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" profile 30 "$op" -- ./build-gpu/bin/zt_bench_gpu_kernels cuda
+    step_cap=90 ZT_BENCH_PROFILE=1 ZT_KERNELS_ONLY="$op" profile 30 "$op" -- ./build-gpu/bin/zt_bench_gpu_kernels cuda
   done
   # In training (opt-in): ZT_NCU_TRAIN = ';'-separated "arch:kernel regex[:launches]"
   # entries (e.g. "gpt2:norm_backward_fused_kernel:4;llama:swiglu_bwd_kernel:2"):
@@ -296,7 +318,7 @@ if [ "$what" = ncu ]; then
     IFS=':' read -r arch kernels launches <<< "$entry"
     mb=$(cat "$fits/$arch"-* 2>/dev/null | head -1)
     [ -n "$mb" ] || { [ "$arch" = gpt2 ] && mb=64 || mb=32; }
-    profile 60 "train $arch, step 3: $kernels" -k "regex:$kernels" -c "${launches:-4}" -- \
+    step_cap=150 profile 60 "train $arch, step 3: $kernels" -k "regex:$kernels" -c "${launches:-4}" -- \
       ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml --set train.micro_batch=$mb \
       --set train.global_batch=$mb --set train.steps=3 --set metrics.profiler_capture_step=3 \
       --set train.run_dir="$runs/ncu-$arch"
@@ -308,16 +330,27 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
   # The step's memory-bound ops one by one against the copy rate, its products
   # against the GEMM rate (and each of cuBLASLt's ranked algorithms against its
   # first), and PyTorch's eager kernels on the same rows (about a minute).
-  bounded 100 "kernel bench" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
+  step_cap=240 bounded 100 "kernel bench" ./build-gpu/bin/zt_bench_gpu_kernels cuda > "$out/kernels-zt.jsonl" 2> "$out/kernels-zt.err" \
     || said_failed $? "kernels bench" "$out/kernels-zt.err" 3
   : > "$out/kernels-pt.jsonl"
   [ -s "$out/kernels-zt.jsonl" ] \
-    && { bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
+    && { step_cap=180 bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
       > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" || said_failed $? "kernels peer" "$out/kernels-pt.err" 5; }
   [ -s "$out/kernels-zt.jsonl" ] && python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
 import json, sys
-ours = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-peer = {(r["model"], r["op"], r["shape"]): r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip())}
+def rows_of(path):  # a line that is not JSON (a library's own output) is left out, and counted
+    rows, bad = [], 0
+    for line in open(path):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                bad += 1
+    if bad:
+        print(f"({bad} line(s) of {path} are not JSON: left out)")
+    return rows
+ours = rows_of(sys.argv[1])
+peer = {(r["model"], r["op"], r["shape"]): r for r in rows_of(sys.argv[2])}
 rate = {k: r[k] for r in ours for k in ("copy_gbps", "gemm_tflops") if k in r}
 def vs_torch(r):
     p = peer.get((r["model"], r["op"], r["shape"]))
@@ -436,24 +469,24 @@ if [ "$what" = attention ] || [ "$what" = all ]; then
   : > "$out/attention-zt.jsonl"
   # one process each: a faulting kernel spoils only its rows (cudnn-packed: q, k, v read in place from one tensor)
   for kernel in cudnn cudnn-packed cudnn-atomic mma flash tensor-core simple; do
-    bounded 20 "attention bench ($kernel)" ./build-gpu/bin/zt_bench_gpu_attention $kernel \
+    step_cap=60 bounded 20 "attention bench ($kernel)" ./build-gpu/bin/zt_bench_gpu_attention $kernel \
       >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err" \
       || said_failed $? "attention bench ($kernel)" "$out/attention-zt.err" 3
   done
   grep "cuDNN cannot" "$out/attention-zt.err" | head -4
   [ -s "$out/attention-zt.jsonl" ] \
-    && { bounded 60 "attention bench's PyTorch peer" python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" \
+    && { step_cap=120 bounded 25 "attention bench's PyTorch peer" python3 bench/gpu/attention_peer.py > "$out/attention-pt.jsonl" \
       2> "$out/attention-pt.err" || said_failed $? "attention peer" "$out/attention-pt.err" 5; }
   # cuDNN's other engine configurations against its first choice (rows
   # "cudnn f<n>": forward configuration n; "b<n>": backward): the forward's
   # list has 4 on an H100, the backward's 2 (deterministic) and 3 (atomics).
   for n in 1 2 3; do
-    ZT_CUDNN_FORWARD_CONFIG=$n bounded 20 "attention bench (cuDNN forward configuration $n)" \
+    ZT_CUDNN_FORWARD_CONFIG=$n step_cap=60 bounded 20 "attention bench (cuDNN forward configuration $n)" \
       ./build-gpu/bin/zt_bench_gpu_attention cudnn >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err"
   done
   for n in 1 2; do
     for kernel in cudnn cudnn-atomic; do
-      ZT_CUDNN_BACKWARD_CONFIG=$n bounded 20 "attention bench ($kernel backward configuration $n)" \
+      ZT_CUDNN_BACKWARD_CONFIG=$n step_cap=60 bounded 20 "attention bench ($kernel backward configuration $n)" \
         ./build-gpu/bin/zt_bench_gpu_attention $kernel >> "$out/attention-zt.jsonl" 2>> "$out/attention-zt.err"
     done
   done
@@ -471,7 +504,7 @@ for r in rows:
 PY
 fi
 [ "$what" = attention ] && exit 0
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+timeout 20 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 # The GPU's clock, power, temperature and load every half second while the
 # models train, and each run's window (`window NEED NAME COMMAND...`):
 # bench/gpu/gpu_clocks.py says whether a run held the clock the GEMM rate was
@@ -507,7 +540,7 @@ train_run() {
   for word in "$@"; do
     case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
   done
-  window "$need" "$label" env "${envs[@]}" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
+  step_cap=${step_cap_train:-150} window "$need" "$label" env "${envs[@]}" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
     --set train.micro_batch=$mb --set train.global_batch=$mb --set train.run_dir="$runs/$name" "${sets[@]}" \
     > "$out/$name.log" 2>&1
   rc=$?
@@ -609,7 +642,7 @@ for arch in "${models[@]}"; do
   pt_mb=$mb
   # torch.compile and 25 steps: 50-70 s on an H200 (2026-11-27).
   while [ "$pt_mb" -ge 1 ]; do
-    window 90 "pytorch $arch B=$pt_mb" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
+    step_cap=240 window 90 "pytorch $arch B=$pt_mb" python3 bench/gpu/pytorch_peer.py --arch $arch --batch "$pt_mb" --seq 1024 \
       > "$out/pt-$arch.json" 2> "$out/pt-$arch.err"
     rc=$?
     case $rc in 0 | 75) break ;; esac
@@ -637,8 +670,10 @@ for arch in "${models[@]}"; do
   plans="$runs/matmul-plans-$arch.tsv"
   train_run 45 "zettatron $arch, deterministic = false" $arch $mb zt-$arch-atomic ZT_CUDA_MATMUL_PLANS="$plans" \
     train.deterministic=false
-  if [ -s "$plans" ]; then
-    cp "$plans" "$out/"
+  [ -s "$plans" ] && cp "$plans" "$out/"
+  # (opt-in, ZT_BENCH_PLANS=1: the tuned products gave +0.6% and +1.1% on
+  # 2026-11-27, and a lease's 15 minutes hold the rest only just)
+  if [ -s "$plans" ] && [ "${ZT_BENCH_PLANS:-0}" = 1 ]; then
     train_run 45 "zettatron $arch, tuned plans" $arch $mb zt-$arch-plans ZT_CUDA_MATMUL_PLANS="$plans"
   fi
 done
@@ -678,7 +713,7 @@ done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue
   cfg=configs/bench-gpu-$arch.toml
-  if bounded 30 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
+  if step_cap=120 bounded 30 "zettatron $arch profile" ./build-gpu/bin/zettatron train $cfg --set train.run_dir="$runs/profile-$arch" \
       --set train.steps=6 --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} \
       --set metrics.op_profile=true > "$out/zt-$arch-profile.log" 2>&1; then
     echo "$arch: time per op (steps 2-6)"
@@ -688,7 +723,7 @@ for arch in "${models[@]}"; do
   fi
   # The memory planner on the GPU: `zettatron info`'s activation estimate for
   # each recompute policy next to the allocator's peak of a step on this GPU.
-  bounded 20 "zettatron info $arch" ./build-gpu/bin/zettatron info configs/bench-gpu-$arch.toml \
+  step_cap=90 bounded 20 "zettatron info $arch" ./build-gpu/bin/zettatron info configs/bench-gpu-$arch.toml \
     --set train.micro_batch=${mb_of[$arch]} --set train.global_batch=${mb_of[$arch]} > "$out/zt-$arch-info.log" 2>&1 \
     || { said_failed $? "zettatron info $arch" "$out/zt-$arch-info.log" 10; continue; }
   echo "$arch: activation memory per micro-batch of ${mb_of[$arch]}, estimated and measured on this GPU"

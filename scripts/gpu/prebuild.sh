@@ -33,7 +33,7 @@ done
 # building, so a file edited meanwhile reads as changed there.
 rm -rf .gpu-lease build-gpu.pack
 mkdir -p .gpu-lease build-gpu.pack/bin
-git ls-files -- CMakeLists.txt '*.cmake' src tests bench \
+git ls-files --cached --others --exclude-standard -- CMakeLists.txt '*.cmake' src tests bench \
   | grep -E '(CMakeLists\.txt|\.(cmake|c|cc|cpp|h|hpp|cu|cuh|in))$' \
   | xargs -d '\n' sha256sum > build-gpu.sha256
 # A failed build stops here: binaries left from an earlier one must not be

@@ -21,29 +21,28 @@ if [ "$(realpath -m "$cache")" != "$(realpath -m .cache/zettatron)" ]; then
 fi
 [ -f data/fortunes-gpt2/index.json ] \
   || build-gpu/bin/zettatron prepare --config configs/data/fortunes-gpt2.toml > /dev/null
-tree_mib=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | awk '{print int($1 / 1048576)}')
-carry_mib=$(du -cb .debs .gpu-lease .cache/zettatron/tokenizers data/fortunes-gpt2 | tail -1 | awk '{print int($1 / 1048576)}')
+# What travels: the files git does not ignore (tracked and new), and the carried paths.
+tree_mib=$( (git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null || true) \
+  | awk '$2 == "total" {t += $1} END {print int(t / 1048576)}')
+carry_mib=$(du -cb .debs .gpu-lease .cache/zettatron data/fortunes-gpt2 | tail -1 | awk '{print int($1 / 1048576)}')
 echo "prepare_lease: the tree ${tree_mib} MiB + carried ${carry_mib} MiB (the limit is 64 MiB)"
 echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
-# Most wanted first (correctness and the issue's benchmark, then where the
-# time goes), each call bounded by its deadline (bench/gpu/run.sh). On an
-# H200 on 2026-11-27 call 1 took 373 s and call 2 47 s, on one machine start;
-# since then call 1 trains each model once more (deterministic with the tuned
-# plans) and its tests sweep twice the candidates, and call 2 too: about
-# 480 s and 80 s expected; on an H200 GPT-2 now trains at micro-batch 256,
-# the largest that fits (about 35 s more), and GPT-2 trains once more with
-# the switch not yet on by default (ZT_BENCH_CANDIDATES, about 45 s; the
-# classifier's and the norms' kernels are raced in training now, not A/B'd;
-# the profile and info runs at the end are what a call short of time drops). Call 2 then profiles the kernels
-# the timings left unexplained (run.sh ncu: Nsight Compute's counters, about
-# 60-120 s).
-echo 'then, call 1 (timeout_s 590): export ZT_CALL_DEADLINE=$(( $(date +%s) + 572 )); ZT_GPU_TESTS_SECONDS=200 bash bench/gpu/run.sh tests;'
-echo '        bash bench/gpu/run.sh bench llama gpt2'
-echo '      call 2 at once (timeout_s: the budget left less 60 s, at most 600; D = that less 20):'
-echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh kernels; bash bench/gpu/run.sh attention;'
-echo '        bash bench/gpu/run.sh ncu'
-echo '      call 3 at once, if 4 minutes are left (the same timeout rule):'
-echo '        export ZT_CALL_DEADLINE=$(( $(date +%s) + D )); bash bench/gpu/run.sh ab llama gpt2'
+# Most wanted first (correctness and the issue's benchmark, GPT-2 first: the
+# ratio nearest its target; then where the time goes), each call bounded by
+# its deadline (bench/gpu/call.sh). The budget: 15 minutes of device time,
+# about 100 s of it the machine's start and the transfers. Estimated
+# (2026-12-02, from the 2026-11-27 H200 run and what was added since): call 1
+# 520-560 s (tests 150-190 s within their 170 s cap, the bench 330-370 s),
+# call 2 kernels 60-90 s and attention 25-45 s; ncu gets what is left, and
+# `ab` fits only a lease that ran short elsewhere. The machine goes back 30 s
+# after a call: issue each call at once.
+echo 'then, call 1 (timeout_s 590):'
+echo '        ZT_GPU_TESTS_SECONDS=170 bash bench/gpu/call.sh 570 tests "bench gpt2 llama"'
+echo '      call 2 at once (timeout_s: the budget left less 40 s, at most 600; SECONDS = timeout_s less 20):'
+echo '        bash bench/gpu/call.sh SECONDS kernels attention ncu'
+echo '      call 3 at once, only if 5 minutes are left (the same rule): bash bench/gpu/call.sh SECONDS "ab gpt2 llama"'
 echo '        (each model twice as configured, then under each open switch; ZT_AB picks the switches)'
 echo '      then give the machine back; a step a call skipped for time says "skipped:" in its output'
+echo '      (sources edited after this script make the pack stale: run it last; just before the first call,'
+echo '       sha256sum -c --quiet .gpu-lease/prebuilt.sha256 says nothing when the pack still matches)'
 [ $((tree_mib + carry_mib)) -lt 64 ] || { echo "prepare_lease: too large to travel"; exit 1; }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# A GPU call's arguments are refused before anything runs (bench/gpu/call.sh,
+# bench/gpu/run.sh): a time outside 60-600 s, an unknown step, no step, and a
+# deadline already passed (the "now" of a time given as 0) - each with exit
+# status 2 and a message that names the problem, never a build started or
+# every step skipped in silence. No GPU needed.
+#   usage: call_args_test.sh SOURCE_DIR
+set -uo pipefail
+src=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+expect() {  # expect PATTERN COMMAND...: exit 2 and PATTERN in its output
+  local pattern=$1 out rc
+  shift
+  out=$("$@" 2>&1)
+  rc=$?
+  [ $rc -eq 2 ] && grep -q -- "$pattern" <<< "$out" || fail "$*: wanted exit 2 and '$pattern', got $rc: $out"
+}
+expect "not a whole number from 60 to 600" bash "$src/bench/gpu/call.sh" 0 tests
+expect "not a whole number from 60 to 600" bash "$src/bench/gpu/call.sh" 601 tests
+expect "not a whole number from 60 to 600" bash "$src/bench/gpu/call.sh" D tests
+expect "step 'bogus gpt2' does not start with" bash "$src/bench/gpu/call.sh" 100 tests "bogus gpt2"
+expect "no step given" bash "$src/bench/gpu/call.sh" 100
+expect "nothing runs" env OUT="$tmp/out" ZT_CALL_DEADLINE="$(date +%s)" bash "$src/bench/gpu/run.sh" tests
+expect "is not epoch seconds" env OUT="$tmp/out" ZT_CALL_DEADLINE=soon bash "$src/bench/gpu/run.sh" tests
+[ ! -e "$tmp/out/build.log" ] || fail "run.sh started the build under a passed deadline"
+echo "PASS"
