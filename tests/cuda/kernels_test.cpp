@@ -180,7 +180,9 @@ TEST_P(CudaKernels, NormBackwardRaceKeepsTheBits) {
     const auto line = std::ranges::find_if(lines, [&](const std::string& l) { return l.starts_with(call); });
     ASSERT_NE(line, lines.end()) << "no race line for " << call;
     std::printf("%s\n", line->c_str());
-    const std::string timed = "(" + std::to_string(cuda::kRaceSamples) + " calls)";
+    std::string timed = "(";  // (appended: GCC 12 warns on "(" + std::string with -Wrestrict)
+    timed += std::to_string(cuda::kRaceSamples);
+    timed += " calls)";
     EXPECT_TRUE(line->find("one_pass ") != std::string::npos && line->find(timed) != std::string::npos)
         << *line;
     EXPECT_TRUE(line->ends_with("-> one_pass") || line->ends_with("-> two_pass")) << *line;

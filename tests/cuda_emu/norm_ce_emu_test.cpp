@@ -5,7 +5,7 @@
 // without the fused residual, backward dx (with and without dx_add) and the
 // two-stage dw / db, and the loss with its in-place gradient (padding
 // columns, an ignored row), whole or in the three vocabulary-parallel passes.
-// f32 and bf16; outputs poisoned first.
+// f32, bf16 and (the norms) f16; outputs poisoned first.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
 
 #include "cuda_emu/colsum_emu.h"
@@ -63,13 +63,13 @@ void fused_backward_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool r
 // launches them: the partials in its order on `blocks` blocks, their column
 // sums (colsum.h), then dx a warp per row.
 template <typename T, int V>
-void two_pass_on_blocks_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool rms, const Tensor& dy,
-                                    const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                                    const Tensor& dx_add, const Tensor& dw0, const Tensor& db0, int64_t blocks,
-                                    bool overwrite) {
+void two_pass_on_blocks_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bool rms, bool with_db,
+                                    const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                    const Tensor& rstd, const Tensor& dx_add, const Tensor& dw0, const Tensor& db0,
+                                    int64_t blocks, bool overwrite) {
   const int64_t N = x.size(0), C = x.size(1);
   const Tensor pdw = poisoned(Shape{blocks, C}, DType::f32);
-  const Tensor pdb = rms ? Tensor() : poisoned(Shape{blocks, C}, DType::f32);
+  const Tensor pdb = with_db ? poisoned(Shape{blocks, C}, DType::f32) : Tensor();
   emu::launch(dim3(unsigned((C / V + nk::kSumCols - 1) / nk::kSumCols), unsigned(blocks)),
               dim3(nk::kSumCols, nk::kSumLanes), 0, nk::norm_dwdb_partial_kernel<T, V>, rms, p<float>(pdw),
               p<float>(pdb), static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)),
@@ -78,7 +78,7 @@ void two_pass_on_blocks_on_emulator(const Tensor& dx, Tensor& dw, Tensor& db, bo
   constexpr int kF32Pack = cuda::kPack16<float>;
   const auto start = [&](const Tensor& g0) { return overwrite ? poisoned(g0.shape(), DType::f32) : g0; };
   dw = colsum_on_emulator<float, kF32Pack>(pdw, start(dw0), overwrite);
-  db = rms ? Tensor() : colsum_on_emulator<float, kF32Pack>(pdb, start(db0), overwrite);
+  db = with_db ? colsum_on_emulator<float, kF32Pack>(pdb, start(db0), overwrite) : Tensor();
   emu::launch(dim3(nk::row_blocks(N)), nk::kRowWarps * 32, 0, nk::norm_dx_kernel<T, T, V>, rms, p<T>(dx),
               static_cast<const T*>(p<T>(dy)), static_cast<const T*>(p<T>(x)), static_cast<const T*>(p<T>(w)),
               static_cast<const float*>(p<float>(mean)), static_cast<const float*>(p<float>(rstd)),
@@ -110,14 +110,16 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
   };
   const std::vector<double> sums_dw = minus(want_dw, dw0), sums_db = rms ? std::vector<double>() : minus(want_db, db0);
   // norm.cu's launch: Q packs a lane, a bias gradient for the LayerNorm.
-  const auto fused = [&](const Tensor& dx, Tensor& dw, Tensor& db, const Tensor& add, int64_t blocks, bool overwrite) {
+  // (with_db false: a LayerNorm whose bias needs no gradient, as RMSNorm's none)
+  const auto fused = [&](const Tensor& dx, Tensor& dw, Tensor& db, const Tensor& g, const Tensor& add, int64_t blocks,
+                         bool overwrite, bool with_db) {
     nk::with_backward_packs(Q, [&](auto q_tag) {
       constexpr int kQ = decltype(q_tag)::value;
-      if (rms) {
-        fused_backward_on_emulator<T, V, kQ, false>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
+      if (!with_db) {
+        fused_backward_on_emulator<T, V, kQ, false>(dx, dw, db, rms, g, x, w, mean, rstd, add, dw0, db0, blocks,
                                                     overwrite);
       } else {
-        fused_backward_on_emulator<T, V, kQ, true>(dx, dw, db, rms, dy, x, w, mean, rstd, add, dw0, db0, blocks,
+        fused_backward_on_emulator<T, V, kQ, true>(dx, dw, db, rms, g, x, w, mean, rstd, add, dw0, db0, blocks,
                                                    overwrite);
       }
     });
@@ -131,12 +133,12 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
                                         << (overwrite ? ", dw/db overwritten" : ""));
       Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
       Tensor dw, db;
-      fused(dx, dw, db, in_place ? dx : dx_add, blocks, overwrite);
+      fused(dx, dw, db, dy, in_place ? dx : dx_add, blocks, overwrite, !rms);
       {  // the two passes on these blocks: the same bits
         Tensor tdx = in_place ? copy_of(dx_add) : poisoned(x.shape(), dt);
         Tensor tdw, tdb;
-        two_pass_on_blocks_on_emulator<T, V>(tdx, tdw, tdb, rms, dy, x, w, mean, rstd, in_place ? tdx : dx_add, dw0,
-                                             db0, blocks, overwrite);
+        two_pass_on_blocks_on_emulator<T, V>(tdx, tdw, tdb, rms, !rms, dy, x, w, mean, rstd, in_place ? tdx : dx_add,
+                                             dw0, db0, blocks, overwrite);
         EXPECT_EQ(to_f64(tdx), to_f64(dx)) << "two passes on the blocks: dx";
         EXPECT_EQ(to_f64(tdw), to_f64(dw)) << "two passes on the blocks: dw";
         if (!rms) {
@@ -161,11 +163,33 @@ void fused_backward_case(bool rms, const Tensor& dy, const Tensor& x, const Tens
   Tensor want_plain = Tensor::empty(x.shape(), dt), cdw = copy_of(dw0), cdb = rms ? Tensor() : copy_of(db0);
   ops::norm_backward(kind, want_plain, cdw, cdb, dy, x, w, mean, rstd, Tensor());
   Tensor dx = poisoned(x.shape(), dt), dw, db;
-  fused(dx, dw, db, Tensor(), nk::backward_blocks(N, 3), false);
+  fused(dx, dw, db, dy, Tensor(), nk::backward_blocks(N, 3), false, !rms);
   EXPECT_TRUE(close(dx, want_plain, tol(dt), "dx"));
   EXPECT_TRUE(rel_error_within(dw, to_f64(want_dw), 1e-5, "dw"));
   if (!rms) {
     EXPECT_TRUE(rel_error_within(db, to_f64(want_db), 1e-5, "db"));
+  }
+  // dx written over dy (the race's third form), and a LayerNorm whose bias
+  // needs no gradient (no db partials): the one pass against the CPU, and
+  // the two passes on its blocks with its bits.
+  for (const bool with_db : rms ? std::vector<bool>{false} : std::vector<bool>{true, false}) {
+    SCOPED_TRACE(with_db ? "fused, dx over dy" : "fused, dx over dy, no bias gradient");
+    const int64_t blocks = nk::backward_blocks(N, 3);
+    Tensor over = copy_of(dy), fdw, fdb;
+    fused(over, fdw, fdb, over, dx_add, blocks, false, with_db);
+    Tensor tover = copy_of(dy), tdw, tdb;
+    two_pass_on_blocks_on_emulator<T, V>(tover, tdw, tdb, rms, with_db, tover, x, w, mean, rstd, dx_add, dw0, db0,
+                                         blocks, false);
+    EXPECT_EQ(to_f64(tover), to_f64(over)) << "two passes on the blocks: dx";
+    EXPECT_EQ(to_f64(tdw), to_f64(fdw)) << "two passes on the blocks: dw";
+    EXPECT_TRUE(close(over, want_dx, tol(dt), "dx"));
+    EXPECT_TRUE(rel_error_within(fdw, to_f64(want_dw), 1e-5, "dw"));
+    if (with_db) {
+      EXPECT_EQ(to_f64(tdb), to_f64(fdb)) << "two passes on the blocks: db";
+      EXPECT_TRUE(rel_error_within(fdb, to_f64(want_db), 1e-5, "db"));
+    } else {
+      EXPECT_FALSE(fdb.defined() || tdb.defined()) << "no bias gradient asked, none written";
+    }
   }
 }
 
@@ -403,6 +427,51 @@ TEST(CudaKernelsEmulated, NormForwardBackwardMatchTheCpu) {
   norm_case<float, kF32Pack>(ops::NormKind::layernorm, 12, 1024, false, DType::f32, rng);
   norm_case<float, kF32Pack>(ops::NormKind::rmsnorm, 12, 700, false, DType::f32, rng);
   norm_case<float, kF32Pack>(ops::NormKind::layernorm, 70, 64, false, DType::f32, rng);
+}
+
+// f16 (fp16 training's norms; the CPU has no f16 kernels to check against,
+// and the GPU tests run f32 and bf16): the one pass and the two passes on
+// its blocks, which training races, write the same dx, dw and db bits -
+// LayerNorm with and without its bias gradient, RMSNorm, dx apart and over
+// dx_add. 1000 columns: 125 packs, 4 a lane.
+TEST(CudaKernelsEmulated, NormBackwardInF16TheTwoPassesHaveTheOnePassBits) {
+  auto rng = make_rng(43);
+  using T = __half;
+  constexpr int V = cuda::kPack16<T>;
+  const int64_t N = 40, C = 1000;
+  const Tensor x = random_tensor(Shape{N, C}, DType::f16, rng), dy = random_tensor(Shape{N, C}, DType::f16, rng);
+  const Tensor w = random_tensor(Shape{C}, DType::f16, rng, 0.5, 1.5);
+  const Tensor dx_add = random_tensor(Shape{N, C}, DType::f16, rng);
+  const Tensor mean = random_tensor(Shape{N}, DType::f32, rng, -0.1, 0.1);
+  const Tensor rstd = random_tensor(Shape{N}, DType::f32, rng, 0.5, 2.0);
+  const Tensor dw0 = random_tensor(Shape{C}, DType::f32, rng), db0 = random_tensor(Shape{C}, DType::f32, rng);
+  const int Q = nk::backward_packs_per_lane(C / V);
+  ASSERT_EQ(Q, 4);
+  const int64_t blocks = nk::backward_blocks(N, 3);
+  for (const bool rms : {false, true})
+    for (const bool with_db : rms ? std::vector<bool>{false} : std::vector<bool>{true, false})
+      for (const bool in_place : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << (rms ? "rmsnorm" : "layernorm") << (with_db ? " with db" : "")
+                                          << (in_place ? ", dx over dx_add" : ""));
+        Tensor dx = in_place ? copy_of(dx_add) : poisoned(x.shape(), DType::f16), dw, db;
+        const Tensor& m = rms ? Tensor() : mean;
+        if (with_db)
+          fused_backward_on_emulator<T, V, 4, true>(dx, dw, db, rms, dy, x, w, m, rstd, in_place ? dx : dx_add, dw0,
+                                                    db0, blocks, false);
+        else
+          fused_backward_on_emulator<T, V, 4, false>(dx, dw, db, rms, dy, x, w, m, rstd, in_place ? dx : dx_add, dw0,
+                                                     db0, blocks, false);
+        Tensor tdx = in_place ? copy_of(dx_add) : poisoned(x.shape(), DType::f16), tdw, tdb;
+        two_pass_on_blocks_on_emulator<T, V>(tdx, tdw, tdb, rms, with_db, dy, x, w, m, rstd, in_place ? tdx : dx_add,
+                                             dw0, db0, blocks, false);
+        const std::vector<double> got = to_f64(dx);
+        EXPECT_TRUE(std::ranges::all_of(got, [](double v) { return std::isfinite(v); })) << "dx written everywhere";
+        EXPECT_EQ(to_f64(tdx), got) << "dx";
+        EXPECT_EQ(to_f64(tdw), to_f64(dw)) << "dw";
+        if (with_db) {
+          EXPECT_EQ(to_f64(tdb), to_f64(db)) << "db";
+        }
+      }
 }
 
 // The classifier's grid: R blocks per SM (H100: 132 SMs), never more blocks

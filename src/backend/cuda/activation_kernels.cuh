@@ -26,6 +26,14 @@ __device__ __forceinline__ float sigmoidf(float g) { return 1.0f / (1.0f + __exp
 // place, whose stores the compiler may not move its next loads above). A
 // pack's arithmetic does not depend on U or the grid: every launch shape
 // (activation.cu's race) writes the same bits.
+// (The warp emulator's host compiler cannot see that a pack is read only
+// where it was loaded, and warns; initialising them would change the
+// device code.)
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 template <int U, typename Load, typename Compute>
 __device__ __forceinline__ void for_each_pack(int64_t packs, Load&& load, Compute&& compute) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -39,6 +47,9 @@ __device__ __forceinline__ void for_each_pack(int64_t packs, Load&& load, Comput
       if (i0 + u * stride < packs) compute(i0 + u * stride, held[u]);
   }
 }
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#pragma GCC diagnostic pop
+#endif
 
 template <typename T, int V, int U = 1>
 __global__ void gelu_fwd_kernel(T* y, const T* x, int64_t n) {
