@@ -172,8 +172,21 @@ def work(row, dev):
     return None
 
 
+def rows_of(path):
+    """The kernel bench's rows (not its rate lines); a line that is not JSON is skipped, not fatal."""
+    rows = []
+    for line in open(path):
+        if '"op"' not in line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            print(f"kernels_peer: skipped a line that is not JSON: {line.strip()[:80]}", file=sys.stderr)
+    return rows
+
+
 def main():
-    rows = [json.loads(l) for l in open(sys.argv[1]) if '"op"' in l]  # not the rate lines
+    rows = rows_of(sys.argv[1])
     dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
     torch.manual_seed(0)
     for row in rows:

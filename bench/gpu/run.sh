@@ -709,6 +709,8 @@ for arch in "${models[@]}"; do
   [ -s "$out/zt-$arch.log" ] || continue
   races=$(sed -n '/^kernels raced/,/^[^ ]/p' "$out/zt-$arch.log" | grep '^  ')
   [ -z "$races" ] || { echo "$arch: kernels raced in training"; echo "$races"; }
+  # (a model's bias and residual products all inside cuBLASLt: no such line)
+  grep -m1 '^products whose bias or residual' "$out/zt-$arch.log" | sed "s/^/$arch: /"
 done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue

@@ -15,6 +15,7 @@
 #include "backend/cpu/peak_rate.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/kernel_race.h"
+#include "backend/cuda/matmul.h"
 #include "backend/cuda/runtime.h"
 #endif
 #include "core/error.h"
@@ -629,6 +630,11 @@ TrainResult Trainer::run(int64_t stop_after) {
     if (!races.empty())
       say("kernels raced on this process's first calls of each shape (the fastest call of each; the kernels of a "
           "race write the same bits):" + races);
+    // A model's products take their bias and residual inside cuBLASLt; a
+    // prefill pass each means cuBLASLt refused that here (slower, same sums).
+    if (const int64_t prefilled = cuda::prefilled_matmul_launches(); prefilled > 0)
+      say("products whose bias or residual cuBLASLt did not take (a prefill pass of their own each): " +
+          std::to_string(prefilled) + " launches");
   }
 #endif
   if (dp_->size() > 1 && result.steps > first_step)
