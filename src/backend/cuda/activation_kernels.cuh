@@ -17,6 +17,16 @@ constexpr float kGeluC = 0.044715f;
 
 __device__ __forceinline__ float sigmoidf(float g) { return 1.0f / (1.0f + __expf(-g)); }
 
+// The multiplies and adds below are rounded intrinsics, which nvcc may not
+// contract into FMAs: a pack's arithmetic is then the same instructions in
+// every launch shape training races (U packs a thread, any grid), whatever
+// the compiler does with the unrolled copies - the same bits by
+// construction, as the norms' and the classifier's (and the warp emulator
+// rounds where the GPU does). sigmoidf has no multiply feeding an add.
+__device__ __forceinline__ float gelu_inner(float v) {  // k (v + c v^3)
+  return __fmul_rn(kGeluK, __fadd_rn(v, __fmul_rn(__fmul_rn(__fmul_rn(kGeluC, v), v), v)));
+}
+
 // The grid strides over packs of V consecutive elements (V = 1, or
 // kPack16<T> when the launch checked that packs fit: 16-byte memory
 // instructions); the arithmetic is per element either way. Each thread takes
@@ -60,8 +70,7 @@ __global__ void gelu_fwd_kernel(T* y, const T* x, int64_t n) {
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float v = to_f32(xv.v[k]);
-          const float u = kGeluK * (v + kGeluC * v * v * v);
-          yv.v[k] = from_f32<T>(0.5f * v * (1.0f + tanhf(u)));
+          yv.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(0.5f, v), __fadd_rn(1.0f, tanhf(gelu_inner(v)))));
         }
         store_pack<T, V>(y + i * V, yv);
       });
@@ -83,10 +92,11 @@ __global__ void gelu_bwd_kernel(T* dx, const T* dy, const T* x, int64_t n) {
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float v = to_f32(in.a.v[k]);
-          const float u = kGeluK * (v + kGeluC * v * v * v);
-          const float t = tanhf(u);
-          const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluK * (1.0f + 3.0f * kGeluC * v * v);
-          dxv.v[k] = from_f32<T>(d * to_f32(in.b.v[k]));
+          const float t = tanhf(gelu_inner(v));
+          const float du = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * kGeluC, v), v));  // u' / k
+          const float slope = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, v), __fsub_rn(1.0f, __fmul_rn(t, t))), kGeluK);
+          const float d = __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, t)), __fmul_rn(slope, du));
+          dxv.v[k] = from_f32<T>(__fmul_rn(d, to_f32(in.b.v[k])));
         }
         store_pack<T, V>(dx + i * V, dxv);
       });
@@ -109,7 +119,7 @@ __global__ void swiglu_fwd_kernel(T* y, const T* x, int64_t rows, int64_t H) {
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           const float gf = to_f32(gu.a.v[k]);
-          out.v[k] = from_f32<T>(gf * sigmoidf(gf) * to_f32(gu.b.v[k]));
+          out.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(gf, sigmoidf(gf)), to_f32(gu.b.v[k])));
         }
         store_pack<T, V>(y + r * H + h, out);
       });
@@ -139,8 +149,9 @@ __global__ void swiglu_bwd_kernel(T* dx, const T* dy, const T* x, int64_t rows, 
         for (int k = 0; k < V; ++k) {
           const float gf = to_f32(in.g.v[k]), df = to_f32(in.d.v[k]);
           const float s = sigmoidf(gf);
-          dg.v[k] = from_f32<T>(df * to_f32(in.u.v[k]) * s * (1.0f + gf * (1.0f - s)));
-          du.v[k] = from_f32<T>(df * gf * s);
+          const float slope = __fadd_rn(1.0f, __fmul_rn(gf, __fsub_rn(1.0f, s)));  // silu'(g) / s
+          dg.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(__fmul_rn(df, to_f32(in.u.v[k])), s), slope));
+          du.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(df, gf), s));
         }
         store_pack<T, V>(dx + r * 2 * H + h, dg);
         store_pack<T, V>(dx + r * 2 * H + H + h, du);
