@@ -544,15 +544,20 @@ train_run() {
     --set train.micro_batch=$mb --set train.global_batch=$mb --set train.run_dir="$runs/$name" "${sets[@]}" \
     > "$out/$name.log" 2>&1
   rc=$?
-  [ $rc -eq 0 ] || said_failed $rc "$label" "$out/$name.log" 20
+  if [ $rc -ne 0 ] && [ -n "${oom_quiet:-}" ] && grep -q "out of memory" "$out/$name.log"; then
+    echo "$label: micro-batch $mb does not fit ($(grep -m1 -o "[^:]*out of memory[^;.]*" "$out/$name.log" | sed 's/^ *//' | head -c 160))"
+  elif [ $rc -ne 0 ]; then
+    said_failed $rc "$label" "$out/$name.log" 20
+  fi
   return $rc
 }
 clock_table() {
   stop_sampler
   [ -s "$windows" ] && python3 bench/gpu/gpu_clocks.py "$samples" "$windows"
 }
-# The issue's rule: the largest power-of-two micro-batch that fits. Zettatron's
-# is found by 2-step probes from the top down (an allocator "out of memory",
+# The issue's rule: the largest power-of-two micro-batch that fits. `bench`
+# finds Zettatron's with its benchmark runs (below); `ab` and `ncu`, without
+# one before them on this machine, by 2-step probes from the top down (an allocator "out of memory",
 # or the trainer's memory plan saying the run "would run out of memory",
 # means too large; any other failure stops the search); PyTorch runs the same
 # micro-batch, or (if that does not fit it) its own largest, and the table
@@ -633,11 +638,24 @@ PY
 fi
 # The issue's comparison first, both models (as configured, then PyTorch),
 # then the runs that settle defaults: a call short of time loses those.
+# The benchmark run is its own probe (no 2-step probes first: about 35 s of
+# a lease): from the top down, as largest_fitting_micro_batch, a micro-batch
+# the memory plan or the allocator finds too large halves; the first that
+# trains is the model's, kept for later calls on this machine.
 for arch in "${models[@]}"; do
-  mb=$(largest_fitting_micro_batch $arch)
-  [ -n "$mb" ] || continue
+  known="$fits/$arch-$(sha256sum build-gpu/bin/zettatron | cut -c1-16)"
+  mb=$(cat "$known" 2>/dev/null)
+  mb=${mb:-${mb_of[$arch]}} rc=1
+  while [ "$mb" -ge 1 ]; do
+    rm -rf "$runs/zt-$arch"  # a refused attempt's run directory
+    oom_quiet=1 train_run 45 "zettatron $arch B=$mb" $arch $mb zt-$arch
+    rc=$?
+    [ $rc -eq 0 ] && { echo "$mb" > "$known"; break; }
+    [ $rc -ne 75 ] && grep -q "out of memory" "$out/zt-$arch.log" || break
+    mb=$((mb / 2))
+  done
+  [ $rc -eq 0 ] || continue
   mb_of[$arch]=$mb
-  train_run 45 "zettatron $arch" $arch $mb zt-$arch || continue
   trained[$arch]=1
   pt_mb=$mb
   # torch.compile and 25 steps: 50-70 s on an H200 (2026-11-27).

@@ -31,16 +31,18 @@ echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
 # ratio nearest its target; then where the time goes), each call bounded by
 # its deadline (bench/gpu/call.sh). The budget: 15 minutes of device time,
 # about 100 s of it the machine's start and the transfers. Estimated
-# (2026-12-02, from the 2026-11-27 H200 run and what was added since): call 1
-# 520-560 s (tests 150-190 s within their 170 s cap, the bench 330-370 s),
-# call 2 kernels 60-90 s and attention 25-45 s; ncu gets what is left, and
-# `ab` fits only a lease that ran short elsewhere. The machine goes back 30 s
-# after a call: issue each call at once.
+# (2026-12-02, from the 2026-11-27 H200 run and what was added since; a
+# simulation with stub binaries at those times took 447 s for call 1): call 1
+# 450-520 s (tests 150-170 s within their 170 s cap; the bench 280-340 s, its
+# benchmark runs their own micro-batch probes), call 2 kernels 60-90 s and
+# attention 25-45 s, ncu 60-120 s; `ab` (about 150 s a model) fits a lease
+# that ran short elsewhere. The machine goes back 30 s after a call: issue
+# each call at once.
 echo 'then, call 1 (timeout_s 590):'
 echo '        ZT_GPU_TESTS_SECONDS=170 bash bench/gpu/call.sh 570 tests "bench gpt2 llama"'
 echo '      call 2 at once (timeout_s: the budget left less 40 s, at most 600; SECONDS = timeout_s less 20):'
 echo '        bash bench/gpu/call.sh SECONDS kernels attention ncu'
-echo '      call 3 at once, only if 5 minutes are left (the same rule): bash bench/gpu/call.sh SECONDS "ab gpt2 llama"'
+echo '      call 3 at once, only if 4 minutes are left (the same rule): bash bench/gpu/call.sh SECONDS "ab gpt2 llama"'
 echo '        (each model twice as configured, then under each open switch; ZT_AB picks the switches)'
 echo '      then give the machine back; a step a call skipped for time says "skipped:" in its output'
 echo '      (sources edited after this script make the pack stale: run it last; just before the first call,'

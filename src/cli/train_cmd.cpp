@@ -51,7 +51,8 @@ Command add_train_command(CLI::App& app) {
     if (resume->count() > 0) resume_from = train::resume_path(cfg, opts->resume);
     // A GPU's tuning switches too: a typo would otherwise surface at its
     // kernel's first call, after the model is built and the data opened.
-    if (cfg.device(false).is_cuda()) ops::read_device_environment();
+    // (Read from the environment alone: no CUDA call before MPI starts.)
+    if (cfg.train.device != "cpu") ops::read_device_environment();
     ZT_CHECK(opts->stop_after == 0 || cfg.checkpoint.every > 0,
              "--stop-after needs checkpoints to continue from: set checkpoint.every (e.g. --set checkpoint.every=",
              opts->stop_after, ")");
