@@ -14,7 +14,11 @@
 //              mid residual; norms, attention and the activation function are
 //              recomputed in backward
 //   full       only the block input; the block's forward is rerun in backward
-// All three give bitwise-identical gradients (deterministic kernels, same inputs).
+// All three give bitwise-identical gradients (deterministic kernels, same
+// inputs) - but for GPT-2 under ZT_CUDA_GELU_EPILOGUE=1 on a GPU, where none
+// and full take the GeLU from mlp.in's product (cuBLASLt's epilogue: its own
+// GeLU) and selective keeps it a pass of its own, so that its recompute has
+// the forward's bits: selective's gradients then differ in the last bits.
 //
 // Tensor parallelism (nn/tensor_parallel.h): each rank's layers hold its
 // slices; the residual stream is replicated (R = N = B*T rows) or, under
