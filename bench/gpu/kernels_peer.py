@@ -17,6 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from jsonl import json_rows
 from peer_timing import median_ms
 
 
@@ -172,21 +173,8 @@ def work(row, dev):
     return None
 
 
-def rows_of(path):
-    """The kernel bench's rows (not its rate lines); a line that is not JSON is skipped, not fatal."""
-    rows = []
-    for line in open(path):
-        if '"op"' not in line:
-            continue
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            print(f"kernels_peer: skipped a line that is not JSON: {line.strip()[:80]}", file=sys.stderr)
-    return rows
-
-
 def main():
-    rows = rows_of(sys.argv[1])
+    rows = [r for r in json_rows(sys.argv[1]) if "op" in r]  # not the rate or race lines
     dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
     torch.manual_seed(0)
     for row in rows:

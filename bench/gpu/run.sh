@@ -337,20 +337,11 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
     && { step_cap=180 bounded 60 "kernel bench's PyTorch peer" python3 bench/gpu/kernels_peer.py "$out/kernels-zt.jsonl" cuda \
       > "$out/kernels-pt.jsonl" 2> "$out/kernels-pt.err" || said_failed $? "kernels peer" "$out/kernels-pt.err" 5; }
   [ -s "$out/kernels-zt.jsonl" ] && python3 - "$out/kernels-zt.jsonl" "$out/kernels-pt.jsonl" <<'PY'
-import json, sys
-def rows_of(path):  # a line that is not JSON (a library's own output) is left out, and counted
-    rows, bad = [], 0
-    for line in open(path):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                bad += 1
-    if bad:
-        print(f"({bad} line(s) of {path} are not JSON: left out)")
-    return rows
-ours = rows_of(sys.argv[1])
-peer = {(r["model"], r["op"], r["shape"]): r for r in rows_of(sys.argv[2])}
+import sys
+sys.path.insert(0, "bench/gpu")
+from jsonl import json_rows
+ours = json_rows(sys.argv[1])
+peer = {(r["model"], r["op"], r["shape"]): r for r in json_rows(sys.argv[2])}
 rate = {k: r[k] for r in ours for k in ("copy_gbps", "gemm_tflops") if k in r}
 def vs_torch(r):
     p = peer.get((r["model"], r["op"], r["shape"]))
@@ -491,8 +482,10 @@ if [ "$what" = attention ] || [ "$what" = all ]; then
     done
   done
   [ -s "$out/attention-zt.jsonl" ] && python3 - "$out/attention-zt.jsonl" "$out/attention-pt.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.strip()]
+import sys
+sys.path.insert(0, "bench/gpu")
+from jsonl import json_rows
+rows = [r for f in sys.argv[1:] for r in json_rows(f)]
 peer = {r["shape"]: r for r in rows if r["kernel"].startswith("torch")}
 print("| shape | kernel | fwd ms | fwd+bwd ms | fwd+bwd TFLOP/s | torch fwd+bwd / ours |")
 print("|---|---|---|---|---|---|")
@@ -540,7 +533,7 @@ train_run() {
   for word in "$@"; do
     case ${word%%=*} in *.*) sets+=(--set "$word") ;; *) envs+=("$word") ;; esac
   done
-  step_cap=${step_cap_train:-150} window "$need" "$label" env "${envs[@]}" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
+  step_cap=150 window "$need" "$label" env "${envs[@]}" ./build-gpu/bin/zettatron train configs/bench-gpu-$arch.toml \
     --set train.micro_batch=$mb --set train.global_batch=$mb --set train.run_dir="$runs/$name" "${sets[@]}" \
     > "$out/$name.log" 2>&1
   rc=$?
@@ -568,9 +561,13 @@ clock_table() {
 declare -A mb_of=([gpt2]=512 [llama]=128)  # where the search starts
 declare -A trained=()
 mkdir -p "$out/probes" "$runs/probes"
+fit_file() {  # fit_file ARCH: where this build's largest fitting micro-batch of ARCH is kept
+  echo "$fits/$1-$(sha256sum build-gpu/bin/zettatron | cut -c1-16)"
+}
 largest_fitting_micro_batch() {  # arch -> prints the micro-batch, or nothing
   local arch=$1 mb=${mb_of[$1]} log
-  local known="$fits/$arch-$(sha256sum build-gpu/bin/zettatron | cut -c1-16)"
+  local known
+  known=$(fit_file "$arch")
   if [ -s "$known" ]; then cat "$known"; return; fi
   while [ "$mb" -ge 1 ]; do
     log="$out/probes/$arch-$mb.log"
@@ -643,7 +640,7 @@ fi
 # the memory plan or the allocator finds too large halves; the first that
 # trains is the model's, kept for later calls on this machine.
 for arch in "${models[@]}"; do
-  known="$fits/$arch-$(sha256sum build-gpu/bin/zettatron | cut -c1-16)"
+  known=$(fit_file "$arch")
   mb=$(cat "$known" 2>/dev/null)
   mb=${mb:-${mb_of[$arch]}} rc=1
   while [ "$mb" -ge 1 ]; do
