@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo demo-data bench clean
+.PHONY: all deps configure build cli test demo demo-data bench clean
 
 all: build
 
@@ -16,15 +16,20 @@ configure:
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The command-line binary alone (what the demo runs): about a third of the
+# full build's compile steps, the tests being the rest.
+cli: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS) --target zettatron
+
 test: deps build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 # The demo corpus (fortunes, GPT-2 tokens) in data/fortunes-gpt2; prepared once.
-demo-data: build
+demo-data: cli
 	@test -f data/fortunes-gpt2/index.json || ./$(BUILD_DIR)/bin/zettatron prepare --config configs/data/fortunes-gpt2.toml
 
 # The main job: train configs/demo.toml on the fortunes corpus, then show samples.
-demo: deps build demo-data
+demo: deps cli demo-data
 	@./$(BUILD_DIR)/bin/zettatron train configs/demo.toml
 
 bench: deps build

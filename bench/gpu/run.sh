@@ -726,6 +726,9 @@ for arch in "${models[@]}"; do
   [ -z "$races" ] || { echo "$arch: kernels raced in training"; echo "$races"; }
   # (a model's bias and residual products all inside cuBLASLt: no such line)
   grep -m1 '^products whose bias or residual' "$out/zt-$arch.log" | sed "s/^/$arch: /"
+  # What the plan's pre-flight check had no room for: the memory outside the
+  # allocator that came after it (a reserve's size, in place of its slack).
+  grep -m1 "outside this process's allocator" "$out/zt-$arch.log" | sed "s/^/$arch: /"
 done
 for arch in "${models[@]}"; do
   [ -n "${trained[$arch]:-}" ] || continue

@@ -106,6 +106,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     const TrainingMemory room =
         training_memory(device, processes_sharing_device(device, mesh_ != nullptr, cfg_.gpu_by_local_rank()));
     int64_t capacity = room.usable;
+    outside_at_plan_ = room.outside;
     if (mesh_)  // the minimum over the mesh: its dp, tp and pp groups in turn cover every rank
       for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp()})
         for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
@@ -611,12 +612,19 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (model().device().is_cuda()) {
     // What the allocator does not see: the CUDA context, cuBLAS's, cuDNN's
     // and NCCL's own buffers (NCCL connects its channels at their first use),
-    // and other processes on the GPU.
+    // and other processes on the GPU. What came after the pre-flight check
+    // (the libraries' kernels loaded at first use, NCCL's channels, another
+    // process) is what its plan had no room for: the number to size a
+    // reserve with.
     const cuda::DeviceMemory m = cuda::device_memory(model().device());
     const int64_t outside = m.total - m.free - allocator_for(model().device()).stats().reserved_bytes;
+    const std::string since_plan =
+        outside_at_plan_ < 0 ? ""
+                             : "; " + format_gib(double(outside_at_plan_)) + " at the pre-flight check, so " +
+                                   format_gib(double(outside - outside_at_plan_)) + " came after it";
     say(model().device().str() + " outside this process's allocator at the end: " + format_gib(double(outside)) +
-        " (the CUDA context, cuBLAS's, cuDNN's and NCCL's own buffers, other processes); free: " +
-        format_gib(double(m.free)) + " of " + format_gib(double(m.total)));
+        " (the CUDA context, cuBLAS's, cuDNN's and NCCL's own buffers, other processes" + since_plan +
+        "); free: " + format_gib(double(m.free)) + " of " + format_gib(double(m.total)));
   }
 #endif
   if (op_steps > 0)

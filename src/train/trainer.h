@@ -146,6 +146,7 @@ class Trainer {
   double peak_gflops_ = 0;
   std::string memory_plan_;  // this rank's estimated memory, for the log
   MemoryPlan rank_plan_;     // the same, by category: compared with the run's peaks at the end
+  int64_t outside_at_plan_ = -1;  // a GPU's bytes outside the allocator at the pre-flight check (-1: host)
   std::string peak_source_;  // where peak_gflops_ came from, for the log
   TrainProgress progress_;
   Tensor inputs_, targets_;  // (micro_batch, T) i32
