@@ -4,8 +4,18 @@
 // that supports ZT_WARP_EMULATION (backend/cuda/attention_mma_kernels.cuh,
 // attention_flash_kernels.cuh).
 //
-// A block (1-, 2- or 3-D) runs as one host thread per CUDA thread; __syncthreads and
-// __syncwarp are barriers, __shfl_xor_sync an exchange through the warp's
+// A block (1-, 2- or 3-D) runs on the launching host thread, each CUDA
+// thread a fiber with a stack of its own: a thread runs until it reaches a
+// barrier (__syncthreads, __syncwarp, or a warp collective's own), then the
+// next one does, in a fixed order: a warp at a time as far as the block's
+// barriers let it go, its lanes taking turns between its collectives - the
+// last warp and lane first in even blocks, the first in odd ones -, so that
+// a value read without the barrier that orders it after its write reads the
+// poison (or a stale value) in one of the two orders, the same way on every
+// run, and warps drift as far apart as the barriers allow. A
+// barrier waits for every thread of its block or warp; one that some thread
+// can never reach (every thread left waits) stops the test with a message
+// instead of hanging. __shfl_xor_sync is an exchange through the warp's
 // slots, and mma (m16n8k16, f32 accumulate) a warp-collective product that
 // assembles A and B from every lane's fragment registers exactly as the PTX
 // ISA lays them out - an independent statement of the layouts the kernels
@@ -15,6 +25,11 @@
 // Static __shared__ arrays become function-local statics (one block runs at
 // a time). Not modelled: memory ordering beyond the barriers, timing, warp
 // divergence (every lane must reach every collective, as on the GPU).
+//
+// Fibers, not a host thread per CUDA thread (as before): a barrier is two
+// stack switches per thread (nanoseconds) instead of waking every thread
+// through the OS scheduler, which made the emulator tests minutes long.
+// x86-64 only (the stack switch is its assembly), as the project's builds.
 #pragma once
 
 // The CUDA headers kernels pull in, first: they name parameters blockDim,
@@ -24,17 +39,29 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <vector_types.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__)
+#error "the warp emulator switches fiber stacks in x86-64 assembly"
+#endif
 
 #define ZT_WARP_EMULATION 1
 #ifndef __launch_bounds__
@@ -43,9 +70,194 @@
 
 namespace zt::emu {
 
+// Saves the callee-saved registers, the SSE control/status and the x87
+// control word on the current stack, stores the stack pointer in *save and
+// continues on the stack `load` (saved the same way, or made by
+// Fiber::reset), returning where that stack left off (System V x86-64:
+// save in rdi, load in rsi).
+[[gnu::naked, gnu::noinline]] inline void switch_stack(void** /*save*/, void* /*load*/) {
+  asm volatile(
+      "pushq %rbp\n\t"
+      "pushq %rbx\n\t"
+      "pushq %r12\n\t"
+      "pushq %r13\n\t"
+      "pushq %r14\n\t"
+      "pushq %r15\n\t"
+      "subq $16, %rsp\n\t"
+      "stmxcsr 8(%rsp)\n\t"
+      "fnstcw (%rsp)\n\t"
+      "movq %rsp, (%rdi)\n\t"
+      "movq %rsi, %rsp\n\t"
+      "fldcw (%rsp)\n\t"
+      "ldmxcsr 8(%rsp)\n\t"
+      "addq $16, %rsp\n\t"
+      "popq %r15\n\t"
+      "popq %r14\n\t"
+      "popq %r13\n\t"
+      "popq %r12\n\t"
+      "popq %rbx\n\t"
+      "popq %rbp\n\t"
+      "ret\n\t");
+}
+
+// Where a new fiber's first switch returns to: calls r13(r12) on a 16-byte
+// aligned stack; that function never returns (it switches away for good).
+[[gnu::naked, gnu::noinline]] inline void fiber_entry() {
+  asm volatile(
+      "movq %r12, %rdi\n\t"
+      "andq $-16, %rsp\n\t"
+      "callq *%r13\n\t"
+      "ud2\n\t");
+}
+
+struct PendingCopy {  // a cp.async copy, done at its group's wait
+  void* dst;
+  const void* src;
+  bool valid;
+};
+
+struct Barrier;
+
+// One CUDA thread of the running block: a stack (mapped once per launch,
+// with an unmapped guard page below it: an overflow faults), where it left
+// off, what it waits for, and its cp.async groups.
+struct Fiber {
+  static constexpr size_t kStackBytes = size_t(1) << 20;  // touched pages only; kernels keep small frames
+  Fiber() {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    void* m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+      std::fprintf(stderr, "warp emulator: no memory for a fiber stack\n");
+      std::abort();
+    }
+    mprotect(m, page, PROT_NONE);
+    map = m;
+    map_bytes = kStackBytes + page;
+    stack_bottom = static_cast<char*>(m) + page;
+  }
+  ~Fiber() { munmap(map, map_bytes); }
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+
+  // A fresh start: the first switch to it enters fn(arg) on its own stack,
+  // with the launching thread's floating-point control words.
+  void reset(void (*fn)(Fiber*)) {
+    uint64_t* top = reinterpret_cast<uint64_t*>(stack_bottom + kStackBytes) - 10;  // 16-byte aligned frame
+    uint32_t mxcsr = 0;
+    uint16_t fpucw = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    std::memset(top, 0, 10 * sizeof(uint64_t));
+    std::memcpy(&top[0], &fpucw, sizeof fpucw);
+    std::memcpy(&top[1], &mxcsr, sizeof mxcsr);
+    // top[2..7]: r15, r14, r13, r12, rbx, rbp as switch_stack pops them.
+    top[4] = reinterpret_cast<uint64_t>(fn);
+    top[5] = reinterpret_cast<uint64_t>(this);
+    top[8] = reinterpret_cast<uint64_t>(&fiber_entry);
+    sp = top;
+    waiting = nullptr;
+    done = false;
+    open_group.clear();
+    committed.clear();
+  }
+
+  void* map = nullptr;
+  size_t map_bytes = 0;
+  char* stack_bottom = nullptr;
+  void* sp = nullptr;  // saved while switched out
+  dim3 thread;
+  int linear = 0;  // the thread's index in its block, x fastest (as CUDA forms warps)
+  Barrier* waiting = nullptr;  // the barrier it waits at (nothing: it may run)
+  uint64_t wait_phase = 0;     // that barrier's phase when it arrived
+  bool done = false;
+  std::vector<PendingCopy> open_group;
+  std::vector<std::vector<PendingCopy>> committed;
+};
+
+// The launch running on this host thread: its kernel call, the fiber
+// running now and where the launching thread left off.
+struct Scheduler {
+  std::function<void()> body;  // kernel(args...)
+  Fiber* running = nullptr;
+  void* sp = nullptr;
+  std::exception_ptr error;
+#if defined(__SANITIZE_ADDRESS__)
+  const void* stack_bottom = nullptr;  // the launching thread's stack, for AddressSanitizer's switches
+  size_t stack_bytes = 0;
+#endif
+};
+inline thread_local Scheduler* t_scheduler = nullptr;
+
+// The running fiber back to the launching thread; `finished`: for good.
+inline void yield_to_launcher(bool finished) {
+  Scheduler& s = *t_scheduler;
+  Fiber& f = *s.running;
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(finished ? nullptr : &fake, s.stack_bottom, s.stack_bytes);
+  switch_stack(&f.sp, s.sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)finished;
+  switch_stack(&f.sp, s.sp);
+#endif
+}
+
+// Runs f until it waits at a barrier or ends.
+inline void resume(Fiber& f) {
+  Scheduler& s = *t_scheduler;
+  s.running = &f;
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, f.stack_bottom, Fiber::kStackBytes);
+  switch_stack(&s.sp, f.sp);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  switch_stack(&s.sp, f.sp);
+#endif
+  s.running = nullptr;
+}
+
+inline void fiber_main(Fiber* f) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(nullptr, &t_scheduler->stack_bottom, &t_scheduler->stack_bytes);
+#endif
+  try {
+    t_scheduler->body();
+  } catch (...) {
+    if (!t_scheduler->error) t_scheduler->error = std::current_exception();
+  }
+  f->done = true;
+  yield_to_launcher(true);
+  std::abort();  // never resumed
+}
+
+// A barrier of `expected` threads (a block's, or a warp's lanes). Every
+// arrival gives the other threads their turn; the last of a phase releases
+// it, and the others run on once the launcher reaches them again.
+struct Barrier {
+  explicit Barrier(int n) : expected(n) {}
+  void arrive_and_wait() {
+    Fiber& me = *t_scheduler->running;
+    if (++arrived == expected) {
+      arrived = 0;
+      ++phase;
+      me.waiting = nullptr;
+    } else {
+      me.waiting = this;
+      me.wait_phase = phase;
+    }
+    yield_to_launcher(false);
+  }
+  int expected;
+  int arrived = 0;
+  uint64_t phase = 0;
+};
+
 struct Warp {
-  Warp() : sync(32) {}
-  std::barrier<> sync;
+  explicit Warp(int lanes) : sync(lanes) {}
+  Barrier sync;
   std::array<float, 32> value{};                   // shuffles
   std::array<std::array<uint32_t, 4>, 32> a{};     // mma operands, per lane
   std::array<std::array<uint32_t, 2>, 32> b{};
@@ -55,9 +267,9 @@ struct Warp {
 
 struct Block {
   Block(int threads, size_t shared_bytes) : sync(threads), shared(shared_bytes + 16, 0xFF) {
-    for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>());
+    for (int w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>(std::min(32, threads - 32 * w)));
   }
-  std::barrier<> sync;
+  Barrier sync;
   std::vector<unsigned char> shared;  // NaN bytes until written
   std::vector<std::unique_ptr<Warp>> warps;
   unsigned char* shared_memory() {    // 16-byte aligned, as the kernels' tiles need
@@ -66,38 +278,80 @@ struct Block {
   }
 };
 
-inline thread_local dim3 t_thread, t_block, t_block_dim, t_grid_dim;
-inline thread_local int t_linear = 0;  // the thread's index in its block, x fastest (as CUDA forms warps)
+inline thread_local dim3 t_block, t_block_dim, t_grid_dim;
 inline thread_local Block* t_current = nullptr;
 
-inline Warp& this_warp() { return *t_current->warps[size_t(t_linear / 32)]; }
-inline int this_lane() { return t_linear % 32; }
+inline Fiber& this_thread() { return *t_scheduler->running; }
+inline Warp& this_warp() { return *t_current->warps[size_t(this_thread().linear / 32)]; }
+inline int this_lane() { return this_thread().linear % 32; }
 
 // Runs kernel(args...) over grid x block_dim threads with shared_bytes of
-// dynamic shared memory, block after block (x fastest), on one pool of host
-// threads; between blocks the shared memory is poisoned again.
+// dynamic shared memory, block after block (x fastest), each block's
+// threads as fibers on this host thread; between blocks the shared memory is
+// poisoned again. Rethrows the first exception a thread threw (the block's
+// other threads are left where they were; the next launch starts them anew).
 template <typename Kernel, typename... Args>
 void launch(dim3 grid, dim3 block_dim, size_t shared_bytes, Kernel kernel, Args... args) {
   const unsigned blocks = grid.x * grid.y * grid.z;
   const int threads = int(block_dim.x * block_dim.y * block_dim.z);
   Block block(threads, shared_bytes);
-  std::barrier next_block(threads, [&]() noexcept { std::fill(block.shared.begin(), block.shared.end(), 0xFF); });
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      t_linear = t;
-      t_thread = dim3(unsigned(t) % block_dim.x, (unsigned(t) / block_dim.x) % block_dim.y,
-                      unsigned(t) / (block_dim.x * block_dim.y));
-      t_block_dim = block_dim;
-      t_grid_dim = grid;
-      t_current = &block;
-      for (unsigned i = 0; i < blocks; ++i) {
-        t_block = dim3(i % grid.x, (i / grid.x) % grid.y, i / (grid.x * grid.y));
-        kernel(args...);
-        next_block.arrive_and_wait();
+  // The stacks stay mapped for this host thread's later launches.
+  static thread_local std::vector<std::unique_ptr<Fiber>> pool;
+  while (pool.size() < size_t(threads)) pool.push_back(std::make_unique<Fiber>());
+  std::vector<Fiber*> fibers;
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = *pool[size_t(t)];
+    f.linear = t;
+    f.thread = dim3(unsigned(t) % block_dim.x, (unsigned(t) / block_dim.x) % block_dim.y,
+                    unsigned(t) / (block_dim.x * block_dim.y));
+    fibers.push_back(&f);
+  }
+  Scheduler scheduler;
+  scheduler.body = [&] { kernel(args...); };
+  Scheduler* const outer = t_scheduler;
+  t_scheduler = &scheduler;
+  t_block_dim = block_dim;
+  t_grid_dim = grid;
+  t_current = &block;
+  for (unsigned i = 0; i < blocks && !scheduler.error; ++i) {
+    t_block = dim3(i % grid.x, (i / grid.x) % grid.y, i / (grid.x * grid.y));
+    std::fill(block.shared.begin(), block.shared.end(), 0xFF);
+    for (Fiber* f : fibers) f->reset(&fiber_main);
+    // A warp at a time, as far as it can go (until each of its lanes waits
+    // at a block barrier or ends), its lanes taking turns at its
+    // collectives: warps drift as far apart as the block's barriers let
+    // them, so a buffer refilled while another warp still reads it shows.
+    const bool backwards = i % 2 == 0;
+    const int warps = (threads + 31) / 32;
+    for (int left = threads; left > 0 && !scheduler.error;) {
+      bool ran = false;
+      for (int wk = 0; wk < warps && !scheduler.error; ++wk) {
+        const int w = backwards ? warps - 1 - wk : wk, lanes = std::min(32, threads - 32 * w);
+        for (bool more = true; more && !scheduler.error;) {
+          more = false;
+          for (int lk = 0; lk < lanes && !scheduler.error; ++lk) {
+            Fiber& f = *fibers[size_t(32 * w + (backwards ? lanes - 1 - lk : lk))];
+            if (f.done || (f.waiting != nullptr && f.waiting->phase == f.wait_phase)) continue;
+            f.waiting = nullptr;
+            resume(f);
+            ran = more = true;
+            if (f.done) --left;
+          }
+        }
       }
-    });
-  for (std::thread& th : pool) th.join();
+      if (!ran && !scheduler.error) {
+        std::fprintf(stderr,
+                     "warp emulator: block %u: %d thread(s) wait at barriers that the others never reach (a thread "
+                     "skipped, or returned before, a __syncthreads, __syncwarp or warp collective that its block "
+                     "or warp reaches)\n",
+                     i, left);
+        std::abort();
+      }
+    }
+  }
+  t_scheduler = outer;
+  t_current = nullptr;
+  if (scheduler.error) std::rethrow_exception(scheduler.error);
 }
 
 // 1-D blocks of `threads`.
@@ -248,36 +502,35 @@ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 }
 
 // cp.async (16 bytes, zero-fill when !valid), commit_group and wait_group:
-// the copies of a thread happen when it waits for their group, so reading a
-// tile before the wait sees the poison (or the previous tile), as a missing
-// wait would on the GPU.
-struct PendingCopy {
-  void* dst;
-  const void* src;
-  bool valid;
-};
-inline thread_local std::vector<PendingCopy> t_open_group;
-inline thread_local std::vector<std::vector<PendingCopy>> t_committed;
-
-inline void cp_async16(void* dst, const void* src, bool valid) { t_open_group.push_back({dst, src, valid}); }
+// the destination turns to poison (NaN bytes) when the copy is issued and
+// takes the source when the thread waits for its group - on the GPU it
+// holds either until the copy completes - so a tile read before its wait
+// (a missing wait), or a buffer refilled while another thread still reads
+// it (a missing barrier before the refill), reads the poison.
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  std::memset(dst, 0xFF, 16);
+  this_thread().open_group.push_back({dst, src, valid});
+}
 inline void cp_async_commit() {
-  t_committed.push_back(std::move(t_open_group));
-  t_open_group.clear();
+  Fiber& f = this_thread();
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
 }
 template <int kPending>
 void cp_async_wait() {
-  while (t_committed.size() > size_t(kPending)) {
-    for (const PendingCopy& c : t_committed.front()) {
+  Fiber& f = this_thread();
+  while (f.committed.size() > size_t(kPending)) {
+    for (const PendingCopy& c : f.committed.front()) {
       if (c.valid) std::memcpy(c.dst, c.src, 16);
       else std::memset(c.dst, 0, 16);
     }
-    t_committed.erase(t_committed.begin());
+    f.committed.erase(f.committed.begin());
   }
 }
 
 }  // namespace zt::emu
 
-#define threadIdx (::zt::emu::t_thread)
+#define threadIdx (::zt::emu::this_thread().thread)
 #define blockIdx (::zt::emu::t_block)
 #define blockDim (::zt::emu::t_block_dim)
 #define gridDim (::zt::emu::t_grid_dim)
