@@ -16,8 +16,8 @@ configure:
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The command-line binary alone (what the demo runs): about a third of the
-# full build's compile steps, the tests being the rest.
+# The command-line binary alone (what the demo runs): the full build less the
+# tests' and benchmarks' objects (75 of its 202 with the CUDA backend).
 cli: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS) --target zettatron
 
