@@ -388,7 +388,7 @@ TrainingMemory training_memory(Device device, int64_t processes_sharing) {
     const cuda::DeviceMemory m = cuda::device_memory(device);
     const int64_t held = allocator_for(device).stats().reserved_bytes;
     return {usable_share(m.free, m.total, held, processes_sharing), m.total / std::max<int64_t>(1, processes_sharing),
-            m.total - m.free - held};
+            m.free, m.total - m.free - held};
   }
 #endif
   const int64_t share = device_capacity_bytes(device, processes_sharing);

@@ -91,10 +91,10 @@ int64_t device_capacity_bytes(Device device, int64_t processes_sharing = 1);
 // for both.
 struct TrainingMemory {
   int64_t usable = 0, total = 0;
-  // A GPU's bytes outside this process's allocator when measured (the CUDA
-  // context, the libraries' buffers, other processes: total - free - held);
-  // -1 for the host.
-  int64_t outside = -1;
+  // A GPU's free bytes and its bytes outside this process's allocator when
+  // measured (the CUDA context, the libraries' buffers, other processes:
+  // total - free - held); -1 for the host.
+  int64_t free = -1, outside = -1;
 };
 TrainingMemory training_memory(Device device, int64_t processes_sharing);
 // Its rule: min(total / sharing, free / sharing + held).

@@ -608,7 +608,6 @@ TrainResult Trainer::run(int64_t stop_after) {
   say("memory by category (this process; peaks over the run, evaluation and checkpoints included; planned: the "
       "pre-flight estimate of a training step):\n" +
       format_memory_against_plan(allocator_for(model().device()).stats(), rank_plan_));
-#if ZT_WITH_CUDA
   if (model().device().is_cuda()) {
     // What the allocator does not see: the CUDA context, cuBLAS's, cuDNN's
     // and NCCL's own buffers (NCCL connects its channels at their first use),
@@ -616,17 +615,15 @@ TrainResult Trainer::run(int64_t stop_after) {
     // (the libraries' kernels loaded at first use, NCCL's channels, another
     // process) is what its plan had no room for: the number to size a
     // reserve with.
-    const cuda::DeviceMemory m = cuda::device_memory(model().device());
-    const int64_t outside = m.total - m.free - allocator_for(model().device()).stats().reserved_bytes;
+    const TrainingMemory now = training_memory(model().device(), 1);
     const std::string since_plan =
         outside_at_plan_ < 0 ? ""
                              : "; " + format_gib(double(outside_at_plan_)) + " at the pre-flight check, so " +
-                                   format_gib(double(outside - outside_at_plan_)) + " came after it";
-    say(model().device().str() + " outside this process's allocator at the end: " + format_gib(double(outside)) +
+                                   format_gib(double(now.outside - outside_at_plan_)) + " came after it";
+    say(model().device().str() + " outside this process's allocator at the end: " + format_gib(double(now.outside)) +
         " (the CUDA context, cuBLAS's, cuDNN's and NCCL's own buffers, other processes" + since_plan +
-        "); free: " + format_gib(double(m.free)) + " of " + format_gib(double(m.total)));
+        "); free: " + format_gib(double(now.free)) + " of " + format_gib(double(now.total)));
   }
-#endif
   if (op_steps > 0)
     say("time per op, mean of " + std::to_string(op_steps) + " step(s)" +
         (model().device().is_cuda() ? " (GPU time from events)" : "") + ", this process:\n" +

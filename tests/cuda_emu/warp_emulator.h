@@ -26,10 +26,10 @@
 // a time). Not modelled: memory ordering beyond the barriers, timing, warp
 // divergence (every lane must reach every collective, as on the GPU).
 //
-// Fibers, not a host thread per CUDA thread (as before): a barrier is two
-// stack switches per thread (nanoseconds) instead of waking every thread
-// through the OS scheduler, which made the emulator tests minutes long.
-// x86-64 only (the stack switch is its assembly), as the project's builds.
+// Fibers, not a host thread per CUDA thread: a barrier costs two stack
+// switches a thread (nanoseconds) instead of waking every thread through the
+// OS scheduler (the emulator tests took minutes that way). x86-64 only (the
+// stack switch is its assembly), as the project's builds.
 #pragma once
 
 // The CUDA headers kernels pull in, first: they name parameters blockDim,
@@ -118,9 +118,10 @@ struct PendingCopy {  // a cp.async copy, done at its group's wait
 
 struct Barrier;
 
-// One CUDA thread of the running block: a stack (mapped once per launch,
-// with an unmapped guard page below it: an overflow faults), where it left
-// off, what it waits for, and its cp.async groups.
+// One CUDA thread of the running block: a stack (mapped once per host
+// thread and reused by its launches, with an unmapped guard page below it:
+// an overflow faults), where it left off, what it waits for, and its
+// cp.async groups.
 struct Fiber {
   static constexpr size_t kStackBytes = size_t(1) << 20;  // touched pages only; kernels keep small frames
   Fiber() {
@@ -140,14 +141,10 @@ struct Fiber {
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
 
-  // A fresh start: the first switch to it enters fn(arg) on its own stack,
-  // with the launching thread's floating-point control words.
-  void reset(void (*fn)(Fiber*)) {
+  // A fresh start: the first switch to it enters fn(this) on its own stack
+  // with these floating-point control words (the launching thread's).
+  void reset(void (*fn)(Fiber*), uint32_t mxcsr, uint16_t fpucw) {
     uint64_t* top = reinterpret_cast<uint64_t*>(stack_bottom + kStackBytes) - 10;  // 16-byte aligned frame
-    uint32_t mxcsr = 0;
-    uint16_t fpucw = 0;
-    asm volatile("stmxcsr %0" : "=m"(mxcsr));
-    asm volatile("fnstcw %0" : "=m"(fpucw));
     std::memset(top, 0, 10 * sizeof(uint64_t));
     std::memcpy(&top[0], &fpucw, sizeof fpucw);
     std::memcpy(&top[1], &mxcsr, sizeof mxcsr);
@@ -240,10 +237,9 @@ struct Barrier {
   explicit Barrier(int n) : expected(n) {}
   void arrive_and_wait() {
     Fiber& me = *t_scheduler->running;
-    if (++arrived == expected) {
+    if (++arrived == expected) {  // it runs on (the launcher cleared `waiting` before resuming it)
       arrived = 0;
       ++phase;
-      me.waiting = nullptr;
     } else {
       me.waiting = this;
       me.wait_phase = phase;
@@ -295,17 +291,20 @@ void launch(dim3 grid, dim3 block_dim, size_t shared_bytes, Kernel kernel, Args.
   const unsigned blocks = grid.x * grid.y * grid.z;
   const int threads = int(block_dim.x * block_dim.y * block_dim.z);
   Block block(threads, shared_bytes);
-  // The stacks stay mapped for this host thread's later launches.
-  static thread_local std::vector<std::unique_ptr<Fiber>> pool;
-  while (pool.size() < size_t(threads)) pool.push_back(std::make_unique<Fiber>());
-  std::vector<Fiber*> fibers;
+  // Thread t is fibers[t]; the stacks stay mapped for this host thread's
+  // later launches.
+  static thread_local std::vector<std::unique_ptr<Fiber>> fibers;
+  while (fibers.size() < size_t(threads)) fibers.push_back(std::make_unique<Fiber>());
   for (int t = 0; t < threads; ++t) {
-    Fiber& f = *pool[size_t(t)];
+    Fiber& f = *fibers[size_t(t)];
     f.linear = t;
     f.thread = dim3(unsigned(t) % block_dim.x, (unsigned(t) / block_dim.x) % block_dim.y,
                     unsigned(t) / (block_dim.x * block_dim.y));
-    fibers.push_back(&f);
   }
+  uint32_t mxcsr = 0;
+  uint16_t fpucw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
   Scheduler scheduler;
   scheduler.body = [&] { kernel(args...); };
   Scheduler* const outer = t_scheduler;
@@ -316,7 +315,7 @@ void launch(dim3 grid, dim3 block_dim, size_t shared_bytes, Kernel kernel, Args.
   for (unsigned i = 0; i < blocks && !scheduler.error; ++i) {
     t_block = dim3(i % grid.x, (i / grid.x) % grid.y, i / (grid.x * grid.y));
     std::fill(block.shared.begin(), block.shared.end(), 0xFF);
-    for (Fiber* f : fibers) f->reset(&fiber_main);
+    for (int t = 0; t < threads; ++t) fibers[size_t(t)]->reset(&fiber_main, mxcsr, fpucw);
     // A warp at a time, as far as it can go (until each of its lanes waits
     // at a block barrier or ends), its lanes taking turns at its
     // collectives: warps drift as far apart as the block's barriers let
