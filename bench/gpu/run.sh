@@ -199,8 +199,19 @@ if [ "$what" = ab ]; then
   for setting in "${raw[@]}"; do  # trimmed; each word NAME=VALUE (a dot in NAME: a config key)
     read -r -a words <<< "$setting"
     [ ${#words[@]} -gt 0 ] || continue
+    # One model prefix at most, on the setting's first word: it names the
+    # model the whole setting runs on (the runs below read it there alone).
+    first=1
     for word in "${words[@]}"; do
-      word=${word#gpt2:} word=${word#llama:}
+      if [ $first -eq 1 ]; then
+        case $word in gpt2:*) word=${word#gpt2:} ;; llama:*) word=${word#llama:} ;; esac
+      fi
+      first=0
+      case $word in
+        gpt2:* | llama:*)
+          echo "ZT_AB: '$setting' names a model inside it; one model prefix, before the setting's first word (gpt2:A=1 B=2)"
+          exit 2 ;;
+      esac
       [[ $word =~ ^([A-Z_][A-Z0-9_]*|[a-z_]+(\.[a-z_]+)+)=.+$ ]] \
         || { echo "ZT_AB: '$word' in '$setting' is not NAME=VALUE (an environment variable or a config key)"; exit 2; }
     done

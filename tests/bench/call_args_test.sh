@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A GPU call's arguments are refused before anything runs (bench/gpu/call.sh,
 # bench/gpu/run.sh): a time outside 60-600 s, an unknown step, no step, and a
-# deadline already passed (the "now" of a time given as 0) - each with exit
+# deadline already passed (the "now" of a time given as 0), an A/B setting
+# with a misplaced model prefix - each with exit
 # status 2 and a message that names the problem, never a build started or
 # every step skipped in silence. No GPU needed.
 #   usage: call_args_test.sh SOURCE_DIR
@@ -24,6 +25,14 @@ expect "step 'bogus gpt2' does not start with" bash "$src/bench/gpu/call.sh" 100
 expect "no step given" bash "$src/bench/gpu/call.sh" 100
 expect "nothing runs" env OUT="$tmp/out" ZT_CALL_DEADLINE="$(date +%s)" bash "$src/bench/gpu/run.sh" tests
 expect "is not epoch seconds" env OUT="$tmp/out" ZT_CALL_DEADLINE=soon bash "$src/bench/gpu/run.sh" tests
+# ZT_AB: a model prefix anywhere but before a setting's first word would skip
+# the setting on both models in silence.
+later=$(( $(date +%s) + 3600 ))
+expect "names a model inside it" env OUT="$tmp/out" ZT_CALL_DEADLINE=$later ZT_AB="ZT_A=1 gpt2:ZT_B=1" \
+  bash "$src/bench/gpu/run.sh" ab
+expect "names a model inside it" env OUT="$tmp/out" ZT_CALL_DEADLINE=$later ZT_AB="gpt2:llama:ZT_B=1" \
+  bash "$src/bench/gpu/run.sh" ab
+expect "is not NAME=VALUE" env OUT="$tmp/out" ZT_CALL_DEADLINE=$later ZT_AB="llama:ZT_B" bash "$src/bench/gpu/run.sh" ab
 # (run.sh packs its logs into an archive on exit: the build's would be in it)
 for archive in "$tmp"/out/*.tgz; do
   [ -e "$archive" ] || continue
