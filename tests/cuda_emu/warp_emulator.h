@@ -56,6 +56,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -144,6 +145,11 @@ struct Fiber {
   // A fresh start: the first switch to it enters fn(this) on its own stack
   // with these floating-point control words (the launching thread's).
   void reset(void (*fn)(Fiber*), uint32_t mxcsr, uint16_t fpucw) {
+#if defined(__SANITIZE_ADDRESS__)
+    // The last fiber on this stack ended without unwinding: its frames'
+    // redzones are still poisoned in AddressSanitizer's shadow.
+    ASAN_UNPOISON_MEMORY_REGION(stack_bottom, kStackBytes);
+#endif
     uint64_t* top = reinterpret_cast<uint64_t*>(stack_bottom + kStackBytes) - 10;  // 16-byte aligned frame
     std::memset(top, 0, 10 * sizeof(uint64_t));
     std::memcpy(&top[0], &fpucw, sizeof fpucw);

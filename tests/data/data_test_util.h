@@ -105,7 +105,7 @@ inline NodeResult run_reference(const std::string& impl, const std::vector<std::
     off += 4;
     std::vector<uint32_t> v(n);
     if (off + 4 * size_t(n) > out.size()) break;
-    std::memcpy(v.data(), out.data() + off, 4 * size_t(n));
+    if (n > 0) std::memcpy(v.data(), out.data() + off, 4 * size_t(n));  // (an empty vector's data() may be null)
     off += 4 * size_t(n);
     r.out.push_back(std::move(v));
   }
