@@ -28,7 +28,8 @@ test: deps build
 # compiler's objects: nvcc's are not instrumented; a report fails its test).
 # About 2.5x make test's time (27 min against 10 on a 2-core machine); not
 # part of it or of CI. tests/sanitizer: the preloaded library keeps
-# run-time-loaded libraries mapped for LeakSanitizer, lsan.supp leaves out what OpenMPI holds at exit (found through whole stacks:
+# run-time-loaded libraries mapped for LeakSanitizer, lsan.supp leaves out
+# what OpenMPI holds at exit (found through whole stacks:
 # fast_unwind_on_malloc=0, as MPI's libraries keep no frame pointers).
 # allocator_may_return_null: an allocation too large returns null, as in a
 # normal build, so the out-of-memory tests see our error.

@@ -201,12 +201,9 @@ if [ "$what" = ab ]; then
     [ ${#words[@]} -gt 0 ] || continue
     # One model prefix at most, on the setting's first word: it names the
     # model the whole setting runs on (the runs below read it there alone).
-    first=1
-    for word in "${words[@]}"; do
-      if [ $first -eq 1 ]; then
-        case $word in gpt2:*) word=${word#gpt2:} ;; llama:*) word=${word#llama:} ;; esac
-      fi
-      first=0
+    unprefixed=("${words[@]}")
+    case ${words[0]} in gpt2:* | llama:*) unprefixed[0]=${words[0]#*:} ;; esac
+    for word in "${unprefixed[@]}"; do
       case $word in
         gpt2:* | llama:*)
           echo "ZT_AB: '$setting' names a model inside it; one model prefix, before the setting's first word (gpt2:A=1 B=2)"
@@ -615,7 +612,7 @@ if [ "$what" = ab ]; then
     for i in "${!runs_of[@]}"; do
       setting=${runs_of[$i]}
       case $setting in
-        *:*) [ "${setting%%:*}" = "$arch" ] || continue; setting=${setting#*:} ;;
+        gpt2:* | llama:*) [ "${setting%%:*}" = "$arch" ] || continue; setting=${setting#*:} ;;
       esac
       # $setting unquoted: its words are the run's settings
       train_run 35 "A/B $arch: ${setting:-as configured}" $arch $mb ab-$arch-$i \
