@@ -1,4 +1,5 @@
-// Causal grouped-query attention: argument validation and device dispatch.
+// Grouped-query attention (causal or unmasked): argument validation and
+// device dispatch.
 // The math (forward, and the gradient rule of the backward) is in
 // backend/cpu/attention.cpp; the contract in ops/attention.h.
 #include "ops/attention.h"
@@ -19,23 +20,32 @@ namespace {
 
 struct Dims {
   int64_t B, T, Hq, Hkv, D;
+  int64_t Tk;  // keys: T when causal
 };
 
-// The forward's two products (q k^T, p v: 4 B Hq T^2 D) over the causal half
-// the kernels compute - the count FlashAttention's and our bench's rates use.
-double causal_forward_flops(const Dims& d) {
-  return 2.0 * double(d.B) * double(d.Hq) * double(d.T) * double(d.T) * double(d.D);
+// The forward's two products (q k^T, p v: 4 B Hq T Tk D), causal: over the
+// half the kernels compute - the count FlashAttention's and our bench's
+// rates use.
+double forward_flops(const Dims& d, AttentionMask mask) {
+  const double full = 4.0 * double(d.B) * double(d.Hq) * double(d.T) * double(d.Tk) * double(d.D);
+  return mask == AttentionMask::causal ? full / 2 : full;
 }
+double causal_forward_flops(const Dims& d) { return forward_flops(d, AttentionMask::causal); }
 
-// Checks q, k, v (and returns their dims): q (B, T, Hq, D), k = v (B, T, Hkv, D),
-// Hq % Hkv == 0, one float dtype (f32 or bf16) and one device.
-Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+// Checks q, k, v (and returns their dims): q (B, T, Hq, D), k = v (B, Tk, Hkv, D)
+// with Tk == T when causal and Tk > 0 when not, Hq % Hkv == 0, one float
+// dtype (f32 or bf16) and one device.
+Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+               AttentionMask mask = AttentionMask::causal) {
   check_ndim(op, "q", q, 4);
   check_ndim(op, "k", k, 4);
   check_ndim(op, "v", v, 4);
-  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3),
+               mask == AttentionMask::causal ? q.size(1) : k.size(1)};
   ZT_CHECK(d.D > 0, op, ": 'q' has shape ", q.shape().str(), "; the head dim (last) must be positive");
-  check_shape(op, "k", k, Shape{d.B, d.T, d.Hkv, d.D});
+  ZT_CHECK(mask == AttentionMask::causal || d.Tk > 0, op, ": 'k' has shape ", k.shape().str(),
+           " with no keys; an unmasked block needs at least one key to attend to");
+  check_shape(op, "k", k, Shape{d.B, d.Tk, d.Hkv, d.D});
   check_shape(op, "v", v, k.shape());
   ZT_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, op, ": 'q' has ", d.Hq, " heads but 'k' and 'v' have ", d.Hkv,
            "; the query heads must be a positive multiple of the kv heads (q ", q.shape().str(), ", k ",
@@ -52,13 +62,20 @@ float resolve_scale(const char* op, float scale, int64_t D) {
   return scale > 0.0f ? scale : default_attention_scale(D);
 }
 
+// The unmasked kernel is the CPU's alone so far (context parallelism runs on the CPU).
+void check_mask_on(const char* op, AttentionMask mask, const Device& device) {
+  ZT_CHECK(mask == AttentionMask::causal || device.is_cpu(), op, ": an unmasked key block on ", device.str(),
+           " is not implemented (the CUDA kernels are causal only); run context parallelism (parallel.cp > 1) on "
+           "the CPU");
+}
+
 // Checks qkv (B, T, Hq + 2 Hkv, D), the heads of q, k, v in one tensor, and
 // returns the dims.
 Dims check_packed(const char* op, const Tensor& qkv, int64_t Hq, int64_t Hkv) {
   check_ndim(op, "qkv", qkv, 4);
   ZT_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, op, ": Hq = ", Hq, " and Hkv = ", Hkv,
            "; the query heads must be a positive multiple of the kv heads");
-  const Dims d{qkv.size(0), qkv.size(1), Hq, Hkv, qkv.size(3)};
+  const Dims d{qkv.size(0), qkv.size(1), Hq, Hkv, qkv.size(3), qkv.size(1)};
   ZT_CHECK(qkv.size(2) == Hq + 2 * Hkv, op, ": 'qkv' has shape ", qkv.shape().str(), " but its third dim must hold ",
            Hq + 2 * Hkv, " heads: Hq = ", Hq, " query heads, then Hkv = ", Hkv, " key and ", Hkv, " value heads");
   ZT_CHECK(d.D > 0, op, ": 'qkv' has shape ", qkv.shape().str(), "; the head dim (last) must be positive");
@@ -88,18 +105,19 @@ void check_backward_inputs(const char* op, const Dims& d, const Tensor& dout, co
 float default_attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale) {
+                       float scale, AttentionMask mask) {
   const char* op = "attention_forward";
   OpScope scope(op, out);
-  const Dims d = check_qkv(op, q, k, v);
+  const Dims d = check_qkv(op, q, k, v, mask);
   check_forward_outputs(op, d, out, lse, "q", q);
   check_device(op, q.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   check_disjoint_from(op, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}, {"lse", &lse}});
   check_disjoint_from(op, "lse", lse, {{"q", &q}, {"k", &k}, {"v", &v}});
+  check_mask_on(op, mask, q.device());
   const float s = resolve_scale(op, scale, d.D);
-  scope.add_flops(causal_forward_flops(d));
+  scope.add_flops(forward_flops(d, mask));
   if (q.device().is_cpu()) {
-    cpu::attention_forward(out, lse, q, k, v, s);
+    cpu::attention_forward(out, lse, q, k, v, s, mask == AttentionMask::causal);
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, q.device())) {
     cuda::attention_forward(out, lse, q, k, v, s);
@@ -131,10 +149,11 @@ void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale) {
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
+                        AttentionMask mask) {
   const char* op = "attention_backward";
   OpScope scope(op, dq);
-  const Dims d = check_qkv(op, q, k, v);
+  const Dims d = check_qkv(op, q, k, v, mask);
   check_backward_inputs(op, d, dout, out, lse, "q", q);
   check_shape(op, "dq", dq, q.shape());
   check_same_dtype(op, "dq", dq, "q", q);
@@ -155,10 +174,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   check_all_disjoint(op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   for (const auto& [grad, g] : {NamedTensor{"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
     check_disjoint_from(op, grad, *g, {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  check_mask_on(op, mask, q.device());
   const float s = resolve_scale(op, scale, d.D);
-  scope.add_flops(2.5 * causal_forward_flops(d));  // dv, dp, dq, dk and the recomputed scores: 5 products to 2
+  scope.add_flops(2.5 * forward_flops(d, mask));  // dv, dp, dq, dk and the recomputed scores: 5 products to 2
   if (q.device().is_cpu()) {
-    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, mask == AttentionMask::causal);
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, q.device())) {
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, cuda::AttentionKernel::automatic,

@@ -1,11 +1,15 @@
-// Causal scaled-dot-product attention with grouped-query heads, computed
+// Scaled-dot-product attention with grouped-query heads, computed
 // flash-style: tiles of queries against tiles of keys with an online softmax,
 // so memory is O(T) per head (no T x T matrix is ever stored).
 //
-//   q: (B, T, Hq, D)   k, v: (B, T, Hkv, D)   Hq % Hkv == 0
+//   q: (B, T, Hq, D)   k, v: (B, Tk, Hkv, D)   Hq % Hkv == 0
 //   query head h attends with kv head h / (Hq / Hkv)
+//   mask causal (the default): Tk == T and query t sees keys s <= t
+//   mask none: every query sees all Tk >= 1 keys - a block of keys wholly in
+//     the queries' past, as context parallelism's ring hands them over
+//     (parallel/ring_attention.h); CPU only so far
 //   out: (B, T, Hq, D)
-//   lse: (B, Hq, T) f32: logsumexp over keys s <= t of scale * q_t . k_s
+//   lse: (B, Hq, T) f32: logsumexp over the keys t sees of scale * q_t . k_s
 //   scale: 1/sqrt(D) when scale <= 0 (must be finite)
 // Dtypes: q, k, v, out (and the grads) all f32 or all bf16; math in f32.
 // Aliasing: no output may overlap an input or another output.
@@ -19,17 +23,22 @@
 
 namespace zt::ops {
 
+enum class AttentionMask { causal, none };
+
 // The scale a call with scale <= 0 uses: 1/sqrt(D).
 float default_attention_scale(int64_t D);
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale = 0.0f);
+                       float scale = 0.0f, AttentionMask mask = AttentionMask::causal);
 
 // Recomputes the probabilities from lse (nothing T x T is saved):
-//   dq (B, T, Hq, D), dk and dv (B, T, Hkv, D): overwritten.
+//   dq (B, T, Hq, D), dk and dv (B, Tk, Hkv, D): overwritten.
+// out and lse may be those of a softmax over more keys than k holds (the
+// merged result of several blocks): then dq, dk, dv are this block's terms
+// of the whole gradient, which sums over the blocks.
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        float scale = 0.0f);
+                        float scale = 0.0f, AttentionMask mask = AttentionMask::causal);
 
 // q, k, v as the heads of qkv (B, T, Hq + 2 Hkv, D): a fused qkv product's
 // output, heads in the weight's row order (Hq query, Hkv key, Hkv value).

@@ -1,5 +1,6 @@
-// Tests of causal grouped-query attention (ops/attention.h) against a float64
-// reference that builds the full softmax with the causal mask, row by row.
+// Tests of grouped-query attention (ops/attention.h), causal and unmasked,
+// against a float64 reference that builds the full softmax (with the causal
+// mask) row by row.
 #include "backend/cpu/attention.h"
 
 #include <cstdint>
@@ -27,12 +28,19 @@ using test::to_f64;
 
 struct Dims {
   int64_t B, T, Hq, Hkv, D;
+  int64_t unmasked_keys = 0;  // 0: causal (T keys); > 0: that many keys, no mask
+  bool causal() const { return unmasked_keys == 0; }
+  int64_t Tk() const { return causal() ? T : unmasked_keys; }
+  // The keys query t sees: [0, keys_seen(t)).
+  int64_t keys_seen(int64_t t) const { return causal() ? t + 1 : unmasked_keys; }
+  ops::AttentionMask mask() const { return causal() ? ops::AttentionMask::causal : ops::AttentionMask::none; }
   Shape q() const { return Shape{B, T, Hq, D}; }
-  Shape kv() const { return Shape{B, T, Hkv, D}; }
+  Shape kv() const { return Shape{B, Tk(), Hkv, D}; }
   Shape lse() const { return Shape{B, Hq, T}; }
   std::string str() const {
     return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " Hq=" + std::to_string(Hq) +
-           " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D);
+           " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+           (causal() ? " causal" : " unmasked Tk=" + std::to_string(unmasked_keys));
   }
 };
 
@@ -46,16 +54,16 @@ struct RefGrad {
   std::vector<double> dq, dk, dv;
 };
 
-// Probabilities P_s (s <= t) of query (b, t, h) and the logsumexp.
+// Probabilities P_s (s < keys_seen(t)) of query (b, t, h) and the logsumexp.
 void ref_probs(const Dims& d, const std::vector<double>& q, const std::vector<double>& k, double scale, int64_t b,
                int64_t t, int64_t h, std::vector<double>& p, double& lse) {
-  const int64_t g = h / (d.Hq / d.Hkv);
-  p.assign(size_t(t + 1), 0.0);
+  const int64_t g = h / (d.Hq / d.Hkv), ns = d.keys_seen(t);
+  p.assign(size_t(ns), 0.0);
   double mx = -INFINITY;
-  for (int64_t s = 0; s <= t; ++s) {
+  for (int64_t s = 0; s < ns; ++s) {
     double dot = 0.0;
     for (int64_t c = 0; c < d.D; ++c)
-      dot += q[size_t(((b * d.T + t) * d.Hq + h) * d.D + c)] * k[size_t(((b * d.T + s) * d.Hkv + g) * d.D + c)];
+      dot += q[size_t(((b * d.T + t) * d.Hq + h) * d.D + c)] * k[size_t(((b * d.Tk() + s) * d.Hkv + g) * d.D + c)];
     p[size_t(s)] = scale * dot;
     mx = std::max(mx, p[size_t(s)]);
   }
@@ -76,10 +84,10 @@ RefOut ref_forward(const Dims& d, const std::vector<double>& q, const std::vecto
       for (int64_t t = 0; t < d.T; ++t) {
         const int64_t g = h / (d.Hq / d.Hkv);
         ref_probs(d, q, k, scale, b, t, h, p, r.lse[size_t((b * d.Hq + h) * d.T + t)]);
-        for (int64_t s = 0; s <= t; ++s)
+        for (int64_t s = 0; s < d.keys_seen(t); ++s)
           for (int64_t c = 0; c < d.D; ++c)
             r.out[size_t(((b * d.T + t) * d.Hq + h) * d.D + c)] +=
-                p[size_t(s)] * v[size_t(((b * d.T + s) * d.Hkv + g) * d.D + c)];
+                p[size_t(s)] * v[size_t(((b * d.Tk() + s) * d.Hkv + g) * d.D + c)];
       }
   return r;
 }
@@ -101,15 +109,16 @@ RefGrad ref_backward(const Dims& d, const std::vector<double>& q, const std::vec
         double lse;
         ref_probs(d, q, k, scale, b, t, h, p, lse);
         const size_t qo = size_t(((b * d.T + t) * d.Hq + h) * d.D);
-        dp.assign(size_t(t + 1), 0.0);
+        const int64_t ns = d.keys_seen(t);
+        dp.assign(size_t(ns), 0.0);
         double dsum = 0.0;
-        for (int64_t s = 0; s <= t; ++s) {
-          const size_t ko = size_t(((b * d.T + s) * d.Hkv + g) * d.D);
+        for (int64_t s = 0; s < ns; ++s) {
+          const size_t ko = size_t(((b * d.Tk() + s) * d.Hkv + g) * d.D);
           for (int64_t c = 0; c < d.D; ++c) dp[size_t(s)] += dout[qo + size_t(c)] * v[ko + size_t(c)];
           dsum += p[size_t(s)] * dp[size_t(s)];
         }
-        for (int64_t s = 0; s <= t; ++s) {
-          const size_t ko = size_t(((b * d.T + s) * d.Hkv + g) * d.D);
+        for (int64_t s = 0; s < ns; ++s) {
+          const size_t ko = size_t(((b * d.Tk() + s) * d.Hkv + g) * d.D);
           const double ds = p[size_t(s)] * (dp[size_t(s)] - dsum);
           for (int64_t c = 0; c < d.D; ++c) {
             r.dq[qo + size_t(c)] += scale * ds * k[ko + size_t(c)];
@@ -161,7 +170,7 @@ void check_case(const Dims& d, DType dtype, float scale, uint64_t salt) {
   Tensor out = Tensor::empty(d.q(), dtype), lse = Tensor::empty(d.lse(), DType::f32);
   poison(out);
   poison(lse);
-  ops::attention_forward(out, lse, q, k, v, scale);
+  ops::attention_forward(out, lse, q, k, v, scale, d.mask());
   const RefOut ref = ref_forward(d, to_f64(q), to_f64(k), to_f64(v), s);
   EXPECT_TRUE(close(out, ref.out, t_out)) << "out";
   EXPECT_TRUE(close(lse, ref.lse, t_lse)) << "lse";
@@ -170,7 +179,7 @@ void check_case(const Dims& d, DType dtype, float scale, uint64_t salt) {
   poison(dq);
   poison(dk);
   poison(dv);
-  ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
+  ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, d.mask());
   const RefGrad g = ref_backward(d, to_f64(q), to_f64(k), to_f64(v), to_f64(dout), s);
   EXPECT_TRUE(close(dq, g.dq, t_grad)) << "dq";
   EXPECT_TRUE(close(dk, g.dk, t_grad)) << "dk";
@@ -182,7 +191,7 @@ void check_case(const Dims& d, DType dtype, float scale, uint64_t salt) {
     poison(dq2);
     poison(dk2);
     poison(dv2);
-    cpu::attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, float(s), schedule);
+    cpu::attention_backward(dq2, dk2, dv2, dout, q, k, v, out, lse, float(s), d.causal(), schedule);
     const char* name = schedule == cpu::BackwardSchedule::fused ? "fused" : "split";
     EXPECT_EQ(std::memcmp(dq2.data_ptr(), dq.data_ptr(), dq.nbytes()), 0) << "dq, " << name << " schedule";
     EXPECT_EQ(std::memcmp(dk2.data_ptr(), dk.data_ptr(), dk.nbytes()), 0) << "dk, " << name << " schedule";
@@ -248,6 +257,113 @@ TEST(Attention, F32MatchesReference) {
   for (const Dims& d : shapes) check_case(d, DType::f32, 0.0f, salt++);
 }
 
+// Every query against a block of keys of its own length, no mask.
+TEST(Attention, UnmaskedF32MatchesReference) {
+  ZT_TEST_TRACE_SEED();
+  const Dims shapes[] = {
+      {1, 1, 1, 1, 8, 1},      // one query, one key
+      {1, 7, 2, 2, 16, 5},     // fewer keys than queries
+      {2, 65, 4, 1, 24, 130},  // more keys (three key tiles, the last of 2 rows), GQA
+      {1, 130, 3, 3, 32, 64},  // three query tiles against one key tile
+      {2, 33, 4, 2, 64, 70},   // K and V read in place
+      {1, 64, 1, 1, 80, 200},  // D > 64, four key tiles
+      {1, 0, 2, 1, 8, 9},      // no queries: dk, dv zero
+  };
+  uint64_t salt = 80;
+  for (const Dims& d : shapes) check_case(d, DType::f32, 0.0f, salt++);
+  check_case({1, 20, 2, 1, 8, 30}, DType::f32, 2.5f, salt++);  // sharp softmax
+}
+
+TEST(Attention, UnmaskedBf16MatchesReference) {
+  ZT_TEST_TRACE_SEED();
+  const Dims shapes[] = {{2, 65, 4, 1, 24, 33}, {1, 9, 3, 3, 1, 100}, {1, 70, 2, 2, 64, 64}};
+  uint64_t salt = 90;
+  for (const Dims& d : shapes) check_case(d, DType::bf16, 0.0f, salt++);
+}
+
+// The softmax over keys split into blocks is the blocks' softmaxes merged by
+// their lse (what context parallelism's ring does): lse = log sum_b exp(lse_b),
+// out = sum_b exp(lse_b - lse) out_b. The backward of each block, given the
+// merged out and lse, is that block's share of the whole gradient: the dq sum
+// to the whole dq, the blocks' dk and dv are the whole ones' rows.
+TEST(Attention, KeyBlocksMergedByLseGiveTheWholeSoftmax) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(95);
+  const Dims whole{2, 70, 4, 2, 24, 100};
+  const int64_t split = 37;  // block 0: keys [0, 37), block 1: [37, 100)
+  const Dims blocks[2] = {{2, 70, 4, 2, 24, split}, {2, 70, 4, 2, 24, whole.Tk() - split}};
+  const DType f = DType::f32;
+  Tensor q = random_tensor(whole.q(), f, rng), k = random_tensor(whole.kv(), f, rng),
+         v = random_tensor(whole.kv(), f, rng), dout = random_tensor(whole.q(), f, rng);
+  // Block b's keys and values: rows [b0, b0 + Tk) of every batch.
+  auto key_rows = [&](const Tensor& t, int64_t b0, int64_t n) {
+    Tensor r = Tensor::empty(Shape{whole.B, n, whole.Hkv, whole.D}, f);
+    const int64_t row = whole.Hkv * whole.D;
+    for (int64_t b = 0; b < whole.B; ++b)
+      std::memcpy(r.data<float>() + b * n * row, t.data<float>() + (b * whole.Tk() + b0) * row,
+                  size_t(n * row) * sizeof(float));
+    return r;
+  };
+  Tensor kb[2] = {key_rows(k, 0, split), key_rows(k, split, whole.Tk() - split)};
+  Tensor vb[2] = {key_rows(v, 0, split), key_rows(v, split, whole.Tk() - split)};
+
+  std::vector<double> outs[2], lses[2];
+  for (int b = 0; b < 2; ++b) {
+    Tensor out = Tensor::empty(whole.q(), f), lse = Tensor::empty(whole.lse(), DType::f32);
+    poison(out);
+    poison(lse);
+    ops::attention_forward(out, lse, q, kb[b], vb[b], 0.0f, ops::AttentionMask::none);
+    outs[b] = to_f64(out);
+    lses[b] = to_f64(lse);
+  }
+  std::vector<double> merged_out(outs[0].size()), merged_lse(lses[0].size());
+  for (int64_t bb = 0; bb < whole.B; ++bb)
+    for (int64_t t = 0; t < whole.T; ++t)
+      for (int64_t h = 0; h < whole.Hq; ++h) {
+        const size_t li = size_t((bb * whole.Hq + h) * whole.T + t);
+        const double l0 = lses[0][li], l1 = lses[1][li], mx = std::max(l0, l1);
+        const double l = mx + std::log(std::exp(l0 - mx) + std::exp(l1 - mx));
+        merged_lse[li] = l;
+        for (int64_t c = 0; c < whole.D; ++c) {
+          const size_t oi = size_t(((bb * whole.T + t) * whole.Hq + h) * whole.D + c);
+          merged_out[oi] = std::exp(l0 - l) * outs[0][oi] + std::exp(l1 - l) * outs[1][oi];
+        }
+      }
+  const double scale = 1.0 / std::sqrt(double(whole.D));
+  const RefOut ref = ref_forward(whole, to_f64(q), to_f64(k), to_f64(v), scale);
+  auto as_tensor = [&](const std::vector<double>& x, const Shape& shape) {
+    Tensor t = Tensor::empty(shape, f);
+    for (size_t i = 0; i < x.size(); ++i) t.data<float>()[i] = float(x[i]);
+    return t;
+  };
+  const Tensor out = as_tensor(merged_out, whole.q()), lse = as_tensor(merged_lse, whole.lse());
+  EXPECT_TRUE(close(out, ref.out, {1e-5, 2e-6})) << "merged out";
+  EXPECT_TRUE(close(lse, ref.lse, {1e-5, 1e-6})) << "merged lse";
+
+  const RefGrad g = ref_backward(whole, to_f64(q), to_f64(k), to_f64(v), to_f64(dout), scale);
+  std::vector<double> dq_sum(size_t(whole.q().numel()), 0.0);
+  for (int b = 0; b < 2; ++b) {
+    Tensor dq = Tensor::empty(whole.q(), f), dk = Tensor::empty(blocks[b].kv(), f), dv = Tensor::empty(blocks[b].kv(), f);
+    poison(dq);
+    poison(dk);
+    poison(dv);
+    ops::attention_backward(dq, dk, dv, dout, q, kb[b], vb[b], out, lse, 0.0f, ops::AttentionMask::none);
+    const std::vector<double> dqb = to_f64(dq);
+    for (size_t i = 0; i < dq_sum.size(); ++i) dq_sum[i] += dqb[i];
+    // The whole gradient's rows of this block.
+    const int64_t b0 = b == 0 ? 0 : split, n = blocks[b].Tk(), row = whole.Hkv * whole.D;
+    std::vector<double> dk_ref, dv_ref;
+    for (int64_t bb = 0; bb < whole.B; ++bb) {
+      const auto first = size_t((bb * whole.Tk() + b0) * row), last = first + size_t(n * row);
+      dk_ref.insert(dk_ref.end(), g.dk.begin() + long(first), g.dk.begin() + long(last));
+      dv_ref.insert(dv_ref.end(), g.dv.begin() + long(first), g.dv.begin() + long(last));
+    }
+    EXPECT_TRUE(close(dk, dk_ref, {1e-4, 1e-5})) << "dk of block " << b;
+    EXPECT_TRUE(close(dv, dv_ref, {1e-4, 1e-5})) << "dv of block " << b;
+  }
+  EXPECT_TRUE(close(as_tensor(dq_sum, whole.q()), g.dq, {1e-4, 1e-5})) << "dq summed over the blocks";
+}
+
 TEST(Attention, ExplicitScale) {
   ZT_TEST_TRACE_SEED();
   check_case({1, 20, 2, 1, 8}, DType::f32, 2.5f, 30);  // sharp softmax
@@ -268,7 +384,7 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
   ZT_TEST_TRACE_SEED();
   auto rng = test::make_rng(50);
   const int saved = omp_get_max_threads();
-  const Dims shapes[] = {{2, 100, 4, 2, 24}, {1, 150, 3, 1, 16}};
+  const Dims shapes[] = {{2, 100, 4, 2, 24}, {1, 150, 3, 1, 16}, {1, 150, 3, 1, 16, 90}, {2, 70, 4, 2, 8, 200}};
   for (const Dims& d : shapes) {
     for (DType dtype : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(d.str() + " " + std::string(dtype_name(dtype)));
@@ -279,8 +395,8 @@ TEST(Attention, DeterministicAcrossThreadCounts) {
         omp_set_num_threads(run + 1);
         Tensor out = Tensor::empty(d.q(), dtype), lse = Tensor::empty(d.lse(), DType::f32);
         Tensor dq = Tensor::empty(d.q(), dtype), dk = Tensor::empty(d.kv(), dtype), dv = Tensor::empty(d.kv(), dtype);
-        ops::attention_forward(out, lse, q, k, v);
-        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+        ops::attention_forward(out, lse, q, k, v, 0.0f, d.mask());
+        ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, 0.0f, d.mask());
         results[run] = {out, lse, dq, dk, dv};
       }
       omp_set_num_threads(saved);
@@ -381,6 +497,23 @@ TEST(Attention, BadArguments) {
   expect_error([&] { ops::attention_backward(dout, dk, dv, dout, q, k, v, out, lse); }, {bw, "'dq'", "'dout'"});
   // Bad scale.
   expect_error([&] { ops::attention_forward(out, lse, q, k, v, NAN); }, {fw, "'scale'"});
+  // Unmasked: any number of keys but at least one; CPU only.
+  const auto none = ops::AttentionMask::none;
+  Tensor k0 = Tensor::empty(Shape{2, 0, 2, 8}, f), v0 = Tensor::empty(Shape{2, 0, 2, 8}, f);
+  expect_error([&] { ops::attention_forward(out, lse, q, k0, v0, 0.0f, none); }, {fw, "'k'", "no keys"});
+  Tensor v_t = random_tensor(Shape{2, 6, 2, 8}, f, rng);
+  ops::attention_forward(out, lse, q, k_t, v_t, 0.0f, none);  // 6 keys for 5 queries: valid unmasked
+  expect_error([&] { ops::attention_forward(out, lse, q, k_t, v, 0.0f, none); }, {fw, "'v'", "(2, 6, 2, 8)"});
+  Tensor dk_t = Tensor::empty(Shape{2, 6, 2, 8}, f), dv_t = Tensor::empty(Shape{2, 6, 2, 8}, f);
+  expect_error([&] { ops::attention_backward(dq, dk, dv_t, dout, q, k_t, v_t, out, lse, 0.0f, none); }, {bw, "'dk'"});
+  ops::attention_backward(dq, dk_t, dv_t, dout, q, k_t, v_t, out, lse, 0.0f, none);
+  Tensor dq_c = Tensor::wrap(dq.data_ptr(), d.q(), f, Device::cuda(63)),
+         dk_c = Tensor::wrap(dk.data_ptr(), d.kv(), f, Device::cuda(63)),
+         dv_c = Tensor::wrap(dv.data_ptr(), d.kv(), f, Device::cuda(63)),
+         do_c = Tensor::wrap(dout.data_ptr(), d.q(), f, Device::cuda(63));
+  expect_error([&] { ops::attention_forward(oc, lse_cuda, qc, kc, vc, 0.0f, none); }, {fw, "unmasked", "cuda:63"});
+  expect_error([&] { ops::attention_backward(dq_c, dk_c, dv_c, do_c, qc, kc, vc, oc, lse_cuda, 0.0f, none); },
+               {bw, "unmasked", "parallel.cp"});
 }
 
 // q, k, v as the heads of one (B, T, Hq + 2 Hkv, D) tensor, and the

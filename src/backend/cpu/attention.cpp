@@ -1,7 +1,9 @@
-// Causal grouped-query attention on the CPU, FlashAttention-2 style.
+// Grouped-query attention on the CPU, FlashAttention-2 style: causal, or
+// unmasked with any number of keys (a block of context parallelism's ring).
 //
 // Math, per batch b and query head h (kv head g = h / (Hq / Hkv)), with
-// S_ts = scale * q_t . k_s for keys s <= t (the causal mask):
+// S_ts = scale * q_t . k_s for keys s <= t (the causal mask; every key s
+// when unmasked):
 //   forward:  lse_t = log sum_{s<=t} exp(S_ts)      P_ts = exp(S_ts - lse_t)
 //             out_t = sum_s P_ts v_s
 //   backward: D_t   = dout_t . out_t
@@ -247,10 +249,11 @@ inline void narrow_row(T* __restrict dst, const float* __restrict src, int64_t n
 
 template <typename T>
 void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                  float scale) {
-  const int64_t B = q.size(0), T_ = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2);
+                  float scale, bool causal) {
+  // T_: queries; Tk: keys (== T_ when causal).
+  const int64_t B = q.size(0), T_ = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = k.size(2), Tk = k.size(1);
   if (B == 0 || T_ == 0 || Hq == 0) return;
-  const int64_t G = Hq / Hkv, Dp = round_up(D, kLanes), nt = (T_ + kTile - 1) / kTile;
+  const int64_t G = Hq / Hkv, Dp = round_up(D, kLanes), nt = (T_ + kTile - 1) / kTile, ntk = (Tk + kTile - 1) / kTile;
   const T* qp = q.data<T>();
   const T* kp = k.data<T>();
   const T* vp = v.data<T>();
@@ -294,10 +297,12 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
         l[i] = 0.0f;
       }
 
-      for (int64_t j = 0; j <= qi; ++j) {
-        const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
-        const T* ksrc = kp + ((b * T_ + j0) * Hkv + g) * D;  // row s at + s * Hkv * D
-        const T* vsrc = vp + ((b * T_ + j0) * Hkv + g) * D;
+      const int64_t last = causal ? qi : ntk - 1;  // the last key tile these queries see
+      for (int64_t j = 0; j <= last; ++j) {
+        const int64_t j0 = j * kTile, nk = std::min(kTile, Tk - j0);
+        const bool diagonal = causal && j == qi;  // same start: key s > query i is masked
+        const T* ksrc = kp + ((b * Tk + j0) * Hkv + g) * D;  // row s at + s * Hkv * D
+        const T* vsrc = vp + ((b * Tk + j0) * Hkv + g) * D;
         const float* Kb = Kt;
         const float* Vb = Vt;
         int64_t k_rs = D, v_rs = Dp;
@@ -314,7 +319,7 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
 
         // S^T (nk, ncol) = K_j Q_i^T (already scaled).
         gemm<Update::kSet>(nk, ncol, D, Kb, k_rs, 1, QT, kTile, ST, kTile);
-        if (j == qi) {  // diagonal tile (same start): key s > query i is masked
+        if (diagonal) {
           for (int64_t s = 1; s < nk; ++s)
             for (int64_t i = 0; i < s; ++i) ST[s * kTile + i] = -INFINITY;
         }
@@ -336,11 +341,11 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
         }
         // O (nq, Dp) = diag(alpha) O + P V_j, P(i, s) = P^T[s][i]; on the
         // diagonal tile only keys s <= i contribute.
-        if (j == 0 && j == qi) {
+        if (j == 0 && diagonal) {
           gemm<Update::kSet, Band::kUpTo>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
         } else if (j == 0) {
           gemm<Update::kSet>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp);
-        } else if (j == qi) {
+        } else if (diagonal) {
           gemm<Update::kScaleAdd, Band::kUpTo>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
         } else {
           gemm<Update::kScaleAdd>(nq, Dp, nk, ST, 1, kTile, Vb, v_rs, O, Dp, alpha);
@@ -360,31 +365,43 @@ void forward_impl(const Tensor& out, const Tensor& lse, const Tensor& q, const T
 
 // Inputs and outputs of one backward call, and its per-thread f32 workspace
 // (rows indexed by absolute position t, so every schedule addresses a tile
-// the same way):
-//   kv head:    K, V, dK, dV             (Tp, Dp) each
+// the same way; Tp and Tkp are the query and key counts rounded up to tiles):
+//   kv head:    K, V, dK, dV             (Tkp, Dp) each
 //   query head: Q (scaled), dO, dQ       (Tp, Dp) each
 //               Q^T (scaled), dO^T       (Dp, Tp) each
 //               lse, D_t                 (Tp) each
 //   tiles:      S^T -> P^T, dP^T -> dS^T (kTile, kTile) each
+// Causal: Tk == T_ and query tile i sees key tiles j <= i, the diagonal one
+// masked; unmasked: every query tile sees every key tile in full.
 template <typename T>
 struct Backward {
   const T *q, *k, *v, *out, *dout;
   const float* lse;
   T *dq, *dk, *dv;
-  int64_t B, T_, Hq, Hkv, D, G, Dp, nt, Tp;
+  int64_t B, T_, Tk, Hq, Hkv, D, G, Dp, nt, ntk, Tp, Tkp;
   float scale;
+  bool causal;
 
   size_t workspace_floats() const {
-    return 7 * size_t(Tp * Dp) + 2 * size_t(Dp * Tp) + 2 * size_t(Tp) + 2 * size_t(kTile * kTile);
+    return 4 * size_t(Tkp * Dp) + 3 * size_t(Tp * Dp) + 2 * size_t(Dp * Tp) + 2 * size_t(Tp) +
+           2 * size_t(kTile * kTile);
   }
+
+  // The first query tile that sees key tile j, and the last key tile query tile i sees.
+  int64_t first_query_tile(int64_t j) const { return causal ? j : 0; }
+  int64_t last_key_tile(int64_t i) const { return causal ? i : ntk - 1; }
 
   struct Work {
     float *K, *V, *dK, *dV, *Q, *dO, *dQ, *QT, *dOT, *L, *Dt, *ST, *dPT;
   };
   Work carve(float* p) const {
     Work w;
-    const size_t row = size_t(Tp * Dp), col = size_t(Dp * Tp), tile = size_t(kTile * kTile);
-    for (float** f : {&w.K, &w.V, &w.dK, &w.dV, &w.Q, &w.dO, &w.dQ}) {
+    const size_t krow = size_t(Tkp * Dp), row = size_t(Tp * Dp), col = size_t(Dp * Tp), tile = size_t(kTile * kTile);
+    for (float** f : {&w.K, &w.V, &w.dK, &w.dV}) {
+      *f = p;
+      p += krow;
+    }
+    for (float** f : {&w.Q, &w.dO, &w.dQ}) {
       *f = p;
       p += row;
     }
@@ -400,7 +417,7 @@ struct Backward {
   // Widen rows [t0, t1) of kv head (b, g) into K, V.
   void load_kv(const Work& w, int64_t b, int64_t g, int64_t t0, int64_t t1) const {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t off = ((b * T_ + t) * Hkv + g) * D;
+      const int64_t off = ((b * Tk + t) * Hkv + g) * D;
       widen_row(w.K + t * Dp, k + off, D, Dp);
       widen_row(w.V + t * Dp, v + off, D, Dp);
     }
@@ -434,22 +451,23 @@ struct Backward {
     transpose(w.dO + t0 * Dp, Dp, w.dOT + t0, Tp, t_end - t0, Dp);
   }
 
-  // Query tile i against key tile j (j <= i) of the loaded heads:
+  // Query tile i against key tile j (j <= i when causal) of the loaded heads:
   //   S^T = K_j Q_i^T, P^T = exp(S^T - lse), dP^T = V_j dO_i^T, dS^T = P^T (dP^T - D)
   //   kDKV: dV_j += P^T dO_i, dK_j += dS^T Q_i     kDQ: dQ_i += dS K_j
   // Every schedule runs the same calls in the same order per output tile, so
   // the results agree to the bit.
   template <bool kDQ, bool kDKV>
   void tile_step(const Work& w, int64_t i, int64_t j) const {
-    const int64_t j0 = j * kTile, nk = std::min(kTile, T_ - j0);
+    const int64_t j0 = j * kTile, nk = std::min(kTile, Tk - j0);
     const int64_t i0 = i * kTile, nq = std::min(kTile, T_ - i0), ncol = round_up(nq, kLanes);
+    const bool diagonal = causal && i == j;
     const float* Kj = w.K + j0 * Dp;
     gemm<Update::kSet>(nk, ncol, D, Kj, Dp, 1, w.QT + i0, Tp, w.ST, kTile);
     gemm<Update::kSet>(nk, ncol, D, w.V + j0 * Dp, Dp, 1, w.dOT + i0, Tp, w.dPT, kTile);
     for (int64_t s = 0; s < nk; ++s) {
       for (int64_t c = 0; c < ncol; c += kLanes) {
         vf p = simd::exp_flush(vload(w.ST + s * kTile + c) - vload(w.L + i0 + c));
-        if (i == j) {  // diagonal tile: key s > query c + lane is masked
+        if (diagonal) {  // key s > query c + lane is masked
           const vi col = simd::iota() + int32_t(c);
           p = col < (vi{} + int32_t(s)) ? vf{} : p;
         }
@@ -459,7 +477,7 @@ struct Backward {
     }
     // On the diagonal tile only pairs with key s <= query i contribute.
     if constexpr (kDKV) {
-      if (i == j) {
+      if (diagonal) {
         gemm<Update::kAdd, Band::kFrom>(nk, Dp, nq, w.ST, kTile, 1, w.dO + i0 * Dp, Dp, w.dV + j0 * Dp, Dp);
         gemm<Update::kAdd, Band::kFrom>(nk, Dp, nq, w.dPT, kTile, 1, w.Q + i0 * Dp, Dp, w.dK + j0 * Dp, Dp);
       } else {
@@ -468,7 +486,7 @@ struct Backward {
       }
     }
     if constexpr (kDQ) {
-      if (i == j) {
+      if (diagonal) {
         gemm<Update::kAdd, Band::kUpTo>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
       } else {
         gemm<Update::kAdd>(nq, Dp, nk, w.dPT, 1, kTile, Kj, Dp, w.dQ + i0 * Dp, Dp);
@@ -481,7 +499,7 @@ struct Backward {
   }
   void store_dkv(const Work& w, int64_t b, int64_t g, int64_t t0, int64_t t1) const {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t off = ((b * T_ + t) * Hkv + g) * D;
+      const int64_t off = ((b * Tk + t) * Hkv + g) * D;
       narrow_row(dk + off, w.dK + t * Dp, D, 1.0f);
       narrow_row(dv + off, w.dV + t * Dp, D, 1.0f);
     }
@@ -496,17 +514,17 @@ struct Backward {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < B * Hkv; ++task) {
         const int64_t b = task / Hkv, g = task % Hkv;
-        load_kv(w, b, g, 0, T_);
-        std::fill(w.dK, w.dK + T_ * Dp, 0.0f);
-        std::fill(w.dV, w.dV + T_ * Dp, 0.0f);
+        load_kv(w, b, g, 0, Tk);
+        std::fill(w.dK, w.dK + Tk * Dp, 0.0f);
+        std::fill(w.dV, w.dV + Tk * Dp, 0.0f);
         for (int64_t h = g * G; h < (g + 1) * G; ++h) {
           load_q(w, b, h, 0, T_);
           std::fill(w.dQ, w.dQ + T_ * Dp, 0.0f);
-          for (int64_t j = 0; j < nt; ++j)
-            for (int64_t i = j; i < nt; ++i) tile_step<true, true>(w, i, j);
+          for (int64_t j = 0; j < ntk; ++j)
+            for (int64_t i = first_query_tile(j); i < nt; ++i) tile_step<true, true>(w, i, j);
           store_dq(w, b, h, 0, T_);
         }
-        store_dkv(w, b, g, 0, T_);
+        store_dkv(w, b, g, 0, Tk);
       }
     }
   }
@@ -519,16 +537,16 @@ struct Backward {
     {
       const Work w = carve(thread_scratch(workspace_floats(), 0));
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < nt * B * Hkv; ++task) {
+      for (int64_t task = 0; task < ntk * B * Hkv; ++task) {
         const int64_t j = task / (B * Hkv);  // heaviest (first) key tiles first
         const int64_t b = task % (B * Hkv) / Hkv, g = task % Hkv;
-        const int64_t j0 = j * kTile, j1 = std::min(T_, j0 + kTile);
+        const int64_t j0 = j * kTile, j1 = std::min(Tk, j0 + kTile), i_first = first_query_tile(j);
         load_kv(w, b, g, j0, j1);
         std::fill(w.dK + j0 * Dp, w.dK + j1 * Dp, 0.0f);
         std::fill(w.dV + j0 * Dp, w.dV + j1 * Dp, 0.0f);
         for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-          load_q(w, b, h, j0, T_);
-          for (int64_t i = j; i < nt; ++i) tile_step<false, true>(w, i, j);
+          load_q(w, b, h, i_first * kTile, T_);
+          for (int64_t i = i_first; i < nt; ++i) tile_step<false, true>(w, i, j);
         }
         store_dkv(w, b, g, j0, j1);
       }
@@ -536,11 +554,11 @@ struct Backward {
       for (int64_t task = 0; task < nt * B * Hq; ++task) {
         const int64_t i = nt - 1 - task / (B * Hq);  // heaviest (last) query tiles first
         const int64_t b = task % (B * Hq) / Hq, h = task % Hq;
-        const int64_t i0 = i * kTile, i1 = std::min(T_, i0 + kTile);
-        load_kv(w, b, h / G, 0, i1);
+        const int64_t i0 = i * kTile, i1 = std::min(T_, i0 + kTile), j_last = last_key_tile(i);
+        load_kv(w, b, h / G, 0, std::min(Tk, (j_last + 1) * kTile));
         load_q(w, b, h, i0, i1);
         std::fill(w.dQ + i0 * Dp, w.dQ + i1 * Dp, 0.0f);
-        for (int64_t j = 0; j <= i; ++j) tile_step<true, false>(w, i, j);
+        for (int64_t j = 0; j <= j_last; ++j) tile_step<true, false>(w, i, j);
         store_dq(w, b, h, i0, i1);
       }
     }
@@ -550,7 +568,7 @@ struct Backward {
 template <typename T>
 void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                   BackwardSchedule schedule) {
+                   bool causal, BackwardSchedule schedule) {
   Backward<T> a;
   a.q = q.data<T>();
   a.k = k.data<T>();
@@ -563,22 +581,26 @@ void backward_impl(const Tensor& dq, const Tensor& dk, const Tensor& dv, const T
   a.dv = dv.data<T>();
   a.B = q.size(0);
   a.T_ = q.size(1);
+  a.Tk = k.size(1);
   a.Hq = q.size(2);
   a.Hkv = k.size(2);
   a.D = q.size(3);
-  if (a.B == 0 || a.T_ == 0) return;
+  if (a.B == 0 || a.Tk == 0) return;  // no keys: nothing to write (no queries either, ops checks)
   a.G = a.Hq / a.Hkv;
   a.Dp = round_up(a.D, kLanes);
   a.nt = (a.T_ + kTile - 1) / kTile;
+  a.ntk = (a.Tk + kTile - 1) / kTile;
   a.Tp = a.nt * kTile;
+  a.Tkp = a.ntk * kTile;
   a.scale = scale;
+  a.causal = causal;
   if (schedule == BackwardSchedule::automatic) {
     // Fused unless its B * Hkv equal tasks would leave over a quarter of the
     // threads idle and there is more than one key tile to split over.
     const int64_t threads = omp_get_max_threads(), tasks = a.B * a.Hkv;
     const int64_t rounds = (tasks + threads - 1) / threads;
     const bool busy = 4 * tasks >= 3 * rounds * threads;
-    schedule = busy || a.nt == 1 ? BackwardSchedule::fused : BackwardSchedule::split;
+    schedule = busy || (a.nt <= 1 && a.ntk == 1) ? BackwardSchedule::fused : BackwardSchedule::split;
   }
   if (schedule == BackwardSchedule::split) {
     a.run_split();
@@ -608,34 +630,34 @@ Heads split_heads(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale) {
+                       float scale, bool causal) {
   if (q.dtype() == DType::bf16) {
-    forward_impl<bf16>(out, lse, q, k, v, scale);
+    forward_impl<bf16>(out, lse, q, k, v, scale, causal);
   } else {
-    forward_impl<float>(out, lse, q, k, v, scale);
+    forward_impl<float>(out, lse, q, k, v, scale, causal);
   }
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                        BackwardSchedule schedule) {
+                        bool causal, BackwardSchedule schedule) {
   if (q.dtype() == DType::bf16) {
-    backward_impl<bf16>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
+    backward_impl<bf16>(dq, dk, dv, dout, q, k, v, out, lse, scale, causal, schedule);
   } else {
-    backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, scale, schedule);
+    backward_impl<float>(dq, dk, dv, dout, q, k, v, out, lse, scale, causal, schedule);
   }
 }
 
 void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
                               float scale) {
   const Heads h = split_heads(qkv, Hq, Hkv);
-  attention_forward(out, lse, h.q, h.k, h.v, scale);
+  attention_forward(out, lse, h.q, h.k, h.v, scale, /*causal=*/true);
 }
 
 void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                const Tensor& lse, int64_t Hq, int64_t Hkv, float scale) {
   const Heads h = split_heads(qkv, Hq, Hkv), g = empty_heads(qkv, Hq, Hkv);
-  attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, scale);
+  attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, scale, /*causal=*/true);
   rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
 }
 

@@ -1,8 +1,9 @@
-// CPU kernels of causal grouped-query attention (see ops/attention.h for the
+// CPU kernels of grouped-query attention (see ops/attention.h for the
 // contract). Arguments are validated by zt::ops; `scale` is already resolved
 // (> 0).
 //
-//   q, dq, out, dout: (B, T, Hq, D)   k, v, dk, dv: (B, T, Hkv, D)   lse: (B, Hq, T) f32
+//   q, dq, out, dout: (B, T, Hq, D)   k, v, dk, dv: (B, Tk, Hkv, D)   lse: (B, Hq, T) f32
+//   causal: Tk == T, query t sees keys s <= t; else every query sees all Tk keys (Tk > 0).
 //   All of q, k, v, out, dout, dq, dk, dv share one dtype: f32 or bf16.
 #pragma once
 
@@ -10,10 +11,10 @@
 
 namespace zt::cpu {
 
-// out = softmax(scale q k^T + causal mask) v per (batch, query head);
-// lse = logsumexp of the masked scaled scores.
+// out = softmax(scale q k^T (+ causal mask)) v per (batch, query head);
+// lse = logsumexp of the (masked) scaled scores.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale);
+                       float scale, bool causal = true);
 
 // How the backward is split into parallel tasks. `fused`: one task per
 // (batch, kv head), 5 tile products per (query tile, key tile) pair. `split`:
@@ -23,10 +24,12 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 enum class BackwardSchedule { automatic, fused, split };
 
 // dq, dk, dv overwritten. Deterministic: the result does not depend on the
-// number of OpenMP threads or the schedule.
+// number of OpenMP threads or the schedule. out and lse are those of the
+// whole softmax: a block's share of the gradient when they were merged
+// over several key blocks (parallel/ring_attention.h).
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                        BackwardSchedule schedule = BackwardSchedule::automatic);
+                        bool causal = true, BackwardSchedule schedule = BackwardSchedule::automatic);
 
 // The same with q, k, v as the heads of qkv (B, T, Hq + 2 Hkv, D), dq, dk,
 // dv written into dqkv of that shape (ops/attention.h): on copies of the

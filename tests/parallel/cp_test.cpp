@@ -1,0 +1,169 @@
+// Context parallelism's ring attention under mpirun, cp = the world size:
+// every rank's rows of out, lse, dq, dk and dv equal the single-process
+// causal attention of the whole sequence (f32 to rounding, bf16 to its
+// tolerance; with one rank, bit for bit), for GQA and sequences whose local
+// rows span several kernel tiles; the zigzag layout covers every position
+// once; a bad call fails on every rank with its message before any message
+// is sent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "ops/attention.h"
+#include "parallel/ring_attention.h"
+#include "test_util.h"
+
+namespace zt::parallel {
+namespace {
+
+using test::error_of;
+
+// One seed for every rank (each process's own test seed differs): rank 0's.
+uint64_t shared_seed() {
+  comm::ProcessGroup& w = comm::world();
+  Tensor s = Tensor::empty(Shape{1}, DType::i64);
+  s.data<int64_t>()[0] = int64_t(test::test_seed() >> 1);
+  w.broadcast(s, 0)->wait();
+  return uint64_t(s.data<int64_t>()[0]);
+}
+
+struct Case {
+  int64_t B, chunk, Hq, Hkv, D;  // seq_len = 2 cp chunk
+};
+
+void check_case(const Case& c, DType dtype, uint64_t salt) {
+  comm::ProcessGroup& cp = comm::world();
+  const int64_t P = cp.size(), T = 2 * P * c.chunk;
+  const uint64_t seed = shared_seed();
+  SCOPED_TRACE("B=" + std::to_string(c.B) + " T=" + std::to_string(T) + " Hq=" + std::to_string(c.Hq) +
+               " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " + std::string(dtype_name(dtype)) +
+               " cp=" + std::to_string(P) + "; reproduce with ZT_TEST_SEED=" + std::to_string(seed << 1));
+  std::mt19937_64 rng(seed ^ (salt * 0x9E3779B97F4A7C15ull));
+  const Shape qs{c.B, T, c.Hq, c.D}, kvs{c.B, T, c.Hkv, c.D};
+  const Tensor q = test::random_tensor(qs, dtype, rng), k = test::random_tensor(kvs, dtype, rng),
+               v = test::random_tensor(kvs, dtype, rng), dout = test::random_tensor(qs, dtype, rng);
+
+  // The single-process reference: the whole sequence on every rank.
+  Tensor out = Tensor::empty(qs, dtype), lse = Tensor::empty(Shape{c.B, c.Hq, T}, DType::f32);
+  ops::attention_forward(out, lse, q, k, v);
+  Tensor dq = Tensor::empty(qs, dtype), dk = Tensor::empty(kvs, dtype), dv = Tensor::empty(kvs, dtype);
+  ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+
+  const ContextShard shard = context_shard(T, P, cp.rank());
+  const Tensor lq = shard_rows(q, shard), lk = shard_rows(k, shard), lv = shard_rows(v, shard),
+               ldout = shard_rows(dout, shard);
+  const int64_t Tl = shard.local_len();
+  Tensor lout = Tensor::empty(lq.shape(), dtype), llse = Tensor::empty(Shape{c.B, c.Hq, Tl}, DType::f32);
+  test::poison(lout);
+  test::poison(llse);
+  ring_attention_forward(cp, lout, llse, lq, lk, lv);
+  Tensor ldq = Tensor::empty(lq.shape(), dtype), ldk = Tensor::empty(lk.shape(), dtype),
+         ldv = Tensor::empty(lk.shape(), dtype);
+  test::poison(ldq);
+  test::poison(ldk);
+  test::poison(ldv);
+  // The backward takes the ring's own out and lse, as training does.
+  ring_attention_backward(cp, ldq, ldk, ldv, ldout, lq, lk, lv, lout, llse);
+
+  // lse (B, Hq, T) sharded along its last dim, through a (B, T, Hq) transpose.
+  auto lse_shard = [&](const Tensor& l) {
+    Tensor t = Tensor::empty(Shape{c.B, T, c.Hq}, DType::f32);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t i = 0; i < T; ++i) t.data<float>()[(b * T + i) * c.Hq + h] = l.data<float>()[(b * c.Hq + h) * T + i];
+    const Tensor s = shard_rows(t, shard);
+    std::vector<double> r(size_t(s.numel()));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t i = 0; i < Tl; ++i) r[size_t((b * c.Hq + h) * Tl + i)] = s.data<float>()[(b * Tl + i) * c.Hq + h];
+    return r;
+  };
+
+  const std::vector<Tensor> got = {lout, ldq, ldk, ldv};
+  const std::vector<Tensor> want = {shard_rows(out, shard), shard_rows(dq, shard), shard_rows(dk, shard),
+                                    shard_rows(dv, shard)};
+  const char* names[] = {"out", "dq", "dk", "dv"};
+  if (P == 1) {  // the plain causal kernel, bit for bit
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i].data_ptr(), want[i].data_ptr(), got[i].nbytes()), 0) << names[i];
+    EXPECT_EQ(std::memcmp(llse.data_ptr(), lse.data_ptr(), lse.nbytes()), 0) << "lse";
+    return;
+  }
+  // f32: the blocks' sums in another order (~1e-6 of the scale). bf16: out
+  // and the blocks' gradients are rounded once each, as in ops' own tests.
+  const bool bf = dtype == DType::bf16;
+  const double rtol = bf ? 2e-2 : 1e-4, atol = bf ? 1e-2 : 1e-5;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(test::all_close(got[i], test::to_f64(want[i]), rtol, atol)) << names[i];
+  EXPECT_TRUE(test::all_close(llse, lse_shard(lse), 1e-5, 1e-5)) << "lse";
+}
+
+TEST(RingAttention, ZigzagShardsCoverEveryPositionOnce) {
+  for (int64_t P : {1, 2, 3, 4, 8}) {
+    const int64_t T = 2 * P * 3;
+    std::vector<int64_t> all;
+    for (int64_t r = 0; r < P; ++r) {
+      const ContextShard s = context_shard(T, P, r);
+      const std::vector<int64_t> p = s.positions();
+      ASSERT_EQ(int64_t(p.size()), T / P);
+      // Two runs of consecutive positions: chunk r, then chunk 2P-1-r.
+      EXPECT_EQ(p.front(), r * 3);
+      EXPECT_EQ(p[3], (2 * P - 1 - r) * 3);
+      all.insert(all.end(), p.begin(), p.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> every(static_cast<size_t>(T));
+    std::iota(every.begin(), every.end(), 0);
+    EXPECT_EQ(all, every) << "cp = " << P;
+  }
+  const std::string msg = error_of([] { context_shard(30, 4, 0); });
+  EXPECT_NE(msg.find("train.seq_len = 30"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("multiple of 8"), std::string::npos) << msg;
+}
+
+TEST(RingAttention, F32MatchesOneProcess) {
+  ZT_TEST_TRACE_SEED();
+  check_case({2, 5, 4, 2, 16}, DType::f32, 1);   // odd chunks, GQA 2:1
+  check_case({1, 40, 2, 1, 24}, DType::f32, 2);  // local rows 80: two kernel tiles, one kv head
+  check_case({1, 3, 3, 3, 8}, DType::f32, 3);    // Hq = Hkv
+}
+
+TEST(RingAttention, Bf16MatchesOneProcess) {
+  ZT_TEST_TRACE_SEED();
+  check_case({2, 6, 4, 2, 16}, DType::bf16, 4);
+  check_case({1, 33, 2, 2, 32}, DType::bf16, 5);
+}
+
+// Every rank makes the same bad call: each gets the message, and nothing
+// hangs (the checks come before the first send).
+TEST(RingAttention, BadCallsFailOnEveryRankBeforeAnyMessage) {
+  comm::ProcessGroup& cp = comm::world();
+  const DType f = DType::f32;
+  Tensor q = Tensor::empty(Shape{1, 5, 2, 8}, f), k = Tensor::empty(Shape{1, 5, 1, 8}, f),
+         out = Tensor::empty(Shape{1, 5, 2, 8}, f), lse = Tensor::empty(Shape{1, 2, 5}, DType::f32);
+  std::string msg = error_of([&] { ring_attention_forward(cp, out, lse, q, k, k); });
+  EXPECT_NE(msg.find("ring_attention_forward"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must be even"), std::string::npos) << msg;
+  Tensor q6 = Tensor::empty(Shape{1, 6, 2, 8}, f), k6 = Tensor::empty(Shape{1, 6, 1, 8}, f),
+         o6 = Tensor::empty(Shape{1, 6, 2, 8}, f), l6 = Tensor::empty(Shape{1, 2, 6}, DType::f32),
+         k6b = Tensor::empty(Shape{1, 6, 1, 8}, DType::bf16);
+  msg = error_of([&] { ring_attention_forward(cp, o6, l6, q6, k6b, k6b); });
+  EXPECT_NE(msg.find("'k' is bf16"), std::string::npos) << msg;
+  msg = error_of([&] { ring_attention_backward(cp, q6, k6, k6, q6, q6, k6, k6, o6, l6.view(Shape{1, 6, 2})); });
+  EXPECT_NE(msg.find("lse"), std::string::npos) << msg;
+  Tensor kc = Tensor::wrap(k6.data_ptr(), k6.shape(), f, Device::cuda(63));
+  msg = error_of([&] { ring_attention_forward(cp, o6, l6, q6, kc, k6); });
+  EXPECT_NE(msg.find("cuda:63"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("CPU"), std::string::npos) << msg;
+  // The group still works after the refusals: a collective completes.
+  cp.barrier()->wait();
+}
+
+}  // namespace
+}  // namespace zt::parallel
