@@ -36,6 +36,10 @@ namespace zt::nn {
 struct TensorParallel {
   comm::ProcessGroup* group = nullptr;  // null: no tensor parallelism
   bool sequence_parallel = false;
+  // A pass's context-parallel group (set per pass by the model from
+  // Transformer::context_parallel, not by its constructor): the pass's
+  // tokens are this rank's zigzag rows of each sequence (nn/ring_attention.h).
+  comm::ProcessGroup* context = nullptr;
   int64_t size() const { return group ? group->size() : 1; }
   int64_t rank() const { return group ? group->rank() : 0; }
 };

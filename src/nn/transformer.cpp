@@ -8,6 +8,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "nn/ring_attention.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
@@ -308,10 +309,28 @@ void Transformer::check_batch(const Tensor& tokens, const Tensor& targets) const
              " must match tokens ", tokens.str());
 }
 
-TensorParallel Transformer::pass_mode(bool sequence_parallel) const {
+TensorParallel Transformer::pass_mode(bool sequence_parallel, bool context) const {
   TensorParallel m = tp_;
   m.sequence_parallel = sequence_parallel && tp_.size() > 1;
+  m.context = context && context_parallel && context_parallel->size() > 1 ? context_parallel : nullptr;
   return m;
+}
+
+namespace {
+// The zigzag shard of a context-parallel pass of T local rows.
+ContextShard pass_shard(const TensorParallel& m, int64_t T) {
+  const int64_t cp = m.context->size();
+  return context_shard(T * cp, cp, m.context->rank());
+}
+}  // namespace
+
+const Tensor& Transformer::rope_rows(const TensorParallel& m, int64_t T) const {
+  if (!m.context) return rope_table_;
+  if (cp_rope_rows_ != T) {
+    cp_rope_table_ = shard_table_rows(rope_table_, pass_shard(m, T));
+    cp_rope_rows_ = T;
+  }
+  return cp_rope_table_;
 }
 
 Tensor Transformer::gather_rows(const TensorParallel& m, const Tensor& shard) const {
@@ -334,7 +353,8 @@ Tensor Transformer::embed(const TensorParallel& m, const Tensor& tokens) const {
   Tensor x = act_tensor(Shape{B, T, C}, dtype_, device_);
   // Each rank looks up the tokens of its vocabulary rows; the positions are
   // added once (rank 0), so the group's sum is the embedding.
-  const Tensor wpe = cfg_.learned_positions() && m.rank() == 0 ? embed_.param(1) : Tensor();
+  Tensor wpe = cfg_.learned_positions() && m.rank() == 0 ? embed_.param(1) : Tensor();
+  if (wpe.defined() && m.context) wpe = shard_table_rows(wpe, pass_shard(m, T));  // the rows' positions
   const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
   ops::embedding_forward(x, tokens, embed_.param(0), wpe, 0, slice);
   const Tensor rows = x.view(Shape{N, C});
@@ -369,8 +389,8 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
     lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
     if (cfg_.arch == Arch::llama3) {
-      ops::rope_forward(a.q, a.q, rope_table_, 0);
-      ops::rope_forward(a.k, a.k, rope_table_, 0);
+      ops::rope_forward(a.q, a.q, rope_rows(m, T), 0);
+      ops::rope_forward(a.k, a.k, rope_rows(m, T), 0);
     }
   } else {
     const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
@@ -378,13 +398,13 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
     if (qkv_form_ == QkvForm::packed) {
       a.qkv = qkv;  // attention reads its heads in place, Llama's q and k rotated there
-      if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_forward(qkv, Hq, Hkv, rope_table_, 0);
+      if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_forward(qkv, Hq, Hkv, rope_rows(m, T), 0);
     } else {  // split: the RoPE pass makes rotated q, k and copied v of it
       separate_heads();
-      ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_table_, 0);
+      ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_rows(m, T), 0);
     }
   }
-  attention_forward(a, B, T);
+  attention_forward(a, B, T, m);
   // Each half's residual connection inside its output product (the
   // product's C), or in passes of its own (residual_in_products).
   Tensor branch;  // the unfused form's output of proj, then of mlp_out
@@ -427,11 +447,13 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   return x_out;
 }
 
-void Transformer::attention_forward(BlockActivations& a, int64_t B, int64_t T) const {
+void Transformer::attention_forward(BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const {
   const int64_t D = cfg_.head_dim(), Hq = shares_.q_heads, Hkv = shares_.kv_heads;
   a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   a.lse = stat_tensor(B * Hq * T, device_).view(Shape{B, Hq, T});
-  if (a.qkv.defined())
+  if (m.context)
+    ring_attention_forward(*m.context, a.att, a.lse, a.q, a.k, a.v);  // q, k, v apart (forward_part checks)
+  else if (a.qkv.defined())
     ops::attention_forward_packed(a.att, a.lse, a.qkv, Hq, Hkv);
   else
     ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
@@ -459,7 +481,7 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
   switch (recompute) {
     case Recompute::none: break;
     case Recompute::selective: {
-      attention_forward(a, B, T);
+      attention_forward(a, B, T, m);
       a.act = act_tensor(Shape{B, T, shares_.ff}, dtype_, device_);
       if (cfg_.arch == Arch::gpt2)
         ops::gelu_forward(a.act, a.mlp_in);
@@ -584,18 +606,21 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   if (qkv_form_ == QkvForm::packed) {
     dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     ops::attention_backward_packed(dqkv, d_att, a.qkv, a.att, a.lse, Hq, Hkv);
-    if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_backward(dqkv, Hq, Hkv, rope_table_, 0);
+    if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_backward(dqkv, Hq, Hkv, rope_rows(m, T), 0);
   } else {
     dq = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
     dk = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
     dv = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
-    ops::attention_backward(dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
+    if (m.context)
+      ring_attention_backward(*m.context, dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
+    else
+      ops::attention_backward(dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
   }
   d_att = Tensor();
   if (qkv_form_ == QkvForm::split) {
     // The RoPE pass joins the gradients into the fused product's dqkv.
     dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
-    ops::rope_split_qkv_backward(dqkv, dq, dk, dv, rope_table_, 0);
+    ops::rope_split_qkv_backward(dqkv, dq, dk, dv, rope_rows(m, T), 0);
     dq = dk = dv = Tensor();
   }
   Tensor ln1;
@@ -613,8 +638,8 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     });
   } else {
     if (cfg_.arch == Arch::llama3) {
-      ops::rope_backward(dq, dq, rope_table_, 0);
-      ops::rope_backward(dk, dk, rope_table_, 0);
+      ops::rope_backward(dq, dq, rope_rows(m, T), 0);
+      ops::rope_backward(dk, dk, rope_rows(m, T), 0);
     }
     const Tensor dq2 = dq.view(Shape{N, Hq * D}), dk2 = dk.view(Shape{N, Hkv * D}), dv2 = dv.view(Shape{N, Hkv * D});
     // d ln1 = dq Wq + dk Wk + dv Wv (partial over the group), then each slice's weight and bias gradients.
@@ -750,12 +775,22 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   ZT_CHECK(!tp_.sequence_parallel || N % tp_.size() == 0, "sequence parallelism shards the ", N,
            " tokens of a micro-batch (micro_batch x seq_len) over tp = ", tp_.size(),
            " ranks: make micro_batch x seq_len a multiple of tp");
-  const TensorParallel m = pass_mode(tp_.sequence_parallel);
+  const TensorParallel m = pass_mode(tp_.sequence_parallel, true);
+  if (m.context) {
+    const int64_t cp = m.context->size();
+    ZT_CHECK(device_.is_cpu(), "context parallelism (parallel.cp = ", cp, ") runs on the CPU so far; set "
+             "parallel.cp = 1 on ", device_.str());
+    ZT_CHECK(qkv_form_ != QkvForm::packed, "context parallelism's ring takes q, k and v apart; unset ZT_FUSED_QKV=1");
+    ZT_CHECK(T % 2 == 0 && T * cp <= cfg_.max_seq_len, "context parallelism: a rank's ", T, " tokens of each "
+             "sequence must be its two equal zigzag chunks of a sequence of cp x ", T, " = ", T * cp,
+             " <= model.max_seq_len = ", cfg_.max_seq_len, " tokens; set train.seq_len to a multiple of 2 cp within it");
+  }
   ctx = ForwardContext{};
   ctx.B = B;
   ctx.T = T;
   ctx.train = train;
   ctx.sequence_parallel = m.sequence_parallel;
+  ctx.context_parallel = m.context != nullptr;
   ctx.grad_scale = grad_scale;
   // Batches arrive from the host loader and stay there: the ops validate the
   // ids on the host and upload what their kernels read (no wait for the
@@ -928,7 +963,7 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
   ZT_CHECK(ctx.train && (!part_.head || ctx.d_lnf.defined() || ctx.dlogits.defined()),
            "backward needs a context from a training forward pass");
   const int64_t B = ctx.B, T = ctx.T, C = cfg_.d_model;
-  const TensorParallel m = pass_mode(ctx.sequence_parallel);
+  const TensorParallel m = pass_mode(ctx.sequence_parallel, ctx.context_parallel);
   Tensor dres;
   if (!part_.head) {
     const int64_t rows = m.sequence_parallel ? B * T / m.size() : B * T;
@@ -972,12 +1007,22 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     const Tensor d_emb = gather_rows(m, dres).view(Shape{B, T, C});
     const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
     const Tensor tokens = ctx.tokens;
+    const std::optional<ContextShard> shard =
+        m.context ? std::optional<ContextShard>(pass_shard(m, T)) : std::nullopt;
     // The embedding's backward is its weight gradient: deferred too.
-    auto work = [this, d_emb, tokens, slice] {
+    auto work = [this, d_emb, tokens, slice, shard] {
       const Tensor g_wte = embed_.grad(0), g_wpe = cfg_.learned_positions() ? embed_.grad(1) : Tensor();
       for (const Tensor& g : {g_wte, g_wpe})  // a scatter-add: zeros first where it writes first
         if (embed_.claim_grads(g) == ops::GradWrite::overwrite) ops::fill(g, 0.0);
-      ops::embedding_backward(g_wte, g_wpe, d_emb, tokens, 0, slice);
+      if (shard && g_wpe.defined()) {  // the rows' positions' gradient, added at those positions
+        const Tensor g_rows = Tensor::empty(Shape{shard->local_len(), g_wpe.size(1)}, DType::f32, device_,
+                                            MemCategory::workspace);
+        ops::fill(g_rows, 0.0);
+        ops::embedding_backward(g_wte, g_rows, d_emb, tokens, 0, slice);
+        add_shard_table_rows(g_wpe, g_rows, *shard);
+      } else {
+        ops::embedding_backward(g_wte, g_wpe, d_emb, tokens, 0, slice);
+      }
     };
     if (defer) {
       tied_head_work.push_back(std::move(work));

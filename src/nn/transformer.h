@@ -85,6 +85,7 @@ struct ForwardContext {
   int64_t B = 0, T = 0;
   bool train = false;
   bool sequence_parallel = false;         // the residual stream is sharded in this pass
+  bool context_parallel = false;          // tokens are this rank's zigzag rows (Transformer::context_parallel)
   float grad_scale = 0.0f;
   Tensor tokens;                          // (B, T) i32, a host copy of the batch's tokens
   std::vector<BlockActivations> blocks;   // n_layer
@@ -187,6 +188,14 @@ class Transformer {
   DType compute_dtype() const { return dtype_; }
   Device device() const { return device_; }
   Recompute recompute = Recompute::none;
+  // Context parallelism: the cp group (null or size 1: none). forward,
+  // forward_part and the backward passes then take each sequence's rows
+  // this rank holds in the zigzag layout (nn/ring_attention.h: (B, T / cp)
+  // tokens and targets, T = cp x their length), attention runs as a ring
+  // over the group, positions are those of the rows. logits() and
+  // logits_part() stay whole-sequence on every rank (the weights are whole
+  // on each). CPU only.
+  comm::ProcessGroup* context_parallel = nullptr;
   // Training: split the LM head's work like a block's instead of fusing it
   // with the loss in forward. Forward computes the logits, the loss and
   // dlogits (one V x C matmul) and keeps dlogits, (B T, Vl) in the compute
@@ -289,12 +298,17 @@ class Transformer {
     RowParallelLinear proj, mlp_out;
   };
   BlockLinears block_linears(size_t layer, const TensorParallel& mode) const;
-  // Attention's forward on a block's q, k, v (or their packed qkv): a.att, a.lse.
-  void attention_forward(BlockActivations& a, int64_t B, int64_t T) const;
+  // Attention's forward on a block's q, k, v (or their packed qkv): a.att,
+  // a.lse; a ring over m.context under context parallelism.
+  void attention_forward(BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const;
+  // RoPE's table for a pass's T rows: the model's, or under context
+  // parallelism its rows at this rank's positions (built once per T, kept).
+  const Tensor& rope_rows(const TensorParallel& m, int64_t T) const;
   ops::NormKind norm_kind() const;
   void check_batch(const Tensor& tokens, const Tensor& targets) const;
-  // The tensor-parallel setting of a pass: sequence parallelism on or off.
-  TensorParallel pass_mode(bool sequence_parallel) const;
+  // The parallel setting of a pass: sequence parallelism on or off, context
+  // parallelism (context_parallel) on or off.
+  TensorParallel pass_mode(bool sequence_parallel, bool context = false) const;
   // Under sequence parallelism: all rows from every rank's shard (blocking,
   // or started into `out` and returned); else the tensor itself.
   Tensor gather_rows(const TensorParallel& m, const Tensor& shard) const;
@@ -363,6 +377,8 @@ class Transformer {
   std::vector<ParamSet> blocks_;
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]
   Tensor rope_table_;            // (T_max, D/2, 2) f32 (llama3)
+  mutable Tensor cp_rope_table_;  // (T, D/2, 2): rope_table_'s rows at a cp rank's positions
+  mutable int64_t cp_rope_rows_ = 0;
 };
 
 // The sum of a forward's per-token losses (ForwardContext::token_losses), in

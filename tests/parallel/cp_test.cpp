@@ -4,7 +4,9 @@
 // tolerance; with one rank, bit for bit), for GQA and sequences whose local
 // rows span several kernel tiles; the zigzag layout covers every position
 // once; a bad call fails on every rank with its message before any message
-// is sent.
+// is sent. The model with context parallelism (GPT-2 and Llama 3, every
+// recompute policy): loss and every gradient summed over the ranks equal
+// the single-process model's, and logits() stays whole-sequence.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,11 +18,13 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "nn/ring_attention.h"
+#include "nn/transformer.h"
 #include "ops/attention.h"
-#include "parallel/ring_attention.h"
+#include "parallel/parallel_test_util.h"
 #include "test_util.h"
 
-namespace zt::parallel {
+namespace zt::nn {
 namespace {
 
 using test::error_of;
@@ -165,5 +169,92 @@ TEST(RingAttention, BadCallsFailOnEveryRankBeforeAnyMessage) {
   cp.barrier()->wait();
 }
 
+// Tokens every rank draws alike (a fixed seed).
+Tensor fixed_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Tensor t = Tensor::empty(Shape{B, T}, DType::i32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = int32_t(rng() % uint64_t(vocab));
+  return t;
+}
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double x = test::load_f64(a, i), y = test::load_f64(b, i);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// One micro-batch: each rank runs its zigzag rows of the same sequences;
+// the ranks' losses and gradients summed equal the whole model's.
+TEST(ContextParallel, LossAndGradientsMatchOneProcess) {
+  comm::ProcessGroup& cp = comm::world();
+  struct Case {
+    const char* preset;
+    std::vector<std::string> extra;
+  };
+  const Case cases[] = {
+      {"gpt2-tiny", {}},  // learned positions
+      {"llama3-tiny", {}},  // RoPE, GQA
+      {"llama3-tiny", {"model.n_kv_head=1", "train.recompute=selective"}},
+      {"gpt2-tiny", {"train.recompute=full"}},
+  };
+  for (const Case& c : cases) {
+    const train::Config cfg = test::fortunes_config(c.preset, c.extra);
+    SCOPED_TRACE(std::string(c.preset) + (c.extra.empty() ? "" : " " + c.extra.back()) + ", cp = " +
+                 std::to_string(cp.size()));
+    Transformer ref(cfg.model, DType::f32), m(cfg.model, DType::f32);
+    ref.recompute = m.recompute = cfg.recompute();
+    m.context_parallel = &cp;
+    ref.init_weights(11);
+    m.init_weights(11);
+    const int64_t B = 2, T = 32;
+    const Tensor tokens = fixed_tokens(B, T, cfg.model.vocab_size, 5), targets = fixed_tokens(B, T, cfg.model.vocab_size, 6);
+    targets.data<int32_t>()[3] = -1;  // an ignored target (rank 0's rows)
+    const float scale = 1.0f / float(B * T);
+    ForwardContext cr, cc;
+    const double loss_ref = ref.forward(cr, tokens, targets, true, scale);
+    ref.backward(cr);
+    const ContextShard shard = context_shard(T, cp.size(), cp.rank());
+    const double loss_local = m.forward(cc, shard_rows(tokens, shard), shard_rows(targets, shard), true, scale);
+    EXPECT_EQ(cc.T, T / cp.size());
+    m.backward(cc);
+    EXPECT_NEAR(comm::sum_exact(cp, loss_local), loss_ref, 1e-5 * std::fabs(loss_ref)) << "loss";
+    for (const ParamSet* set : static_cast<const Transformer&>(ref).param_sets())
+      for (size_t i = 0; i < set->size(); ++i) {
+        const std::string& name = set->spec(i).name;
+        const Tensor g = m.grad(name);
+        Tensor sum = Tensor::empty(g.shape(), DType::f32);
+        std::memcpy(sum.data_ptr(), g.data_ptr(), g.nbytes());
+        cp.all_reduce(sum)->wait();
+        EXPECT_LT(rel_l2(sum, ref.grad(name)), 1e-5) << "gradient of " << name;
+      }
+    // Generation's logits: the whole sequence on every rank, as without cp.
+    const int64_t Vp = cfg.model.padded_vocab();
+    Tensor lr = Tensor::empty(Shape{B, T, Vp}, DType::f32), lc = Tensor::empty(Shape{B, T, Vp}, DType::f32);
+    test::poison(lc);
+    ref.logits(lr, tokens);
+    m.logits(lc, tokens);
+    EXPECT_EQ(std::memcmp(lc.data_ptr(), lr.data_ptr(), lr.nbytes()), 0) << "logits";
+  }
+}
+
+// A micro-batch that is not a rank's two equal chunks is refused on every rank before any message.
+TEST(ContextParallel, OddLocalRowsAreRefused) {
+  comm::ProcessGroup& cp = comm::world();
+  if (cp.size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const train::Config cfg = test::fortunes_config("llama3-tiny");
+  Transformer m(cfg.model, DType::f32);
+  m.context_parallel = &cp;
+  m.init_weights(1);
+  ForwardContext ctx;
+  const Tensor tokens = fixed_tokens(1, 5, cfg.model.vocab_size, 1);
+  const std::string msg = error_of([&] { m.forward(ctx, tokens, tokens, true, 1.0f); });
+  EXPECT_NE(msg.find("two equal zigzag chunks"), std::string::npos) << msg;
+  cp.barrier()->wait();
+}
+
 }  // namespace
-}  // namespace zt::parallel
+}  // namespace zt::nn

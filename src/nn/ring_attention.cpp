@@ -1,7 +1,7 @@
 // Ring attention over the cp group (the layout and the schedule are in
 // ring_attention.h). The blocks run through ops::attention_*; this file
 // moves k, v (and their gradients) round the ring and merges the blocks.
-#include "parallel/ring_attention.h"
+#include "nn/ring_attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "ops/attention.h"
 
-namespace zt::parallel {
+namespace zt::nn {
 namespace {
 
 // Tags of the ring's messages: k, v forward and backward, then dk, dv.
@@ -187,6 +187,36 @@ Tensor shard_rows(const Tensor& x, const ContextShard& shard) {
   return r;
 }
 
+Tensor shard_table_rows(const Tensor& table, const ContextShard& shard) {
+  ZT_CHECK(table.ndim() >= 1 && table.size(0) >= shard.seq_len && table.device().is_cpu(), "shard_table_rows: ",
+           table.str(), " must be a CPU table of at least seq_len = ", shard.seq_len, " rows");
+  std::vector<int64_t> dims(table.shape().begin(), table.shape().end());
+  dims[0] = shard.seq_len;
+  dims.insert(dims.begin(), 1);
+  const Tensor rows = shard_rows(table.slice(0, shard.seq_len).view(Shape(dims.begin(), dims.end())), shard);
+  dims.erase(dims.begin());
+  dims[0] = shard.local_len();
+  return rows.view(Shape(dims.begin(), dims.end()));
+}
+
+void add_shard_table_rows(const Tensor& table, const Tensor& rows, const ContextShard& shard) {
+  ZT_CHECK(table.dtype() == DType::f32 && rows.dtype() == DType::f32 && table.device().is_cpu() &&
+               rows.device().is_cpu() && table.ndim() >= 1 && table.size(0) >= shard.seq_len &&
+               rows.ndim() == table.ndim() && rows.size(0) == shard.local_len() &&
+               rows.numel() == shard.local_len() * (table.numel() / table.size(0)),
+           "add_shard_table_rows: rows ", rows.str(), " must be the ", shard.local_len(), " rows of table ",
+           table.str(), " this cp rank holds (f32, CPU)");
+  const int64_t inner = rows.numel() / rows.size(0);
+  float* t = table.data<float>();
+  const float* r = rows.data<float>();
+  for (int64_t i = 0; i < shard.local_len(); ++i) {
+    float* dst = t + shard.position(i) * inner;
+    const float* src = r + i * inner;
+#pragma omp simd
+    for (int64_t j = 0; j < inner; ++j) dst[j] += src[j];
+  }
+}
+
 void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Tensor& lse, const Tensor& q,
                             const Tensor& k, const Tensor& v, float scale) {
   const char* op = "ring_attention_forward";
@@ -340,4 +370,4 @@ void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Ten
   for (RingSlot& s : slot) s.wait_sends();
 }
 
-}  // namespace zt::parallel
+}  // namespace zt::nn

@@ -33,7 +33,7 @@
 #include "comm/process_group.h"
 #include "core/tensor.h"
 
-namespace zt::parallel {
+namespace zt::nn {
 
 // Which positions of a sequence of `seq_len` tokens cp rank `rank` of `cp`
 // holds (the layout above).
@@ -57,6 +57,12 @@ ContextShard context_shard(int64_t seq_len, int64_t cp, int64_t rank);
 // The local rows of a whole-sequence tensor x (B, seq_len, ...), dim 1 cut
 // by the shard: (B, 2c, ...), a new tensor in x's category.
 Tensor shard_rows(const Tensor& x, const ContextShard& shard);
+// The same for a per-position table (rows >= seq_len, ...) along dim 0: its
+// rows at the shard's positions, (2c, ...) - RoPE's table, learned positions.
+Tensor shard_table_rows(const Tensor& table, const ContextShard& shard);
+// table's rows at the shard's positions += rows (2c, ...); f32: a position
+// table's gradient from the shard's.
+void add_shard_table_rows(const Tensor& table, const Tensor& rows, const ContextShard& shard);
 
 // out, lse <- causal attention of the whole sequence at this rank's rows.
 // Collective over cp (every member calls it with the same shapes).
@@ -69,4 +75,4 @@ void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Ten
                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, float scale = 0.0f);
 
-}  // namespace zt::parallel
+}  // namespace zt::nn
