@@ -48,7 +48,13 @@ Command add_info_command(CLI::App& app) {
       int64_t capacity = int64_t(opts->device_gib * double(int64_t(1) << 30));
       if (capacity == 0 && (device.is_cpu() || device.index < ops::gpu_count()))
         capacity = train::device_capacity_bytes(device);
-      std::cout << train::format_layout_plan(cfg, train::plan_layout(cfg, ranks), device, capacity);
+      // Context parallelism as the plan counts it (memory_plan.h).
+      const train::PlanView view = train::context_parallel_view(cfg, train::plan_layout(cfg, ranks));
+      if (cfg.parallel.cp > 1)
+        std::cout << "\ncontext parallel: cp = " << cfg.parallel.cp << " planned as dp x cp = " << view.layout.dp
+                  << " replicas of seq_len / cp = " << view.cfg.train.seq_len << " tokens (the ring's transient "
+                  << "buffers not counted)";
+      std::cout << train::format_layout_plan(view.cfg, view.layout, device, capacity);
     }
     return 0;
   };

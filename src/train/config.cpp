@@ -461,9 +461,16 @@ void Config::validate() const {
            "), so nothing would be captured; pick a step from 1 to ", train.steps, ", or 0 for none");
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
-  ZT_CHECK(parallel.cp == 1 && parallel.ep == 1,
-           "this build trains with data, tensor and pipeline parallelism: context and expert parallelism are "
-           "not implemented yet; set parallel.cp and ep to 1");
+  ZT_CHECK(parallel.ep == 1,
+           "this build trains with data, tensor, pipeline and context parallelism: expert parallelism (MoE) is "
+           "not implemented yet; set parallel.ep to 1");
+  if (parallel.cp > 1) {
+    ZT_CHECK(train.seq_len % (2 * parallel.cp) == 0, "parallel.cp = ", parallel.cp, " cuts each sequence into 2 cp = ",
+             2 * parallel.cp, " equal chunks (two per rank, for balance), but train.seq_len = ", train.seq_len,
+             " is not a multiple of ", 2 * parallel.cp, "; change one of them");
+    ZT_CHECK(parallel.pp == 1, "context parallelism (parallel.cp = ", parallel.cp, ") with pipeline parallelism "
+             "(parallel.pp = ", parallel.pp, ") is not implemented yet; set one of them to 1");
+  }
   const parallel::PipelineSchedule schedule = parallel::parse_pipeline_schedule(parallel.pp_schedule);
   ZT_CHECK(parallel.virtual_stages >= 1, "parallel.virtual_stages must be >= 1");
   ZT_CHECK(parallel.virtual_stages == 1 || parallel.pp > 1, "parallel.virtual_stages = ", parallel.virtual_stages,

@@ -193,6 +193,19 @@ PlanPlace plan_layout(const Config& cfg, int64_t world) {
   return {s.dp, s.tp, s.pp, 0, 0};
 }
 
+PlanView context_parallel_view(const Config& cfg, PlanPlace layout) {
+  PlanView v{cfg, layout};
+  const int64_t cp = cfg.parallel.cp;
+  if (cp > 1) {
+    v.cfg.train.seq_len /= cp;
+    v.cfg.train.global_batch *= cp;  // the same micro-batches per replica
+    v.cfg.parallel.cp = 1;
+    v.cfg.parallel.dp = layout.dp * cp;
+    v.layout.dp *= cp;
+  }
+  return v;
+}
+
 MemoryPlan plan_memory(const Config& cfg) { return plan_memory(cfg, PlanPlace{}); }
 
 MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {

@@ -35,6 +35,18 @@ struct PlanPlace {
 // rest); throws zt::Error as the mesh would when they do not multiply to it.
 PlanPlace plan_layout(const Config& cfg, int64_t world);
 
+// A layout with context parallelism as the plan counts it (the identity at
+// parallel.cp = 1): a cp rank holds what a rank of dp x cp data-parallel
+// replicas of seq_len / cp tokens would - weights whole, ZeRO shards over
+// dp x cp, activations of its seq_len / cp rows. Not counted: the ring
+// attention's transient buffers (two k/v-sized receive buffers, f32
+// accumulators of a layer's q, workspace while attention runs).
+struct PlanView {
+  Config cfg;
+  PlanPlace layout;
+};
+PlanView context_parallel_view(const Config& cfg, PlanPlace layout);
+
 // Bytes by category, as the allocator counts them (MemCategory params,
 // grads, optimizer, activations, workspace): each item is that category's
 // peak over a step, so the total bounds the step's peak from above (the

@@ -20,6 +20,7 @@
 #endif
 #include "core/error.h"
 #include "core/determinism.h"
+#include "nn/ring_attention.h"
 #include "ops/device.h"
 #include "ops/op_profile.h"
 #include "train/checkpointing.h"
@@ -99,8 +100,11 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     // fit: the plan of the layout's largest rank (a pure function of the
     // config) against the smallest device of the job, so that every rank
     // reaches the same verdict.
-    PlanPlace layout;
-    if (mesh_) layout = {mesh_->shape().dp, mesh_->shape().tp, mesh_->shape().pp, 0, 0};
+    PlanPlace mesh_layout;
+    if (mesh_) mesh_layout = {mesh_->shape().dp, mesh_->shape().tp, mesh_->shape().pp, 0, 0};
+    // Context parallelism as the plan counts it: dp x cp replicas of seq_len / cp tokens.
+    const PlanView view = context_parallel_view(cfg_, mesh_layout);
+    const PlanPlace& layout = view.layout;
     // A GPU's free memory: the CUDA context, the libraries and NCCL's
     // communicators (the mesh's, made by now) hold theirs already.
     const TrainingMemory room =
@@ -110,15 +114,18 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     if (mesh_)  // the minimum over the mesh: its dp, tp and pp groups in turn cover every rank
       for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp()})
         for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
-    const std::string verdict = memory_plan_verdict(cfg_, layout, device, capacity);
+    const std::string verdict = memory_plan_verdict(view.cfg, layout, device, capacity);
     ZT_CHECK(verdict.empty(), verdict);
     PlanPlace at = layout;
     if (mesh_) at.tp_rank = mesh_->coord().tp, at.pp_rank = mesh_->coord().pp;
     const std::string where = describe_place(at);
-    rank_plan_ = plan_memory(cfg_, at);
+    rank_plan_ = plan_memory(view.cfg, at);
     memory_plan_ = format_memory_plan(rank_plan_, device, capacity) +
                    (device.is_cuda() ? " free (of " + format_gib(double(room.total)) + ")" : "") +
-                   (where.empty() ? "" : " (" + where + " of " + describe_layout(at) + ")");
+                   (where.empty() ? "" : " (" + where + " of " + describe_layout(at) + ")") +
+                   (cfg_.parallel.cp > 1 ? "; context parallelism planned as dp x cp replicas of seq_len / cp = " +
+                                               std::to_string(view.cfg.train.seq_len) + " tokens"
+                                         : "");
   }
   schedule_ = cfg_.lr_schedule();
   if (const auto ls = cfg_.loss_scaling()) {
@@ -126,8 +133,14 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     progress_.loss_scale = scaler_->initial();
   }
   if (!mesh_) solo_dp_ = comm::make_solo_group("dp");
-  comm::ProcessGroup& dp_group = mesh_ ? mesh_->dp() : *solo_dp_;
+  // Context parallelism: each cp rank runs its rows of the same sequences,
+  // so the gradients sum over dp x cp and ZeRO shards over it.
+  const int64_t cp = mesh_ ? mesh_->cp().size() : 1;
+  ZT_CHECK(cp == 1 || device.is_cpu(), "context parallelism (parallel.cp = ", cp, ") runs on the CPU so far; set "
+           "train.device = \"cpu\" or parallel.cp = 1");
+  comm::ProcessGroup& dp_group = !mesh_ ? *solo_dp_ : cp > 1 ? mesh_->dp_cp() : mesh_->dp();
   main_rank_ = !mesh_ || mesh_->world_rank() == 0;
+  data_ranks_ = mesh_ ? mesh_->shape().dp : 1;
   const int64_t dp = dp_group.size();
   // ZeRO shards are equal, aligned slices of each layer's flat buffers.
   const int64_t pad = parallel::zero_pad_multiple(cfg_.parallel.zero_stage, dp);
@@ -139,7 +152,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   std::vector<nn::ModelPart> parts{nn::ModelPart{}};
   if (pp > 1) {
     const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule);
-    parallel::check_pipeline_schedule(kind, {pp, cfg_.grad_accum_steps(dp), v});
+    parallel::check_pipeline_schedule(kind, {pp, cfg_.grad_accum_steps(data_ranks_), v});
     const auto plan = parallel::plan_pipeline_stages(cfg_.model, cfg_.train.seq_len, pp * v,
                                                      parallel::parse_stage_layers(cfg_.parallel.pp_layers));
     parts.clear();
@@ -153,6 +166,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     chunks_.push_back(std::make_unique<nn::Transformer>(cfg_.model, cfg_.compute_dtype(), device, pad, tp, part));
     nn::Transformer& m = *chunks_.back();
     m.recompute = cfg_.recompute();
+    m.context_parallel = cp > 1 ? &mesh_->cp() : nullptr;
     m.defer_loss_sum = pp == 1;  // train_step sums the micro-batches' losses at the end of the step
     m.init_weights(uint64_t(cfg_.train.seed));
     // A pipeline's tied embedding is reduced over dp after its two copies are summed.
@@ -204,6 +218,11 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   log = [](const std::string& line) { std::cout << line << std::endl; };
 }
 
+Tensor Trainer::model_rows(const Tensor& batch) const {
+  if (!cp_group()) return batch;
+  return nn::shard_rows(batch, nn::context_shard(batch.size(1), cp_group()->size(), cp_group()->rank()));
+}
+
 StepMetrics Trainer::train_step(int64_t step) {
   const auto t_step = Clock::now();
   const DeterminismScope determinism(cfg_.train.deterministic);  // the step's ops (core/determinism.h)
@@ -215,7 +234,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   for (comm::ProcessGroup* g : model().comm_groups()) tp_start.push_back(g->stats());
   m.total_steps = cfg_.train.steps;
   if (ops::op_profile_enabled()) (void)ops::take_op_profile();  // evaluation's and sampling's ops are not the step's
-  const int64_t accum = cfg_.grad_accum_steps(dp_->size()), T = cfg_.train.seq_len;
+  const int64_t accum = cfg_.grad_accum_steps(data_ranks_), T = cfg_.train.seq_len;
   m.tokens = cfg_.train.global_batch * T;
   // Loss is the mean over every token of the global batch, so each
   // micro-batch's gradient is scaled by 1 / (tokens in the global batch),
@@ -280,7 +299,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     mk.start = ops::DeviceMark(device);
     nn::ForwardContext ctx;
     dp_->set_prefetch(+1);
-    model().forward_part(ctx, Tensor(), inputs_, targets_, true, grad_scale);  // loss sum deferred
+    model().forward_part(ctx, Tensor(), model_rows(inputs_), model_rows(targets_), true, grad_scale);  // loss sum deferred
     token_losses.push_back(ctx.token_losses);  // backward releases ctx
     mk.forward_done = ops::DeviceMark(device);
     mk.head_start = std::move(ctx.head_start);
@@ -406,8 +425,12 @@ double Trainer::evaluate(int64_t* tokens_out) {
   for (int64_t i = 0; !pipeline_ && i < cfg_.train.eval_batches; ++i) {
     val_->next(inputs_, targets_);
     nn::ForwardContext ctx;
-    loss_sum += model().forward(ctx, inputs_, targets_, false, 0.0f);
+    loss_sum += model().forward(ctx, model_rows(inputs_), model_rows(targets_), false, 0.0f);
     tokens += ctx.loss_tokens;
+  }
+  if (cp_group()) {  // each cp rank saw its rows of the sequences
+    loss_sum = comm::sum_exact(*cp_group(), loss_sum);
+    tokens = int64_t(comm::sum_exact(*cp_group(), double(tokens)));
   }
   if (tokens_out) *tokens_out = tokens;
   return loss_sum / double(std::max<int64_t>(1, tokens));
@@ -509,11 +532,15 @@ TrainResult Trainer::run(int64_t stop_after) {
                 (c->part().head ? " + head" : "");
     say("pipeline parallel: " + std::to_string(mesh_->pp().size()) + " stages x " +
         std::to_string(chunks_.size()) + " chunk(s), schedule " + cfg_.parallel.pp_schedule + ", " +
-        std::to_string(cfg_.grad_accum_steps(dp_->size())) + " micro-batches; rank 0 of the pipeline holds " + stages +
+        std::to_string(cfg_.grad_accum_steps(data_ranks_)) + " micro-batches; rank 0 of the pipeline holds " + stages +
         " (each rank logs its own in metrics)");
   }
+  if (cp_group())
+    say("context parallel: " + std::to_string(cp_group()->size()) + " ranks, ring attention over zigzag chunks of " +
+        std::to_string(cfg_.train.seq_len / (2 * cp_group()->size())) + " tokens (two per rank); gradients reduce over "
+        "dp x cp");
   if (dp_->size() > 1)
-    say("data parallel: " + std::to_string(dp_->size()) + " ranks, ZeRO stage " +
+    say("data parallel: " + std::to_string(dp_->size()) + " ranks" + (cp_group() ? " (dp x cp)" : "") + ", ZeRO stage " +
         std::to_string(dp_->zero_stage()) +
         (dp_->shard_size() != dp_->size() ? ", shards over groups of " + std::to_string(dp_->shard_size()) : "") +
         ", gradient buckets of " + format_mib(cfg_.parallel.bucket_mb) + " MiB");
@@ -589,7 +616,7 @@ TrainResult Trainer::run(int64_t stop_after) {
       // Under tensor and pipeline parallelism every rank of the main rank's
       // model replica computes the same samples (each forward is a collective
       // of its tp and pp groups); the main rank prints them.
-      if (main_rank_ || ((tp_group() || pipeline_) && mesh_->coord().dp == 0))
+      if (main_rank_ || ((tp_group() || pipeline_) && mesh_->coord().dp == 0 && mesh_->coord().cp == 0))
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
           const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
           say("sample (step " + std::to_string(m.step) + "): " + text);

@@ -117,6 +117,11 @@ class Trainer {
   int64_t world_rank() const { return mesh_ ? mesh_->world_rank() : 0; }
   // The tensor-parallel group (null without tensor parallelism).
   comm::ProcessGroup* tp_group() const { return model().tensor_parallel().group; }
+  // The context-parallel group (null without context parallelism).
+  comm::ProcessGroup* cp_group() const { return model().context_parallel; }
+  // Data-parallel ranks: replicas that read different batches (the mesh's
+  // dp; gradients reduce over dp x cp, data_parallel().size()).
+  int64_t data_ranks() const { return data_ranks_; }
   const Config& config() const { return cfg_; }
   double peak_gflops() const { return peak_gflops_; }
 
@@ -150,6 +155,10 @@ class Trainer {
   std::string peak_source_;  // where peak_gflops_ came from, for the log
   TrainProgress progress_;
   Tensor inputs_, targets_;  // (micro_batch, T) i32
+  int64_t data_ranks_ = 1;
+  // A batch's rows for the model: this rank's zigzag rows under context
+  // parallelism (micro_batch, T / cp), else the batch itself.
+  Tensor model_rows(const Tensor& batch) const;
 };
 
 }  // namespace zt::train

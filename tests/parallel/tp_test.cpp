@@ -67,6 +67,9 @@ Tensor fixed_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
 std::shared_ptr<parallel::Mesh> mesh_of(int64_t tp) {
   return std::make_shared<parallel::Mesh>(parallel::MeshShape{0, tp, 1, 1, 1}, comm::world());
 }
+std::shared_ptr<parallel::Mesh> mesh_of_tp_cp() {
+  return std::make_shared<parallel::Mesh>(parallel::MeshShape{1, 2, 1, 2, 1}, comm::world());
+}
 
 struct Case {
   const char* preset;
@@ -274,6 +277,48 @@ TEST(TensorParallel, ComposesWithDataParallelAndZero) {
       const Config cfg = case_config(c, 2, z);
       expect_same_training(train_run(cfg, mesh), c, cfg.model);
     }
+}
+
+// Context parallelism through the trainer, here to share the single-process
+// reference runs and their noise floors (the same cases and configs at
+// parallel.tp = 1): each cp rank trains on its zigzag rows of the same
+// sequences (nn/ring_attention.h), gradients reduce over dp x cp, and 10
+// steps match the one process as tensor parallelism's do.
+TEST(ContextParallel, TenStepsMatchOneProcess) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{0, 1, 1, p, 1}, comm::world());
+  for (const Case& c : cases()) {
+    if (c.sequence_parallel) continue;  // the same run as its case without it at tp = 1
+    SCOPED_TRACE(std::string(c.what) + ", cp = " + std::to_string(p));
+    const Config cfg = case_config(c, 1, {"parallel.cp=" + std::to_string(p)});
+    expect_same_training(train_run(cfg, mesh), c, cfg.model);
+  }
+}
+
+// cp 2 x dp 2 (ZeRO-1 and 3: shards over dp x cp) and cp 2 x tp 2 (with and
+// without sequence parallelism).
+TEST(ContextParallel, ComposesWithDataAndTensorParallel) {
+  const int64_t p = comm::world().size();
+  if (p != 4) GTEST_SKIP() << "needs 4 ranks";
+  {
+    auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{2, 1, 1, 2, 1}, comm::world());
+    for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+      const int zero = std::string(preset) == "gpt2-tiny" ? 1 : 3;
+      const Case c{preset, false, {}, preset};
+      SCOPED_TRACE(std::string(preset) + ", cp 2 x dp 2, ZeRO-" + std::to_string(zero));
+      const Config cfg = case_config(c, 1, {"parallel.cp=2", "parallel.zero_stage=" + std::to_string(zero)});
+      expect_same_training(train_run(cfg, mesh), c, cfg.model);
+    }
+  }
+  auto mesh = mesh_of_tp_cp();
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+    const bool sp = std::string(preset) == "llama3-tiny";
+    const Case c{preset, sp, {}, preset};
+    SCOPED_TRACE(std::string(preset) + ", cp 2 x tp 2" + (sp ? " + SP" : ""));
+    const Config cfg = case_config(c, 2, {"parallel.cp=2"});
+    expect_same_training(train_run(cfg, mesh), c, cfg.model);
+  }
 }
 
 // tp 2 x dp 2 with ZeRO-3 and every group on one queue (one_queue_group.h),
