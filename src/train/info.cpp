@@ -191,7 +191,8 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
   return os.str();
 }
 
-std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes) {
+std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes,
+                               bool list_splits) {
   std::ostringstream os;
   const auto verdict = [&](int64_t total) -> std::string {
     if (capacity_bytes <= 0) return "";
@@ -215,6 +216,7 @@ std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Devic
   if (capacity_bytes > 0)
     os << " (" << format_gib(double(largest.total())) << " of " << device.str() << "'s "
        << format_gib(double(capacity_bytes)) << ": " << verdict(largest.total()) << ")";
+  if (!list_splits) return os.str() + "\n";
   os << "\n\nevery split of these processes with these settings (its largest rank; data parallelism first, then "
         "pipeline, then tensor):\n";
   char line[160];

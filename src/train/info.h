@@ -62,7 +62,9 @@ std::string format_info(const Config& cfg, const InfoReport& r);
 // The memory plan of every pipeline stage of a parallel layout (its largest
 // tensor-parallel rank), which rank is the largest and whether it fits
 // `capacity_bytes` of `device` (0: unknown, not said), then every other split
-// of the same processes (plan_layouts) and whether it fits.
-std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes);
+// of the same processes (plan_layouts) and whether it fits (unless
+// list_splits is false).
+std::string format_layout_plan(const Config& cfg, const PlanPlace& layout, Device device, int64_t capacity_bytes,
+                               bool list_splits = true);
 
 }  // namespace zt::train

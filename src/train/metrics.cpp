@@ -29,6 +29,10 @@ double tp_comm_overlap(const StepMetrics& m) {
   return hidden_fraction(m.tp_comm_busy_seconds, m.tp_comm_exposed_seconds);
 }
 
+double cp_comm_overlap(const StepMetrics& m) {
+  return hidden_fraction(m.cp_comm_busy_seconds, m.cp_comm_exposed_seconds);
+}
+
 void MetricsLog::write_step(const StepMetrics& m) {
   nlohmann::json j;
   j["step"] = m.step;
@@ -74,6 +78,12 @@ void MetricsLog::write_step(const StepMetrics& m) {
                     {"busy_s", m.tp_comm_busy_seconds},
                     {"exposed_s", m.tp_comm_exposed_seconds},
                     {"overlap", tp_comm_overlap(m)}};
+  if (m.cp_size > 1)
+    j["comm_cp"] = {{"cp", m.cp_size},
+                    {"bytes", m.cp_comm_bytes},
+                    {"busy_s", m.cp_comm_busy_seconds},
+                    {"exposed_s", m.cp_comm_exposed_seconds},
+                    {"overlap", cp_comm_overlap(m)}};
   if (!m.op_totals.empty()) {
     nlohmann::json ops;
     for (const ops::OpTotal& t : m.op_totals)
@@ -156,6 +166,11 @@ std::string format_step_line(const StepMetrics& m) {
   if (m.tp_size > 1) {
     std::snprintf(buf, sizeof buf, " | tp comm %.0f%% of step, %.0f%% hidden, %.1f MB",
                   100.0 * m.tp_comm_exposed_seconds / step_s, 100.0 * tp_comm_overlap(m), double(m.tp_comm_bytes) / 1e6);
+    line += buf;
+  }
+  if (m.cp_size > 1) {
+    std::snprintf(buf, sizeof buf, " | cp comm %.0f%% of step, %.0f%% hidden, %.1f MB",
+                  100.0 * m.cp_comm_exposed_seconds / step_s, 100.0 * cp_comm_overlap(m), double(m.cp_comm_bytes) / 1e6);
     line += buf;
   }
   return line;

@@ -57,6 +57,11 @@ struct StepMetrics {
   int64_t tp_size = 1;
   int64_t tp_comm_bytes = 0;
   double tp_comm_busy_seconds = 0, tp_comm_exposed_seconds = 0;
+  // Context-parallel ring traffic this step (this rank's k, v and gradient
+  // sends over the cp group), the same measures.
+  int64_t cp_size = 1;
+  int64_t cp_comm_bytes = 0;
+  double cp_comm_busy_seconds = 0, cp_comm_exposed_seconds = 0;
   // metrics.op_profile: this step's time per op (outermost ops; GPU time on
   // a GPU), largest first. Empty when profiling is off.
   std::vector<ops::OpTotal> op_totals;
@@ -77,8 +82,9 @@ class MetricsLog {
 // The share of the time data-parallel communication was in flight that the
 // step did not wait for, in [0, 1].
 double comm_overlap(const StepMetrics& m);
-// The same for tensor-parallel communication.
+// The same for tensor-parallel communication, and for context parallelism's ring.
 double tp_comm_overlap(const StepMetrics& m);
+double cp_comm_overlap(const StepMetrics& m);
 
 // Adds one step's op totals to a run's (by name).
 void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTotal>& step);

@@ -232,6 +232,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   failpoint(m.step);
   std::vector<comm::CommStats> tp_start;
   for (comm::ProcessGroup* g : model().comm_groups()) tp_start.push_back(g->stats());
+  const comm::CommStats cp_start = cp_group() ? cp_group()->stats() : comm::CommStats{};
   m.total_steps = cfg_.train.steps;
   if (ops::op_profile_enabled()) (void)ops::take_op_profile();  // evaluation's and sampling's ops are not the step's
   const int64_t accum = cfg_.grad_accum_steps(data_ranks_), T = cfg_.train.seq_len;
@@ -402,6 +403,13 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.tp_comm_bytes += s.bytes_sent - tp_start[i].bytes_sent;
     m.tp_comm_busy_seconds += s.busy_seconds - tp_start[i].busy_seconds;
     m.tp_comm_exposed_seconds += s.wait_seconds - tp_start[i].wait_seconds;
+  }
+  if (cp_group()) {  // the ring attention's sends and receives
+    const comm::CommStats s = cp_group()->stats();
+    m.cp_size = cp_group()->size();
+    m.cp_comm_bytes = s.bytes_sent - cp_start.bytes_sent;
+    m.cp_comm_busy_seconds = s.busy_seconds - cp_start.busy_seconds;
+    m.cp_comm_exposed_seconds = s.wait_seconds - cp_start.wait_seconds;
   }
   return m;
 }

@@ -414,6 +414,32 @@ TEST(TensorParallel, BytesPerStepFollowTheRingVolumes) {
   }
 }
 
+// The ring's traffic per step and rank: per layer and micro-batch, the
+// forward passes k and v on cp - 1 times, the backward k and v cp - 1 times
+// more and the f32 dk, dv cp times (they travel home); under selective
+// recompute the forward runs again in backward.
+TEST(ContextParallel, BytesPerStepFollowTheRing) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "one rank sends nothing";
+  auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{0, 1, 1, p, 1}, comm::world());
+  for (const char* recompute : {"none", "selective"}) {
+    const Config cfg = tiny("llama3-tiny", {"parallel.cp=" + std::to_string(p), std::string("train.recompute=") + recompute});
+    TrainingData data = open_training_data(cfg, 0, 1);
+    Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh);
+    t.train_step(0);
+    const StepMetrics m = t.train_step(1);
+    const nn::ModelConfig& mc = cfg.model;
+    const double kv = double(cfg.train.micro_batch * (cfg.train.seq_len / p) * mc.n_kv_head * mc.head_dim()) * 4;
+    const double forwards = std::string(recompute) == "selective" ? 2 : 1;
+    const double per_layer = forwards * double(p - 1) * 2 * kv + double(p - 1) * 2 * kv + double(p) * 2 * kv;
+    const double expected = double(cfg.grad_accum_steps(1)) * double(mc.n_layer) * per_layer;
+    EXPECT_EQ(double(m.cp_comm_bytes), expected) << "recompute " << recompute;
+    EXPECT_EQ(m.cp_size, p);
+    EXPECT_GT(m.cp_comm_busy_seconds, 0.0);
+    RecordProperty(std::string("bytes_cp_") + recompute, std::to_string(m.cp_comm_bytes));
+  }
+}
+
 // Bad layouts: one clear message from the pure checks, before any collective.
 TEST(TensorParallel, LayoutsThatDoNotSplitAreRefused) {
   auto err = [](const std::vector<std::string>& ov) {
