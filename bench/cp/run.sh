@@ -27,13 +27,16 @@ test -f "$data/index.json" || "$bin" prepare --config configs/data/fortunes-gpt2
 source "$(dirname "$0")/../parallel_config.sh"
 write_bench_config "$tmp/cfg.toml" "$data" 4
 
-# The single process (one thread, as each rank below) for the step time.
-OMP_NUM_THREADS=1 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/one" > /dev/null
+# The peer: the single process on every core of the machine (the ranks
+# below share the same cores, one thread each).
+cores=$(nproc)
+OMP_NUM_THREADS=$cores "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/one" > /dev/null
 one=$(/usr/bin/python3 -c '
 import json, sys
 steps = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl") if "\"time_s\"" in l][1:]
 print(sum(s["time_s"]["step"] for s in steps) / len(steps))' "$tmp/one")
-
+echo "one process, $cores threads: $(/usr/bin/python3 -c "print(round(1e3 * $one))") ms a step"
+echo
 echo "| cp | bytes sent / step / rank (MB) | theory (MB) | ratio | overlap | exposed cp comm / step (ms) | step (ms) | step / one process's |"
 echo "|---|---|---|---|---|---|---|---|"
 for np in 2 4; do
