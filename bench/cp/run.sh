@@ -16,15 +16,9 @@
 #
 # Usage: bench/cp/run.sh [BUILD_DIR]   (prints a markdown table)
 set -euo pipefail
-build=${1:-build}
-bin="$build/bin/zettatron"
 mpi=(mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1)
-tmp=$(mktemp -d /tmp/zt_bench_cp.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-data=data/fortunes-gpt2
-test -f "$data/index.json" || "$bin" prepare --config configs/data/fortunes-gpt2.toml > /dev/null
-
 source "$(dirname "$0")/../parallel_config.sh"
+parallel_bench_setup cp "${1:-build}"
 write_bench_config "$tmp/cfg.toml" "$data" 4
 
 # The peer: the single process on every core of the machine (the ranks

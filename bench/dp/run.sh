@@ -13,15 +13,9 @@
 #
 # Usage: bench/dp/run.sh [BUILD_DIR]   (prints a markdown table)
 set -euo pipefail
-build=${1:-build}
-bin="$build/bin/zettatron"
 mpi=(mpirun --oversubscribe --allow-run-as-root)
-tmp=$(mktemp -d /tmp/zt_bench_dp.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-data=data/fortunes-gpt2
-test -f "$data/index.json" || "$bin" prepare --config configs/data/fortunes-gpt2.toml > /dev/null
-
 source "$(dirname "$0")/../parallel_config.sh"
+parallel_bench_setup dp "${1:-build}"
 write_bench_config "$tmp/cfg.toml" "$data" 2
 
 echo "| ranks | ZeRO | params (M) | bytes sent / step / rank (MB) | theory (MB) | ratio | overlap | exposed comm / step (ms) |"

@@ -468,8 +468,6 @@ void Config::validate() const {
     ZT_CHECK(train.seq_len % (2 * parallel.cp) == 0, "parallel.cp = ", parallel.cp, " cuts each sequence into 2 cp = ",
              2 * parallel.cp, " equal chunks (two per rank, for balance), but train.seq_len = ", train.seq_len,
              " is not a multiple of ", 2 * parallel.cp, "; change one of them");
-    ZT_CHECK(parallel.pp == 1, "context parallelism (parallel.cp = ", parallel.cp, ") with pipeline parallelism "
-             "(parallel.pp = ", parallel.pp, ") is not implemented yet; set one of them to 1");
   }
   const parallel::PipelineSchedule schedule = parallel::parse_pipeline_schedule(parallel.pp_schedule);
   ZT_CHECK(parallel.virtual_stages >= 1, "parallel.virtual_stages must be >= 1");

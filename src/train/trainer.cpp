@@ -261,7 +261,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     for (int64_t micro = 0; micro < accum; ++micro) {
       parallel::PipelineMicroBatch mb{Tensor::empty(inputs_.shape(), DType::i32), Tensor::empty(targets_.shape(), DType::i32)};
       train_->next(mb.tokens, mb.targets);
-      mbs.push_back(mb);
+      mbs.push_back({model_rows(mb.tokens), model_rows(mb.targets)});
     }
     m.data_seconds += seconds_since(t0);
     t0 = Clock::now();
@@ -424,7 +424,7 @@ double Trainer::evaluate(int64_t* tokens_out) {
     for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
       parallel::PipelineMicroBatch mb{Tensor::empty(inputs_.shape(), DType::i32), Tensor::empty(targets_.shape(), DType::i32)};
       val_->next(mb.tokens, mb.targets);
-      mbs.push_back(mb);
+      mbs.push_back({model_rows(mb.tokens), model_rows(mb.targets)});
     }
     const parallel::PipelineRunner::StepResult r = pipeline_->evaluate(mbs);
     loss_sum = comm::sum_exact(mesh_->pp(), r.loss_sum);
