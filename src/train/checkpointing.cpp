@@ -31,10 +31,10 @@ std::string shard_file(int64_t rank) {
 
 // The parallel layout a checkpoint records (informational: loading reads
 // global tensors, so any layout loads any checkpoint).
-json layout_json(int64_t dp, int64_t tp, bool sequence_parallel, int64_t pp, int64_t zero_stage,
+json layout_json(int64_t dp, int64_t tp, bool sequence_parallel, int64_t pp, int64_t cp, int64_t zero_stage,
                  int64_t shard_group) {
-  return {{"world_size", dp * tp * pp}, {"dp", dp}, {"tp", tp}, {"sequence_parallel", sequence_parallel},
-          {"pp", pp}, {"cp", 1}, {"ep", 1}, {"zero_stage", zero_stage}, {"shard_group", shard_group}};
+  return {{"world_size", dp * tp * pp * cp}, {"dp", dp}, {"tp", tp}, {"sequence_parallel", sequence_parallel},
+          {"pp", pp}, {"cp", cp}, {"ep", 1}, {"zero_stage", zero_stage}, {"shard_group", shard_group}};
 }
 
 // The global names of every parameter of the model (all pipeline stages).
@@ -271,7 +271,10 @@ std::string TrainCheckpointer::save(Trainer& t) {
   const parallel::DataParallel& dp = t.data_parallel();
   const nn::TensorParallel& tp = t.model().tensor_parallel();
   const int64_t pp = t.pp_group() ? t.pp_group()->size() : 1;
-  const json layout = layout_json(dp.size(), tp.size(), tp.sequence_parallel, pp, dp.zero_stage(), dp.shard_size());
+  // The gradient group is dp x cp under context parallelism: the layout names them apart.
+  const int64_t cp = t.cp_group() ? t.cp_group()->size() : 1;
+  const json layout =
+      layout_json(dp.size() / cp, tp.size(), tp.sequence_parallel, pp, cp, dp.zero_stage(), dp.shard_size());
   const std::string file = shard_file(t.world_rank());
   // Its own comm thread: a background save never reorders training's collectives.
   comm::ProcessGroup* group = &t.checkpoint_group();
@@ -364,7 +367,7 @@ void write_model_checkpoint(const std::string& dir, const Config& cfg,
   }
   w->write_file(shard_file(0), slices);
   w->manifest().config = to_toml(cfg);
-  w->manifest().layout = layout_json(1, 1, false, 1, 0, 1);
+  w->manifest().layout = layout_json(1, 1, false, 1, 1, 0, 1);
   w->manifest().state = state;
   w->commit();
 }

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Checkpoints across tensor- and pipeline-parallel sizes, through `zettatron train` under
+# Checkpoints across tensor-, pipeline- and context-parallel sizes, through `zettatron train` under
 # mpirun (Llama 3 tiny: 2 kv heads, so tp = 4 replicates them; untied head).
 #   1. 10 steps in one process (the reference, and its final weights).
 #   2. tp = 2 with sequence parallelism, stopped after step 4 (checkpoint:
@@ -13,6 +13,8 @@
 #   5. saved at pp = 2, resumed by one process, by pp = 2 x tp = 2 (zero
 #      bubble) and by pp = 2 x dp = 2 with ZeRO-3, whose final
 #      model.safetensors match the reference too; both print their samples.
+#   6. saved at cp = 2 with ZeRO-1, resumed by one process and by cp = 2 x
+#      tp = 2 (its final model.safetensors matches the reference too).
 # Usage: model_parallel_resume_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -81,9 +83,24 @@ for run in i j; do
 done
 echo "samples drawn under pp=2 x tp=2 and pp=2 x dp=2 ZeRO-3"
 
-# The final weights of the tp=4 run and of the pp x tp run, assembled from slices and stages,
-# against the reference's.
-for run in c i j; do
+# Context parallelism: saved at cp=2 with ZeRO-1 (shards over dp x cp), resumed by one process
+# and by cp=2 x tp=2 (whose final model.safetensors is checked below too).
+"${mpi[@]}" -np 2 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/k" --set parallel.cp=2 \
+  --set parallel.zero_stage=1 --stop-after 4 > /dev/null
+grep -q '"cp": 2' "$tmp/k/checkpoints/step_00000004/manifest.json"
+grep -q '"dp": 1' "$tmp/k/checkpoints/step_00000004/manifest.json"
+for d in l m; do cp -r "$tmp/k" "$tmp/$d"; done
+"$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/l" --resume > /dev/null
+same "$ref" "$(losses "$tmp/l")"
+echo "cp=2 ZeRO-1 -> one process: losses match the single-process run"
+"${mpi[@]}" -np 4 "$bin" train "$tmp/cfg.toml" --set train.run_dir="$tmp/m" --set parallel.cp=2 --set parallel.tp=2 \
+  --resume > /dev/null
+same "$ref" "$(losses "$tmp/m")"
+echo "cp=2 ZeRO-1 -> cp=2 x tp=2: losses match the single-process run"
+
+# The final weights of the tp=4 run, of the pp x tp run and of the cp x tp run, assembled from
+# slices and stages, against the reference's.
+for run in c i j m; do
 /usr/bin/python3 - "$tmp/ref/model.safetensors" "$tmp/$run/model.safetensors" <<'PY'
 import json, struct, sys
 import numpy as np
