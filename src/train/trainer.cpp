@@ -111,8 +111,8 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
         training_memory(device, processes_sharing_device(device, mesh_ != nullptr, cfg_.gpu_by_local_rank()));
     int64_t capacity = room.usable;
     outside_at_plan_ = room.outside;
-    if (mesh_)  // the minimum over the mesh: its dp, tp and pp groups in turn cover every rank
-      for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp()})
+    if (mesh_)  // the minimum over the mesh: its dp, tp, pp and cp groups in turn cover every rank
+      for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp(), &mesh_->cp()})
         for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
     const std::string verdict = memory_plan_verdict(view.cfg, layout, device, capacity);
     ZT_CHECK(verdict.empty(), verdict);
