@@ -14,6 +14,8 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/attention.h"
+#include "ops/device.h"
+#include "ops/elementwise.h"
 
 namespace zt::nn {
 namespace {
@@ -22,10 +24,10 @@ namespace {
 constexpr int kTagK = 0x5a01, kTagV = 0x5a02, kTagDk = 0x5a03, kTagDv = 0x5a04;
 
 // Local rows [t0, t0 + n) of x (B, T, H, D) (any dtype): a new contiguous tensor.
-Tensor rows_of(const Tensor& x, int64_t t0, int64_t n, MemCategory category = MemCategory::workspace) {
+Tensor rows_of(const Tensor& x, int64_t t0, int64_t n) {
   const int64_t B = x.size(0), T = x.size(1);
   const size_t row = size_t(x.size(2) * x.size(3)) * dtype_size(x.dtype());
-  Tensor r = Tensor::empty(Shape{B, n, x.size(2), x.size(3)}, x.dtype(), x.device(), category);
+  Tensor r = Tensor::empty(Shape{B, n, x.size(2), x.size(3)}, x.dtype(), x.device(), MemCategory::workspace);
   auto* dst = static_cast<char*>(r.data_ptr());
   const auto* src = static_cast<const char*>(x.data_ptr());
   for (int64_t b = 0; b < B; ++b) std::memcpy(dst + size_t(b * n) * row, src + size_t(b * T + t0) * row, size_t(n) * row);
@@ -43,7 +45,7 @@ Tensor lse_rows_of(const Tensor& lse, int64_t t0, int64_t n) {
 
 Tensor f32_zeros(const Shape& shape, MemCategory category) {
   Tensor t = Tensor::empty(shape, DType::f32, Device::cpu(), category);
-  std::memset(t.data_ptr(), 0, t.nbytes());
+  ops::fill(t, 0.0);
   return t;
 }
 
@@ -85,14 +87,6 @@ void merge_rows(const Tensor& out, const Tensor& lse, const Tensor& out_b, const
         for (int64_t d = 0; d < D; ++d) dst[d] = w_run * dst[d] + w_blk * to_float(src[d]);
         run = merged;
       }
-}
-
-// dst (any float dtype, same numel) <- src f32.
-template <typename T>
-void narrow_into(const Tensor& dst, const Tensor& src) {
-  T* d = dst.data<T>();
-  const float* s = src.data<float>();
-  for (int64_t i = 0; i < src.numel(); ++i) d[i] = from_float<T>(s[i]);
 }
 
 template <typename Fn>
@@ -169,20 +163,18 @@ ContextShard context_shard(int64_t seq_len, int64_t cp, int64_t rank) {
 Tensor shard_rows(const Tensor& x, const ContextShard& shard) {
   ZT_CHECK(x.ndim() >= 2 && x.size(1) == shard.seq_len, "shard_rows: ", x.str(), " must be (B, seq_len = ",
            shard.seq_len, ", ...)");
-  int64_t inner = 1;
-  for (int d = 2; d < x.ndim(); ++d) inner *= x.size(d);
-  const Tensor x4 = x.view(Shape{x.size(0), x.size(1), inner, 1});
-  const int64_t c = shard.chunk();
-  const Tensor a = rows_of(x4, shard.first_start(), c, x.category()),
-               b = rows_of(x4, shard.second_start(), c, x.category());
   std::vector<int64_t> dims(x.shape().begin(), x.shape().end());
-  dims[1] = 2 * c;
+  dims[1] = shard.local_len();
   Tensor r = Tensor::empty(Shape(dims.begin(), dims.end()), x.dtype(), x.device(), x.category());
-  const size_t half = size_t(c * inner) * dtype_size(x.dtype());
-  for (int64_t bi = 0; bi < x.size(0); ++bi) {
-    auto* dst = static_cast<char*>(r.data_ptr()) + size_t(bi) * 2 * half;
-    std::memcpy(dst, static_cast<const char*>(a.data_ptr()) + size_t(bi) * half, half);
-    std::memcpy(dst + half, static_cast<const char*>(b.data_ptr()) + size_t(bi) * half, half);
+  // Per sequence: its first chunk's rows, then its second's (bytes of one row: `row`).
+  const size_t row = size_t(x.numel() / (x.size(0) * x.size(1))) * dtype_size(x.dtype());
+  const size_t chunk = size_t(shard.chunk()) * row;
+  const auto* src = static_cast<const char*>(x.data_ptr());
+  auto* dst = static_cast<char*>(r.data_ptr());
+  for (int64_t b = 0; b < x.size(0); ++b) {
+    const char* seq = src + size_t(b * shard.seq_len) * row;
+    std::memcpy(dst + size_t(b) * 2 * chunk, seq + size_t(shard.first_start()) * row, chunk);
+    std::memcpy(dst + size_t(b) * 2 * chunk + chunk, seq + size_t(shard.second_start()) * row, chunk);
   }
   return r;
 }
@@ -241,7 +233,7 @@ void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Ten
   // The running result: f32 out, lse from -inf.
   const Tensor acc = f32_zeros(q.shape(), MemCategory::workspace);
   const Tensor acc_lse = Tensor::empty(lse.shape(), DType::f32, Device::cpu(), MemCategory::workspace);
-  std::fill(acc_lse.data<float>(), acc_lse.data<float>() + acc_lse.numel(), -std::numeric_limits<float>::infinity());
+  ops::fill(acc_lse, -std::numeric_limits<double>::infinity());
   Tensor part = Tensor::empty(q.shape(), q.dtype(), Device::cpu(), MemCategory::workspace);
   Tensor part_lse = Tensor::empty(lse.shape(), DType::f32, Device::cpu(), MemCategory::workspace);
   ops::attention_forward(part, part_lse, q, k, v, scale);  // the own block: causal
@@ -271,8 +263,8 @@ void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Ten
   }
   wait_all(own_sends);
   for (RingSlot& s : slot) s.wait_sends();
-  by_dtype(q.dtype(), [&](auto t) { narrow_into<decltype(t)>(out, acc); });
-  std::memcpy(lse.data_ptr(), acc_lse.data_ptr(), lse.nbytes());
+  ops::cast(out, acc);
+  ops::copy(lse, acc_lse);
 }
 
 void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -361,11 +353,9 @@ void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Ten
     cur.sends.push_back(cp.send(cur.dv, next, kTagDv));
   }
   const RingSlot& home = slot[(P - 1) % 2];
-  by_dtype(dt, [&](auto t) {
-    narrow_into<decltype(t)>(dq, dq_acc);
-    narrow_into<decltype(t)>(dk, home.dk);
-    narrow_into<decltype(t)>(dv, home.dv);
-  });
+  ops::cast(dq, dq_acc);
+  ops::cast(dk, home.dk);
+  ops::cast(dv, home.dv);
   wait_all(own_sends);
   for (RingSlot& s : slot) s.wait_sends();
 }
