@@ -1,0 +1,196 @@
+// Mixture-of-experts routing, dispatch and combine: argument validation, then
+// dispatch by device (CPU kernels: backend/cpu/moe.cpp; contract: ops/moe.h).
+#include "ops/moe.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/moe.h"
+#include "core/error.h"
+#include "ops/check.h"
+#include "ops/op_profile.h"
+
+namespace zt::ops {
+
+namespace {
+
+// Slots index tensors (order, where): (N k) i32 on the host.
+void check_slots(const char* op, const char* name, const Tensor& t, int64_t NK) {
+  check_shape(op, name, t, Shape{NK});
+  check_dtype(op, name, t, {DType::i32});
+  ZT_CHECK(t.device().is_cpu(), op, ": '", name, "' must be on the host (the dispatch plan is read there), got ",
+           t.device().str());
+}
+
+// Their values: sorted positions or slot ids, each in [0, N k) (a plan from
+// moe_dispatch_plan; checked, as rows are read and written through them).
+void check_slot_ids(const char* op, const char* name, const Tensor& t) {
+  const int32_t* v = t.data<int32_t>();
+  const int64_t NK = t.numel();
+  for (int64_t i = 0; i < NK; ++i)
+    ZT_CHECK(v[i] >= 0 && v[i] < NK, op, ": '", name, "'[", i, "] = ", v[i], " is outside [0, N k) with N k = ", NK,
+             "; pass the plan moe_dispatch_plan made");
+}
+
+void check_cpu(const char* op, const Tensor& on) {
+  if (!on.device().is_cpu()) no_backend(op, on.device());
+}
+
+// Rows of tokens: (rows, C), f32 or bf16.
+void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t C) {
+  check_shape(op, name, t, Shape{rows, C});
+  check_dtype(op, name, t, {DType::f32, DType::bf16});
+}
+
+}  // namespace
+
+void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
+               bool normalize) {
+  const char* op = "moe_route";
+  const OpScope scope(op, logits);
+  check_ndim(op, "logits", logits, 2);
+  check_dtype(op, "logits", logits, {DType::f32});
+  const int64_t N = logits.size(0), E = logits.size(1);
+  check_ndim(op, "choice", choice, 2);
+  const int64_t k = choice.size(1);
+  ZT_CHECK(E >= 1 && k >= 1 && k <= E, op, ": top-", k, " of ", E, " experts; need 1 <= k <= E");
+  check_shape(op, "probs", probs, Shape{N, E});
+  check_dtype(op, "probs", probs, {DType::f32});
+  check_shape(op, "choice", choice, Shape{N, k});
+  check_dtype(op, "choice", choice, {DType::i32});
+  check_shape(op, "weight", weight, Shape{N, k});
+  check_dtype(op, "weight", weight, {DType::f32});
+  check_device(op, logits.device(), {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}});
+  check_all_disjoint(op, {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"logits", &logits}});
+  check_cpu(op, logits);
+  cpu::moe_route(probs, choice, weight, logits, normalize);
+}
+
+void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob) {
+  const char* op = "moe_route_backward";
+  const OpScope scope(op, probs);
+  check_ndim(op, "probs", probs, 2);
+  check_dtype(op, "probs", probs, {DType::f32});
+  const int64_t N = probs.size(0), E = probs.size(1);
+  check_ndim(op, "choice", choice, 2);
+  const int64_t k = choice.size(1);
+  check_shape(op, "choice", choice, Shape{N, k});
+  check_dtype(op, "choice", choice, {DType::i32});
+  for (auto [name, t] : {NamedTensor{"weight", &weight}, NamedTensor{"dweight", &dweight}}) {
+    check_shape(op, name, *t, Shape{N, k});
+    check_dtype(op, name, *t, {DType::f32});
+  }
+  check_shape(op, "dlogits", dlogits, Shape{N, E});
+  check_dtype(op, "dlogits", dlogits, {DType::f32});
+  if (aux_dprob.defined()) {
+    check_shape(op, "aux_dprob", aux_dprob, Shape{E});
+    check_dtype(op, "aux_dprob", aux_dprob, {DType::f32});
+  }
+  check_device(op, probs.device(),
+               {{"dlogits", &dlogits}, {"dweight", &dweight}, {"choice", &choice}, {"weight", &weight},
+                {"aux_dprob", &aux_dprob}});
+  check_disjoint_from(op, "dlogits", dlogits,
+                      {{"dweight", &dweight}, {"probs", &probs}, {"choice", &choice}, {"weight", &weight},
+                       {"aux_dprob", &aux_dprob}});
+  check_cpu(op, probs);
+  cpu::moe_route_backward(dlogits, dweight, probs, choice, weight, normalize, aux_dprob);
+}
+
+void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
+                       const Tensor& choice, int64_t E) {
+  const char* op = "moe_dispatch_plan";
+  check_ndim(op, "choice", choice, 2);
+  check_dtype(op, "choice", choice, {DType::i32});
+  ZT_CHECK(choice.device().is_cpu(), op, ": 'choice' must be on the host, got ", choice.device().str());
+  const int64_t NK = choice.numel();
+  ZT_CHECK(NK < (int64_t(1) << 31), op, ": ", NK, " slots is too many (limit 2^31)");
+  check_slots(op, "order", order, NK);
+  check_slots(op, "where", where, NK);
+  check_all_disjoint(op, {{"order", &order}, {"where", &where}, {"choice", &choice}});
+  const int32_t* ch = choice.data<int32_t>();
+  for (int64_t s = 0; s < NK; ++s)
+    ZT_CHECK(ch[s] >= 0 && ch[s] < E, op, ": slot ", s, " (token ", s / choice.size(1), ") chose expert ", ch[s],
+             ", outside [0, E) with E = ", E);
+  cpu::moe_dispatch_plan(order, where, offsets, choice, E);
+}
+
+void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {
+  const char* op = "moe_gather";
+  const OpScope scope(op, x);
+  check_ndim(op, "x", x, 2);
+  const int64_t N = x.size(0), C = x.size(1);
+  ZT_CHECK(k >= 1, op, ": k = ", k, " must be >= 1");
+  check_rows(op, "x", x, N, C);
+  check_rows(op, "xs", xs, N * k, C);
+  check_same_dtype(op, "x", x, "xs", xs);
+  check_slots(op, "order", order, N * k);
+  check_slot_ids(op, "order", order);
+  check_disjoint(op, "xs", xs, "x", x);
+  check_cpu(op, x);
+  cpu::moe_gather(xs, x, order, k);
+}
+
+void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& where, int64_t k, bool accumulate) {
+  const char* op = "moe_gather_backward";
+  const OpScope scope(op, dx);
+  check_ndim(op, "dx", dx, 2);
+  const int64_t N = dx.size(0), C = dx.size(1);
+  ZT_CHECK(k >= 1, op, ": k = ", k, " must be >= 1");
+  check_rows(op, "dx", dx, N, C);
+  check_rows(op, "dxs", dxs, N * k, C);
+  check_same_dtype(op, "dx", dx, "dxs", dxs);
+  check_slots(op, "where", where, N * k);
+  check_slot_ids(op, "where", where);
+  check_disjoint(op, "dx", dx, "dxs", dxs);
+  check_cpu(op, dx);
+  cpu::moe_gather_backward(dx, dxs, where, k, accumulate);
+}
+
+void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, const Tensor& where,
+                 const Tensor& residual) {
+  const char* op = "moe_combine";
+  const OpScope scope(op, out);
+  check_ndim(op, "out", out, 2);
+  check_ndim(op, "weight", weight, 2);
+  const int64_t N = out.size(0), C = out.size(1), k = weight.size(1);
+  check_rows(op, "out", out, N, C);
+  check_rows(op, "ys", ys, N * k, C);
+  check_same_dtype(op, "out", out, "ys", ys);
+  check_shape(op, "weight", weight, Shape{N, k});
+  check_dtype(op, "weight", weight, {DType::f32});
+  check_slots(op, "where", where, N * k);
+  check_slot_ids(op, "where", where);
+  if (residual.defined()) {
+    check_rows(op, "residual", residual, N, C);
+    check_same_dtype(op, "out", out, "residual", residual);
+  }
+  check_disjoint_from(op, "out", out, {{"ys", &ys}, {"weight", &weight}, {"residual", &residual}});
+  check_cpu(op, out);
+  cpu::moe_combine(out, ys, weight, where, residual);
+}
+
+void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor& dout, const Tensor& ys,
+                          const Tensor& weight, const Tensor& where) {
+  const char* op = "moe_combine_backward";
+  const OpScope scope(op, dout);
+  check_ndim(op, "dout", dout, 2);
+  check_ndim(op, "weight", weight, 2);
+  const int64_t N = dout.size(0), C = dout.size(1), k = weight.size(1);
+  check_rows(op, "dout", dout, N, C);
+  check_rows(op, "ys", ys, N * k, C);
+  check_rows(op, "dys", dys, N * k, C);
+  check_same_dtype(op, "dout", dout, "ys", ys);
+  check_same_dtype(op, "dout", dout, "dys", dys);
+  for (auto [name, t] : {NamedTensor{"weight", &weight}, NamedTensor{"dweight", &dweight}}) {
+    check_shape(op, name, *t, Shape{N, k});
+    check_dtype(op, name, *t, {DType::f32});
+  }
+  check_slots(op, "where", where, N * k);
+  check_slot_ids(op, "where", where);
+  check_all_disjoint(op, {{"dys", &dys}, {"dweight", &dweight}, {"dout", &dout}, {"ys", &ys}, {"weight", &weight}});
+  check_cpu(op, dout);
+  cpu::moe_combine_backward(dys, dweight, dout, ys, weight, where);
+}
+
+}  // namespace zt::ops

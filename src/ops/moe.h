@@ -1,0 +1,61 @@
+// Mixture-of-experts routing, dispatch and combine (nn/moe.h builds the
+// layer from these and ordinary products).
+//
+// N tokens, E experts, k experts per token. A token's k choices are its
+// "slots" s = token * k + j. Dispatch groups the N k slots by expert (each
+// expert's slots in slot order, so the grouping does not depend on threads):
+// `order` (N k) i32 lists slot ids by sorted position, expert e's rows are
+// positions [offsets[e], offsets[e + 1]) and `where` (N k) i32 is the inverse
+// (the sorted position of each slot). Expert e's products then run over a
+// contiguous run of rows.
+//
+// Dtypes: router logits, probabilities and weights f32; token rows (x, y,
+// their gradients) f32 or bf16, summed in f32 and rounded once. CPU only for
+// now: on another device each op names itself and the device.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace zt::ops {
+
+// probs (N, E) = softmax(logits (N, E)) over experts; choice (N, k) i32 the k
+// most probable experts in descending probability (ties: the lower index);
+// weight (N, k) = probs at choice, divided by their sum when normalize.
+void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
+               bool normalize);
+
+// Backward of moe_route and of the load-balancing loss:
+//   dlogits (N, E) = softmax backward of dprobs, where dprobs[t, e] =
+//   aux_dprob[e] (every token; undefined: 0) + the weights' gradient dweight
+//   (N, k) taken back through the optional normalisation to the chosen probs.
+// Overwritten. probs, choice, weight as moe_route wrote them.
+void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob);
+
+// The grouping of slots by expert: order and where (N k) i32 as above,
+// offsets (E + 1) of the experts' runs. choice (N, k) i32 on the host, every
+// id in [0, E) (checked).
+void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
+                       const Tensor& choice, int64_t E);
+
+// xs (N k, C)[p] = x (N, C)[order[p] / k]: each expert's input rows.
+void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k);
+// dx (N, C)[t] = sum over j of dxs[where[t k + j]] (j in order, f32, one
+// rounding): the gather's backward; overwritten, or added to dx when
+// accumulate (one rounding of dx + the sum).
+void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& where, int64_t k, bool accumulate);
+
+// out (N, C)[t] = residual[t] + sum over j of weight[t, j] ys[where[t k + j]]
+// (f32, j in order, one rounding; residual undefined: 0).
+void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, const Tensor& where,
+                 const Tensor& residual);
+// Backward of moe_combine for dout (N, C):
+//   dys (N k, C)[where[t k + j]] = weight[t, j] dout[t]
+//   dweight (N, k)[t, j]        = <dout[t], ys[where[t k + j]]>   (f32)
+void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor& dout, const Tensor& ys,
+                          const Tensor& weight, const Tensor& where);
+
+}  // namespace zt::ops

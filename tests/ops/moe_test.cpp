@@ -1,0 +1,307 @@
+// Mixture-of-experts routing, dispatch and combine against float64
+// references on fresh random inputs (outputs poisoned first).
+//
+// Routing: probs within 1e-6 relative (f32 softmax of E terms), choice equal
+// to the float64 top k (lower index on ties), weights within 1e-6. The route
+// backward against central differences of a float64 forward at the fixed
+// choice (the function is smooth there): 1e-4 relative in the max norm.
+// Combine and gather: f32 sums of k terms, within 1e-6 relative to the sum of
+// |terms|; bf16 within one bf16 ulp of the result.
+#include "ops/moe.h"
+
+#include <cstdint>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "test_util.h"
+
+namespace zt {
+namespace {
+
+using ::testing::HasSubstr;
+using test::error_of;
+using test::load_f64;
+using test::make_rng;
+using test::poison;
+using test::random_tensor;
+using test::to_f64;
+
+struct RouteCase {
+  int64_t N, E, k;
+};
+const RouteCase kRouteCases[] = {{1, 1, 1}, {7, 4, 2}, {33, 8, 2}, {64, 16, 4}, {5, 3, 3}, {100, 64, 6}};
+
+std::vector<double> softmax_rows(const std::vector<double>& l, int64_t N, int64_t E) {
+  std::vector<double> p(l.size());
+  for (int64_t t = 0; t < N; ++t) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, l[size_t(t * E + e)]);
+    for (int64_t e = 0; e < E; ++e) sum += p[size_t(t * E + e)] = std::exp(l[size_t(t * E + e)] - mx);
+    for (int64_t e = 0; e < E; ++e) p[size_t(t * E + e)] /= sum;
+  }
+  return p;
+}
+
+// The top k of a row, descending, the lower index first on ties.
+std::vector<int32_t> top_k(const std::vector<double>& p, int64_t t, int64_t E, int64_t k) {
+  std::vector<int32_t> idx(static_cast<size_t>(E));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return p[size_t(t * E + a)] > p[size_t(t * E + b)]; });
+  idx.resize(size_t(k));
+  return idx;
+}
+
+struct RouteOut {
+  Tensor probs, choice, weight;
+};
+
+RouteOut route(const Tensor& logits, int64_t k, bool normalize) {
+  const int64_t N = logits.size(0), E = logits.size(1);
+  RouteOut r{Tensor::empty(Shape{N, E}, DType::f32), Tensor::empty(Shape{N, k}, DType::i32),
+             Tensor::empty(Shape{N, k}, DType::f32)};
+  poison(r.probs);
+  poison(r.choice);
+  poison(r.weight);
+  ops::moe_route(r.probs, r.choice, r.weight, logits, normalize);
+  return r;
+}
+
+TEST(MoeRoute, SoftmaxTopKAndWeightsMatchFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(1);
+  for (const RouteCase& c : kRouteCases)
+    for (bool normalize : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "N " << c.N << " E " << c.E << " k " << c.k << " normalize " << normalize);
+      const Tensor logits = random_tensor(Shape{c.N, c.E}, DType::f32, rng, -4.0, 4.0);
+      const RouteOut r = route(logits, c.k, normalize);
+      const std::vector<double> p = softmax_rows(to_f64(logits), c.N, c.E);
+      EXPECT_TRUE(test::all_close(r.probs, p, 1e-6, 1e-9));
+      std::vector<double> w_ref;
+      for (int64_t t = 0; t < c.N; ++t) {
+        const std::vector<int32_t> top = top_k(p, t, c.E, c.k);
+        double S = 0;
+        for (int32_t e : top) S += p[size_t(t * c.E + e)];
+        for (int64_t j = 0; j < c.k; ++j) {
+          EXPECT_EQ(r.choice.data<int32_t>()[t * c.k + j], top[size_t(j)]) << "token " << t << " slot " << j;
+          w_ref.push_back(p[size_t(t * c.E + top[size_t(j)])] / (normalize ? S : 1.0));
+        }
+      }
+      EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
+    }
+}
+
+TEST(MoeRoute, TiesGoToTheLowerExpert) {
+  const Tensor logits = test::tensor_from({0.5, 1.0, 1.0, 1.0, -2, -2, -2, -2}, Shape{2, 4}, DType::f32);
+  const RouteOut r = route(logits, 2, true);
+  const int32_t* ch = r.choice.data<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(ch, ch + 4), (std::vector<int32_t>{1, 2, 0, 1}));
+  for (int i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(r.weight.data<float>()[i], 0.5f);
+}
+
+// Row t's part of L(logits) = sum_tj dw[t, j] w[t, j] + sum_te aux[e] p[t, e]
+// at a fixed choice, in float64 (rows are independent).
+double route_objective(const std::vector<double>& l, const std::vector<int32_t>& ch, const std::vector<double>& dw,
+                       const std::vector<double>& aux, int64_t t, int64_t E, int64_t k, bool normalize) {
+  const std::vector<double> p =
+      softmax_rows(std::vector<double>(l.begin() + t * E, l.begin() + (t + 1) * E), 1, E);
+  double L = 0;
+  {
+    double S = 0;
+    for (int64_t j = 0; j < k; ++j) S += p[size_t(ch[size_t(t * k + j)])];
+    for (int64_t j = 0; j < k; ++j) L += dw[size_t(t * k + j)] * p[size_t(ch[size_t(t * k + j)])] / (normalize ? S : 1.0);
+    for (int64_t e = 0; e < E && !aux.empty(); ++e) L += aux[size_t(e)] * p[size_t(e)];
+  }
+  return L;
+}
+
+TEST(MoeRoute, BackwardMatchesFiniteDifferencesOfFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(2);
+  for (const RouteCase& c : kRouteCases)
+    for (bool normalize : {true, false})
+      for (bool with_aux : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "N " << c.N << " E " << c.E << " k " << c.k << " normalize " << normalize
+                                        << " aux " << with_aux);
+        const Tensor logits = random_tensor(Shape{c.N, c.E}, DType::f32, rng, -3.0, 3.0);
+        const RouteOut r = route(logits, c.k, normalize);
+        const Tensor dweight = random_tensor(Shape{c.N, c.k}, DType::f32, rng);
+        const Tensor aux = with_aux ? random_tensor(Shape{c.E}, DType::f32, rng, 0.0, 0.5) : Tensor();
+        Tensor dlogits = Tensor::empty(Shape{c.N, c.E}, DType::f32);
+        poison(dlogits);
+        ops::moe_route_backward(dlogits, dweight, r.probs, r.choice, r.weight, normalize, aux);
+        const std::vector<int32_t> ch(r.choice.data<int32_t>(), r.choice.data<int32_t>() + c.N * c.k);
+        const std::vector<double> dw = to_f64(dweight), ax = with_aux ? to_f64(aux) : std::vector<double>{};
+        std::vector<double> l = to_f64(logits), ref(l.size());
+        const double h = 1e-5;
+        for (size_t i = 0; i < l.size(); ++i) {
+          const double x = l[i];
+          l[i] = x + h;
+          const double up = route_objective(l, ch, dw, ax, int64_t(i) / c.E, c.E, c.k, normalize);
+          l[i] = x - h;
+          const double down = route_objective(l, ch, dw, ax, int64_t(i) / c.E, c.E, c.k, normalize);
+          l[i] = x;
+          ref[i] = (up - down) / (2 * h);
+        }
+        EXPECT_LT(test::max_rel_error(dlogits, ref), 1e-4);
+      }
+}
+
+TEST(MoeDispatch, GroupsSlotsByExpertInSlotOrder) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(3);
+  for (const RouteCase& c : kRouteCases) {
+    const Tensor logits = random_tensor(Shape{c.N, c.E}, DType::f32, rng, -4.0, 4.0);
+    const RouteOut r = route(logits, c.k, true);
+    Tensor order = Tensor::empty(Shape{c.N * c.k}, DType::i32), where = Tensor::empty(Shape{c.N * c.k}, DType::i32);
+    poison(order);
+    poison(where);
+    std::vector<int64_t> offsets{-7};
+    ops::moe_dispatch_plan(order, where, offsets, r.choice, c.E);
+    ASSERT_EQ(offsets.size(), size_t(c.E + 1));
+    EXPECT_EQ(offsets.front(), 0);
+    EXPECT_EQ(offsets.back(), c.N * c.k);
+    const int32_t* ch = r.choice.data<int32_t>();
+    const int32_t* ord = order.data<int32_t>();
+    const int32_t* wh = where.data<int32_t>();
+    // Reference: the slots of each expert in slot order, experts in order.
+    std::vector<int32_t> ref;
+    for (int64_t e = 0; e < c.E; ++e) {
+      for (int64_t s = 0; s < c.N * c.k; ++s)
+        if (ch[s] == e) ref.push_back(int32_t(s));
+      EXPECT_EQ(int64_t(ref.size()), offsets[size_t(e + 1)]) << "expert " << e;
+    }
+    EXPECT_EQ(std::vector<int32_t>(ord, ord + c.N * c.k), ref);
+    for (int64_t s = 0; s < c.N * c.k; ++s) EXPECT_EQ(ord[wh[s]], s);
+  }
+}
+
+TEST(MoeDispatch, BadExpertIdsAndForeignPlansAreNamed) {
+  const Tensor choice = test::tensor_from({0, 3, 1, 4}, Shape{2, 2}, DType::i32);
+  Tensor order = Tensor::empty(Shape{4}, DType::i32), where = Tensor::empty(Shape{4}, DType::i32);
+  std::vector<int64_t> offsets;
+  EXPECT_THAT(error_of([&] { ops::moe_dispatch_plan(order, where, offsets, choice, 4); }),
+              HasSubstr("slot 3 (token 1) chose expert 4, outside [0, E) with E = 4"));
+  const Tensor x = Tensor::empty(Shape{2, 3}, DType::f32), xs = Tensor::empty(Shape{4, 3}, DType::f32);
+  const Tensor bad = test::tensor_from({0, 1, 2, 9}, Shape{4}, DType::i32);
+  EXPECT_THAT(error_of([&] { ops::moe_gather(xs, x, bad, 2); }), HasSubstr("'order'[3] = 9 is outside [0, N k)"));
+  const Tensor xs_gpu = test::fake_cuda(Shape{4, 3}, DType::f32), x_gpu = test::fake_cuda(Shape{2, 3}, DType::f32);
+  EXPECT_THAT(error_of([&] { ops::moe_gather(xs_gpu, x_gpu, bad, 2); }), HasSubstr("moe_gather"));
+}
+
+struct RowCase {
+  int64_t N, E, k, C;
+};
+const RowCase kRowCases[] = {{1, 1, 1, 1}, {9, 4, 2, 5}, {40, 8, 2, 64}, {17, 6, 3, 130}, {3, 2, 2, 768}};
+
+// A random plan: a routing of random logits.
+struct Plan {
+  RouteOut r;
+  Tensor order, where;
+  std::vector<int64_t> offsets;
+};
+Plan random_plan(const RowCase& c, std::mt19937_64& rng) {
+  Plan p{route(random_tensor(Shape{c.N, c.E}, DType::f32, rng, -2.0, 2.0), c.k, true),
+         Tensor::empty(Shape{c.N * c.k}, DType::i32), Tensor::empty(Shape{c.N * c.k}, DType::i32), {}};
+  ops::moe_dispatch_plan(p.order, p.where, p.offsets, p.r.choice, c.E);
+  return p;
+}
+
+double rtol_of(DType dt) { return dt == DType::bf16 ? 0x1p-8 : 1e-6; }
+
+TEST(MoeRows, GatherAndItsBackwardMatchFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(4);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const RowCase& c : kRowCases)
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N " << c.N << " k " << c.k << " C " << c.C);
+        const Plan p = random_plan(c, rng);
+        const Tensor x = random_tensor(Shape{c.N, c.C}, dt, rng);
+        Tensor xs = Tensor::empty(Shape{c.N * c.k, c.C}, dt);
+        poison(xs);
+        ops::moe_gather(xs, x, p.order, c.k);
+        const std::vector<double> xv = to_f64(x);
+        std::vector<double> ref;
+        for (int64_t q = 0; q < c.N * c.k; ++q)
+          for (int64_t ch = 0; ch < c.C; ++ch) ref.push_back(xv[size_t(p.order.data<int32_t>()[q] / c.k * c.C + ch)]);
+        EXPECT_TRUE(test::all_close(xs, ref, 0.0, 0.0)) << "gather copies rows bit for bit";
+        const Tensor dxs = random_tensor(Shape{c.N * c.k, c.C}, dt, rng);
+        Tensor dx = random_tensor(Shape{c.N, c.C}, dt, rng);
+        const std::vector<double> before = to_f64(dx), g = to_f64(dxs);
+        if (!accumulate) poison(dx);
+        ops::moe_gather_backward(dx, dxs, p.where, c.k, accumulate);
+        std::vector<double> want(size_t(c.N * c.C)), scale(size_t(c.N * c.C));
+        for (int64_t t = 0; t < c.N; ++t)
+          for (int64_t ch = 0; ch < c.C; ++ch) {
+            double s = accumulate ? before[size_t(t * c.C + ch)] : 0.0, a = std::fabs(s);
+            for (int64_t j = 0; j < c.k; ++j) {
+              const double v = g[size_t(p.where.data<int32_t>()[t * c.k + j] * c.C + ch)];
+              s += v;
+              a += std::fabs(v);
+            }
+            want[size_t(t * c.C + ch)] = s;
+            scale[size_t(t * c.C + ch)] = a;
+          }
+        for (int64_t i = 0; i < c.N * c.C; ++i)
+          ASSERT_LE(std::fabs(load_f64(dx, i) - want[size_t(i)]), rtol_of(dt) * scale[size_t(i)] + 1e-30) << i;
+      }
+}
+
+TEST(MoeRows, CombineAndItsBackwardMatchFloat64) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(5);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const RowCase& c : kRowCases)
+      for (bool residual : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N " << c.N << " k " << c.k << " C " << c.C
+                                        << " residual " << residual);
+        const Plan p = random_plan(c, rng);
+        const Tensor ys = random_tensor(Shape{c.N * c.k, c.C}, dt, rng);
+        const Tensor res = residual ? random_tensor(Shape{c.N, c.C}, dt, rng) : Tensor();
+        Tensor out = Tensor::empty(Shape{c.N, c.C}, dt);
+        poison(out);
+        ops::moe_combine(out, ys, p.r.weight, p.where, res);
+        const std::vector<double> y = to_f64(ys), w = to_f64(p.r.weight);
+        const std::vector<double> rv = residual ? to_f64(res) : std::vector<double>(size_t(c.N * c.C), 0.0);
+        const int32_t* wh = p.where.data<int32_t>();
+        for (int64_t t = 0; t < c.N; ++t)
+          for (int64_t ch = 0; ch < c.C; ++ch) {
+            double s = rv[size_t(t * c.C + ch)], a = std::fabs(s);
+            for (int64_t j = 0; j < c.k; ++j) {
+              const double term = w[size_t(t * c.k + j)] * y[size_t(wh[t * c.k + j] * c.C + ch)];
+              s += term;
+              a += std::fabs(term);
+            }
+            ASSERT_LE(std::fabs(load_f64(out, t * c.C + ch) - s), rtol_of(dt) * a + 1e-30) << t << "," << ch;
+          }
+        // Backward.
+        const Tensor dout = random_tensor(Shape{c.N, c.C}, dt, rng);
+        Tensor dys = Tensor::empty(Shape{c.N * c.k, c.C}, dt), dweight = Tensor::empty(Shape{c.N, c.k}, DType::f32);
+        poison(dys);
+        poison(dweight);
+        ops::moe_combine_backward(dys, dweight, dout, ys, p.r.weight, p.where);
+        const std::vector<double> g = to_f64(dout);
+        std::vector<double> dys_ref(size_t(c.N * c.k * c.C)), dw_ref;
+        for (int64_t t = 0; t < c.N; ++t)
+          for (int64_t j = 0; j < c.k; ++j) {
+            const int64_t q = wh[t * c.k + j];
+            double dot = 0, a = 0;
+            for (int64_t ch = 0; ch < c.C; ++ch) {
+              dys_ref[size_t(q * c.C + ch)] = w[size_t(t * c.k + j)] * g[size_t(t * c.C + ch)];
+              dot += g[size_t(t * c.C + ch)] * y[size_t(q * c.C + ch)];
+              a += std::fabs(g[size_t(t * c.C + ch)] * y[size_t(q * c.C + ch)]);
+            }
+            EXPECT_LE(std::fabs(load_f64(dweight, t * c.k + j) - dot), 1e-6 * a + 1e-30) << t << "," << j;
+          }
+        EXPECT_TRUE(test::all_close(dys, dys_ref, dt == DType::bf16 ? 0x1p-8 : 1e-7, 0.0));
+      }
+}
+
+}  // namespace
+}  // namespace zt
