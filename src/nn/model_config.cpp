@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdint>
 
 #include "nn/model_config.h"
@@ -32,15 +33,38 @@ void ModelConfig::validate() const {
   ZT_CHECK(norm_eps > 0, "model.norm_eps must be positive");
   ZT_CHECK(init_std > 0, "model.init_std must be positive");
   ZT_CHECK(arch == Arch::gpt2 || rope_theta > 0, "model.rope_theta must be positive");
+  ZT_CHECK(n_expert >= 0, "model.n_expert must be >= 0 (0: a dense MLP), got ", n_expert);
+  if (moe()) {
+    ZT_CHECK(arch == Arch::llama3, "model.n_expert = ", n_expert,
+             ": mixture-of-experts blocks are built for arch = \"llama3\" (SwiGLU experts, no biases); set "
+             "arch = \"llama3\" or n_expert = 0");
+    ZT_CHECK(expert_top_k >= 1 && expert_top_k <= n_expert, "model.expert_top_k = ", expert_top_k,
+             " must be in [1, n_expert = ", n_expert, "]");
+    ZT_CHECK(router_aux_loss >= 0 && std::isfinite(router_aux_loss), "model.router_aux_loss = ", router_aux_loss,
+             " must be a finite number >= 0 (0: no load-balancing loss)");
+  }
+}
+
+int64_t ModelConfig::mlp_params() const {
+  const int64_t expert = mlp_in_width() * d_model + d_ff * d_model;
+  return moe() ? n_expert * d_model + n_expert * expert : expert;
 }
 
 int64_t ModelConfig::params_per_block() const {
   const int64_t C = d_model;
   const int64_t attn = qkv_width() * C + C * C;
-  const int64_t mlp = mlp_in_width() * C + d_ff * C;
   const int64_t norms = has_bias() ? 4 * C : 2 * C;
   const int64_t biases = has_bias() ? qkv_width() + C + mlp_in_width() + C : 0;
-  return attn + mlp + norms + biases;
+  return attn + mlp_params() + norms + biases;
+}
+
+int64_t ModelConfig::active_mlp_params() const {
+  const int64_t expert = mlp_in_width() * d_model + d_ff * d_model;
+  return moe() ? n_expert * d_model + expert_top_k * expert : expert;
+}
+
+int64_t ModelConfig::matmul_params() const {
+  return non_embedding_params() - n_layer * (mlp_params() - active_mlp_params()) + vocab_size * d_model;
 }
 
 int64_t ModelConfig::embedding_params() const {
@@ -105,6 +129,20 @@ const Preset kPresets[] = {
     {"llama3-1b", [] { return llama3(16, 2048, 32, 8, 8192, true); }},
     {"llama3-3b", [] { return llama3(28, 3072, 24, 8, 8192, true); }},
     {"llama3-8b", [] { return llama3(32, 4096, 32, 8, 14336, false); }},
+    // Mixtral 8x7B's shape (Llama's blocks with 8 experts, top 2; its own
+    // vocabulary and RoPE base): 46.7B parameters, 12.9B active.
+    {"mixtral-8x7b",
+     [] {
+       ModelConfig c = llama3(32, 4096, 32, 8, 14336, false);
+       c.vocab_size = 32000;
+       c.max_seq_len = 32768;
+       c.rope_theta = 1e6;
+       c.rope_scaling.enabled = false;
+       c.n_expert = 8;
+       c.expert_top_k = 2;
+       c.router_aux_loss = 0.02f;
+       return c;
+     }},
     {"gpt2-tiny",
      [] {
        ModelConfig c = gpt2(2, 64, 4);
@@ -119,6 +157,17 @@ const Preset kPresets[] = {
        c.max_seq_len = 64;
        c.rope_theta = 10000.0;
        c.rope_scaling.original_max_position = 16;  // makes the scaling rule bite at tiny sizes
+       return c;
+     }},
+    {"llama3-moe-tiny",
+     [] {
+       ModelConfig c = llama3(2, 64, 4, 2, 96, false);
+       c.vocab_size = 512;
+       c.max_seq_len = 64;
+       c.rope_theta = 10000.0;
+       c.rope_scaling.original_max_position = 16;
+       c.n_expert = 4;
+       c.expert_top_k = 2;
        return c;
      }},
 };

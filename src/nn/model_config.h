@@ -5,6 +5,14 @@
 //   llama3: RoPE (theta, optional Llama 3 scaling), RMSNorm, SwiGLU MLP of width
 //           d_ff, grouped-query attention (n_kv_head <= n_head), no biases; the
 //           output head is tied or not per preset (Llama 3.2 1B/3B tie, 8B does not).
+//   mixture of experts (llama3 only, n_expert > 0): each block's MLP is
+//           n_expert SwiGLU experts of width d_ff and a router (Mixtral, Switch):
+//           a token goes to its expert_top_k most probable experts, their
+//           outputs weighted by those probabilities (renormalised to sum 1 when
+//           expert_normalize, as Mixtral; as they are otherwise, as Qwen-MoE).
+//           router_aux_loss scales the Switch load-balancing loss
+//           n_expert * sum_e f_e P_e (f_e: share of the routed slots expert e
+//           got, P_e: its mean probability), added to the training objective.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +43,18 @@ struct ModelConfig {
   ops::RopeScaling rope_scaling;  // llama3 only
   bool tied_embeddings = true;    // lm_head shares wte
   float init_std = 0.02f;         // N(0, init_std); residual projections / sqrt(2 n_layer)
+  int64_t n_expert = 0;           // E: experts per block's MLP (0: a dense MLP)
+  int64_t expert_top_k = 2;       // k: experts each token is routed to (n_expert > 0)
+  bool expert_normalize = true;   // the k routing weights divided by their sum
+  float router_aux_loss = 0.01f;  // load-balancing loss coefficient (0: none)
 
   int64_t head_dim() const { return d_model / n_head; }
+  bool moe() const { return n_expert > 0; }
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   bool has_bias() const { return arch == Arch::gpt2; }
   bool learned_positions() const { return arch == Arch::gpt2; }
-  // Output width of the first MLP matmul: d_ff (GeLU) or 2 d_ff (SwiGLU gate|up).
+  // Output width of the first MLP matmul (of each expert's, under MoE): d_ff
+  // (GeLU) or 2 d_ff (SwiGLU gate|up).
   int64_t mlp_in_width() const { return arch == Arch::llama3 ? 2 * d_ff : d_ff; }
   // Output width of the fused q|k|v projection.
   int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
@@ -53,9 +67,17 @@ struct ModelConfig {
   int64_t embedding_params() const;  // wte (+ wpe) (+ lm_head when untied)
   int64_t non_embedding_params() const;
   int64_t total_params() const { return embedding_params() + non_embedding_params(); }
-  // Parameters that take part in a matmul: the blocks and the LM head (tied
-  // or not); lookup-only tables (wpe, and wte as input when untied) are not.
-  int64_t matmul_params() const { return non_embedding_params() + vocab_size * d_model; }
+  // Parameters of one block's MLP: the dense MLP's, or the router's and every
+  // expert's (params_per_block counts them in).
+  int64_t mlp_params() const;
+  // Of those, the ones a token's products use: all (dense), or the router's
+  // and k experts' (MoE).
+  int64_t active_mlp_params() const;
+  // Parameters a token's products use: the blocks and the LM head (tied or
+  // not); lookup-only tables (wpe, and wte as input when untied) are not.
+  // Under MoE a token uses the router and k of the E experts only (the
+  // active parameters, which set the FLOPs).
+  int64_t matmul_params() const;
   // Training FLOPs per token at sequence length T: 6 N + 12 L d T (PaLM,
   // appendix B) with N = matmul_params(). Counting the LM head matters for
   // small models, where it is most of the work (nanoGPT and llm.c count it too).

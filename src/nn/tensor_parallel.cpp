@@ -13,6 +13,9 @@ namespace zt::nn {
 void check_tensor_parallel(const ModelConfig& c, int64_t tp) {
   ZT_CHECK(tp >= 1, "parallel.tp = ", tp, " must be >= 1");
   if (tp == 1) return;
+  ZT_CHECK(!c.moe(), "parallel.tp = ", tp, " with model.n_expert = ", c.n_expert,
+           ": the experts of a mixture-of-experts model are not split over tensor-parallel ranks yet; set "
+           "parallel.tp = 1 (data, pipeline and context parallelism work with experts)");
   ZT_CHECK(c.n_head % tp == 0, "parallel.tp = ", tp, " does not divide model.n_head = ", c.n_head,
            ": tensor parallelism splits the query heads evenly; pick a tp that divides ", c.n_head);
   ZT_CHECK(c.n_kv_head % tp == 0 || tp % c.n_kv_head == 0, "parallel.tp = ", tp, " and model.n_kv_head = ",
@@ -121,6 +124,13 @@ std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size
   if (c.has_bias()) rep(spec(p + "attn.proj.bias", Shape{C}, Init::zeros, 0, false));
   rep(spec(p + "mlp_norm.weight", Shape{C}, Init::ones, 0, false));
   if (c.has_bias()) rep(spec(p + "mlp_norm.bias", Shape{C}, Init::zeros, 0, false));
+  if (c.moe()) {  // the router and the experts (nn/moe.h): tp = 1
+    const int64_t E = c.n_expert;
+    v.push_back(spec(p + "mlp.router.weight", Shape{E, C}, Init::normal, std, true));
+    v.push_back(spec(p + "mlp.experts.in.weight", Shape{E, c.mlp_in_width(), C}, Init::normal, std, true));
+    v.push_back(spec(p + "mlp.experts.out.weight", Shape{E, C, c.d_ff}, Init::normal, resid_std, true));
+    return v;
+  }
   v.push_back(split(spec(p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true), Shape{c.mlp_in_width(), C}, 0,
                     mlp_pieces, s));
   if (c.has_bias())

@@ -270,6 +270,10 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   b.proj_b = opt("attn.proj.bias");
   b.ln2_w = get("mlp_norm.weight");
   b.ln2_b = opt("mlp_norm.bias");
+  if (cfg_.moe()) {
+    b.moe = MoeWeights{get("mlp.router.weight"), get("mlp.experts.in.weight"), get("mlp.experts.out.weight")};
+    return b;
+  }
   b.mlp_in_w = get("mlp.in.weight");
   b.mlp_in_b = opt("mlp.in.bias");
   b.mlp_out_w = get("mlp.out.weight");
@@ -423,6 +427,11 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   }
   // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out (+ res_mid).
   const Tensor ln2 = gather_rows(m, a.ln2);
+  if (cfg_.moe()) {  // the experts instead (nn/moe.h); tp = 1 (tp_shares refuses more)
+    Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
+    moe_forward(cfg_, a.moe, x_out, ln2, a.res_mid, p.moe, m.context);  // balanced over a sequence's cp ranks
+    return x_out;
+  }
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
   a.act = act_tensor(Shape{B, T, F}, dtype_, device_);
   // GPT-2's GeLU may run inside mlp_in's product, except under selective
@@ -466,11 +475,14 @@ void Transformer::release_for_policy(BlockActivations& a) const {
       a.att = Tensor();
       a.lse = Tensor();
       a.act = Tensor();
+      if (a.moe.defined()) moe_release_selective(a.moe);
       break;
     case Recompute::full: {
       Tensor x_in = a.x_in;
+      const float moe_grad_scale = a.moe.grad_scale;  // the rerun's load-balancing gradient needs it
       a = BlockActivations{};
       a.x_in = x_in;
+      a.moe.grad_scale = moe_grad_scale;
       break;
     }
   }
@@ -482,6 +494,10 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
     case Recompute::none: break;
     case Recompute::selective: {
       attention_forward(a, B, T, m);
+      if (a.moe.defined()) {
+        moe_recompute_selective(a.moe, a.ln2);
+        break;
+      }
       a.act = act_tensor(Shape{B, T, shares_.ff}, dtype_, device_);
       if (cfg_.arch == Arch::gpt2)
         ops::gelu_forward(a.act, a.mlp_in);
@@ -542,50 +558,57 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   // GeLU backward is fused into the product that computes its incoming
   // gradient (no (N, F) gradient at the GeLU's output is materialised).
   const bool gelu = cfg_.arch == Arch::gpt2;
-  Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input
-  if (gelu)
-    d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
-  else
-    d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
-  {
-    const Tensor dy = keep(gelu ? lin.mlp_out.backward_data_gelu(d_mlp_in.view(Shape{N, F}), dres,
-                                                                 a.mlp_in.view(Shape{N, F}))
-                                : lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
-    const Tensor act = a.act.view(Shape{N, F});
-    const RowParallelLinear lin_now = lin.mlp_out;
-    weights([this, layer, lin_now, dy, act] {
-      const BlockParams gn = block_views(layer, true);
-      lin_now.with_grads(gn.mlp_out_w, gn.mlp_out_b)
-          .backward_weights(dy, act, claim_grads(block_set(layer), {gn.mlp_out_w, gn.mlp_out_b}));
-    });
+  comm::WorkHandle gather, reduce;  // the MLP's input gather and input-gradient reduction (tp > 1)
+  if (cfg_.moe()) {  // the experts (nn/moe.h): d_ln <- the gradient at ln2 (tp = 1: d_ln is d_partial)
+    moe_backward(
+        cfg_, a.moe, d_partial, dres, a.ln2, p.moe, weights, [this, layer] { return block_views(layer, true).moe; },
+        [this, layer](const Tensor& view) { return claim_grads(block_set(layer), {view}); });
+  } else {
+    Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input
+    if (gelu)
+      d_mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
+    else
+      d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
+    {
+      const Tensor dy = keep(gelu ? lin.mlp_out.backward_data_gelu(d_mlp_in.view(Shape{N, F}), dres,
+                                                                   a.mlp_in.view(Shape{N, F}))
+                                  : lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
+      const Tensor act = a.act.view(Shape{N, F});
+      const RowParallelLinear lin_now = lin.mlp_out;
+      weights([this, layer, lin_now, dy, act] {
+        const BlockParams gn = block_views(layer, true);
+        lin_now.with_grads(gn.mlp_out_w, gn.mlp_out_b)
+            .backward_weights(dy, act, claim_grads(block_set(layer), {gn.mlp_out_w, gn.mlp_out_b}));
+      });
+    }
+    a.act = Tensor();
+    if (!gelu) {
+      // In place over mlp_in, which nothing reads after this: its storage
+      // lives on as d_mlp_in, so no (N, W) gradient is allocated (and a
+      // kernel that reads and writes the same addresses).
+      d_mlp_in = a.mlp_in;
+      a.mlp_in = Tensor();
+      ops::swiglu_backward(d_mlp_in, d_act, d_mlp_in);
+      d_act = Tensor();
+    }
+    Tensor ln2;
+    gather = start_input(a.ln2, ln2);
+    lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);
+    reduce = start_reduce_rows(m, d_ln, d_partial);
+    {
+      const ColumnParallelLinear lin_now = lin.mlp_in;
+      const Tensor dy = d_mlp_in.view(Shape{N, W});
+      weights([this, layer, lin_now, dy, ln2, gather] {
+        wait(gather);
+        const BlockParams gn = block_views(layer, true);
+        lin_now.with_grads(gn.mlp_in_w, gn.mlp_in_b)
+            .backward_weights(dy, ln2, claim_grads(block_set(layer), {gn.mlp_in_w, gn.mlp_in_b}));
+      });
+    }
+    wait(gather);
+    wait(reduce);
+    d_mlp_in = ln2 = Tensor();
   }
-  a.act = Tensor();
-  if (!gelu) {
-    // In place over mlp_in, which nothing reads after this: its storage
-    // lives on as d_mlp_in, so no (N, W) gradient is allocated (and a
-    // kernel that reads and writes the same addresses).
-    d_mlp_in = a.mlp_in;
-    a.mlp_in = Tensor();
-    ops::swiglu_backward(d_mlp_in, d_act, d_mlp_in);
-    d_act = Tensor();
-  }
-  Tensor ln2;
-  comm::WorkHandle gather = start_input(a.ln2, ln2);
-  lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);
-  comm::WorkHandle reduce = start_reduce_rows(m, d_ln, d_partial);
-  {
-    const ColumnParallelLinear lin_now = lin.mlp_in;
-    const Tensor dy = d_mlp_in.view(Shape{N, W});
-    weights([this, layer, lin_now, dy, ln2, gather] {
-      wait(gather);
-      const BlockParams gn = block_views(layer, true);
-      lin_now.with_grads(gn.mlp_in_w, gn.mlp_in_b)
-          .backward_weights(dy, ln2, claim_grads(block_set(layer), {gn.mlp_in_w, gn.mlp_in_b}));
-    });
-  }
-  wait(gather);
-  wait(reduce);
-  d_mlp_in = ln2 = Tensor();
   // dres <- dL/d res_mid = norm2 backward + the residual path.
   ops::norm_backward(norm_kind(), dres, g_ln2_w, g_ln2_b, d_ln, a.res_mid, p.ln2_w, a.ln2_mean, a.ln2_rstd, dres,
                      sp ? ops::GradWrite::accumulate : claim_grads(block_set(layer), {g.ln2_w, g.ln2_b}));
@@ -802,7 +825,15 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   Tensor x = part_input(m, input, ctx.tokens, rows);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     need(block_set(i));
+    ctx.blocks[i].moe.grad_scale = grad_scale;
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T, m);
+    if (ctx.blocks[i].moe.defined()) {
+      ctx.aux_loss += ctx.blocks[i].moe.aux_loss;
+      const std::vector<int64_t> load = moe_expert_load(ctx.blocks[i].moe);
+      const double mean = double(ctx.blocks[i].moe.order.numel()) / double(load.size());
+      if (mean > 0)
+        ctx.expert_load_max = std::max(ctx.expert_load_max, double(*std::max_element(load.begin(), load.end())) / mean);
+    }
     done(block_set(i));
     if (train)
       release_for_policy(ctx.blocks[i]);

@@ -42,6 +42,7 @@
 
 #include "core/tensor.h"
 #include "nn/model_config.h"
+#include "nn/moe.h"
 #include "nn/parallel_linear.h"
 #include "nn/params.h"
 #include "nn/tensor_parallel.h"
@@ -69,6 +70,7 @@ struct BlockActivations {
   Tensor ln2_mean, ln2_rstd;     // (R) f32
   Tensor mlp_in;                 // (B, T, F) GeLU input, or (B, T, 2F) SwiGLU [gate | up] (local width)
   Tensor act;                    // (B, T, F)  activation output
+  MoeActivations moe;            // instead of mlp_in and act under ModelConfig::moe (nn/moe.h)
 };
 
 // Weight-gradient work a zero-bubble backward_input left for backward_weight:
@@ -97,6 +99,9 @@ struct ForwardContext {
   Tensor dlogits;                         // (N, Vl) gradient of this rank's logits (head_keeps_dlogits)
   Tensor token_losses;                    // (N) f32 on the model's device, 0 for ignored targets (head stage)
   double loss_sum = 0.0;                  // sum of token losses (f64); unset under defer_loss_sum
+  double aux_loss = 0.0;                  // MoE: this part's blocks' load-balancing losses, summed (nn/moe.h);
+                                          // the objective counts it B T grad_scale times, as the token losses
+  double expert_load_max = 0.0;           // MoE: the busiest expert's slots over the mean, worst block
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
   bool weights_pending = false;
@@ -291,6 +296,7 @@ class Transformer {
   struct BlockParams {  // views into one ParamSet; undefined where the arch has none
     Tensor ln1_w, ln1_b, wqkv, bqkv, wq, wk, wv, bq, bk, bv, proj_w, proj_b, ln2_w, ln2_b, mlp_in_w, mlp_in_b,
         mlp_out_w, mlp_out_b;  // wq, wk, wv (bq, bk, bv): row slices of wqkv (bqkv)
+    MoeWeights moe;            // instead of mlp_in_w, mlp_out_w under ModelConfig::moe
   };
   BlockParams block_views(size_t layer, bool grads) const;
   struct BlockLinears {  // the block's linear layers over its parameter and gradient views

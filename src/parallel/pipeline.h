@@ -61,6 +61,8 @@ class PipelineRunner {
   struct StepResult {
     double loss_sum = 0;      // the head stage's summed token loss (0 on other ranks)
     int64_t loss_tokens = 0;
+    double aux_weighted = 0;     // MoE: this stage's load-balancing losses times their passes' tokens (B T)
+    double expert_load_max = 0;  // MoE: the busiest expert over the mean, worst block and micro-batch here
     double seconds = 0;          // the whole of run(): compute, waits, transfers
     double idle_seconds = 0;     // time blocked waiting for a neighbour's transfer
     double compute_seconds = 0;  // forward + backward passes

@@ -15,7 +15,7 @@ namespace {
 // and values (as ModelConfig::train_flops_per_token counts them).
 double block_cost(const nn::ModelConfig& c, int64_t T) {
   const double C = double(c.d_model);
-  const double matmul = double(c.qkv_width()) * C + C * C + double(c.mlp_in_width()) * C + double(c.d_ff) * C;
+  const double matmul = double(c.qkv_width()) * C + C * C + double(c.active_mlp_params());
   return 6.0 * matmul + 12.0 * C * double(T);
 }
 

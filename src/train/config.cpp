@@ -54,6 +54,12 @@ const std::vector<Field>& fields() {
       ZT_F("model", "rope_original_max_position", model.rope_scaling.original_max_position, "Llama 3 scaling"),
       ZT_F("model", "tied_embeddings", model.tied_embeddings, "LM head shares the token embedding"),
       ZT_F("model", "init_std", model.init_std, "init N(0, std); residual projections / sqrt(2 L)"),
+      ZT_F("model", "n_expert", model.n_expert, "mixture of experts: experts per block's MLP (0: a dense MLP; llama3)"),
+      ZT_F("model", "expert_top_k", model.expert_top_k, "experts each token is routed to"),
+      ZT_F("model", "expert_normalize", model.expert_normalize,
+           "the top-k routing weights renormalised to sum 1 (Mixtral); false keeps the softmax probabilities"),
+      ZT_F("model", "router_aux_loss", model.router_aux_loss,
+           "load-balancing loss coefficient (Switch: E sum_e f_e P_e per block; 0: none)"),
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
       ZT_F("train", "device", train.device, "cpu | cuda[:N] | auto (cuda when this machine has a usable GPU, else cpu)"),
@@ -462,8 +468,9 @@ void Config::validate() const {
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
   ZT_CHECK(parallel.ep == 1,
-           "this build trains with data, tensor, pipeline and context parallelism: expert parallelism (MoE) is "
-           "not implemented yet; set parallel.ep to 1");
+           "this build trains with data, tensor, pipeline and context parallelism: expert parallelism is not "
+           "implemented yet (a mixture-of-experts model, model.n_expert > 0, keeps every expert on each rank); set "
+           "parallel.ep to 1");
   if (parallel.cp > 1) {
     ZT_CHECK(train.seq_len % (2 * parallel.cp) == 0, "parallel.cp = ", parallel.cp, " cuts each sequence into 2 cp = ",
              2 * parallel.cp, " equal chunks (two per rank, for balance), but train.seq_len = ", train.seq_len,

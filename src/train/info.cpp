@@ -83,10 +83,10 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   r.components.push_back({"token embedding (wte)", m.vocab_size * C});
   if (m.learned_positions()) r.components.push_back({"position embedding (wpe)", m.max_seq_len * C});
   const int64_t attn = m.qkv_width() * C + C * C + (m.has_bias() ? m.qkv_width() + C : 0);
-  const int64_t mlp = (m.mlp_in_width() + m.d_ff) * C + (m.has_bias() ? m.mlp_in_width() + C : 0);
+  const int64_t mlp = m.mlp_params() + (m.has_bias() ? m.mlp_in_width() + C : 0);
   const int64_t norms = (m.has_bias() ? 4 : 2) * C;
   r.components.push_back({"attention (all layers)", attn * m.n_layer});
-  r.components.push_back({"mlp (all layers)", mlp * m.n_layer});
+  r.components.push_back({m.moe() ? "experts + routers (all layers)" : "mlp (all layers)", mlp * m.n_layer});
   r.components.push_back({"norms (all layers + final)", norms * m.n_layer + (m.has_bias() ? 2 : 1) * C});
   if (!m.tied_embeddings) r.components.push_back({"lm head", m.vocab_size * C});
   r.total_params = m.total_params();
@@ -143,7 +143,18 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                 cfg.model_preset.empty() ? "custom" : cfg.model_preset.c_str(), std::string(nn::arch_name(m.arch)).c_str(),
                 (long long)m.n_layer, (long long)m.d_model, (long long)m.n_head, (long long)m.n_kv_head,
                 (long long)m.d_ff, (long long)m.vocab_size, (long long)m.padded_vocab());
-  os << line << "\nparameters\n";
+  os << line;
+  if (m.moe()) {
+    std::snprintf(line, sizeof line,
+                  "mixture of experts: %lld experts of d_ff %lld per block, top %lld (%s weights), router aux loss "
+                  "%g; %.4g of the parameters active per token\n",
+                  (long long)m.n_expert, (long long)m.d_ff, (long long)m.expert_top_k,
+                  m.expert_normalize ? "renormalised" : "softmax", double(m.router_aux_loss),
+                  double(m.matmul_params() + (m.total_params() - m.non_embedding_params() - m.vocab_size * m.d_model)) /
+                      double(m.total_params()));
+    os << line;
+  }
+  os << "\nparameters\n";
   for (const auto& c : r.components) {
     std::snprintf(line, sizeof line, "  %-28s %14lld  (%5.1f%%)\n", c.name.c_str(), (long long)c.params,
                   100.0 * double(c.params) / double(r.total_params));
@@ -154,8 +165,9 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
   os << line;
   std::snprintf(line, sizeof line,
                 "\ntraining FLOPs per token at T=%lld: %.4g (6N + 12 L d T, N = %lld parameters in matmuls: "
-                "blocks + LM head)\n",
-                (long long)cfg.train.seq_len, r.flops_per_token, (long long)cfg.model.matmul_params());
+                "blocks + LM head%s)\n",
+                (long long)cfg.train.seq_len, r.flops_per_token, (long long)cfg.model.matmul_params(),
+                m.moe() ? "; of the experts, the k a token uses" : "");
   os << line;
   std::snprintf(line, sizeof line, "\nmemory (one process, %s)\n  %-28s %10.1f MiB\n  %-28s %10.1f MiB\n  %-28s %10.1f MiB\n",
                 cfg.train.dtype.c_str(), "parameters", double(r.param_bytes) / MiB, "gradients (f32)",

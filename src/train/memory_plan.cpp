@@ -101,19 +101,31 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // What BlockActivations keeps (see nn/transformer.h): (R, C) rows of the
   // residual stream, (N, local width) matmul outputs, f32 statistics.
   const int64_t rows_c = s * R * C;
-  const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv + W + F) /*q, att, k, v,
-      mlp_in, act*/ + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
+  // The MLP's bytes per token: kept (mlp_in, act; or the experts' rows of
+  // nn/moe.h - k copies of xs, h, act, ys - and the f32 router state),
+  // rebuilt by selective recompute (act; or xs and act), held for deferred
+  // weight gradients (act and d mlp_in; or act, dh, xs, dys and the router's
+  // gradient) and in flight in backward (d act; or dys, d act, dxs, dweight
+  // and dlogits).
+  const int64_t E = m.n_expert, k = m.expert_top_k;
+  const bool moe = m.moe();
+  const int64_t mlp_kept = moe ? s * k * (2 * C + 3 * F) + 4 * E + 16 * k : s * (W + F);
+  const int64_t mlp_rebuilt = moe ? s * k * (C + F) : s * F;
+  const int64_t mlp_held = moe ? s * k * (2 * C + 3 * F) + s * E : s * (W + F);
+  const int64_t mlp_gradients = moe ? s * k * (2 * C + F) + 4 * k + (4 + s) * E : s * F;
+  const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
+                             N * mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
   // and activation output; full: all but the block's input).
   int64_t rebuilt = 0;
-  if (policy == nn::Recompute::selective) rebuilt = s * N * (q + F) + 4 * N * sh.q_heads;
+  if (policy == nn::Recompute::selective) rebuilt = s * N * q + N * mlp_rebuilt + 4 * N * sh.q_heads;
   if (policy == nn::Recompute::full) rebuilt = full_block - rows_c;
   const int64_t layers = part.last_layer - part.first_layer;
   const int64_t blocks = layers * (full_block - rebuilt);
   // The inputs (ln1 and ln2 as all N rows, att, act) and output gradients
   // (the row-parallel layers' two, all N rows; d mlp_in, dq, dk, dv) the
   // deferred weight gradients of a block read.
-  const int64_t held_block = s * N * (4 * C + 2 * q + 2 * kv + W + F);
+  const int64_t held_block = s * N * (4 * C + 2 * q + 2 * kv) + N * mlp_held;
   // The step's host copy of the token ids (i32) per chunk and micro-batch:
   // device memory only when the device is the host.
   const bool host = parse_device(cfg.train.device).is_cpu();
@@ -126,7 +138,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // written over mlp_in); under sequence parallelism also a norm's output
   // gathered to all N rows and the (N, C) partial input gradient before its
   // reduce-scatter.
-  const int64_t gradients = 2 * rows_c + s * N * F + (sequence_parallel ? 2 * s * N * C : 0);
+  const int64_t gradients = 2 * rows_c + N * mlp_gradients + (sequence_parallel ? 2 * s * N * C : 0);
   const int64_t backward = blocks + ids + rebuilt + gradients;
   // zb's input-gradient pass ends at the first block: the later blocks'
   // held tensors, this block's activations (rebuilt whole under full

@@ -37,6 +37,10 @@ void MetricsLog::write_step(const StepMetrics& m) {
   nlohmann::json j;
   j["step"] = m.step;
   j["loss"] = m.loss;
+  if (m.expert_load_max > 0) {
+    j["router_aux_loss"] = m.router_aux_loss;
+    j["expert_load_max"] = m.expert_load_max;
+  }
   j["lr"] = m.lr;
   j["grad_norm"] = m.grad_norm;
   j["skipped"] = m.skipped;
@@ -142,6 +146,10 @@ std::string format_step_line(const StepMetrics& m) {
                 double(m.memory.total_peak_bytes) / (1 << 20),
                 format_duration(eta).c_str());
   std::string line = buf;
+  if (m.expert_load_max > 0) {
+    std::snprintf(buf, sizeof buf, " | moe aux %.4f, busiest expert %.2fx", m.router_aux_loss, m.expert_load_max);
+    line += buf;
+  }
   if (m.loss_scale > 0) {
     std::snprintf(buf, sizeof buf, " | loss scale %g", m.loss_scale);
     line += buf;

@@ -15,6 +15,13 @@ struct StepMetrics {
   int64_t step = 0;            // 1-based optimizer step just taken
   int64_t total_steps = 0;
   double loss = 0;             // mean token loss of the global batch
+  // MoE: the blocks' load-balancing losses (nn/moe.h) summed over blocks,
+  // averaged over the step's tokens as the objective counts them (0: none).
+  double router_aux_loss = 0;
+  // MoE: the busiest expert's share of the routed slots over the mean share
+  // (1: balanced; E / k: every token to the same k), worst block and
+  // micro-batch of this rank's.
+  double expert_load_max = 0;
   double lr = 0;
   double grad_norm = 0;        // before clipping
   bool skipped = false;        // non-finite loss or gradient: no update

@@ -138,6 +138,8 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   const int64_t cp = mesh_ ? mesh_->cp().size() : 1;
   ZT_CHECK(cp == 1 || device.is_cpu(), "context parallelism (parallel.cp = ", cp, ") runs on the CPU so far; set "
            "train.device = \"cpu\" or parallel.cp = 1");
+  ZT_CHECK(!cfg_.model.moe() || device.is_cpu(), "mixture-of-experts blocks (model.n_expert = ", cfg_.model.n_expert,
+           ") run on the CPU so far; set train.device = \"cpu\" or model.n_expert = 0");
   comm::ProcessGroup& dp_group = !mesh_ ? *solo_dp_ : cp > 1 ? mesh_->dp_cp() : mesh_->dp();
   main_rank_ = !mesh_ || mesh_->world_rank() == 0;
   data_ranks_ = mesh_ ? mesh_->shape().dp : 1;
@@ -253,7 +255,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   // overwrites it (nn::Transformer::begin_grads).
   for (auto& c : chunks_) c->begin_grads();
   dp_->begin_step();
-  double loss_sum = 0;
+  double loss_sum = 0, aux_weighted = 0;
   if (pipeline_) {
     // Every micro-batch of the step, then the schedule over them.
     auto t0 = Clock::now();
@@ -282,6 +284,8 @@ StepMetrics Trainer::train_step(int64_t step) {
       }
     }
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
+    aux_weighted = comm::sum_exact(mesh_->pp(), res.aux_weighted);  // each stage's blocks
+    m.expert_load_max = res.expert_load_max;
     m.backward_seconds += res.compute_seconds - res.forward_seconds;  // waiting (the bubble) is in neither
   }
   // No wait for the GPU inside the loop: the micro-batches' losses are read,
@@ -302,6 +306,8 @@ StepMetrics Trainer::train_step(int64_t step) {
     dp_->set_prefetch(+1);
     model().forward_part(ctx, Tensor(), model_rows(inputs_), model_rows(targets_), true, grad_scale);  // loss sum deferred
     token_losses.push_back(ctx.token_losses);  // backward releases ctx
+    aux_weighted += ctx.aux_loss * double(ctx.B * ctx.T);
+    m.expert_load_max = std::max(m.expert_load_max, ctx.expert_load_max);
     mk.forward_done = ops::DeviceMark(device);
     mk.head_start = std::move(ctx.head_start);
     dp_->begin_backward(micro + 1 == accum);  // only the last micro-batch reduces (ZeRO < 2)
@@ -322,6 +328,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   const auto t_reduce = Clock::now();
   dp_->finish_reduction();
   loss_sum = dp_->sum(loss_sum);
+  if (cfg_.model.moe()) m.router_aux_loss = dp_->sum(aux_weighted) / double(m.tokens);  // dp (x cp) ranks' tokens
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
@@ -563,6 +570,15 @@ TrainResult Trainer::run(int64_t stop_after) {
                 double(mc.total_params()) / 1e6, double(mc.non_embedding_params()) / 1e6, cfg_.train.dtype.c_str(),
                 cfg_.train.recompute.c_str());
   say(head);
+  if (mc.moe()) {
+    std::snprintf(head, sizeof head,
+                  "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s), "
+                  "load-balancing loss x %g; MFU counts the %.2fM parameters a token's products use",
+                  (long long)mc.n_expert, (long long)mc.d_ff, (long long)mc.expert_top_k,
+                  mc.expert_normalize ? "weights renormalised" : "softmax weights", double(mc.router_aux_loss),
+                  double(mc.matmul_params()) / 1e6);
+    say(head);
+  }
   std::snprintf(head, sizeof head,
                 "batch: %lld sequences x %lld tokens = %lld tokens/step (micro-batch %lld, %lld accumulation steps); "
                 "%lld steps; MFU peak %.1f GFLOP/s%s",

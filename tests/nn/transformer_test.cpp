@@ -22,6 +22,11 @@ TEST(ModelConfig, PresetParameterCountsMatchThePublishedModels) {
   EXPECT_EQ(model_preset("gpt2-124m").total_params(), 124439808);   // GPT-2 small
   EXPECT_EQ(model_preset("llama3-8b").total_params(), 8030261248);  // Llama 3 8B
   EXPECT_EQ(model_preset("llama3-1b").total_params(), 1235814400);  // Llama 3.2 1B (tied)
+  // Mixtral 8x7B: 46.7B parameters, 12.9B active (2 of 8 experts); the
+  // active ones in matmuls leave out the input embedding (a lookup).
+  const ModelConfig mixtral = model_preset("mixtral-8x7b");
+  EXPECT_EQ(mixtral.total_params(), 46702792704);
+  EXPECT_EQ(mixtral.matmul_params() + mixtral.vocab_size * mixtral.d_model, 12879925248);
   for (const std::string& name : model_preset_names()) EXPECT_NO_THROW(model_preset(name).validate()) << name;
   EXPECT_THROW(model_preset("nope"), Error);
 }
@@ -100,12 +105,16 @@ TEST_P(RecomputeTest, PoliciesGiveBitwiseEqualGradientsAndLessMemory) {
   EXPECT_LT(peak[2], peak[1]) << "full should keep less than selective";
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, RecomputeTest, ::testing::Values("gpt2-tiny", "llama3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Arch, RecomputeTest, ::testing::Values("gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"));
 
 TEST(Transformer, AccumulatingMicroBatchesEqualsOneBatch) {
   ZT_TEST_TRACE_SEED();
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"}) {
     ModelConfig c = model_preset(preset);
+    // The load-balancing loss counts each micro-batch's routing (f_e) apart,
+    // as Megatron's and the PyTorch reference's do: off here, so that the
+    // rest must match.
+    c.router_aux_loss = 0.0f;
     const int64_t B = 8, T = 16;
     const Batch b = random_batch(c, B, T, 3);
     Transformer whole(c, DType::f32), parts(c, DType::f32);
@@ -197,7 +206,7 @@ namespace {
 // tied embedding gets the LM head's share of its gradient, the embedding
 // part the lookup's, and the two add up to the whole model's.
 TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"}) {
     SCOPED_TRACE(preset);
     ModelConfig c = model_preset(preset);
     c.n_layer = 4;
@@ -526,7 +535,7 @@ TEST(ParamSetGrads, FirstWritesOverwriteAndFinishZeroesTheRest) {
 // ready.
 TEST(Transformer, LazyGradientsGiveTheBitsOfZeroedOnes) {
   ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"}) {
     for (const char* fused : {"0", "1", "2"}) {
       if (std::string(preset) == "gpt2-tiny" && std::string(fused) == "2") continue;  // GPT-2's 2 is its 1
       for (const bool keep : {false, true}) {

@@ -335,6 +335,33 @@ TEST(ContextParallel, ComposesWithDataTensorAndPipelineParallel) {
   }
 }
 
+// A mixture-of-experts model (nn/moe.h) over data, context and pipeline
+// parallelism (tensor parallelism of the experts is refused): 10 steps match
+// the single process. Under cp the load-balancing loss counts the whole
+// sequence's routing (summed over the cp group), as the one process does.
+TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const Case c{"llama3-moe-tiny", false, {"model.router_aux_loss=0.05"}, "llama3 MoE"};
+  struct Layout {
+    parallel::MeshShape shape;
+    std::vector<std::string> settings;
+    const char* what;
+  };
+  std::vector<Layout> layouts = {
+      {{p, 1, 1, 1, 1}, {"parallel.zero_stage=1"}, "dp, ZeRO-1"},
+      {{1, 1, 1, p, 1}, {"parallel.cp=" + std::to_string(p), "train.recompute=full"}, "cp, full recompute"},
+  };
+  if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
+  if (p == 4) layouts.push_back({{2, 1, 1, 2, 1}, {"parallel.cp=2", "parallel.zero_stage=3"}, "dp 2 x cp 2, ZeRO-3"});
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
+    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
+    const Config cfg = case_config(c, 1, l.settings);
+    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
+  }
+}
+
 // tp 2 x dp 2 with ZeRO-3 and every group on one queue (one_queue_group.h),
 // as NCCL runs all of a GPU's communicators on its one stream: the tp
 // all-reduces, the dp reduce-scatters and ZeRO-3's gathers are issued in one

@@ -108,6 +108,9 @@ class Reference(torch.nn.Module):
             att = att.transpose(1, 2).reshape(B, T, C)
             x = x + self.linear(att, p + "attn.proj")
             h = self.norm(x, p + "mlp_norm")
+            if cfg.get("n_expert", 0) > 0:
+                x = x + self.experts(h, p)
+                continue
             u = self.linear(h, p + "mlp.in")
             if cfg["arch"] == "gpt2":
                 a = F.gelu(u, approximate="tanh")
@@ -119,10 +122,35 @@ class Reference(torch.nn.Module):
         head = self.w("embed.wte") if cfg["tied_embeddings"] else self.w("lm_head.weight")
         return x @ head.t()
 
+    def experts(self, h, p):
+        # Mixture of experts: every expert runs on every token (no dispatch)
+        # and each token keeps the outputs of its top k, weighted.
+        cfg = self.cfg
+        E, k, Fw = cfg["n_expert"], cfg["expert_top_k"], cfg["d_ff"]
+        x = h.reshape(-1, h.shape[-1])
+        probs = torch.softmax(x @ self.w(p + "mlp.router.weight").t(), dim=-1)
+        top_p, top_i = probs.topk(k, dim=-1)
+        if cfg["expert_normalize"]:
+            top_p = top_p / top_p.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        w_in, w_out = self.w(p + "mlp.experts.in.weight"), self.w(p + "mlp.experts.out.weight")
+        for e in range(E):
+            g, up = (x @ w_in[e].t()).split([Fw, Fw], dim=-1)
+            gate = (top_p * (top_i == e)).sum(-1, keepdim=True)  # 0 where e is not chosen
+            out = out + gate * ((F.silu(g) * up) @ w_out[e].t())
+        # Switch load balancing: E sum_e f_e P_e, f_e the share of slots (no gradient).
+        f = F.one_hot(top_i, E).sum(dim=(0, 1)).to(torch.float32) / (x.shape[0] * k)
+        self.aux = self.aux + cfg["router_aux_loss"] * E * (f * probs.mean(0)).sum()
+        return out.reshape(h.shape)
+
     def loss(self, tokens, targets):
+        # Returns the cross-entropy (what is reported) and the objective
+        # (cross-entropy + the blocks' load-balancing losses, what is trained).
         V = self.cfg["vocab_size"]
+        self.aux = torch.zeros(())
         logits = self.forward(tokens)
-        return F.cross_entropy(logits[..., :V].reshape(-1, V), targets.reshape(-1).long()), logits
+        ce = F.cross_entropy(logits[..., :V].reshape(-1, V), targets.reshape(-1).long())
+        return ce, ce + self.aux, logits
 
 
 def lr_at(o, step):
@@ -142,8 +170,8 @@ def main(d):
     model = Reference(cfg, weights)
     out = {}
     # Gradients on batch 0 at the initial weights.
-    loss, logits = model.loss(batches["tokens"][0], batches["targets"][0])
-    loss.backward()
+    loss, objective, logits = model.loss(batches["tokens"][0], batches["targets"][0])
+    objective.backward()
     out["logits"] = logits.detach()
     out["loss"] = loss.detach().reshape(1)
     for n in names:
@@ -163,8 +191,8 @@ def main(d):
         tokens, targets = batches["tokens"][step], batches["targets"][step]
         total = 0.0
         for mb_tokens, mb_targets in zip(tokens.chunk(accum), targets.chunk(accum)):
-            mb_loss, _ = model.loss(mb_tokens, mb_targets)
-            (mb_loss / accum).backward()
+            mb_loss, mb_objective, _ = model.loss(mb_tokens, mb_targets)
+            (mb_objective / accum).backward()
             total += mb_loss.item() / accum
         losses.append(total)
         if o["grad_clip"] > 0:

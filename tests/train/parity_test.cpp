@@ -107,6 +107,8 @@ peak_gflops = 1.0
       {"rope_high_freq_factor", m.rope_scaling.high_freq_factor},
       {"rope_original_max_position", m.rope_scaling.original_max_position},
       {"tied_embeddings", m.tied_embeddings}, {"grad_accum", cfg.grad_accum_steps()}, {"no_decay", no_decay},
+      {"n_expert", m.n_expert}, {"expert_top_k", m.expert_top_k}, {"expert_normalize", m.expert_normalize},
+      {"router_aux_loss", m.router_aux_loss},
       {"optim",
        {{"lr", cfg.optim.lr}, {"min_lr", cfg.optim.min_lr}, {"warmup_steps", cfg.optim.warmup_steps},
         {"steps", steps}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2}, {"eps", cfg.optim.eps},
@@ -220,6 +222,35 @@ n_kv_head = 1
 [train]
 global_batch = 8
 micro_batch = 2
+)"});
+}
+
+// Mixture of experts (nn/moe.h): the reference runs every expert on every
+// token and keeps each token's top k, so the dispatch, the per-expert
+// products and the combine are checked against plain dense algebra; the
+// load-balancing loss is in the gradients and the training run.
+TEST(PyTorchParity, MixtureOfExpertsTopTwoWithAccumulation) {
+  run_case({"llama3_moe", R"([model]
+preset = "llama3-moe-tiny"
+router_aux_loss = 0.05
+[train]
+global_batch = 8
+micro_batch = 4
+)"});
+}
+
+TEST(PyTorchParity, MixtureOfExpertsSoftmaxWeightsTopThreeSelectiveRecompute) {
+  run_case({"llama3_moe_softmax", R"([model]
+preset = "llama3-moe-tiny"
+n_expert = 5
+expert_top_k = 3
+expert_normalize = false
+router_aux_loss = 0.1
+tied_embeddings = true
+[train]
+global_batch = 4
+micro_batch = 4
+recompute = "selective"
 )"});
 }
 

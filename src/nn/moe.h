@@ -1,0 +1,89 @@
+// The mixture-of-experts MLP of a block (ModelConfig::moe; Mixtral / Switch
+// style): a router, E SwiGLU experts, each token through its top k.
+//
+//   logits (N, E) f32 = x Wr^T                 router, Wr (E, C)
+//   probs, choice, weight = ops::moe_route      softmax, top k, (renormalised) weights
+//   xs (N k, C)  = x's rows grouped by expert   ops::moe_gather
+//   h_e  (n_e, 2F) = xs_e W_in[e]^T            [gate | up], W_in (E, 2F, C)
+//   act_e (n_e, F) = silu(gate) * up
+//   ys_e  (n_e, C) = act_e W_out[e]^T           W_out (E, C, F)
+//   out (N, C) = residual + sum_j weight[t, j] ys[slot (t, j)]
+//
+// The load-balancing loss of the micro-batch (Switch Transformer, eq. 4):
+// aux = coef * E * sum_e f_e P_e, f_e = n_e / (N k) (not differentiated),
+// P_e = mean over tokens of probs[:, e]. The trainer's objective adds each
+// block's aux weighted by the micro-batch's tokens times grad_scale (as the
+// token losses are), so its gradient at probs[t, e] is
+// grad_scale * coef * E * f_e whatever the accumulation.
+//
+// Under context parallelism a sequence's tokens are spread over the cp
+// group: f_e and P_e are then the whole micro-batch's (the ranks' counts and
+// probability sums are summed over the group: 2E + 1 doubles per block), so
+// the loss and its gradient are those of the single process.
+//
+// The experts' products run per expert on its contiguous run of sorted rows
+// (dropless: no capacity limit, no token dropped). One process holds every
+// expert; expert parallelism and tensor parallelism of the experts are not
+// built yet (the trainer refuses them).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "core/tensor.h"
+#include "nn/model_config.h"
+#include "ops/grad_write.h"
+
+namespace zt::nn {
+
+// A block's MoE weights, or views of their gradients (f32).
+struct MoeWeights {
+  Tensor router;       // (E, C)
+  Tensor experts_in;   // (E, 2F, C)
+  Tensor experts_out;  // (E, C, F)
+};
+
+// What the MoE MLP keeps for its backward (host tensors on the CPU).
+struct MoeActivations {
+  Tensor probs;                  // (N, E) f32
+  Tensor choice;                 // (N, k) i32
+  Tensor weight;                 // (N, k) f32
+  Tensor order, where;           // (N k) i32: the dispatch plan (ops/moe.h)
+  std::vector<int64_t> offsets;  // (E + 1): expert e's sorted rows
+  Tensor xs;                     // (N k, C) the experts' input rows
+  Tensor h;                      // (N k, 2F) [gate | up]
+  Tensor act;                    // (N k, F)
+  Tensor ys;                     // (N k, C) the experts' outputs
+  std::vector<double> load;      // (E) slots per expert, over the balancing group (f_e = load / (N k) of it)
+  double load_tokens = 0.0;      // N over the balancing group
+  float grad_scale = 0.0f;       // the pass's (the aux loss's gradient scale)
+  double aux_loss = 0.0;         // this micro-batch's load-balancing loss, coefficient included
+  bool defined() const { return probs.defined(); }
+};
+
+// out (N, C) = residual (N, C) + the MoE MLP of x (N, C); fills a (and a.aux_loss).
+// balance_group: the ranks whose tokens make one micro-batch of the
+// load-balancing loss (the cp group; null: this rank's alone). A collective
+// over it when it has several ranks.
+void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, const Tensor& x,
+                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group = nullptr);
+// Selective recompute: drop what is cheap to make again (xs, act), and make it again.
+void moe_release_selective(MoeActivations& a);
+void moe_recompute_selective(MoeActivations& a, const Tensor& x);
+
+// Backward for dout (N, C), the gradient at out: dx (N, C) is overwritten
+// with the gradient at x (the residual's gradient is dout itself, the
+// caller's). The weight gradients are work handed to `weights` (run at once
+// or later: zero-bubble schedules); each looks its views up with `grads`
+// when it runs and asks `claim` how to write each expert's slice (a step's
+// first write overwrites). Releases a's tensors but what the work keeps.
+void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                  const MoeWeights& w, const std::function<void(std::function<void()>)>& weights,
+                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim);
+
+// Per-expert slot counts of a forward (a.offsets' differences): for metrics.
+std::vector<int64_t> moe_expert_load(const MoeActivations& a);
+
+}  // namespace zt::nn
