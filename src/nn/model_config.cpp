@@ -165,7 +165,7 @@ const Preset kPresets[] = {
        c.vocab_size = 512;
        c.max_seq_len = 64;
        c.rope_theta = 10000.0;
-       c.rope_scaling.original_max_position = 16;
+       c.rope_scaling.enabled = false;  // as Mixtral (its HF form has no Llama 3 scaling)
        c.n_expert = 4;
        c.expert_top_k = 2;
        return c;

@@ -2,7 +2,7 @@
 // and name table in hf_format.h).
 //
 // The layout (HfModel::layout) is a JSON object:
-//   format "zettatron.hf_layout", version 1, model_type ("gpt2" | "llama"),
+//   format "zettatron.hf_layout", version 1, model_type ("gpt2" | "llama" | "mixtral"),
 //   config_json   the original config.json text, verbatim
 //   index_json    the original model.safetensors.index.json text, or null
 //   prefix        "" or "transformer." (GPT-2 saved from GPT2LMHeadModel)
@@ -140,6 +140,11 @@ std::string config_difference(const nn::ModelConfig& a, const nn::ModelConfig& b
   cmp("max_seq_len", a.max_seq_len, b.max_seq_len);
   cmp("norm_eps", a.norm_eps, b.norm_eps);
   cmp("tied_embeddings", a.tied_embeddings, b.tied_embeddings);
+  cmp("n_expert", a.n_expert, b.n_expert);
+  if (a.moe()) {
+    cmp("expert_top_k", a.expert_top_k, b.expert_top_k);
+    cmp("expert_normalize", a.expert_normalize, b.expert_normalize);
+  }
   if (a.arch == nn::Arch::llama3) {
     cmp("rope_theta", a.rope_theta, b.rope_theta);
     cmp("rope_scaling.enabled", a.rope_scaling.enabled, b.rope_scaling.enabled);
@@ -160,7 +165,7 @@ enum class Op {
   copy,       // same shape
   vocab,      // hf = zt rows [0, vocab_size)
   transpose,  // hf (in, out) = zt (out, in)^T  (GPT-2 Conv1D)
-  rows,       // hf = zt rows [r0, r1)
+  rows,       // hf = zt rows [r0, r1) (of a 3-D tensor: rows of its (E d1, d2) view)
   rope_rows,  // hf = zt rows [r0, r1), each head of D rows permuted interleaved -> rotate_half
 };
 
@@ -190,6 +195,12 @@ std::vector<std::pair<std::string, Shape>> zt_params(const nn::ModelConfig& c) {
     if (b) v.push_back({p + "attn.proj.bias", Shape{C}});
     v.push_back({p + "mlp_norm.weight", Shape{C}});
     if (b) v.push_back({p + "mlp_norm.bias", Shape{C}});
+    if (c.moe()) {
+      v.push_back({p + "mlp.router.weight", Shape{c.n_expert, C}});
+      v.push_back({p + "mlp.experts.in.weight", Shape{c.n_expert, c.mlp_in_width(), C}});
+      v.push_back({p + "mlp.experts.out.weight", Shape{c.n_expert, C, c.d_ff}});
+      continue;
+    }
     v.push_back({p + "mlp.in.weight", Shape{c.mlp_in_width(), C}});
     if (b) v.push_back({p + "mlp.in.bias", Shape{c.mlp_in_width()}});
     v.push_back({p + "mlp.out.weight", Shape{C, c.d_ff}});
@@ -239,9 +250,20 @@ std::vector<Piece> hf_pieces(const nn::ModelConfig& c, const std::string& prefix
       add(m + "self_attn.k_proj.weight", z + "attn.qkv.weight", Op::rope_rows, Shape{kv, C}, q, q + kv);
       add(m + "self_attn.v_proj.weight", z + "attn.qkv.weight", Op::rows, Shape{kv, C}, q + kv, q + 2 * kv);
       add(m + "self_attn.o_proj.weight", z + "attn.proj.weight", Op::copy, Shape{C, C});
-      add(m + "mlp.gate_proj.weight", z + "mlp.in.weight", Op::rows, Shape{F, C}, 0, F);
-      add(m + "mlp.up_proj.weight", z + "mlp.in.weight", Op::rows, Shape{F, C}, F, 2 * F);
-      add(m + "mlp.down_proj.weight", z + "mlp.out.weight", Op::copy, Shape{C, F});
+      if (c.moe()) {  // Mixtral: the router, then per expert w1 (gate), w2 (down), w3 (up)
+        const std::string e = m + "block_sparse_moe.";
+        add(e + "gate.weight", z + "mlp.router.weight", Op::copy, Shape{c.n_expert, C});
+        for (int64_t x = 0; x < c.n_expert; ++x) {
+          const std::string w = e + "experts." + std::to_string(x) + ".";
+          add(w + "w1.weight", z + "mlp.experts.in.weight", Op::rows, Shape{F, C}, 2 * F * x, 2 * F * x + F);
+          add(w + "w2.weight", z + "mlp.experts.out.weight", Op::rows, Shape{C, F}, C * x, C * (x + 1));
+          add(w + "w3.weight", z + "mlp.experts.in.weight", Op::rows, Shape{F, C}, 2 * F * x + F, 2 * F * (x + 1));
+        }
+      } else {
+        add(m + "mlp.gate_proj.weight", z + "mlp.in.weight", Op::rows, Shape{F, C}, 0, F);
+        add(m + "mlp.up_proj.weight", z + "mlp.in.weight", Op::rows, Shape{F, C}, F, 2 * F);
+        add(m + "mlp.down_proj.weight", z + "mlp.out.weight", Op::copy, Shape{C, F});
+      }
       add(m + "input_layernorm.weight", z + "attn_norm.weight", Op::copy, Shape{C});
       add(m + "post_attention_layernorm.weight", z + "mlp_norm.weight", Op::copy, Shape{C});
     }
@@ -334,7 +356,7 @@ Tensor export_piece(const Piece& pc, const Tensor& z) {
   Tensor h = Tensor::empty(pc.hf_shape, DType::f32, Device::cpu(), MemCategory::workspace);
   const float* zs = z.data<float>();
   float* hd = h.data<float>();
-  const int64_t cols = z.ndim() == 2 ? z.size(1) : 1;
+  const int64_t cols = z.ndim() >= 2 ? z.size(-1) : 1;
   switch (pc.op) {
     case Op::copy:
     case Op::vocab:  // the first V rows
@@ -359,7 +381,7 @@ Tensor export_piece(const Piece& pc, const Tensor& z) {
 void import_piece(const Piece& pc, const Tensor& h, const Tensor& z) {
   const float* hs = h.data<float>();
   float* zd = z.data<float>();
-  const int64_t cols = z.ndim() == 2 ? z.size(1) : 1;
+  const int64_t cols = z.ndim() >= 2 ? z.size(-1) : 1;
   switch (pc.op) {
     case Op::copy:
     case Op::vocab: std::memcpy(zd, hs, h.nbytes()); break;  // padding rows stay zero
@@ -577,8 +599,9 @@ nn::ModelConfig config_from_hf(const json& j, const std::string& where) {
     require_bool(j, "scale_attn_weights", where, true, true, "attention scores are scaled by 1/sqrt(head_dim)");
     require_bool(j, "scale_attn_by_inverse_layer_idx", where, false, false, "no per-layer score scaling");
     require_bool(j, "add_cross_attention", where, false, false, "decoder-only");
-  } else if (type == "llama") {
-    check_architectures(j, where, "LlamaForCausalLM");
+  } else if (type == "llama" || type == "mixtral") {
+    const bool mixtral = type == "mixtral";
+    check_architectures(j, where, mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM");
     c.arch = nn::Arch::llama3;
     c.vocab_size = get_int(j, "vocab_size", where);
     c.d_model = get_int(j, "hidden_size", where);
@@ -592,6 +615,20 @@ nn::ModelConfig config_from_hf(const json& j, const std::string& where) {
     c.tied_embeddings = get_bool(j, "tie_word_embeddings", where, false);
     const std::string act = get_str(j, "hidden_act", where, "silu");
     ZT_CHECK(act == "silu", where, ": key \"hidden_act\" is \"", act, "\"; supported: \"silu\" (SwiGLU MLP)");
+    if (mixtral) {
+      // Mixtral: every block's MLP is experts behind a router, top k renormalised.
+      c.n_expert = get_int(j, "num_local_experts", where);
+      c.expert_top_k = get_int(j, "num_experts_per_tok", where);
+      c.expert_normalize = true;
+      c.router_aux_loss = float(get_num(j, "router_aux_loss_coef", where, 0.001));
+      if (const json* sw = find(j, "sliding_window"))
+        ZT_CHECK(sw->is_number_integer() && sw->get<int64_t>() >= c.max_seq_len, where, ": key \"sliding_window\" is ",
+                 sw->dump(), " but Zettatron's attention is full causal attention; only null or a window of at least "
+                 "max_position_embeddings = ", c.max_seq_len, " (no effect) is supported");
+      const double jitter = get_num(j, "router_jitter_noise", where, 0.0);
+      ZT_CHECK(jitter == 0.0, where, ": key \"router_jitter_noise\" is ", jitter,
+               "; Zettatron's router adds no noise: only 0 is supported");
+    }
     require_bool(j, "attention_bias", where, false, false, "Llama projections have no bias");
     require_bool(j, "mlp_bias", where, false, false, "Llama projections have no bias");
     if (const json* hd = find(j, "head_dim")) {
@@ -619,7 +656,8 @@ nn::ModelConfig config_from_hf(const json& j, const std::string& where) {
     }
   } else {
     ZT_FAIL(where, ": key \"model_type\" is \"", type,
-            "\"; supported: \"gpt2\" (GPT2LMHeadModel) and \"llama\" (LlamaForCausalLM, Llama 3)");
+            "\"; supported: \"gpt2\" (GPT2LMHeadModel), \"llama\" (LlamaForCausalLM, Llama 3) and \"mixtral\" "
+            "(MixtralForCausalLM)");
   }
   c.validate();
   return c;
@@ -650,6 +688,35 @@ json hf_config(const nn::ModelConfig& c, DType dtype) {
                    {"low_freq_factor", float_json(c.rope_scaling.low_freq_factor)},
                    {"original_max_position_embeddings", c.rope_scaling.original_max_position},
                    {"rope_type", "llama3"}};
+  if (c.moe()) {
+    ZT_CHECK(c.expert_normalize, "HF export: model.expert_normalize = false (the softmax probabilities as routing "
+             "weights) has no MixtralForCausalLM equivalent, which renormalises the top k; export a model trained "
+             "with expert_normalize = true");
+    ZT_CHECK(!c.rope_scaling.enabled, "HF export: MixtralForCausalLM has no Llama 3 RoPE scaling; export a model "
+             "with model.rope_scaling = false");
+    return json{{"architectures", {"MixtralForCausalLM"}},
+                {"attention_dropout", 0.0},
+                {"head_dim", c.head_dim()},
+                {"hidden_act", "silu"},
+                {"hidden_size", c.d_model},
+                {"intermediate_size", c.d_ff},
+                {"max_position_embeddings", c.max_seq_len},
+                {"model_type", "mixtral"},
+                {"num_attention_heads", c.n_head},
+                {"num_experts_per_tok", c.expert_top_k},
+                {"num_hidden_layers", c.n_layer},
+                {"num_key_value_heads", c.n_kv_head},
+                {"num_local_experts", c.n_expert},
+                {"output_router_logits", false},
+                {"rms_norm_eps", float_json(c.norm_eps)},
+                {"rope_theta", c.rope_theta},
+                {"router_aux_loss_coef", float_json(c.router_aux_loss)},
+                {"router_jitter_noise", 0.0},
+                {"sliding_window", nullptr},
+                {"tie_word_embeddings", c.tied_embeddings},
+                {"torch_dtype", torch_dtype},
+                {"vocab_size", c.vocab_size}};
+  }
   return json{{"architectures", {"LlamaForCausalLM"}},
               {"attention_bias", false},
               {"head_dim", c.head_dim()},
@@ -788,7 +855,7 @@ HfModel read_hf_model(const std::string& dir_arg) {
   // The layout: everything else write_hf_model needs for a byte-identical copy.
   json layout = {{"format", kLayoutFormat},
                  {"version", kLayoutVersion},
-                 {"model_type", gpt2 ? "gpt2" : "llama"},
+                 {"model_type", gpt2 ? "gpt2" : cfg.moe() ? "mixtral" : "llama"},
                  {"config_json", config_text},
                  {"index_json", sharded ? json(index_text) : json(nullptr)},
                  {"prefix", prefix},

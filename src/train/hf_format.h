@@ -1,5 +1,6 @@
-// Hugging Face checkpoints of GPT-2 (GPT2LMHeadModel) and Llama 3
-// (LlamaForCausalLM) to and from Zettatron's parameter tensors.
+// Hugging Face checkpoints of GPT-2 (GPT2LMHeadModel), Llama 3
+// (LlamaForCausalLM) and Mixtral (MixtralForCausalLM) to and from
+// Zettatron's parameter tensors.
 //
 // An HF directory holds config.json and either model.safetensors or
 // model.safetensors.index.json ({"metadata": {"total_size": N},
@@ -19,6 +20,14 @@
 //          q | k | v                                             per head (RoPE layout)
 //          mlp.in.weight rows         gate_proj | up_proj
 //          gate | up
+//   mixtral (llama blocks with n_expert experts; MixtralForCausalLM)
+//          mlp.router.weight (E, C)   block_sparse_moe.gate.weight
+//          mlp.experts.in.weight      block_sparse_moe.experts.e.w1 | w3
+//          (E, 2F, C) [e] = gate | up (each (F, C))
+//          mlp.experts.out.weight     block_sparse_moe.experts.e.w2 (C, F)
+//          (E, C, F) [e]
+//          attention, norms and the head as llama; routing weights are the
+//          top k renormalised (expert_normalize), no sliding window.
 // RoPE: Zettatron rotates interleaved pairs (2i, 2i+1) (Meta's layout), HF
 // Llama rotates (i, i + D/2) ("rotate_half"). Within each head of D rows:
 //   hf row j = meta row 2j, hf row D/2 + j = meta row 2j + 1   (j < D/2)

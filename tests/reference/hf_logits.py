@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Logits of a Hugging Face GPT-2 or Llama checkpoint, computed in float64
+"""Logits of a Hugging Face GPT-2, Llama or Mixtral checkpoint, computed in float64
 independently of Zettatron (and without the `transformers` package, which
 Debian does not ship): a plain PyTorch forward pass in Hugging Face's own
 conventions, so a test comparing it with Zettatron checks the converter.
@@ -13,6 +13,9 @@ conventions, so a test comparing it with Zettatron checks the converter.
                     optional Llama 3 frequency scaling, grouped-query
                     attention (kv head of query head h: h // (Hq / Hkv)),
                     SwiGLU MLP (down(silu(gate(x)) * up(x))).
+  MixtralForCausalLM  Llama's blocks with a sparse MLP: softmax router over
+                    the experts, each token's top k weights renormalised,
+                    expert e = w2(silu(w1 x) * w3 x).
 
 Usage: hf_logits.py HF_DIR TOKENS.safetensors OUT.safetensors
   HF_DIR  config.json + model.safetensors, or model.safetensors.index.json + shards
@@ -154,6 +157,22 @@ def rope_rotate_half(x, inv_freq):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def mixtral_experts(cfg, W, p, h):
+    """MixtralSparseMoeBlock: softmax router, top k renormalised, experts
+    down(silu(w1 x) * w3 x) = w2(...); every expert runs on every token and
+    a token keeps its k experts' outputs."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    probs = torch.softmax(h @ W[p + "gate.weight"].T, dim=-1)
+    top_p, top_i = probs.topk(k, dim=-1)
+    top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for e in range(E):
+        w = f"{p}experts.{e}."
+        y = (torch.nn.functional.silu(h @ W[w + "w1.weight"].T) * (h @ W[w + "w3.weight"].T)) @ W[w + "w2.weight"].T
+        out = out + (top_p * (top_i == e)).sum(dim=-1, keepdim=True) * y
+    return out
+
+
 def llama_logits(cfg, W, tokens):
     C, Hq = cfg["hidden_size"], cfg["num_attention_heads"]
     Hkv = cfg.get("num_key_value_heads") or Hq
@@ -169,6 +188,9 @@ def llama_logits(cfg, W, tokens):
         k, v = k.repeat_interleave(Hq // Hkv, dim=1), v.repeat_interleave(Hq // Hkv, dim=1)
         x = x + merge_heads(attend(q, k, v)) @ W[m + "self_attn.o_proj.weight"].T
         h = rms_norm(x, W[m + "post_attention_layernorm.weight"], eps)
+        if cfg["model_type"] == "mixtral":
+            x = x + mixtral_experts(cfg, W, m + "block_sparse_moe.", h)
+            continue
         gate, up = h @ W[m + "mlp.gate_proj.weight"].T, h @ W[m + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(gate) * up) @ W[m + "mlp.down_proj.weight"].T
     x = rms_norm(x, W["model.norm.weight"], eps)
@@ -187,7 +209,7 @@ def main():
     tokens = st_io.load(tokens_path)[0]["tokens"].long()
     if cfg["model_type"] == "gpt2":
         logits = gpt2_logits(cfg, W, tokens)
-    elif cfg["model_type"] == "llama":
+    elif cfg["model_type"] in ("llama", "mixtral"):
         logits = llama_logits(cfg, W, tokens)
     else:
         sys.exit(f"unsupported model_type {cfg['model_type']!r}")

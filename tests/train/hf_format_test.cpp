@@ -98,6 +98,12 @@ void expect_same_network(const nn::ModelConfig& a, const nn::ModelConfig& b) {
   EXPECT_EQ(a.max_seq_len, b.max_seq_len);
   EXPECT_EQ(a.norm_eps, b.norm_eps);
   EXPECT_EQ(a.tied_embeddings, b.tied_embeddings);
+  EXPECT_EQ(a.n_expert, b.n_expert);
+  if (a.moe()) {
+    EXPECT_EQ(a.expert_top_k, b.expert_top_k);
+    EXPECT_EQ(a.expert_normalize, b.expert_normalize);
+    EXPECT_EQ(a.router_aux_loss, b.router_aux_loss);
+  }
   if (a.arch == nn::Arch::llama3) {
     EXPECT_EQ(a.rope_theta, b.rope_theta);
     EXPECT_EQ(a.rope_scaling.enabled, b.rope_scaling.enabled);
@@ -150,6 +156,8 @@ std::vector<ExportCase> export_cases() {
                                         c.rope_scaling.enabled = false;
                                       }),
        {}},
+      // Mixtral: 4 experts, top 2, untied, no RoPE scaling (Mixtral has none), sharded.
+      {"mixtral_tiny", nn::model_preset("llama3-moe-tiny"), {DType::f32, 60'000}},
       // GPT-2 with an untied head, n_inner != 4 C, padded vocabulary, sharded.
       {"gpt2_untied_sharded", variant("gpt2-tiny",
                                       [](nn::ModelConfig& c) {
@@ -184,7 +192,7 @@ TEST_P(HfFormatExport, LogitsMatchHfReferenceAndImportIsExact) {
     EXPECT_EQ(files, (std::set<std::string>{"config.json", "model.safetensors"}));
   }
   const json config = json::parse(read_bytes(hf / "config.json"));
-  EXPECT_EQ(config["model_type"], ec.cfg.arch == nn::Arch::gpt2 ? "gpt2" : "llama");
+  EXPECT_EQ(config["model_type"], ec.cfg.arch == nn::Arch::gpt2 ? "gpt2" : ec.cfg.moe() ? "mixtral" : "llama");
   EXPECT_EQ(config["torch_dtype"], "float32");
   EXPECT_EQ(config["vocab_size"], ec.cfg.vocab_size);
 
@@ -289,9 +297,19 @@ std::vector<std::pair<std::string, Shape>> hf_tensor_list(const HfDirCase& hc) {
       v.push_back({m + "self_attn.k_proj.weight", {c.n_kv_head * D, C}});
       v.push_back({m + "self_attn.v_proj.weight", {c.n_kv_head * D, C}});
       v.push_back({m + "self_attn.o_proj.weight", {C, c.n_head * D}});
-      v.push_back({m + "mlp.gate_proj.weight", {F, C}});
-      v.push_back({m + "mlp.up_proj.weight", {F, C}});
-      v.push_back({m + "mlp.down_proj.weight", {C, F}});
+      if (c.moe()) {
+        v.push_back({m + "block_sparse_moe.gate.weight", {c.n_expert, C}});
+        for (int64_t e = 0; e < c.n_expert; ++e) {
+          const std::string w = m + "block_sparse_moe.experts." + std::to_string(e) + ".";
+          v.push_back({w + "w1.weight", {F, C}});
+          v.push_back({w + "w2.weight", {C, F}});
+          v.push_back({w + "w3.weight", {F, C}});
+        }
+      } else {
+        v.push_back({m + "mlp.gate_proj.weight", {F, C}});
+        v.push_back({m + "mlp.up_proj.weight", {F, C}});
+        v.push_back({m + "mlp.down_proj.weight", {C, F}});
+      }
       v.push_back({m + "input_layernorm.weight", {C}});
       v.push_back({m + "post_attention_layernorm.weight", {C}});
     }
@@ -429,6 +447,7 @@ INSTANTIATE_TEST_SUITE_P(
                                 true},
                       HfDirCase{"llama_sharded", nn::model_preset("llama3-tiny"), true, false, false, false},
                       HfDirCase{"llama_single", nn::model_preset("llama3-tiny"), false, false, false, false},
+                      HfDirCase{"mixtral_sharded", nn::model_preset("llama3-moe-tiny"), true, false, false, false},
                       HfDirCase{"llama_tied_sharded",
                                 variant("llama3-tiny", [](nn::ModelConfig& c) { c.tied_embeddings = true; }), true,
                                 false, false, false}),
@@ -588,6 +607,23 @@ TEST(HfFormat, UnsupportedConfigsAreRefusedByKey) {
   EXPECT_CONTAINS(msg, "key \"activation_function\" is \"relu\"");
   msg = config_error("nokey", "gpt2-tiny", [](json& j) { j.erase("n_embd"); });
   EXPECT_CONTAINS(msg, "key \"n_embd\" is missing");
+  msg = config_error("window", "llama3-moe-tiny", [](json& j) { j["sliding_window"] = 16; });
+  EXPECT_CONTAINS(msg, "key \"sliding_window\" is 16 but Zettatron's attention is full causal attention");
+  msg = config_error("jitter", "llama3-moe-tiny", [](json& j) { j["router_jitter_noise"] = 0.01; });
+  EXPECT_CONTAINS(msg, "key \"router_jitter_noise\" is 0.01");
+  msg = config_error("topk", "llama3-moe-tiny", [](json& j) { j["num_experts_per_tok"] = 5; });
+  EXPECT_CONTAINS(msg, "model.expert_top_k = 5 must be in [1, n_expert = 4]");
+  msg = config_error("noexperts", "llama3-moe-tiny", [](json& j) { j.erase("num_local_experts"); });
+  EXPECT_CONTAINS(msg, "key \"num_local_experts\" is missing");
+  // A router Mixtral cannot express is refused on export.
+  nn::ModelConfig softmax_weights = nn::model_preset("llama3-moe-tiny");
+  softmax_weights.expert_normalize = false;
+  nn::Transformer model(softmax_weights, DType::f32);
+  const fs::path dir = temp_dir("softmax_weights");
+  EXPECT_CONTAINS(test::error_of([&] { write_hf_model((dir / "hf").string(), softmax_weights, model_tensors(model), nullptr); }),
+                  "model.expert_normalize = false (the softmax probabilities as routing weights) has no "
+                  "MixtralForCausalLM equivalent");
+  fs::remove_all(dir);
 }
 
 TEST(HfFormat, ExportNeverOverwrites) {
