@@ -107,7 +107,8 @@ TEST_F(ResumeTest, RestoredTrainerContinuesBitForBit) {
   // Stochastic rounding draws its bits from (seed, step, position): a resumed
   // run rounds exactly as the straight one.
   for (const Variant& v : {Variant{"gpt2-tiny", "f32"}, Variant{"llama3-tiny", "bf16"},
-                           Variant{"gpt2-tiny", "bf16", {"optim.stochastic_rounding=true"}}}) {
+                           Variant{"gpt2-tiny", "bf16", {"optim.stochastic_rounding=true"}},
+                           Variant{"llama3-moe-tiny", "bf16"}}) {
     SCOPED_TRACE(std::string(v.preset) + " " + v.dtype + (v.settings.empty() ? "" : " " + v.settings[0]));
     const std::string tag = std::string(v.preset) + "-" + v.dtype + (v.settings.empty() ? "" : "-sr");
     const Config straight_cfg = config(v.preset, v.dtype, "straight-" + tag, v.settings);
@@ -225,7 +226,7 @@ TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
 // logits from the exported files equal Zettatron's (fp32); HF -> checkpoint
 // -> HF through the CLI is byte-identical.
 TEST_F(ResumeTest, ExportedTrainedModelMatchesPyTorchAndRoundTrips) {
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"}) {  // the last as Mixtral
     SCOPED_TRACE(preset);
     const Config cfg = config(preset, "f32", std::string("export-") + preset);
     trainer(cfg)->run();
