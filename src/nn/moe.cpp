@@ -21,15 +21,78 @@ Tensor rows_of(const Tensor& t, const std::vector<int64_t>& offsets, int64_t e) 
   return t.slice(offsets[size_t(e)], offsets[size_t(e + 1)]);
 }
 
+// Expert parallelism: in's runs of in_rows[r] rows go to rank r, out
+// receives out_rows[r] rows from rank r (rows of C elements, rank order).
+void exchange_rows(comm::ProcessGroup& g, const Tensor& out, const std::vector<int64_t>& out_rows, const Tensor& in,
+                   const std::vector<int64_t>& in_rows) {
+  const int64_t C = in.size(1);
+  std::vector<int64_t> oc(out_rows.size()), ic(in_rows.size());
+  for (size_t r = 0; r < oc.size(); ++r) oc[r] = out_rows[r] * C;
+  for (size_t r = 0; r < ic.size(); ++r) ic[r] = in_rows[r] * C;
+  g.all_to_allv(out.flat_view(0, Shape{out.numel()}), oc, in.flat_view(0, Shape{in.numel()}), ic)->wait();
+}
+
+// out (R, C)[p] = in (R, C)[perm[p]].
+Tensor permute_rows(const Tensor& in, const Tensor& perm) {
+  const Tensor out = act_tensor(in.shape(), in.dtype(), in.device());
+  ops::moe_gather(out, in, perm, 1);
+  return out;
+}
+
+// Expert parallelism's plan: which of this rank's sorted rows go where
+// (send_rows), what arrives (recv_rows), and the expert-major order of what
+// arrives. Every rank's per-expert slot counts are gathered (E doubles each,
+// exact) so each owner knows how its received rows split by expert.
+void plan_exchange(MoeActivations& a, comm::ProcessGroup& g, int64_t E) {
+  const int64_t P = g.size(), me = g.rank(), El = E / P;
+  std::vector<double> mine(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) mine[size_t(e)] = double(a.offsets[size_t(e + 1)] - a.offsets[size_t(e)]);
+  const std::vector<double> counts = comm::all_gather_doubles(g, mine);  // (P, E)
+  auto count = [&](int64_t src, int64_t j) { return int64_t(counts[size_t(src * E + me * El + j)]); };
+  a.send_rows.assign(size_t(P), 0);
+  a.recv_rows.assign(size_t(P), 0);
+  for (int64_t r = 0; r < P; ++r) {
+    a.send_rows[size_t(r)] = a.offsets[size_t((r + 1) * El)] - a.offsets[size_t(r * El)];
+    for (int64_t j = 0; j < El; ++j) a.recv_rows[size_t(r)] += count(r, j);
+  }
+  int64_t R = 0;
+  std::vector<int64_t> source_start(static_cast<size_t>(P));  // first received row of each source
+  for (int64_t r = 0; r < P; ++r) {
+    source_start[size_t(r)] = R;
+    R += a.recv_rows[size_t(r)];
+  }
+  a.to_expert_major = act_tensor(Shape{R}, DType::i32, a.probs.device());
+  a.to_source_major = act_tensor(Shape{R}, DType::i32, a.probs.device());
+  int32_t* to_e = a.to_expert_major.data<int32_t>();
+  int32_t* to_s = a.to_source_major.data<int32_t>();
+  a.local_offsets.assign(size_t(El + 1), 0);
+  std::vector<int64_t> within(static_cast<size_t>(P), 0);  // rows of each source's block already placed
+  int64_t p = 0;
+  for (int64_t j = 0; j < El; ++j) {
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t i = 0; i < count(r, j); ++i, ++p) {
+        const int64_t src = source_start[size_t(r)] + within[size_t(r)]++;
+        to_e[p] = int32_t(src);
+        to_s[src] = int32_t(p);
+      }
+    a.local_offsets[size_t(j + 1)] = p;
+  }
+}
+
 }  // namespace
 
 void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, const Tensor& x,
-                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group) {
+                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group,
+                 const ExpertGroup& experts) {
   const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k, F = cfg.d_ff;
   const DType dt = x.dtype();
   const Device dev = x.device();
   ZT_CHECK(dev.is_cpu(), "mixture-of-experts blocks run on the CPU only so far (model.n_expert = ", E,
            " on ", dev.str(), "); set model.n_expert = 0 or train on the CPU");
+  const bool ep = experts.parallel();
+  const int64_t El = w.experts_in.size(0);
+  ZT_CHECK(El * (ep ? experts.group->size() : 1) == E, "moe_forward: ", El, " local experts over ",
+           ep ? experts.group->size() : 1, " ranks is not model.n_expert = ", E);
   const Tensor logits = act_tensor(Shape{N, E}, DType::f32, dev);
   ops::linear_forward(logits, x, w.router, Tensor());
   a.probs = act_tensor(Shape{N, E}, DType::f32, dev);
@@ -41,17 +104,32 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E);
   a.xs = act_tensor(Shape{N * k, C}, dt, dev);
   ops::moe_gather(a.xs, x, a.order, k);
-  a.h = act_tensor(Shape{N * k, 2 * F}, dt, dev);
-  a.act = act_tensor(Shape{N * k, F}, dt, dev);
   a.ys = act_tensor(Shape{N * k, C}, dt, dev);
-  for (int64_t e = 0; e < E; ++e)
-    if (a.offsets[size_t(e + 1)] > a.offsets[size_t(e)])
-      ops::linear_forward(rows_of(a.h, a.offsets, e), rows_of(a.xs, a.offsets, e), w.experts_in.select(e), Tensor());
+  Tensor ye;  // the local experts' outputs, in xe's order
+  if (ep) {
+    plan_exchange(a, *experts.group, E);
+    const Tensor received = act_tensor(Shape{a.to_expert_major.numel(), C}, dt, dev);
+    exchange_rows(*experts.group, received, a.recv_rows, a.xs, a.send_rows);
+    a.xs = Tensor();  // sent: the owners keep what they compute on
+    a.xe = permute_rows(received, a.to_expert_major);
+    ye = act_tensor(a.xe.shape(), dt, dev);
+  } else {
+    a.xe = a.xs;
+    a.local_offsets = a.offsets;
+    ye = a.ys;
+  }
+  const int64_t R = a.xe.size(0);
+  const std::vector<int64_t>& lo = a.local_offsets;
+  a.h = act_tensor(Shape{R, 2 * F}, dt, dev);
+  a.act = act_tensor(Shape{R, F}, dt, dev);
+  for (int64_t j = 0; j < El; ++j)
+    if (lo[size_t(j + 1)] > lo[size_t(j)])
+      ops::linear_forward(rows_of(a.h, lo, j), rows_of(a.xe, lo, j), w.experts_in.select(j), Tensor());
   ops::swiglu_forward(a.act, a.h);
-  for (int64_t e = 0; e < E; ++e)
-    if (a.offsets[size_t(e + 1)] > a.offsets[size_t(e)])
-      ops::linear_forward(rows_of(a.ys, a.offsets, e), rows_of(a.act, a.offsets, e), w.experts_out.select(e),
-                          Tensor());
+  for (int64_t j = 0; j < El; ++j)
+    if (lo[size_t(j + 1)] > lo[size_t(j)])
+      ops::linear_forward(rows_of(ye, lo, j), rows_of(a.act, lo, j), w.experts_out.select(j), Tensor());
+  if (ep) exchange_rows(*experts.group, a.ys, a.send_rows, permute_rows(ye, a.to_source_major), a.recv_rows);
   ops::moe_combine(out, a.ys, a.weight, a.where, residual);
   // aux = coef E sum_e f_e P_e in f64: per expert its slots and its
   // probabilities' sum in token order, then (context parallelism) summed
@@ -80,37 +158,50 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
 }
 
 void moe_release_selective(MoeActivations& a) {
+  if (a.xs.defined() && a.xe.data_ptr() == a.xs.data_ptr()) a.xe = Tensor();  // xs itself: cheap to gather again
   a.xs = Tensor();
   a.act = Tensor();
 }
 
 void moe_recompute_selective(MoeActivations& a, const Tensor& x) {
-  const int64_t NK = a.order.numel(), k = NK / x.size(0);
-  a.xs = act_tensor(Shape{NK, x.size(1)}, x.dtype(), x.device());
-  ops::moe_gather(a.xs, x, a.order, k);
-  a.act = act_tensor(Shape{NK, a.h.size(1) / 2}, x.dtype(), x.device());
+  if (!a.xe.defined()) {
+    const int64_t NK = a.order.numel(), k = NK / x.size(0);
+    a.xs = act_tensor(Shape{NK, x.size(1)}, x.dtype(), x.device());
+    ops::moe_gather(a.xs, x, a.order, k);
+    a.xe = a.xs;
+  }
+  a.act = act_tensor(Shape{a.h.size(0), a.h.size(1) / 2}, x.dtype(), x.device());
   ops::swiglu_forward(a.act, a.h);
 }
 
 void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
                   const MoeWeights& w, const std::function<void(std::function<void()>)>& weights,
-                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim) {
+                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim,
+                  const ExpertGroup& experts) {
   const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k, F = cfg.d_ff;
   const DType dt = x.dtype();
   const Device dev = x.device();
-  const std::vector<int64_t> offsets = a.offsets;
-  auto rows = [offsets](const Tensor& t, int64_t e) { return rows_of(t, offsets, e); };
-  auto busy = [offsets](int64_t e) { return offsets[size_t(e + 1)] > offsets[size_t(e)]; };
+  const bool ep = experts.parallel();
+  const int64_t El = w.experts_in.size(0), R = a.xe.size(0);
+  const std::vector<int64_t> lo = a.local_offsets;
+  auto rows = [lo](const Tensor& t, int64_t j) { return rows_of(t, lo, j); };
+  auto busy = [lo](int64_t j) { return lo[size_t(j + 1)] > lo[size_t(j)]; };
   // The combine: dys = weight * dout per slot, dweight = <dout, ys>.
   const Tensor dys = act_tensor(Shape{N * k, C}, dt, dev);
   const Tensor dweight = act_tensor(Shape{N, k}, DType::f32, dev);
   ops::moe_combine_backward(dys, dweight, dout, a.ys, a.weight, a.where);
   a.ys = Tensor();
+  // The outputs' gradients to the experts' owners, expert-major there.
+  Tensor dye = dys;
+  if (ep) {
+    const Tensor received = act_tensor(Shape{R, C}, dt, dev);
+    exchange_rows(*experts.group, received, a.recv_rows, dys, a.send_rows);
+    dye = permute_rows(received, a.to_expert_major);
+  }
   // The experts' second products and SwiGLU (in place over h: nothing reads h after it).
-  const Tensor dact = act_tensor(Shape{N * k, F}, dt, dev);
-  for (int64_t e = 0; e < E; ++e)
-    if (busy(e))
-      ops::linear_backward(rows(dact, e), Tensor(), Tensor(), rows(dys, e), rows(a.act, e), w.experts_out.select(e));
+  const Tensor dact = act_tensor(Shape{R, F}, dt, dev);
+  for (int64_t j = 0; j < El; ++j)
+    if (busy(j)) ops::linear_backward(rows(dact, j), Tensor(), Tensor(), rows(dye, j), rows(a.act, j), w.experts_out.select(j));
   const Tensor dh = a.h;
   a.h = Tensor();
   ops::swiglu_backward(dh, dact, dh);
@@ -118,31 +209,35 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
     const Tensor act = a.act;
     weights([=] {
       const Tensor g = grads().experts_out;
-      for (int64_t e = 0; e < E; ++e)
-        if (busy(e)) {
-          const Tensor ge = g.select(e);
-          ops::linear_backward(Tensor(), ge, Tensor(), rows(dys, e), rows(act, e), w.experts_out.select(e), claim(ge));
+      for (int64_t j = 0; j < El; ++j)
+        if (busy(j)) {
+          const Tensor gj = g.select(j);
+          ops::linear_backward(Tensor(), gj, Tensor(), rows(dye, j), rows(act, j), w.experts_out.select(j), claim(gj));
         }
     });
   }
   a.act = Tensor();
-  // The experts' first products, then their inputs' gradients summed back per token.
-  const Tensor dxs = act_tensor(Shape{N * k, C}, dt, dev);
-  for (int64_t e = 0; e < E; ++e)
-    if (busy(e))
-      ops::linear_backward(rows(dxs, e), Tensor(), Tensor(), rows(dh, e), rows(a.xs, e), w.experts_in.select(e));
+  // The experts' first products; their inputs' gradients go home and are summed per token.
+  const Tensor dxe = act_tensor(Shape{R, C}, dt, dev);
+  for (int64_t j = 0; j < El; ++j)
+    if (busy(j)) ops::linear_backward(rows(dxe, j), Tensor(), Tensor(), rows(dh, j), rows(a.xe, j), w.experts_in.select(j));
   {
-    const Tensor xs = a.xs;
+    const Tensor xe = a.xe;
     weights([=] {
       const Tensor g = grads().experts_in;
-      for (int64_t e = 0; e < E; ++e)
-        if (busy(e)) {
-          const Tensor ge = g.select(e);
-          ops::linear_backward(Tensor(), ge, Tensor(), rows(dh, e), rows(xs, e), w.experts_in.select(e), claim(ge));
+      for (int64_t j = 0; j < El; ++j)
+        if (busy(j)) {
+          const Tensor gj = g.select(j);
+          ops::linear_backward(Tensor(), gj, Tensor(), rows(dh, j), rows(xe, j), w.experts_in.select(j), claim(gj));
         }
     });
   }
-  a.xs = Tensor();
+  a.xe = a.xs = Tensor();
+  Tensor dxs = dxe;
+  if (ep) {
+    dxs = act_tensor(Shape{N * k, C}, dt, dev);
+    exchange_rows(*experts.group, dxs, a.send_rows, permute_rows(dxe, a.to_source_major), a.recv_rows);
+  }
   ops::moe_gather_backward(dx, dxs, a.where, k, false);
   // The router: its weights' gradient and the load-balancing loss's, through
   // the softmax; dx += dlogits Wr.

@@ -22,9 +22,19 @@
 // the loss and its gradient are those of the single process.
 //
 // The experts' products run per expert on its contiguous run of sorted rows
-// (dropless: no capacity limit, no token dropped). One process holds every
-// expert; expert parallelism and tensor parallelism of the experts are not
-// built yet (the trainer refuses them).
+// (dropless: no capacity limit, no token dropped).
+//
+// Expert parallelism (ExpertGroup): the E experts are split over the ep
+// group, rank r holding experts [r E/ep, (r+1) E/ep). Each rank routes its
+// own tokens over all E; its sorted rows for rank r's experts are one run
+// (experts are ordered by owner), sent there with one all-to-all (the
+// slots' per-expert counts gathered first, E i64 per rank); the owner
+// computes its experts on the rows it received, regrouped expert-major
+// (every source's rows of its first expert, then of its second, ...), and
+// sends the outputs back in the same all-to-all shape. Backward sends the
+// outputs' gradients the same way and the inputs' gradients back. The
+// trainer does not run it yet (parallel.ep is refused): the model-level
+// tests do.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +47,12 @@
 #include "ops/grad_write.h"
 
 namespace zt::nn {
+
+// Expert parallelism's group (see above).
+struct ExpertGroup {
+  comm::ProcessGroup* group = nullptr;  // the ep group (null or size 1: every expert here)
+  bool parallel() const { return group && group->size() > 1; }
+};
 
 // A block's MoE weights, or views of their gradients (f32).
 struct MoeWeights {
@@ -53,9 +69,18 @@ struct MoeActivations {
   Tensor order, where;           // (N k) i32: the dispatch plan (ops/moe.h)
   std::vector<int64_t> offsets;  // (E + 1): expert e's sorted rows
   Tensor xs;                     // (N k, C) the experts' input rows
-  Tensor h;                      // (N k, 2F) [gate | up]
-  Tensor act;                    // (N k, F)
   Tensor ys;                     // (N k, C) the experts' outputs
+  // The rows this rank's experts compute: xs and ys themselves, or under
+  // expert parallelism the R rows received, expert-major.
+  Tensor xe;                          // (R, C)
+  Tensor h;                           // (R, 2F) [gate | up]
+  Tensor act;                         // (R, F)
+  std::vector<int64_t> local_offsets;  // (E_local + 1) local expert j's rows of xe
+  // Expert parallelism: rows sent to / received from each ep rank, and the
+  // permutations between the received (source-major) and the expert-major order.
+  std::vector<int64_t> send_rows, recv_rows;
+  Tensor to_expert_major;  // (R) i32: source-major row of expert-major row p
+  Tensor to_source_major;  // (R) i32: the inverse
   std::vector<double> load;      // (E) slots per expert, over the balancing group (f_e = load / (N k) of it)
   double load_tokens = 0.0;      // N over the balancing group
   float grad_scale = 0.0f;       // the pass's (the aux loss's gradient scale)
@@ -67,9 +92,12 @@ struct MoeActivations {
 // balance_group: the ranks whose tokens make one micro-batch of the
 // load-balancing loss (the cp group; null: this rank's alone). A collective
 // over it when it has several ranks.
+// experts: the expert-parallel group (w holds this rank's E / ep experts).
 void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, const Tensor& x,
-                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group = nullptr);
-// Selective recompute: drop what is cheap to make again (xs, act), and make it again.
+                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group = nullptr,
+                 const ExpertGroup& experts = {});
+// Selective recompute: drop what is cheap to make again (xs, act; under
+// expert parallelism xs only, as xe came over the network), and make it again.
 void moe_release_selective(MoeActivations& a);
 void moe_recompute_selective(MoeActivations& a, const Tensor& x);
 
@@ -81,7 +109,8 @@ void moe_recompute_selective(MoeActivations& a, const Tensor& x);
 // first write overwrites). Releases a's tensors but what the work keeps.
 void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
                   const MoeWeights& w, const std::function<void(std::function<void()>)>& weights,
-                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim);
+                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim,
+                  const ExpertGroup& experts = {});
 
 // Per-expert slot counts of a forward (a.offsets' differences): for metrics.
 std::vector<int64_t> moe_expert_load(const MoeActivations& a);

@@ -25,9 +25,13 @@ void check_tensor_parallel(const ModelConfig& c, int64_t tp) {
            ": the MLP's hidden width splits evenly; pick a tp that divides it");
 }
 
-TpShares tp_shares(const ModelConfig& c, int64_t tp, int64_t rank) {
+TpShares tp_shares(const ModelConfig& c, int64_t tp, int64_t rank, int64_t ep, int64_t ep_rank) {
   check_tensor_parallel(c, tp);
+  ZT_CHECK(ep == 1 || (c.moe() && c.n_expert % ep == 0), "parallel.ep = ", ep, " must divide model.n_expert = ",
+           c.n_expert, " (each rank holds n_expert / ep experts of every block); pick an ep that divides it");
   TpShares s;
+  s.experts = c.n_expert / ep;
+  s.expert0 = ep_rank * s.experts;
   s.tp = tp;
   s.rank = rank;
   s.q_heads = c.n_head / tp;
@@ -127,8 +131,18 @@ std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size
   if (c.moe()) {  // the router and the experts (nn/moe.h): tp = 1
     const int64_t E = c.n_expert;
     v.push_back(spec(p + "mlp.router.weight", Shape{E, C}, Init::normal, std, true));
-    v.push_back(spec(p + "mlp.experts.in.weight", Shape{E, c.mlp_in_width(), C}, Init::normal, std, true));
-    v.push_back(spec(p + "mlp.experts.out.weight", Shape{E, C, c.d_ff}, Init::normal, resid_std, true));
+    // Expert parallelism: this rank's experts, a run of the global tensors' first dimension.
+    const int64_t El = s.experts;
+    auto experts = [&](ParamSpec ps, const Shape& global) {
+      if (El == E) return ps;
+      ps.global_shape = global;
+      ps.split_dim = 0;
+      ps.pieces = {{0, s.expert0, El, true}};
+      return ps;
+    };
+    const Shape in{E, c.mlp_in_width(), C}, out{E, C, c.d_ff};
+    v.push_back(experts(spec(p + "mlp.experts.in.weight", Shape{El, in[1], C}, Init::normal, std, true), in));
+    v.push_back(experts(spec(p + "mlp.experts.out.weight", Shape{El, C, out[2]}, Init::normal, resid_std, true), out));
     return v;
   }
   v.push_back(split(spec(p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true), Shape{c.mlp_in_width(), C}, 0,
@@ -165,16 +179,21 @@ ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string&
 }
 
 Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, const std::string& name) {
-  const int64_t p = tp.size();
-  auto spec_of = [&](int64_t rank) { return param_spec(cfg, tp_shares(cfg, p, rank), name); };
-  const ParamSpec mine = spec_of(tp.rank());
+  // Experts are split over the ep group (tp = 1 then), everything else over tp.
+  const bool expert = tp.experts && tp.experts->size() > 1 && name.find(".mlp.experts.") != std::string::npos;
+  comm::ProcessGroup* group = expert ? tp.experts : tp.group;
+  const int64_t p = expert ? tp.experts->size() : tp.size(), me = expert ? tp.experts->rank() : tp.rank();
+  auto spec_of = [&](int64_t rank) {
+    return param_spec(cfg, expert ? tp_shares(cfg, 1, 0, p, rank) : tp_shares(cfg, p, rank), name);
+  };
+  const ParamSpec mine = spec_of(me);
   Tensor global = Tensor::empty(mine.global(), local.dtype(), local.device());
   if (p == 1 || !mine.sliced()) {
     ops::copy(global, local);  // replicated: every rank holds the same values
     return global;
   }
   Tensor all = Tensor::empty(Shape{p * local.numel()}, local.dtype(), local.device(), MemCategory::comm);
-  tp.group->all_gather(all, local.flat_view(0, Shape{local.numel()}))->wait();
+  group->all_gather(all, local.flat_view(0, Shape{local.numel()}))->wait();
   ops::fill(global, 0.0);
   for (int64_t r = 0; r < p; ++r) copy_pieces(spec_of(r), all.flat_view(r * local.numel(), local.shape()), global, false);
   return global;

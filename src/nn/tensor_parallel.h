@@ -40,6 +40,11 @@ struct TensorParallel {
   // Transformer::context_parallel, not by its constructor): the pass's
   // tokens are this rank's zigzag rows of each sequence (nn/ring_attention.h).
   comm::ProcessGroup* context = nullptr;
+  // Expert parallelism (mixture-of-experts models): the ep group, over which
+  // each block's experts are split (rank r holds experts [r E/ep, (r+1)
+  // E/ep)); tokens go to their experts' owners (nn/moe.h). Set at
+  // construction; null: every expert here.
+  comm::ProcessGroup* experts = nullptr;
   int64_t size() const { return group ? group->size() : 1; }
   int64_t rank() const { return group ? group->rank() : 0; }
 };
@@ -55,12 +60,15 @@ struct TpShares {
   int64_t vocab_rows = 0;     // Vl: local rows of wte / lm_head (padding included)
   int64_t vocab_start = 0;    // first global vocabulary row held
   int64_t vocab_real = 0;     // of the local rows, those < Vp (hold a global row)
+  int64_t experts = 0;        // MoE: local experts (E / ep)
+  int64_t expert0 = 0;        // the first global expert held
 };
 
 // Throws zt::Error naming the setting and the fix when cfg cannot split tp
 // ways (heads, kv heads, d_ff). Pure: every rank reaches the same verdict.
 void check_tensor_parallel(const ModelConfig& cfg, int64_t tp);
-TpShares tp_shares(const ModelConfig& cfg, int64_t tp, int64_t rank);
+// ep, ep_rank: the expert-parallel size and this rank's place in it (MoE).
+TpShares tp_shares(const ModelConfig& cfg, int64_t tp, int64_t rank, int64_t ep = 1, int64_t ep_rank = 0);
 
 // The parameter specs of each layer for rank `s.rank` (global names, local
 // shapes, pieces of the global tensors).

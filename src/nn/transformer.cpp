@@ -96,7 +96,8 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   ZT_CHECK(0 <= part_.first_layer && part_.first_layer <= part_.last_layer && part_.last_layer <= cfg_.n_layer,
            "model part: blocks [", part_.first_layer, ", ", part_.last_layer, ") are not within the model's ",
            cfg_.n_layer, " blocks");
-  shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank());
+  shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank(), tp_.experts ? tp_.experts->size() : 1,
+                          tp_.experts ? tp_.experts->rank() : 0);
   qkv_form_ = qkv_form(cfg_, shares_, device_);
   residual_in_products_ = residual_in_products();
   if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
@@ -429,7 +430,8 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   const Tensor ln2 = gather_rows(m, a.ln2);
   if (cfg_.moe()) {  // the experts instead (nn/moe.h); tp = 1 (tp_shares refuses more)
     Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
-    moe_forward(cfg_, a.moe, x_out, ln2, a.res_mid, p.moe, m.context);  // balanced over a sequence's cp ranks
+    // Balanced over a sequence's cp ranks; experts over the ep group.
+    moe_forward(cfg_, a.moe, x_out, ln2, a.res_mid, p.moe, m.context, ExpertGroup{tp_.experts});
     return x_out;
   }
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
@@ -562,7 +564,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   if (cfg_.moe()) {  // the experts (nn/moe.h): d_ln <- the gradient at ln2 (tp = 1: d_ln is d_partial)
     moe_backward(
         cfg_, a.moe, d_partial, dres, a.ln2, p.moe, weights, [this, layer] { return block_views(layer, true).moe; },
-        [this, layer](const Tensor& view) { return claim_grads(block_set(layer), {view}); });
+        [this, layer](const Tensor& view) { return claim_grads(block_set(layer), {view}); }, ExpertGroup{tp_.experts});
   } else {
     Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input
     if (gelu)
