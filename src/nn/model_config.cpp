@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 
 #include "nn/model_config.h"
@@ -81,6 +82,18 @@ int64_t ModelConfig::non_embedding_params() const {
 
 double ModelConfig::train_flops_per_token(int64_t T) const {
   return 6.0 * double(matmul_params()) + 12.0 * double(n_layer) * double(d_model) * double(T);
+}
+
+std::string moe_summary(const ModelConfig& c) {
+  if (!c.moe()) return "";
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s), "
+                "load-balancing loss x %g; %.2fM of %.2fM parameters active per token",
+                (long long)c.n_expert, (long long)c.d_ff, (long long)c.expert_top_k,
+                c.expert_normalize ? "weights renormalised" : "softmax weights", double(c.router_aux_loss),
+                double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
+  return line;
 }
 
 namespace {

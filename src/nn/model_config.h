@@ -78,11 +78,18 @@ struct ModelConfig {
   // Under MoE a token uses the router and k of the E experts only (the
   // active parameters, which set the FLOPs).
   int64_t matmul_params() const;
+  // Parameters a token uses, lookup tables included: matmul_params() and
+  // the lookup-only embeddings (all of them for a dense model).
+  int64_t active_params() const { return matmul_params() + embedding_params() - vocab_size * d_model; }
   // Training FLOPs per token at sequence length T: 6 N + 12 L d T (PaLM,
   // appendix B) with N = matmul_params(). Counting the LM head matters for
   // small models, where it is most of the work (nanoGPT and llm.c count it too).
   double train_flops_per_token(int64_t T) const;
 };
+
+// One line on a mixture-of-experts model's experts and routing (for logs
+// and `zettatron info`): "" for a dense model.
+std::string moe_summary(const ModelConfig& c);
 
 // Named shapes: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama3-1b, llama3-3b,
 // llama3-8b, and the tiny test models gpt2-tiny, llama3-tiny. Unknown names

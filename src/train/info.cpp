@@ -144,16 +144,7 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                 (long long)m.n_layer, (long long)m.d_model, (long long)m.n_head, (long long)m.n_kv_head,
                 (long long)m.d_ff, (long long)m.vocab_size, (long long)m.padded_vocab());
   os << line;
-  if (m.moe()) {
-    std::snprintf(line, sizeof line,
-                  "mixture of experts: %lld experts of d_ff %lld per block, top %lld (%s weights), router aux loss "
-                  "%g; %.4g of the parameters active per token\n",
-                  (long long)m.n_expert, (long long)m.d_ff, (long long)m.expert_top_k,
-                  m.expert_normalize ? "renormalised" : "softmax", double(m.router_aux_loss),
-                  double(m.matmul_params() + (m.total_params() - m.non_embedding_params() - m.vocab_size * m.d_model)) /
-                      double(m.total_params()));
-    os << line;
-  }
+  if (m.moe()) os << nn::moe_summary(m) << "\n";
   os << "\nparameters\n";
   for (const auto& c : r.components) {
     std::snprintf(line, sizeof line, "  %-28s %14lld  (%5.1f%%)\n", c.name.c_str(), (long long)c.params,

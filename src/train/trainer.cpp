@@ -570,15 +570,7 @@ TrainResult Trainer::run(int64_t stop_after) {
                 double(mc.total_params()) / 1e6, double(mc.non_embedding_params()) / 1e6, cfg_.train.dtype.c_str(),
                 cfg_.train.recompute.c_str());
   say(head);
-  if (mc.moe()) {
-    std::snprintf(head, sizeof head,
-                  "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s), "
-                  "load-balancing loss x %g; MFU counts the %.2fM parameters a token's products use",
-                  (long long)mc.n_expert, (long long)mc.d_ff, (long long)mc.expert_top_k,
-                  mc.expert_normalize ? "weights renormalised" : "softmax weights", double(mc.router_aux_loss),
-                  double(mc.matmul_params()) / 1e6);
-    say(head);
-  }
+  if (mc.moe()) say(nn::moe_summary(mc) + "; MFU counts the active parameters of the products");
   std::snprintf(head, sizeof head,
                 "batch: %lld sequences x %lld tokens = %lld tokens/step (micro-batch %lld, %lld accumulation steps); "
                 "%lld steps; MFU peak %.1f GFLOP/s%s",
