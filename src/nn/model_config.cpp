@@ -43,6 +43,8 @@ void ModelConfig::validate() const {
              " must be in [1, n_expert = ", n_expert, "]");
     ZT_CHECK(router_aux_loss >= 0 && std::isfinite(router_aux_loss), "model.router_aux_loss = ", router_aux_loss,
              " must be a finite number >= 0 (0: no load-balancing loss)");
+    ZT_CHECK(router_z_loss >= 0 && std::isfinite(router_z_loss), "model.router_z_loss = ", router_z_loss,
+             " must be a finite number >= 0 (0: no router z-loss)");
   }
 }
 
@@ -89,10 +91,10 @@ std::string moe_summary(const ModelConfig& c) {
   char line[256];
   std::snprintf(line, sizeof line,
                 "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s), "
-                "load-balancing loss x %g; %.2fM of %.2fM parameters active per token",
+                "load-balancing loss x %g, z-loss x %g; %.2fM of %.2fM parameters active per token",
                 (long long)c.n_expert, (long long)c.d_ff, (long long)c.expert_top_k,
                 c.expert_normalize ? "weights renormalised" : "softmax weights", double(c.router_aux_loss),
-                double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
+                double(c.router_z_loss), double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
   return line;
 }
 

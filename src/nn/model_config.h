@@ -12,7 +12,9 @@
 //           expert_normalize, as Mixtral; as they are otherwise, as Qwen-MoE).
 //           router_aux_loss scales the Switch load-balancing loss
 //           n_expert * sum_e f_e P_e (f_e: share of the routed slots expert e
-//           got, P_e: its mean probability), added to the training objective.
+//           got, P_e: its mean probability), added to the training objective;
+//           router_z_loss scales ST-MoE's router z-loss, the mean over tokens
+//           of logsumexp(router logits)^2 (keeps the logits small).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +49,7 @@ struct ModelConfig {
   int64_t expert_top_k = 2;       // k: experts each token is routed to (n_expert > 0)
   bool expert_normalize = true;   // the k routing weights divided by their sum
   float router_aux_loss = 0.01f;  // load-balancing loss coefficient (0: none)
+  float router_z_loss = 0.0f;     // router z-loss coefficient (0: none; ST-MoE used 1e-3)
 
   int64_t head_dim() const { return d_model / n_head; }
   bool moe() const { return n_expert > 0; }

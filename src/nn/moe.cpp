@@ -1,6 +1,7 @@
 #include "nn/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -99,6 +100,18 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.choice = act_tensor(Shape{N, k}, DType::i32, dev);
   a.weight = act_tensor(Shape{N, k}, DType::f32, dev);
   ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize);
+  if (cfg.router_z_loss > 0) {  // z_t = max + log sum exp(l - max), per token
+    a.router_lse = act_tensor(Shape{N}, DType::f32, dev);
+    const float* l = logits.data<float>();
+    float* z = a.router_lse.data<float>();
+    for (int64_t t = 0; t < N; ++t) {
+      float mx = l[t * E];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[t * E + e]);
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[t * E + e] - mx));
+      z[t] = mx + float(std::log(sum));
+    }
+  }
   a.order = act_tensor(Shape{N * k}, DType::i32, dev);
   a.where = act_tensor(Shape{N * k}, DType::i32, dev);
   ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E);
@@ -135,13 +148,18 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   // probabilities' sum in token order, then (context parallelism) summed
   // over the group in rank order - the same bits on every rank.
   a.aux_loss = 0.0;
-  std::vector<double> sums(size_t(2 * E + 1), 0.0);  // [slots (E) | probability sums (E) | tokens]
+  // [slots (E) | probability sums (E) | tokens | sum of z_t^2]
+  std::vector<double> sums(size_t(2 * E + 2), 0.0);
   const float* p = a.probs.data<float>();
   for (int64_t e = 0; e < E; ++e) {
     sums[size_t(e)] = double(a.offsets[size_t(e + 1)] - a.offsets[size_t(e)]);
     for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
   }
   sums[size_t(2 * E)] = double(N);
+  if (a.router_lse.defined()) {
+    const float* z = a.router_lse.data<float>();
+    for (int64_t t = 0; t < N; ++t) sums[size_t(2 * E + 1)] += double(z[t]) * double(z[t]);
+  }
   if (balance_group && balance_group->size() > 1) {
     const std::vector<double> all = comm::all_gather_doubles(*balance_group, sums);
     std::fill(sums.begin(), sums.end(), 0.0);
@@ -155,6 +173,8 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
       a.aux_loss += sums[size_t(e)] / (a.load_tokens * double(k)) * sums[size_t(E + e)] / a.load_tokens;
     a.aux_loss *= double(cfg.router_aux_loss) * double(E);
   }
+  if (cfg.router_z_loss > 0 && a.load_tokens > 0)
+    a.aux_loss += double(cfg.router_z_loss) * sums[size_t(2 * E + 1)] / a.load_tokens;
 }
 
 void moe_release_selective(MoeActivations& a) {
@@ -251,6 +271,14 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   }
   const Tensor dlogits = act_tensor(Shape{N, E}, DType::f32, dev);
   ops::moe_route_backward(dlogits, dweight, a.probs, a.choice, a.weight, cfg.expert_normalize, aux);
+  if (a.router_lse.defined()) {  // the z-loss: d(coef z_t^2) / d l_te = 2 coef z_t p_te, times grad_scale
+    const float* z = a.router_lse.data<float>();
+    const float* pr = a.probs.data<float>();
+    float* dlog = dlogits.data<float>();
+    const float c = 2.0f * a.grad_scale * cfg.router_z_loss;
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t e = 0; e < E; ++e) dlog[t * E + e] += c * z[t] * pr[t * E + e];
+  }
   Tensor dl = dlogits;
   if (dt != DType::f32) {  // the products take one dtype: the router's gradient rounded to it
     dl = act_tensor(Shape{N, E}, dt, dev);

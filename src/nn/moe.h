@@ -14,7 +14,10 @@
 // P_e = mean over tokens of probs[:, e]. The trainer's objective adds each
 // block's aux weighted by the micro-batch's tokens times grad_scale (as the
 // token losses are), so its gradient at probs[t, e] is
-// grad_scale * coef * E * f_e whatever the accumulation.
+// grad_scale * coef * E * f_e whatever the accumulation. The router z-loss
+// (ST-MoE, eq. 5), coef_z * mean over tokens of z_t^2 with z_t = logsumexp
+// of token t's router logits, is counted the same way (gradient
+// grad_scale coef_z 2 z_t p_te at logit e) and included in aux_loss.
 //
 // Under context parallelism a sequence's tokens are spread over the cp
 // group: f_e and P_e are then the whole micro-batch's (the ranks' counts and
@@ -84,7 +87,8 @@ struct MoeActivations {
   std::vector<double> load;      // (E) slots per expert, over the balancing group (f_e = load / (N k) of it)
   double load_tokens = 0.0;      // N over the balancing group
   float grad_scale = 0.0f;       // the pass's (the aux loss's gradient scale)
-  double aux_loss = 0.0;         // this micro-batch's load-balancing loss, coefficient included
+  Tensor router_lse;             // (N) f32: z_t = logsumexp of token t's router logits (router_z_loss > 0)
+  double aux_loss = 0.0;         // this micro-batch's load-balancing and z-loss, coefficients included
   bool defined() const { return probs.defined(); }
 };
 

@@ -60,6 +60,8 @@ const std::vector<Field>& fields() {
            "the top-k routing weights renormalised to sum 1 (Mixtral); false keeps the softmax probabilities"),
       ZT_F("model", "router_aux_loss", model.router_aux_loss,
            "load-balancing loss coefficient (Switch: E sum_e f_e P_e per block; 0: none)"),
+      ZT_F("model", "router_z_loss", model.router_z_loss,
+           "router z-loss coefficient (ST-MoE: mean over tokens of logsumexp(router logits)^2 per block; 0: none)"),
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
       ZT_F("train", "device", train.device, "cpu | cuda[:N] | auto (cuda when this machine has a usable GPU, else cpu)"),

@@ -128,7 +128,8 @@ class Reference(torch.nn.Module):
         cfg = self.cfg
         E, k, Fw = cfg["n_expert"], cfg["expert_top_k"], cfg["d_ff"]
         x = h.reshape(-1, h.shape[-1])
-        probs = torch.softmax(x @ self.w(p + "mlp.router.weight").t(), dim=-1)
+        router_logits = x @ self.w(p + "mlp.router.weight").t()
+        probs = torch.softmax(router_logits, dim=-1)
         top_p, top_i = probs.topk(k, dim=-1)
         if cfg["expert_normalize"]:
             top_p = top_p / top_p.sum(-1, keepdim=True)
@@ -141,6 +142,8 @@ class Reference(torch.nn.Module):
         # Switch load balancing: E sum_e f_e P_e, f_e the share of slots (no gradient).
         f = F.one_hot(top_i, E).sum(dim=(0, 1)).to(torch.float32) / (x.shape[0] * k)
         self.aux = self.aux + cfg["router_aux_loss"] * E * (f * probs.mean(0)).sum()
+        # ST-MoE's router z-loss: the mean of logsumexp(logits)^2.
+        self.aux = self.aux + cfg["router_z_loss"] * (torch.logsumexp(router_logits, dim=-1) ** 2).mean()
         return out.reshape(h.shape)
 
     def loss(self, tokens, targets):

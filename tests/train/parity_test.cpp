@@ -108,7 +108,7 @@ peak_gflops = 1.0
       {"rope_original_max_position", m.rope_scaling.original_max_position},
       {"tied_embeddings", m.tied_embeddings}, {"grad_accum", cfg.grad_accum_steps()}, {"no_decay", no_decay},
       {"n_expert", m.n_expert}, {"expert_top_k", m.expert_top_k}, {"expert_normalize", m.expert_normalize},
-      {"router_aux_loss", m.router_aux_loss},
+      {"router_aux_loss", m.router_aux_loss}, {"router_z_loss", m.router_z_loss},
       {"optim",
        {{"lr", cfg.optim.lr}, {"min_lr", cfg.optim.min_lr}, {"warmup_steps", cfg.optim.warmup_steps},
         {"steps", steps}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2}, {"eps", cfg.optim.eps},
@@ -239,13 +239,14 @@ micro_batch = 4
 )"});
 }
 
-TEST(PyTorchParity, MixtureOfExpertsSoftmaxWeightsTopThreeSelectiveRecompute) {
+TEST(PyTorchParity, MixtureOfExpertsSoftmaxWeightsTopThreeZLossSelectiveRecompute) {
   run_case({"llama3_moe_softmax", R"([model]
 preset = "llama3-moe-tiny"
 n_expert = 5
 expert_top_k = 3
 expert_normalize = false
 router_aux_loss = 0.1
+router_z_loss = 0.01
 tied_embeddings = true
 [train]
 global_batch = 4
