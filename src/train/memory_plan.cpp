@@ -105,14 +105,14 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // nn/moe.h - k copies of xs, h, act, ys - and the f32 router state),
   // rebuilt by selective recompute (act; or xs and act), held for deferred
   // weight gradients (act and d mlp_in; or act, dh, xs, dys and the router's
-  // gradient) and in flight in backward (d act; or dys, d act, dxs, dweight
-  // and dlogits).
+  // gradient) and in flight in backward (d act; or d act and dxe beside
+  // dys, which replaces the freed ys, with dweight and dlogits).
   const int64_t E = m.n_expert, k = m.expert_top_k;
   const bool moe = m.moe();
   const int64_t mlp_kept = moe ? s * k * (2 * C + 3 * F) + 4 * E + 16 * k : s * (W + F);
   const int64_t mlp_rebuilt = moe ? s * k * (C + F) : s * F;
   const int64_t mlp_held = moe ? s * k * (2 * C + 3 * F) + s * E : s * (W + F);
-  const int64_t mlp_gradients = moe ? s * k * (2 * C + F) + 4 * k + (4 + s) * E : s * F;
+  const int64_t mlp_gradients = moe ? s * k * (C + F) + 4 * k + (4 + s) * E : s * F;
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
                              N * mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
@@ -124,8 +124,9 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t blocks = layers * (full_block - rebuilt);
   // The inputs (ln1 and ln2 as all N rows, att, act) and output gradients
   // (the row-parallel layers' two, all N rows; d mlp_in, dq, dk, dv) the
-  // deferred weight gradients of a block read.
-  const int64_t held_block = s * N * (4 * C + 2 * q + 2 * kv) + N * mlp_held;
+  // deferred weight gradients of a block read (MoE: the experts' own, in
+  // mlp_held, instead of mlp_out's output gradient).
+  const int64_t held_block = s * N * ((moe ? 3 : 4) * C + 2 * q + 2 * kv) + N * mlp_held;
   // The step's host copy of the token ids (i32) per chunk and micro-batch:
   // device memory only when the device is the host.
   const bool host = parse_device(cfg.train.device).is_cpu();
@@ -250,10 +251,11 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     // ZeRO-2/3: full gradient buffers of the layers in backward beside the
     // shards - one being reduce-scattered with its result, and the next
     // one being produced (data_parallel.cpp's back-pressure). Worst: the
-    // largest reducing while the next one is made; when one chunk holds
-    // both ends, the embedding's reduction overlaps the next micro-batch's
-    // LM head - the same tied buffer again, or an untied head that
-    // allocates its own result before the embedding's is done.
+    // largest reducing while the next one is made, each with its
+    // reduce-scatter result (the newer one starts before back-pressure waits
+    // for the older: seen as half a mixture-of-experts block over the plan
+    // at shard 2); when one chunk holds both ends, the embedding's reduction
+    // overlaps the next micro-batch's LM head - the same tied buffer again.
     // A shard group of one adds each buffer to its shard at once: only the
     // layer being produced is in flight, beside a tied embedding's buffer,
     // which lives through the whole backward.
@@ -263,10 +265,8 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
       reducing = std::max(reducing, tied >= 0 ? big + next : big);
     else if (both_ends && tied >= 0)
       reducing = std::max(reducing, 2 * big + big / shard);
-    else if (both_ends)
-      reducing = std::max(reducing, big + next + (big + next) / shard);
     else
-      reducing = std::max(reducing, big + next + big / shard);
+      reducing = std::max(reducing, big + next + (big + next) / shard);
   }
   const int64_t shard_sets = all / shard;  // equal slices: every set is padded to a multiple of 16 dp
   MemoryPlan p;

@@ -183,15 +183,25 @@ TEST(Transformer, BadInputsAreClearErrors) {
 
 TEST(Transformer, Bf16ForwardTracksF32) {
   ZT_TEST_TRACE_SEED();
-  ModelConfig c = model_preset("llama3-tiny");
-  const Batch b = random_batch(c, 2, 16, 4);
-  Transformer f32(c, DType::f32), bf(c, DType::bf16);
-  f32.init_weights(3);
-  bf.init_weights(3);
-  ForwardContext ctx;
-  const double l32 = f32.forward(ctx, b.tokens, b.targets, false, 0.0f);
-  const double l16 = bf.forward(ctx, b.tokens, b.targets, false, 0.0f);
-  EXPECT_NEAR(l16 / l32, 1.0, 1e-2);
+  for (const char* preset : {"llama3-tiny", "llama3-moe-tiny"}) {
+    SCOPED_TRACE(preset);
+    ModelConfig c = model_preset(preset);
+    const Batch b = random_batch(c, 2, 16, 4);
+    Transformer f32(c, DType::f32), bf(c, DType::bf16);
+    f32.init_weights(3);
+    bf.init_weights(3);
+    ForwardContext ctx;
+    const double l32 = f32.forward(ctx, b.tokens, b.targets, false, 0.0f);
+    const double l16 = bf.forward(ctx, b.tokens, b.targets, false, 0.0f);
+    EXPECT_NEAR(l16 / l32, 1.0, 1e-2);
+    // Training in bf16 runs too (the experts' rows and the router's gradient in bf16).
+    ForwardContext tc;
+    bf.zero_grads();
+    bf.forward(tc, b.tokens, b.targets, true, 1.0f / float(b.tokens.numel()));
+    bf.backward(tc);
+    for (const ParamSet* s : bf.param_sets())
+      for (const double g : test::to_f64(s->grad_flat())) ASSERT_TRUE(std::isfinite(g));
+  }
 }
 
 }  // namespace
