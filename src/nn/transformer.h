@@ -6,6 +6,9 @@
 // row-parallel halves of a Megatron block (qkv and mlp_in column-parallel;
 // attn proj and mlp_out row-parallel) with a tensor-parallel group of size 1.
 //
+// A mixture-of-experts model (ModelConfig::moe) has nn/moe.h's experts and
+// router in each block instead of mlp.in / mlp.out; the rest is the same.
+//
 // Activations of one micro-batch live in a ForwardContext, so several
 // micro-batches can be in flight (pipeline schedules need that). What a block
 // keeps for its backward pass is set by the recompute policy:
