@@ -255,6 +255,12 @@ void DataParallel::gather_params(const optim::AdamW& opt) {
 
 double DataParallel::sum(double v) { return comm::sum_exact(*group_, v); }
 
+double DataParallel::max(double v) {
+  if (size() == 1) return v;
+  const std::vector<double> all = comm::all_gather_doubles(*group_, v);
+  return *std::max_element(all.begin(), all.end());
+}
+
 MemStats DataParallel::highest_peak(const MemStats& mine, int64_t* rank) {
   *rank = 0;
   if (size() == 1) return mine;

@@ -116,6 +116,8 @@ class DataParallel {
   void gather_params(const optim::AdamW& opt);
   // Sum over the group (losses, token counts), blocking; the same on every rank.
   double sum(double v);
+  // The largest of the group's values, blocking; the same on every rank.
+  double max(double v);
   // The peaks of the rank whose total peak is highest (every rank's differ
   // under ZeRO; the worst matters), and that rank. A collective.
   MemStats highest_peak(const MemStats& mine, int64_t* rank);

@@ -19,8 +19,8 @@ struct StepMetrics {
   // averaged over the step's tokens as the objective counts them (0: none).
   double router_aux_loss = 0;
   // MoE: the busiest expert's share of the routed slots over the mean share
-  // (1: balanced; E / k: every token to the same k), worst block and
-  // micro-batch of this rank's.
+  // (1: balanced; E / k: every token to the same k), worst block,
+  // micro-batch and rank (every rank reports the same).
   double expert_load_max = 0;
   double lr = 0;
   double grad_norm = 0;        // before clipping

@@ -286,6 +286,10 @@ StepMetrics Trainer::train_step(int64_t step) {
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
     aux_weighted = comm::sum_exact(mesh_->pp(), res.aux_weighted);  // each stage's blocks
     m.expert_load_max = res.expert_load_max;
+    if (cfg_.model.moe()) {  // every stage's blocks
+      const std::vector<double> stages = comm::all_gather_doubles(mesh_->pp(), m.expert_load_max);
+      m.expert_load_max = *std::max_element(stages.begin(), stages.end());
+    }
     m.backward_seconds += res.compute_seconds - res.forward_seconds;  // waiting (the bubble) is in neither
   }
   // No wait for the GPU inside the loop: the micro-batches' losses are read,
@@ -328,7 +332,10 @@ StepMetrics Trainer::train_step(int64_t step) {
   const auto t_reduce = Clock::now();
   dp_->finish_reduction();
   loss_sum = dp_->sum(loss_sum);
-  if (cfg_.model.moe()) m.router_aux_loss = dp_->sum(aux_weighted) / double(m.tokens);  // dp (x cp) ranks' tokens
+  if (cfg_.model.moe()) {
+    m.router_aux_loss = dp_->sum(aux_weighted) / double(m.tokens);  // dp (x cp) ranks' tokens
+    m.expert_load_max = dp_->max(m.expert_load_max);                // the worst rank's
+  }
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
