@@ -195,7 +195,7 @@ void moe_recompute_selective(MoeActivations& a, const Tensor& x) {
 }
 
 void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                  const MoeWeights& w, const std::function<void(std::function<void()>)>& weights,
+                  const MoeWeights& w, const WeightWork& weights, const WeightWork& expert_weights,
                   std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim,
                   const ExpertGroup& experts) {
   const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k, F = cfg.d_ff;
@@ -227,7 +227,7 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   ops::swiglu_backward(dh, dact, dh);
   {
     const Tensor act = a.act;
-    weights([=] {
+    expert_weights([=] {
       const Tensor g = grads().experts_out;
       for (int64_t j = 0; j < El; ++j)
         if (busy(j)) {
@@ -243,7 +243,7 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
     if (busy(j)) ops::linear_backward(rows(dxe, j), Tensor(), Tensor(), rows(dh, j), rows(a.xe, j), w.experts_in.select(j));
   {
     const Tensor xe = a.xe;
-    weights([=] {
+    expert_weights([=] {
       const Tensor g = grads().experts_in;
       for (int64_t j = 0; j < El; ++j)
         if (busy(j)) {

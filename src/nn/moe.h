@@ -107,12 +107,15 @@ void moe_recompute_selective(MoeActivations& a, const Tensor& x);
 
 // Backward for dout (N, C), the gradient at out: dx (N, C) is overwritten
 // with the gradient at x (the residual's gradient is dout itself, the
-// caller's). The weight gradients are work handed to `weights` (run at once
-// or later: zero-bubble schedules); each looks its views up with `grads`
-// when it runs and asks `claim` how to write each expert's slice (a step's
-// first write overwrites). Releases a's tensors but what the work keeps.
+// caller's). The weight gradients are work handed to `weights` (the
+// router's) and `expert_weights` (the experts', which live in a set of
+// their own), run at once or later (zero-bubble schedules); each looks its
+// views up with `grads` when it runs and asks `claim` how to write each
+// expert's slice (a step's first write overwrites). Releases a's tensors
+// but what the work keeps.
+using WeightWork = std::function<void(std::function<void()>)>;
 void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                  const MoeWeights& w, const std::function<void(std::function<void()>)>& weights,
+                  const MoeWeights& w, const WeightWork& weights, const WeightWork& expert_weights,
                   std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim,
                   const ExpertGroup& experts = {});
 

@@ -164,6 +164,14 @@ std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s) {
   return h;
 }
 
+bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+std::pair<std::vector<ParamSpec>, std::vector<ParamSpec>> split_expert_specs(std::vector<ParamSpec> specs) {
+  std::pair<std::vector<ParamSpec>, std::vector<ParamSpec>> out;
+  for (ParamSpec& p : specs) (is_expert_param(p.name) ? out.second : out.first).push_back(std::move(p));
+  return out;
+}
+
 ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string& name) {
   std::vector<ParamSpec> specs;
   if (name.rfind("embed.", 0) == 0) {
@@ -180,7 +188,7 @@ ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string&
 
 Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, const std::string& name) {
   // Experts are split over the ep group (tp = 1 then), everything else over tp.
-  const bool expert = tp.experts && tp.experts->size() > 1 && name.find(".mlp.experts.") != std::string::npos;
+  const bool expert = tp.experts && tp.experts->size() > 1 && is_expert_param(name);
   comm::ProcessGroup* group = expert ? tp.experts : tp.group;
   const int64_t p = expert ? tp.experts->size() : tp.size(), me = expert ? tp.experts->rank() : tp.rank();
   auto spec_of = [&](int64_t rank) {

@@ -76,6 +76,13 @@ std::vector<ParamSpec> embedding_specs(const ModelConfig& c, const TpShares& s);
 std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size_t layer);
 std::vector<ParamSpec> head_specs(const ModelConfig& c, const TpShares& s);
 
+// Whether a parameter is one of a mixture-of-experts block's experts
+// (mlp.experts.*): the model keeps them in a ParamSet of their own after
+// their block's, which expert parallelism reduces over other ranks.
+bool is_expert_param(const std::string& name);
+// block_specs' specs split: (the block's own, its experts').
+std::pair<std::vector<ParamSpec>, std::vector<ParamSpec>> split_expert_specs(std::vector<ParamSpec> specs);
+
 // The spec of parameter `name` (global name) on the rank of `s`.
 ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string& name);
 

@@ -102,8 +102,11 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   residual_in_products_ = residual_in_products();
   if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(part_.last_layer - part_.first_layer));
-  for (int64_t i = part_.first_layer; i < part_.last_layer; ++i)
-    blocks_.emplace_back(block_specs(cfg_, shares_, size_t(i)), dtype_, device_, flat_pad_multiple);
+  for (int64_t i = part_.first_layer; i < part_.last_layer; ++i) {
+    auto [own, experts] = split_expert_specs(block_specs(cfg_, shares_, size_t(i)));
+    blocks_.emplace_back(std::move(own), dtype_, device_, flat_pad_multiple);
+    if (!experts.empty()) experts_.emplace_back(std::move(experts), dtype_, device_, flat_pad_multiple);
+  }
   if (part_.head) {
     std::vector<ParamSpec> head = head_specs(cfg_, shares_);
     if (cfg_.tied_embeddings && !part_.embedding) {
@@ -122,6 +125,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   // before it).
   embed_.set_lazy_grads(true);
   for (ParamSet& b : blocks_) b.set_lazy_grads(true);
+  for (ParamSet& e : experts_) e.set_lazy_grads(true);
   head_.set_lazy_grads(true);
   if (shares_.kv_replicas > 1)  // a collective over the tp group: every rank builds the model
     kv_group_ = tp_.group->split(int(shares_.kv_head0), int(tp_.rank()), "tp_kv");
@@ -141,16 +145,17 @@ std::vector<comm::ProcessGroup*> Transformer::comm_groups() const {
 
 std::vector<ParamSet*> Transformer::param_sets() {
   std::vector<ParamSet*> v;
-  if (part_.embedding) v.push_back(&embed_);
-  for (auto& b : blocks_) v.push_back(&b);
-  if (part_.head) v.push_back(&head_);
+  for (const ParamSet* s : static_cast<const Transformer&>(*this).param_sets()) v.push_back(const_cast<ParamSet*>(s));
   return v;
 }
 
 std::vector<const ParamSet*> Transformer::param_sets() const {
   std::vector<const ParamSet*> v;
   if (part_.embedding) v.push_back(&embed_);
-  for (auto& b : blocks_) v.push_back(&b);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    v.push_back(&blocks_[i]);
+    if (!experts_.empty()) v.push_back(&experts_[i]);  // expert_set(i)
+  }
   if (part_.head) v.push_back(&head_);
   return v;
 }
@@ -272,7 +277,9 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   b.ln2_w = get("mlp_norm.weight");
   b.ln2_b = opt("mlp_norm.bias");
   if (cfg_.moe()) {
-    b.moe = MoeWeights{get("mlp.router.weight"), get("mlp.experts.in.weight"), get("mlp.experts.out.weight")};
+    const ParamSet& e = experts_[layer];  // its gradient buffer may be released alone (ZeRO-2)
+    auto expert = [&](size_t i) { return grads ? (e.has_grads() ? e.grad(i) : Tensor()) : e.param(i); };
+    b.moe = MoeWeights{get("mlp.router.weight"), expert(0), expert(1)};
     return b;
   }
   b.mlp_in_w = get("mlp.in.weight");
@@ -512,7 +519,8 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
 }
 
 void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
-                                 const TensorParallel& m, std::vector<std::function<void()>>* deferred) {
+                                 const TensorParallel& m, std::vector<std::function<void()>>* deferred,
+                                 std::vector<std::function<void()>>* deferred_experts) {
   // dres (R, C): on entry dL/d x_out, on exit dL/d x_in (updated in place).
   const BlockParams p = block_views(layer, false);
   const BlockParams g = block_views(layer, true);
@@ -562,9 +570,22 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   const bool gelu = cfg_.arch == Arch::gpt2;
   comm::WorkHandle gather, reduce;  // the MLP's input gather and input-gradient reduction (tp > 1)
   if (cfg_.moe()) {  // the experts (nn/moe.h): d_ln <- the gradient at ln2 (tp = 1: d_ln is d_partial)
-    moe_backward(
-        cfg_, a.moe, d_partial, dres, a.ln2, p.moe, weights, [this, layer] { return block_views(layer, true).moe; },
-        [this, layer](const Tensor& view) { return claim_grads(block_set(layer), {view}); }, ExpertGroup{tp_.experts});
+    auto expert_weights = [&](std::function<void()> work) {
+      if (deferred_experts)
+        deferred_experts->push_back(std::move(work));
+      else
+        work();
+    };
+    // A view's writes are claimed in the set it belongs to: the block's (the router) or its experts'.
+    auto claim = [this, layer](const Tensor& view) {
+      const Tensor& e = experts_[layer].grad_flat();
+      const char* at = static_cast<const char*>(view.data_ptr());
+      const char* lo = static_cast<const char*>(e.data_ptr());
+      const bool expert = at >= lo && at < lo + e.nbytes();
+      return claim_grads(expert ? expert_set(layer) : block_set(layer), {view});
+    };
+    moe_backward(cfg_, a.moe, d_partial, dres, a.ln2, p.moe, weights, expert_weights,
+                 [this, layer] { return block_views(layer, true).moe; }, claim, ExpertGroup{tp_.experts});
   } else {
     Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input
     if (gelu)
@@ -826,7 +847,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   const int64_t rows = m.sequence_parallel ? N / m.size() : N;
   Tensor x = part_input(m, input, ctx.tokens, rows);
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    need(block_set(i));
+    for (size_t s : block_sets(i)) need(s);
     ctx.blocks[i].moe.grad_scale = grad_scale;
     Tensor y = block_forward(i, ctx.blocks[i], x, B, T, m);
     if (ctx.blocks[i].moe.defined()) {
@@ -836,7 +857,7 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
       if (mean > 0)
         ctx.expert_load_max = std::max(ctx.expert_load_max, double(*std::max_element(load.begin(), load.end())) / mean);
     }
-    done(block_set(i));
+    for (size_t s : block_sets(i)) done(s);
     if (train)
       release_for_policy(ctx.blocks[i]);
     else
@@ -1021,17 +1042,21 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     }
   }
   for (size_t i = blocks_.size(); i-- > 0;) {
-    need(block_set(i));
-    if (on_grads_needed) on_grads_needed(block_set(i));  // before recompute: the block's linears view its gradients
+    const std::vector<size_t> sets = block_sets(i);
+    for (size_t s : sets) need(s);
+    for (size_t s : sets)  // before recompute: the block's linears view its gradients
+      if (on_grads_needed) on_grads_needed(s);
     recompute_for_backward(i, ctx.blocks[i], B, T, m);
-    DeferredWeights d{block_set(i), {}};
-    block_backward(i, ctx.blocks[i], dres, B, T, m, defer ? &d.work : nullptr);
-    done(block_set(i));
+    DeferredWeights d{block_set(i), {}}, de{sets.back(), {}};
+    block_backward(i, ctx.blocks[i], dres, B, T, m, defer ? &d.work : nullptr, defer ? &de.work : nullptr);
+    for (size_t s : sets) done(s);
     ctx.blocks[i] = BlockActivations{};
-    if (defer)
+    if (defer) {
+      if (sets.size() > 1) deferred.push_back(std::move(de));  // the experts' set, reported first
       deferred.push_back(std::move(d));
-    else
-      grads_ready(block_set(i));
+    } else {
+      for (size_t k = sets.size(); k-- > 0;) grads_ready(sets[k]);
+    }
   }
   Tensor d_input;
   if (part_.embedding) {
@@ -1089,9 +1114,9 @@ Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Te
   Tensor x = part_input(m, input, tokens, N);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
-    need(block_set(i));
+    for (size_t s : block_sets(i)) need(s);
     x = block_forward(i, a, x, B, T, m);
-    done(block_set(i));
+    for (size_t s : block_sets(i)) done(s);
   }
   if (!part_.head) return x;
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;

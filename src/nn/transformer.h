@@ -339,9 +339,11 @@ class Transformer {
   // A set's gradients are complete: finished (ParamSet::finish_grads), then
   // reported to on_grads_ready.
   void grads_ready(size_t set);
-  // deferred: null runs the weight gradients at once, else queues them there.
+  // deferred: null runs the weight gradients at once, else queues them
+  // there (the experts' in deferred_experts: their own set).
   void block_backward(size_t layer, BlockActivations& a, const Tensor& dres, int64_t B, int64_t T,
-                      const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr);
+                      const TensorParallel& m, std::vector<std::function<void()>>* deferred = nullptr,
+                      std::vector<std::function<void()>>* deferred_experts = nullptr);
   Tensor backward_pass(ForwardContext& ctx, const Tensor& d_output, bool defer);
   // The head's backward: returns dL/d x_final (R, C). Under
   // head_keeps_dlogits the input gradient comes from ctx.dlogits here and
@@ -367,8 +369,15 @@ class Transformer {
     if (on_params_done) on_params_done(set);
   }
   // Indices into param_sets() (the embeddings only on the embedding part).
-  size_t block_set(size_t i) const { return (part_.embedding ? 1 : 0) + i; }
+  // A mixture-of-experts block's experts are the set after its block's.
+  size_t sets_per_block() const { return experts_.empty() ? 1 : 2; }
+  size_t block_set(size_t i) const { return (part_.embedding ? 1 : 0) + i * sets_per_block(); }
+  size_t expert_set(size_t i) const { return block_set(i) + 1; }
   size_t head_set() const { return block_set(blocks_.size()); }
+  // The sets a block's weights live in: its own (and its experts').
+  std::vector<size_t> block_sets(size_t i) const {
+    return experts_.empty() ? std::vector<size_t>{block_set(i)} : std::vector<size_t>{block_set(i), expert_set(i)};
+  }
   // The set whose weights the LM head reads (the head's own, or the
   // embeddings' when tied on a whole model).
   size_t head_weight_set() const;
@@ -384,6 +393,7 @@ class Transformer {
   bool residual_in_products_ = true;               // residual_in_products()
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;
+  std::vector<ParamSet> experts_;  // MoE: per block, mlp.experts.{in,out}.weight (empty for dense models)
   ParamSet head_;                // final_norm.weight (C) [, .bias] [, lm_head.weight (Vp, C)]
   Tensor rope_table_;            // (T_max, D/2, 2) f32 (llama3)
   mutable Tensor cp_rope_table_;  // (T, D/2, 2): rope_table_'s rows at a cp rank's positions

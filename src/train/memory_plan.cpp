@@ -63,8 +63,11 @@ std::vector<int64_t> chunk_sets(const Config& cfg, const nn::TpShares& sh, const
     if (m.tied_embeddings) *tied = 0;
     sets.push_back(padded(numel_of(nn::embedding_specs(m, sh)), pad));
   }
-  for (int64_t l = part.first_layer; l < part.last_layer; ++l)
-    sets.push_back(padded(numel_of(nn::block_specs(m, sh, size_t(l))), pad));
+  for (int64_t l = part.first_layer; l < part.last_layer; ++l) {
+    const auto [own, experts] = nn::split_expert_specs(nn::block_specs(m, sh, size_t(l)));
+    sets.push_back(padded(numel_of(own), pad));
+    if (!experts.empty()) sets.push_back(padded(numel_of(experts), pad));  // MoE: the experts' own set
+  }
   if (part.head) {
     int64_t n = numel_of(nn::head_specs(m, sh));
     if (m.tied_embeddings && !part.embedding) {
@@ -242,9 +245,13 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     for (size_t i = 0; i < sets.size(); ++i) {
       all += sets[i];
       // ZeRO-3 holds a layer's full weights while it runs and the next
-      // one's, prefetched; the LM head also reads a tied embedding held in
-      // another set of this chunk.
-      in_use = std::max(in_use, sets[i] + (i + 1 < sets.size() ? sets[i + 1] : 0));
+      // one's, prefetched (a mixture-of-experts block runs with two sets,
+      // its own and its experts': three then); the LM head also reads a
+      // tied embedding held in another set of this chunk.
+      const size_t held = m.moe() ? 3 : 2;
+      int64_t run = 0;
+      for (size_t j = i; j < std::min(sets.size(), i + held); ++j) run += sets[j];
+      in_use = std::max(in_use, run);
     }
     const bool both_ends = part.embedding && part.head;
     if (both_ends && tied >= 0) in_use = std::max(in_use, sets.back() + sets[size_t(tied)]);
