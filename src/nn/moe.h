@@ -36,8 +36,8 @@
 // (every source's rows of its first expert, then of its second, ...), and
 // sends the outputs back in the same all-to-all shape. Backward sends the
 // outputs' gradients the same way and the inputs' gradients back. The
-// trainer does not run it yet (parallel.ep is refused): the model-level
-// tests do.
+// trainer runs it at parallel.ep > 1 (the experts' ParamSets then reduce
+// over Mesh::ep_dp: parallel::SetGroups).
 #pragma once
 
 #include <cstdint>

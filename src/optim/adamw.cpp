@@ -107,11 +107,14 @@ void AdamW::step(double lr, float grad_scale) {
   }
 }
 
-double grad_norm(const AdamW& opt) {
+double grad_norm(const AdamW& opt) { return grad_norm(opt, std::vector<bool>(opt.num_sets(), true)); }
+
+double grad_norm(const AdamW& opt, const std::vector<bool>& sets) {
   // The runs of each shard this rank counts (all of it without tensor
   // parallelism; replicated tensors on one tp rank only).
   std::vector<Tensor> grads;
   for (size_t i = 0; i < opt.num_sets(); ++i) {
+    if (!sets[i]) continue;
     const OptimShard& sh = opt.shard(i);
     for (const auto& [lo, hi] : opt.set(i).norm_ranges()) {
       const int64_t a = std::max(lo, sh.begin), b = std::min(hi, sh.end);

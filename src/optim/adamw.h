@@ -87,6 +87,8 @@ class AdamW {
 // parallelism only the elements this rank counts (ParamSet::norm_ranges):
 // its part of the global norm.
 double grad_norm(const AdamW& opt);
+// The same over the sets marked in `sets` only (one flag per set).
+double grad_norm(const AdamW& opt, const std::vector<bool>& sets);
 // PyTorch's clip_grad_norm_ rule: max_norm / (norm + 1e-6) when that is < 1,
 // else 1; max_norm <= 0 disables clipping.
 float clip_scale(double norm, double max_norm);

@@ -13,8 +13,8 @@ namespace zt::parallel {
 int64_t zero_pad_multiple(int64_t zero_stage, int64_t dp) { return zero_stage >= 1 ? 16 * dp : 1; }
 
 DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& group,
-                           const DataParallelOptions& options)
-    : sets_(std::move(sets)), group_(&group), opt_(options), started_(sets_.size(), false) {
+                           const DataParallelOptions& options, SetGroups own)
+    : sets_(std::move(sets)), group_(&group), opt_(options), own_(std::move(own)), started_(sets_.size(), false) {
   ZT_CHECK(opt_.zero_stage >= 0 && opt_.zero_stage <= 3, "parallel.zero_stage = ", opt_.zero_stage,
            " does not exist (0, 1, 2 or 3)");
   ZT_CHECK(opt_.bucket_bytes >= 4, "the gradient bucket must hold at least one element");
@@ -23,6 +23,10 @@ DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& 
   ZT_CHECK(sg >= 1 && dp % sg == 0, "parallel.shard_group = ", opt_.shard_group, " must divide dp = ", dp,
            " (ZeRO shards span groups of that many ranks)");
   shard_group_ = group_;
+  bool any_own = false;
+  for (size_t i = 0; i < sets_.size(); ++i) any_own = any_own || has_own_group(i);
+  ZT_CHECK(sg == dp || !any_own, "parallel.shard_group = ", opt_.shard_group,
+           " (hybrid sharding) does not combine with expert parallelism yet; set parallel.shard_group = 0");
   if (sg != dp) {
     // Both splits are collectives over the dp group, made by every rank.
     own_shard_group_ = group.split(int(group.rank() / sg), int(group.rank() % sg), "dp_shard");
@@ -31,9 +35,10 @@ DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& 
     replica_behind_scatter_ = shard_group_->shares_one_queue() && replica_group_->shares_one_queue();
   }
   last_.resize(groups().size());
-  const int64_t p = sg;
   if (opt_.zero_stage >= 1)
-    for (nn::ParamSet* s : sets_) {
+    for (size_t i = 0; i < sets_.size(); ++i) {
+      nn::ParamSet* s = sets_[i];
+      const int64_t p = shard_group(i).size();
       ZT_ASSERT(s->numel() % p == 0, "layer buffers must be padded to a multiple of the shard group for ZeRO");
       grad_shards_.push_back(
           Tensor::empty(Shape{s->numel() / p}, DType::f32, s->flat().device(), MemCategory::grads));
@@ -42,7 +47,7 @@ DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& 
         // This rank's slice of the (initialised) weights is all it keeps.
         const int64_t len = s->numel() / p;
         Tensor shard = Tensor::empty(Shape{len}, s->dtype(), s->device(), MemCategory::params);
-        ops::copy(shard, s->flat().flat_view(shard_group_->rank() * len, Shape{len}));
+        ops::copy(shard, s->flat().flat_view(shard_group(i).rank() * len, Shape{len}));
         param_shards_.push_back(shard);
         s->release_params();
       }
@@ -53,10 +58,10 @@ DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& 
 void DataParallel::start_gather(size_t i) {
   nn::ParamSet& s = *sets_[i];
   s.ensure_param_storage();
-  if (shard_size() == 1)
+  if (shard_group(i).size() == 1)
     ops::copy(s.flat(), param_shards_[i]);
   else
-    gathers_[i] = shard_group_->all_gather(s.flat(), param_shards_[i]);
+    gathers_[i] = shard_group(i).all_gather(s.flat(), param_shards_[i]);
 }
 
 void DataParallel::params_needed(size_t i) {
@@ -113,9 +118,8 @@ std::vector<optim::OptimShard> DataParallel::optimizer_shards() const {
     if (opt_.zero_stage == 0) {
       out.push_back({0, n, sets_[i]->grad_flat(), {}});
     } else {
-      const int64_t len = n / shard_size();
-      out.push_back({shard_rank() * len, (shard_rank() + 1) * len, grad_shards_[i],
-                     opt_.zero_stage >= 3 ? param_shards_[i] : Tensor()});
+      const int64_t len = n / shard_group(i).size(), r = shard_group(i).rank();
+      out.push_back({r * len, (r + 1) * len, grad_shards_[i], opt_.zero_stage >= 3 ? param_shards_[i] : Tensor()});
     }
   }
   return out;
@@ -138,12 +142,14 @@ void DataParallel::start(size_t i) {
   nn::ParamSet& s = *sets_[i];
   if (!s.has_grads()) return;  // ZeRO >= 2: this layer produced no gradient in this pass
   const Tensor g = s.grad_flat();
+  comm::ProcessGroup& rg = reduce_group(i);
+  comm::ProcessGroup& sg = shard_group(i);
   if (opt_.zero_stage == 0) {
-    if (size() == 1) return;
+    if (rg.size() == 1) return;
     const int64_t chunk = std::max<int64_t>(1, opt_.bucket_bytes / 4);
     for (int64_t off = 0; off < g.numel(); off += chunk) {
       Pending p;
-      p.work = group_->all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)}));
+      p.work = rg.all_reduce(g.flat_view(off, Shape{std::min(chunk, g.numel() - off)}));
       p.set = i;
       pending_.push_back(std::move(p));
     }
@@ -158,20 +164,20 @@ void DataParallel::start(size_t i) {
   p.set = i;
   Tensor out = grad_shards_[i];
   if (accumulate) {
-    out = shard_size() == 1 ? g : Tensor::empty(grad_shards_[i].shape(), DType::f32, g.device(), MemCategory::grads);
+    out = sg.size() == 1 ? g : Tensor::empty(grad_shards_[i].shape(), DType::f32, g.device(), MemCategory::grads);
     p.shard_part = out;
     p.full = g;
     s.release_grads();
   }
-  if (shard_size() > 1)
-    p.work = shard_group_->reduce_scatter(out, g);
+  if (sg.size() > 1)
+    p.work = sg.reduce_scatter(out, g);
   else if (!accumulate)
     ops::copy(out, g);
   // Hybrid: the shard group's sum, summed again across the replicas - queued
   // behind the reduce-scatter (its work completes both), or by drain().
-  if (replica_behind_scatter_)
+  if (replica_behind_scatter_ && !has_own_group(i))
     p.work = replica_group_->all_reduce(out);
-  else if (replica_group_)
+  else if (replica_group_ && !has_own_group(i))
     p.replica_reduce = out;
   pending_.push_back(std::move(p));
   drain(0);  // also starts the replica all-reduces of finished reduce-scatters early
@@ -217,6 +223,33 @@ void DataParallel::finish_reduction() {
 }
 
 double DataParallel::grad_norm(const optim::AdamW& opt, const std::vector<comm::ProcessGroup*>& model_parallel) {
+  std::vector<bool> own(sets_.size());
+  bool any_own = false;
+  for (size_t i = 0; i < sets_.size(); ++i) {
+    own[i] = has_own_group(i);
+    any_own = any_own || own[i];
+  }
+  if (any_own) {
+    // Expert parallelism: the experts' squares over their shards' group and
+    // over the ranks holding the other experts; the rest as below.
+    std::vector<bool> rest(sets_.size());
+    for (size_t i = 0; i < sets_.size(); ++i) rest[i] = !own[i];
+    const double dense = optim::grad_norm(opt, rest), experts = optim::grad_norm(opt, own);
+    double squares = dense * dense, expert_squares = experts * experts;
+    if (opt_.zero_stage > 0 && shard_size() > 1) squares = comm::sum_exact(*shard_group_, squares);
+    size_t first_own = 0;
+    while (!own[first_own]) ++first_own;
+    if (opt_.zero_stage > 0 && shard_group(first_own).size() > 1)
+      expert_squares = comm::sum_exact(shard_group(first_own), expert_squares);
+    if (own_.norm_group && own_.norm_group->size() > 1) expert_squares = comm::sum_exact(*own_.norm_group, expert_squares);
+    squares += expert_squares;
+    // ZeRO-0 replicas vote on finiteness, as below.
+    if (opt_.zero_stage == 0 && size() > 1 && comm::sum_exact(*group_, std::isfinite(squares) ? 0.0 : 1.0) > 0.0)
+      squares = NAN;
+    for (comm::ProcessGroup* g : model_parallel)
+      if (g && g->size() > 1) squares = comm::sum_exact(*g, squares);
+    return std::sqrt(squares);
+  }
   double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
   // ZeRO-0 replicas each take the norm of their own copy: they vote on its
   // finiteness, so a non-finite copy anywhere skips the step everywhere
@@ -235,20 +268,22 @@ double DataParallel::grad_norm(const optim::AdamW& opt, const std::vector<comm::
   return std::sqrt(squares);
 }
 
-bool DataParallel::writes_checkpoint_part() const {
+bool DataParallel::writes_checkpoint_part(size_t set) const {
+  if (has_own_group(set)) return opt_.zero_stage > 0 || own_.groups[set]->rank() == 0;
   if (opt_.zero_stage == 0) return rank() == 0;
   return !replica_group_ || replica_group_->rank() == 0;
 }
 
 void DataParallel::gather_params(const optim::AdamW& opt) {
   // ZeRO-3 updated its shards in place; the layers are gathered when used.
-  if (opt_.zero_stage == 0 || opt_.zero_stage >= 3 || shard_size() == 1) return;
+  if (opt_.zero_stage == 0 || opt_.zero_stage >= 3) return;
   std::vector<comm::WorkHandle> work;
   for (size_t i = 0; i < sets_.size(); ++i) {
+    if (shard_group(i).size() == 1) continue;
     const optim::OptimShard& sh = opt.shard(i);
     const Tensor& flat = sets_[i]->flat();
     // In place: this rank's updated slice is its own block of the layer.
-    work.push_back(shard_group_->all_gather(flat, flat.flat_view(sh.begin, Shape{sh.end - sh.begin})));
+    work.push_back(shard_group(i).all_gather(flat, flat.flat_view(sh.begin, Shape{sh.end - sh.begin})));
   }
   for (auto& w : work) w->wait();
 }
@@ -284,6 +319,8 @@ std::vector<comm::ProcessGroup*> DataParallel::groups() const {
   std::vector<comm::ProcessGroup*> g{group_};
   if (own_shard_group_) g.push_back(own_shard_group_.get());
   if (replica_group_) g.push_back(replica_group_.get());
+  for (comm::ProcessGroup* o : own_.groups)
+    if (o && std::find(g.begin(), g.end(), o) == g.end()) g.push_back(o);
   return g;
 }
 

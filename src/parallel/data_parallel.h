@@ -62,11 +62,23 @@ struct DataParallelOptions {
 // 1 without ZeRO (whole buffers are reduced).
 int64_t zero_pad_multiple(int64_t zero_stage, int64_t dp);
 
+// Expert parallelism: the sets of a mixture-of-experts model's experts
+// are held by fewer ranks than the rest (each ep rank its own experts), so
+// they reduce and shard over a group of their own - the ranks holding the
+// same experts (Mesh::ep_dp) -, and their gradient norm is summed over the
+// ranks holding the others (Mesh::ep).
+struct SetGroups {
+  std::vector<comm::ProcessGroup*> groups;  // per set: its own group, or null (the data-parallel group)
+  comm::ProcessGroup* norm_group = nullptr;  // the sets with a group of their own: norm summed over it
+};
+
 class DataParallel {
  public:
   // sets: the model's layers (flat buffers padded to a multiple of
-  // group.size() when zero_stage >= 1).
-  DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& group, const DataParallelOptions& options);
+  // group.size() when zero_stage >= 1). own: sets with a group of their
+  // own (no hybrid sharding for them).
+  DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& group, const DataParallelOptions& options,
+               SetGroups own = {});
 
   int64_t size() const { return group_->size(); }
   int64_t rank() const { return group_->rank(); }
@@ -75,9 +87,9 @@ class DataParallel {
   // this rank's shard index.
   int64_t shard_size() const { return shard_group_->size(); }
   int64_t shard_rank() const { return shard_group_->rank(); }
-  // Whether this rank writes its optimizer shard into checkpoints (one
-  // replica of each shard does).
-  bool writes_checkpoint_part() const;
+  // Whether this rank writes its optimizer shard of set `set` into
+  // checkpoints (one replica of each shard does).
+  bool writes_checkpoint_part(size_t set) const;
 
   // The shards AdamW should update (whole sets under zero_stage 0).
   std::vector<optim::OptimShard> optimizer_shards() const;
@@ -139,6 +151,12 @@ class DataParallel {
   void drain(size_t wait_first);
   std::vector<nn::ParamSet*> sets_;
   comm::ProcessGroup* group_;
+  SetGroups own_;
+  // Per set: the group its gradient is reduced over and the one its ZeRO
+  // shards span (a set of its own: its group for both).
+  bool has_own_group(size_t set) const { return set < own_.groups.size() && own_.groups[set]; }
+  comm::ProcessGroup& reduce_group(size_t set) const { return has_own_group(set) ? *own_.groups[set] : *group_; }
+  comm::ProcessGroup& shard_group(size_t set) const { return has_own_group(set) ? *own_.groups[set] : *shard_group_; }
   DataParallelOptions opt_;
   std::unique_ptr<comm::ProcessGroup> own_shard_group_, replica_group_;  // hybrid sharding
   comm::ProcessGroup* shard_group_ = nullptr;                            // group_ unless hybrid

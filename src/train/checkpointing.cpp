@@ -202,14 +202,15 @@ void check_model_tensors(const Trainer& t, const ckpt::Checkpoint& ck, bool with
 
 // This rank's part of every tensor: the boxes of master weights and moments
 // that its optimizer shard holds (under ZeRO-0 the main data-parallel rank
-// holds everything and the replicas write nothing). Copies when the write is
+// holds everything and the replicas write nothing; expert parallelism's
+// experts are written by the first of the ranks holding them). Copies when the write is
 // asynchronous or the state lives on a device.
 std::vector<ckpt::SliceToWrite> own_slices(Trainer& t, bool copy) {
   std::vector<ckpt::SliceToWrite> out;
   const parallel::DataParallel& dp = t.data_parallel();
-  if (!dp.writes_checkpoint_part()) return out;
   const optim::AdamW& opt = t.optimizer();
   for_each_tensor(t, [&](const nn::ParamSpec& spec, size_t si, int64_t off, const nn::ParamSet&, size_t) {
+    if (!dp.writes_checkpoint_part(si)) return;  // per set: expert parallelism's experts have replicas of their own
     const std::string& name = spec.name;
     const optim::OptimShard& sh = opt.shard(si);
     const int64_t lo = std::max(off, sh.begin), hi = std::min(off + spec.shape.numel(), sh.end);

@@ -115,7 +115,7 @@ const std::vector<Field>& fields() {
       ZT_F("parallel", "virtual_stages", parallel.virtual_stages, "model chunks per pipeline rank (interleaved)"),
       ZT_F("parallel", "pp_layers", parallel.pp_layers, "blocks per pipeline stage, e.g. \"4,4,3,3\" (empty: balanced by cost)"),
       ZT_F("parallel", "cp", parallel.cp, "context-parallel size"),
-      ZT_F("parallel", "ep", parallel.ep, "expert-parallel size (divides dp x cp)"),
+      ZT_F("parallel", "ep", parallel.ep, "expert-parallel size: ranks the experts of a mixture-of-experts model are split over (divides n_expert and dp x cp)"),
       ZT_F("parallel", "zero_stage", parallel.zero_stage, "0: replicate; 1: shard optimizer state; 2: and gradients; 3: and parameters"),
       ZT_F("parallel", "shard_group", parallel.shard_group, "ZeRO shards span groups of this many dp ranks, replicated across groups (HSDP; 0: all of dp)"),
       ZT_F("parallel", "bucket_mb", parallel.bucket_mb, "gradient reduction bucket size in MiB"),
@@ -469,10 +469,11 @@ void Config::validate() const {
            "), so nothing would be captured; pick a step from 1 to ", train.steps, ", or 0 for none");
   ZT_CHECK(parallel.dp >= 0 && parallel.tp >= 1 && parallel.pp >= 1 && parallel.cp >= 1 && parallel.ep >= 1,
            "parallel sizes must be >= 1 (parallel.dp may be 0: the rest of the processes)");
-  ZT_CHECK(parallel.ep == 1,
-           "this build trains with data, tensor, pipeline and context parallelism: expert parallelism is not "
-           "implemented yet (a mixture-of-experts model, model.n_expert > 0, keeps every expert on each rank); set "
-           "parallel.ep to 1");
+  ZT_CHECK(parallel.ep == 1 || model.moe(), "parallel.ep = ", parallel.ep,
+           " splits the experts of a mixture-of-experts model, but model.n_expert = 0 (a dense MLP); set "
+           "parallel.ep = 1 or give the model experts");
+  ZT_CHECK(parallel.ep == 1 || model.n_expert % parallel.ep == 0, "parallel.ep = ", parallel.ep,
+           " must divide model.n_expert = ", model.n_expert, " (each rank holds n_expert / ep experts of every block)");
   if (parallel.cp > 1) {
     ZT_CHECK(train.seq_len % (2 * parallel.cp) == 0, "parallel.cp = ", parallel.cp, " cuts each sequence into 2 cp = ",
              2 * parallel.cp, " equal chunks (two per rank, for balance), but train.seq_len = ", train.seq_len,

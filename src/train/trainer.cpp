@@ -149,6 +149,9 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   // Tensor parallelism: this rank's slices of every layer (the mesh's tp group).
   nn::TensorParallel tp;
   if (mesh_ && mesh_->tp().size() > 1) tp = {&mesh_->tp(), cfg_.parallel.sequence_parallel};
+  // Expert parallelism: each ep rank holds E / ep experts of every block (nn/moe.h).
+  const int64_t ep = mesh_ ? mesh_->ep().size() : 1;
+  if (ep > 1) tp.experts = &mesh_->ep();
   // Pipeline parallelism: this rank's model chunks (stage c p + rank for chunk c).
   const int64_t pp = mesh_ ? mesh_->pp().size() : 1, v = pp > 1 ? cfg_.parallel.virtual_stages : 1;
   std::vector<nn::ModelPart> parts{nn::ModelPart{}};
@@ -185,7 +188,15 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   dpo.zero_stage = cfg_.parallel.zero_stage;
   dpo.bucket_bytes = int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
   dpo.shard_group = cfg_.parallel.shard_group;
-  dp_ = std::make_unique<parallel::DataParallel>(param_sets(), dp_group, dpo);
+  // The experts' sets reduce and shard over the ranks holding the same
+  // experts; their norm sums over the ep group.
+  parallel::SetGroups own;
+  if (ep > 1) {
+    for (const nn::ParamSet* s : param_sets())
+      own.groups.push_back(s->size() > 0 && nn::is_expert_param(s->spec(0).name) ? &mesh_->ep_dp() : nullptr);
+    own.norm_group = &mesh_->ep();
+  }
+  dp_ = std::make_unique<parallel::DataParallel>(param_sets(), dp_group, dpo, std::move(own));
   if (pp > 1) {
     std::vector<nn::Transformer*> raw;
     for (auto& c : chunks_) raw.push_back(c.get());
@@ -638,8 +649,11 @@ TrainResult Trainer::run(int64_t stop_after) {
       dp_->hold_full_params(true);  // ZeRO-3: every rank gathers; then the main rank samples alone
       // Under tensor and pipeline parallelism every rank of the main rank's
       // model replica computes the same samples (each forward is a collective
-      // of its tp and pp groups); the main rank prints them.
-      if (main_rank_ || ((tp_group() || pipeline_) && mesh_->coord().dp == 0 && mesh_->coord().cp == 0))
+      // of its tp and pp groups), and under expert parallelism every rank of
+      // its ep group (whose experts the tokens visit); the main rank prints them.
+      const bool main_ep = mesh_ && mesh_->ep().size() > 1 &&
+                           mesh_->coord().cp + mesh_->shape().cp * mesh_->coord().dp < mesh_->shape().ep;
+      if (main_rank_ || main_ep || ((tp_group() || pipeline_) && mesh_->coord().dp == 0 && mesh_->coord().cp == 0))
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
           const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
           say("sample (step " + std::to_string(m.step) + "): " + text);

@@ -15,6 +15,10 @@
 #      model.safetensors match the reference too; both print their samples.
 #   6. saved at cp = 2 with ZeRO-1, resumed by one process and by cp = 2 x
 #      tp = 2 (its final model.safetensors matches the reference too).
+#   7. a mixture-of-experts model (llama3-moe-tiny, 4 experts): saved at
+#      dp = 2 x ep = 2 with ZeRO-1 (each ep rank writes its experts), resumed
+#      by one process and by dp = 4 x ep = 4 with ZeRO-3 (its final
+#      model.safetensors matches the MoE reference).
 # Usage: model_parallel_resume_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -98,10 +102,28 @@ echo "cp=2 ZeRO-1 -> one process: losses match the single-process run"
 same "$ref" "$(losses "$tmp/m")"
 echo "cp=2 ZeRO-1 -> cp=2 x tp=2: losses match the single-process run"
 
-# The final weights of the tp=4 run, of the pp x tp run and of the cp x tp run, assembled from
-# slices and stages, against the reference's.
-for run in c i j m; do
-/usr/bin/python3 - "$tmp/ref/model.safetensors" "$tmp/$run/model.safetensors" <<'PY'
+# Expert parallelism: a mixture-of-experts model saved at dp=2 x ep=2 (each ep rank's experts
+# are slices of the stacked expert tensors), resumed by one process and by dp=4 x ep=4 ZeRO-3.
+write_config "$tmp/moe.toml" llama3-moe-tiny "$tmp/data"
+"$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/moeref" > /dev/null
+moeref=$(losses "$tmp/moeref")
+"${mpi[@]}" -np 2 "$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/n" --set parallel.ep=2 \
+  --set parallel.zero_stage=1 --stop-after 4 > /dev/null
+for d in o p; do cp -r "$tmp/n" "$tmp/$d"; done
+"$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/o" --resume > /dev/null
+same "$moeref" "$(losses "$tmp/o")"
+echo "MoE dp=2 x ep=2 ZeRO-1 -> one process: losses match the single-process run"
+"${mpi[@]}" -np 4 "$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/p" --set parallel.ep=4 \
+  --set parallel.zero_stage=3 --resume > /dev/null
+same "$moeref" "$(losses "$tmp/p")"
+echo "MoE dp=2 x ep=2 ZeRO-1 -> dp=4 x ep=4 ZeRO-3: losses match the single-process run"
+
+# The final weights of the tp=4 run, of the pp x tp run, of the cp x tp run and of the ep=4
+# run, assembled from slices and stages, against their references.
+for run in c i j m p; do
+reference="$tmp/ref/model.safetensors"
+if [ "$run" = p ]; then reference="$tmp/moeref/model.safetensors"; fi
+/usr/bin/python3 - "$reference" "$tmp/$run/model.safetensors" <<'PY'
 import json, struct, sys
 import numpy as np
 def load(path):

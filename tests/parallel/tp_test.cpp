@@ -352,8 +352,23 @@ TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
       {{p, 1, 1, 1, 1}, {"parallel.zero_stage=1"}, "dp, ZeRO-1"},
       {{1, 1, 1, p, 1}, {"parallel.cp=" + std::to_string(p), "train.recompute=full"}, "cp, full recompute"},
   };
-  if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
-  if (p == 4) layouts.push_back({{2, 1, 1, 2, 1}, {"parallel.cp=2", "parallel.zero_stage=3"}, "dp 2 x cp 2, ZeRO-3"});
+  // Expert parallelism: each ep rank holds its experts; their gradients
+  // reduce over the ranks holding the same ones.
+  layouts.push_back({{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p)}, "dp x ep, ZeRO-0"});
+  if (p == 2) {
+    layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
+    layouts.push_back({{2, 1, 1, 1, 2}, {"parallel.ep=2", "parallel.zero_stage=1", "train.recompute=selective"},
+                       "dp 2 x ep 2, ZeRO-1, selective"});
+  }
+  if (p == 4) {
+    layouts.push_back({{2, 1, 1, 2, 1}, {"parallel.cp=2", "parallel.zero_stage=3"}, "dp 2 x cp 2, ZeRO-3"});
+    layouts.push_back({{4, 1, 1, 1, 2}, {"parallel.ep=2", "parallel.zero_stage=2"}, "dp 4, ep 2, ZeRO-2"});
+    layouts.push_back({{4, 1, 1, 1, 4}, {"parallel.ep=4", "parallel.zero_stage=3"}, "dp 4 x ep 4, ZeRO-3"});
+    layouts.push_back({{2, 1, 1, 2, 2}, {"parallel.cp=2", "parallel.ep=2", "parallel.zero_stage=1"},
+                       "dp 2 x cp 2, ep 2, ZeRO-1"});
+    layouts.push_back({{2, 1, 2, 1, 2}, {"parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=1f1b"},
+                       "dp 2 x pp 2, ep 2, 1F1B"});
+  }
   for (const Layout& l : layouts) {
     SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
     auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());

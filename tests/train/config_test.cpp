@@ -101,7 +101,8 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
                   "parallel.cp = 3 cuts each sequence into 2 cp = 6 equal chunks (two per rank, for balance), but "
                   "train.seq_len = 32 is not a multiple of 6"));
   EXPECT_EQ(error_of(kBase, {"parallel.cp=2", "parallel.pp=2"}), "");
-  EXPECT_TRUE(has(error_of(kBase, {"parallel.ep=2"}), "expert parallelism is not implemented yet"));
+  EXPECT_TRUE(has(error_of(kBase, {"parallel.ep=2"}),
+                  "parallel.ep = 2 splits the experts of a mixture-of-experts model, but model.n_expert = 0"));
   // Mixture of experts: Llama blocks, k of E, no tensor-parallel experts yet.
   const std::vector<std::string> moe{"model.arch=\"llama3\"", "model.n_kv_head=2", "model.n_expert=4"};
   EXPECT_EQ(error_of(kBase, moe), "");
@@ -116,6 +117,8 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, with(moe, "parallel.tp=2")),
                   "parallel.tp = 2 with model.n_expert = 4: the experts of a mixture-of-experts model are not split"));
   EXPECT_EQ(error_of(kBase, with(with(moe, "parallel.cp=2"), "parallel.pp=2")), "");
+  EXPECT_EQ(error_of(kBase, with(moe, "parallel.ep=4")), "");
+  EXPECT_TRUE(has(error_of(kBase, with(moe, "parallel.ep=3")), "parallel.ep = 3 must divide model.n_expert = 4"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.tp=3"}), "parallel.tp = 3 does not divide model.n_head = 4"));
   EXPECT_TRUE(has(error_of(kBase, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.seq_len=3",
                                    "train.micro_batch=1"}),
