@@ -1,7 +1,6 @@
 #include "nn/moe.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -99,19 +98,8 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.probs = act_tensor(Shape{N, E}, DType::f32, dev);
   a.choice = act_tensor(Shape{N, k}, DType::i32, dev);
   a.weight = act_tensor(Shape{N, k}, DType::f32, dev);
-  ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize);
-  if (cfg.router_z_loss > 0) {  // z_t = max + log sum exp(l - max), per token
-    a.router_lse = act_tensor(Shape{N}, DType::f32, dev);
-    const float* l = logits.data<float>();
-    float* z = a.router_lse.data<float>();
-    for (int64_t t = 0; t < N; ++t) {
-      float mx = l[t * E];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[t * E + e]);
-      double sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[t * E + e] - mx));
-      z[t] = mx + float(std::log(sum));
-    }
-  }
+  if (cfg.router_z_loss > 0) a.router_lse = act_tensor(Shape{N}, DType::f32, dev);  // z_t, from the softmax
+  ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize, a.router_lse);
   a.order = act_tensor(Shape{N * k}, DType::i32, dev);
   a.where = act_tensor(Shape{N * k}, DType::i32, dev);
   ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E);
@@ -196,7 +184,7 @@ void moe_recompute_selective(MoeActivations& a, const Tensor& x) {
 
 void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
                   const MoeWeights& w, const WeightWork& weights, const WeightWork& expert_weights,
-                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim,
+                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&, bool expert)> claim,
                   const ExpertGroup& experts) {
   const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k, F = cfg.d_ff;
   const DType dt = x.dtype();
@@ -206,6 +194,18 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   const std::vector<int64_t> lo = a.local_offsets;
   auto rows = [lo](const Tensor& t, int64_t j) { return rows_of(t, lo, j); };
   auto busy = [lo](int64_t j) { return lo[size_t(j + 1)] > lo[size_t(j)]; };
+  // One weight (experts_in or experts_out) of every local expert with rows:
+  // its gradient += dy_j^T in_j, each expert's slice claimed apart.
+  auto expert_grads = [&](Tensor MoeWeights::*weight, const Tensor& dy, const Tensor& in) {
+    expert_weights([=] {
+      const Tensor g = grads().*weight, wt = w.*weight;
+      for (int64_t j = 0; j < El; ++j)
+        if (busy(j)) {
+          const Tensor gj = g.select(j);
+          ops::linear_backward(Tensor(), gj, Tensor(), rows(dy, j), rows(in, j), wt.select(j), claim(gj, true));
+        }
+    });
+  };
   // The combine: dys = weight * dout per slot, dweight = <dout, ys>.
   const Tensor dys = act_tensor(Shape{N * k, C}, dt, dev);
   const Tensor dweight = act_tensor(Shape{N, k}, DType::f32, dev);
@@ -225,33 +225,13 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   const Tensor dh = a.h;
   a.h = Tensor();
   ops::swiglu_backward(dh, dact, dh);
-  {
-    const Tensor act = a.act;
-    expert_weights([=] {
-      const Tensor g = grads().experts_out;
-      for (int64_t j = 0; j < El; ++j)
-        if (busy(j)) {
-          const Tensor gj = g.select(j);
-          ops::linear_backward(Tensor(), gj, Tensor(), rows(dye, j), rows(act, j), w.experts_out.select(j), claim(gj));
-        }
-    });
-  }
+  expert_grads(&MoeWeights::experts_out, dye, a.act);
   a.act = Tensor();
   // The experts' first products; their inputs' gradients go home and are summed per token.
   const Tensor dxe = act_tensor(Shape{R, C}, dt, dev);
   for (int64_t j = 0; j < El; ++j)
     if (busy(j)) ops::linear_backward(rows(dxe, j), Tensor(), Tensor(), rows(dh, j), rows(a.xe, j), w.experts_in.select(j));
-  {
-    const Tensor xe = a.xe;
-    expert_weights([=] {
-      const Tensor g = grads().experts_in;
-      for (int64_t j = 0; j < El; ++j)
-        if (busy(j)) {
-          const Tensor gj = g.select(j);
-          ops::linear_backward(Tensor(), gj, Tensor(), rows(dh, j), rows(xe, j), w.experts_in.select(j), claim(gj));
-        }
-    });
-  }
+  expert_grads(&MoeWeights::experts_in, dh, a.xe);
   a.xe = a.xs = Tensor();
   Tensor dxs = dxe;
   if (ep) {
@@ -269,16 +249,13 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
       g[e] = float(double(a.grad_scale) * double(cfg.router_aux_loss) * double(E) * a.load[size_t(e)] /
                    (a.load_tokens * double(k)));
   }
-  const Tensor dlogits = act_tensor(Shape{N, E}, DType::f32, dev);
-  ops::moe_route_backward(dlogits, dweight, a.probs, a.choice, a.weight, cfg.expert_normalize, aux);
-  if (a.router_lse.defined()) {  // the z-loss: d(coef z_t^2) / d l_te = 2 coef z_t p_te, times grad_scale
-    const float* z = a.router_lse.data<float>();
-    const float* pr = a.probs.data<float>();
-    float* dlog = dlogits.data<float>();
-    const float c = 2.0f * a.grad_scale * cfg.router_z_loss;
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t e = 0; e < E; ++e) dlog[t * E + e] += c * z[t] * pr[t * E + e];
+  Tensor dlse;  // the z-loss: d(coef z_t^2) / d z_t = 2 coef z_t, times grad_scale
+  if (a.router_lse.defined()) {
+    dlse = Tensor::empty(Shape{N}, DType::f32, dev, MemCategory::workspace);
+    ops::scale(dlse, a.router_lse, 2.0f * a.grad_scale * cfg.router_z_loss);
   }
+  const Tensor dlogits = act_tensor(Shape{N, E}, DType::f32, dev);
+  ops::moe_route_backward(dlogits, dweight, a.probs, a.choice, a.weight, cfg.expert_normalize, aux, dlse);
   Tensor dl = dlogits;
   if (dt != DType::f32) {  // the products take one dtype: the router's gradient rounded to it
     dl = act_tensor(Shape{N, E}, dt, dev);
@@ -287,7 +264,7 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   ops::matmul(dx, dl, w.router, false, false, 1.0f, 1.0f);
   weights([=] {
     const Tensor g = grads().router;
-    ops::linear_backward(Tensor(), g, Tensor(), dl, x, w.router, claim(g));
+    ops::linear_backward(Tensor(), g, Tensor(), dl, x, w.router, claim(g, false));
   });
   a = MoeActivations{};
 }

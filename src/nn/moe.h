@@ -111,12 +111,13 @@ void moe_recompute_selective(MoeActivations& a, const Tensor& x);
 // router's) and `expert_weights` (the experts', which live in a set of
 // their own), run at once or later (zero-bubble schedules); each looks its
 // views up with `grads` when it runs and asks `claim` how to write each
-// expert's slice (a step's first write overwrites). Releases a's tensors
+// view - an expert's slice (true: the experts' set) or the router's - (a
+// step's first write overwrites). Releases a's tensors
 // but what the work keeps.
 using WeightWork = std::function<void(std::function<void()>)>;
 void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, const Tensor& dout, const Tensor& x,
                   const MoeWeights& w, const WeightWork& weights, const WeightWork& expert_weights,
-                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&)> claim,
+                  std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&, bool expert)> claim,
                   const ExpertGroup& experts = {});
 
 // Per-expert slot counts of a forward (a.offsets' differences): for metrics.

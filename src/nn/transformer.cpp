@@ -577,11 +577,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
         work();
     };
     // A view's writes are claimed in the set it belongs to: the block's (the router) or its experts'.
-    auto claim = [this, layer](const Tensor& view) {
-      const Tensor& e = experts_[layer].grad_flat();
-      const char* at = static_cast<const char*>(view.data_ptr());
-      const char* lo = static_cast<const char*>(e.data_ptr());
-      const bool expert = at >= lo && at < lo + e.nbytes();
+    auto claim = [this, layer](const Tensor& view, bool expert) {
       return claim_grads(expert ? expert_set(layer) : block_set(layer), {view});
     };
     moe_backward(cfg_, a.moe, d_partial, dres, a.ln2, p.moe, weights, expert_weights,

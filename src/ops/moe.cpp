@@ -22,11 +22,12 @@ void check_slots(const char* op, const char* name, const Tensor& t, int64_t NK) 
            t.device().str());
 }
 
-// Their values: sorted positions or slot ids, each in [0, N k) (a plan from
-// moe_dispatch_plan; checked, as rows are read and written through them).
-void check_slot_ids(const char* op, const char* name, const Tensor& t) {
+// A plan's index tensor read by an op: (N k) i32 on the host, every value a
+// sorted position or slot id in [0, N k) (from moe_dispatch_plan; checked,
+// as rows are read and written through them).
+void check_plan(const char* op, const char* name, const Tensor& t, int64_t NK) {
+  check_slots(op, name, t, NK);
   const int32_t* v = t.data<int32_t>();
-  const int64_t NK = t.numel();
   for (int64_t i = 0; i < NK; ++i)
     ZT_CHECK(v[i] >= 0 && v[i] < NK, op, ": '", name, "'[", i, "] = ", v[i], " is outside [0, N k) with N k = ", NK,
              "; pass the plan moe_dispatch_plan made");
@@ -45,7 +46,7 @@ void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
 }  // namespace
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize) {
+               bool normalize, const Tensor& lse) {
   const char* op = "moe_route";
   const OpScope scope(op, logits);
   check_ndim(op, "logits", logits, 2);
@@ -60,14 +61,19 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
   check_dtype(op, "choice", choice, {DType::i32});
   check_shape(op, "weight", weight, Shape{N, k});
   check_dtype(op, "weight", weight, {DType::f32});
-  check_device(op, logits.device(), {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}});
-  check_all_disjoint(op, {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"logits", &logits}});
+  if (lse.defined()) {
+    check_shape(op, "lse", lse, Shape{N});
+    check_dtype(op, "lse", lse, {DType::f32});
+  }
+  check_device(op, logits.device(), {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"lse", &lse}});
+  check_all_disjoint(op, {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"logits", &logits},
+                          {"lse", &lse}});
   check_cpu(op, logits);
-  cpu::moe_route(probs, choice, weight, logits, normalize);
+  cpu::moe_route(probs, choice, weight, logits, normalize, lse);
 }
 
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
-                        const Tensor& weight, bool normalize, const Tensor& aux_dprob) {
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse) {
   const char* op = "moe_route_backward";
   const OpScope scope(op, probs);
   check_ndim(op, "probs", probs, 2);
@@ -87,14 +93,18 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
     check_shape(op, "aux_dprob", aux_dprob, Shape{E});
     check_dtype(op, "aux_dprob", aux_dprob, {DType::f32});
   }
+  if (dlse.defined()) {
+    check_shape(op, "dlse", dlse, Shape{N});
+    check_dtype(op, "dlse", dlse, {DType::f32});
+  }
   check_device(op, probs.device(),
                {{"dlogits", &dlogits}, {"dweight", &dweight}, {"choice", &choice}, {"weight", &weight},
-                {"aux_dprob", &aux_dprob}});
+                {"aux_dprob", &aux_dprob}, {"dlse", &dlse}});
   check_disjoint_from(op, "dlogits", dlogits,
                       {{"dweight", &dweight}, {"probs", &probs}, {"choice", &choice}, {"weight", &weight},
-                       {"aux_dprob", &aux_dprob}});
+                       {"aux_dprob", &aux_dprob}, {"dlse", &dlse}});
   check_cpu(op, probs);
-  cpu::moe_route_backward(dlogits, dweight, probs, choice, weight, normalize, aux_dprob);
+  cpu::moe_route_backward(dlogits, dweight, probs, choice, weight, normalize, aux_dprob, dlse);
 }
 
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
@@ -124,8 +134,7 @@ void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t 
   check_rows(op, "x", x, N, C);
   check_rows(op, "xs", xs, N * k, C);
   check_same_dtype(op, "x", x, "xs", xs);
-  check_slots(op, "order", order, N * k);
-  check_slot_ids(op, "order", order);
+  check_plan(op, "order", order, N * k);
   check_disjoint(op, "xs", xs, "x", x);
   check_cpu(op, x);
   cpu::moe_gather(xs, x, order, k);
@@ -140,8 +149,7 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& wher
   check_rows(op, "dx", dx, N, C);
   check_rows(op, "dxs", dxs, N * k, C);
   check_same_dtype(op, "dx", dx, "dxs", dxs);
-  check_slots(op, "where", where, N * k);
-  check_slot_ids(op, "where", where);
+  check_plan(op, "where", where, N * k);
   check_disjoint(op, "dx", dx, "dxs", dxs);
   check_cpu(op, dx);
   cpu::moe_gather_backward(dx, dxs, where, k, accumulate);
@@ -159,8 +167,7 @@ void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, cons
   check_same_dtype(op, "out", out, "ys", ys);
   check_shape(op, "weight", weight, Shape{N, k});
   check_dtype(op, "weight", weight, {DType::f32});
-  check_slots(op, "where", where, N * k);
-  check_slot_ids(op, "where", where);
+  check_plan(op, "where", where, N * k);
   if (residual.defined()) {
     check_rows(op, "residual", residual, N, C);
     check_same_dtype(op, "out", out, "residual", residual);
@@ -186,8 +193,7 @@ void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor
     check_shape(op, name, *t, Shape{N, k});
     check_dtype(op, name, *t, {DType::f32});
   }
-  check_slots(op, "where", where, N * k);
-  check_slot_ids(op, "where", where);
+  check_plan(op, "where", where, N * k);
   check_all_disjoint(op, {{"dys", &dys}, {"dweight", &dweight}, {"dout", &dout}, {"ys", &ys}, {"weight", &weight}});
   check_cpu(op, dout);
   cpu::moe_combine_backward(dys, dweight, dout, ys, weight, where);

@@ -24,16 +24,19 @@ namespace zt::ops {
 // probs (N, E) = softmax(logits (N, E)) over experts; choice (N, k) i32 the k
 // most probable experts in descending probability (ties: the lower index);
 // weight (N, k) = probs at choice, divided by their sum when normalize.
+// lse (N) f32 or undefined: each row's logsumexp (the router z-loss's z).
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize);
+               bool normalize, const Tensor& lse = {});
 
 // Backward of moe_route and of the load-balancing loss:
 //   dlogits (N, E) = softmax backward of dprobs, where dprobs[t, e] =
 //   aux_dprob[e] (every token; undefined: 0) + the weights' gradient dweight
-//   (N, k) taken back through the optional normalisation to the chosen probs.
+//   (N, k) taken back through the optional normalisation to the chosen probs;
+//   plus dlse[t] probs[t, e] when dlse (N) f32, the gradient at each row's
+//   logsumexp, is defined (the router z-loss's).
 // Overwritten. probs, choice, weight as moe_route wrote them.
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
-                        const Tensor& weight, bool normalize, const Tensor& aux_dprob);
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse = {});
 
 // The grouping of slots by expert: order and where (N k) i32 as above,
 // offsets (E + 1) of the experts' runs. choice (N, k) i32 on the host, every

@@ -2,9 +2,10 @@
 // references on fresh random inputs (outputs poisoned first).
 //
 // Routing: probs within 1e-6 relative (f32 softmax of E terms), choice equal
-// to the float64 top k (lower index on ties), weights within 1e-6. The route
-// backward against central differences of a float64 forward at the fixed
-// choice (the function is smooth there): 1e-4 relative in the max norm.
+// to the float64 top k (lower index on ties), weights and each row's
+// logsumexp within 1e-6. The route backward (with the load-balancing and
+// z-loss terms) against central differences of a float64 forward at the
+// fixed choice (the function is smooth there): 1e-4 relative in the max norm.
 // Combine and gather: f32 sums of k terms, within 1e-6 relative to the sum of
 // |terms|; bf16 within one bf16 ulp of the result.
 #include "ops/moe.h"
@@ -58,18 +59,31 @@ std::vector<int32_t> top_k(const std::vector<double>& p, int64_t t, int64_t E, i
 }
 
 struct RouteOut {
-  Tensor probs, choice, weight;
+  Tensor probs, choice, weight, lse;
 };
 
 RouteOut route(const Tensor& logits, int64_t k, bool normalize) {
   const int64_t N = logits.size(0), E = logits.size(1);
   RouteOut r{Tensor::empty(Shape{N, E}, DType::f32), Tensor::empty(Shape{N, k}, DType::i32),
-             Tensor::empty(Shape{N, k}, DType::f32)};
+             Tensor::empty(Shape{N, k}, DType::f32), Tensor::empty(Shape{N}, DType::f32)};
   poison(r.probs);
   poison(r.choice);
   poison(r.weight);
-  ops::moe_route(r.probs, r.choice, r.weight, logits, normalize);
+  poison(r.lse);
+  ops::moe_route(r.probs, r.choice, r.weight, logits, normalize, r.lse);
   return r;
+}
+
+// Each row's logsumexp in float64.
+std::vector<double> logsumexp_rows(const std::vector<double>& l, int64_t N, int64_t E) {
+  std::vector<double> z(static_cast<size_t>(N));
+  for (int64_t t = 0; t < N; ++t) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, l[size_t(t * E + e)]);
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(l[size_t(t * E + e)] - mx);
+    z[size_t(t)] = mx + std::log(sum);
+  }
+  return z;
 }
 
 TEST(MoeRoute, SoftmaxTopKAndWeightsMatchFloat64) {
@@ -82,6 +96,7 @@ TEST(MoeRoute, SoftmaxTopKAndWeightsMatchFloat64) {
       const RouteOut r = route(logits, c.k, normalize);
       const std::vector<double> p = softmax_rows(to_f64(logits), c.N, c.E);
       EXPECT_TRUE(test::all_close(r.probs, p, 1e-6, 1e-9));
+      EXPECT_TRUE(test::all_close(r.lse, logsumexp_rows(to_f64(logits), c.N, c.E), 1e-6, 1e-6)) << "logsumexp";
       std::vector<double> w_ref;
       for (int64_t t = 0; t < c.N; ++t) {
         const std::vector<int32_t> top = top_k(p, t, c.E, c.k);
@@ -105,9 +120,11 @@ TEST(MoeRoute, TiesGoToTheLowerExpert) {
 }
 
 // Row t's part of L(logits) = sum_tj dw[t, j] w[t, j] + sum_te aux[e] p[t, e]
-// at a fixed choice, in float64 (rows are independent).
+// + sum_t dz[t] logsumexp(l_t) at a fixed choice, in float64 (rows are
+// independent).
 double route_objective(const std::vector<double>& l, const std::vector<int32_t>& ch, const std::vector<double>& dw,
-                       const std::vector<double>& aux, int64_t t, int64_t E, int64_t k, bool normalize) {
+                       const std::vector<double>& aux, const std::vector<double>& dz, int64_t t, int64_t E, int64_t k,
+                       bool normalize) {
   const std::vector<double> p =
       softmax_rows(std::vector<double>(l.begin() + t * E, l.begin() + (t + 1) * E), 1, E);
   double L = 0;
@@ -116,6 +133,8 @@ double route_objective(const std::vector<double>& l, const std::vector<int32_t>&
     for (int64_t j = 0; j < k; ++j) S += p[size_t(ch[size_t(t * k + j)])];
     for (int64_t j = 0; j < k; ++j) L += dw[size_t(t * k + j)] * p[size_t(ch[size_t(t * k + j)])] / (normalize ? S : 1.0);
     for (int64_t e = 0; e < E && !aux.empty(); ++e) L += aux[size_t(e)] * p[size_t(e)];
+    if (!dz.empty())
+      L += dz[size_t(t)] * logsumexp_rows(std::vector<double>(l.begin() + t * E, l.begin() + (t + 1) * E), 1, E)[0];
   }
   return L;
 }
@@ -126,25 +145,28 @@ TEST(MoeRoute, BackwardMatchesFiniteDifferencesOfFloat64) {
   for (const RouteCase& c : kRouteCases)
     for (bool normalize : {true, false})
       for (bool with_aux : {false, true}) {
+        const bool with_z = with_aux;  // the z-loss's per-row gradient alongside the balance's per-expert one
         SCOPED_TRACE(testing::Message() << "N " << c.N << " E " << c.E << " k " << c.k << " normalize " << normalize
-                                        << " aux " << with_aux);
+                                        << " aux and z " << with_aux);
         const Tensor logits = random_tensor(Shape{c.N, c.E}, DType::f32, rng, -3.0, 3.0);
         const RouteOut r = route(logits, c.k, normalize);
         const Tensor dweight = random_tensor(Shape{c.N, c.k}, DType::f32, rng);
         const Tensor aux = with_aux ? random_tensor(Shape{c.E}, DType::f32, rng, 0.0, 0.5) : Tensor();
+        const Tensor dlse = with_z ? random_tensor(Shape{c.N}, DType::f32, rng, -1.0, 1.0) : Tensor();
         Tensor dlogits = Tensor::empty(Shape{c.N, c.E}, DType::f32);
         poison(dlogits);
-        ops::moe_route_backward(dlogits, dweight, r.probs, r.choice, r.weight, normalize, aux);
+        ops::moe_route_backward(dlogits, dweight, r.probs, r.choice, r.weight, normalize, aux, dlse);
         const std::vector<int32_t> ch(r.choice.data<int32_t>(), r.choice.data<int32_t>() + c.N * c.k);
         const std::vector<double> dw = to_f64(dweight), ax = with_aux ? to_f64(aux) : std::vector<double>{};
+        const std::vector<double> dz = with_z ? to_f64(dlse) : std::vector<double>{};
         std::vector<double> l = to_f64(logits), ref(l.size());
         const double h = 1e-5;
         for (size_t i = 0; i < l.size(); ++i) {
           const double x = l[i];
           l[i] = x + h;
-          const double up = route_objective(l, ch, dw, ax, int64_t(i) / c.E, c.E, c.k, normalize);
+          const double up = route_objective(l, ch, dw, ax, dz, int64_t(i) / c.E, c.E, c.k, normalize);
           l[i] = x - h;
-          const double down = route_objective(l, ch, dw, ax, int64_t(i) / c.E, c.E, c.k, normalize);
+          const double down = route_objective(l, ch, dw, ax, dz, int64_t(i) / c.E, c.E, c.k, normalize);
           l[i] = x;
           ref[i] = (up - down) / (2 * h);
         }

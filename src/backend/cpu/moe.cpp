@@ -97,12 +97,13 @@ void combine_backward_rows(T* dys, float* dweight, const T* dout, const T* ys, c
 }  // namespace
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize) {
+               bool normalize, const Tensor& lse) {
   const int64_t N = logits.size(0), E = logits.size(1), k = choice.size(1);
   const float* l = logits.data<float>();
   float* p = probs.data<float>();
   int32_t* ch = choice.data<int32_t>();
   float* w = weight.data<float>();
+  float* z = lse.defined() ? lse.data<float>() : nullptr;
 #pragma omp parallel for schedule(static) if (N * E >= kParallelMin)
   for (int64_t t = 0; t < N; ++t) {
     const float* lt = l + t * E;
@@ -111,6 +112,7 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
     for (int64_t e = 1; e < E; ++e) mx = std::max(mx, lt[e]);
     float sum = 0.0f;
     for (int64_t e = 0; e < E; ++e) sum += (pt[e] = std::exp(lt[e] - mx));
+    if (z) z[t] = mx + std::log(sum);
     const float inv = 1.0f / sum;
     for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
     // Top k by repeated selection (k is small): the largest not yet taken,
@@ -133,13 +135,14 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
 }
 
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
-                        const Tensor& weight, bool normalize, const Tensor& aux_dprob) {
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse) {
   const int64_t N = probs.size(0), E = probs.size(1), k = choice.size(1);
   const float* p = probs.data<float>();
   const float* dw = dweight.data<float>();
   const float* w = weight.data<float>();
   const int32_t* ch = choice.data<int32_t>();
   const float* aux = aux_dprob.defined() ? aux_dprob.data<float>() : nullptr;
+  const float* dz = dlse.defined() ? dlse.data<float>() : nullptr;
   float* dl = dlogits.data<float>();
 #pragma omp parallel
   {
@@ -159,7 +162,9 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
       // Softmax: dl_e = p_e (dp_e - sum_i p_i dp_i).
       float mean = 0.0f;
       for (int64_t e = 0; e < E; ++e) mean += pt[e] * dp[e];
-      for (int64_t e = 0; e < E; ++e) dl[t * E + e] = pt[e] * (dp[e] - mean);
+      // A row's logsumexp has gradient p_e at logit e: dlse adds dz_t p_e.
+      const float dzt = dz ? dz[t] : 0.0f;
+      for (int64_t e = 0; e < E; ++e) dl[t * E + e] = pt[e] * (dp[e] - mean) + dzt * pt[e];
     }
   }
 }

@@ -12,9 +12,9 @@
 namespace zt::cpu {
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize);
+               bool normalize, const Tensor& lse);
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
-                        const Tensor& weight, bool normalize, const Tensor& aux_dprob);
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse);
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
                        const Tensor& choice, int64_t E);
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k);
