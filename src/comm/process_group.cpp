@@ -97,6 +97,12 @@ double sum_exact(ProcessGroup& g, double v) {
   return total;
 }
 
+double max_over(ProcessGroup& g, double v) {
+  if (g.size() == 1) return v;
+  const std::vector<double> all = all_gather_doubles(g, v);
+  return *std::max_element(all.begin(), all.end());
+}
+
 CommStats ProcessGroup::stats() const {
   update_stats();
   std::lock_guard<std::mutex> lock(stats_mu_);

@@ -147,6 +147,9 @@ std::unique_ptr<ProcessGroup> make_solo_group(const std::string& name);
 // rank: every rank's value is gathered exactly and added in rank order
 // (blocking). A group of one returns v.
 double sum_exact(ProcessGroup& g, double v);
+// The largest of one double per rank, on every rank (blocking). A group of
+// one returns v.
+double max_over(ProcessGroup& g, double v);
 // Every rank's double, in rank order, on every rank (blocking).
 std::vector<double> all_gather_doubles(ProcessGroup& g, double v);
 // Every rank's n doubles in one collective: rank r's at [r n, (r + 1) n).

@@ -223,47 +223,40 @@ void DataParallel::finish_reduction() {
 }
 
 double DataParallel::grad_norm(const optim::AdamW& opt, const std::vector<comm::ProcessGroup*>& model_parallel) {
-  std::vector<bool> own(sets_.size());
-  bool any_own = false;
+  // The sets with a group of their own (expert parallelism's experts) apart.
+  std::vector<bool> own(sets_.size()), rest(sets_.size());
+  size_t first_own = sets_.size();
   for (size_t i = 0; i < sets_.size(); ++i) {
     own[i] = has_own_group(i);
-    any_own = any_own || own[i];
+    rest[i] = !own[i];
+    if (own[i] && first_own == sets_.size()) first_own = i;
   }
-  if (any_own) {
-    // Expert parallelism: the experts' squares over their shards' group and
-    // over the ranks holding the other experts; the rest as below.
-    std::vector<bool> rest(sets_.size());
-    for (size_t i = 0; i < sets_.size(); ++i) rest[i] = !own[i];
-    const double dense = optim::grad_norm(opt, rest), experts = optim::grad_norm(opt, own);
-    double squares = dense * dense, expert_squares = experts * experts;
-    if (opt_.zero_stage > 0 && shard_size() > 1) squares = comm::sum_exact(*shard_group_, squares);
-    size_t first_own = 0;
-    while (!own[first_own]) ++first_own;
-    if (opt_.zero_stage > 0 && shard_group(first_own).size() > 1)
-      expert_squares = comm::sum_exact(shard_group(first_own), expert_squares);
-    if (own_.norm_group && own_.norm_group->size() > 1) expert_squares = comm::sum_exact(*own_.norm_group, expert_squares);
-    squares += expert_squares;
-    // ZeRO-0 replicas vote on finiteness, as below.
-    if (opt_.zero_stage == 0 && size() > 1 && comm::sum_exact(*group_, std::isfinite(squares) ? 0.0 : 1.0) > 0.0)
-      squares = NAN;
-    for (comm::ProcessGroup* g : model_parallel)
-      if (g && g->size() > 1) squares = comm::sum_exact(*g, squares);
-    return std::sqrt(squares);
-  }
-  double local = optim::grad_norm(opt);  // ZeRO 0: the whole reduced gradient
+  const bool any_own = first_own < sets_.size();
+  double local = optim::grad_norm(opt, rest);  // ZeRO 0: the whole reduced gradient
   // ZeRO-0 replicas each take the norm of their own copy: they vote on its
   // finiteness, so a non-finite copy anywhere skips the step everywhere
   // (the norm is a sum over the other groups: those ranks agree already).
   if (opt_.zero_stage == 0 && size() > 1 && comm::sum_exact(*group_, std::isfinite(local) ? 0.0 : 1.0) > 0.0)
     local = NAN;
+  // The experts' squares: over their shards' group, then over the ranks
+  // holding the other experts.
+  double expert_squares = 0.0;
+  if (any_own) {
+    const double experts = optim::grad_norm(opt, own);
+    expert_squares = experts * experts;
+    if (opt_.zero_stage > 0 && shard_group(first_own).size() > 1)
+      expert_squares = comm::sum_exact(shard_group(first_own), expert_squares);
+    if (own_.norm_group && own_.norm_group->size() > 1) expert_squares = comm::sum_exact(*own_.norm_group, expert_squares);
+  }
   const bool shards = opt_.zero_stage > 0 && shard_size() > 1;
   std::vector<comm::ProcessGroup*> others;
   for (comm::ProcessGroup* g : model_parallel)
     if (g && g->size() > 1) others.push_back(g);
-  if (!shards && others.empty()) return local;
+  if (!shards && others.empty() && !any_own) return local;
   double squares = local * local;
   // Replicas hold the same shards: sum the squares over one shard group only.
   if (shards) squares = comm::sum_exact(*shard_group_, squares);
+  squares += expert_squares;
   for (comm::ProcessGroup* g : others) squares = comm::sum_exact(*g, squares);
   return std::sqrt(squares);
 }
@@ -290,11 +283,7 @@ void DataParallel::gather_params(const optim::AdamW& opt) {
 
 double DataParallel::sum(double v) { return comm::sum_exact(*group_, v); }
 
-double DataParallel::max(double v) {
-  if (size() == 1) return v;
-  const std::vector<double> all = comm::all_gather_doubles(*group_, v);
-  return *std::max_element(all.begin(), all.end());
-}
+double DataParallel::max(double v) { return comm::max_over(*group_, v); }
 
 MemStats DataParallel::highest_peak(const MemStats& mine, int64_t* rank) {
   *rank = 0;

@@ -231,8 +231,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const int64_t shard = cfg.parallel.shard_group > 0 ? cfg.parallel.shard_group : at.dp;  // ZeRO shard group
   const int64_t pad = parallel::zero_pad_multiple(zero, at.dp);  // as the trainer pads the flat buffers
   // Expert parallelism: this rank's E / ep experts (every ep rank holds as many).
-  const int64_t ep = m.moe() ? std::max<int64_t>(1, cfg.parallel.ep) : 1;
-  const nn::TpShares sh = nn::tp_shares(m, at.tp, at.tp_rank, ep, 0);
+  const nn::TpShares sh = nn::tp_shares(m, at.tp, at.tp_rank, cfg.parallel.ep, 0);
   const bool sp = at.tp > 1 && cfg.parallel.sequence_parallel;
   const std::vector<nn::ModelPart> parts = rank_parts(cfg, at);
   const bool mixed = cfg.compute_dtype() != DType::f32;

@@ -297,10 +297,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
     aux_weighted = comm::sum_exact(mesh_->pp(), res.aux_weighted);  // each stage's blocks
     m.expert_load_max = res.expert_load_max;
-    if (cfg_.model.moe()) {  // every stage's blocks
-      const std::vector<double> stages = comm::all_gather_doubles(mesh_->pp(), m.expert_load_max);
-      m.expert_load_max = *std::max_element(stages.begin(), stages.end());
-    }
+    if (cfg_.model.moe()) m.expert_load_max = comm::max_over(mesh_->pp(), m.expert_load_max);  // every stage's blocks
     m.backward_seconds += res.compute_seconds - res.forward_seconds;  // waiting (the bubble) is in neither
   }
   // No wait for the GPU inside the loop: the micro-batches' losses are read,
@@ -651,8 +648,10 @@ TrainResult Trainer::run(int64_t stop_after) {
       // model replica computes the same samples (each forward is a collective
       // of its tp and pp groups), and under expert parallelism every rank of
       // its ep group (whose experts the tokens visit); the main rank prints them.
-      const bool main_ep = mesh_ && mesh_->ep().size() > 1 &&
-                           mesh_->coord().cp + mesh_->shape().cp * mesh_->coord().dp < mesh_->shape().ep;
+      const bool main_ep = mesh_ && mesh_->ep().size() > 1 && [this] {
+        const parallel::MeshCoord first = parallel::coord_of(mesh_->shape(), mesh_->ep().world_ranks().front());
+        return first.dp == 0 && first.cp == 0;  // this rank's ep group holds the main replica's (dp, cp) place
+      }();
       if (main_rank_ || main_ep || ((tp_group() || pipeline_) && mesh_->coord().dp == 0 && mesh_->coord().cp == 0))
         for (int64_t s = 0; s < cfg_.sample.count; ++s) {
           const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
