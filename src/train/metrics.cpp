@@ -14,24 +14,33 @@ MetricsLog::MetricsLog(const std::string& path, bool append)
   ZT_CHECK(out_.good(), "cannot write metrics file '", path, "'");
 }
 
+void CommTraffic::add(const comm::CommStats& now, const comm::CommStats& start) {
+  bytes += now.bytes_sent - start.bytes_sent;
+  busy_seconds += now.busy_seconds - start.busy_seconds;
+  exposed_seconds += now.wait_seconds - start.wait_seconds;
+}
+
+double CommTraffic::overlap() const {
+  if (busy_seconds <= 0) return 1.0;
+  return std::clamp(1.0 - exposed_seconds / busy_seconds, 0.0, 1.0);
+}
+
 namespace {
-// A caller can wait longer than the operation ran (it queued behind
-// others), so exposed may exceed busy: clamp to [0, 1].
-double hidden_fraction(double busy, double exposed) {
-  if (busy <= 0) return 1.0;
-  return std::clamp(1.0 - exposed / busy, 0.0, 1.0);
+// metrics.jsonl's record of one dimension's traffic, keyed by its name.
+nlohmann::json traffic_json(const char* dim, const CommTraffic& c) {
+  return {{dim, c.size}, {"bytes", c.bytes}, {"busy_s", c.busy_seconds}, {"exposed_s", c.exposed_seconds},
+          {"overlap", c.overlap()}};
+}
+
+// The progress line's part for one dimension: the exposed share of the step,
+// the hidden share of the time in flight, the volume.
+std::string traffic_line(const char* dim, const CommTraffic& c, double step_s) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, " | %s comm %.0f%% of step, %.0f%% hidden, %.1f MB", dim,
+                100.0 * c.exposed_seconds / step_s, 100.0 * c.overlap(), double(c.bytes) / 1e6);
+  return buf;
 }
 }  // namespace
-
-double comm_overlap(const StepMetrics& m) { return hidden_fraction(m.comm_busy_seconds, m.comm_exposed_seconds); }
-
-double tp_comm_overlap(const StepMetrics& m) {
-  return hidden_fraction(m.tp_comm_busy_seconds, m.tp_comm_exposed_seconds);
-}
-
-double cp_comm_overlap(const StepMetrics& m) {
-  return hidden_fraction(m.cp_comm_busy_seconds, m.cp_comm_exposed_seconds);
-}
 
 void MetricsLog::write_step(const StepMetrics& m) {
   nlohmann::json j;
@@ -58,17 +67,13 @@ void MetricsLog::write_step(const StepMetrics& m) {
                  {"backward", m.backward_seconds},
                  {"optimizer", m.optimizer_seconds},
                  {"data", m.data_seconds}};
-  if (m.dp_size > 1) {
+  if (m.dp_comm.size > 1) {
     nlohmann::json worst;
     for (int c = 0; c < kNumMemCategories; ++c)
       worst[std::string(mem_category_name(MemCategory(c)))] = m.max_peak_memory.peak_bytes[size_t(c)];
     worst["total"] = m.max_peak_memory.total_peak_bytes;
     j["memory_peak_max_rank"] = {{"rank", m.max_peak_rank}, {"peak_bytes", worst}};
-    j["comm"] = {{"dp", m.dp_size},
-                 {"bytes", m.comm_bytes},
-                 {"busy_s", m.comm_busy_seconds},
-                 {"exposed_s", m.comm_exposed_seconds},
-                 {"overlap", comm_overlap(m)}};
+    j["comm"] = traffic_json("dp", m.dp_comm);
   }
   if (m.pp_size > 1)
     j["pipeline"] = {{"pp", m.pp_size},
@@ -76,18 +81,9 @@ void MetricsLog::write_step(const StepMetrics& m) {
                      {"bubble_theory", m.pp_bubble_theory},
                      {"p2p_wait_per_stage", m.pp_wait_per_stage},
                      {"in_flight_per_stage", m.pp_in_flight_per_stage}};
-  if (m.tp_size > 1)
-    j["comm_tp"] = {{"tp", m.tp_size},
-                    {"bytes", m.tp_comm_bytes},
-                    {"busy_s", m.tp_comm_busy_seconds},
-                    {"exposed_s", m.tp_comm_exposed_seconds},
-                    {"overlap", tp_comm_overlap(m)}};
-  if (m.cp_size > 1)
-    j["comm_cp"] = {{"cp", m.cp_size},
-                    {"bytes", m.cp_comm_bytes},
-                    {"busy_s", m.cp_comm_busy_seconds},
-                    {"exposed_s", m.cp_comm_exposed_seconds},
-                    {"overlap", cp_comm_overlap(m)}};
+  if (m.tp_comm.size > 1) j["comm_tp"] = traffic_json("tp", m.tp_comm);
+  if (m.cp_comm.size > 1) j["comm_cp"] = traffic_json("cp", m.cp_comm);
+  if (m.ep_comm.size > 1) j["comm_ep"] = traffic_json("ep", m.ep_comm);
   if (!m.op_totals.empty()) {
     nlohmann::json ops;
     for (const ops::OpTotal& t : m.op_totals)
@@ -154,13 +150,11 @@ std::string format_step_line(const StepMetrics& m) {
     std::snprintf(buf, sizeof buf, " | loss scale %g", m.loss_scale);
     line += buf;
   }
-  if (m.dp_size > 1) {
+  if (m.dp_comm.size > 1) {
     // Communication share: the exposed part of the step, and how much of the
     // time communication was in flight was hidden behind compute.
-    std::snprintf(buf, sizeof buf, " | comm %.0f%% of step, %.0f%% hidden, %.1f MB | peak rank %lld %.0f MiB",
-                  100.0 * m.comm_exposed_seconds / step_s,
-                  100.0 * comm_overlap(m),
-                  double(m.comm_bytes) / 1e6, (long long)m.max_peak_rank,
+    line += traffic_line("dp", m.dp_comm, step_s);
+    std::snprintf(buf, sizeof buf, " | peak rank %lld %.0f MiB", (long long)m.max_peak_rank,
                   double(m.max_peak_memory.total_peak_bytes) / (1 << 20));
     line += buf;
   }
@@ -171,16 +165,9 @@ std::string format_step_line(const StepMetrics& m) {
                   100.0 * m.pp_bubble_theory);
     line += buf;
   }
-  if (m.tp_size > 1) {
-    std::snprintf(buf, sizeof buf, " | tp comm %.0f%% of step, %.0f%% hidden, %.1f MB",
-                  100.0 * m.tp_comm_exposed_seconds / step_s, 100.0 * tp_comm_overlap(m), double(m.tp_comm_bytes) / 1e6);
-    line += buf;
-  }
-  if (m.cp_size > 1) {
-    std::snprintf(buf, sizeof buf, " | cp comm %.0f%% of step, %.0f%% hidden, %.1f MB",
-                  100.0 * m.cp_comm_exposed_seconds / step_s, 100.0 * cp_comm_overlap(m), double(m.cp_comm_bytes) / 1e6);
-    line += buf;
-  }
+  if (m.tp_comm.size > 1) line += traffic_line("tp", m.tp_comm, step_s);
+  if (m.cp_comm.size > 1) line += traffic_line("cp", m.cp_comm, step_s);
+  if (m.ep_comm.size > 1) line += traffic_line("ep", m.ep_comm, step_s);
   return line;
 }
 

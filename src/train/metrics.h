@@ -6,10 +6,26 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "core/allocator.h"
 #include "ops/op_profile.h"
 
 namespace zt::train {
+
+// One parallel dimension's communication in a step (this rank): payload
+// bytes sent, the time its operations were in flight, and the part of that
+// the step waited for (not hidden behind compute).
+struct CommTraffic {
+  int64_t size = 1;             // ranks in the dimension's group (1: no traffic)
+  int64_t bytes = 0;
+  double busy_seconds = 0, exposed_seconds = 0;
+  // Adds a group's counters' growth from `start` to `now`.
+  void add(const comm::CommStats& now, const comm::CommStats& start);
+  // The share of the time in flight the step did not wait for, in [0, 1]
+  // (1 - exposed / busy, clamped: a caller queued behind other operations
+  // can wait longer than its own ran).
+  double overlap() const;
+};
 
 struct StepMetrics {
   int64_t step = 0;            // 1-based optimizer step just taken
@@ -38,16 +54,13 @@ struct StepMetrics {
   double mfu = 0;              // model FLOPs utilisation, 0..1
   double elapsed_seconds = 0;  // since training started
   MemStats memory;             // peaks are over this step
-  // Data-parallel communication this step (this rank): bytes sent, time the
-  // reductions were in flight, and the part of it the step waited for (not
-  // hidden behind backward). overlap = 1 - exposed / busy.
-  int64_t dp_size = 1;
+  // Data-parallel communication: the gradients' reductions (and ZeRO-3's
+  // gathers), hidden behind backward when they overlap.
+  CommTraffic dp_comm;
   // The data-parallel rank with the highest peak this step, and its peaks
   // by category (every rank's memory differs under ZeRO; the worst matters).
   int64_t max_peak_rank = 0;
   MemStats max_peak_memory;
-  int64_t comm_bytes = 0;
-  double comm_busy_seconds = 0, comm_exposed_seconds = 0;
   // Pipeline (this rank's stage): the schedule's span, its compute, time
   // blocked on a neighbour, the most micro-batch chunks in flight; per stage
   // (gathered on every rank) and the schedule's theoretical bubble.
@@ -60,15 +73,15 @@ struct StepMetrics {
   std::vector<double> pp_wait_per_stage;     // blocked on a neighbour's transfer / span
   std::vector<int64_t> pp_in_flight_per_stage;
   double pp_bubble_theory = 0;               // the schedule's idle / span with balanced stages
-  // Tensor-parallel communication this step (this rank), the same measures.
-  int64_t tp_size = 1;
-  int64_t tp_comm_bytes = 0;
-  double tp_comm_busy_seconds = 0, tp_comm_exposed_seconds = 0;
-  // Context-parallel ring traffic this step (this rank's k, v and gradient
-  // sends over the cp group), the same measures.
-  int64_t cp_size = 1;
-  int64_t cp_comm_bytes = 0;
-  double cp_comm_busy_seconds = 0, cp_comm_exposed_seconds = 0;
+  // Tensor-parallel communication (the model's tp groups).
+  CommTraffic tp_comm;
+  // Context-parallel ring traffic (this rank's k, v and gradient sends over
+  // the cp group).
+  CommTraffic cp_comm;
+  // Expert-parallel traffic: the tokens' rows to their experts' owners and
+  // back, forward and backward, the per-expert counts gathered before each
+  // exchange, and the experts' gradient norm's squares (the ep group).
+  CommTraffic ep_comm;
   // metrics.op_profile: this step's time per op (outermost ops; GPU time on
   // a GPU), largest first. Empty when profiling is off.
   std::vector<ops::OpTotal> op_totals;
@@ -85,13 +98,6 @@ class MetricsLog {
  private:
   std::ofstream out_;
 };
-
-// The share of the time data-parallel communication was in flight that the
-// step did not wait for, in [0, 1].
-double comm_overlap(const StepMetrics& m);
-// The same for tensor-parallel communication, and for context parallelism's ring.
-double tp_comm_overlap(const StepMetrics& m);
-double cp_comm_overlap(const StepMetrics& m);
 
 // Adds one step's op totals to a run's (by name).
 void add_op_totals(std::vector<ops::OpTotal>& run, const std::vector<ops::OpTotal>& step);

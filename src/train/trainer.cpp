@@ -246,6 +246,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   std::vector<comm::CommStats> tp_start;
   for (comm::ProcessGroup* g : model().comm_groups()) tp_start.push_back(g->stats());
   const comm::CommStats cp_start = cp_group() ? cp_group()->stats() : comm::CommStats{};
+  const comm::CommStats ep_start = ep_group() ? ep_group()->stats() : comm::CommStats{};
   m.total_steps = cfg_.train.steps;
   if (ops::op_profile_enabled()) (void)ops::take_op_profile();  // evaluation's and sampling's ops are not the step's
   const int64_t accum = cfg_.grad_accum_steps(data_ranks_), T = cfg_.train.seq_len;
@@ -393,10 +394,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.memory = allocator_for(device).stats();
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
-  m.dp_size = dp_->size();
-  m.comm_bytes = sc.bytes;
-  m.comm_busy_seconds = sc.busy_seconds;
-  m.comm_exposed_seconds = sc.wait_seconds;
+  m.dp_comm = {dp_->size(), sc.bytes, sc.busy_seconds, sc.wait_seconds};
   if (pipeline_) {
     // Every stage's bubble (the share of the schedule's span it did not
     // compute), waits and activations in flight, on every rank.
@@ -419,19 +417,15 @@ StepMetrics Trainer::train_step(int64_t step) {
   // Tensor-parallel traffic of this step (the model's groups; evaluation and
   // sampling between steps are not counted).
   const auto groups = model().comm_groups();
-  m.tp_size = tp_group() ? tp_group()->size() : 1;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const comm::CommStats s = groups[i]->stats();
-    m.tp_comm_bytes += s.bytes_sent - tp_start[i].bytes_sent;
-    m.tp_comm_busy_seconds += s.busy_seconds - tp_start[i].busy_seconds;
-    m.tp_comm_exposed_seconds += s.wait_seconds - tp_start[i].wait_seconds;
-  }
+  m.tp_comm.size = tp_group() ? tp_group()->size() : 1;
+  for (size_t i = 0; i < groups.size(); ++i) m.tp_comm.add(groups[i]->stats(), tp_start[i]);
   if (cp_group()) {  // the ring attention's sends and receives
-    const comm::CommStats s = cp_group()->stats();
-    m.cp_size = cp_group()->size();
-    m.cp_comm_bytes = s.bytes_sent - cp_start.bytes_sent;
-    m.cp_comm_busy_seconds = s.busy_seconds - cp_start.busy_seconds;
-    m.cp_comm_exposed_seconds = s.wait_seconds - cp_start.wait_seconds;
+    m.cp_comm.size = cp_group()->size();
+    m.cp_comm.add(cp_group()->stats(), cp_start);
+  }
+  if (ep_group()) {  // the experts' all-to-alls
+    m.ep_comm.size = ep_group()->size();
+    m.ep_comm.add(ep_group()->stats(), ep_start);
   }
   return m;
 }

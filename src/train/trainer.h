@@ -119,6 +119,8 @@ class Trainer {
   comm::ProcessGroup* tp_group() const { return model().tensor_parallel().group; }
   // The context-parallel group (null without context parallelism).
   comm::ProcessGroup* cp_group() const { return model().context_parallel; }
+  // The expert-parallel group (null without expert parallelism).
+  comm::ProcessGroup* ep_group() const { return model().tensor_parallel().experts; }
   // Data-parallel ranks: replicas that read different batches (the mesh's
   // dp; gradients reduce over dp x cp, data_parallel().size()).
   int64_t data_ranks() const { return data_ranks_; }

@@ -59,7 +59,7 @@ RunResult train(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh,
   for (int64_t s = 0; s < cfg.train.steps; ++s) {
     const StepMetrics m = t.train_step(s);
     r.losses.push_back(m.loss);
-    r.comm_bytes.push_back(m.comm_bytes);
+    r.comm_bytes.push_back(m.dp_comm.bytes);
   }
   t.data_parallel().hold_full_params(true);  // ZeRO-3: gather the weights to compare them
   for (const nn::ParamSet* s : t.model().param_sets()) {
@@ -343,8 +343,8 @@ TEST(DataParallel, BytesPerStepFollowTheRingVolumes) {
                             : zero == 1 ? 2.0 * ring + scalars
                             : zero == 2 ? (accum + 1.0) * ring + scalars
                                         : 3.0 * accum * ring + scalars;
-    EXPECT_NEAR(double(m.comm_bytes), expected, 1e-6 * expected) << "ZeRO-" << zero;
-    EXPECT_GT(m.comm_busy_seconds, 0.0) << "reductions ran on the comm thread";
+    EXPECT_NEAR(double(m.dp_comm.bytes), expected, 1e-6 * expected) << "ZeRO-" << zero;
+    EXPECT_GT(m.dp_comm.busy_seconds, 0.0) << "reductions ran on the comm thread";
   }
 }
 

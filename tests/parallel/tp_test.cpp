@@ -463,10 +463,10 @@ TEST(TensorParallel, BytesPerStepFollowTheRingVolumes) {
     const double per_micro = sp ? 4.0 * (2 * r * stream + r * 2 * L * N * C + 2 * r * (3 * N + 4 * C * L + 2 * C))
                                 : 4.0 * (2 * r * stream + 2 * r * 3 * N);
     const double expected = double(cfg.grad_accum_steps(1)) * per_micro + 8.0 * double(p - 1);
-    EXPECT_NEAR(double(m.tp_comm_bytes), expected, 1e-9 * expected) << (sp ? "with" : "without") << " SP";
-    EXPECT_EQ(m.tp_size, p);
-    EXPECT_GT(m.tp_comm_busy_seconds, 0.0);
-    RecordProperty(sp ? "bytes_sp" : "bytes_tp", std::to_string(m.tp_comm_bytes));
+    EXPECT_NEAR(double(m.tp_comm.bytes), expected, 1e-9 * expected) << (sp ? "with" : "without") << " SP";
+    EXPECT_EQ(m.tp_comm.size, p);
+    EXPECT_GT(m.tp_comm.busy_seconds, 0.0);
+    RecordProperty(sp ? "bytes_sp" : "bytes_tp", std::to_string(m.tp_comm.bytes));
   }
 }
 
@@ -489,10 +489,51 @@ TEST(ContextParallel, BytesPerStepFollowTheRing) {
     const double forwards = std::string(recompute) == "selective" ? 2 : 1;
     const double per_layer = forwards * double(p - 1) * 2 * kv + double(p - 1) * 2 * kv + double(p) * 2 * kv;
     const double expected = double(cfg.grad_accum_steps(1)) * double(mc.n_layer) * per_layer;
-    EXPECT_EQ(double(m.cp_comm_bytes), expected) << "recompute " << recompute;
-    EXPECT_EQ(m.cp_size, p);
-    EXPECT_GT(m.cp_comm_busy_seconds, 0.0);
-    RecordProperty(std::string("bytes_cp_") + recompute, std::to_string(m.cp_comm_bytes));
+    EXPECT_EQ(double(m.cp_comm.bytes), expected) << "recompute " << recompute;
+    EXPECT_EQ(m.cp_comm.size, p);
+    EXPECT_GT(m.cp_comm.busy_seconds, 0.0);
+    RecordProperty(std::string("bytes_cp_") + recompute, std::to_string(m.cp_comm.bytes));
+  }
+}
+
+// The experts' traffic per step and rank, exact for a router whose weights
+// are zero: every probability is 1/E, the top k are experts 0..k-1 (ties go
+// to the lower index), so each token's k slots go to the ranks holding those
+// experts. Per block and micro-batch, each forward pass gathers the E
+// per-expert counts (8 E (p-1) bytes) and sends a rank's slots of experts it
+// does not hold to their owners, N (k - a) rows, and the outputs of the slots
+// it received back, (p-1) N a rows (a: experts 0..k-1 this rank holds); the
+// backward sends the same rows again (the outputs' gradients out, the
+// inputs' back); full recompute runs the forward twice. Per step the experts'
+// gradient norm sums its squares over the group: 8 (p-1).
+TEST(ExpertParallel, BytesPerStepFollowTheDispatch) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "one rank sends nothing";
+  auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{p, 1, 1, 1, p}, comm::world());
+  for (const char* recompute : {"none", "full"}) {
+    const Config cfg = tiny("llama3-moe-tiny", {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=0",
+                                                std::string("train.recompute=") + recompute});
+    TrainingData data = open_training_data(cfg, 0, 1);
+    Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh);
+    t.train_step(0);
+    const nn::ModelConfig& mc = cfg.model;
+    for (int64_t i = 0; i < mc.n_layer; ++i) {  // step 1's forward reads these (ZeRO-0: no gathers)
+      const Tensor w = t.model().param("layers." + std::to_string(i) + ".mlp.router.weight");
+      std::fill_n(w.data<float>(), w.numel(), 0.0f);
+    }
+    const StepMetrics m = t.train_step(1);
+    const int64_t E = mc.n_expert, k = mc.expert_top_k, El = E / p, r = mesh->ep().rank();
+    const int64_t a = std::max<int64_t>(0, std::min(k, (r + 1) * El) - r * El);  // experts [r El, (r+1) El) below k
+    const double N = double(cfg.train.micro_batch * cfg.train.seq_len), row = double(mc.d_model) * 4;
+    const double rows = N * double(k - a) + double(p - 1) * N * double(a);
+    const double forwards = std::string(recompute) == "full" ? 2 : 1;
+    const double per_block = forwards * (8.0 * double(E * (p - 1)) + rows * row) + rows * row;
+    const double expected = double(cfg.grad_accum_steps(t.data_ranks()) * mc.n_layer) * per_block + 8.0 * double(p - 1);
+    EXPECT_EQ(double(m.ep_comm.bytes), expected) << "recompute " << recompute << ", ep rank " << r;
+    EXPECT_EQ(m.ep_comm.size, p);
+    EXPECT_GT(m.ep_comm.busy_seconds, 0.0);
+    EXPECT_EQ(m.tp_comm.bytes + m.cp_comm.bytes, 0) << "no other model-parallel traffic";
+    RecordProperty(std::string("bytes_ep_") + recompute, std::to_string(m.ep_comm.bytes));
   }
 }
 
