@@ -20,5 +20,6 @@ Command add_train_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_convert_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 
 }  // namespace zt::cli

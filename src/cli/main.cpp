@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   commands.push_back(zt::cli::add_info_command(app));
   commands.push_back(zt::cli::add_prepare_command(app));
   commands.push_back(zt::cli::add_convert_command(app));
+  commands.push_back(zt::cli::add_plan_command(app));
 
   try {
     app.parse(argc, argv);

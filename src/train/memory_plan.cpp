@@ -35,29 +35,15 @@ int64_t numel_of(const std::vector<nn::ParamSpec>& specs) {
   return n;
 }
 
-// The model chunks a rank holds, as the trainer builds them: the whole
-// model, or stage c pp + pp_rank for chunk c of v.
-std::vector<nn::ModelPart> rank_parts(const Config& cfg, const PlanPlace& at) {
-  if (at.pp == 1) return {nn::ModelPart{0, cfg.model.n_layer, true, true}};
-  const int64_t v = cfg.parallel.virtual_stages;
-  const auto plan = parallel::plan_pipeline_stages(cfg.model, cfg.train.seq_len, at.pp * v,
-                                                   parallel::parse_stage_layers(cfg.parallel.pp_layers));
-  std::vector<nn::ModelPart> parts;
-  for (int64_t c = 0; c < v; ++c) {
-    const parallel::StageLayers& st = plan[size_t(c * at.pp + at.pp_rank)];
-    parts.push_back({st.first, st.last, st.embedding, st.head});
-  }
-  return parts;
-}
-
 // Flat buffer lengths (elements, padding included) of one chunk's parameter
 // sets in the model's order: embeddings, blocks, head (with the head
 // stage's copy of a tied embedding). *tied: that copy's or the tied
 // embedding's set, whose gradient lives through the whole pass (-1: none).
 std::vector<int64_t> chunk_sets(const Config& cfg, const nn::TpShares& sh, const nn::ModelPart& part, int64_t pad,
-                                int64_t* tied) {
+                                int64_t* tied, std::vector<bool>* is_experts = nullptr) {
   const nn::ModelConfig& m = cfg.model;
   std::vector<int64_t> sets;
+  std::vector<bool> experts_at;
   *tied = -1;
   if (part.embedding) {
     if (m.tied_embeddings) *tied = 0;
@@ -66,7 +52,11 @@ std::vector<int64_t> chunk_sets(const Config& cfg, const nn::TpShares& sh, const
   for (int64_t l = part.first_layer; l < part.last_layer; ++l) {
     const auto [own, experts] = nn::split_expert_specs(nn::block_specs(m, sh, size_t(l)));
     sets.push_back(padded(numel_of(own), pad));
-    if (!experts.empty()) sets.push_back(padded(numel_of(experts), pad));  // MoE: the experts' own set
+    if (!experts.empty()) {  // MoE: the experts' own set
+      experts_at.resize(sets.size(), false);
+      experts_at.push_back(true);
+      sets.push_back(padded(numel_of(experts), pad));
+    }
   }
   if (part.head) {
     int64_t n = numel_of(nn::head_specs(m, sh));
@@ -75,6 +65,10 @@ std::vector<int64_t> chunk_sets(const Config& cfg, const nn::TpShares& sh, const
       *tied = int64_t(sets.size());
     }
     sets.push_back(padded(n, pad));
+  }
+  if (is_experts) {
+    experts_at.resize(sets.size(), false);
+    *is_experts = experts_at;
   }
   return sets;
 }
@@ -188,6 +182,19 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
 
 }  // namespace
 
+std::vector<nn::ModelPart> rank_parts(const Config& cfg, const PlanPlace& at) {
+  if (at.pp == 1) return {nn::ModelPart{0, cfg.model.n_layer, true, true}};
+  const int64_t v = cfg.parallel.virtual_stages;
+  const auto plan = parallel::plan_pipeline_stages(cfg.model, cfg.train.seq_len, at.pp * v,
+                                                   parallel::parse_stage_layers(cfg.parallel.pp_layers));
+  std::vector<nn::ModelPart> parts;
+  for (int64_t c = 0; c < v; ++c) {
+    const parallel::StageLayers& st = plan[size_t(c * at.pp + at.pp_rank)];
+    parts.push_back({st.first, st.last, st.embedding, st.head});
+  }
+  return parts;
+}
+
 int64_t host_meminfo_bytes(const std::string& name) {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
@@ -220,6 +227,24 @@ PlanView context_parallel_view(const Config& cfg, PlanPlace layout) {
     v.layout.dp *= cp;
   }
   return v;
+}
+
+RankParams rank_params(const Config& cfg, const PlanPlace& at) {
+  const nn::TpShares sh = nn::tp_shares(cfg.model, at.tp, at.tp_rank, cfg.parallel.ep, 0);
+  const int64_t pad = parallel::zero_pad_multiple(cfg.parallel.zero_stage, at.dp);
+  RankParams r;
+  for (const nn::ModelPart& part : rank_parts(cfg, at)) {
+    int64_t tied = -1;
+    std::vector<bool> experts;
+    const std::vector<int64_t> sets = chunk_sets(cfg, sh, part, pad, &tied, &experts);
+    for (size_t i = 0; i < sets.size(); ++i) {
+      (experts[i] ? r.experts : r.dense) += sets[i];
+      ++(experts[i] ? r.expert_sets : r.dense_sets);
+    }
+    if (part.embedding) r.embedding += sets.front();
+    r.head_reads_embedding = r.head_reads_embedding || (part.embedding && part.head && tied == 0);
+  }
+  return r;
 }
 
 MemoryPlan plan_memory(const Config& cfg) { return plan_memory(cfg, PlanPlace{}); }

@@ -74,6 +74,22 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at);
 // The rank of the layout with the largest total (its place in *where).
 MemoryPlan largest_rank_plan(const Config& cfg, const PlanPlace& layout, PlanPlace* where = nullptr);
 
+// The model chunks the rank at `at` holds, as the trainer builds them: the
+// whole model, or stage c pp + pp_rank for chunk c of parallel.virtual_stages.
+std::vector<nn::ModelPart> rank_parts(const Config& cfg, const PlanPlace& at);
+
+// A rank's parameter elements as the trainer lays them out (each set's flat
+// buffer, padding included): the sets reduced over the data-parallel group,
+// and a mixture-of-experts model's experts' sets (reduced over the ranks
+// holding the same experts), and how many sets of each.
+struct RankParams {
+  int64_t dense = 0, experts = 0;
+  int64_t dense_sets = 0, expert_sets = 0;
+  int64_t embedding = 0;              // of dense: the embedding's set, when this rank holds it
+  bool head_reads_embedding = false;  // a tied embedding read again by the head of the same chunk
+};
+RankParams rank_params(const Config& cfg, const PlanPlace& at);
+
 // Every dp x tp x pp split of `world` processes the config can run (tensor
 // parallelism dividing its heads, at most one pipeline stage per block, the
 // batch dividing into micro-batches, the schedule's constraints), with the

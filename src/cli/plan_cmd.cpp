@@ -1,0 +1,108 @@
+// `zettatron plan CONFIG`: the config's layout and the fastest layouts of its
+// model on a cluster, predicted (plan/).
+#include <iostream>
+
+#include "cli/commands.h"
+#include "plan/cluster.h"
+#include "plan/search.h"
+#include "train/config.h"
+
+namespace zt::cli {
+
+namespace {
+
+// The model, its FLOPs and the batch: what every layout shares.
+void print_job(const train::Config& cfg) {
+  const nn::ModelConfig& m = cfg.model;
+  std::printf("model: %s, %lld layers x %lld wide, %.1fM parameters", nn::arch_name(m.arch).data(),
+              (long long)m.n_layer, (long long)m.d_model, double(m.total_params()) / 1e6);
+  if (m.moe()) std::printf(" (%.1fM active)", double(m.active_params()) / 1e6);
+  std::printf("; %.2f GFLOP per token at seq_len %lld; global batch %lld x %lld tokens, %s\n",
+              m.train_flops_per_token(cfg.train.seq_len) / 1e9, (long long)cfg.train.seq_len,
+              (long long)cfg.train.global_batch, (long long)cfg.train.seq_len, cfg.train.dtype.c_str());
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  struct Opts {
+    std::string config, cluster = "cpu";
+    std::vector<std::string> overrides;
+    int64_t nodes = 1, devices_per_node = 0, devices = 0;
+    size_t top = 10;
+    bool layout_only = false;
+    double peak_tflops = 0, gemm_tflops = 0, step_efficiency = 0, memory_gib = 0, intra_gbps = 0, inter_gbps = 0;
+  };
+  auto opts = std::make_shared<Opts>();
+  Command c;
+  c.app = app.add_subcommand("plan", "Predict a config's step time and memory on a cluster and search the fastest "
+                                     "layout (dp, tp, pp, cp, ep, ZeRO stage, micro-batch, recompute)");
+  c.app->add_option("config", opts->config, "TOML config")->required()->check(CLI::ExistingFile);
+  c.app->add_option("--set", opts->overrides, "Override a config value: section.key=value");
+  c.app->add_option("--cluster", opts->cluster, "Cluster preset: h100-sxm, h200-sxm or cpu (this machine, measured)")
+      ->capture_default_str();
+  c.app->add_option("--nodes", opts->nodes, "Nodes")->check(CLI::PositiveNumber)->capture_default_str();
+  c.app->add_option("--devices-per-node", opts->devices_per_node,
+                    "Devices (GPUs, or processes on a CPU) per node (default: the preset's; cpu: 1)")
+      ->check(CLI::PositiveNumber);
+  c.app->add_option("--devices", opts->devices, "Devices the search uses (default: every one)")
+      ->check(CLI::PositiveNumber);
+  c.app->add_option("--top", opts->top, "Layouts listed")->capture_default_str();
+  c.app->add_flag("--layout-only", opts->layout_only,
+                  "Keep the config's ZeRO stage, micro-batch and recompute policy; vary only the mesh");
+  c.app->add_option("--peak-tflops", opts->peak_tflops, "Override: dense peak per device (MFU's denominator)");
+  c.app->add_option("--gemm-tflops", opts->gemm_tflops, "Override: a large GEMM's measured rate per device");
+  c.app->add_option("--step-efficiency", opts->step_efficiency,
+                    "Override: the share of the GEMM rate a training step reaches (0..1)");
+  c.app->add_option("--memory-gib", opts->memory_gib, "Override: memory per device for training");
+  c.app->add_option("--intra-gbps", opts->intra_gbps, "Override: ring bus bandwidth per device in a node (GB/s)");
+  c.app->add_option("--inter-gbps", opts->inter_gbps, "Override: ring bus bandwidth per device between nodes (GB/s)");
+  c.run = [opts] {
+    const train::Config cfg = train::load_config(opts->config, opts->overrides);
+    plan::Cluster cluster = plan::cluster_preset(opts->cluster, opts->nodes, opts->devices_per_node);
+    if (opts->peak_tflops > 0) cluster.peak_flops = opts->peak_tflops * 1e12;
+    if (opts->gemm_tflops > 0) cluster.matmul_flops = opts->gemm_tflops * 1e12;
+    if (opts->step_efficiency > 0) cluster.step_efficiency = opts->step_efficiency;
+    if (opts->memory_gib > 0) cluster.memory_bytes = int64_t(opts->memory_gib * double(int64_t(1) << 30));
+    if (opts->intra_gbps > 0) cluster.intra_node_bandwidth = opts->intra_gbps * 1e9;
+    if (opts->inter_gbps > 0) cluster.inter_node_bandwidth = opts->inter_gbps * 1e9;
+    const int64_t world = opts->devices > 0 ? opts->devices : cluster.devices();
+    std::cout << "cluster " << plan::describe_cluster(cluster) << "\n  (" << cluster.source << ")\n";
+    print_job(cfg);
+    // The config's own layout (parallel.dp = 0: the rest of the devices).
+    try {
+      const plan::Candidate own = plan::evaluate_layout(cfg, cluster, world);
+      std::cout << "\nthe config's layout (" << own.mesh.str() << ")" << (own.fits ? "" : ": does not fit") << "\n"
+                << plan::format_candidates({own}, 1);
+    } catch (const Error& e) {
+      std::cout << "\nthe config's layout cannot run on " << world << " devices: " << e.what() << "\n";
+    }
+    plan::SearchOptions so;
+    so.world = world;
+    so.vary_zero = so.vary_micro_batch = so.vary_recompute = !opts->layout_only;
+    const std::vector<plan::Candidate> found = plan::search_layouts(cfg, cluster, so);
+    if (found.empty() && cluster.gpu && cfg.model.moe()) {
+      std::cout << "\nno layout: mixture-of-experts models train on CPUs only so far (--cluster cpu plans one)\n";
+      return 1;
+    }
+    if (found.empty()) {
+      std::cout << "\nno layout of " << world << " devices runs this config within "
+                << double(cluster.memory_bytes) / double(int64_t(1) << 30)
+                << " GiB per device: add devices, shorten train.seq_len or shrink the model\n";
+      return 1;
+    }
+    const std::vector<plan::Candidate> meshes = plan::best_per_mesh(found);
+    std::cout << "\n" << found.size() << " layouts of " << world << " devices run and fit, over " << meshes.size()
+              << " meshes; the fastest setting of each of the fastest " << std::min(opts->top, meshes.size())
+              << ":\n"
+              << plan::format_candidates(meshes, opts->top);
+    std::cout << "\nPredicted (plan/step_model.h): the model's FLOPs at the cluster's step efficiency, the pipeline's "
+                 "bubble from its schedule, each dimension's bytes over the links its group spans less what overlaps "
+                 "compute. A run's metrics.jsonl gives the measured tokens_per_s and comm_* to compare.\n";
+    if (cluster.gpu) std::cout << "Layouts with context parallelism are left out: it runs on CPUs only so far.\n";
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace zt::cli

@@ -1,0 +1,144 @@
+#include "plan/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <cstdio>
+#include <numeric>
+
+#include "core/error.h"
+#include "nn/tensor_parallel.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace zt::plan {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// What the trainer checks of a layout before it allocates (config.cpp's
+// validate, the mesh, the batch split, the schedule's micro-batches), then
+// the memory plan of its largest rank and the predicted step.
+Candidate evaluate(const train::Config& cfg, const Cluster& cluster, const parallel::MeshShape& shape) {
+  cfg.validate();
+  ZT_CHECK(!cluster.gpu || shape.cp == 1, "context parallelism (parallel.cp = ", shape.cp,
+           ") runs on CPUs only so far; set parallel.cp = 1 on GPUs");
+  ZT_CHECK(!cluster.gpu || !cfg.model.moe(), "mixture-of-experts models (model.n_expert = ", cfg.model.n_expert,
+           ") train on CPUs only so far");
+  const parallel::MeshShape mesh = parallel::resolve_mesh_shape(shape, shape.world());
+  ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * mesh.dp) == 0, "train.global_batch = ",
+           cfg.train.global_batch, " is not divisible by micro_batch x dp = ", cfg.train.micro_batch, " x ", mesh.dp);
+  if (mesh.pp > 1)
+    parallel::check_pipeline_schedule(parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule),
+                                      {mesh.pp, cfg.grad_accum_steps(mesh.dp), cfg.parallel.virtual_stages});
+  Candidate c;
+  c.cfg = cfg;
+  c.mesh = mesh;
+  const train::PlanView view = train::context_parallel_view(cfg, {mesh.dp, mesh.tp, mesh.pp, 0, 0});
+  c.memory = train::largest_rank_plan(view.cfg, view.layout);
+  c.fits = train::plan_fits(c.memory.total(), cluster.memory_bytes);
+  c.step = estimate_step(cfg, mesh, cluster);
+  return c;
+}
+
+}  // namespace
+
+Candidate evaluate_layout(const train::Config& cfg, const Cluster& cluster, int64_t world) {
+  const parallel::MeshShape mesh = parallel::resolve_mesh_shape(
+      {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, world);
+  return evaluate(cfg, cluster, mesh);
+}
+
+std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& cluster, const SearchOptions& options) {
+  const int64_t world = options.world > 0 ? options.world : cluster.devices();
+  ZT_CHECK(world <= cluster.devices(), "the search is over ", world, " devices; the cluster has ", cluster.devices());
+  const nn::ModelConfig& m = cfg.model;
+  std::vector<int64_t> zeros{cfg.parallel.zero_stage}, recomputes;
+  if (options.vary_zero) zeros = {0, 1, 2, 3};
+  std::vector<std::string> policies{cfg.train.recompute};
+  if (options.vary_recompute) policies = {"none", "selective", "full"};
+  std::vector<Candidate> out;
+  for (int64_t tp : divisors(world)) {
+    if (tp > cluster.devices_per_node) continue;  // tensor parallelism needs a node's links
+    for (int64_t cp : divisors(world / tp))
+      for (int64_t pp : divisors(world / tp / cp)) {
+        const int64_t dp = world / tp / cp / pp;
+        std::vector<int64_t> eps{1};
+        if (m.moe()) eps = divisors(std::gcd(m.n_expert, dp * cp));
+        std::vector<int64_t> micro{cfg.train.micro_batch};
+        if (options.vary_micro_batch && cfg.train.global_batch % dp == 0) micro = divisors(cfg.train.global_batch / dp);
+        for (int64_t ep : eps)
+          for (int64_t zero : zeros)
+            for (int64_t mb : micro)
+              for (const std::string& policy : policies) {
+                train::Config c = cfg;
+                c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.cp = cp, c.parallel.ep = ep;
+                c.parallel.zero_stage = zero;
+                c.train.micro_batch = mb;
+                c.train.recompute = policy;
+                if (pp == 1) c.parallel.virtual_stages = 1;
+                try {
+                  Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep});
+                  if (cand.fits) out.push_back(std::move(cand));
+                } catch (const Error&) {  // a layout the trainer would refuse
+                }
+              }
+      }
+  }
+  // Fastest first, where "as fast" is within 1% (finer than the model
+  // predicts): then the lower ZeRO stage and the less recomputation (the
+  // less communication and work left to overlap), the larger micro-batch
+  // (its GEMMs run nearer the rate on GPUs, which the model does not count),
+  // the less memory.
+  const auto key = [](const Candidate& c) {
+    return std::make_tuple(-int64_t(std::floor(std::log(c.step.tokens_per_second) / std::log(1.01))),
+                           c.cfg.parallel.zero_stage, int(c.cfg.recompute()), -c.cfg.train.micro_batch,
+                           c.memory.total());
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });
+  return out;
+}
+
+std::vector<Candidate> best_per_mesh(const std::vector<Candidate>& candidates) {
+  std::vector<Candidate> out;
+  for (const Candidate& c : candidates) {
+    const auto same = [&](const Candidate& o) {
+      return o.mesh.dp == c.mesh.dp && o.mesh.tp == c.mesh.tp && o.mesh.pp == c.mesh.pp && o.mesh.cp == c.mesh.cp &&
+             o.mesh.ep == c.mesh.ep;
+    };
+    if (std::none_of(out.begin(), out.end(), same)) out.push_back(c);
+  }
+  return out;
+}
+
+std::string format_candidates(const std::vector<Candidate>& candidates, size_t limit) {
+  std::string s;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%4s %4s %3s %3s %3s %3s %4s %4s %-9s %9s %9s %11s %6s | %s\n", "#", "dp", "tp", "pp",
+                "cp", "ep", "zero", "mb", "recompute", "mem GiB", "step ms", "tokens/s", "MFU",
+                "ms: compute bubble dp tp cp ep pp optimizer (exposed)");
+  s += buf;
+  for (size_t i = 0; i < std::min(limit, candidates.size()); ++i) {
+    const Candidate& c = candidates[i];
+    const StepEstimate& e = c.step;
+    std::snprintf(buf, sizeof buf,
+                  "%4zu %4lld %3lld %3lld %3lld %3lld %4lld %4lld %-9s %9.2f %9.1f %11.0f %5.1f%% | %.1f %.1f %.1f %.1f "
+                  "%.1f %.1f %.1f %.1f%s\n",
+                  i + 1, (long long)c.mesh.dp, (long long)c.mesh.tp, (long long)c.mesh.pp, (long long)c.mesh.cp,
+                  (long long)c.mesh.ep, (long long)c.cfg.parallel.zero_stage, (long long)c.cfg.train.micro_batch,
+                  c.cfg.train.recompute.c_str(), double(c.memory.total()) / double(int64_t(1) << 30),
+                  e.step_seconds * 1e3, e.tokens_per_second, 100.0 * e.mfu, e.compute_seconds * 1e3,
+                  e.bubble_seconds * 1e3, e.dp.exposed_seconds * 1e3, e.tp.exposed_seconds * 1e3,
+                  e.cp.exposed_seconds * 1e3, e.ep.exposed_seconds * 1e3, e.pp.exposed_seconds * 1e3,
+                  e.optimizer_seconds * 1e3, c.fits ? "" : "  (does not fit)");
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace zt::plan
