@@ -1,8 +1,10 @@
 // `zettatron plan CONFIG`: the config's layout and the fastest layouts of its
 // model on a cluster, predicted (plan/).
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/search.h"
 #include "train/config.h"
@@ -26,11 +28,11 @@ void print_job(const train::Config& cfg) {
 
 Command add_plan_command(CLI::App& app) {
   struct Opts {
-    std::string config, cluster = "cpu";
+    std::string config, cluster = "cpu", calibrate;
     std::vector<std::string> overrides;
     int64_t nodes = 1, devices_per_node = 0, devices = 0;
     size_t top = 10;
-    bool layout_only = false;
+    bool layout_only = false, json = false;
     double peak_tflops = 0, gemm_tflops = 0, step_efficiency = 0, memory_gib = 0, intra_gbps = 0, inter_gbps = 0;
   };
   auto opts = std::make_shared<Opts>();
@@ -50,6 +52,12 @@ Command add_plan_command(CLI::App& app) {
   c.app->add_option("--top", opts->top, "Layouts listed")->capture_default_str();
   c.app->add_flag("--layout-only", opts->layout_only,
                   "Keep the config's ZeRO stage, micro-batch and recompute policy; vary only the mesh");
+  c.app->add_flag("--json", opts->json,
+                  "Print only the config's own layout's prediction, as JSON (step, its parts, bytes per dimension)");
+  c.app->add_option("--calibrate", opts->calibrate,
+                    "A run directory of `zettatron train` on this cluster's machines: the step efficiency that "
+                    "predicts its measured tokens/s (median after two steps) is used for every layout")
+      ->check(CLI::ExistingDirectory);
   c.app->add_option("--peak-tflops", opts->peak_tflops, "Override: dense peak per device (MFU's denominator)");
   c.app->add_option("--gemm-tflops", opts->gemm_tflops, "Override: a large GEMM's measured rate per device");
   c.app->add_option("--step-efficiency", opts->step_efficiency,
@@ -66,7 +74,33 @@ Command add_plan_command(CLI::App& app) {
     if (opts->memory_gib > 0) cluster.memory_bytes = int64_t(opts->memory_gib * double(int64_t(1) << 30));
     if (opts->intra_gbps > 0) cluster.intra_node_bandwidth = opts->intra_gbps * 1e9;
     if (opts->inter_gbps > 0) cluster.inter_node_bandwidth = opts->inter_gbps * 1e9;
+    if (!opts->calibrate.empty()) cluster = plan::calibrate(cluster, plan::read_measured_run(opts->calibrate));
     const int64_t world = opts->devices > 0 ? opts->devices : cluster.devices();
+    if (opts->json) {
+      const plan::Candidate own = plan::evaluate_layout(cfg, cluster, world);
+      const plan::StepEstimate& e = own.step;
+      const auto comm = [](const plan::CommTime& t, double bytes) {
+        return nlohmann::json{{"s", t.seconds}, {"exposed_s", t.exposed_seconds}, {"bytes", bytes}};
+      };
+      const nlohmann::json j = {
+          {"cluster", cluster.name},
+          {"mesh", {{"dp", e.mesh.dp}, {"tp", e.mesh.tp}, {"pp", e.mesh.pp}, {"cp", e.mesh.cp}, {"ep", e.mesh.ep}}},
+          {"memory_bytes", own.memory.total()},
+          {"fits", own.fits},
+          {"step_s", e.step_seconds},
+          {"tokens_per_s", e.tokens_per_second},
+          {"mfu", e.mfu},
+          {"compute_s", e.compute_seconds},
+          {"bubble_s", e.bubble_seconds},
+          {"optimizer_s", e.optimizer_seconds},
+          {"dp", comm(e.dp, e.volumes.dp_bytes)},
+          {"tp", comm(e.tp, e.volumes.tp_bytes)},
+          {"cp", comm(e.cp, e.volumes.cp_bytes)},
+          {"ep", comm(e.ep, e.volumes.ep_bytes)},
+          {"pp", comm(e.pp, e.volumes.pp_bytes)}};
+      std::cout << j.dump() << "\n";
+      return 0;
+    }
     std::cout << "cluster " << plan::describe_cluster(cluster) << "\n  (" << cluster.source << ")\n";
     print_job(cfg);
     // The config's own layout (parallel.dp = 0: the rest of the devices).

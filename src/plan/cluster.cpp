@@ -113,10 +113,10 @@ std::string describe_cluster(const Cluster& c) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "%s: %lld node%s x %lld devices; per device %.1f TFLOP/s peak, GEMM %.1f, step efficiency %.2f, "
-                "%.1f GiB, memory %.2f TB/s; links %.1f GB/s in a node, %.1f GB/s between, %.0f us per collective",
+                "%.1f GiB, memory %.1f GB/s; links %.1f GB/s in a node, %.1f GB/s between, %.0f us per collective",
                 c.name.c_str(), (long long)c.nodes, c.nodes == 1 ? "" : "s", (long long)c.devices_per_node,
                 c.peak_flops / 1e12, c.matmul_flops / 1e12, c.step_efficiency, double(c.memory_bytes) / kGiB,
-                c.memory_bandwidth / 1e12, c.intra_node_bandwidth / 1e9, c.inter_node_bandwidth / 1e9,
+                c.memory_bandwidth / 1e9, c.intra_node_bandwidth / 1e9, c.inter_node_bandwidth / 1e9,
                 c.latency_seconds * 1e6);
   return buf;
 }

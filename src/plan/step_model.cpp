@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "nn/tensor_parallel.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 #include "train/memory_plan.h"
 
 namespace zt::plan {
@@ -158,13 +159,36 @@ StepEstimate estimate_step(const train::Config& cfg, const parallel::MeshShape& 
   const double extra = rc == nn::Recompute::full ? blocks_fwd : rc == nn::Recompute::selective ? attention_fwd : 0.0;
   const double model_flops = m.train_flops_per_token(T);
   e.flops = (model_flops + extra) * tokens / double(world);
+  double stage_balance = 1.0;  // the other ranks' work over the busiest's (1: balanced)
+  if (mesh.pp > 1) {
+    // A pipeline runs at its busiest rank: its stages' costs (the stage
+    // planner's, which balances them: the LM head is a large share for
+    // small models) on its replica's tokens, split over tp x cp.
+    const int64_t v = cfg.parallel.virtual_stages;
+    const auto stages = parallel::plan_pipeline_stages(m, T, mesh.pp * v, parallel::parse_stage_layers(cfg.parallel.pp_layers));
+    double busiest = 0, sum = 0;
+    for (int64_t r = 0; r < mesh.pp; ++r) {
+      double cost = 0;
+      for (int64_t c = 0; c < v; ++c) {
+        const parallel::StageLayers& st = stages[size_t(c * mesh.pp + r)];
+        cost += st.cost + extra * double(st.last - st.first) / double(m.n_layer);
+      }
+      busiest = std::max(busiest, cost);
+      sum += cost;
+    }
+    e.flops = busiest * tokens / double(mesh.dp * mesh.tp * mesh.cp);
+    // The fill and drain are one micro-batch through the other ranks: the
+    // schedule's bubble (for balanced stages, (p-1) of the busiest's passes)
+    // shrinks with the others' share of the work.
+    stage_balance = (sum - busiest) / (double(mesh.pp - 1) * busiest);
+  }
   const double rate = cluster.matmul_flops * cluster.step_efficiency;
   e.compute_seconds = e.flops / rate;
   const double accum = double(cfg.grad_accum_steps(mesh.dp));
   if (mesh.pp > 1) {
     const double b = parallel::theoretical_bubble(parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule),
                                                   {mesh.pp, int64_t(accum), cfg.parallel.virtual_stages});
-    e.bubble_seconds = e.compute_seconds * b;
+    e.bubble_seconds = e.compute_seconds * b * stage_balance;
   }
 
   // A group's link: inside a node when its members are (ranks are laid out

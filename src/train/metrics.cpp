@@ -61,6 +61,7 @@ void MetricsLog::write_step(const StepMetrics& m) {
   j["tokens_seen"] = m.tokens_seen;
   j["tokens_per_s"] = m.tokens_per_second;
   j["mfu"] = m.mfu;
+  j["world"] = m.world;
   j["time_s"] = {{"step", m.step_seconds},
                  {"forward", m.forward_seconds},
                  {"head", m.head_seconds},

@@ -52,6 +52,7 @@ struct StepMetrics {
   double forward_seconds = 0, head_seconds = 0, backward_seconds = 0, optimizer_seconds = 0, data_seconds = 0;
   double tokens_per_second = 0;
   double mfu = 0;              // model FLOPs utilisation, 0..1
+  int64_t world = 1;           // the job's processes (one device each): MFU's devices
   double elapsed_seconds = 0;  // since training started
   MemStats memory;             // peaks are over this step
   // Data-parallel communication: the gradients' reductions (and ZeRO-3's

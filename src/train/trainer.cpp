@@ -389,7 +389,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.tokens_seen = progress_.tokens_seen;
   m.tokens_per_second = double(m.tokens) / m.step_seconds;
   // The peak is per device; the job has one device per rank.
-  const double devices = mesh_ ? double(mesh_->shape().world()) : 1.0;
+  m.world = mesh_ ? mesh_->shape().world() : 1;
+  const double devices = double(m.world);
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * devices);
   m.memory = allocator_for(device).stats();
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
