@@ -51,7 +51,8 @@ Command add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   c.app->add_option("--top", opts->top, "Layouts listed")->capture_default_str();
   c.app->add_flag("--layout-only", opts->layout_only,
-                  "Keep the config's ZeRO stage, micro-batch and recompute policy; vary only the mesh");
+                  "Keep the config's ZeRO stage, micro-batch, recompute policy and pipeline schedule; vary only "
+                  "the mesh");
   c.app->add_flag("--json", opts->json,
                   "Print only the config's own layout's prediction, as JSON (step, its parts, bytes per dimension)");
   c.app->add_option("--calibrate", opts->calibrate,
@@ -113,7 +114,7 @@ Command add_plan_command(CLI::App& app) {
     }
     plan::SearchOptions so;
     so.world = world;
-    so.vary_zero = so.vary_micro_batch = so.vary_recompute = !opts->layout_only;
+    so.vary_zero = so.vary_micro_batch = so.vary_recompute = so.vary_schedule = !opts->layout_only;
     const std::vector<plan::Candidate> found = plan::search_layouts(cfg, cluster, so);
     if (found.empty() && cluster.gpu && cfg.model.moe()) {
       std::cout << "\nno layout: mixture-of-experts models train on CPUs only so far (--cluster cpu plans one)\n";

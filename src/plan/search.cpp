@@ -58,7 +58,7 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
   const int64_t world = options.world > 0 ? options.world : cluster.devices();
   ZT_CHECK(world <= cluster.devices(), "the search is over ", world, " devices; the cluster has ", cluster.devices());
   const nn::ModelConfig& m = cfg.model;
-  std::vector<int64_t> zeros{cfg.parallel.zero_stage}, recomputes;
+  std::vector<int64_t> zeros{cfg.parallel.zero_stage};
   if (options.vary_zero) zeros = {0, 1, 2, 3};
   std::vector<std::string> policies{cfg.train.recompute};
   if (options.vary_recompute) policies = {"none", "selective", "full"};
@@ -72,22 +72,30 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
         if (m.moe()) eps = divisors(std::gcd(m.n_expert, dp * cp));
         std::vector<int64_t> micro{cfg.train.micro_batch};
         if (options.vary_micro_batch && cfg.train.global_batch % dp == 0) micro = divisors(cfg.train.global_batch / dp);
+        // (schedule, chunks per rank): one pass without a pipeline.
+        std::vector<std::pair<std::string, int64_t>> schedules{{cfg.parallel.pp_schedule, cfg.parallel.virtual_stages}};
+        if (pp == 1) schedules = {{cfg.parallel.pp_schedule, 1}};
+        else if (options.vary_schedule) schedules = {{"1f1b", 1}, {"zb", 1}, {"interleaved", 2}};
         for (int64_t ep : eps)
           for (int64_t zero : zeros)
             for (int64_t mb : micro)
-              for (const std::string& policy : policies) {
-                train::Config c = cfg;
-                c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.cp = cp, c.parallel.ep = ep;
-                c.parallel.zero_stage = zero;
-                c.train.micro_batch = mb;
-                c.train.recompute = policy;
-                if (pp == 1) c.parallel.virtual_stages = 1;
-                try {
-                  Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep});
-                  if (cand.fits) out.push_back(std::move(cand));
-                } catch (const Error&) {  // a layout the trainer would refuse
+              for (const std::string& policy : policies)
+                for (const auto& [schedule, chunks] : schedules) {
+                  train::Config c = cfg;
+                  c.parallel.dp = dp, c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.cp = cp, c.parallel.ep = ep;
+                  c.parallel.zero_stage = zero;
+                  c.train.micro_batch = mb;
+                  c.train.recompute = policy;
+                  c.parallel.pp_schedule = schedule;
+                  c.parallel.virtual_stages = chunks;
+                  // The config's own blocks per stage where its stages are these; else the planner's balance.
+                  if (pp != cfg.parallel.pp || chunks != cfg.parallel.virtual_stages) c.parallel.pp_layers = "";
+                  try {
+                    Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep});
+                    if (cand.fits) out.push_back(std::move(cand));
+                  } catch (const Error&) {  // a layout the trainer would refuse
+                  }
                 }
-              }
       }
   }
   // Fastest first, where "as fast" is within 1% (finer than the model
@@ -119,19 +127,24 @@ std::vector<Candidate> best_per_mesh(const std::vector<Candidate>& candidates) {
 std::string format_candidates(const std::vector<Candidate>& candidates, size_t limit) {
   std::string s;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%4s %4s %3s %3s %3s %3s %4s %4s %-9s %9s %9s %11s %6s | %s\n", "#", "dp", "tp", "pp",
-                "cp", "ep", "zero", "mb", "recompute", "mem GiB", "step ms", "tokens/s", "MFU",
+  std::snprintf(buf, sizeof buf, "%4s %4s %3s %3s %3s %3s %4s %4s %-9s %-13s %9s %9s %11s %6s | %s\n", "#", "dp", "tp",
+                "pp", "cp", "ep", "zero", "mb", "recompute", "schedule", "mem GiB", "step ms", "tokens/s", "MFU",
                 "ms: compute bubble dp tp cp ep pp optimizer (exposed)");
   s += buf;
   for (size_t i = 0; i < std::min(limit, candidates.size()); ++i) {
     const Candidate& c = candidates[i];
     const StepEstimate& e = c.step;
+    std::string schedule = "-";
+    if (c.mesh.pp > 1) {
+      schedule = c.cfg.parallel.pp_schedule;
+      if (c.cfg.parallel.virtual_stages > 1) schedule += " v" + std::to_string(c.cfg.parallel.virtual_stages);
+    }
     std::snprintf(buf, sizeof buf,
-                  "%4zu %4lld %3lld %3lld %3lld %3lld %4lld %4lld %-9s %9.2f %9.1f %11.0f %5.1f%% | %.1f %.1f %.1f %.1f "
-                  "%.1f %.1f %.1f %.1f%s\n",
+                  "%4zu %4lld %3lld %3lld %3lld %3lld %4lld %4lld %-9s %-13s %9.2f %9.1f %11.0f %5.1f%% | %.1f %.1f %.1f "
+                  "%.1f %.1f %.1f %.1f %.1f%s\n",
                   i + 1, (long long)c.mesh.dp, (long long)c.mesh.tp, (long long)c.mesh.pp, (long long)c.mesh.cp,
                   (long long)c.mesh.ep, (long long)c.cfg.parallel.zero_stage, (long long)c.cfg.train.micro_batch,
-                  c.cfg.train.recompute.c_str(), double(c.memory.total()) / double(int64_t(1) << 30),
+                  c.cfg.train.recompute.c_str(), schedule.c_str(), double(c.memory.total()) / double(int64_t(1) << 30),
                   e.step_seconds * 1e3, e.tokens_per_second, 100.0 * e.mfu, e.compute_seconds * 1e3,
                   e.bubble_seconds * 1e3, e.dp.exposed_seconds * 1e3, e.tp.exposed_seconds * 1e3,
                   e.cp.exposed_seconds * 1e3, e.ep.exposed_seconds * 1e3, e.pp.exposed_seconds * 1e3,

@@ -1,6 +1,6 @@
 // The search over layouts: every way to run a config on a cluster's
 // devices - dp x tp x pp x cp (x ep for MoE models), each ZeRO stage,
-// micro-batch and recompute policy the trainer accepts -, with its memory
+// micro-batch, recompute policy and pipeline schedule the trainer accepts -, with its memory
 // plan (train/memory_plan.h) and predicted step (step_model.h); the ones
 // that fit the devices' memory ranked by predicted tokens/s.
 #pragma once
@@ -32,6 +32,9 @@ Candidate evaluate_layout(const train::Config& cfg, const Cluster& cluster, int6
 struct SearchOptions {
   int64_t world = 0;            // devices to use (0: all of the cluster's)
   bool vary_zero = true, vary_micro_batch = true, vary_recompute = true;
+  // Pipelines: 1F1B, zero bubble and interleaved with 2 chunks a rank too
+  // (the config's schedule and chunks otherwise).
+  bool vary_schedule = true;
 };
 // Every layout that runs and fits, fastest first (within 1%: the lower ZeRO
 // stage, less recomputation, the larger micro-batch, less memory).

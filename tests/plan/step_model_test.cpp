@@ -184,6 +184,23 @@ TEST(Search, CandidatesRunFitAndComeFastestFirst) {
   EXPECT_TRUE(cp);
 }
 
+// Pipelines are searched with each schedule the trainer runs (interleaved
+// with 2 chunks a rank where the blocks allow); without them only the
+// config's own.
+TEST(Search, PipelinesTryEachSchedule) {
+  const train::Config cfg = config("llama3-tiny", {"model.n_layer=4"});
+  const auto schedules = [&](bool vary) {
+    SearchOptions o;
+    o.vary_schedule = vary;
+    std::set<std::string> seen;
+    for (const Candidate& x : search_layouts(cfg, cluster(1, 2), o))
+      if (x.mesh.pp > 1) seen.insert(x.cfg.parallel.pp_schedule + std::to_string(x.cfg.parallel.virtual_stages));
+    return seen;
+  };
+  EXPECT_EQ(schedules(true), (std::set<std::string>{"1f1b1", "interleaved2", "zb1"}));
+  EXPECT_EQ(schedules(false), (std::set<std::string>{cfg.parallel.pp_schedule + "1"}));
+}
+
 // Memory decides: below what replicating everything needs, only layouts
 // that shard or split the model remain.
 TEST(Search, TooLittleMemoryLeavesOnlyLayoutsThatShard) {
