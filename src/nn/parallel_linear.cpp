@@ -2,7 +2,9 @@
 #include "nn/parallel_linear.h"
 
 #include "core/error.h"
+#include "ops/activation.h"
 #include "ops/elementwise.h"
+#include "ops/fp8.h"
 #include "ops/matmul.h"
 
 namespace zt::nn {
@@ -12,48 +14,99 @@ namespace {
 // (..., n) viewed as (rows, n).
 Tensor as_rows(const Tensor& t) { return t.view(Shape{t.numel() / t.size(-1), t.size(-1)}); }
 
+// A tensor's fp8 codes and scale, in the workspace while a product runs.
+struct Fp8Operand {
+  Tensor q, scale_inv;
+};
+Fp8Operand quantized(const Tensor& t, DType format) {
+  Fp8Operand o{Tensor::empty(t.shape(), format, t.device(), MemCategory::workspace),
+               Tensor::empty(Shape{1}, DType::f32, t.device(), MemCategory::workspace)};
+  ops::quantize_fp8(o.q, o.scale_inv, t);
+  return o;
+}
+
+// The three products of a linear layer in either precision.
+// y = [residual +] x W^T [+ b]
+void product_forward(LinearPrecision p, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                     const Tensor& residual = {}) {
+  if (p == LinearPrecision::compute_dtype) return ops::linear_forward(y, x, w, b, residual);
+  const Fp8Operand xq = quantized(x, DType::f8e4m3), wq = quantized(w, DType::f8e4m3);
+  ops::fp8_linear_forward(y, xq.q, xq.scale_inv, wq.q, wq.scale_inv, b, residual);
+}
+
+// dx (rows, in) = dy (rows, out) W, or += it when accumulate.
+void product_data(LinearPrecision p, const Tensor& dx, const Tensor& dy, const Tensor& w, bool accumulate) {
+  if (p == LinearPrecision::compute_dtype)
+    return ops::matmul(dx, dy, w, false, false, 1.0f, accumulate ? 1.0f : 0.0f);
+  const Fp8Operand dyq = quantized(dy, DType::f8e5m2), wq = quantized(w, DType::f8e4m3);
+  if (!accumulate) return ops::fp8_linear_backward(dx, Tensor(), dyq.q, dyq.scale_inv, {}, {}, wq.q, wq.scale_inv);
+  const Tensor part = Tensor::empty(dx.shape(), DType::f32, dx.device(), MemCategory::workspace);
+  ops::fp8_linear_backward(part, Tensor(), dyq.q, dyq.scale_inv, {}, {}, wq.q, wq.scale_inv);
+  ops::axpy(dx, 1.0f, part);
+}
+
+// dw (+)= dy^T x, db (+)= sum_rows(dy) (undefined: skipped). Under fp8 the
+// bias gradient comes from the unquantised dy.
+void product_weights(LinearPrecision p, const Tensor& dw, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& w, ops::GradWrite write) {
+  if (!dw.defined() && !db.defined()) return;
+  if (p == LinearPrecision::compute_dtype) return ops::linear_backward(Tensor(), dw, db, dy, x, w, write);
+  if (db.defined()) ops::linear_backward(Tensor(), Tensor(), db, dy, x, w, write);
+  if (!dw.defined()) return;
+  ZT_CHECK(dw.dtype() == DType::f32, "fp8 layers accumulate f32 weight gradients, got ", dtype_name(dw.dtype()));
+  const Fp8Operand dyq = quantized(dy, DType::f8e5m2), xq = quantized(x, DType::f8e4m3);
+  ops::fp8_linear_backward(Tensor(), dw, dyq.q, dyq.scale_inv, xq.q, xq.scale_inv, {}, {}, write);
+}
+
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db)
-    : w_(std::move(w)), b_(std::move(b)), dw_(std::move(dw)), db_(std::move(db)) {}
+ColumnParallelLinear::ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, LinearPrecision precision)
+    : w_(std::move(w)), b_(std::move(b)), dw_(std::move(dw)), db_(std::move(db)), precision_(precision) {}
 
 void ColumnParallelLinear::forward(const Tensor& y, const Tensor& x) const {
-  ops::linear_forward(y, x, w_, b_);  // no communication: each rank owns its output rows
+  product_forward(precision_, y, x, w_, b_);  // no communication: each rank owns its output rows
 }
 
 void ColumnParallelLinear::forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& x) const {
-  ops::linear_gelu_forward(act, pre, x, w_, b_);
+  if (precision_ == LinearPrecision::compute_dtype) return ops::linear_gelu_forward(act, pre, x, w_, b_);
+  product_forward(precision_, pre, x, w_, b_);
+  ops::gelu_forward(act, pre);
 }
 
 void ColumnParallelLinear::backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const {
-  ops::matmul(as_rows(dx), as_rows(dy), w_, false, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+  product_data(precision_, as_rows(dx), as_rows(dy), w_, accumulate_dx);
 }
 
 void ColumnParallelLinear::backward_weights(const Tensor& dy, const Tensor& x, ops::GradWrite write) const {
-  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy, x, w_, write);
+  product_weights(precision_, dw_, db_, as_rows(dy), as_rows(x), w_, write);
 }
 
-RowParallelLinear::RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp)
-    : w_(std::move(w)), b_(std::move(b)), dw_(std::move(dw)), db_(std::move(db)), tp_(tp) {}
+RowParallelLinear::RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp,
+                                     LinearPrecision precision)
+    : w_(std::move(w)), b_(std::move(b)), dw_(std::move(dw)), db_(std::move(db)), tp_(tp), precision_(precision) {}
 
 void RowParallelLinear::forward(const Tensor& y, const Tensor& x, const Tensor& residual) const {
   // The bias and a replicated residual are added once to the group's sum.
   const Tensor bias = tp_.rank() == 0 ? b_ : Tensor();
-  if (tp_.size() == 1) return ops::linear_forward(y, x, w_, bias, residual);
+  if (tp_.size() == 1) return product_forward(precision_, y, x, w_, bias, residual);
   if (!tp_.sequence_parallel) {
-    ops::linear_forward(y, x, w_, bias, tp_.rank() == 0 ? residual : Tensor());
+    product_forward(precision_, y, x, w_, bias, tp_.rank() == 0 ? residual : Tensor());
     tp_.group->all_reduce(as_rows(y))->wait();
     return;
   }
   // Each rank holds only its rows of the residual: added to its rows of the sum.
   const Tensor xr = as_rows(x);
   Tensor partial = Tensor::empty(Shape{xr.size(0), w_.size(0)}, y.dtype(), y.device(), MemCategory::activations);
-  ops::linear_forward(partial, xr, w_, bias);
+  product_forward(precision_, partial, xr, w_, bias);
   tp_.group->reduce_scatter(as_rows(y), partial)->wait();
   if (residual.defined()) ops::add(y, y, residual);
 }
 
 void RowParallelLinear::backward(const Tensor& dx, const Tensor& dy, const Tensor& x) const {
+  if (precision_ == LinearPrecision::fp8) {
+    const Tensor rows = backward_data(dx, dy);
+    return backward_weights(rows, x);
+  }
   if (tp_.size() == 1 || !tp_.sequence_parallel) return ops::linear_backward(dx, dw_, db_, dy, x, w_);
   ops::linear_backward(as_rows(dx), dw_, db_, backward_data_rows(dy), as_rows(x), w_);
 }
@@ -69,18 +122,26 @@ Tensor RowParallelLinear::backward_data_rows(const Tensor& dy) const {
 
 Tensor RowParallelLinear::backward_data(const Tensor& dx, const Tensor& dy) const {
   const Tensor rows = backward_data_rows(dy);
-  ops::matmul(as_rows(dx), rows, w_);  // dx = dy W
+  product_data(precision_, as_rows(dx), rows, w_, false);  // dx = dy W
   return rows;
 }
 
 Tensor RowParallelLinear::backward_data_gelu(const Tensor& dx, const Tensor& dy, const Tensor& pre) const {
   const Tensor rows = backward_data_rows(dy);
-  ops::matmul_gelu_backward(as_rows(dx), rows, w_, as_rows(pre));
+  if (precision_ == LinearPrecision::compute_dtype) {
+    ops::matmul_gelu_backward(as_rows(dx), rows, w_, as_rows(pre));
+    return rows;
+  }
+  // The product rounded to dx's dtype, then the GeLU's backward (as the
+  // unfused compute-dtype path).
+  const Tensor product = Tensor::empty(as_rows(dx).shape(), dx.dtype(), dx.device(), MemCategory::workspace);
+  product_data(precision_, product, rows, w_, false);
+  ops::gelu_backward(as_rows(dx), product, as_rows(pre));
   return rows;
 }
 
 void RowParallelLinear::backward_weights(const Tensor& dy_rows, const Tensor& x, ops::GradWrite write) const {
-  if (dw_.defined() || db_.defined()) ops::linear_backward(Tensor(), dw_, db_, dy_rows, as_rows(x), w_, write);
+  product_weights(precision_, dw_, db_, dy_rows, as_rows(x), w_, write);
 }
 
 }  // namespace zt::nn

@@ -22,6 +22,12 @@
 //
 // Each layer holds views of this rank's weight shard and of its gradient
 // buffer (flat ParamSet buffers): constructing one is free.
+//
+// LinearPrecision::fp8 runs every product on per-tensor-scaled fp8 operands
+// (ops/fp8.h), quantised as they are used: E4M3 inputs and weights, E5M2
+// output gradients; the bias gradient from the unquantised gradient, and the
+// results in the compute dtype. Under tensor parallelism each rank scales
+// its own shard.
 #pragma once
 
 #include <cstdint>
@@ -32,11 +38,16 @@
 
 namespace zt::nn {
 
+// How a layer's products compute: on their operands' compute dtype, or on
+// per-tensor-scaled fp8 (train.fp8).
+enum class LinearPrecision { compute_dtype, fp8 };
+
 class ColumnParallelLinear {
  public:
   // w (out_local, in), b (out_local) or undefined; dw/db their gradients
   // (f32 or w's dtype; undefined to skip).
-  ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db);
+  ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db,
+                       LinearPrecision precision = LinearPrecision::compute_dtype);
   // y (..., out_local) = x (..., in) W^T + b.
   void forward(const Tensor& y, const Tensor& x) const;
   // The same into pre, and act = gelu(pre) (ops::linear_gelu_forward: one
@@ -49,17 +60,19 @@ class ColumnParallelLinear {
   // The same layer writing its gradients to other views (a deferred weight
   // pass writes to the buffers current when it runs).
   ColumnParallelLinear with_grads(Tensor dw, Tensor db) const {
-    return ColumnParallelLinear(w_, b_, std::move(dw), std::move(db));
+    return ColumnParallelLinear(w_, b_, std::move(dw), std::move(db), precision_);
   }
 
  private:
   Tensor w_, b_, dw_, db_;
+  LinearPrecision precision_;
 };
 
 class RowParallelLinear {
  public:
   // w (out, in_local), b (out) or undefined (replicated over the group).
-  RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp);
+  RowParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db, const TensorParallel& tp,
+                    LinearPrecision precision = LinearPrecision::compute_dtype);
   // y = x (N, in_local) W^T summed over the group, + b: (N, out), or this
   // rank's rows (N/tp, out) of it under sequence parallelism. A residual
   // (y's shape) is added to y: inside the product (one rank's, before the
@@ -82,13 +95,14 @@ class RowParallelLinear {
   void backward_weights(const Tensor& dy_rows, const Tensor& x,
                         ops::GradWrite write = ops::GradWrite::accumulate) const;
   RowParallelLinear with_grads(Tensor dw, Tensor db) const {
-    return RowParallelLinear(w_, b_, std::move(dw), std::move(db), tp_);
+    return RowParallelLinear(w_, b_, std::move(dw), std::move(db), tp_, precision_);
   }
 
  private:
   Tensor backward_data_rows(const Tensor& dy) const;  // (N, out): dy, or gathered
   Tensor w_, b_, dw_, db_;
   TensorParallel tp_;
+  LinearPrecision precision_;
 };
 
 }  // namespace zt::nn

@@ -291,13 +291,14 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
 
 Transformer::BlockLinears Transformer::block_linears(size_t layer, const TensorParallel& m) const {
   const BlockParams p = block_views(layer, false), g = block_views(layer, true);
-  return BlockLinears{ColumnParallelLinear(p.wqkv, p.bqkv, g.wqkv, g.bqkv),
-                      ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq),
-                      ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk),
-                      ColumnParallelLinear(p.wv, p.bv, g.wv, g.bv),
-                      ColumnParallelLinear(p.mlp_in_w, p.mlp_in_b, g.mlp_in_w, g.mlp_in_b),
-                      RowParallelLinear(p.proj_w, p.proj_b, g.proj_w, g.proj_b, m),
-                      RowParallelLinear(p.mlp_out_w, p.mlp_out_b, g.mlp_out_w, g.mlp_out_b, m)};
+  const LinearPrecision f = fp8 ? LinearPrecision::fp8 : LinearPrecision::compute_dtype;
+  return BlockLinears{ColumnParallelLinear(p.wqkv, p.bqkv, g.wqkv, g.bqkv, f),
+                      ColumnParallelLinear(p.wq, p.bq, g.wq, g.bq, f),
+                      ColumnParallelLinear(p.wk, p.bk, g.wk, g.bk, f),
+                      ColumnParallelLinear(p.wv, p.bv, g.wv, g.bv, f),
+                      ColumnParallelLinear(p.mlp_in_w, p.mlp_in_b, g.mlp_in_w, g.mlp_in_b, f),
+                      RowParallelLinear(p.proj_w, p.proj_b, g.proj_w, g.proj_b, m, f),
+                      RowParallelLinear(p.mlp_out_w, p.mlp_out_b, g.mlp_out_w, g.mlp_out_b, m, f)};
 }
 
 Tensor Transformer::head_weight() const {

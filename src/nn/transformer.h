@@ -225,6 +225,11 @@ class Transformer {
   // reading them waits for the forward, which the trainer defers to the end
   // of the step. forward() still returns the sum (it reads it).
   bool defer_loss_sum = false;
+  // The blocks' linear layers (attention's qkv and output, the MLP's two)
+  // compute on per-tensor-scaled fp8 operands (train.fp8; parallel_linear.h);
+  // the embedding, the LM head, attention's core, a mixture of experts'
+  // router and experts stay in the compute dtype.
+  bool fp8 = false;
   // Called during backward() with the index (into param_sets()) of a layer
   // whose gradients are complete for this micro-batch: the head first, the
   // blocks from last to first, the embeddings last. Data parallelism starts

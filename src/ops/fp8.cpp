@@ -146,37 +146,45 @@ void fp8_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dyq, 
   const OpScope scope(op, dyq);
   check_defined(op, "dyq", dyq);
   check_dtype(op, "dyq", dyq, kFp8);
-  check_linear(op, xq, wq, "dyq's shape", Tensor());
-  Shape rows(xq.shape().begin(), xq.shape().end() - 1);
-  rows.push_back(wq.size(0));
-  check_shape(op, "dyq", dyq, rows);
-  if (dx.defined()) {
-    check_shape(op, "dx", dx, xq.shape());
+  check_scale(op, "dy_scale_inv", dy_scale_inv);
+  ZT_CHECK(dyq.ndim() >= 1, op, ": dyq must have at least one dimension");
+  const int64_t O = dyq.size(-1), N = dyq.numel() / std::max<int64_t>(O, 1);
+  const Shape lead(dyq.shape().begin(), dyq.shape().end() - 1);
+  if (dx.defined()) {  // dx = dy W reads wq (O, I)
+    check_defined(op, "wq", wq);
+    check_dtype(op, "wq", wq, kFp8);
+    check_ndim(op, "wq", wq, 2);
+    ZT_CHECK(wq.size(0) == O, op, ": wq ", wq.shape().str(), " does not have dyq's ", O, " output rows");
+    check_scale(op, "w_scale_inv", w_scale_inv);
+    Shape s = lead;
+    s.push_back(wq.size(1));
+    check_shape(op, "dx", dx, s);
     check_dtype(op, "dx", dx, kWide);
   }
-  if (dw.defined()) {
-    check_shape(op, "dw", dw, wq.shape());
+  if (dw.defined()) {  // dw += dy^T x reads xq (..., I)
+    check_defined(op, "xq", xq);
+    check_dtype(op, "xq", xq, kFp8);
+    ZT_CHECK(xq.ndim() == dyq.ndim() && Shape(xq.shape().begin(), xq.shape().end() - 1) == lead, op, ": xq ",
+             xq.shape().str(), " and dyq ", dyq.shape().str(), " differ but in their last dimension");
+    check_scale(op, "x_scale_inv", x_scale_inv);
+    check_shape(op, "dw", dw, Shape{O, xq.size(-1)});
     check_dtype(op, "dw", dw, {DType::f32});
   }
-  for (const auto& [name, s] : {std::pair{"dy_scale_inv", &dy_scale_inv}, std::pair{"x_scale_inv", &x_scale_inv},
-                                std::pair{"w_scale_inv", &w_scale_inv}})
-    check_scale(op, name, *s);
   check_device(op, dyq.device(), {{"dx", &dx}, {"dw", &dw}, {"xq", &xq}, {"wq", &wq}, {"dy_scale_inv", &dy_scale_inv},
                                   {"x_scale_inv", &x_scale_inv}, {"w_scale_inv", &w_scale_inv}});
   check_cpu(op, dyq);
   check_all_disjoint(op, {{"dx", &dx}, {"dw", &dw}, {"dyq", &dyq}, {"xq", &xq}, {"wq", &wq}});
-  const Tensor dy = dequantized(dyq, dy_scale_inv);
-  const int64_t O = wq.size(0), I = wq.size(1), N = dy.numel() / O;
-  const Tensor dy_rows = dy.view(Shape{N, O});
+  const Tensor dy_rows = dequantized(dyq, dy_scale_inv).view(Shape{N, O});
   if (dx.defined()) {
+    const int64_t I = wq.size(1);
     const Tensor w = dequantized(wq, w_scale_inv);
-    const Tensor dx_wide = dx.dtype() == DType::f32 ? dx : Tensor::empty(dx.shape(), DType::f32, dx.device(),
-                                                                           MemCategory::workspace);
-    matmul(dx_wide.view(Shape{N, I}), dy_rows, w);  // (N, O) (O, I)
-    if (dx_wide.data_ptr() != dx.data_ptr()) cast(dx, dx_wide);
+    const Tensor wide = dx.dtype() == DType::f32 ? dx
+                                                 : Tensor::empty(dx.shape(), DType::f32, dx.device(), MemCategory::workspace);
+    matmul(wide.view(Shape{N, I}), dy_rows, w);  // (N, O) (O, I)
+    if (dx.dtype() != DType::f32) cast(dx, wide);
   }
   if (dw.defined()) {
-    const Tensor x = dequantized(xq, x_scale_inv).view(Shape{N, I});
+    const Tensor x = dequantized(xq, x_scale_inv).view(Shape{N, xq.size(-1)});
     matmul(dw, dy_rows, x, /*trans_a=*/true, false, 1.0f, weights == GradWrite::accumulate ? 1.0f : 0.0f);
   }
 }

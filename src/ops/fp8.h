@@ -39,7 +39,8 @@ void fp8_linear_forward(const Tensor& y, const Tensor& xq, const Tensor& x_scale
 // Its backward on a quantised output gradient dyq (..., O):
 //   dx (..., I)  = (dyq sdy) (wq sw)            (overwritten; f32 or bf16)
 //   dw (O, I)   += (dyq sdy)^T (xq sx)         (f32; GradWrite::overwrite: =)
-// Either may be undefined to skip it.
+// Either may be undefined to skip it; xq (and its scale) is read only for
+// dw and wq only for dx, and may be undefined when that one is skipped.
 void fp8_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dyq, const Tensor& dy_scale_inv,
                          const Tensor& xq, const Tensor& x_scale_inv, const Tensor& wq, const Tensor& w_scale_inv,
                          GradWrite weights = GradWrite::accumulate);

@@ -42,6 +42,10 @@ struct TrainSettings {
   int64_t steps = 100;                // optimizer steps
   int64_t seed = 1337;                // initialisation, data order, stochastic rounding
   std::string recompute = "none";     // none | selective | full
+  // The blocks' linear layers on per-tensor-scaled fp8 (E4M3 activations and
+  // weights, E5M2 gradients; nn/parallel_linear.h). CPU only so far: the
+  // numerics of fp8 training, not its speed.
+  bool fp8 = false;
   bool deterministic = true;          // the same bits every run (false, on a GPU: attention's dq by atomics, tuned matmuls; core/determinism.h)
   int64_t eval_every = 0;             // steps between evaluations (0: never)
   int64_t eval_batches = 4;           // validation micro-batches per evaluation

@@ -173,6 +173,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     m.recompute = cfg_.recompute();
     m.context_parallel = cp > 1 ? &mesh_->cp() : nullptr;
     m.defer_loss_sum = pp == 1;  // train_step sums the micro-batches' losses at the end of the step
+    m.fp8 = cfg_.train.fp8;
     m.init_weights(uint64_t(cfg_.train.seed));
     // A pipeline's tied embedding is reduced over dp after its two copies are summed.
     const int64_t tied = pp > 1 ? m.tied_embedding_set() : -1;

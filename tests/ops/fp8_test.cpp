@@ -219,10 +219,10 @@ TEST(Fp8, LinearBackwardIsTheProductsOfTheDequantisedGradient) {
       for (DType dxt : {DType::f32, DType::bf16}) {
         const Tensor dx = Tensor::empty(Shape{c.N, c.I}, dxt);
         poison(dx);
-        ops::fp8_linear_backward(dx, Tensor(), dyq.q, dyq.s, xq.q, xq.s, wq.q, wq.s);
+        ops::fp8_linear_backward(dx, Tensor(), dyq.q, dyq.s, Tensor(), Tensor(), wq.q, wq.s);  // x is not read for dx
         expect_within(dx, dx_ref, dx_mag, 1e-5, "dx");
       }
-      ops::fp8_linear_backward(Tensor(), dw, dyq.q, dyq.s, xq.q, xq.s, wq.q, wq.s, write);
+      ops::fp8_linear_backward(Tensor(), dw, dyq.q, dyq.s, xq.q, xq.s, Tensor(), Tensor(), write);  // nor w for dw
       expect_within(dw, dw_ref, dw_mag, 1e-5, "dw");
     }
 }
