@@ -47,6 +47,20 @@ Tensor as_f32(const Tensor& t) {
   return out;
 }
 
+// A conversion's arguments: `wide` (f32 or bf16) and its codes q (fp8, the
+// same shape) with their scale, on one CPU device, none sharing memory.
+void check_conversion(const char* op, const char* wide_name, const Tensor& wide, const Tensor& q,
+                      const Tensor& scale_inv) {
+  check_defined(op, wide_name, wide);
+  check_dtype(op, wide_name, wide, kWide);
+  check_shape(op, "q", q, wide.shape());
+  check_dtype(op, "q", q, kFp8);
+  check_scale(op, "scale_inv", scale_inv);
+  check_device(op, wide.device(), {{"q", &q}, {"scale_inv", &scale_inv}});
+  check_cpu(op, wide);
+  check_all_disjoint(op, {{wide_name, &wide}, {"q", &q}, {"scale_inv", &scale_inv}});
+}
+
 // xq (..., I) against wq (O, I) and an output of (..., O).
 void check_linear(const char* op, const Tensor& xq, const Tensor& wq, const char* out_name, const Tensor& out) {
   check_dtype(op, "xq", xq, kFp8);
@@ -76,14 +90,7 @@ float fp8_scale(float amax, DType format) {
 void quantize_fp8(const Tensor& q, const Tensor& scale_inv, const Tensor& x) {
   const char* op = "quantize_fp8";
   const OpScope scope(op, x);
-  check_defined(op, "x", x);
-  check_dtype(op, "x", x, kWide);
-  check_shape(op, "q", q, x.shape());
-  check_dtype(op, "q", q, kFp8);
-  check_scale(op, "scale_inv", scale_inv);
-  check_device(op, x.device(), {{"q", &q}, {"scale_inv", &scale_inv}});
-  check_cpu(op, x);
-  check_all_disjoint(op, {{"q", &q}, {"scale_inv", &scale_inv}, {"x", &x}});
+  check_conversion(op, "x", x, q, scale_inv);
   const float amax = cpu::abs_max(x);
   const float scale = fp8_scale(amax, q.dtype());
   cpu::encode_fp8(q, x, scale);
@@ -93,14 +100,7 @@ void quantize_fp8(const Tensor& q, const Tensor& scale_inv, const Tensor& x) {
 void dequantize_fp8(const Tensor& out, const Tensor& q, const Tensor& scale_inv) {
   const char* op = "dequantize_fp8";
   const OpScope scope(op, q);
-  check_defined(op, "q", q);
-  check_dtype(op, "q", q, kFp8);
-  check_shape(op, "out", out, q.shape());
-  check_dtype(op, "out", out, kWide);
-  check_scale(op, "scale_inv", scale_inv);
-  check_device(op, q.device(), {{"out", &out}, {"scale_inv", &scale_inv}});
-  check_cpu(op, q);
-  check_all_disjoint(op, {{"out", &out}, {"q", &q}, {"scale_inv", &scale_inv}});
+  check_conversion(op, "out", out, q, scale_inv);
   const float s = scale_inv.data<float>()[0];
   if (out.dtype() == DType::f32) {
     cast(out, q);  // every fp8 value is an f32 exactly

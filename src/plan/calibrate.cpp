@@ -45,13 +45,7 @@ MeasuredRun read_measured_run(const std::string& run_dir) {
 Cluster calibrate(const Cluster& c, const MeasuredRun& run) {
   // A CPU "cluster" is one host whose rate its processes share
   // (cluster.h): the run saw it shared by its own processes.
-  Cluster as_run = c;
-  if (!c.gpu) {
-    const double share = double(c.devices_per_node) / double(run.mesh.world());
-    as_run.devices_per_node = run.mesh.world();
-    as_run.matmul_flops *= share;
-    as_run.peak_flops *= share;
-  }
+  const Cluster as_run = c.gpu ? c : with_devices_per_node(c, run.mesh.world());
   const StepEstimate e = estimate_step(run.cfg, run.mesh, as_run);
   const double measured_step = double(run.cfg.train.global_batch * run.cfg.train.seq_len) / run.tokens_per_second;
   const double others = e.step_seconds - e.compute_seconds - e.bubble_seconds;

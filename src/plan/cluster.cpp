@@ -58,22 +58,20 @@ Cluster hopper(const std::string& name, double memory_gib, double memory_bandwid
   return c;
 }
 
-// This machine, one process per device: the sgemm rate measured with every
-// thread, shared by the devices (linear in cores, as the threads split);
-// Zettatron's CPU steps reach 63-77% of it (bench/results/moe-2026-12-03.md,
-// cpu-*.md): 0.70. MPI between processes of one host copies through shared
-// memory twice: half the copy rate (an estimate bench/plan checks).
-Cluster this_cpu(int64_t devices) {
+// This machine as one device (with_devices_per_node shares it among
+// processes): the sgemm rate measured with every thread; Zettatron's CPU
+// steps reach 63-77% of it (bench/results/moe-2026-12-03.md, cpu-*.md):
+// 0.70. MPI between processes of one host copies through shared memory
+// twice: half the copy rate (an estimate bench/plan checks).
+Cluster this_cpu() {
   Cluster c;
   c.name = "cpu";
   c.gpu = false;
-  c.devices_per_node = devices;
   const double machine = cpu::measure_sgemm_gflops() * 1e9;
-  c.matmul_flops = machine / double(devices);
+  c.matmul_flops = machine;
   c.peak_flops = c.matmul_flops;  // the trainer's CPU MFU is of the measured sgemm rate
   c.step_efficiency = 0.70;
-  const int64_t host = train::host_meminfo_bytes("MemTotal");
-  c.memory_bytes = host / devices;
+  c.memory_bytes = train::host_meminfo_bytes("MemTotal");
   c.memory_bandwidth = measure_copy_bandwidth();
   c.intra_node_bandwidth = c.inter_node_bandwidth = c.memory_bandwidth / 2;
   c.latency_seconds = 5e-6;
@@ -98,15 +96,27 @@ Cluster cluster_preset(const std::string& name, int64_t nodes, int64_t devices_p
     c = hopper(name, 138, 4.3e12, "141 GB HBM3e (138 GiB for training), copy 4.3 TB/s (the H100's measured share "
                                   "of its datasheet)");
   else if (name == "cpu")
-    c = this_cpu(devices_per_node > 0 ? devices_per_node : 1);
+    c = this_cpu();
   else {
     std::string names;
     for (const std::string& n : cluster_presets()) names += (names.empty() ? "" : ", ") + n;
     ZT_FAIL("no cluster preset '", name, "'; choose one of ", names, " (and override its numbers with the options)");
   }
   c.nodes = nodes;
-  if (devices_per_node > 0) c.devices_per_node = devices_per_node;
-  return c;
+  return devices_per_node > 0 ? with_devices_per_node(c, devices_per_node) : c;
+}
+
+Cluster with_devices_per_node(const Cluster& c, int64_t n) {
+  ZT_CHECK(n >= 1, "devices per node must be positive (got ", n, ")");
+  Cluster out = c;
+  out.devices_per_node = n;
+  if (!c.gpu) {
+    const double share = double(c.devices_per_node) / double(n);
+    out.matmul_flops *= share;
+    out.peak_flops *= share;
+    out.memory_bytes = int64_t(double(c.memory_bytes) * share);
+  }
+  return out;
 }
 
 std::string describe_cluster(const Cluster& c) {

@@ -37,6 +37,11 @@ struct Cluster {
 Cluster cluster_preset(const std::string& name, int64_t nodes = 1, int64_t devices_per_node = 0);
 std::vector<std::string> cluster_presets();
 
+// The same machines as `n` devices a node: GPUs are devices (only the
+// count changes); a CPU host's processes share its sgemm rate and memory
+// (linear in the cores they split), so each device's share changes.
+Cluster with_devices_per_node(const Cluster& c, int64_t n);
+
 // One line: devices, rates, memory, links.
 std::string describe_cluster(const Cluster& c);
 

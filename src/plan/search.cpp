@@ -2,13 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 #include <cstdio>
 #include <numeric>
+#include <tuple>
 
 #include "core/error.h"
-#include "nn/tensor_parallel.h"
-#include "parallel/pipeline_schedule.h"
 
 namespace zt::plan {
 
@@ -21,28 +19,22 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
-// What the trainer checks of a layout before it allocates (config.cpp's
-// validate, the mesh, the batch split, the schedule's micro-batches), then
-// the memory plan of its largest rank and the predicted step.
-Candidate evaluate(const train::Config& cfg, const Cluster& cluster, const parallel::MeshShape& shape) {
+// What the trainer checks of a layout before it allocates (the config, the
+// mesh, Config::check_layout on the cluster's kind of device), then the
+// memory plan of its largest rank and, when it fits or `always_step`, the
+// predicted step.
+Candidate evaluate(const train::Config& cfg, const Cluster& cluster, const parallel::MeshShape& shape,
+                   bool always_step) {
   cfg.validate();
-  ZT_CHECK(!cluster.gpu || shape.cp == 1, "context parallelism (parallel.cp = ", shape.cp,
-           ") runs on CPUs only so far; set parallel.cp = 1 on GPUs");
-  ZT_CHECK(!cluster.gpu || !cfg.model.moe(), "mixture-of-experts models (model.n_expert = ", cfg.model.n_expert,
-           ") train on CPUs only so far");
   const parallel::MeshShape mesh = parallel::resolve_mesh_shape(shape, shape.world());
-  ZT_CHECK(cfg.train.global_batch % (cfg.train.micro_batch * mesh.dp) == 0, "train.global_batch = ",
-           cfg.train.global_batch, " is not divisible by micro_batch x dp = ", cfg.train.micro_batch, " x ", mesh.dp);
-  if (mesh.pp > 1)
-    parallel::check_pipeline_schedule(parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule),
-                                      {mesh.pp, cfg.grad_accum_steps(mesh.dp), cfg.parallel.virtual_stages});
+  cfg.check_layout(mesh, cluster.gpu ? Device::cuda(0) : Device::cpu());
   Candidate c;
   c.cfg = cfg;
   c.mesh = mesh;
   const train::PlanView view = train::context_parallel_view(cfg, {mesh.dp, mesh.tp, mesh.pp, 0, 0});
   c.memory = train::largest_rank_plan(view.cfg, view.layout);
   c.fits = train::plan_fits(c.memory.total(), cluster.memory_bytes);
-  c.step = estimate_step(cfg, mesh, cluster);
+  if (c.fits || always_step) c.step = estimate_step(cfg, mesh, cluster);
   return c;
 }
 
@@ -51,7 +43,7 @@ Candidate evaluate(const train::Config& cfg, const Cluster& cluster, const paral
 Candidate evaluate_layout(const train::Config& cfg, const Cluster& cluster, int64_t world) {
   const parallel::MeshShape mesh = parallel::resolve_mesh_shape(
       {cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep}, world);
-  return evaluate(cfg, cluster, mesh);
+  return evaluate(cfg, cluster, mesh, /*always_step=*/true);
 }
 
 std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& cluster, const SearchOptions& options) {
@@ -91,7 +83,7 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
                   // The config's own blocks per stage where its stages are these; else the planner's balance.
                   if (pp != cfg.parallel.pp || chunks != cfg.parallel.virtual_stages) c.parallel.pp_layers = "";
                   try {
-                    Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep});
+                    Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep}, /*always_step=*/false);
                     if (cand.fits) out.push_back(std::move(cand));
                   } catch (const Error&) {  // a layout the trainer would refuse
                   }

@@ -43,7 +43,8 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
   const train::PlanPlace at{mesh.dp * mesh.cp, mesh.tp, mesh.pp, 0, pp_rank};  // ZeRO shards over dp x cp
   const StageShape st = stage_shape(cfg, at);
   const double L = double(st.layers), C = double(m.d_model);
-  const double s = double(dtype_size(cfg.compute_dtype()));  // activation bytes per element
+  const double s = double(dtype_size(cfg.compute_dtype()));  // activation and weight bytes per element
+  const nn::TpShares sh = nn::tp_shares(m, mesh.tp, 0, mesh.ep, 0);  // this rank's heads
   const double accum = double(cfg.grad_accum_steps(mesh.dp));
   const double N = double(cfg.train.micro_batch * cfg.train.seq_len / mesh.cp);  // a rank's tokens per micro-batch
   const nn::Recompute recompute = cfg.recompute();
@@ -55,19 +56,17 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
   // type; ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 also gathers the
   // weights in every micro-batch's forward (a tied embedding again at the
   // head) and backward (all but the embedding's, which backward does not
-  // read). Then the scalars:
-  // the loss, the norm (or ZeRO-0's vote on it), the memory report and an
-  // MoE model's aux loss and busiest expert.
+  // read). Then the scalars: the loss, the norm (or ZeRO-0's vote on it),
+  // the memory report and an MoE model's aux loss and busiest expert.
   const train::RankParams params = train::rank_params(cfg, at);
   const int64_t zero = cfg.parallel.zero_stage;
   const int64_t P = mesh.dp * mesh.cp, Pe = P / std::max<int64_t>(1, mesh.ep);
-  const double w = double(dtype_size(cfg.compute_dtype()));  // the weights' bytes per element
   const double grads = ring(4.0 * double(params.dense), P) + ring(4.0 * double(params.experts), Pe);
-  const double weights = ring(w * double(params.dense), P) + ring(w * double(params.experts), Pe);
+  const double weights = ring(s * double(params.dense), P) + ring(s * double(params.experts), Pe);
   const double reductions = zero == 0 ? 2.0 : zero == 1 ? 1.0 : accum;  // gradient rings
   if (zero == 1 || zero == 2) v.dp_gather_bytes = weights;  // after the optimizer, not overlapped
   const double emb = double(params.embedding) * (params.head_reads_embedding ? 0.0 : 1.0);
-  const double zero3 = ring(w * (2.0 * double(params.dense) - emb), P) + ring(w * 2.0 * double(params.experts), Pe);
+  const double zero3 = ring(s * (2.0 * double(params.dense) - emb), P) + ring(s * 2.0 * double(params.experts), Pe);
   v.dp_bytes = reductions * grads + v.dp_gather_bytes + (zero == 3 ? accum * zero3 : 0.0);
   const double gathers = zero == 0 ? 0.0 : zero <= 2 ? 1.0 : 2.0 * accum;  // passes over the sets
   if (P > 1) v.dp_bytes += 8.0 * double(P - 1) * double(3 + kNumMemCategories + (m.moe() ? 2 : 0));
@@ -90,7 +89,6 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
     if (recompute == nn::Recompute::full) per_micro += s * 2 * r * 2 * L * N * C;
     // Key/value heads replicated over tp ranks (fewer than tp): their f32
     // weight gradients all-reduced over the replicas every micro-batch.
-    const nn::TpShares sh = nn::tp_shares(m, mesh.tp, 0, mesh.ep, 0);
     if (sh.kv_replicas > 1) {
       const double kv_weights = 2.0 * double(sh.kv_heads * m.head_dim()) * C * (m.has_bias() ? 1.0 + 1.0 / C : 1.0);
       per_micro += 2.0 * 4.0 * kv_weights * L * double(sh.kv_replicas - 1) / double(sh.kv_replicas);
@@ -108,7 +106,6 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
   // again) and in backward, and the f32 dk, dv cp times (they travel home);
   // an MoE block's balance counts (2E + 2 doubles) are gathered.
   if (mesh.cp > 1) {
-    const nn::TpShares sh = nn::tp_shares(m, mesh.tp, 0, mesh.ep, 0);
     const double kv = double(cfg.train.micro_batch * (cfg.train.seq_len / mesh.cp) * sh.kv_heads * m.head_dim());
     const double p = double(mesh.cp);
     double per_block = s * 2 * kv * (forwards * (p - 1) + (p - 1)) + 4.0 * 2 * kv * p;
@@ -227,8 +224,7 @@ StepEstimate estimate_step(const train::Config& cfg, const parallel::MeshShape& 
   e.ep.seconds = e.ep.exposed_seconds = comm_time(v.ep_bytes, v.ep_ops, mesh.tp * mesh.cp * mesh.ep);
   // The ring's transfers run behind attention.
   {
-    const double attention = e.compute_seconds * 12.0 * double(m.n_layer) * double(m.d_model) * double(T) /
-                             (model_flops + extra);
+    const double attention = e.compute_seconds * 3.0 * attention_fwd / (model_flops + extra);  // forward + backward
     e.cp.seconds = comm_time(v.cp_bytes, v.cp_ops, mesh.tp * mesh.cp);
     e.cp.exposed_seconds = std::max(0.0, e.cp.seconds - attention);
   }

@@ -25,6 +25,7 @@
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
 #include "optim/lr_schedule.h"
+#include "parallel/mesh.h"
 
 namespace zt::train {
 
@@ -124,6 +125,13 @@ struct Config {
   // Cross-field checks (batch divisibility, seq_len vs context, ...);
   // throws zt::Error with the fix.
   void validate() const;
+  // What a layout (the mesh's resolved sizes) needs of the config on
+  // `device`, beyond validate(): the global batch split over dp in whole
+  // micro-batches, context parallelism and mixture-of-experts blocks on the
+  // CPU only (so far), the pipeline schedule's micro-batches. Pure (the same
+  // verdict on every rank, before any collective); the trainer and the
+  // planner's search both ask it. Throws zt::Error with the fix.
+  void check_layout(const parallel::MeshShape& mesh, Device device) const;
   // Micro-batches per step on each of dp data-parallel ranks.
   int64_t grad_accum_steps(int64_t dp = 1) const { return train.global_batch / (train.micro_batch * dp); }
   DType compute_dtype() const;

@@ -91,11 +91,8 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
+  cfg_.check_layout(mesh_ ? mesh_->shape() : parallel::MeshShape{}, device);
   {
-    const int64_t dp = mesh_ ? mesh_->shape().dp : 1;
-    ZT_CHECK(cfg_.train.global_batch % (cfg_.train.micro_batch * dp) == 0, "train.global_batch = ",
-             cfg_.train.global_batch, " is not divisible by micro_batch x dp = ", cfg_.train.micro_batch, " x ", dp,
-             "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
     // A run that cannot fit stops now, before allocating, saying what would
     // fit: the plan of the layout's largest rank (a pure function of the
     // config) against the smallest device of the job, so that every rank
@@ -136,10 +133,6 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   // Context parallelism: each cp rank runs its rows of the same sequences,
   // so the gradients sum over dp x cp and ZeRO shards over it.
   const int64_t cp = mesh_ ? mesh_->cp().size() : 1;
-  ZT_CHECK(cp == 1 || device.is_cpu(), "context parallelism (parallel.cp = ", cp, ") runs on the CPU so far; set "
-           "train.device = \"cpu\" or parallel.cp = 1");
-  ZT_CHECK(!cfg_.model.moe() || device.is_cpu(), "mixture-of-experts blocks (model.n_expert = ", cfg_.model.n_expert,
-           ") run on the CPU so far; set train.device = \"cpu\" or model.n_expert = 0");
   comm::ProcessGroup& dp_group = !mesh_ ? *solo_dp_ : cp > 1 ? mesh_->dp_cp() : mesh_->dp();
   main_rank_ = !mesh_ || mesh_->world_rank() == 0;
   data_ranks_ = mesh_ ? mesh_->shape().dp : 1;
@@ -156,8 +149,6 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   const int64_t pp = mesh_ ? mesh_->pp().size() : 1, v = pp > 1 ? cfg_.parallel.virtual_stages : 1;
   std::vector<nn::ModelPart> parts{nn::ModelPart{}};
   if (pp > 1) {
-    const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg_.parallel.pp_schedule);
-    parallel::check_pipeline_schedule(kind, {pp, cfg_.grad_accum_steps(data_ranks_), v});
     const auto plan = parallel::plan_pipeline_stages(cfg_.model, cfg_.train.seq_len, pp * v,
                                                      parallel::parse_stage_layers(cfg_.parallel.pp_layers));
     parts.clear();
@@ -391,8 +382,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.tokens_per_second = double(m.tokens) / m.step_seconds;
   // The peak is per device; the job has one device per rank.
   m.world = mesh_ ? mesh_->shape().world() : 1;
-  const double devices = double(m.world);
-  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * devices);
+  m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(m.world));
   m.memory = allocator_for(device).stats();
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();

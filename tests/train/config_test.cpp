@@ -137,6 +137,36 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"parallel.comm_backend=\"nccl\""}), "it needs train.device = cuda"));
 }
 
+// What a resolved mesh needs of the config (Config::check_layout, asked by
+// the trainer and the planner's search alike): whole micro-batches per dp
+// rank, cp and MoE on the CPU only so far, the schedule's micro-batches.
+TEST(Config, LayoutChecksNameTheFix) {
+  const Config c = parse_config(kBase, "test.toml");
+  const auto layout_error = [](const Config& cfg, parallel::MeshShape mesh, Device device) {
+    try {
+      cfg.check_layout(mesh, device);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(layout_error(c, {2, 1, 1, 1, 1}, Device::cpu()), "");
+  EXPECT_TRUE(has(layout_error(c, {4, 1, 1, 1, 1}, Device::cpu()),
+                  "train.global_batch = 8 is not divisible by micro_batch x dp = 4 x 4"));
+  EXPECT_EQ(layout_error(c, {1, 1, 1, 2, 1}, Device::cpu()), "");
+  EXPECT_TRUE(has(layout_error(c, {1, 1, 1, 2, 1}, Device::cuda(0)),
+                  "context parallelism (parallel.cp = 2) runs on the CPU so far"));
+  const Config moe = parse_config(kBase, "test.toml", {"model.arch=\"llama3\"", "model.n_kv_head=2", "model.n_expert=4"});
+  EXPECT_EQ(layout_error(moe, {1, 1, 1, 1, 1}, Device::cpu()), "");
+  EXPECT_TRUE(has(layout_error(moe, {1, 1, 1, 1, 1}, Device::cuda(0)),
+                  "mixture-of-experts blocks (model.n_expert = 4) run on the CPU so far"));
+  // Interleaving 2 chunks over pp = 2 needs the micro-batches in multiples of pp: 8 / 4 = 2 is; 8 / (4 x 2) = 1 not.
+  const Config il = parse_config(kBase, "test.toml", {"model.n_layer=4", "parallel.pp=2",
+                                                      "parallel.pp_schedule=\"interleaved\"", "parallel.virtual_stages=2"});
+  EXPECT_EQ(layout_error(il, {1, 1, 2, 1, 1}, Device::cpu()), "");
+  EXPECT_NE(layout_error(il, {2, 1, 2, 1, 1}, Device::cpu()), "");
+}
+
 TEST(Config, AutoDeviceIsThisMachinesGpuElseTheCpu) {
   const Config c = parse_config(kBase, "t", {"train.device=\"auto\""});
   EXPECT_EQ(c.train.device, ops::gpu_count() > 0 ? "cuda" : "cpu") << "GPUs usable here: " << ops::gpu_count();
