@@ -34,6 +34,7 @@ Command add_plan_command(CLI::App& app) {
     size_t top = 10;
     bool layout_only = false, json = false;
     double peak_tflops = 0, gemm_tflops = 0, step_efficiency = 0, memory_gib = 0, intra_gbps = 0, inter_gbps = 0;
+    double host_gib = 0, host_link_gbps = 0, host_memory_gbps = 0;
   };
   auto opts = std::make_shared<Opts>();
   Command c;
@@ -66,6 +67,10 @@ Command add_plan_command(CLI::App& app) {
   c.app->add_option("--memory-gib", opts->memory_gib, "Override: memory per device for training");
   c.app->add_option("--intra-gbps", opts->intra_gbps, "Override: ring bus bandwidth per device in a node (GB/s)");
   c.app->add_option("--inter-gbps", opts->inter_gbps, "Override: ring bus bandwidth per device between nodes (GB/s)");
+  c.app->add_option("--host-gib", opts->host_gib, "Override: host memory per device, for offloaded state");
+  c.app->add_option("--host-link-gbps", opts->host_link_gbps, "Override: a device's link to the host, each way (GB/s)");
+  c.app->add_option("--host-memory-gbps", opts->host_memory_gbps,
+                    "Override: host memory bandwidth of a device's share of the cores (the offloaded optimizer, GB/s)");
   c.run = [opts] {
     const train::Config cfg = train::load_config(opts->config, opts->overrides);
     plan::Cluster cluster = plan::cluster_preset(opts->cluster, opts->nodes, opts->devices_per_node);
@@ -75,6 +80,9 @@ Command add_plan_command(CLI::App& app) {
     if (opts->memory_gib > 0) cluster.memory_bytes = int64_t(opts->memory_gib * double(int64_t(1) << 30));
     if (opts->intra_gbps > 0) cluster.intra_node_bandwidth = opts->intra_gbps * 1e9;
     if (opts->inter_gbps > 0) cluster.inter_node_bandwidth = opts->inter_gbps * 1e9;
+    if (opts->host_gib > 0) cluster.host_memory_bytes = int64_t(opts->host_gib * double(int64_t(1) << 30));
+    if (opts->host_link_gbps > 0) cluster.host_link_bandwidth = opts->host_link_gbps * 1e9;
+    if (opts->host_memory_gbps > 0) cluster.host_memory_bandwidth = opts->host_memory_gbps * 1e9;
     if (!opts->calibrate.empty()) cluster = plan::calibrate(cluster, plan::read_measured_run(opts->calibrate));
     const int64_t world = opts->devices > 0 ? opts->devices : cluster.devices();
     if (opts->json) {
@@ -94,6 +102,7 @@ Command add_plan_command(CLI::App& app) {
           {"compute_s", e.compute_seconds},
           {"bubble_s", e.bubble_seconds},
           {"optimizer_s", e.optimizer_seconds},
+          {"offload", {{"host_bytes", own.memory.offload}, {"activation_bytes", e.offload_bytes}, {"s", e.offload_seconds}}},
           {"dp", comm(e.dp, e.volumes.dp_bytes)},
           {"tp", comm(e.tp, e.volumes.tp_bytes)},
           {"cp", comm(e.cp, e.volumes.cp_bytes)},
@@ -114,7 +123,7 @@ Command add_plan_command(CLI::App& app) {
     }
     plan::SearchOptions so;
     so.world = world;
-    so.vary_zero = so.vary_micro_batch = so.vary_recompute = so.vary_schedule = !opts->layout_only;
+    so.vary_zero = so.vary_micro_batch = so.vary_recompute = so.vary_schedule = so.vary_offload = !opts->layout_only;
     const std::vector<plan::Candidate> found = plan::search_layouts(cfg, cluster, so);
     if (found.empty() && cluster.gpu && cfg.model.moe()) {
       std::cout << "\nno layout: mixture-of-experts models train on CPUs only so far (--cluster cpu plans one)\n";

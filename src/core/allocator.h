@@ -31,7 +31,8 @@ namespace zt {
   X(activations)             \
   X(comm)                    \
   X(workspace)               \
-  X(checkpoint)  // host copies of the training state for a background checkpoint write
+  X(checkpoint)             /* host copies of the training state for a background checkpoint write */ \
+  X(offload)  // host memory holding what offloading moved off the device: optimizer state, kept activations
 
 enum class MemCategory : uint8_t {
 #define ZT_X(name) name,

@@ -8,6 +8,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "nn/activation_offload.h"
 #include "nn/ring_attention.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -855,9 +856,10 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
         ctx.expert_load_max = std::max(ctx.expert_load_max, double(*std::max_element(load.begin(), load.end())) / mean);
     }
     for (size_t s : block_sets(i)) done(s);
-    if (train)
+    if (train) {
       release_for_policy(ctx.blocks[i]);
-    else
+      if (offload_activations) offloaded_bytes_ += offload_block(ctx.blocks[i], device_);
+    } else
       ctx.blocks[i] = BlockActivations{};
     x = y;
   }
@@ -1043,6 +1045,7 @@ Tensor Transformer::backward_pass(ForwardContext& ctx, const Tensor& d_output, b
     for (size_t s : sets) need(s);
     for (size_t s : sets)  // before recompute: the block's linears view its gradients
       if (on_grads_needed) on_grads_needed(s);
+    restore_block(ctx.blocks[i], device_);  // a no-op unless its forward offloaded it
     recompute_for_backward(i, ctx.blocks[i], B, T, m);
     DeferredWeights d{block_set(i), {}}, de{sets.back(), {}};
     block_backward(i, ctx.blocks[i], dres, B, T, m, defer ? &d.work : nullptr, defer ? &de.work : nullptr);

@@ -230,6 +230,13 @@ class Transformer {
   // the embedding, the LM head, attention's core, a mixture of experts'
   // router and experts stay in the compute dtype.
   bool fp8 = false;
+  // Training forward passes move what each block keeps for its backward to
+  // host memory once the block is done, and backward brings it back just
+  // before the block's turn (nn/activation_offload.h).
+  bool offload_activations = false;
+  // Bytes of kept activations this model has moved to the host so far (each
+  // comes back once more): the host link's traffic, for metrics.
+  int64_t offloaded_bytes() const { return offloaded_bytes_; }
   // Called during backward() with the index (into param_sets()) of a layer
   // whose gradients are complete for this micro-batch: the head first, the
   // blocks from last to first, the embeddings last. Data parallelism starts
@@ -403,6 +410,7 @@ class Transformer {
   Tensor rope_table_;            // (T_max, D/2, 2) f32 (llama3)
   mutable Tensor cp_rope_table_;  // (T, D/2, 2): rope_table_'s rows at a cp rank's positions
   mutable int64_t cp_rope_rows_ = 0;
+  int64_t offloaded_bytes_ = 0;  // offloaded_bytes()
 };
 
 // The sum of a forward's per-token losses (ForwardContext::token_losses), in

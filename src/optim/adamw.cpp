@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/adamw.h"
+#include "ops/device.h"
 #include "ops/elementwise.h"
 
 namespace zt::optim {
@@ -18,6 +19,9 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vecto
   constexpr uint64_t kRoundingSalt = 0x5354524f554e4453ull;  // keeps these bits apart from the init's
   for (nn::ParamSet* s : sets_)
     rounding_seeds_.push_back(s->size() > 0 ? nn::param_seed(cfg_.seed ^ kRoundingSalt, s->spec(0).name) : 0);
+  // Offloaded, the state is made on the host from a host copy of the weights.
+  const MemCategory state_category = cfg_.offload ? MemCategory::offload : MemCategory::optimizer;
+  int64_t largest = 0;
   for (size_t si = 0; si < sets_.size(); ++si) {
     OptimShard& sh = shards_[si];
     const int64_t n = sh.end - sh.begin;
@@ -25,20 +29,33 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vecto
     ZT_ASSERT(sh.begin >= 0 && sh.begin <= sh.end && sh.end <= sets_[si]->numel() && sh.grad.numel() == n,
               "optimizer shard [", sh.begin, ", ", sh.end, ") of a set of ", sets_[si]->numel());
     const Tensor& p = sh.param;
+    const Device state_device = cfg_.offload ? Device::cpu() : p.device();
     const Shape shape{n};
-    if (p.dtype() == DType::f32) {
+    largest = std::max(largest, n);
+    if (p.dtype() == DType::f32 && !cfg_.offload) {
       master_.emplace_back();
     } else {
-      Tensor master = Tensor::empty(shape, DType::f32, p.device(), MemCategory::optimizer);
-      ops::cast(master, p);
+      Tensor master = Tensor::empty(shape, DType::f32, state_device, state_category);
+      ops::cast(master, ops::on_device(p, state_device, state_category));
       master_.push_back(master);
     }
-    Tensor m = Tensor::empty(shape, DType::f32, p.device(), MemCategory::optimizer);
-    Tensor v = Tensor::empty(shape, DType::f32, p.device(), MemCategory::optimizer);
+    Tensor m = Tensor::empty(shape, DType::f32, state_device, state_category);
+    Tensor v = Tensor::empty(shape, DType::f32, state_device, state_category);
     ops::fill(m, 0.0);
     ops::fill(v, 0.0);
     m_.push_back(m);
     v_.push_back(v);
+  }
+  if (cfg_.offload && largest > 0) {
+    ZT_CHECK(cfg_.offload_chunk_elems > 0, "the optimizer's offload chunk must hold at least one element, got ",
+             cfg_.offload_chunk_elems);
+    const DType grad_dtype = shards_.front().grad.dtype(), weight_dtype = shards_.front().param.dtype();
+    for (const OptimShard& sh : shards_)
+      ZT_ASSERT(sh.grad.dtype() == grad_dtype && sh.param.dtype() == weight_dtype,
+                "an offloaded optimizer's sets share their gradient and weight dtypes");
+    const Shape chunk{std::min(largest, cfg_.offload_chunk_elems)};
+    grad_stage_ = Tensor::empty(chunk, grad_dtype, Device::cpu(), MemCategory::offload);
+    weight_stage_ = Tensor::empty(chunk, weight_dtype, Device::cpu(), MemCategory::offload);
   }
 }
 
@@ -65,7 +82,8 @@ void AdamW::step(double lr, float grad_scale) {
     const nn::ParamSet& s = *sets_[si];
     const OptimShard& sh = shards_[si];
     const Tensor master_flat = master(si);
-    const bool has_copy = master_[si].defined();
+    // Weights in a lower precision than the master's: a rounded model copy.
+    const bool has_copy = sh.param.dtype() != DType::f32;
     auto decays = [&](size_t i) {
       const nn::ParamSpec& spec = s.spec(i);
       return spec.decay || (cfg_.decay_embeddings && spec.name.starts_with("embed."));
@@ -102,8 +120,36 @@ void AdamW::step(double lr, float grad_scale) {
     p.rounding_offset = lo;  // the set's flat offset: the same bits under any ZeRO sharding
     const int64_t off = lo - sh.begin;  // into the shard's state
     const Shape flat{hi - lo};
+    if (cfg_.offload) {
+      update_offloaded(si, off, hi - lo, p);
+      continue;
+    }
     ops::adamw_step(master_flat.flat_view(off, flat), sh.grad.flat_view(off, flat), m_[si].flat_view(off, flat),
                     v_[si].flat_view(off, flat), has_copy ? sh.param.flat_view(off, flat) : Tensor(), p);
+  }
+}
+
+void AdamW::update_offloaded(size_t si, int64_t off, int64_t n, const ops::AdamWParams& p) {
+  const OptimShard& sh = shards_[si];
+  const int64_t chunk = grad_stage_.numel();
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c = std::min(chunk, n - c0);
+    const Shape shape{c};
+    const Tensor grad = grad_stage_.flat_view(0, shape), weights = weight_stage_.flat_view(0, shape);
+    ops::copy(grad, sh.grad.flat_view(off + c0, shape));  // complete on the host when it returns
+    // This chunk's part of the spans without weight decay, and its elements'
+    // own rounding bits (the offset of its first element in the set).
+    ops::AdamWParams q = p;
+    q.rounding_offset = p.rounding_offset + c0;
+    q.no_decay.clear();
+    for (const auto& [a, b] : p.no_decay) {
+      const int64_t lo = std::max(a, c0), hi = std::min(b, c0 + c);
+      if (hi > lo) q.no_decay.emplace_back(lo - c0, hi - c0);
+    }
+    ops::adamw_step(master_[si].flat_view(off + c0, shape), grad, m_[si].flat_view(off + c0, shape),
+                    v_[si].flat_view(off + c0, shape), weights, q);
+    // Staged on its way: the host buffer is free again on return.
+    ops::copy(sh.param.flat_view(off + c0, shape), weights);
   }
 }
 

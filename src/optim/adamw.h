@@ -19,6 +19,7 @@
 
 #include "core/tensor.h"
 #include "nn/params.h"
+#include "ops/adamw.h"
 
 namespace zt::optim {
 
@@ -30,6 +31,10 @@ struct AdamWConfig {
   bool decay_embeddings = false;
   bool stochastic_rounding = false;  // of bf16 weights; needs a bf16 model
   uint64_t seed = 0;                 // of the rounding's random bits
+  bool offload = false;              // state in host memory, the update on the host (see above)
+  // Elements per offloaded chunk: the host's staging holds one chunk's
+  // gradient (f32) and weights (compute dtype).
+  int64_t offload_chunk_elems = int64_t(1) << 24;
 };
 
 // The part of a ParamSet's flat buffer this process updates: [begin, end)
@@ -56,8 +61,9 @@ class AdamW {
   void set_steps_taken(int64_t s) { step_ = s; }
 
   // State of set i's shard (for checkpoints): master (f32; a view of the
-  // params themselves when they are f32), m, v - all (end - begin) f32,
-  // element k belonging to flat element begin + k.
+  // params themselves when they are f32 and not offloaded), m, v - all
+  // (end - begin) f32, element k belonging to flat element begin + k; in
+  // host memory when offloaded.
   Tensor master(size_t i) const;
   // `values` (f32, host) of set i's flat elements [offset, offset + n) in
   // `dtype`, rounded as the last step rounded the weights: to nearest, or
@@ -72,12 +78,20 @@ class AdamW {
   const OptimShard& shard(size_t i) const { return shards_[i]; }
   size_t num_sets() const { return sets_.size(); }
   const nn::ParamSet& set(size_t i) const { return *sets_[i]; }
+  bool offloaded() const { return cfg_.offload; }
 
  private:
+  // The offloaded update of set i's state elements [off, off + n) (p as for
+  // the device's one call over them), chunk by chunk through the staging.
+  void update_offloaded(size_t i, int64_t off, int64_t n, const ops::AdamWParams& p);
+
   std::vector<nn::ParamSet*> sets_;
   AdamWConfig cfg_;
   std::vector<OptimShard> shards_;
-  std::vector<Tensor> master_, m_, v_;  // per set shard; master_ undefined when params are f32
+  std::vector<Tensor> master_, m_, v_;  // per set shard; master_ undefined when params are f32 (not offloaded)
+  // Offloaded: the host's staging of one chunk, the gradient (f32) and the
+  // updated weights (in the parameters' dtype).
+  Tensor grad_stage_, weight_stage_;
   std::vector<uint64_t> rounding_seeds_;  // per set: stochastic rounding's Philox key
   int64_t step_ = 0;
 };

@@ -40,7 +40,10 @@ double measure_copy_bandwidth() {
 // gpu-2026-11-27.md) - 0.65 between them. Links, assumed (not measured
 // here: the lent machines have one GPU): NCCL's ring bus bandwidth of about
 // 360 GB/s over NVLink 4 (450 GB/s each way) and 45 GB/s per GPU over one
-// 400 Gb/s NIC each.
+// 400 Gb/s NIC each. Host, assumed likewise (a DGX H100's): 2 TB of
+// memory, 256 GB a GPU; pageable copies over PCIe 5 x16 at 20 GB/s each way
+// (the trainer's host tensors are not pinned); 40 GB/s of the host's memory
+// bandwidth for one GPU's share (14 of 112 cores) running AdamW.
 Cluster hopper(const std::string& name, double memory_gib, double memory_bandwidth, const std::string& memory_note) {
   Cluster c;
   c.name = name;
@@ -53,8 +56,12 @@ Cluster hopper(const std::string& name, double memory_gib, double memory_bandwid
   c.intra_node_bandwidth = 360e9;
   c.inter_node_bandwidth = 45e9;
   c.latency_seconds = 20e-6;
+  c.host_memory_bytes = int64_t(256e9);
+  c.host_link_bandwidth = 20e9;
+  c.host_memory_bandwidth = 40e9;
   c.source = "bf16 989 TFLOP/s peak, GEMM 798 measured, step efficiency 0.65 measured (0.58-0.72); " + memory_note +
-             "; links assumed: 360 GB/s NVLink ring, 45 GB/s per GPU between nodes";
+             "; links assumed: 360 GB/s NVLink ring, 45 GB/s per GPU between nodes; host assumed: 256 GB a GPU, "
+             "20 GB/s PCIe copies, 40 GB/s of memory bandwidth";
   return c;
 }
 
@@ -75,6 +82,10 @@ Cluster this_cpu() {
   c.memory_bandwidth = measure_copy_bandwidth();
   c.intra_node_bandwidth = c.inter_node_bandwidth = c.memory_bandwidth / 2;
   c.latency_seconds = 5e-6;
+  // The device is the host: offloading copies within its memory.
+  c.host_memory_bytes = c.memory_bytes;
+  c.host_link_bandwidth = c.memory_bandwidth / 2;
+  c.host_memory_bandwidth = c.memory_bandwidth;
   char buf[256];
   std::snprintf(buf, sizeof buf, "measured here: sgemm %.0f GFLOP/s on %d threads, copy %.1f GB/s on one",
                 machine / 1e9, omp_get_max_threads(), c.memory_bandwidth / 1e9);
@@ -115,19 +126,22 @@ Cluster with_devices_per_node(const Cluster& c, int64_t n) {
     out.matmul_flops *= share;
     out.peak_flops *= share;
     out.memory_bytes = int64_t(double(c.memory_bytes) * share);
+    out.host_memory_bytes = int64_t(double(c.host_memory_bytes) * share);
   }
   return out;
 }
 
 std::string describe_cluster(const Cluster& c) {
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
                 "%s: %lld node%s x %lld devices; per device %.1f TFLOP/s peak, GEMM %.1f, step efficiency %.2f, "
-                "%.1f GiB, memory %.1f GB/s; links %.1f GB/s in a node, %.1f GB/s between, %.0f us per collective",
+                "%.1f GiB, memory %.1f GB/s; links %.1f GB/s in a node, %.1f GB/s between, %.0f us per collective; "
+                "host %.1f GiB, %.1f GB/s link, %.1f GB/s memory",
                 c.name.c_str(), (long long)c.nodes, c.nodes == 1 ? "" : "s", (long long)c.devices_per_node,
                 c.peak_flops / 1e12, c.matmul_flops / 1e12, c.step_efficiency, double(c.memory_bytes) / kGiB,
                 c.memory_bandwidth / 1e9, c.intra_node_bandwidth / 1e9, c.inter_node_bandwidth / 1e9,
-                c.latency_seconds * 1e6);
+                c.latency_seconds * 1e6, double(c.host_memory_bytes) / kGiB, c.host_link_bandwidth / 1e9,
+                c.host_memory_bandwidth / 1e9);
   return buf;
 }
 

@@ -24,6 +24,12 @@ struct Cluster {
   // links inside a node and between nodes; the latency of one operation.
   double intra_node_bandwidth = 0, inter_node_bandwidth = 0;
   double latency_seconds = 0;
+  // Offloading (optim.offload, train.offload_activations): host memory per
+  // device (its share of the node's), bytes/s each way over a device's link
+  // to the host (PCIe for a GPU), and the host memory bandwidth a device's
+  // share of the host's cores reaches in the offloaded optimizer's passes.
+  int64_t host_memory_bytes = 0;
+  double host_link_bandwidth = 0, host_memory_bandwidth = 0;
   bool gpu = true;                  // GPUs (what the trainer runs there: no context parallelism or MoE yet)
   std::string source;               // where the numbers come from, for the report
   int64_t devices() const { return nodes * devices_per_node; }

@@ -33,7 +33,10 @@ Candidate evaluate(const train::Config& cfg, const Cluster& cluster, const paral
   c.mesh = mesh;
   const train::PlanView view = train::context_parallel_view(cfg, {mesh.dp, mesh.tp, mesh.pp, 0, 0});
   c.memory = train::largest_rank_plan(view.cfg, view.layout);
-  c.fits = train::plan_fits(c.memory.total(), cluster.memory_bytes);
+  // Offloaded bytes are the devices' own on a CPU cluster, else the host's.
+  c.memory.offload_on_device = !cluster.gpu;
+  c.fits = train::plan_fits(c.memory.total(), cluster.memory_bytes) &&
+           (c.memory.offload_on_device || train::plan_fits(c.memory.offload, cluster.host_memory_bytes));
   if (c.fits || always_step) c.step = estimate_step(cfg, mesh, cluster);
   return c;
 }
@@ -84,7 +87,19 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
                   if (pp != cfg.parallel.pp || chunks != cfg.parallel.virtual_stages) c.parallel.pp_layers = "";
                   try {
                     Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep}, /*always_step=*/false);
-                    if (cand.fits) out.push_back(std::move(cand));
+                    if (cand.fits) {
+                      out.push_back(std::move(cand));
+                    } else if (options.vary_offload && !cfg.optim.offload && !cfg.train.offload_activations) {
+                      // Offloading costs host-link time every step: tried
+                      // only for layouts that do not fit without it.
+                      for (const auto& [optimizer, activations] : {std::pair{true, false}, {false, true}, {true, true}}) {
+                        train::Config o = c;
+                        o.optim.offload = optimizer;
+                        o.train.offload_activations = activations;
+                        Candidate off = evaluate(o, cluster, {dp, tp, pp, cp, ep}, /*always_step=*/false);
+                        if (off.fits) out.push_back(std::move(off));
+                      }
+                    }
                   } catch (const Error&) {  // a layout the trainer would refuse
                   }
                 }
@@ -97,7 +112,8 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
   // the less memory.
   const auto key = [](const Candidate& c) {
     return std::make_tuple(-int64_t(std::floor(std::log(c.step.tokens_per_second) / std::log(1.01))),
-                           c.cfg.parallel.zero_stage, int(c.cfg.recompute()), -c.cfg.train.micro_batch,
+                           c.cfg.parallel.zero_stage, int(c.cfg.recompute()),
+                           int(c.cfg.optim.offload) + int(c.cfg.train.offload_activations), -c.cfg.train.micro_batch,
                            c.memory.total());
   };
   std::stable_sort(out.begin(), out.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });
@@ -119,9 +135,9 @@ std::vector<Candidate> best_per_mesh(const std::vector<Candidate>& candidates) {
 std::string format_candidates(const std::vector<Candidate>& candidates, size_t limit) {
   std::string s;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%4s %4s %3s %3s %3s %3s %4s %4s %-9s %-13s %9s %9s %11s %6s | %s\n", "#", "dp", "tp",
-                "pp", "cp", "ep", "zero", "mb", "recompute", "schedule", "mem GiB", "step ms", "tokens/s", "MFU",
-                "ms: compute bubble dp tp cp ep pp optimizer (exposed)");
+  std::snprintf(buf, sizeof buf, "%4s %4s %3s %3s %3s %3s %4s %4s %-9s %-13s %-7s %9s %9s %11s %6s | %s\n", "#", "dp",
+                "tp", "pp", "cp", "ep", "zero", "mb", "recompute", "schedule", "offload", "mem GiB", "step ms",
+                "tokens/s", "MFU", "ms: compute bubble dp tp cp ep pp optimizer offload (exposed)");
   s += buf;
   for (size_t i = 0; i < std::min(limit, candidates.size()); ++i) {
     const Candidate& c = candidates[i];
@@ -131,16 +147,20 @@ std::string format_candidates(const std::vector<Candidate>& candidates, size_t l
       schedule = c.cfg.parallel.pp_schedule;
       if (c.cfg.parallel.virtual_stages > 1) schedule += " v" + std::to_string(c.cfg.parallel.virtual_stages);
     }
+    // What waits in host memory: the optimizer's state, the kept activations.
+    const bool opt = c.cfg.optim.offload, act = c.cfg.train.offload_activations;
+    const char* offload = opt && act ? "opt+act" : opt ? "opt" : act ? "act" : "-";
     std::snprintf(buf, sizeof buf,
-                  "%4zu %4lld %3lld %3lld %3lld %3lld %4lld %4lld %-9s %-13s %9.2f %9.1f %11.0f %5.1f%% | %.1f %.1f %.1f "
-                  "%.1f %.1f %.1f %.1f %.1f%s\n",
+                  "%4zu %4lld %3lld %3lld %3lld %3lld %4lld %4lld %-9s %-13s %-7s %9.2f %9.1f %11.0f %5.1f%% | %.1f %.1f "
+                  "%.1f %.1f %.1f %.1f %.1f %.1f %.1f%s\n",
                   i + 1, (long long)c.mesh.dp, (long long)c.mesh.tp, (long long)c.mesh.pp, (long long)c.mesh.cp,
                   (long long)c.mesh.ep, (long long)c.cfg.parallel.zero_stage, (long long)c.cfg.train.micro_batch,
-                  c.cfg.train.recompute.c_str(), schedule.c_str(), double(c.memory.total()) / double(int64_t(1) << 30),
+                  c.cfg.train.recompute.c_str(), schedule.c_str(), offload,
+                  double(c.memory.total()) / double(int64_t(1) << 30),
                   e.step_seconds * 1e3, e.tokens_per_second, 100.0 * e.mfu, e.compute_seconds * 1e3,
                   e.bubble_seconds * 1e3, e.dp.exposed_seconds * 1e3, e.tp.exposed_seconds * 1e3,
                   e.cp.exposed_seconds * 1e3, e.ep.exposed_seconds * 1e3, e.pp.exposed_seconds * 1e3,
-                  e.optimizer_seconds * 1e3, c.fits ? "" : "  (does not fit)");
+                  e.optimizer_seconds * 1e3, e.offload_seconds * 1e3, c.fits ? "" : "  (does not fit)");
     s += buf;
   }
   return s;

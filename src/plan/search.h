@@ -1,6 +1,7 @@
 // The search over layouts: every way to run a config on a cluster's
 // devices - dp x tp x pp x cp (x ep for MoE models), each ZeRO stage,
-// micro-batch, recompute policy and pipeline schedule the trainer accepts -, with its memory
+// micro-batch, recompute policy and pipeline schedule the trainer accepts,
+// offloading where nothing else fits -, with its memory
 // plan (train/memory_plan.h) and predicted step (step_model.h); the ones
 // that fit the devices' memory ranked by predicted tokens/s.
 #pragma once
@@ -35,6 +36,9 @@ struct SearchOptions {
   // Pipelines: 1F1B, zero bubble and interleaved with 2 chunks a rank too
   // (the config's schedule and chunks otherwise).
   bool vary_schedule = true;
+  // Offloading the optimizer's state, the kept activations or both, for
+  // layouts that do not fit without (a config that offloads keeps its own).
+  bool vary_offload = true;
 };
 // Every layout that runs and fits, fastest first (within 1%: the lower ZeRO
 // stage, less recomputation, the larger micro-batch, less memory).

@@ -244,11 +244,33 @@ StepEstimate estimate_step(const train::Config& cfg, const parallel::MeshShape& 
     const double P = double(mesh.dp * mesh.cp), Pe = P / double(std::max<int64_t>(1, mesh.ep));
     const double elements = sharded ? double(p.dense) / P + double(p.experts) / Pe : double(p.dense + p.experts);
     const bool mixed = cfg.compute_dtype() != DType::f32;
-    const double bytes_per = 28.0 + (mixed ? double(dtype_size(cfg.compute_dtype())) : 0.0);
-    e.optimizer_seconds = elements * bytes_per / cluster.memory_bandwidth;
+    const double weight_bytes = double(dtype_size(cfg.compute_dtype()));
+    const double bytes_per = 28.0 + (mixed ? weight_bytes : 0.0);
+    if (cfg.optim.offload) {
+      // On the host: the same passes (always with a separate master) at the
+      // host's bandwidth, and each element's f32 gradient down the host link
+      // and its weight back up, one after the other (the trainer's copies
+      // wait).
+      e.optimizer_seconds = elements * (28.0 + weight_bytes) / cluster.host_memory_bandwidth +
+                            elements * (4.0 + weight_bytes) / cluster.host_link_bandwidth;
+    } else {
+      e.optimizer_seconds = elements * bytes_per / cluster.memory_bandwidth;
+    }
+  }
+  // Offloaded activations: every micro-batch's kept tensors down the host
+  // link in forward and up in backward, the copies waited for (exposed).
+  {
+    double bytes = 0;
+    for (int64_t r = 0; r < mesh.pp; ++r) {  // the busiest stage's (a cp rank's rows: seq_len / cp)
+      const train::PlanView view = train::context_parallel_view(cfg, {mesh.dp, mesh.tp, mesh.pp, 0, r});
+      bytes = std::max(bytes, double(train::offloaded_activation_bytes(view.cfg, view.layout)));
+    }
+    e.offload_bytes = 2.0 * accum * bytes;
+    e.offload_seconds = e.offload_bytes > 0 ? e.offload_bytes / cluster.host_link_bandwidth : 0.0;
   }
   e.step_seconds = e.compute_seconds + e.bubble_seconds + e.dp.exposed_seconds + e.tp.exposed_seconds +
-                   e.cp.exposed_seconds + e.ep.exposed_seconds + e.pp.exposed_seconds + e.optimizer_seconds;
+                   e.cp.exposed_seconds + e.ep.exposed_seconds + e.pp.exposed_seconds + e.optimizer_seconds +
+                   e.offload_seconds;
   e.tokens_per_second = tokens / e.step_seconds;
   e.mfu = model_flops * e.tokens_per_second / (cluster.peak_flops * double(world));
   return e;

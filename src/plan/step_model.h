@@ -50,7 +50,9 @@ struct StepEstimate {
   double bubble_seconds = 0;    // pipeline idle: compute x the schedule's bubble
   StepVolumes volumes;          // of the stage with the most traffic
   CommTime dp, tp, cp, ep, pp;
-  double optimizer_seconds = 0; // AdamW's passes over this rank's share of the state
+  double optimizer_seconds = 0; // AdamW's passes over this rank's share of the state (on the host: + its copies)
+  double offload_bytes = 0;     // train.offload_activations: kept activations over the host link, both ways
+  double offload_seconds = 0;   // their copies (exposed: the trainer waits for them)
   double step_seconds = 0;
   double tokens_per_second = 0; // the job's
   double mfu = 0;               // model FLOPs (no recomputation) per second over the devices' peak

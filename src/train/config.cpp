@@ -72,6 +72,9 @@ const std::vector<Field>& fields() {
       ZT_F("train", "steps", train.steps, "optimizer steps"),
       ZT_F("train", "seed", train.seed, "initialisation and data order"),
       ZT_F("train", "recompute", train.recompute, "none | selective | full"),
+      ZT_F("train", "offload_activations", train.offload_activations,
+           "move what each block keeps for its backward to host memory after its forward, and back before its "
+           "backward"),
       ZT_F("train", "fp8", train.fp8,
            "the blocks' linear layers on per-tensor-scaled fp8: E4M3 activations and weights, E5M2 gradients (CPU "
            "only so far)"),
@@ -100,6 +103,8 @@ const std::vector<Field>& fields() {
       ZT_F("optim", "decay_embeddings", optim.decay_embeddings, "apply weight decay to embeddings too"),
       ZT_F("optim", "stochastic_rounding", optim.stochastic_rounding,
            "round the bf16 weights from the f32 master stochastically (unbiased) instead of to nearest"),
+      ZT_F("optim", "offload", optim.offload,
+           "keep the f32 master weights and AdamW's moments in host memory and update them on the host's cores"),
       ZT_F("optim", "grad_clip", optim.grad_clip, "max global gradient norm (0: off)"),
       ZT_F("sample", "prompt", sample.prompt, "prompt text (empty: end-of-text token)"),
       ZT_F("sample", "tokens", sample.tokens, "tokens per sample"),
@@ -421,6 +426,7 @@ optim::AdamWConfig Config::adamw() const {
   a.weight_decay = optim.weight_decay;
   a.decay_embeddings = optim.decay_embeddings;
   a.stochastic_rounding = optim.stochastic_rounding;
+  a.offload = optim.offload;
   a.seed = uint64_t(train.seed);
   return a;
 }

@@ -43,6 +43,10 @@ struct TrainSettings {
   int64_t steps = 100;                // optimizer steps
   int64_t seed = 1337;                // initialisation, data order, stochastic rounding
   std::string recompute = "none";     // none | selective | full
+  // What each block keeps for its backward (after recompute's choice) goes
+  // to host memory once the block's forward is done and comes back before
+  // its backward (nn/transformer.h): device activations of about one block.
+  bool offload_activations = false;
   // The blocks' linear layers on per-tensor-scaled fp8 (E4M3 activations and
   // weights, E5M2 gradients; nn/parallel_linear.h). CPU only so far: the
   // numerics of fp8 training, not its speed.
@@ -71,6 +75,9 @@ struct OptimSettings {
   double weight_decay = 0.1;
   bool decay_embeddings = false;
   bool stochastic_rounding = false;   // bf16 weights rounded from the f32 master stochastically
+  // Master weights and moments in host memory, the update on the host's
+  // cores (optim/adamw.h): the device keeps no optimizer state.
+  bool offload = false;
   double grad_clip = 1.0;             // max global grad norm (0: off)
 };
 

@@ -17,6 +17,7 @@
 #include "nn/tensor_parallel.h"
 #include "nn/transformer.h"
 #include "ops/workspace.h"
+#include "optim/adamw.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
@@ -82,6 +83,9 @@ struct ChunkActivations {
   // weight pass - each linear layer's input and output gradient - and at
   // the end of the input-gradient pass (that, and the last block's work).
   int64_t held_for_weights = 0, backward_input_peak = 0;
+  // train.offload_activations: the blocks' kept tensors, on the host from
+  // the forward to the backward (not in `kept`).
+  int64_t host_kept = 0;
   int64_t rows = 0;  // one (R, C) tensor of the residual stream: what pipeline stages exchange
   int64_t peak() const { return std::max(forward_peak, backward_peak); }
 };
@@ -118,7 +122,13 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   if (policy == nn::Recompute::selective) rebuilt = s * N * q + N * mlp_rebuilt + 4 * N * sh.q_heads;
   if (policy == nn::Recompute::full) rebuilt = full_block - rows_c;
   const int64_t layers = part.last_layer - part.first_layer;
-  const int64_t blocks = layers * (full_block - rebuilt);
+  const int64_t block_kept = full_block - rebuilt;
+  // Offloaded, the device holds one block's kept tensors at a time: the
+  // block just made until they are on the host, or the one brought back for
+  // its backward.
+  const bool offload = cfg.train.offload_activations && layers > 0;
+  const int64_t blocks = offload ? 0 : layers * block_kept;  // on the device from forward to backward
+  const int64_t one_block = offload ? block_kept : 0;          // in flight while a block moves
   // The inputs (ln1 and ln2 as all N rows, att, act) and output gradients
   // (the row-parallel layers' two, all N rows; d mlp_in, dq, dk, dv) the
   // deferred weight gradients of a block read (MoE: the experts' own, in
@@ -130,6 +140,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t ids = host ? 4 * N : 0;
   ChunkActivations a;
   a.rows = rows_c;
+  a.host_kept = offload ? layers * block_kept : 0;
   // The gradients in flight in a block's backward: the residual stream's,
   // one more of width C, one of the MLP's hidden width F (GPT-2's at the
   // GeLU's input, Llama's at the SwiGLU's output: its input gradient is
@@ -137,7 +148,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // gathered to all N rows and the (N, C) partial input gradient before its
   // reduce-scatter.
   const int64_t gradients = 2 * rows_c + N * mlp_gradients + (sequence_parallel ? 2 * s * N * C : 0);
-  const int64_t backward = blocks + ids + rebuilt + gradients;
+  const int64_t backward = blocks + one_block + ids + rebuilt + gradients;
   // zb's input-gradient pass ends at the first block: the later blocks'
   // held tensors, this block's activations (rebuilt whole under full
   // recompute, with the rerun forward's (R, C) output, dropped once made,
@@ -151,7 +162,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
     a.kept = blocks + ids;
     // The embedding's backward is a weight pass too: it keeps every token's gradient row.
     a.held_for_weights = layers * held_block + ids + (part.embedding ? s * N * C : 0);
-    a.forward_peak = a.kept + rows_c;  // the output, until sent
+    a.forward_peak = a.kept + rows_c + one_block;  // the output, until sent
     a.backward_peak = backward;
     a.backward_input_peak = a.held_for_weights + last_block_of_held;
     return a;
@@ -163,7 +174,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
     // forward and backward, as a block keeps its matmul inputs.
     a.kept = blocks + ids + rows_c /*x_final*/ + head_stats + s * N * C /*head_in*/ + s * N * sh.vocab_rows + losses;
     a.held_for_weights = a.kept - blocks + layers * held_block;
-    a.forward_peak = a.kept + (sequence_parallel ? rows_c : 0);
+    a.forward_peak = a.kept + std::max(sequence_parallel ? rows_c : 0, one_block);
     a.backward_peak = backward + losses;
     a.backward_input_peak = a.held_for_weights + last_block_of_held;
     return a;
@@ -175,7 +186,8 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   a.kept = blocks + ids + rows_c /*x_final*/ + head_stats + s * N * C /*d_lnf*/ + losses;
   // Under sequence parallelism the final norm's output is gathered to all N
   // rows for the head, and its gradient reduce-scattered back to (R, C).
-  a.forward_peak = a.kept + rows_c /*lnf rows*/ + logits + (sequence_parallel ? s * N * C + rows_c : 0);
+  a.forward_peak = a.kept + std::max(rows_c /*lnf rows*/ + logits + (sequence_parallel ? s * N * C + rows_c : 0),
+                                      one_block /*the last block's, before the head*/);
   a.backward_peak = backward + losses;
   return a;
 }
@@ -265,18 +277,24 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   int64_t all = 0, in_use = 0, reducing = 0, largest_set = 0;
   for (const nn::ModelPart& part : parts) {
     int64_t tied = -1;
-    const std::vector<int64_t> sets = chunk_sets(cfg, sh, part, pad, &tied);
+    std::vector<bool> experts;
+    const std::vector<int64_t> sets = chunk_sets(cfg, sh, part, pad, &tied, &experts);
     std::vector<int64_t> sorted = sets;
     std::sort(sorted.rbegin(), sorted.rend());
     for (size_t i = 0; i < sets.size(); ++i) {
       all += sets[i];
-      // ZeRO-3 holds a layer's full weights while it runs and the next
-      // one's, prefetched (a mixture-of-experts block runs with two sets,
-      // its own and its experts': three then); the LM head also reads a
-      // tied embedding held in another set of this chunk.
-      const size_t held = m.moe() ? 3 : 2;
-      int64_t run = 0;
-      for (size_t j = i; j < std::min(sets.size(), i + held); ++j) run += sets[j];
+      // ZeRO-3 holds a layer's full weights while it runs (a
+      // mixture-of-experts block's two sets, its own and its experts') and,
+      // without a pipeline, the next set's, prefetched: the trainer turns
+      // prefetching off under pipeline schedules, whose passes change
+      // direction every action. The LM head also reads a tied embedding
+      // held in another set of this chunk.
+      int64_t run = sets[i];
+      if (at.pp == 1) {
+        for (size_t j = i + 1; j < std::min(sets.size(), i + (m.moe() ? 3 : 2)); ++j) run += sets[j];
+      } else if (i + 1 < sets.size() && experts[i + 1]) {
+        run += sets[i + 1];
+      }
       in_use = std::max(in_use, run);
     }
     const bool both_ends = part.embedding && part.head;
@@ -315,7 +333,15 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   // full buffer lives (data_parallel.cpp).
   const int64_t certain = shard == 1 ? reducing : largest_set + largest_set / shard;
   p.gradients_floor = zero >= 2 ? 4 * (shard_sets + certain) : p.gradients;
-  p.optimizer = (mixed ? 12 : 8) * (zero >= 1 ? shard_sets : all);  // m, v (+ f32 master)
+  const int64_t state_elems = zero >= 1 ? shard_sets : all;
+  if (cfg.optim.offload) {
+    // On the host: m, v and an f32 master of every element, and one chunk's
+    // staging (an f32 gradient and the weights) of the largest shard.
+    const int64_t largest_shard = zero >= 1 ? largest_set / shard : largest_set;
+    p.offload += 12 * state_elems + (4 + s) * std::min(largest_shard, optim::AdamWConfig{}.offload_chunk_elems);
+  } else {
+    p.optimizer = (mixed ? 12 : 8) * state_elems;  // m, v (+ f32 master)
+  }
 
   // The backend's workspace: on a GPU, cuDNN's attention backward and the
   // blocks' weight gradients for this rank's heads and widths (a stage
@@ -343,6 +369,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     }
   }
   p.workspace = ops::step_workspace_bytes(device, attention, cfg.train.micro_batch * cfg.train.seq_len, linears);
+  p.offload_on_device = device.is_cpu();
 
   // Activations: one micro-batch at a time, or under a pipeline schedule
   // this rank's actions in order, each forward adding what its chunk keeps
@@ -352,12 +379,13 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     acts.push_back(chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute()));
   if (at.pp == 1) {
     p.activations = acts.front().peak();
+    p.offload += acts.front().host_kept;
     return p;
   }
   const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule);
   const parallel::PipelineShape shape{at.pp, cfg.grad_accum_steps(at.dp), cfg.parallel.virtual_stages};
   parallel::check_pipeline_schedule(kind, shape);
-  int64_t live = 0, in_flight = 0, most_in_flight = 0;
+  int64_t live = 0, in_flight = 0, most_in_flight = 0, live_host = 0, most_host = 0;
   const auto schedule = parallel::build_pipeline_schedule(kind, shape);
   for (const parallel::Action& a : schedule[size_t(at.pp_rank)]) {
     const ChunkActivations& c = acts[size_t(a.chunk)];
@@ -365,16 +393,20 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
       case parallel::ActionKind::forward:
         p.activations = std::max(p.activations, live + c.forward_peak);
         live += c.kept;
+        live_host += c.host_kept;
+        most_host = std::max(most_host, live_host);
         most_in_flight = std::max(most_in_flight, ++in_flight);
         break;
       case parallel::ActionKind::backward:
         p.activations = std::max(p.activations, live - c.kept + c.backward_peak);
         live -= c.kept;
+        live_host -= c.host_kept;
         --in_flight;
         break;
       case parallel::ActionKind::backward_input:
         p.activations = std::max(p.activations, live - c.kept + std::max(c.backward_peak, c.backward_input_peak));
         live += c.held_for_weights - c.kept;
+        live_host -= c.host_kept;
         break;
       case parallel::ActionKind::backward_weight:
         live -= c.held_for_weights;
@@ -385,6 +417,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   // The transfers: the receives posted ahead, and a send per micro-batch in
   // flight until its neighbour has taken it.
   p.activations += (int64_t(parallel::PipelineRunner::kRecvLookahead) + most_in_flight) * acts.front().rows;
+  p.offload += most_host;
   return p;
 }
 
@@ -416,6 +449,16 @@ MemoryPlan largest_rank_plan(const Config& cfg, const PlanPlace& layout, PlanPla
   }
   if (where) *where = best_at;
   return best;
+}
+
+int64_t offloaded_activation_bytes(const Config& cfg, const PlanPlace& at) {
+  if (!cfg.train.offload_activations) return 0;
+  const nn::TpShares sh = nn::tp_shares(cfg.model, at.tp, at.tp_rank, cfg.parallel.ep, 0);
+  const bool sp = at.tp > 1 && cfg.parallel.sequence_parallel;
+  int64_t bytes = 0;
+  for (const nn::ModelPart& part : rank_parts(cfg, at))
+    bytes += chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute()).host_kept;
+  return bytes;
 }
 
 int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
@@ -461,6 +504,7 @@ std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& 
   planned[size_t(MemCategory::optimizer)] = plan.optimizer;
   planned[size_t(MemCategory::activations)] = plan.activations;
   planned[size_t(MemCategory::workspace)] = plan.workspace;
+  if (plan.offload_on_device) planned[size_t(MemCategory::offload)] = plan.offload;  // else the host's allocator
   return format_mem_stats(stats, &planned);
 }
 
@@ -488,6 +532,11 @@ std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capac
                 digits, double(p.activations) / unit, ws, digits, double(p.total()) / unit, in_gib ? "GiB" : "MiB");
   std::string out = b;
   if (capacity_bytes > 0) out += " of " + device.str() + "'s " + format_gib(double(capacity_bytes));
+  if (p.offload > 0) {
+    std::snprintf(b, sizeof b, "; offloaded to host memory %.*f %s%s", digits, double(p.offload) / unit,
+                  in_gib ? "GiB" : "MiB", p.offload_on_device ? " (in the total: the device is the host)" : "");
+    out += b;
+  }
   return out;
 }
 
@@ -539,7 +588,9 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
     for (const auto& [setting, c, l] : candidates) {
       int64_t total = -1;
       try {
-        total = largest_rank_plan(c, l).total();
+        const MemoryPlan p = largest_rank_plan(c, l);
+        // The device's bytes: offloaded ones are the host's on a GPU.
+        total = p.total() - (p.offload_on_device && !device.is_cpu() ? p.offload : 0);
       } catch (const Error&) {  // a setting the layout cannot run (a pipeline schedule's micro-batch count)
         continue;
       }
@@ -577,6 +628,23 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
       zero.emplace_back(zt::detail::concat("parallel.zero_stage = ", z), c, layout);
     }
   first_fit(zero);
+  // A GPU's host can hold what the device cannot: the optimizer's state,
+  // the blocks' kept activations, or both (at the host link's time each
+  // step; on the CPU the host is the device, so nothing is saved).
+  if (!device.is_cpu()) {
+    std::vector<Candidate> offload;
+    for (const auto& [optimizer, activations] : {std::pair{true, false}, {false, true}, {true, true}}) {
+      Config c = cfg;
+      c.optim.offload = c.optim.offload || optimizer;
+      c.train.offload_activations = c.train.offload_activations || activations;
+      if (c.optim.offload == cfg.optim.offload && c.train.offload_activations == cfg.train.offload_activations) continue;
+      std::string setting = c.optim.offload != cfg.optim.offload ? "optim.offload = true" : "";
+      if (c.train.offload_activations != cfg.train.offload_activations)
+        setting += std::string(setting.empty() ? "" : " with ") + "train.offload_activations = true";
+      offload.emplace_back(setting, c, layout);
+    }
+    first_fit(offload);
+  }
   std::vector<Candidate> splits;
   for (const LayoutPlan& lp : plan_layouts(cfg, layout.dp * layout.tp * layout.pp)) {
     const PlanPlace& l = lp.layout;
@@ -587,7 +655,7 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
   }
   first_fit(splits);
   if (options.empty())
-    return msg + "; no smaller micro-batch, recompute policy, ZeRO stage or split of these processes fits: run on "
+    return msg + "; no smaller micro-batch, recompute policy, ZeRO stage, offloading or split of these processes fits: run on "
                  "more devices, splitting the model (parallel.tp, parallel.pp) or sharding its state (parallel.dp "
                  "with parallel.zero_stage)";
   msg += "; ";

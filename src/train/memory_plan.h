@@ -65,7 +65,17 @@ struct MemoryPlan {
   // layers in flight); with a shard group of one, or below ZeRO-2,
   // `gradients` itself.
   int64_t gradients_floor = 0;
-  int64_t total() const { return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0); }
+  // Host memory holding what offloading moved (MemCategory::offload): the
+  // optimizer's master weights and moments with its staging (optim.offload)
+  // and the blocks' kept activations of the micro-batches in flight
+  // (train.offload_activations). Part of total() where the device is the
+  // host (offload_on_device); a GPU's plan leaves it to the host.
+  int64_t offload = 0;
+  bool offload_on_device = false;
+  int64_t total() const {
+    return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0) +
+           (offload_on_device ? offload : 0);
+  }
 };
 // One process running the whole model (no parallelism).
 MemoryPlan plan_memory(const Config& cfg);
@@ -100,6 +110,11 @@ struct LayoutPlan {
   MemoryPlan plan;
 };
 std::vector<LayoutPlan> plan_layouts(const Config& cfg, int64_t world);
+
+// train.offload_activations: the kept activations the rank at `at` moves
+// to the host per micro-batch (its chunks' blocks; as many come back), as
+// the plan counts them; 0 without offloading.
+int64_t offloaded_activation_bytes(const Config& cfg, const PlanPlace& at);
 
 // Analytic activation bytes one process running the whole model keeps for
 // backward at its peak, for one micro-batch under `policy`.
@@ -144,8 +159,9 @@ MemoryPlan stage_plan(const Config& cfg, const PlanPlace& layout, int64_t pp_ran
 // checked); else the error a run stops with before allocating anything: what
 // it needs, item by item, what the device holds, and what would fit - a
 // smaller micro-batch dividing the batch, another recompute policy, a higher
-// ZeRO stage, another split of the same processes (plan_layouts' order), or
-// more devices. A plan within 2% over still passes (the
+// ZeRO stage, on a GPU offloading (the optimizer's state, the kept
+// activations or both), another split of the same processes (plan_layouts'
+// order), or more devices. A plan within 2% over still passes (the
 // estimate's margin), and one that fits may still fail: the CUDA context and
 // workspaces are not in it. Pure: the same text on every rank of a layout
 // (given the same capacity).

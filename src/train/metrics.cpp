@@ -82,6 +82,8 @@ void MetricsLog::write_step(const StepMetrics& m) {
                      {"bubble_theory", m.pp_bubble_theory},
                      {"p2p_wait_per_stage", m.pp_wait_per_stage},
                      {"in_flight_per_stage", m.pp_in_flight_per_stage}};
+  if (m.offloaded_activation_bytes > 0 || m.offload_host_bytes > 0)
+    j["offload"] = {{"activation_bytes", m.offloaded_activation_bytes}, {"host_bytes", m.offload_host_bytes}};
   if (m.tp_comm.size > 1) j["comm_tp"] = traffic_json("tp", m.tp_comm);
   if (m.cp_comm.size > 1) j["comm_cp"] = traffic_json("cp", m.cp_comm);
   if (m.ep_comm.size > 1) j["comm_ep"] = traffic_json("ep", m.ep_comm);

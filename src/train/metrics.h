@@ -55,6 +55,12 @@ struct StepMetrics {
   int64_t world = 1;           // the job's processes (one device each): MFU's devices
   double elapsed_seconds = 0;  // since training started
   MemStats memory;             // peaks are over this step
+  // Offloading (optim.offload, train.offload_activations): the blocks' kept
+  // activations this rank moved to the host in the step (bytes; as many
+  // came back), and the host memory holding offloaded state at its end
+  // (MemCategory::offload of the host's allocator: on a CPU also in memory).
+  int64_t offloaded_activation_bytes = 0;
+  int64_t offload_host_bytes = 0;
   // Data-parallel communication: the gradients' reductions (and ZeRO-3's
   // gathers), hidden behind backward when they overlap.
   CommTraffic dp_comm;

@@ -113,6 +113,24 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
         for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
     const std::string verdict = memory_plan_verdict(view.cfg, layout, device, capacity);
     ZT_CHECK(verdict.empty(), verdict);
+    if (!device.is_cpu()) {
+      // What a GPU run offloads waits in the host's memory, which the
+      // node's processes share (on the CPU it is in the plan's total): the
+      // largest stage's share against the smallest host's, as above.
+      int64_t offload = 0;
+      for (int64_t r = 0; r < layout.pp; ++r) offload = std::max(offload, stage_plan(view.cfg, layout, r).offload);
+      if (offload > 0) {
+        int64_t host = device_capacity_bytes(Device::cpu(), mesh_ ? comm::world_info().local_size : 1);
+        if (mesh_)
+          for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp(), &mesh_->cp()})
+            for (double c : comm::all_gather_doubles(*g, double(host))) host = std::min(host, int64_t(c));
+        ZT_CHECK(plan_fits(offload, host), "the offloaded state of the largest rank needs ",
+                 format_gib(double(offload)), " of host memory, but each process has ", format_gib(double(host)),
+                 " (the host's memory over the processes on it); offload less (optim.offload = false or "
+                 "train.offload_activations = false), shard the optimizer's state (parallel.zero_stage >= 1) or "
+                 "spread the job over more nodes");
+      }
+    }
     PlanPlace at = layout;
     if (mesh_) at.tp_rank = mesh_->coord().tp, at.pp_rank = mesh_->coord().pp;
     const std::string where = describe_place(at);
@@ -165,6 +183,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     m.context_parallel = cp > 1 ? &mesh_->cp() : nullptr;
     m.defer_loss_sum = pp == 1;  // train_step sums the micro-batches' losses at the end of the step
     m.fp8 = cfg_.train.fp8;
+    m.offload_activations = cfg_.train.offload_activations;
     m.init_weights(uint64_t(cfg_.train.seed));
     // A pipeline's tied embedding is reduced over dp after its two copies are summed.
     const int64_t tied = pp > 1 ? m.tied_embedding_set() : -1;
@@ -255,6 +274,8 @@ StepMetrics Trainer::train_step(int64_t step) {
   const bool capture = cfg_.metrics.profiler_capture_step == m.step;
   if (capture) ops::profiler_capture(device, true);
   allocator_for(device).reset_peak();
+  int64_t offloaded_before = 0;  // the chunks' offloaded activation bytes before the step
+  for (const auto& c : chunks_) offloaded_before += c->offloaded_bytes();
   // No zeros written first: each gradient's first write of the step
   // overwrites it (nn::Transformer::begin_grads).
   for (auto& c : chunks_) c->begin_grads();
@@ -384,6 +405,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.world = mesh_ ? mesh_->shape().world() : 1;
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(m.world));
   m.memory = allocator_for(device).stats();
+  m.offload_host_bytes = allocator_for(Device::cpu()).stats().current(MemCategory::offload);
+  for (const auto& c : chunks_) m.offloaded_activation_bytes += c->offloaded_bytes();
+  m.offloaded_activation_bytes -= offloaded_before;
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
   m.dp_comm = {dp_->size(), sc.bytes, sc.busy_seconds, sc.wait_seconds};

@@ -39,6 +39,9 @@ Cluster cluster(int64_t nodes = 1, int64_t per_node = 8) {
   c.intra_node_bandwidth = 1e10;
   c.inter_node_bandwidth = 1e9;
   c.latency_seconds = 1e-5;
+  c.host_memory_bytes = int64_t(1) << 36;
+  c.host_link_bandwidth = 1e9;
+  c.host_memory_bandwidth = 2e10;
   return c;
 }
 
@@ -56,7 +59,8 @@ TEST(StepModel, ComputeIsTheModelFlopsAtTheStepRateAndTheStepAddsItsParts) {
     EXPECT_DOUBLE_EQ(e.compute_seconds, flops / 0.5e12) << rc;
     EXPECT_DOUBLE_EQ(e.step_seconds, e.compute_seconds + e.bubble_seconds + e.dp.exposed_seconds +
                                          e.tp.exposed_seconds + e.cp.exposed_seconds + e.ep.exposed_seconds +
-                                         e.pp.exposed_seconds + e.optimizer_seconds);
+                                         e.pp.exposed_seconds + e.optimizer_seconds + e.offload_seconds);
+    EXPECT_EQ(e.offload_seconds, 0.0) << "nothing offloaded";
     EXPECT_DOUBLE_EQ(e.tokens_per_second, tokens / e.step_seconds);
     EXPECT_DOUBLE_EQ(e.mfu, m.train_flops_per_token(64) * e.tokens_per_second / (2e12 * 2));
     EXPECT_GT(e.dp.seconds, 0.0);
@@ -123,6 +127,33 @@ TEST(StepModel, ShardedOptimizerAndBalancedExperts) {
   const double rows = 1.0 * double(4 * 64) * 2;  // balanced_ep_rows(2) N k, N = 4 x 64 tokens
   EXPECT_DOUBLE_EQ(balanced.ep_bytes - none.ep_bytes,
                    double(moe.grad_accum_steps(2) * moe.model.n_layer) * 2 * rows * 64 * 4);
+}
+
+// Offloaded, AdamW's passes run at the host's memory bandwidth (with a
+// master of its own: 28 + 2 bytes an element in bf16) after each element's
+// gradient (f32) comes down the host link and before its weight goes up;
+// the kept activations cross it twice per micro-batch. The trainer waits
+// for every copy: all of it is in the step.
+TEST(StepModel, OffloadingCostsTheHostLinkAndTheHostsBandwidth) {
+  const std::vector<std::string> bf16 = {"train.dtype=bf16", "parallel.zero_stage=1"};
+  std::vector<std::string> opt = bf16, act = bf16;
+  opt.push_back("optim.offload=true");
+  act.push_back("train.offload_activations=true");
+  const parallel::MeshShape mesh{2, 1, 1, 1, 1};
+  const StepEstimate plain = estimate_step(config("llama3-tiny", bf16), mesh, cluster());
+  const StepEstimate o = estimate_step(config("llama3-tiny", opt), mesh, cluster());
+  const StepEstimate a = estimate_step(config("llama3-tiny", act), mesh, cluster());
+  const train::Config cfg = config("llama3-tiny", bf16);
+  const double elements = double(train::rank_params(cfg, {2, 1, 1, 0, 0}).dense) / 2;  // ZeRO-1's shard
+  EXPECT_DOUBLE_EQ(plain.optimizer_seconds, elements * 30 / 1e11);
+  EXPECT_DOUBLE_EQ(o.optimizer_seconds, elements * 30 / 2e10 + elements * 6 / 1e9);
+  EXPECT_EQ(o.offload_seconds, 0.0);
+  const train::Config acfg = config("llama3-tiny", act);
+  const double kept = double(train::offloaded_activation_bytes(acfg, {2, 1, 1, 0, 0}));
+  ASSERT_GT(kept, 0.0);
+  EXPECT_DOUBLE_EQ(a.offload_bytes, 2.0 * double(acfg.grad_accum_steps(2)) * kept);
+  EXPECT_DOUBLE_EQ(a.offload_seconds, a.offload_bytes / 1e9);
+  EXPECT_DOUBLE_EQ(a.step_seconds - plain.step_seconds, a.offload_seconds);
 }
 
 TEST(StepModel, ALayoutLargerThanTheClusterIsRefused) {
@@ -209,12 +240,33 @@ TEST(Search, TooLittleMemoryLeavesOnlyLayoutsThatShard) {
   const Candidate replicated = evaluate_layout(cfg, c, 4);
   ASSERT_EQ(replicated.mesh.dp, 4);
   c.memory_bytes = replicated.memory.total() * 7 / 10;
-  const std::vector<Candidate> left = search_layouts(cfg, c, {});
+  SearchOptions kept;
+  kept.vary_offload = false;
+  const std::vector<Candidate> left = search_layouts(cfg, c, kept);
   ASSERT_FALSE(left.empty());
   for (const Candidate& x : left) {
     EXPECT_LT(x.memory.total(), replicated.memory.total());
     EXPECT_TRUE(x.cfg.parallel.zero_stage > 0 || x.mesh.tp > 1 || x.mesh.pp > 1) << x.mesh.str();
+    EXPECT_FALSE(x.cfg.optim.offload || x.cfg.train.offload_activations);
   }
+  // Offloading joins, for layouts that do not fit without it: a replicated
+  // one now fits only with its state or activations on the host, and ranks
+  // below a layout that fits as it is when both are as fast.
+  const std::vector<Candidate> more = search_layouts(cfg, c, {});
+  EXPECT_GT(more.size(), left.size());
+  bool replicated_offloaded = false;
+  for (const Candidate& x : more) {
+    const bool offloads = x.cfg.optim.offload || x.cfg.train.offload_activations;
+    if (x.cfg.parallel.zero_stage == 0 && x.mesh.tp == 1 && x.mesh.pp == 1) {
+      EXPECT_TRUE(offloads) << x.mesh.str();
+      replicated_offloaded = true;
+    }
+    if (offloads) EXPECT_GT(x.step.optimizer_seconds + x.step.offload_seconds, 0.0);
+  }
+  EXPECT_TRUE(replicated_offloaded);
+  // Not with the host too small for what would wait there.
+  c.host_memory_bytes = 1 << 20;
+  for (const Candidate& x : search_layouts(cfg, c, {})) EXPECT_FALSE(x.cfg.optim.offload) << x.mesh.str();
   c.memory_bytes = 1 << 20;
   EXPECT_TRUE(search_layouts(cfg, c, {}).empty());
 }

@@ -148,6 +148,30 @@ TEST(MemoryPlan, VerdictNamesWhatFitsAndOnlyPastTheMargin) {
   EXPECT_TRUE(has(v, "and cpu has ")) << v;
 }
 
+// On a GPU the host can hold what the device cannot: the verdict names
+// offloading too, and the offloaded plan leaves the optimizer's bytes to
+// the host (the CPU's verdict does not: its host is its device).
+TEST(MemoryPlan, VerdictOnAGpuNamesOffloading) {
+  const Config cfg = config_of("gpt2-tiny", {"train.global_batch=8", "train.micro_batch=8", "train.recompute=full",
+                                             "train.device=cuda"});
+  Config off = cfg;
+  off.optim.offload = true;
+  const MemoryPlan plain = plan_memory(cfg), offloaded = plan_memory(off);
+  EXPECT_FALSE(offloaded.offload_on_device);
+  EXPECT_EQ(offloaded.optimizer, 0);
+  EXPECT_GT(offloaded.offload, plain.optimizer) << "its own master and the staging besides m and v";
+  EXPECT_EQ(plain.total() - offloaded.total(), plain.optimizer);
+  const int64_t between = (offloaded.total() + int64_t(double(plain.total()) / 1.02)) / 2;
+  ASSERT_GT(between, int64_t(1.02 * double(offloaded.total())));
+  const std::string v = memory_plan_verdict(cfg, PlanPlace{}, Device::cuda(0), between);
+  EXPECT_TRUE(has(v, "optim.offload = true about")) << v;
+  EXPECT_EQ(memory_plan_verdict(off, PlanPlace{}, Device::cuda(0), between), "");
+  Config host = cfg;
+  host.train.device = "cpu";
+  const int64_t cpu_between = (plan_memory(host).total() * 99) / 100;
+  EXPECT_FALSE(has(memory_plan_verdict(host, PlanPlace{}, Device::cpu(), cpu_between), "offload"));
+}
+
 // What a training process plans in: a GPU's free memory (the CUDA context,
 // libraries, NCCL and other processes hold the rest) shared among the
 // processes on it, plus what its own allocator already holds, never past its

@@ -138,6 +138,44 @@ TEST_F(ResumeTest, RestoredTrainerContinuesBitForBit) {
   }
 }
 
+// Offloading (optim.offload: the state in host memory, updated there;
+// train.offload_activations) changes where bytes wait, not what is
+// computed: an offloaded run writes the checkpoints of one without it, byte
+// for byte, and a checkpoint of either resumes in the other bit for bit.
+TEST_F(ResumeTest, OffloadedRunsWriteAndResumeTheSameState) {
+  for (const Variant& v : {Variant{"gpt2-tiny", "f32"},
+                           Variant{"llama3-tiny", "bf16", {"optim.stochastic_rounding=true"}}}) {
+    SCOPED_TRACE(std::string(v.preset) + " " + v.dtype);
+    const std::string tag = std::string(v.preset) + "-" + v.dtype;
+    std::vector<std::string> offloaded = v.settings;
+    offloaded.push_back("optim.offload=true");
+    offloaded.push_back("train.offload_activations=true");
+    const Config plain_cfg = config(v.preset, v.dtype, "offload-plain-" + tag, v.settings);
+    const Config off_cfg = config(v.preset, v.dtype, "offload-straight-" + tag, offloaded);
+    const TrainResult plain = trainer(plain_cfg)->run();
+    const TrainResult off = trainer(off_cfg)->run();
+    EXPECT_EQ(off.losses, plain.losses);
+    const auto shard = [](const Config& c) {
+      return bytes(fs::path(c.checkpoint_dir()) / "step_00000006" / "shard-00000.safetensors");
+    };
+    EXPECT_TRUE(shard(off_cfg) == shard(plain_cfg)) << "the offloaded run's weights or optimizer state differ";
+    // 3 steps offloaded, 3 more resumed without offloading, and the reverse.
+    for (const bool first_offloaded : {true, false}) {
+      const std::string run = std::string("offload-resumed-") + (first_offloaded ? "a-" : "b-") + tag;
+      const Config a = config(v.preset, v.dtype, run, first_offloaded ? offloaded : v.settings);
+      const Config b = config(v.preset, v.dtype, run, first_offloaded ? v.settings : offloaded);
+      trainer(a)->run(3);
+      auto t = trainer(b);
+      restore_checkpoint(*t, resume_path(b, ""));
+      EXPECT_EQ(t->optimizer().offloaded(), !first_offloaded);
+      const TrainResult second = t->run();
+      ASSERT_EQ(second.losses.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], plain.losses[3 + i]) << "step " << 4 + i;
+      EXPECT_TRUE(shard(b) == shard(plain_cfg)) << (first_offloaded ? "offloaded, then not" : "then offloaded");
+    }
+  }
+}
+
 // Another micro-batch size (more accumulation steps) on resume: the same
 // rows make up each global batch, so the losses agree to rounding.
 TEST_F(ResumeTest, ResumeWithAnotherMicroBatchKeepsTheGlobalBatch) {
