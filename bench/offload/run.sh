@@ -5,7 +5,7 @@
 # with the blocks' kept activations offloaded (train.offload_activations;
 # with no and with full recompute) and with both. For each: measured
 # tokens/s (median of the steps after the first two) and its ratio to the
-# peer's, the ratio the planner predicts (`zettatron plan --cluster cpu`,
+# peer's (the mean of the peer's runs just before and after it), the ratio the planner predicts (`zettatron plan --cluster cpu`,
 # calibrated by the peer's run), the peaks of the device-side categories and
 # of the offload category, and the activation bytes moved per step against
 # the plan's. On a CPU the host is the device: offloading only moves bytes
@@ -25,38 +25,49 @@ config=configs/bench.toml
 common=(--set train.steps=$((steps + 2)) --set train.log_every=100 --set train.eval_every=0 --set sample.count=0
         --set checkpoint.every=0)
 
-echo "| run | tokens/s | / no offload | predicted / no offload | MiB peak: optimizer, activations, offload | activation bytes moved / step (plan) |"
-echo "|---|---|---|---|---|---|"
-peer=
-run() {
-  local name=$1
+echo "| run | tokens/s | peer tokens/s (before, after) | / peer | predicted / peer | MiB peak: optimizer, activations, offload | activation bytes moved / step (plan) |"
+echo "|---|---|---|---|---|---|---|"
+# A shared machine's rate drifts by tens of percent over minutes: each
+# variant runs between two runs of the peer, and is compared with their mean.
+n=0
+train() {  # dir settings...
+  local dir=$1
   shift
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
-  local dir="$tmp/$(echo "$name" | tr ' ,/+' '____')"
   "$bin" train "$config" "${common[@]}" "${sets[@]}" --set train.run_dir="$dir" > "$dir.log" 2>&1
-  [ -n "$peer" ] || peer=$dir
-  "$bin" plan "$config" "${sets[@]}" --cluster cpu --calibrate "$peer" --json > "$dir.plan.json"
-  "$bin" plan "$config" --cluster cpu --calibrate "$peer" --json > "$dir.peer-plan.json"
-  /usr/bin/python3 - "$dir/metrics.jsonl" "$peer/metrics.jsonl" "$dir.plan.json" "$dir.peer-plan.json" "$name" <<'PY'
+  "$bin" plan "$config" "${sets[@]}" --cluster cpu --calibrate "$tmp/peer0" --json > "$dir.plan.json"
+}
+train "$tmp/peer0"
+"$bin" plan "$config" --cluster cpu --calibrate "$tmp/peer0" --json > "$tmp/peer.plan.json"
+run() {
+  local name=$1
+  shift
+  n=$((n + 1))
+  local dir="$tmp/variant$n"
+  train "$dir" "$@"
+  train "$tmp/peer$n"
+  /usr/bin/python3 - "$dir/metrics.jsonl" "$tmp/peer$((n - 1))/metrics.jsonl" "$tmp/peer$n/metrics.jsonl" \
+    "$dir.plan.json" "$tmp/peer.plan.json" "$name" <<'PY'
 import json, statistics, sys
-def steps(path):
-    return [json.loads(l) for l in open(path) if '"tokens_per_s"' in l][2:]
-rows, peer = steps(sys.argv[1]), steps(sys.argv[2])
-plan, peer_plan = json.load(open(sys.argv[3])), json.load(open(sys.argv[4]))
-tps = statistics.median(r["tokens_per_s"] for r in rows)
-peer_tps = statistics.median(r["tokens_per_s"] for r in peer)
+def rate(path):
+    rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l][2:]
+    return rows, statistics.median(r["tokens_per_s"] for r in rows)
+rows, tps = rate(sys.argv[1])
+before, after = rate(sys.argv[2])[1], rate(sys.argv[3])[1]
+peer = (before + after) / 2
+plan, peer_plan = json.load(open(sys.argv[4])), json.load(open(sys.argv[5]))
 mib = lambda b: b / 2**20
 peak = rows[-1]["peak_memory_bytes"]
 moved = statistics.median(r.get("offload", {}).get("activation_bytes", 0) for r in rows)
-planned = plan["offload"]["activation_bytes"] / 2  # the plan's counts both ways
-print(f"| {sys.argv[5]} | {tps:.0f} | {tps / peer_tps:.3f} | {plan['tokens_per_s'] / peer_plan['tokens_per_s']:.3f} | "
+planned = plan["offload"]["activation_bytes"] / 2  # the plan counts both ways
+print(f"| {sys.argv[6]} | {tps:.0f} | {before:.0f}, {after:.0f} | {tps / peer:.3f} | "
+      f"{plan['tokens_per_s'] / peer_plan['tokens_per_s']:.3f} | "
       f"{mib(peak['optimizer']):.1f}, {mib(peak['activations']):.1f}, {mib(peak['offload']):.1f} | "
       f"{moved / 1e6:.1f} MB ({planned / 1e6:.1f}) |")
 PY
 }
 
-run "no offload"
 run "optimizer offloaded" optim.offload=true
 run "activations offloaded" train.offload_activations=true
 run "activations offloaded, full recompute" train.offload_activations=true train.recompute=full
