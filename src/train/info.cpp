@@ -97,6 +97,7 @@ InfoReport make_info(const Config& cfg, Measure measure) {
   r.grad_bytes = plan.gradients;
   r.optimizer_bytes = plan.optimizer;
   r.workspace_bytes = plan.workspace;
+  r.offload_bytes = plan.offload;
 
   for (nn::Recompute policy : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full})
     r.activations.push_back({policy, estimate_activation_bytes(cfg, policy), -1});
@@ -177,9 +178,19 @@ std::string format_info(const Config& cfg, const InfoReport& r) {
                  "accumulator of B x T x Hq x D x 4 bytes")
        << ", plus cuBLASLt's 32 MiB or ZT_CUDA_CUBLAS_WORKSPACE_MIB's)\n";
   }
-  std::snprintf(line, sizeof line, "  activations per micro-batch (%lld x %lld tokens):\n    %-10s %14s %14s\n",
-                (long long)cfg.train.micro_batch, (long long)cfg.train.seq_len, "recompute", "estimate MiB",
-                "measured MiB");
+  if (r.offload_bytes > 0) {
+    // What waits in host memory: on a GPU beside the device's, on the CPU in the same memory.
+    std::string what = cfg.optim.offload ? "the optimizer's master, m, v and staging" : "";
+    if (cfg.train.offload_activations)
+      what += std::string(what.empty() ? "" : "; ") + "the blocks' kept activations of a micro-batch";
+    std::snprintf(line, sizeof line, "  %-28s %10.1f MiB (%s)\n", "offloaded to host memory", double(r.offload_bytes) / MiB,
+                  what.c_str());
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "  activations per micro-batch (%lld x %lld tokens%s):\n    %-10s %14s %14s\n",
+                (long long)cfg.train.micro_batch, (long long)cfg.train.seq_len,
+                cfg.train.offload_activations ? "; on the device, the blocks' kept tensors offloaded" : "",
+                "recompute", "estimate MiB", "measured MiB");
   os << line;
   for (const auto& a : r.activations) {
     char measured[32] = "-";

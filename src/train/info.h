@@ -31,6 +31,7 @@ struct InfoReport {
   double flops_per_token = 0;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   int64_t workspace_bytes = -1;  // the backend's (MemoryPlan::workspace); -1: not planned
+  int64_t offload_bytes = 0;     // host memory holding offloaded state (MemoryPlan::offload)
   std::vector<PolicyMemory> activations;
   std::string measured_on;      // the device of the measured step ("" when it did not run)
   std::string measure_skipped;  // why it did not run (with Measure::when_affordable, or a failure)

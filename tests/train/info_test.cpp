@@ -288,6 +288,19 @@ TEST(Info, SaysWhereAGpuWorkspaceIsPlanned) {
   EXPECT_FALSE(has(format_info(config_of("gpt2-tiny"), make_info(config_of("gpt2-tiny"), Measure::off)), "workspace"));
 }
 
+// Offloading shows as host memory, beside the device's items, with what it holds.
+TEST(Info, SaysWhatIsOffloadedToTheHost) {
+  const Config cfg = config_of("gpt2-tiny", {"optim.offload=true", "train.offload_activations=true"});
+  const InfoReport r = make_info(cfg, Measure::off);
+  EXPECT_EQ(r.optimizer_bytes, 0);
+  EXPECT_EQ(r.offload_bytes, plan_memory(cfg).offload);
+  const std::string said = format_info(cfg, r);
+  EXPECT_TRUE(has(said, "offloaded to host memory")) << said;
+  EXPECT_TRUE(has(said, "the optimizer's master, m, v and staging; the blocks' kept activations")) << said;
+  EXPECT_TRUE(has(said, "the blocks' kept tensors offloaded")) << said;
+  EXPECT_FALSE(has(format_info(config_of("gpt2-tiny"), make_info(config_of("gpt2-tiny"), Measure::off)), "offload"));
+}
+
 TEST(Info, OffMeasuresNothing) {
   const InfoReport r = make_info(config_of("gpt2-tiny"), Measure::off);
   EXPECT_EQ(r.measured_on, "");
