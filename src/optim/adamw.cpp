@@ -19,6 +19,8 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vecto
   constexpr uint64_t kRoundingSalt = 0x5354524f554e4453ull;  // keeps these bits apart from the init's
   for (nn::ParamSet* s : sets_)
     rounding_seeds_.push_back(s->size() > 0 ? nn::param_seed(cfg_.seed ^ kRoundingSalt, s->spec(0).name) : 0);
+  ZT_CHECK(!cfg_.offload || cfg_.offload_chunk_elems > 0,
+           "the optimizer's offload chunk must hold at least one element, got ", cfg_.offload_chunk_elems);
   // Offloaded, the state is made on the host from a host copy of the weights.
   const MemCategory state_category = cfg_.offload ? MemCategory::offload : MemCategory::optimizer;
   int64_t largest = 0;
@@ -47,8 +49,6 @@ AdamW::AdamW(std::vector<nn::ParamSet*> sets, const AdamWConfig& cfg, std::vecto
     v_.push_back(v);
   }
   if (cfg_.offload && largest > 0) {
-    ZT_CHECK(cfg_.offload_chunk_elems > 0, "the optimizer's offload chunk must hold at least one element, got ",
-             cfg_.offload_chunk_elems);
     const DType grad_dtype = shards_.front().grad.dtype(), weight_dtype = shards_.front().param.dtype();
     for (const OptimShard& sh : shards_)
       ZT_ASSERT(sh.grad.dtype() == grad_dtype && sh.param.dtype() == weight_dtype,

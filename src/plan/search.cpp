@@ -58,6 +58,24 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
   std::vector<std::string> policies{cfg.train.recompute};
   if (options.vary_recompute) policies = {"none", "selective", "full"};
   std::vector<Candidate> out;
+  // A layout that fits, or else (vary_offload, unless the config offloads
+  // already) its offloaded variants that fit: offloading costs host-link
+  // time every step, so it is tried only where nothing fits without it.
+  const auto consider = [&](const train::Config& c, const parallel::MeshShape& shape) {
+    Candidate cand = evaluate(c, cluster, shape, /*always_step=*/false);
+    if (cand.fits) {
+      out.push_back(std::move(cand));
+      return;
+    }
+    if (!options.vary_offload || cfg.optim.offload || cfg.train.offload_activations) return;
+    for (const auto& [optimizer, activations] : {std::pair{true, false}, {false, true}, {true, true}}) {
+      train::Config o = c;
+      o.optim.offload = optimizer;
+      o.train.offload_activations = activations;
+      Candidate off = evaluate(o, cluster, shape, /*always_step=*/false);
+      if (off.fits) out.push_back(std::move(off));
+    }
+  };
   for (int64_t tp : divisors(world)) {
     if (tp > cluster.devices_per_node) continue;  // tensor parallelism needs a node's links
     for (int64_t cp : divisors(world / tp))
@@ -86,20 +104,7 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
                   // The config's own blocks per stage where its stages are these; else the planner's balance.
                   if (pp != cfg.parallel.pp || chunks != cfg.parallel.virtual_stages) c.parallel.pp_layers = "";
                   try {
-                    Candidate cand = evaluate(c, cluster, {dp, tp, pp, cp, ep}, /*always_step=*/false);
-                    if (cand.fits) {
-                      out.push_back(std::move(cand));
-                    } else if (options.vary_offload && !cfg.optim.offload && !cfg.train.offload_activations) {
-                      // Offloading costs host-link time every step: tried
-                      // only for layouts that do not fit without it.
-                      for (const auto& [optimizer, activations] : {std::pair{true, false}, {false, true}, {true, true}}) {
-                        train::Config o = c;
-                        o.optim.offload = optimizer;
-                        o.train.offload_activations = activations;
-                        Candidate off = evaluate(o, cluster, {dp, tp, pp, cp, ep}, /*always_step=*/false);
-                        if (off.fits) out.push_back(std::move(off));
-                      }
-                    }
+                    consider(c, {dp, tp, pp, cp, ep});
                   } catch (const Error&) {  // a layout the trainer would refuse
                   }
                 }

@@ -243,19 +243,16 @@ StepEstimate estimate_step(const train::Config& cfg, const parallel::MeshShape& 
     const bool sharded = cfg.parallel.zero_stage >= 1;
     const double P = double(mesh.dp * mesh.cp), Pe = P / double(std::max<int64_t>(1, mesh.ep));
     const double elements = sharded ? double(p.dense) / P + double(p.experts) / Pe : double(p.dense + p.experts);
-    const bool mixed = cfg.compute_dtype() != DType::f32;
+    // Offloaded, the passes run at the host's bandwidth, always with a
+    // master apart from the weights (so with their copy written), after each
+    // element's f32 gradient came down the host link and before its weight
+    // goes up (the trainer's copies wait).
+    const bool mixed = cfg.compute_dtype() != DType::f32, offload = cfg.optim.offload;
     const double weight_bytes = double(dtype_size(cfg.compute_dtype()));
-    const double bytes_per = 28.0 + (mixed ? weight_bytes : 0.0);
-    if (cfg.optim.offload) {
-      // On the host: the same passes (always with a separate master) at the
-      // host's bandwidth, and each element's f32 gradient down the host link
-      // and its weight back up, one after the other (the trainer's copies
-      // wait).
-      e.optimizer_seconds = elements * (28.0 + weight_bytes) / cluster.host_memory_bandwidth +
-                            elements * (4.0 + weight_bytes) / cluster.host_link_bandwidth;
-    } else {
-      e.optimizer_seconds = elements * bytes_per / cluster.memory_bandwidth;
-    }
+    const double passes = elements * (28.0 + (mixed || offload ? weight_bytes : 0.0));
+    e.optimizer_seconds = offload ? passes / cluster.host_memory_bandwidth +
+                                        elements * (4.0 + weight_bytes) / cluster.host_link_bandwidth
+                                  : passes / cluster.memory_bandwidth;
   }
   // Offloaded activations: every micro-batch's kept tensors down the host
   // link in forward and up in backward, the copies waited for (exposed).

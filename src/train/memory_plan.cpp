@@ -588,9 +588,7 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
     for (const auto& [setting, c, l] : candidates) {
       int64_t total = -1;
       try {
-        const MemoryPlan p = largest_rank_plan(c, l);
-        // The device's bytes: offloaded ones are the host's on a GPU.
-        total = p.total() - (p.offload_on_device && !device.is_cpu() ? p.offload : 0);
+        total = largest_rank_plan(c, l).total();
       } catch (const Error&) {  // a setting the layout cannot run (a pipeline schedule's micro-batch count)
         continue;
       }
@@ -632,17 +630,16 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
   // the blocks' kept activations, or both (at the host link's time each
   // step; on the CPU the host is the device, so nothing is saved).
   if (!device.is_cpu()) {
+    Config optimizer = cfg, activations = cfg;
+    optimizer.optim.offload = true;
+    activations.train.offload_activations = true;
+    Config both = optimizer;
+    both.train.offload_activations = true;
     std::vector<Candidate> offload;
-    for (const auto& [optimizer, activations] : {std::pair{true, false}, {false, true}, {true, true}}) {
-      Config c = cfg;
-      c.optim.offload = c.optim.offload || optimizer;
-      c.train.offload_activations = c.train.offload_activations || activations;
-      if (c.optim.offload == cfg.optim.offload && c.train.offload_activations == cfg.train.offload_activations) continue;
-      std::string setting = c.optim.offload != cfg.optim.offload ? "optim.offload = true" : "";
-      if (c.train.offload_activations != cfg.train.offload_activations)
-        setting += std::string(setting.empty() ? "" : " with ") + "train.offload_activations = true";
-      offload.emplace_back(setting, c, layout);
-    }
+    if (!cfg.optim.offload) offload.emplace_back("optim.offload = true", optimizer, layout);
+    if (!cfg.train.offload_activations) offload.emplace_back("train.offload_activations = true", activations, layout);
+    if (!cfg.optim.offload && !cfg.train.offload_activations)
+      offload.emplace_back("optim.offload = true with train.offload_activations = true", both, layout);
     first_fit(offload);
   }
   std::vector<Candidate> splits;

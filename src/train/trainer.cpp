@@ -106,11 +106,15 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     // communicators (the mesh's, made by now) hold theirs already.
     const TrainingMemory room =
         training_memory(device, processes_sharing_device(device, mesh_ != nullptr, cfg_.gpu_by_local_rank()));
-    int64_t capacity = room.usable;
+    // The minimum over the job: the mesh's dp, tp, pp and cp groups in turn cover every rank.
+    const auto job_min = [this](int64_t bytes) {
+      if (mesh_)
+        for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp(), &mesh_->cp()})
+          for (double c : comm::all_gather_doubles(*g, double(bytes))) bytes = std::min(bytes, int64_t(c));
+      return bytes;
+    };
+    const int64_t capacity = job_min(room.usable);
     outside_at_plan_ = room.outside;
-    if (mesh_)  // the minimum over the mesh: its dp, tp, pp and cp groups in turn cover every rank
-      for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp(), &mesh_->cp()})
-        for (double c : comm::all_gather_doubles(*g, double(capacity))) capacity = std::min(capacity, int64_t(c));
     const std::string verdict = memory_plan_verdict(view.cfg, layout, device, capacity);
     ZT_CHECK(verdict.empty(), verdict);
     if (!device.is_cpu()) {
@@ -120,10 +124,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
       int64_t offload = 0;
       for (int64_t r = 0; r < layout.pp; ++r) offload = std::max(offload, stage_plan(view.cfg, layout, r).offload);
       if (offload > 0) {
-        int64_t host = device_capacity_bytes(Device::cpu(), mesh_ ? comm::world_info().local_size : 1);
-        if (mesh_)
-          for (comm::ProcessGroup* g : {&mesh_->dp(), &mesh_->tp(), &mesh_->pp(), &mesh_->cp()})
-            for (double c : comm::all_gather_doubles(*g, double(host))) host = std::min(host, int64_t(c));
+        const int64_t host = job_min(device_capacity_bytes(Device::cpu(), mesh_ ? comm::world_info().local_size : 1));
         ZT_CHECK(plan_fits(offload, host), "the offloaded state of the largest rank needs ",
                  format_gib(double(offload)), " of host memory, but each process has ", format_gib(double(host)),
                  " (the host's memory over the processes on it); offload less (optim.offload = false or "
@@ -274,8 +275,13 @@ StepMetrics Trainer::train_step(int64_t step) {
   const bool capture = cfg_.metrics.profiler_capture_step == m.step;
   if (capture) ops::profiler_capture(device, true);
   allocator_for(device).reset_peak();
-  int64_t offloaded_before = 0;  // the chunks' offloaded activation bytes before the step
-  for (const auto& c : chunks_) offloaded_before += c->offloaded_bytes();
+  // The chunks' kept activations moved to the host so far (the step's: the difference).
+  const auto offloaded = [this] {
+    int64_t bytes = 0;
+    for (const auto& c : chunks_) bytes += c->offloaded_bytes();
+    return bytes;
+  };
+  const int64_t offloaded_before = offloaded();
   // No zeros written first: each gradient's first write of the step
   // overwrites it (nn::Transformer::begin_grads).
   for (auto& c : chunks_) c->begin_grads();
@@ -406,8 +412,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   m.mfu = cfg_.model.train_flops_per_token(T) * m.tokens_per_second / (peak_gflops_ * 1e9 * double(m.world));
   m.memory = allocator_for(device).stats();
   m.offload_host_bytes = allocator_for(Device::cpu()).stats().current(MemCategory::offload);
-  for (const auto& c : chunks_) m.offloaded_activation_bytes += c->offloaded_bytes();
-  m.offloaded_activation_bytes -= offloaded_before;
+  m.offloaded_activation_bytes = offloaded() - offloaded_before;
   m.max_peak_memory = dp_->highest_peak(m.memory, &m.max_peak_rank);
   const parallel::DataParallel::StepComm sc = dp_->take_step_comm();
   m.dp_comm = {dp_->size(), sc.bytes, sc.busy_seconds, sc.wait_seconds};
