@@ -84,13 +84,14 @@ void plan_exchange(MoeActivations& a, comm::ProcessGroup& g, int64_t E) {
 void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, const Tensor& x,
                  const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group,
                  const ExpertGroup& experts) {
-  const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k, F = cfg.d_ff;
+  const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k;
   const DType dt = x.dtype();
   const Device dev = x.device();
   ZT_CHECK(dev.is_cpu(), "mixture-of-experts blocks run on the CPU only so far (model.n_expert = ", E,
            " on ", dev.str(), "); set model.n_expert = 0 or train on the CPU");
   const bool ep = experts.parallel();
-  const int64_t El = w.experts_in.size(0);
+  const int64_t El = w.experts_in.size(0), Fl = w.experts_out.size(2);
+  ZT_ASSERT(!experts.tensor_parallel() || !residual.defined(), "moe_forward: under tensor parallelism the caller adds the residual");
   ZT_CHECK(El * (ep ? experts.group->size() : 1) == E, "moe_forward: ", El, " local experts over ",
            ep ? experts.group->size() : 1, " ranks is not model.n_expert = ", E);
   const Tensor logits = act_tensor(Shape{N, E}, DType::f32, dev);
@@ -121,8 +122,8 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   }
   const int64_t R = a.xe.size(0);
   const std::vector<int64_t>& lo = a.local_offsets;
-  a.h = act_tensor(Shape{R, 2 * F}, dt, dev);
-  a.act = act_tensor(Shape{R, F}, dt, dev);
+  a.h = act_tensor(Shape{R, 2 * Fl}, dt, dev);  // this rank's hidden columns (F / tp)
+  a.act = act_tensor(Shape{R, Fl}, dt, dev);
   for (int64_t j = 0; j < El; ++j)
     if (lo[size_t(j + 1)] > lo[size_t(j)])
       ops::linear_forward(rows_of(a.h, lo, j), rows_of(a.xe, lo, j), w.experts_in.select(j), Tensor());
@@ -186,11 +187,11 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
                   const MoeWeights& w, const WeightWork& weights, const WeightWork& expert_weights,
                   std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&, bool expert)> claim,
                   const ExpertGroup& experts) {
-  const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k, F = cfg.d_ff;
+  const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k;
   const DType dt = x.dtype();
   const Device dev = x.device();
-  const bool ep = experts.parallel();
-  const int64_t El = w.experts_in.size(0), R = a.xe.size(0);
+  const bool ep = experts.parallel(), tp = experts.tensor_parallel();
+  const int64_t El = w.experts_in.size(0), R = a.xe.size(0), F = w.experts_out.size(2);  // F: this rank's columns
   const std::vector<int64_t> lo = a.local_offsets;
   auto rows = [lo](const Tensor& t, int64_t j) { return rows_of(t, lo, j); };
   auto busy = [lo](int64_t j) { return lo[size_t(j + 1)] > lo[size_t(j)]; };
@@ -211,6 +212,8 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   const Tensor dweight = act_tensor(Shape{N, k}, DType::f32, dev);
   ops::moe_combine_backward(dys, dweight, dout, a.ys, a.weight, a.where);
   a.ys = Tensor();
+  // Tensor parallelism: ys was this rank's part of each output, so is each dot.
+  if (tp) experts.tensor->all_reduce(dweight)->wait();
   // The outputs' gradients to the experts' owners, expert-major there.
   Tensor dye = dys;
   if (ep) {
@@ -261,7 +264,8 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
     dl = act_tensor(Shape{N, E}, dt, dev);
     ops::cast(dl, dlogits);
   }
-  ops::matmul(dx, dl, w.router, false, false, 1.0f, 1.0f);
+  // The router's input gradient, the same on every tp rank: added once.
+  if (!tp || experts.tensor->rank() == 0) ops::matmul(dx, dl, w.router, false, false, 1.0f, 1.0f);
   weights([=] {
     const Tensor g = grads().router;
     ops::linear_backward(Tensor(), g, Tensor(), dl, x, w.router, claim(g, false));

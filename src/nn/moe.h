@@ -38,6 +38,19 @@
 // outputs' gradients the same way and the inputs' gradients back. The
 // trainer runs it at parallel.ep > 1 (the experts' ParamSets then reduce
 // over Mesh::ep_dp: parallel::SetGroups).
+//
+// Tensor parallelism (ExpertGroup::tensor) splits every expert's hidden
+// width F as it splits a dense MLP's: rank r of tp holds F/tp of each
+// expert's gate and up rows and the matching columns of its output
+// product. The router is replicated and every tp rank routes the same
+// (gathered) tokens alike, so the dispatch is the same on all of them; each
+// computes its partial ys, the combine's output is this rank's partial sum
+// (the caller reduces it over tp and adds the residual), and in backward
+// the combine weights' gradient <dout, ys> is summed over tp (N k floats) and
+// the router's input gradient added on tp rank 0 only, so the caller's
+// reduction of the partial dx counts it once. Under both, the ep group joins
+// the ranks of one tp index (parallel::Mesh): rank r's dispatch goes to the
+// ranks holding the same columns of other experts.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +67,9 @@ namespace zt::nn {
 // Expert parallelism's group (see above).
 struct ExpertGroup {
   comm::ProcessGroup* group = nullptr;  // the ep group (null or size 1: every expert here)
+  comm::ProcessGroup* tensor = nullptr;  // the tp group over which the hidden width splits (null or size 1: whole)
   bool parallel() const { return group && group->size() > 1; }
+  bool tensor_parallel() const { return tensor && tensor->size() > 1; }
 };
 
 // A block's MoE weights, or views of their gradients (f32).
@@ -93,6 +108,8 @@ struct MoeActivations {
 };
 
 // out (N, C) = residual (N, C) + the MoE MLP of x (N, C); fills a (and a.aux_loss).
+// Under tensor parallelism (experts.tensor) residual is undefined and out
+// this rank's partial sum of the MLP, which the caller reduces over tp.
 // balance_group: the ranks whose tokens make one micro-batch of the
 // load-balancing loss (the cp group; null: this rank's alone). A collective
 // over it when it has several ranks.
@@ -107,7 +124,8 @@ void moe_recompute_selective(MoeActivations& a, const Tensor& x);
 
 // Backward for dout (N, C), the gradient at out: dx (N, C) is overwritten
 // with the gradient at x (the residual's gradient is dout itself, the
-// caller's). The weight gradients are work handed to `weights` (the
+// caller's); under tensor parallelism dout is the whole (N, C) gradient on
+// every tp rank and dx this rank's partial sum, to be reduced over tp. The weight gradients are work handed to `weights` (the
 // router's) and `expert_weights` (the experts', which live in a set of
 // their own), run at once or later (zero-bubble schedules); each looks its
 // views up with `grads` when it runs and asks `claim` how to write each

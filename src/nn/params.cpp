@@ -54,14 +54,15 @@ ParamSet::ParamSet(std::vector<ParamSpec> specs, DType dtype, Device device, int
       if (sp.owner) add_range(off, off + n);
       continue;
     }
-    const int64_t row = sp.split_dim == 0 && sp.shape[0] > 0 ? n / sp.shape[0] : 0;
-    for (const SlicePiece& pc : sp.pieces) {
-      if (!pc.owner) continue;
-      if (sp.split_dim == 0)
-        add_range(off + pc.local * row, off + (pc.local + pc.length) * row);
-      else
-        add_range(off, off + n);  // a column split has one piece: the whole local tensor
+    if (sp.split_dim != 0) {  // pieces along a later dimension: every one owned, the whole local tensor
+      for (const SlicePiece& pc : sp.pieces)
+        ZT_ASSERT(pc.owner, sp.name, ": a piece along dimension ", sp.split_dim, " held by several ranks");
+      add_range(off, off + n);
+      continue;
     }
+    const int64_t row = sp.shape[0] > 0 ? n / sp.shape[0] : 0;
+    for (const SlicePiece& pc : sp.pieces)
+      if (pc.owner) add_range(off + pc.local * row, off + (pc.local + pc.length) * row);
   }
   // Padding (zero gradients) joins the last run: one reduction per set when unsharded.
   if (!norm_ranges_.empty() && norm_ranges_.back().second == used) norm_ranges_.back().second = numel_;
@@ -147,25 +148,37 @@ void ParamSet::init(uint64_t seed) {
   }
 }
 
+namespace {
+
+// A local tensor of `spec` as (outer, along, inner) around its split
+// dimension; the global tensor's part it lies in has the same outer and inner.
+struct SplitAxes {
+  int64_t outer = 1, along = 1, inner = 1;
+};
+SplitAxes split_axes(const Shape& s, int d) { return {s.prod(0, d), s[d], s.prod(d + 1, s.ndim())}; }
+
+}  // namespace
+
 void copy_pieces(const ParamSpec& spec, const Tensor& local, const Tensor& global, bool to_local) {
   if (!spec.sliced()) {
     to_local ? ops::copy(local, global) : ops::copy(global, local);
     return;
   }
-  for (const SlicePiece& pc : spec.pieces) {
-    if (spec.split_dim == 0) {
-      const Tensor l = local.slice(pc.local, pc.local + pc.length), g = global.slice(pc.global, pc.global + pc.length);
-      to_local ? ops::copy(l, g) : ops::copy(g, l);
-      continue;
+  const int d = spec.split_dim;
+  ZT_ASSERT(d >= 0 && d < local.ndim(), spec.name, ": split dimension ", d, " of a ", local.ndim(), "-D tensor");
+  // The global tensor's run of dim 0 this rank holds (all of it unless dim0_start says otherwise).
+  const Tensor g = d > 0 && local.size(0) != global.size(0) ? global.slice(spec.dim0_start, spec.dim0_start + local.size(0))
+                                                            : global;
+  const SplitAxes l = split_axes(local.shape(), d), gl = split_axes(g.shape(), d);
+  ZT_ASSERT(l.outer == gl.outer && l.inner == gl.inner, spec.name, ": local ", local.shape().str(), " is no part of ",
+            global.shape().str(), " along dimension ", d);
+  for (int64_t o = 0; o < l.outer; ++o)
+    for (const SlicePiece& pc : spec.pieces) {
+      const Shape run{pc.length * l.inner};
+      const Tensor lv = local.flat_view((o * l.along + pc.local) * l.inner, run);
+      const Tensor gv = g.flat_view((o * gl.along + pc.global) * l.inner, run);
+      to_local ? ops::copy(lv, gv) : ops::copy(gv, lv);
     }
-    ZT_ASSERT(spec.split_dim == 1 && local.ndim() == 2, spec.name, ": column pieces need a 2-D tensor");
-    const int64_t rows = local.size(0), wl = local.size(1), wg = global.size(1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const Tensor l = local.flat_view(r * wl + pc.local, Shape{pc.length});
-      const Tensor g = global.flat_view(r * wg + pc.global, Shape{pc.length});
-      to_local ? ops::copy(l, g) : ops::copy(g, l);
-    }
-  }
 }
 
 std::vector<GlobalBox> to_global_boxes(const ParamSpec& spec, const std::vector<int64_t>& start, const Shape& extent,
@@ -177,20 +190,41 @@ std::vector<GlobalBox> to_global_boxes(const ParamSpec& spec, const std::vector<
   }
   const int d = spec.split_dim;
   const int64_t s = start[size_t(d)], e = extent[d];
-  // Elements of the box per index along d (d = 0: a box row; d = 1: one, the box being one row or whole rows).
-  const int64_t stride = d == 0 ? extent.numel() / std::max<int64_t>(1, e) : 1;
-  for (const SlicePiece& pc : spec.pieces) {
-    if (owned_only && !pc.owner) continue;
-    const int64_t a = std::max(s, pc.local), b = std::min(s + e, pc.local + pc.length);
-    if (b <= a) continue;
-    ZT_ASSERT(d == 0 || extent[0] == 1 || (a == s && b == s + e), spec.name,
-              ": a box of several rows must lie within one column piece");
-    GlobalBox box{(a - s) * stride, start, extent};
-    box.start[size_t(d)] = pc.global + (a - pc.local);
-    std::vector<int64_t> dims(extent.begin(), extent.end());
-    dims[size_t(d)] = b - a;
-    box.extent = Shape(dims.begin(), dims.end());
-    out.push_back(std::move(box));
+  const SplitAxes box = split_axes(extent, d);
+  // The box's pieces along d, each one global box; when the box spans
+  // several indices of the dimensions before d (its later ones whole) and
+  // meets more than one piece, a piece's elements are not contiguous in the
+  // box, so each index of those dimensions gets its own boxes.
+  int met = 0;
+  for (const SlicePiece& pc : spec.pieces) met += std::max(s, pc.local) < std::min(s + e, pc.local + pc.length);
+  const bool split_outer = box.outer > 1 && met > 1;
+  const int64_t outers = split_outer ? box.outer : 1;
+  for (int64_t o = 0; o < outers; ++o) {
+    // The box's index o of the dimensions before d (row-major), as a start.
+    std::vector<int64_t> at = start;
+    Shape ext = extent;
+    if (split_outer) {
+      int64_t rest = o;
+      for (int j = d - 1; j >= 0; --j) {
+        at[size_t(j)] = start[size_t(j)] + rest % extent[j];
+        rest /= extent[j];
+        ext[j] = 1;
+      }
+    }
+    for (const SlicePiece& pc : spec.pieces) {
+      if (owned_only && !pc.owner) continue;
+      const int64_t a = std::max(s, pc.local), b = std::min(s + e, pc.local + pc.length);
+      if (b <= a) continue;
+      ZT_ASSERT(box.outer == 1 || split_outer || (a == s && b == s + e), spec.name,
+                ": a box of several outer indices lies within one piece");
+      GlobalBox g{(o * box.along + (a - s)) * box.inner, at, ext};
+      g.start[size_t(d)] = pc.global + (a - pc.local);
+      if (d > 0) g.start[0] += spec.dim0_start;
+      std::vector<int64_t> dims(ext.begin(), ext.end());
+      dims[size_t(d)] = b - a;
+      g.extent = Shape(dims.begin(), dims.end());
+      out.push_back(std::move(g));
+    }
   }
   return out;
 }

@@ -24,10 +24,13 @@ enum class Init {
 };
 
 // Under tensor parallelism a rank holds part of a global tensor: runs of
-// indices along one dimension (`split_dim`), each a piece. A piece maps
-// local indices [local, local + length) to global [global, global + length).
-// `owner` marks the one rank that counts a piece held by several ranks
-// (replicated kv heads) in checkpoints and in the gradient norm.
+// indices along one dimension (`split_dim`, any of the tensor's), each a
+// piece. A piece maps local indices [local, local + length) to global
+// [global, global + length). `owner` marks the one rank that counts a piece
+// held by several ranks (replicated kv heads) in checkpoints and in the
+// gradient norm. A tensor split along a later dimension may also hold a run
+// of dim 0 (`dim0_start`: a mixture-of-experts block's experts under both
+// expert and tensor parallelism, (E/ep, ...) of (E, ...)).
 struct SlicePiece {
   int64_t local = 0, global = 0, length = 0;
   bool owner = true;
@@ -41,8 +44,9 @@ struct ParamSpec {
   bool decay = true;  // AdamW weight decay applies (false for norms, biases, embeddings)
   // Tensor parallelism (defaults: the whole tensor, held by this rank alone).
   Shape global_shape = {};         // empty: == shape
-  int split_dim = 0;               // the dimension pieces run along (0 or 1)
+  int split_dim = 0;               // the dimension pieces run along
   std::vector<SlicePiece> pieces;  // empty: the whole tensor (global_shape == shape)
+  int64_t dim0_start = 0;          // split_dim > 0: the global index of local index 0 along dim 0
   bool owner = true;               // whole tensors replicated over the tp group: true on one rank
 
   const Shape& global() const { return global_shape.ndim() == 0 ? shape : global_shape; }

@@ -13,9 +13,6 @@ namespace zt::nn {
 void check_tensor_parallel(const ModelConfig& c, int64_t tp) {
   ZT_CHECK(tp >= 1, "parallel.tp = ", tp, " must be >= 1");
   if (tp == 1) return;
-  ZT_CHECK(!c.moe(), "parallel.tp = ", tp, " with model.n_expert = ", c.n_expert,
-           ": the experts of a mixture-of-experts model are not split over tensor-parallel ranks yet; set "
-           "parallel.tp = 1 (data, pipeline and context parallelism work with experts)");
   ZT_CHECK(c.n_head % tp == 0, "parallel.tp = ", tp, " does not divide model.n_head = ", c.n_head,
            ": tensor parallelism splits the query heads evenly; pick a tp that divides ", c.n_head);
   ZT_CHECK(c.n_kv_head % tp == 0 || tp % c.n_kv_head == 0, "parallel.tp = ", tp, " and model.n_kv_head = ",
@@ -128,21 +125,30 @@ std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size
   if (c.has_bias()) rep(spec(p + "attn.proj.bias", Shape{C}, Init::zeros, 0, false));
   rep(spec(p + "mlp_norm.weight", Shape{C}, Init::ones, 0, false));
   if (c.has_bias()) rep(spec(p + "mlp_norm.bias", Shape{C}, Init::zeros, 0, false));
-  if (c.moe()) {  // the router and the experts (nn/moe.h): tp = 1
-    const int64_t E = c.n_expert;
-    v.push_back(spec(p + "mlp.router.weight", Shape{E, C}, Init::normal, std, true));
-    // Expert parallelism: this rank's experts, a run of the global tensors' first dimension.
-    const int64_t El = s.experts;
-    auto experts = [&](ParamSpec ps, const Shape& global) {
-      if (El == E) return ps;
+  if (c.moe()) {  // the router (replicated) and the experts (nn/moe.h)
+    const int64_t E = c.n_expert, El = s.experts;
+    rep(spec(p + "mlp.router.weight", Shape{E, C}, Init::normal, std, true));
+    // This rank's experts, a run of the stacked tensors' first dimension
+    // (expert parallelism), and of each its hidden columns as a dense MLP's
+    // (tensor parallelism: in's gate and up rows, out's columns).
+    auto experts = [&](ParamSpec ps, const Shape& global, int dim, std::vector<SlicePiece> hidden) {
+      if (s.tp == 1 && El == E) return ps;
       ps.global_shape = global;
-      ps.split_dim = 0;
-      ps.pieces = {{0, s.expert0, El, true}};
+      if (s.tp == 1) {
+        ps.split_dim = 0;
+        ps.pieces = {{0, s.expert0, El, true}};
+        return ps;
+      }
+      ps.split_dim = dim;
+      ps.pieces = std::move(hidden);
+      ps.dim0_start = s.expert0;
       return ps;
     };
     const Shape in{E, c.mlp_in_width(), C}, out{E, C, c.d_ff};
-    v.push_back(experts(spec(p + "mlp.experts.in.weight", Shape{El, in[1], C}, Init::normal, std, true), in));
-    v.push_back(experts(spec(p + "mlp.experts.out.weight", Shape{El, C, out[2]}, Init::normal, resid_std, true), out));
+    v.push_back(experts(spec(p + "mlp.experts.in.weight", Shape{El, mlp_rows, C}, Init::normal, std, true), in, 1,
+                        mlp_pieces));
+    v.push_back(experts(spec(p + "mlp.experts.out.weight", Shape{El, C, F}, Init::normal, resid_std, true), out, 2,
+                        {{0, s.rank * F, F, true}}));
     return v;
   }
   v.push_back(split(spec(p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true), Shape{c.mlp_in_width(), C}, 0,
@@ -187,23 +193,34 @@ ParamSpec param_spec(const ModelConfig& c, const TpShares& s, const std::string&
 }
 
 Tensor gather_global(const Tensor& local, const ModelConfig& cfg, const TensorParallel& tp, const std::string& name) {
-  // Experts are split over the ep group (tp = 1 then), everything else over tp.
-  const bool expert = tp.experts && tp.experts->size() > 1 && is_expert_param(name);
-  comm::ProcessGroup* group = expert ? tp.experts : tp.group;
-  const int64_t p = expert ? tp.experts->size() : tp.size(), me = expert ? tp.experts->rank() : tp.rank();
-  auto spec_of = [&](int64_t rank) {
-    return param_spec(cfg, expert ? tp_shares(cfg, 1, 0, p, rank) : tp_shares(cfg, p, rank), name);
+  // Experts are split over the ep group and their hidden width over tp; everything else over tp.
+  const bool expert = tp.experts && is_expert_param(name);
+  const int64_t ep = expert ? tp.experts->size() : 1, ep_rank = expert ? tp.experts->rank() : 0;
+  const int64_t T = tp.size();
+  auto spec_of = [&](int64_t tp_rank, int64_t ep_index) {
+    return param_spec(cfg, tp_shares(cfg, T, tp_rank, ep, ep_index), name);
   };
-  const ParamSpec mine = spec_of(me);
+  const ParamSpec mine = spec_of(tp.rank(), ep_rank);
   Tensor global = Tensor::empty(mine.global(), local.dtype(), local.device());
-  if (p == 1 || !mine.sliced()) {
+  if (T * ep == 1 || !mine.sliced()) {
     ops::copy(global, local);  // replicated: every rank holds the same values
     return global;
   }
-  Tensor all = Tensor::empty(Shape{p * local.numel()}, local.dtype(), local.device(), MemCategory::comm);
-  group->all_gather(all, local.flat_view(0, Shape{local.numel()}))->wait();
+  // Every holder's tensor, (tp rank, ep rank) major to minor: gathered over
+  // the ep group, then those over tp (all ranks' local tensors have one shape).
+  const int64_t n = local.numel();
+  Tensor all = local.flat_view(0, Shape{n});
+  auto gather = [&](comm::ProcessGroup& g) {
+    Tensor out = Tensor::empty(Shape{g.size() * all.numel()}, local.dtype(), local.device(), MemCategory::comm);
+    g.all_gather(out, all)->wait();
+    all = out;
+  };
+  if (ep > 1) gather(*tp.experts);
+  if (T > 1) gather(*tp.group);
   ops::fill(global, 0.0);
-  for (int64_t r = 0; r < p; ++r) copy_pieces(spec_of(r), all.flat_view(r * local.numel(), local.shape()), global, false);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t q = 0; q < ep; ++q)
+      copy_pieces(spec_of(t, q), all.flat_view((t * ep + q) * n, local.shape()), global, false);
   return global;
 }
 

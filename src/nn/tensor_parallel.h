@@ -8,7 +8,9 @@
 //               ranks, whose partial gradients of it are summed over that
 //               "kv replica" group; proj's input columns of those heads
 //   MLP         hidden columns [r F/tp, ...) (SwiGLU: of the gate and of the up
-//               projection alike); mlp.out's input columns of them
+//               projection alike); mlp.out's input columns of them. A
+//               mixture of experts: the same columns of every expert it
+//               holds (nn/moe.h), the router replicated
 //   vocabulary  rows [r Vl, r Vl + Vl) of wte and lm_head, Vl = ceil(Vp/tp):
 //               the last rank's rows past Vp are padding no token reaches, so
 //               any tp divides any vocabulary and the checkpoint shapes do not

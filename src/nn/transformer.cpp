@@ -437,10 +437,21 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   }
   // MLP half: ln2 -> mlp_in -> GeLU / SwiGLU -> mlp_out (+ res_mid).
   const Tensor ln2 = gather_rows(m, a.ln2);
-  if (cfg_.moe()) {  // the experts instead (nn/moe.h); tp = 1 (tp_shares refuses more)
+  if (cfg_.moe()) {  // the experts instead (nn/moe.h)
     Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
-    // Balanced over a sequence's cp ranks; experts over the ep group.
-    moe_forward(cfg_, a.moe, x_out, ln2, a.res_mid, p.moe, m.context, ExpertGroup{tp_.experts});
+    // Balanced over a sequence's cp ranks; experts over the ep group, their hidden width over tp.
+    const ExpertGroup experts{tp_.experts, m.group};
+    if (m.size() == 1) {
+      moe_forward(cfg_, a.moe, x_out, ln2, a.res_mid, p.moe, m.context, experts);
+      return x_out;
+    }
+    // This rank's partial output of all N rows, summed over tp (into this
+    // rank's rows under sequence parallelism) as a row-parallel product's, then the residual.
+    const Tensor partial = act_tensor(Shape{N, C}, dtype_, device_);
+    moe_forward(cfg_, a.moe, partial, ln2, Tensor(), p.moe, m.context, experts);
+    const Tensor sum = m.sequence_parallel ? x_out : partial;
+    wait(start_reduce_rows(m, sum, partial));
+    ops::add(x_out, a.res_mid, sum);
     return x_out;
   }
   a.mlp_in = act_tensor(Shape{B, T, W}, dtype_, device_);
@@ -505,8 +516,8 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
     case Recompute::none: break;
     case Recompute::selective: {
       attention_forward(a, B, T, m);
-      if (a.moe.defined()) {
-        moe_recompute_selective(a.moe, a.ln2);
+      if (a.moe.defined()) {  // the experts' input rows come from all N rows of ln2 (gathered under SP)
+        moe_recompute_selective(a.moe, a.moe.xe.defined() ? a.ln2 : gather_rows(m, a.ln2));
         break;
       }
       a.act = act_tensor(Shape{B, T, shares_.ff}, dtype_, device_);
@@ -571,7 +582,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   // gradient (no (N, F) gradient at the GeLU's output is materialised).
   const bool gelu = cfg_.arch == Arch::gpt2;
   comm::WorkHandle gather, reduce;  // the MLP's input gather and input-gradient reduction (tp > 1)
-  if (cfg_.moe()) {  // the experts (nn/moe.h): d_ln <- the gradient at ln2 (tp = 1: d_ln is d_partial)
+  if (cfg_.moe()) {  // the experts (nn/moe.h): d_ln <- the gradient at ln2
     auto expert_weights = [&](std::function<void()> work) {
       if (deferred_experts)
         deferred_experts->push_back(std::move(work));
@@ -582,8 +593,15 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     auto claim = [this, layer](const Tensor& view, bool expert) {
       return claim_grads(expert ? expert_set(layer) : block_set(layer), {view});
     };
-    moe_backward(cfg_, a.moe, d_partial, dres, a.ln2, p.moe, weights, expert_weights,
-                 [this, layer] { return block_views(layer, true).moe; }, claim, ExpertGroup{tp_.experts});
+    // Under tensor parallelism every rank's experts read all N rows: the
+    // output gradient and ln2 gathered under SP, the partial input gradient
+    // reduced over tp into d_ln (tp = 1: d_ln is d_partial).
+    const Tensor dout = gather_rows(m, dres);
+    Tensor ln2;
+    wait(start_input(a.ln2, ln2));
+    moe_backward(cfg_, a.moe, d_partial, dout, ln2, p.moe, weights, expert_weights,
+                 [this, layer] { return block_views(layer, true).moe; }, claim, ExpertGroup{tp_.experts, m.group});
+    wait(start_reduce_rows(m, d_ln, d_partial));
   } else {
     Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input
     if (gelu)

@@ -80,7 +80,11 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
   // the same volume, plus the two norm outputs gathered again in backward
   // and the norm weights' f32 gradients all-reduced); the loss's row max and
   // (sum, target logit) at the head, f32; full recomputation runs the
-  // forward's again. Per step the norm's squares.
+  // forward's again. A mixture-of-experts block's MLP reduces and gathers
+  // as a dense one (its partial output, its input gradient) and all-reduces
+  // its combine weights' f32 gradient (N k); under selective recompute with
+  // SP and no ep it gathers ln2 once more to rebuild the experts' input rows.
+  // Per step the norm's squares.
   if (mesh.tp > 1) {
     const double r = double(mesh.tp - 1) / double(mesh.tp);
     const double stream = N * C * (4 * L + (st.embedding ? 1 : 0) + (st.head ? 1 : 0));
@@ -97,8 +101,17 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
       const double norms = (m.has_bias() ? 4 : 2) * C * L + (st.head ? (m.has_bias() ? 2 : 1) * C : 0);
       per_micro += s * r * 2 * L * N * C + 4.0 * 2 * r * norms;
     }
+    double moe_ops = 0;
+    if (m.moe()) {
+      per_micro += 4.0 * 2 * r * N * double(m.expert_top_k) * L;
+      moe_ops += L;
+      if (sp && recompute == nn::Recompute::selective && mesh.ep == 1) {
+        per_micro += s * r * N * C * L;
+        moe_ops += L;
+      }
+    }
     v.tp_bytes = accum * per_micro + 8.0 * double(mesh.tp - 1);
-    v.tp_ops = accum * (4 * L + 4 + (recompute == nn::Recompute::full ? 2 * L : 0)) + 1;
+    v.tp_ops = accum * (4 * L + 4 + (recompute == nn::Recompute::full ? 2 * L : 0) + moe_ops) + 1;
   }
 
   // Context parallelism: per block, the ring passes this rank's k and v on

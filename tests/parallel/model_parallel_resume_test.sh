@@ -18,7 +18,9 @@
 #   7. a mixture-of-experts model (llama3-moe-tiny, 4 experts): saved at
 #      dp = 2 x ep = 2 with ZeRO-1 (each ep rank writes its experts), resumed
 #      by one process and by dp = 4 x ep = 4 with ZeRO-3 (its final
-#      model.safetensors matches the MoE reference).
+#      model.safetensors matches the MoE reference); saved at tp = 2 (SP) x
+#      dp = 2 with ep = 2 (experts split both ways), resumed by one process
+#      and by tp = 4 (whose final model.safetensors matches too).
 # Usage: model_parallel_resume_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -117,12 +119,24 @@ echo "MoE dp=2 x ep=2 ZeRO-1 -> one process: losses match the single-process run
   --set parallel.zero_stage=3 --resume > /dev/null
 same "$moeref" "$(losses "$tmp/p")"
 echo "MoE dp=2 x ep=2 ZeRO-1 -> dp=4 x ep=4 ZeRO-3: losses match the single-process run"
+# Experts split both ways: saved at tp=2 (SP) x dp=2 with ep=2 and ZeRO-1 (each rank writes its
+# experts' hidden columns, boxes per expert), resumed by one process and by tp=4.
+"${mpi[@]}" -np 4 "$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/q" --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true --set parallel.ep=2 --set parallel.zero_stage=1 --stop-after 4 > /dev/null
+grep -q '"tp": 2' "$tmp/q/checkpoints/step_00000004/manifest.json"
+for d in r s; do cp -r "$tmp/q" "$tmp/$d"; done
+"$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/r" --resume > /dev/null
+same "$moeref" "$(losses "$tmp/r")"
+echo "MoE tp=2 (SP) x dp=2, ep=2 -> one process: losses match the single-process run"
+"${mpi[@]}" -np 4 "$bin" train "$tmp/moe.toml" --set train.run_dir="$tmp/s" --set parallel.tp=4 --resume > /dev/null
+same "$moeref" "$(losses "$tmp/s")"
+echo "MoE tp=2 (SP) x dp=2, ep=2 -> tp=4: losses match the single-process run"
 
-# The final weights of the tp=4 run, of the pp x tp run, of the cp x tp run and of the ep=4
+# The final weights of the tp=4 run, of the pp x tp run, of the cp x tp run, of the ep=4 and of the MoE tp=4
 # run, assembled from slices and stages, against their references.
-for run in c i j m p; do
+for run in c i j m p s; do
 reference="$tmp/ref/model.safetensors"
-if [ "$run" = p ]; then reference="$tmp/moeref/model.safetensors"; fi
+if [ "$run" = p ] || [ "$run" = s ]; then reference="$tmp/moeref/model.safetensors"; fi
 /usr/bin/python3 - "$reference" "$tmp/$run/model.safetensors" <<'PY'
 import json, struct, sys
 import numpy as np

@@ -99,7 +99,14 @@ TEST(Plan, TrafficPerStepIsWhatTheTrainerSends) {
   for (const char* rc : {"none", "selective", "full"})
     layouts.push_back({"llama3-moe-tiny", {p, 1, 1, 1, p}, {std::string("train.recompute=") + rc}, "dp x ep"});
   layouts.push_back({"llama3-moe-tiny", {p, 1, 1, 1, 2}, {"parallel.zero_stage=2"}, "dp, ep 2, ZeRO-2"});
+  for (const char* rc : {"none", "selective", "full"}) {
+    layouts.push_back({"llama3-moe-tiny", {1, p, 1, 1, 1}, {std::string("train.recompute=") + rc}, "MoE tp"});
+    layouts.push_back({"llama3-moe-tiny", {1, p, 1, 1, 1}, {"parallel.sequence_parallel=true",
+                                                          std::string("train.recompute=") + rc}, "MoE tp + sp"});
+  }
   if (p == 4) {
+    layouts.push_back({"llama3-moe-tiny", {2, 2, 1, 1, 2}, {"parallel.sequence_parallel=true",
+                                                          "train.recompute=selective"}, "MoE tp 2 + sp x dp 2, ep 2"});
     layouts.push_back({"llama3-tiny", {2, 2, 1, 1, 1}, {"parallel.zero_stage=1"}, "dp 2 x tp 2, ZeRO-1"});
     layouts.push_back({"gpt2-tiny", {2, 1, 2, 1, 1}, {"parallel.pp_schedule=1f1b"}, "dp 2 x pp 2"});
     layouts.push_back({"llama3-tiny", {1, 2, 1, 2, 1}, {"train.recompute=selective"}, "tp 2 x cp 2"});

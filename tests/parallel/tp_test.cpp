@@ -1,9 +1,9 @@
 // Tensor (and sequence) parallelism under mpirun, tp = the world size (or
 // tp = 2 x dp = 2 on 4 ranks): the logits, the loss, every gradient
 // (assembled from the slices) and 10 training steps equal the
-// single-process run (fp32, relative 1e-5) for GPT-2 and Llama 3 tiny
-// models, including kv heads replicated over ranks and a vocabulary that
-// does not divide by tp; sequence parallelism divides the activations kept
+// single-process run (fp32, relative 1e-5) for GPT-2, Llama 3 and
+// mixture-of-experts tiny models, including kv heads replicated over ranks
+// and a vocabulary that does not divide by tp; sequence parallelism divides the activations kept
 // for backward by tp (allocator numbers).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -113,6 +113,10 @@ TEST(TensorParallel, LogitsLossAndGradientsMatchOneProcess) {
   all.push_back({"gpt2-tiny", true, {}, "gpt2 + SP, one qkv product read in place", "1"});
   // Llama's too, its q and k rotated in place (the GPU's form).
   all.push_back({"llama3-tiny", true, {}, "llama3 + SP, one qkv product rotated and read in place", "1"});
+  // A mixture of experts: each expert's hidden width split over tp, the
+  // router replicated (its load-balancing and z-loss gradients included).
+  all.push_back({"llama3-moe-tiny", false, {"model.router_aux_loss=0.05", "model.router_z_loss=0.01"}, "llama3 MoE"});
+  all.push_back({"llama3-moe-tiny", true, {"model.router_aux_loss=0.05"}, "llama3 MoE + SP"});
   for (const Case& c : all) {
     SCOPED_TRACE(std::string(c.what) + ", tp = " + std::to_string(p));
     const Config cfg = case_config(c, p), ref_cfg = case_config(c, 1);
@@ -335,9 +339,9 @@ TEST(ContextParallel, ComposesWithDataTensorAndPipelineParallel) {
   }
 }
 
-// A mixture-of-experts model (nn/moe.h) over data, context and pipeline
-// parallelism (tensor parallelism of the experts is refused): 10 steps match
-// the single process. Under cp the load-balancing loss counts the whole
+// A mixture-of-experts model (nn/moe.h) over data, tensor (each expert's
+// hidden width split), context, pipeline and expert parallelism: 10 steps
+// match the single process. Under cp the load-balancing loss counts the whole
 // sequence's routing (summed over the cp group), as the one process does.
 TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
   const int64_t p = comm::world().size();
@@ -355,7 +359,11 @@ TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
   // Expert parallelism: each ep rank holds its experts; their gradients
   // reduce over the ranks holding the same ones.
   layouts.push_back({{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p)}, "dp x ep, ZeRO-0"});
+  // Tensor parallelism: every tp rank routes all the tokens alike and
+  // computes its columns of every expert.
+  layouts.push_back({{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true"}, "tp + SP"});
   if (p == 2) {
+    layouts.push_back({{1, 2, 1, 1, 1}, {"parallel.tp=2", "train.recompute=selective"}, "tp 2, selective"});
     layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
     layouts.push_back({{2, 1, 1, 1, 2}, {"parallel.ep=2", "parallel.zero_stage=1", "train.recompute=selective"},
                        "dp 2 x ep 2, ZeRO-1, selective"});
@@ -368,6 +376,15 @@ TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
                        "dp 2 x cp 2, ep 2, ZeRO-1"});
     layouts.push_back({{2, 1, 2, 1, 2}, {"parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=1f1b"},
                        "dp 2 x pp 2, ep 2, 1F1B"});
+    // Experts split both ways: ep 2 over dp, each expert's columns over tp 2.
+    layouts.push_back({{2, 2, 1, 1, 2},
+                       {"parallel.tp=2", "parallel.ep=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1"},
+                       "tp 2 + SP x dp 2, ep 2, ZeRO-1"});
+    layouts.push_back({{2, 2, 1, 1, 1}, {"parallel.tp=2", "parallel.zero_stage=3", "train.recompute=full"},
+                       "tp 2 x dp 2, ZeRO-3, full recompute"});
+    layouts.push_back({{1, 2, 2, 1, 1}, {"parallel.tp=2", "parallel.pp=2", "parallel.pp_schedule=zb"},
+                       "tp 2 x pp 2, zero bubble"});
+    layouts.push_back({{1, 2, 1, 2, 2}, {"parallel.tp=2", "parallel.cp=2", "parallel.ep=2"}, "tp 2 x cp 2, ep 2"});
   }
   for (const Layout& l : layouts) {
     SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
