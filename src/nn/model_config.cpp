@@ -46,11 +46,15 @@ void ModelConfig::validate() const {
     ZT_CHECK(router_z_loss >= 0 && std::isfinite(router_z_loss), "model.router_z_loss = ", router_z_loss,
              " must be a finite number >= 0 (0: no router z-loss)");
   }
+  ZT_CHECK(shared_expert_ff >= 0, "model.shared_expert_ff must be >= 0 (0: no shared expert), got ", shared_expert_ff);
+  ZT_CHECK(shared_expert_ff == 0 || moe(), "model.shared_expert_ff = ", shared_expert_ff,
+           " adds a shared expert beside a mixture of experts, but model.n_expert = 0 (a dense MLP); set "
+           "model.n_expert > 0 or shared_expert_ff = 0 (a dense model's MLP width is model.d_ff)");
 }
 
 int64_t ModelConfig::mlp_params() const {
   const int64_t expert = mlp_in_width() * d_model + d_ff * d_model;
-  return moe() ? n_expert * d_model + n_expert * expert : expert;
+  return moe() ? n_expert * d_model + n_expert * expert + 3 * shared_expert_ff * d_model : expert;
 }
 
 int64_t ModelConfig::params_per_block() const {
@@ -63,7 +67,7 @@ int64_t ModelConfig::params_per_block() const {
 
 int64_t ModelConfig::active_mlp_params() const {
   const int64_t expert = mlp_in_width() * d_model + d_ff * d_model;
-  return moe() ? n_expert * d_model + expert_top_k * expert : expert;
+  return moe() ? n_expert * d_model + expert_top_k * expert + 3 * shared_expert_ff * d_model : expert;
 }
 
 int64_t ModelConfig::matmul_params() const {
@@ -88,12 +92,14 @@ double ModelConfig::train_flops_per_token(int64_t T) const {
 
 std::string moe_summary(const ModelConfig& c) {
   if (!c.moe()) return "";
-  char line[256];
+  char line[384];
   std::snprintf(line, sizeof line,
-                "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s), "
+                "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s)%s, "
                 "load-balancing loss x %g, z-loss x %g; %.2fM of %.2fM parameters active per token",
                 (long long)c.n_expert, (long long)c.d_ff, (long long)c.expert_top_k,
-                c.expert_normalize ? "weights renormalised" : "softmax weights", double(c.router_aux_loss),
+                c.expert_normalize ? "weights renormalised" : "softmax weights",
+                c.shared_expert() ? (" and a shared expert of width " + std::to_string(c.shared_expert_ff)).c_str() : "",
+                double(c.router_aux_loss),
                 double(c.router_z_loss), double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
   return line;
 }

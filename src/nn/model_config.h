@@ -15,6 +15,10 @@
 //           got, P_e: its mean probability), added to the training objective;
 //           router_z_loss scales ST-MoE's router z-loss, the mean over tokens
 //           of logsumexp(router logits)^2 (keeps the logits small).
+//           shared_expert_ff > 0 adds a shared expert (DeepSeekMoE, Qwen-MoE):
+//           a SwiGLU MLP of that width every token goes through beside its
+//           routed experts (DeepSeekMoE's n shared experts of width F are one
+//           of width n F), its output added unweighted.
 #pragma once
 
 #include <cstdint>
@@ -50,9 +54,11 @@ struct ModelConfig {
   bool expert_normalize = true;   // the k routing weights divided by their sum
   float router_aux_loss = 0.01f;  // load-balancing loss coefficient (0: none)
   float router_z_loss = 0.0f;     // router z-loss coefficient (0: none; ST-MoE used 1e-3)
+  int64_t shared_expert_ff = 0;   // Fs: the shared expert's hidden width (0: none; n_expert > 0)
 
   int64_t head_dim() const { return d_model / n_head; }
   bool moe() const { return n_expert > 0; }
+  bool shared_expert() const { return moe() && shared_expert_ff > 0; }
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   bool has_bias() const { return arch == Arch::gpt2; }
   bool learned_positions() const { return arch == Arch::gpt2; }
@@ -70,11 +76,11 @@ struct ModelConfig {
   int64_t embedding_params() const;  // wte (+ wpe) (+ lm_head when untied)
   int64_t non_embedding_params() const;
   int64_t total_params() const { return embedding_params() + non_embedding_params(); }
-  // Parameters of one block's MLP: the dense MLP's, or the router's and every
-  // expert's (params_per_block counts them in).
+  // Parameters of one block's MLP: the dense MLP's, or the router's, every
+  // expert's and the shared expert's (params_per_block counts them in).
   int64_t mlp_params() const;
-  // Of those, the ones a token's products use: all (dense), or the router's
-  // and k experts' (MoE).
+  // Of those, the ones a token's products use: all (dense), or the router's,
+  // k experts' and the shared expert's (MoE).
   int64_t active_mlp_params() const;
   // Parameters a token's products use: the blocks and the LM head (tied or
   // not); lookup-only tables (wpe, and wte as input when untied) are not.

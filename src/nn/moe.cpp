@@ -91,7 +91,6 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
            " on ", dev.str(), "); set model.n_expert = 0 or train on the CPU");
   const bool ep = experts.parallel();
   const int64_t El = w.experts_in.size(0), Fl = w.experts_out.size(2);
-  ZT_ASSERT(!experts.tensor_parallel() || !residual.defined(), "moe_forward: under tensor parallelism the caller adds the residual");
   ZT_CHECK(El * (ep ? experts.group->size() : 1) == E, "moe_forward: ", El, " local experts over ",
            ep ? experts.group->size() : 1, " ranks is not model.n_expert = ", E);
   const Tensor logits = act_tensor(Shape{N, E}, DType::f32, dev);

@@ -108,8 +108,9 @@ struct MoeActivations {
 };
 
 // out (N, C) = residual (N, C) + the MoE MLP of x (N, C); fills a (and a.aux_loss).
-// Under tensor parallelism (experts.tensor) residual is undefined and out
-// this rank's partial sum of the MLP, which the caller reduces over tp.
+// Under tensor parallelism (experts.tensor) out is this rank's partial sum
+// of the MLP, which the caller reduces over tp, so residual is then another
+// partial sum to add (a shared expert's) or undefined.
 // balance_group: the ranks whose tokens make one micro-batch of the
 // load-balancing loss (the cp group; null: this rank's alone). A collective
 // over it when it has several ranks.

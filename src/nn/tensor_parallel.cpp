@@ -20,6 +20,8 @@ void check_tensor_parallel(const ModelConfig& c, int64_t tp) {
            "pick a tp that divides or is a multiple of ", c.n_kv_head);
   ZT_CHECK(c.d_ff % tp == 0, "parallel.tp = ", tp, " does not divide model.d_ff = ", c.d_ff,
            ": the MLP's hidden width splits evenly; pick a tp that divides it");
+  ZT_CHECK(c.shared_expert_ff % tp == 0, "parallel.tp = ", tp, " does not divide model.shared_expert_ff = ",
+           c.shared_expert_ff, ": the shared expert's hidden width splits evenly; pick a tp that divides it");
 }
 
 TpShares tp_shares(const ModelConfig& c, int64_t tp, int64_t rank, int64_t ep, int64_t ep_rank) {
@@ -41,6 +43,7 @@ TpShares tp_shares(const ModelConfig& c, int64_t tp, int64_t rank, int64_t ep, i
     s.kv_head0 = rank / s.kv_replicas;
   }
   s.ff = c.d_ff / tp;
+  s.shared_ff = c.shared_expert() ? c.shared_expert_ff / tp : 0;
   const int64_t Vp = c.padded_vocab();
   s.vocab_rows = (Vp + tp - 1) / tp;
   s.vocab_start = rank * s.vocab_rows;
@@ -149,6 +152,13 @@ std::vector<ParamSpec> block_specs(const ModelConfig& c, const TpShares& s, size
                         mlp_pieces));
     v.push_back(experts(spec(p + "mlp.experts.out.weight", Shape{El, C, F}, Init::normal, resid_std, true), out, 2,
                         {{0, s.rank * F, F, true}}));
+    if (c.shared_expert()) {  // split over tp as a dense SwiGLU MLP: gate | up rows, then out's columns
+      const int64_t Fs = s.shared_ff, Fg = c.shared_expert_ff;
+      v.push_back(split(spec(p + "mlp.shared.in.weight", Shape{2 * Fs, C}, Init::normal, std, true), Shape{2 * Fg, C},
+                        0, {{0, s.rank * Fs, Fs, true}, {Fs, Fg + s.rank * Fs, Fs, true}}, s));
+      v.push_back(split(spec(p + "mlp.shared.out.weight", Shape{C, Fs}, Init::normal, resid_std, true), Shape{C, Fg},
+                        1, {{0, s.rank * Fs, Fs, true}}, s));
+    }
     return v;
   }
   v.push_back(split(spec(p + "mlp.in.weight", Shape{mlp_rows, C}, Init::normal, std, true), Shape{c.mlp_in_width(), C}, 0,

@@ -10,7 +10,7 @@
 //   MLP         hidden columns [r F/tp, ...) (SwiGLU: of the gate and of the up
 //               projection alike); mlp.out's input columns of them. A
 //               mixture of experts: the same columns of every expert it
-//               holds (nn/moe.h), the router replicated
+//               holds (nn/moe.h) and of the shared expert, the router replicated
 //   vocabulary  rows [r Vl, r Vl + Vl) of wte and lm_head, Vl = ceil(Vp/tp):
 //               the last rank's rows past Vp are padding no token reaches, so
 //               any tp divides any vocabulary and the checkpoint shapes do not
@@ -59,6 +59,7 @@ struct TpShares {
   int64_t kv_head0 = 0;       // first global kv head held
   int64_t kv_replicas = 1;    // ranks holding the same kv heads (Hkv < tp)
   int64_t ff = 0;             // local MLP hidden width
+  int64_t shared_ff = 0;      // MoE: the shared expert's local hidden width (0: none)
   int64_t vocab_rows = 0;     // Vl: local rows of wte / lm_head (padding included)
   int64_t vocab_start = 0;    // first global vocabulary row held
   int64_t vocab_real = 0;     // of the local rows, those < Vp (hold a global row)

@@ -281,6 +281,10 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
     const ParamSet& e = experts_[layer];  // its gradient buffer may be released alone (ZeRO-2)
     auto expert = [&](size_t i) { return grads ? (e.has_grads() ? e.grad(i) : Tensor()) : e.param(i); };
     b.moe = MoeWeights{get("mlp.router.weight"), expert(0), expert(1)};
+    if (cfg_.shared_expert()) {  // the shared expert as the block's mlp.in / mlp.out pair
+      b.mlp_in_w = get("mlp.shared.in.weight");
+      b.mlp_out_w = get("mlp.shared.out.weight");
+    }
     return b;
   }
   b.mlp_in_w = get("mlp.in.weight");
@@ -288,6 +292,12 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   b.mlp_out_w = get("mlp.out.weight");
   b.mlp_out_b = opt("mlp.out.bias");
   return b;
+}
+
+RowParallelLinear Transformer::shared_out(const BlockParams& p, size_t layer) const {
+  const BlockParams g = block_views(layer, true);
+  return RowParallelLinear(p.mlp_out_w, Tensor(), g.mlp_out_w, Tensor(), TensorParallel{},
+                           fp8 ? LinearPrecision::fp8 : LinearPrecision::compute_dtype);
 }
 
 Transformer::BlockLinears Transformer::block_linears(size_t layer, const TensorParallel& m) const {
@@ -441,14 +451,28 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     Tensor x_out = act_tensor(Shape{R, C}, dtype_, device_);
     // Balanced over a sequence's cp ranks; experts over the ep group, their hidden width over tp.
     const ExpertGroup experts{tp_.experts, m.group};
+    // What the routed experts' combine adds to: the residual (tp = 1) and
+    // the shared expert's output, on all N rows (this rank's columns of it
+    // under tensor parallelism: a partial sum, reduced with the experts').
+    Tensor base = m.size() == 1 ? a.res_mid : Tensor();
+    if (cfg_.shared_expert()) {
+      const int64_t Fs = shares_.shared_ff;
+      a.mlp_in = act_tensor(Shape{B, T, 2 * Fs}, dtype_, device_);
+      a.act = act_tensor(Shape{B, T, Fs}, dtype_, device_);
+      lin.mlp_in.forward(a.mlp_in.view(Shape{N, 2 * Fs}), ln2);
+      ops::swiglu_forward(a.act, a.mlp_in);
+      const Tensor shared = act_tensor(Shape{N, C}, dtype_, device_);
+      shared_out(p, layer).forward(shared, a.act.view(Shape{N, Fs}), base);
+      base = shared;
+    }
     if (m.size() == 1) {
-      moe_forward(cfg_, a.moe, x_out, ln2, a.res_mid, p.moe, m.context, experts);
+      moe_forward(cfg_, a.moe, x_out, ln2, base, p.moe, m.context, experts);
       return x_out;
     }
     // This rank's partial output of all N rows, summed over tp (into this
     // rank's rows under sequence parallelism) as a row-parallel product's, then the residual.
     const Tensor partial = act_tensor(Shape{N, C}, dtype_, device_);
-    moe_forward(cfg_, a.moe, partial, ln2, Tensor(), p.moe, m.context, experts);
+    moe_forward(cfg_, a.moe, partial, ln2, base, p.moe, m.context, experts);
     const Tensor sum = m.sequence_parallel ? x_out : partial;
     wait(start_reduce_rows(m, sum, partial));
     ops::add(x_out, a.res_mid, sum);
@@ -518,6 +542,9 @@ void Transformer::recompute_for_backward(size_t layer, BlockActivations& a, int6
       attention_forward(a, B, T, m);
       if (a.moe.defined()) {  // the experts' input rows come from all N rows of ln2 (gathered under SP)
         moe_recompute_selective(a.moe, a.moe.xe.defined() ? a.ln2 : gather_rows(m, a.ln2));
+        if (!cfg_.shared_expert()) break;
+        a.act = act_tensor(Shape{B, T, shares_.shared_ff}, dtype_, device_);  // the shared expert's
+        ops::swiglu_forward(a.act, a.mlp_in);
         break;
       }
       a.act = act_tensor(Shape{B, T, shares_.ff}, dtype_, device_);
@@ -601,6 +628,29 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     wait(start_input(a.ln2, ln2));
     moe_backward(cfg_, a.moe, d_partial, dout, ln2, p.moe, weights, expert_weights,
                  [this, layer] { return block_views(layer, true).moe; }, claim, ExpertGroup{tp_.experts, m.group});
+    if (cfg_.shared_expert()) {  // its input gradient added to the experts' (this rank's columns' part)
+      const int64_t Fs = shares_.shared_ff;
+      Tensor d_act = act_tensor(Shape{B, T, Fs}, dtype_, device_);
+      const RowParallelLinear out = shared_out(p, layer);
+      const Tensor dy = keep(out.backward_data(d_act.view(Shape{N, Fs}), dout));
+      const Tensor act = a.act.view(Shape{N, Fs});
+      weights([this, layer, out, dy, act] {
+        const BlockParams gn = block_views(layer, true);
+        out.with_grads(gn.mlp_out_w, Tensor()).backward_weights(dy, act, claim_grads(block_set(layer), {gn.mlp_out_w}));
+      });
+      a.act = Tensor();
+      const Tensor d_in = a.mlp_in;  // in place over mlp_in, which nothing reads after this
+      a.mlp_in = Tensor();
+      ops::swiglu_backward(d_in, d_act, d_in);
+      d_act = Tensor();
+      lin.mlp_in.backward_data(d_partial, d_in.view(Shape{N, 2 * Fs}), true);
+      const ColumnParallelLinear in = lin.mlp_in;
+      const Tensor dy_in = d_in.view(Shape{N, 2 * Fs});
+      weights([this, layer, in, dy_in, ln2] {
+        const BlockParams gn = block_views(layer, true);
+        in.with_grads(gn.mlp_in_w, Tensor()).backward_weights(dy_in, ln2, claim_grads(block_set(layer), {gn.mlp_in_w}));
+      });
+    }
     wait(start_reduce_rows(m, d_ln, d_partial));
   } else {
     Tensor d_act, d_mlp_in;  // gradients at the activation's output (SwiGLU only) and input

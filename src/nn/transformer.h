@@ -73,7 +73,8 @@ struct BlockActivations {
   Tensor ln2_mean, ln2_rstd;     // (R) f32
   Tensor mlp_in;                 // (B, T, F) GeLU input, or (B, T, 2F) SwiGLU [gate | up] (local width)
   Tensor act;                    // (B, T, F)  activation output
-  MoeActivations moe;            // instead of mlp_in and act under ModelConfig::moe (nn/moe.h)
+  MoeActivations moe;            // instead of mlp_in and act under ModelConfig::moe (nn/moe.h);
+                                 // mlp_in and act are then the shared expert's (ModelConfig::shared_expert)
 };
 
 // Weight-gradient work a zero-bubble backward_input left for backward_weight:
@@ -319,6 +320,10 @@ class Transformer {
     RowParallelLinear proj, mlp_out;
   };
   BlockLinears block_linears(size_t layer, const TensorParallel& mode) const;
+  // A mixture-of-experts block's shared expert's output product over this
+  // rank's columns, without the group's reduction: its partial output is
+  // reduced with the routed experts' (p: the block's parameter views).
+  RowParallelLinear shared_out(const BlockParams& p, size_t layer) const;
   // Attention's forward on a block's q, k, v (or their packed qkv): a.att,
   // a.lse; a ring over m.context under context parallelism.
   void attention_forward(BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const;

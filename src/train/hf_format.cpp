@@ -144,6 +144,7 @@ std::string config_difference(const nn::ModelConfig& a, const nn::ModelConfig& b
   if (a.moe()) {
     cmp("expert_top_k", a.expert_top_k, b.expert_top_k);
     cmp("expert_normalize", a.expert_normalize, b.expert_normalize);
+    cmp("shared_expert_ff", a.shared_expert_ff, b.shared_expert_ff);
   }
   if (a.arch == nn::Arch::llama3) {
     cmp("rope_theta", a.rope_theta, b.rope_theta);
@@ -199,6 +200,10 @@ std::vector<std::pair<std::string, Shape>> zt_params(const nn::ModelConfig& c) {
       v.push_back({p + "mlp.router.weight", Shape{c.n_expert, C}});
       v.push_back({p + "mlp.experts.in.weight", Shape{c.n_expert, c.mlp_in_width(), C}});
       v.push_back({p + "mlp.experts.out.weight", Shape{c.n_expert, C, c.d_ff}});
+      if (c.shared_expert()) {
+        v.push_back({p + "mlp.shared.in.weight", Shape{2 * c.shared_expert_ff, C}});
+        v.push_back({p + "mlp.shared.out.weight", Shape{C, c.shared_expert_ff}});
+      }
       continue;
     }
     v.push_back({p + "mlp.in.weight", Shape{c.mlp_in_width(), C}});
@@ -694,6 +699,9 @@ json hf_config(const nn::ModelConfig& c, DType dtype) {
              "with expert_normalize = true");
     ZT_CHECK(!c.rope_scaling.enabled, "HF export: MixtralForCausalLM has no Llama 3 RoPE scaling; export a model "
              "with model.rope_scaling = false");
+    ZT_CHECK(!c.shared_expert(), "HF export: MixtralForCausalLM has no shared expert, but model.shared_expert_ff = ",
+             c.shared_expert_ff, "; keep the model in Zettatron's checkpoint format (zettatron convert --to-hf "
+             "exports mixtures of experts without one)");
     return json{{"architectures", {"MixtralForCausalLM"}},
                 {"attention_dropout", 0.0},
                 {"head_dim", c.head_dim()},

@@ -108,11 +108,14 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // weight gradients (act and d mlp_in; or act, dh, xs, dys and the router's
   // gradient) and in flight in backward (d act; or d act and dxe beside
   // dys, which replaces the freed ys, with dweight and dlogits).
-  const int64_t E = m.n_expert, k = m.expert_top_k;
+  // A shared expert (width Fs here) keeps its mlp_in and act as a dense
+  // SwiGLU MLP does (act rebuilt; both held for its deferred weight
+  // gradients); its output gradient in flight is smaller than the experts'.
+  const int64_t E = m.n_expert, k = m.expert_top_k, Fs = sh.shared_ff;
   const bool moe = m.moe();
-  const int64_t mlp_kept = moe ? s * k * (2 * C + 3 * F) + 4 * E + 16 * k : s * (W + F);
-  const int64_t mlp_rebuilt = moe ? s * k * (C + F) : s * F;
-  const int64_t mlp_held = moe ? s * k * (2 * C + 3 * F) + s * E : s * (W + F);
+  const int64_t mlp_kept = moe ? s * k * (2 * C + 3 * F) + 4 * E + 16 * k + s * 3 * Fs : s * (W + F);
+  const int64_t mlp_rebuilt = moe ? s * k * (C + F) + s * Fs : s * F;
+  const int64_t mlp_held = moe ? s * k * (2 * C + 3 * F) + s * E + s * 3 * Fs : s * (W + F);
   const int64_t mlp_gradients = moe ? s * k * (C + F) + 4 * k + (4 + s) * E : s * F;
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
                              N * mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);

@@ -73,11 +73,19 @@ void expect_same_gradients(const Transformer& got, const Transformer& want, doub
         << "set " << i;
 }
 
+// A preset, or "<preset>+shared": the mixture of experts with a shared expert.
+ModelConfig test_model(const std::string& name) {
+  const size_t plus = name.find("+shared");
+  ModelConfig c = model_preset(name.substr(0, plus));
+  if (plus != std::string::npos) c.shared_expert_ff = 48;
+  return c;
+}
+
 class RecomputeTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(RecomputeTest, PoliciesGiveBitwiseEqualGradientsAndLessMemory) {
   ZT_TEST_TRACE_SEED();
-  ModelConfig c = model_preset(GetParam());
+  ModelConfig c = test_model(GetParam());
   c.n_layer = 3;
   const int64_t B = 2, T = 24;
   const Batch b = random_batch(c, B, T, 11);
@@ -105,7 +113,8 @@ TEST_P(RecomputeTest, PoliciesGiveBitwiseEqualGradientsAndLessMemory) {
   EXPECT_LT(peak[2], peak[1]) << "full should keep less than selective";
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, RecomputeTest, ::testing::Values("gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"));
+INSTANTIATE_TEST_SUITE_P(Arch, RecomputeTest,
+                         ::testing::Values("gpt2-tiny", "llama3-tiny", "llama3-moe-tiny", "llama3-moe-tiny+shared"));
 
 TEST(Transformer, AccumulatingMicroBatchesEqualsOneBatch) {
   ZT_TEST_TRACE_SEED();
@@ -216,9 +225,9 @@ namespace {
 // tied embedding gets the LM head's share of its gradient, the embedding
 // part the lookup's, and the two add up to the whole model's.
 TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny", "llama3-moe-tiny+shared"}) {
     SCOPED_TRACE(preset);
-    ModelConfig c = model_preset(preset);
+    ModelConfig c = test_model(preset);
     c.n_layer = 4;
     Transformer whole(c, DType::f32);
     std::vector<std::unique_ptr<Transformer>> parts;
@@ -545,14 +554,14 @@ TEST(ParamSetGrads, FirstWritesOverwriteAndFinishZeroesTheRest) {
 // ready.
 TEST(Transformer, LazyGradientsGiveTheBitsOfZeroedOnes) {
   ASSERT_EQ(std::getenv("ZT_FUSED_QKV"), nullptr) << "the test sets it itself";
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny", "llama3-moe-tiny+shared"}) {
     for (const char* fused : {"0", "1", "2"}) {
       if (std::string(preset) == "gpt2-tiny" && std::string(fused) == "2") continue;  // GPT-2's 2 is its 1
       for (const bool keep : {false, true}) {
         for (const bool split : {false, true}) {
           SCOPED_TRACE(std::string(preset) + ", ZT_FUSED_QKV=" + fused + (keep ? ", keeping dlogits" : "") +
                        (split ? ", input and weight passes" : ""));
-          const ModelConfig c = model_preset(preset);
+          const ModelConfig c = test_model(preset);
           ::setenv("ZT_FUSED_QKV", fused, 1);
           Transformer eager(c, DType::f32), lazy(c, DType::f32);
           ::unsetenv("ZT_FUSED_QKV");

@@ -106,11 +106,15 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
     GTEST_SKIP() << "layouts for 1, 2 and 4 ranks";
   }
   const std::string run_dir = (fs::temp_directory_path() / ("zt_plan_run_" + std::to_string(::getpid()))).string();
-  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"})
+  // The tiny models, and the MoE one with a shared expert (ModelConfig::shared_expert).
+  const std::vector<std::pair<const char*, std::vector<std::string>>> models = {
+      {"gpt2-tiny", {}}, {"llama3-tiny", {}}, {"llama3-moe-tiny", {}}, {"llama3-moe-tiny", {"model.shared_expert_ff=64"}}};
+  for (const auto& [preset, model_settings] : models)
     for (const Layout& l : layouts) {
-      std::vector<std::string> ov = {"train.global_batch=16", "train.micro_batch=2", "model.n_layer=4", "train.run_dir=" + run_dir,
+      std::vector<std::string> ov = model_settings;
+      ov.insert(ov.end(), {"train.global_batch=16", "train.micro_batch=2", "model.n_layer=4", "train.run_dir=" + run_dir,
                                      "parallel.dp=" + std::to_string(l.dp), "parallel.tp=" + std::to_string(l.tp),
-                                     "parallel.pp=" + std::to_string(l.pp), "parallel.cp=" + std::to_string(l.cp)};
+                                     "parallel.pp=" + std::to_string(l.pp), "parallel.cp=" + std::to_string(l.cp)});
       ov.insert(ov.end(), l.settings.begin(), l.settings.end());
       const Config cfg = test::fortunes_config(preset, ov);
       parallel::MeshCoord coord;
@@ -120,7 +124,7 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
       const PlanPlace at{view.layout.dp, l.tp, l.pp, coord.tp, coord.pp};
       const MemoryPlan plan = plan_memory(view.cfg, at);
       const auto peak = [&](MemCategory c) { return double(got.peak_bytes[size_t(c)]); };
-      const std::string what = std::string(preset) + " " + describe(l) + " at " + describe_place(at) + " (world rank " +
+      const std::string what = std::string(preset) + (model_settings.empty() ? "" : " " + model_settings[0]) + " " + describe(l) + " at " + describe_place(at) + " (world rank " +
                                std::to_string(comm::world().rank()) + ")";
       // Counted from the specs the model is built from: exact but for the
       // ZeRO-2/3 buffers in flight (a model of the reduction's timing).

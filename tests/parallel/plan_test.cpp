@@ -104,6 +104,9 @@ TEST(Plan, TrafficPerStepIsWhatTheTrainerSends) {
     layouts.push_back({"llama3-moe-tiny", {1, p, 1, 1, 1}, {"parallel.sequence_parallel=true",
                                                           std::string("train.recompute=") + rc}, "MoE tp + sp"});
   }
+  // A shared expert's partial output joins the experts' one reduction: no bytes of its own.
+  layouts.push_back({"llama3-moe-tiny", {1, p, 1, 1, 1}, {"model.shared_expert_ff=64", "parallel.sequence_parallel=true"},
+                     "MoE with a shared expert, tp + sp"});
   if (p == 4) {
     layouts.push_back({"llama3-moe-tiny", {2, 2, 1, 1, 2}, {"parallel.sequence_parallel=true",
                                                           "train.recompute=selective"}, "MoE tp 2 + sp x dp 2, ep 2"});

@@ -117,6 +117,7 @@ TEST(TensorParallel, LogitsLossAndGradientsMatchOneProcess) {
   // router replicated (its load-balancing and z-loss gradients included).
   all.push_back({"llama3-moe-tiny", false, {"model.router_aux_loss=0.05", "model.router_z_loss=0.01"}, "llama3 MoE"});
   all.push_back({"llama3-moe-tiny", true, {"model.router_aux_loss=0.05"}, "llama3 MoE + SP"});
+  all.push_back({"llama3-moe-tiny", true, {"model.shared_expert_ff=64"}, "llama3 MoE with a shared expert + SP"});
   for (const Case& c : all) {
     SCOPED_TRACE(std::string(c.what) + ", tp = " + std::to_string(p));
     const Config cfg = case_config(c, p), ref_cfg = case_config(c, 1);
@@ -386,6 +387,35 @@ TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
                        "tp 2 x pp 2, zero bubble"});
     layouts.push_back({{1, 2, 1, 2, 2}, {"parallel.tp=2", "parallel.cp=2", "parallel.ep=2"}, "tp 2 x cp 2, ep 2"});
   }
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
+    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
+    const Config cfg = case_config(c, 1, l.settings);
+    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
+  }
+}
+
+// A shared expert (ModelConfig::shared_expert): a block-level MLP beside the
+// routed experts, its columns over tp (its partial output reduced with
+// theirs) and replicated over ep: 10 steps match the single process.
+TEST(MixtureOfExperts, ASharedExpertMatchesOneProcess) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const Case c{"llama3-moe-tiny", false, {"model.shared_expert_ff=64", "model.router_aux_loss=0.05"}, "llama3 MoE, shared"};
+  struct Layout {
+    parallel::MeshShape shape;
+    std::vector<std::string> settings;
+    const char* what;
+  };
+  std::vector<Layout> layouts = {
+      {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true", "train.recompute=selective"},
+       "tp + SP, selective"},
+      {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=1"}, "dp x ep, ZeRO-1"},
+  };
+  if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
+  if (p == 4)
+    layouts.push_back({{2, 2, 1, 1, 2}, {"parallel.tp=2", "parallel.ep=2", "train.recompute=full"},
+                       "tp 2 x dp 2, ep 2, full recompute"});
   for (const Layout& l : layouts) {
     SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
     auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());

@@ -144,6 +144,11 @@ class Reference(torch.nn.Module):
         self.aux = self.aux + cfg["router_aux_loss"] * E * (f * probs.mean(0)).sum()
         # ST-MoE's router z-loss: the mean of logsumexp(logits)^2.
         self.aux = self.aux + cfg["router_z_loss"] * (torch.logsumexp(router_logits, dim=-1) ** 2).mean()
+        # A shared expert: a SwiGLU MLP every token goes through, unweighted.
+        Fs = cfg.get("shared_expert_ff", 0)
+        if Fs > 0:
+            g, up = (x @ self.w(p + "mlp.shared.in.weight").t()).split([Fs, Fs], dim=-1)
+            out = out + (F.silu(g) * up) @ self.w(p + "mlp.shared.out.weight").t()
         return out.reshape(h.shape)
 
     def loss(self, tokens, targets):

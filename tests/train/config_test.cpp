@@ -114,8 +114,12 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
   };
   EXPECT_TRUE(has(error_of(kBase, with(moe, "model.expert_top_k=5")), "model.expert_top_k = 5 must be in [1, n_expert = 4]"));
   EXPECT_TRUE(has(error_of(kBase, with(moe, "model.router_aux_loss=-1")), "model.router_aux_loss = -1 must be"));
-  EXPECT_TRUE(has(error_of(kBase, with(moe, "parallel.tp=2")),
-                  "parallel.tp = 2 with model.n_expert = 4: the experts of a mixture-of-experts model are not split"));
+  EXPECT_EQ(error_of(kBase, with(moe, "parallel.tp=2")), "");  // each expert's hidden width over tp
+  EXPECT_TRUE(has(error_of(kBase, with(with(moe, "model.shared_expert_ff=33"), "parallel.tp=2")),
+                  "parallel.tp = 2 does not divide model.shared_expert_ff = 33"));
+  EXPECT_TRUE(has(error_of(kBase, {"model.shared_expert_ff=64"}),
+                  "model.shared_expert_ff = 64 adds a shared expert beside a mixture of experts, but model.n_expert = 0"));
+  EXPECT_TRUE(has(error_of(kBase, with(moe, "model.shared_expert_ff=-1")), "model.shared_expert_ff must be >= 0"));
   EXPECT_EQ(error_of(kBase, with(with(moe, "parallel.cp=2"), "parallel.pp=2")), "");
   EXPECT_EQ(error_of(kBase, with(moe, "parallel.ep=4")), "");
   EXPECT_TRUE(has(error_of(kBase, with(moe, "parallel.ep=3")), "parallel.ep = 3 must divide model.n_expert = 4"));

@@ -623,6 +623,13 @@ TEST(HfFormat, UnsupportedConfigsAreRefusedByKey) {
   EXPECT_CONTAINS(test::error_of([&] { write_hf_model((dir / "hf").string(), softmax_weights, model_tensors(model), nullptr); }),
                   "model.expert_normalize = false (the softmax probabilities as routing weights) has no "
                   "MixtralForCausalLM equivalent");
+  // So is a shared expert, and nothing is written.
+  nn::ModelConfig shared = nn::model_preset("llama3-moe-tiny");
+  shared.shared_expert_ff = 32;
+  nn::Transformer with_shared(shared, DType::f32);
+  EXPECT_CONTAINS(test::error_of([&] { write_hf_model((dir / "shared").string(), shared, model_tensors(with_shared), nullptr); }),
+                  "MixtralForCausalLM has no shared expert, but model.shared_expert_ff = 32");
+  EXPECT_FALSE(fs::exists(dir / "shared"));
   fs::remove_all(dir);
 }
 

@@ -109,6 +109,7 @@ peak_gflops = 1.0
       {"tied_embeddings", m.tied_embeddings}, {"grad_accum", cfg.grad_accum_steps()}, {"no_decay", no_decay},
       {"n_expert", m.n_expert}, {"expert_top_k", m.expert_top_k}, {"expert_normalize", m.expert_normalize},
       {"router_aux_loss", m.router_aux_loss}, {"router_z_loss", m.router_z_loss},
+      {"shared_expert_ff", m.shared_expert_ff},
       {"optim",
        {{"lr", cfg.optim.lr}, {"min_lr", cfg.optim.min_lr}, {"warmup_steps", cfg.optim.warmup_steps},
         {"steps", steps}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2}, {"eps", cfg.optim.eps},
@@ -252,6 +253,19 @@ tied_embeddings = true
 global_batch = 4
 micro_batch = 4
 recompute = "selective"
+)"});
+}
+
+// A shared expert (DeepSeekMoE): every token through one more SwiGLU MLP
+// beside its top k, here of another width than the routed experts'.
+TEST(PyTorchParity, MixtureOfExpertsWithASharedExpert) {
+  run_case({"llama3_moe_shared", R"([model]
+preset = "llama3-moe-tiny"
+shared_expert_ff = 80
+router_aux_loss = 0.05
+[train]
+global_batch = 8
+micro_batch = 4
 )"});
 }
 
