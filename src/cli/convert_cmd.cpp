@@ -2,6 +2,7 @@
 // `zettatron convert --to-hf CKPT --out DIR [--dtype f32|bf16|f16] [--max-shard-size 5GB]`:
 // Hugging Face safetensors directories (GPT-2, Llama 3) to and from
 // Zettatron checkpoints.
+#include <algorithm>
 #include <cctype>
 #include <iostream>
 
@@ -80,6 +81,11 @@ Command add_convert_command(CLI::App& app) {
       return 0;
     }
     const train::ModelCheckpoint ck = train::read_model_checkpoint(opts->to_hf);
+    const std::vector<float> bias = train::saved_router_bias(ck.state);
+    ZT_CHECK(std::all_of(bias.begin(), bias.end(), [](float b) { return b == 0.0f; }),
+             "HF export: ", ck.dir, " routes with balancing biases (model.router_bias_update_rate), which "
+             "MixtralForCausalLM does not have: its experts would be chosen differently; keep the model in "
+             "Zettatron's checkpoint format");
     nlohmann::json layout;  // null: the default (save_pretrained) layout
     // A model imported from HF goes back in its original layout (files,
     // order, dtypes, config.json), unless a dtype is asked for explicitly.

@@ -107,7 +107,8 @@ Command add_train_command(CLI::App& app) {
       std::vector<const nn::Transformer*> chunks;
       for (const auto& c : trainer->chunks()) chunks.push_back(c.get());
       // A collective over tp (slices) and pp (stages): every rank takes part.
-      const std::string path = train::save_model_file(chunks, trainer->pp_group(), cfg, main_rank);
+      const std::string path = train::save_model_file(chunks, trainer->pp_group(), cfg, main_rank,
+                                                       trainer->progress().router_bias);
       if (!main_rank) return 0;
       std::cout << "final weights: " << path << "\n"
                 << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;

@@ -46,6 +46,11 @@ void ModelConfig::validate() const {
     ZT_CHECK(router_z_loss >= 0 && std::isfinite(router_z_loss), "model.router_z_loss = ", router_z_loss,
              " must be a finite number >= 0 (0: no router z-loss)");
   }
+  ZT_CHECK(router_bias_update_rate >= 0 && std::isfinite(router_bias_update_rate), "model.router_bias_update_rate = ",
+           router_bias_update_rate, " must be a finite number >= 0 (0: no balancing bias; DeepSeek-V3 used 1e-3)");
+  ZT_CHECK(router_bias_update_rate == 0 || moe(), "model.router_bias_update_rate = ", router_bias_update_rate,
+           " balances a mixture of experts, but model.n_expert = 0 (a dense MLP); set model.n_expert > 0 or "
+           "router_bias_update_rate = 0");
   ZT_CHECK(shared_expert_ff >= 0, "model.shared_expert_ff must be >= 0 (0: no shared expert), got ", shared_expert_ff);
   ZT_CHECK(shared_expert_ff == 0 || moe(), "model.shared_expert_ff = ", shared_expert_ff,
            " adds a shared expert beside a mixture of experts, but model.n_expert = 0 (a dense MLP); set "
@@ -92,15 +97,18 @@ double ModelConfig::train_flops_per_token(int64_t T) const {
 
 std::string moe_summary(const ModelConfig& c) {
   if (!c.moe()) return "";
-  char line[384];
+  char line[448];
+  char bias[64] = "";
+  if (c.router_bias_update_rate > 0)
+    std::snprintf(bias, sizeof bias, ", balancing bias +-%g a step", double(c.router_bias_update_rate));
   std::snprintf(line, sizeof line,
                 "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s)%s, "
-                "load-balancing loss x %g, z-loss x %g; %.2fM of %.2fM parameters active per token",
+                "load-balancing loss x %g, z-loss x %g%s; %.2fM of %.2fM parameters active per token",
                 (long long)c.n_expert, (long long)c.d_ff, (long long)c.expert_top_k,
                 c.expert_normalize ? "weights renormalised" : "softmax weights",
                 c.shared_expert() ? (" and a shared expert of width " + std::to_string(c.shared_expert_ff)).c_str() : "",
                 double(c.router_aux_loss),
-                double(c.router_z_loss), double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
+                double(c.router_z_loss), bias, double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
   return line;
 }
 

@@ -19,6 +19,15 @@
 //           a SwiGLU MLP of that width every token goes through beside its
 //           routed experts (DeepSeekMoE's n shared experts of width F are one
 //           of width n F), its output added unweighted.
+//           router_bias_update_rate > 0 balances the experts without a loss
+//           (DeepSeek-V3's auxiliary-loss-free balancing): each block keeps
+//           a bias per expert, added to the routing probabilities for the
+//           top-k choice only (the weights stay the probabilities), and
+//           after every optimizer step moves each bias by the rate towards
+//           balance: + rate where the expert got fewer than the mean of the
+//           step's routed slots, - rate where more (the trainer's, over
+//           every rank's tokens). The biases are model state: checkpoints,
+//           final weights and generation keep them.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +64,7 @@ struct ModelConfig {
   float router_aux_loss = 0.01f;  // load-balancing loss coefficient (0: none)
   float router_z_loss = 0.0f;     // router z-loss coefficient (0: none; ST-MoE used 1e-3)
   int64_t shared_expert_ff = 0;   // Fs: the shared expert's hidden width (0: none; n_expert > 0)
+  float router_bias_update_rate = 0.0f;  // per-step move of each expert's routing bias (0: none; DeepSeek-V3 1e-3)
 
   int64_t head_dim() const { return d_model / n_head; }
   bool moe() const { return n_expert > 0; }

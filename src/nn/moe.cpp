@@ -99,7 +99,7 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.choice = act_tensor(Shape{N, k}, DType::i32, dev);
   a.weight = act_tensor(Shape{N, k}, DType::f32, dev);
   if (cfg.router_z_loss > 0) a.router_lse = act_tensor(Shape{N}, DType::f32, dev);  // z_t, from the softmax
-  ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize, a.router_lse);
+  ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize, a.router_lse, w.router_bias);
   a.order = act_tensor(Shape{N * k}, DType::i32, dev);
   a.where = act_tensor(Shape{N * k}, DType::i32, dev);
   ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E);
@@ -276,6 +276,20 @@ std::vector<int64_t> moe_expert_load(const MoeActivations& a) {
   std::vector<int64_t> load;
   for (size_t e = 0; e + 1 < a.offsets.size(); ++e) load.push_back(a.offsets[e + 1] - a.offsets[e]);
   return load;
+}
+
+void move_router_bias(std::vector<float>& bias, const std::vector<int64_t>& load, int64_t E, float rate) {
+  ZT_CHECK(E > 0 && bias.size() == load.size() && bias.size() % size_t(E) == 0, "move_router_bias: ", bias.size(),
+           " biases and ", load.size(), " loads are not the same whole number of blocks of ", E, " experts");
+  for (size_t l = 0; l < bias.size() / size_t(E); ++l) {
+    const int64_t* n = &load[l * size_t(E)];
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; ++e) total += n[e];
+    for (int64_t e = 0; e < E && total > 0; ++e) {
+      const int64_t over = E * n[e] - total;  // > 0: busier than the mean
+      if (over != 0) bias[l * size_t(E) + size_t(e)] += over > 0 ? -rate : rate;
+    }
+  }
 }
 
 }  // namespace zt::nn

@@ -77,6 +77,10 @@ struct MoeWeights {
   Tensor router;       // (E, C)
   Tensor experts_in;   // (E, 2F, C)
   Tensor experts_out;  // (E, C, F)
+  // (E) f32 or undefined: the aux-loss-free balancing bias added to the
+  // probabilities for the top-k choice (ModelConfig::router_bias_update_rate;
+  // model state, not a parameter: no gradient).
+  Tensor router_bias;
 };
 
 // What the MoE MLP keeps for its backward (host tensors on the CPU).
@@ -141,5 +145,14 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
 
 // Per-expert slot counts of a forward (a.offsets' differences): for metrics.
 std::vector<int64_t> moe_expert_load(const MoeActivations& a);
+
+// Aux-loss-free balancing's step (ModelConfig::router_bias_update_rate):
+// bias and load (layers, E) row-major, load the step's routed slots per
+// block and expert. Each bias moves by + rate where its expert got fewer
+// slots than the block's mean, - rate where more, not at all where equal or
+// the block routed nothing. Compared in integers (E n_e against the total),
+// so loads counted several times alike (a tp group's ranks each count the
+// same tokens) move the biases as counted once.
+void move_router_bias(std::vector<float>& bias, const std::vector<int64_t>& load, int64_t E, float rate);
 
 }  // namespace zt::nn

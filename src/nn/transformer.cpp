@@ -280,7 +280,8 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   if (cfg_.moe()) {
     const ParamSet& e = experts_[layer];  // its gradient buffer may be released alone (ZeRO-2)
     auto expert = [&](size_t i) { return grads ? (e.has_grads() ? e.grad(i) : Tensor()) : e.param(i); };
-    b.moe = MoeWeights{get("mlp.router.weight"), expert(0), expert(1)};
+    const Tensor bias = !grads && !router_bias_.empty() ? router_bias_[layer] : Tensor();  // state, no gradient
+    b.moe = MoeWeights{get("mlp.router.weight"), expert(0), expert(1), bias};
     if (cfg_.shared_expert()) {  // the shared expert as the block's mlp.in / mlp.out pair
       b.mlp_in_w = get("mlp.shared.in.weight");
       b.mlp_out_w = get("mlp.shared.out.weight");
@@ -292,6 +293,41 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
   b.mlp_out_w = get("mlp.out.weight");
   b.mlp_out_b = opt("mlp.out.bias");
   return b;
+}
+
+void Transformer::set_router_bias(const std::vector<float>& all_layers) {
+  router_bias_.clear();
+  if (all_layers.empty()) return;
+  const size_t E = size_t(cfg_.n_expert);
+  ZT_CHECK(cfg_.moe() && all_layers.size() == size_t(cfg_.n_layer) * E, "router biases: ", all_layers.size(),
+           " values for a model of ", cfg_.n_layer, " layers x ", cfg_.n_expert,
+           " experts (model.n_layer x model.n_expert are wanted)");
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Tensor b = Tensor::empty(Shape{int64_t(E)}, DType::f32, device_, MemCategory::params);
+    const Tensor host = Tensor::empty(Shape{int64_t(E)}, DType::f32);
+    std::copy_n(all_layers.begin() + std::ptrdiff_t((size_t(part_.first_layer) + i) * E), E, host.data<float>());
+    ops::copy(b, host);
+    router_bias_.push_back(b);
+  }
+}
+
+std::vector<float> Transformer::router_bias() const {
+  if (router_bias_.empty()) return {};
+  const size_t E = size_t(cfg_.n_expert);
+  std::vector<float> all(size_t(cfg_.n_layer) * E, 0.0f);
+  for (size_t i = 0; i < router_bias_.size(); ++i) {
+    const Tensor host = ops::to_device(router_bias_[i], Device::cpu());
+    std::copy_n(host.data<float>(), E, all.begin() + std::ptrdiff_t((size_t(part_.first_layer) + i) * E));
+  }
+  return all;
+}
+
+std::vector<int64_t> Transformer::take_expert_load() {
+  const size_t E = size_t(cfg_.n_expert);
+  std::vector<int64_t> all(size_t(cfg_.n_layer) * E, 0);
+  for (size_t i = 0; i < expert_load_.size(); ++i) all[size_t(part_.first_layer) * E + i] = expert_load_[i];
+  expert_load_.clear();
+  return all;
 }
 
 RowParallelLinear Transformer::shared_out(const BlockParams& p, size_t layer) const {
@@ -919,6 +955,10 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
     if (ctx.blocks[i].moe.defined()) {
       ctx.aux_loss += ctx.blocks[i].moe.aux_loss;
       const std::vector<int64_t> load = moe_expert_load(ctx.blocks[i].moe);
+      if (train) {
+        if (expert_load_.empty()) expert_load_.assign(blocks_.size() * load.size(), 0);
+        for (size_t e = 0; e < load.size(); ++e) expert_load_[i * load.size() + e] += load[e];
+      }
       const double mean = double(ctx.blocks[i].moe.order.numel()) / double(load.size());
       if (mean > 0)
         ctx.expert_load_max = std::max(ctx.expert_load_max, double(*std::max_element(load.begin(), load.end())) / mean);

@@ -238,6 +238,19 @@ class Transformer {
   // Bytes of kept activations this model has moved to the host so far (each
   // comes back once more): the host link's traffic, for metrics.
   int64_t offloaded_bytes() const { return offloaded_bytes_; }
+  // Aux-loss-free balancing (ModelConfig::router_bias_update_rate): every
+  // layer's routing biases, (n_layer, E) f32 row-major over the whole model
+  // (this part keeps its layers' rows; empty: none, the plain top k).
+  void set_router_bias(const std::vector<float>& all_layers);
+  // The routing biases as set_router_bias takes them: (n_layer, E) over the
+  // whole model, this part's rows from its tensors, zero outside them (empty:
+  // none).
+  std::vector<float> router_bias() const;
+  // The routed slots per expert of this part's blocks, summed over the
+  // training forward passes since the last call (recomputation and
+  // evaluation not counted): (n_layer, E) over the whole model, zero outside
+  // this part's layers. Resets the count.
+  std::vector<int64_t> take_expert_load();
   // Called during backward() with the index (into param_sets()) of a layer
   // whose gradients are complete for this micro-batch: the head first, the
   // blocks from last to first, the embeddings last. Data parallelism starts
@@ -416,6 +429,8 @@ class Transformer {
   mutable Tensor cp_rope_table_;  // (T, D/2, 2): rope_table_'s rows at a cp rank's positions
   mutable int64_t cp_rope_rows_ = 0;
   int64_t offloaded_bytes_ = 0;  // offloaded_bytes()
+  std::vector<Tensor> router_bias_;  // MoE: per block, (E) f32 (set_router_bias; empty: none)
+  std::vector<int64_t> expert_load_;  // MoE: (blocks, E) training slots since take_expert_load
 };
 
 // The sum of a forward's per-token losses (ForwardContext::token_losses), in

@@ -46,7 +46,7 @@ void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
 }  // namespace
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize, const Tensor& lse) {
+               bool normalize, const Tensor& lse, const Tensor& bias) {
   const char* op = "moe_route";
   const OpScope scope(op, logits);
   check_ndim(op, "logits", logits, 2);
@@ -65,11 +65,16 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
     check_shape(op, "lse", lse, Shape{N});
     check_dtype(op, "lse", lse, {DType::f32});
   }
-  check_device(op, logits.device(), {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"lse", &lse}});
+  if (bias.defined()) {
+    check_shape(op, "bias", bias, Shape{E});
+    check_dtype(op, "bias", bias, {DType::f32});
+  }
+  check_device(op, logits.device(),
+               {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"lse", &lse}, {"bias", &bias}});
   check_all_disjoint(op, {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"logits", &logits},
                           {"lse", &lse}});
   check_cpu(op, logits);
-  cpu::moe_route(probs, choice, weight, logits, normalize, lse);
+  cpu::moe_route(probs, choice, weight, logits, normalize, lse, bias);
 }
 
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,

@@ -25,8 +25,11 @@ namespace zt::ops {
 // most probable experts in descending probability (ties: the lower index);
 // weight (N, k) = probs at choice, divided by their sum when normalize.
 // lse (N) f32 or undefined: each row's logsumexp (the router z-loss's z).
+// bias (E) f32 or undefined: added to every row's probabilities for the
+// choice only (aux-loss-free balancing, DeepSeek-V3): the k largest of
+// probs + bias are chosen, their weights still the probabilities'.
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize, const Tensor& lse = {});
+               bool normalize, const Tensor& lse = {}, const Tensor& bias = {});
 
 // Backward of moe_route and of the load-balancing loss:
 //   dlogits (N, E) = softmax backward of dprobs, where dprobs[t, e] =

@@ -66,7 +66,8 @@ json progress_json(const TrainProgress& p) {
           {"last_good_step", p.last_good_step},
           {"loss_scale", p.loss_scale.scale},
           {"loss_scale_good_steps", p.loss_scale.good_steps},
-          {"overflow_steps", p.overflow_steps}};
+          {"overflow_steps", p.overflow_steps},
+          {"router_bias", p.router_bias}};
 }
 
 TrainProgress progress_from(const json& j, const std::string& where) {
@@ -81,6 +82,7 @@ TrainProgress progress_from(const json& j, const std::string& where) {
     p.loss_scale.scale = j.value("loss_scale", 0.0);
     p.loss_scale.good_steps = j.value("loss_scale_good_steps", int64_t(0));
     p.overflow_steps = j.value("overflow_steps", int64_t(0));
+    p.router_bias = j.value("router_bias", std::vector<float>{});  // written before balancing biases: none
     return p;
   } catch (const json::exception& e) {
     ZT_FAIL(where, ": state.progress is incomplete: ", e.what());
@@ -332,6 +334,7 @@ std::string init_weights_from_checkpoint(Trainer& t, const std::string& path) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   check_model_tensors(t, ck, false);
   load_weights_and_state(t, ck, false);
+  t.set_router_bias(saved_router_bias(ck.manifest().state));  // model state beside the weights
   return ck.dir();
 }
 
@@ -384,6 +387,11 @@ ModelCheckpoint read_model_checkpoint(const std::string& path) {
   }
   ZT_CHECK(!out.tensors.empty(), "the checkpoint ", ck.dir(), " holds no model weights (no model.* tensors)");
   return out;
+}
+
+std::vector<float> saved_router_bias(const json& state) {
+  if (!state.contains("progress")) return {};
+  return state["progress"].value("router_bias", std::vector<float>{});
 }
 
 }  // namespace zt::train

@@ -75,5 +75,8 @@ struct ModelCheckpoint {
 };
 // The model weights of any checkpoint (a training checkpoint or a weights-only one).
 ModelCheckpoint read_model_checkpoint(const std::string& path);
+// A checkpoint's routing biases (its state.progress.router_bias: n_layer x E
+// f32, nn/model_config.h's router_bias_update_rate; empty: none).
+std::vector<float> saved_router_bias(const nlohmann::json& state);
 
 }  // namespace zt::train

@@ -64,6 +64,9 @@ const std::vector<Field>& fields() {
            "router z-loss coefficient (ST-MoE: mean over tokens of logsumexp(router logits)^2 per block; 0: none)"),
       ZT_F("model", "shared_expert_ff", model.shared_expert_ff,
            "hidden width of a shared SwiGLU expert every token goes through beside its routed ones (0: none)"),
+      ZT_F("model", "router_bias_update_rate", model.router_bias_update_rate,
+           "aux-loss-free balancing (DeepSeek-V3): each step, every expert's routing bias +- this rate "
+           "towards the mean load (0: none)"),
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
       ZT_F("train", "device", train.device, "cpu | cuda[:N] | auto (cuda when this machine has a usable GPU, else cpu)"),

@@ -16,6 +16,9 @@ namespace zt::train {
 
 namespace fs = std::filesystem;
 
+// model.safetensors' name for the routing biases (n_layer, E) f32.
+constexpr const char* kRouterBiasTensor = "router_bias";
+
 std::string save_model_file(const nn::Transformer& model, const Config& cfg, bool write) {
   return save_model_file(std::vector<const nn::Transformer*>{&model}, nullptr, cfg, write);
 }
@@ -57,7 +60,7 @@ Packed pack(const std::vector<std::pair<std::string, Tensor>>& tensors) {
 }  // namespace
 
 std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, comm::ProcessGroup* pp,
-                            const Config& cfg, bool write) {
+                            const Config& cfg, bool write, const std::vector<float>& router_bias) {
   // This rank's whole tensors (assembled from the tensor-parallel slices: a
   // collective over tp), on the host, f32 for the transfer; the head
   // stage's copy of a tied embedding is the embedding stage's.
@@ -107,6 +110,13 @@ std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, c
     }
   }
   if (!write) return "";
+  if (!router_bias.empty()) {  // every rank holds all of them (the trainer's progress)
+    Tensor b = Tensor::empty(Shape{cfg.model.n_layer, cfg.model.n_expert}, DType::f32);
+    ZT_CHECK(int64_t(router_bias.size()) == b.numel(), "save_model_file: ", router_bias.size(),
+             " routing biases for ", b.numel(), " experts of the model's blocks");
+    std::copy(router_bias.begin(), router_bias.end(), b.data<float>());
+    tensors.emplace_back(kRouterBiasTensor, b);
+  }
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
   ckpt::write_safetensors(path, tensors, {{"format", "zettatron-model"}, {"arch", std::string(nn::arch_name(cfg.model.arch))}});
   return path;
@@ -159,6 +169,7 @@ LoadedModel load_model_file(const std::string& run_dir) {
           return it == weights.end() ? std::nullopt : std::optional<Tensor>(it->second);
         },
         ck.dir, "the config saved with it");
+    out.model->set_router_bias(saved_router_bias(ck.state));
     return out;
   }
   ZT_CHECK(fs::exists(cfg_path), "'", run_dir, "' has no config.toml: pass the run directory of a finished run");
@@ -173,6 +184,14 @@ LoadedModel load_model_file(const std::string& run_dir) {
         return file.contains(name) ? std::optional<Tensor>(file.tensor(name)) : std::nullopt;
       },
       weights_path.string(), cfg_path.string());
+  if (file.contains(kRouterBiasTensor)) {
+    const Tensor b = file.tensor(kRouterBiasTensor);
+    ZT_CHECK(b.dtype() == DType::f32 && b.shape() == Shape({out.config.model.n_layer, out.config.model.n_expert}),
+             weights_path.string(), ": router_bias is ", dtype_name(b.dtype()), b.shape().str(), ", but ",
+             cfg_path.string(), " needs f32 (n_layer, n_expert) = (", out.config.model.n_layer, ", ",
+             out.config.model.n_expert, ")");
+    out.model->set_router_bias(std::vector<float>(b.data<float>(), b.data<float>() + b.numel()));
+  }
   return out;
 }
 

@@ -21,8 +21,10 @@ std::string save_model_file(const nn::Transformer& model, const Config& cfg, boo
 // The same for a model split over pipeline ranks: every rank of pp passes
 // its chunks; the tensors travel to pipeline rank 0, which writes when
 // write = true. A collective over pp (and tp).
+// router_bias: the routing biases of every block (TrainProgress::router_bias),
+// saved as the tensor "router_bias" (n_layer, E) f32 when not empty.
 std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, comm::ProcessGroup* pp,
-                            const Config& cfg, bool write);
+                            const Config& cfg, bool write, const std::vector<float>& router_bias = {});
 
 struct LoadedModel {
   Config config;
@@ -31,7 +33,8 @@ struct LoadedModel {
 // Reads DIR/config.toml and DIR/model.safetensors; errors name the missing
 // file or the tensors whose shapes do not match the config. Without
 // model.safetensors, DIR may be a checkpoint (or a run with checkpoints):
-// the weights (f32 masters) and config come from it.
+// the weights (f32 masters) and config come from it. The routing biases
+// too, where the run kept them.
 LoadedModel load_model_file(const std::string& run_dir);
 
 }  // namespace zt::train

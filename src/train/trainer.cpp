@@ -221,6 +221,12 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
     ckpt_group_ = comm::world().split(0, int(mesh_->world_rank()), "ckpt");
   else
     ckpt_group_ = comm::make_solo_group("ckpt");
+  if (cfg_.model.router_bias_update_rate > 0) {
+    progress_.router_bias.assign(size_t(cfg_.model.n_layer * cfg_.model.n_expert), 0.0f);
+    for (auto& c : chunks_) c->set_router_bias(progress_.router_bias);
+    if (mesh_ && mesh_->shape().world() > 1)
+      balance_group_ = comm::world().split(0, int(mesh_->world_rank()), "router_bias");
+  }
   optimizer_ = std::make_unique<optim::AdamW>(param_sets(), cfg_.adamw(), dp_->optimizer_shards());
   inputs_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
   targets_ = Tensor::empty(Shape{cfg_.train.micro_batch, cfg_.train.seq_len}, DType::i32);
@@ -396,6 +402,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     dp_->gather_params(*optimizer_);
     if (scaler_) scaler_->update(progress_.loss_scale, false);
   }
+  if (cfg_.model.router_bias_update_rate > 0) update_router_bias(!m.skipped);
   if (ops::op_profile_enabled()) {
     ops::synchronize(device);  // the step's GPU work inside its time, so the op shares add up
     m.op_totals = ops::take_op_profile();
@@ -481,8 +488,41 @@ double Trainer::evaluate(int64_t* tokens_out) {
   return loss_sum / double(std::max<int64_t>(1, tokens));
 }
 
+void Trainer::update_router_bias(bool apply) {
+  std::vector<int64_t> load(progress_.router_bias.size(), 0);
+  for (auto& c : chunks_) {
+    const std::vector<int64_t> part = c->take_expert_load();
+    for (size_t i = 0; i < load.size(); ++i) load[i] += part[i];
+  }
+  step_expert_load_.clear();
+  if (!apply) return;
+  if (balance_group_) {  // exact: integer counts (n_layer x E i64, a few KiB)
+    const Tensor t = Tensor::empty(Shape{int64_t(load.size())}, DType::i64);
+    std::copy(load.begin(), load.end(), t.data<int64_t>());
+    balance_group_->all_reduce(t)->wait();
+    std::copy_n(t.data<int64_t>(), load.size(), load.begin());
+  }
+  nn::move_router_bias(progress_.router_bias, load, cfg_.model.n_expert, cfg_.model.router_bias_update_rate);
+  step_expert_load_ = std::move(load);
+  for (auto& c : chunks_) c->set_router_bias(progress_.router_bias);
+}
+
+void Trainer::set_router_bias(const std::vector<float>& bias) {
+  const size_t biases = size_t(cfg_.model.moe() ? cfg_.model.n_layer * cfg_.model.n_expert : 0);
+  ZT_CHECK(bias.empty() || bias.size() == biases, "the checkpoint's state.progress.router_bias has ", bias.size(),
+           " values, but this model has ", cfg_.model.n_layer, " layers x ", cfg_.model.n_expert,
+           " experts; start from a checkpoint of the same [model] section");
+  // Biases are model state: kept when saved, and started at zero when the
+  // run balances but the checkpoint (from a run that did not) has none.
+  progress_.router_bias = bias;
+  if (bias.empty() && cfg_.model.router_bias_update_rate > 0) progress_.router_bias.assign(biases, 0.0f);
+  for (auto& c : chunks_) c->set_router_bias(progress_.router_bias);
+}
+
 void Trainer::set_progress(const TrainProgress& p) {
+  const std::vector<float> bias = p.router_bias;
   progress_ = p;
+  set_router_bias(bias);
   if (!scaler_)
     progress_.loss_scale = {};
   else if (p.loss_scale.scale > 0)

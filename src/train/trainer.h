@@ -50,6 +50,9 @@ struct TrainProgress {
   // gradient overflow.
   optim::LossScaleState loss_scale;
   int64_t overflow_steps = 0;
+  // Aux-loss-free balancing: every block's routing bias per expert,
+  // (n_layer, E) f32 row-major, the same on every rank (empty: none).
+  std::vector<float> router_bias;
 };
 
 // Text <-> tokens for samples (from data::Tokenizer; optional).
@@ -106,6 +109,14 @@ class Trainer {
   const TrainProgress& progress() const { return progress_; }
   // For restoring a checkpoint (train/checkpointing.h).
   void set_progress(const TrainProgress& p);
+  // The routing biases of every block (TrainProgress::router_bias; empty:
+  // none, or zeros under model.router_bias_update_rate), checked against
+  // the model's layers and experts: a checkpoint's, for initial weights.
+  void set_router_bias(const std::vector<float>& bias);
+  // Under model.router_bias_update_rate: the last step's routed slots per
+  // block and expert, (n_layer, E) summed over every rank (each tp rank
+  // counts its group's tokens again) - what moved the biases. Else empty.
+  const std::vector<int64_t>& step_expert_load() const { return step_expert_load_; }
   optim::AdamW& optimizer() { return *optimizer_; }
   parallel::DataParallel& data_parallel() { return *dp_; }
   // The data-parallel ranks again, for checkpoint writes (a group of its own,
@@ -137,6 +148,11 @@ class Trainer {
   std::function<void(const std::string&)> log;
 
  private:
+  // Aux-loss-free balancing after an optimizer step: the step's routed slots
+  // per block and expert summed over every rank, each bias moved by the rate
+  // towards the mean (progress_.router_bias, then every chunk's); the loads
+  // are dropped after a skipped step (apply = false). The same on every rank.
+  void update_router_bias(bool apply);
   Config cfg_;
   std::vector<std::unique_ptr<nn::Transformer>> chunks_;  // one, or this rank's pipeline chunks
   std::unique_ptr<optim::AdamW> optimizer_;
@@ -144,6 +160,10 @@ class Trainer {
   std::unique_ptr<comm::ProcessGroup> solo_dp_;  // the dp group of a single process
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<comm::ProcessGroup> ckpt_group_;
+  // Every rank of the job, for the step's expert loads under
+  // model.router_bias_update_rate (null: one process or no balancing bias).
+  std::unique_ptr<comm::ProcessGroup> balance_group_;
+  std::vector<int64_t> step_expert_load_;  // step_expert_load()
   std::unique_ptr<parallel::PipelineRunner> pipeline_;
   bool main_rank_ = true;
   std::unique_ptr<BatchSource> train_, val_;

@@ -62,7 +62,7 @@ struct RouteOut {
   Tensor probs, choice, weight, lse;
 };
 
-RouteOut route(const Tensor& logits, int64_t k, bool normalize) {
+RouteOut route(const Tensor& logits, int64_t k, bool normalize, const Tensor& bias = {}) {
   const int64_t N = logits.size(0), E = logits.size(1);
   RouteOut r{Tensor::empty(Shape{N, E}, DType::f32), Tensor::empty(Shape{N, k}, DType::i32),
              Tensor::empty(Shape{N, k}, DType::f32), Tensor::empty(Shape{N}, DType::f32)};
@@ -70,7 +70,7 @@ RouteOut route(const Tensor& logits, int64_t k, bool normalize) {
   poison(r.choice);
   poison(r.weight);
   poison(r.lse);
-  ops::moe_route(r.probs, r.choice, r.weight, logits, normalize, r.lse);
+  ops::moe_route(r.probs, r.choice, r.weight, logits, normalize, r.lse, bias);
   return r;
 }
 
@@ -109,6 +109,47 @@ TEST(MoeRoute, SoftmaxTopKAndWeightsMatchFloat64) {
       }
       EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
     }
+}
+
+// Aux-loss-free balancing's bias moves the choice, not the weights: the k
+// largest of probs + bias (the op's f32 probabilities plus the bias, as the
+// op adds them, so that the reference's ranking sees the same scores), each
+// weighted by its float64 probability.
+TEST(MoeRoute, BiasMovesTheChoiceButNotTheWeights) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(7);
+  for (const RouteCase& c : kRouteCases)
+    for (bool normalize : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "N " << c.N << " E " << c.E << " k " << c.k << " normalize " << normalize);
+      const Tensor logits = random_tensor(Shape{c.N, c.E}, DType::f32, rng, -2.0, 2.0);
+      const Tensor bias = random_tensor(Shape{c.E}, DType::f32, rng, -0.3, 0.3);
+      const RouteOut r = route(logits, c.k, normalize, bias);
+      const std::vector<double> p = softmax_rows(to_f64(logits), c.N, c.E);
+      EXPECT_TRUE(test::all_close(r.probs, p, 1e-6, 1e-9)) << "the probabilities are the softmax's, unbiased";
+      std::vector<double> score(size_t(c.N * c.E));
+      for (int64_t i = 0; i < c.N * c.E; ++i)
+        score[size_t(i)] = double(r.probs.data<float>()[i] + bias.data<float>()[i % c.E]);
+      std::vector<double> w_ref;
+      int64_t moved = 0;  // rows whose choice the bias changed
+      for (int64_t t = 0; t < c.N; ++t) {
+        const std::vector<int32_t> top = top_k(score, t, c.E, c.k);
+        moved += top != top_k(p, t, c.E, c.k);
+        double S = 0;
+        for (int32_t e : top) S += p[size_t(t * c.E + e)];
+        for (int64_t j = 0; j < c.k; ++j) {
+          EXPECT_EQ(r.choice.data<int32_t>()[t * c.k + j], top[size_t(j)]) << "token " << t << " slot " << j;
+          w_ref.push_back(p[size_t(t * c.E + top[size_t(j)])] / (normalize ? S : 1.0));
+        }
+      }
+      EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
+      if (c.N >= 30 && c.E > c.k) EXPECT_GT(moved, 0) << "a bias this large changes some rows' choice";
+    }
+  const Tensor logits = random_tensor(Shape{4, 8}, DType::f32, rng, -1.0, 1.0);
+  const auto refused = [&](const Tensor& bias) {
+    return error_of([&] { route(logits, 2, true, bias); });
+  };
+  EXPECT_THAT(refused(Tensor::empty(Shape{7}, DType::f32)), HasSubstr("bias"));
+  EXPECT_THAT(refused(Tensor::empty(Shape{8}, DType::bf16)), HasSubstr("bias"));
 }
 
 TEST(MoeRoute, TiesGoToTheLowerExpert) {

@@ -158,6 +158,7 @@ TEST(TensorParallel, LogitsLossAndGradientsMatchOneProcess) {
 struct Run {
   std::vector<double> losses;
   std::map<std::string, Tensor> weights;  // global tensors after training
+  std::vector<float> router_bias;         // the balancing biases after training (empty: none)
 };
 
 // Moves every weight of `m` one ulp up or down (signs drawn from `seed`):
@@ -182,6 +183,7 @@ Run train_run(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh, uint64_t 
   for (int64_t s = 0; s < cfg.train.steps; ++s) r.losses.push_back(t.train_step(s).loss);
   t.data_parallel().hold_full_params(true);  // ZeRO-3
   for (const std::string& name : param_names(t.model())) r.weights[name] = t.model().global_param(name);
+  r.router_bias = t.progress().router_bias;
   return r;
 }
 
@@ -244,6 +246,8 @@ void expect_same_training(const Run& got, const Case& c, const nn::ModelConfig& 
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s)
     EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "step " << s + 1;
+  // Each bias is a sum of +-rate steps: equal only where every step's loads compared alike.
+  EXPECT_EQ(got.router_bias, ref.router_bias) << "the routing biases after training";
   if (one_stage) {
     ASSERT_FALSE(got.weights.empty());
     for (const auto& [name, w] : got.weights) ASSERT_TRUE(ref.weights.count(name)) << name << " is not in the model";
@@ -416,6 +420,39 @@ TEST(MixtureOfExperts, ASharedExpertMatchesOneProcess) {
   if (p == 4)
     layouts.push_back({{2, 2, 1, 1, 2}, {"parallel.tp=2", "parallel.ep=2", "train.recompute=full"},
                        "tp 2 x dp 2, ep 2, full recompute"});
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
+    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
+    const Config cfg = case_config(c, 1, l.settings);
+    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
+  }
+}
+
+// Aux-loss-free balancing: each step's loads summed over every rank (a tp
+// group's ranks count the same tokens, a factor the comparison with the mean
+// does not see), the biases moved alike on every rank and every layout, and
+// training the single process's - its biases to the bit.
+TEST(MixtureOfExperts, BalancingBiasesMatchOneProcess) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const Case c{"llama3-moe-tiny", false, {"model.router_bias_update_rate=0.02", "model.router_aux_loss=0"},
+               "llama3 MoE, balancing biases"};
+  ASSERT_FALSE(reference(c).router_bias.empty());
+  ASSERT_TRUE(std::any_of(reference(c).router_bias.begin(), reference(c).router_bias.end(),
+                          [](float b) { return b != 0.0f; }))
+      << "ten steps move the biases";
+  struct Layout {
+    parallel::MeshShape shape;
+    std::vector<std::string> settings;
+    const char* what;
+  };
+  std::vector<Layout> layouts = {
+      {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=1"}, "dp x ep, ZeRO-1"},
+      {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true"}, "tp + SP"},
+  };
+  if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=1f1b"}, "pp 2, 1f1b"});
+  if (p == 4)
+    layouts.push_back({{1, 2, 1, 2, 2}, {"parallel.tp=2", "parallel.cp=2", "parallel.ep=2"}, "tp 2 x cp 2, ep 2"});
   for (const Layout& l : layouts) {
     SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
     auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());

@@ -120,6 +120,10 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"model.shared_expert_ff=64"}),
                   "model.shared_expert_ff = 64 adds a shared expert beside a mixture of experts, but model.n_expert = 0"));
   EXPECT_TRUE(has(error_of(kBase, with(moe, "model.shared_expert_ff=-1")), "model.shared_expert_ff must be >= 0"));
+  EXPECT_TRUE(has(error_of(kBase, with(moe, "model.router_bias_update_rate=-0.001")),
+                  "model.router_bias_update_rate = -0.001 must be a finite number >= 0"));
+  EXPECT_TRUE(has(error_of(kBase, {"model.router_bias_update_rate=0.001"}),
+                  "balances a mixture of experts, but model.n_expert = 0"));
   EXPECT_EQ(error_of(kBase, with(with(moe, "parallel.cp=2"), "parallel.pp=2")), "");
   EXPECT_EQ(error_of(kBase, with(moe, "parallel.ep=4")), "");
   EXPECT_TRUE(has(error_of(kBase, with(moe, "parallel.ep=3")), "parallel.ep = 3 must divide model.n_expert = 4"));

@@ -97,13 +97,14 @@ void combine_backward_rows(T* dys, float* dweight, const T* dout, const T* ys, c
 }  // namespace
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize, const Tensor& lse) {
+               bool normalize, const Tensor& lse, const Tensor& bias) {
   const int64_t N = logits.size(0), E = logits.size(1), k = choice.size(1);
   const float* l = logits.data<float>();
   float* p = probs.data<float>();
   int32_t* ch = choice.data<int32_t>();
   float* w = weight.data<float>();
   float* z = lse.defined() ? lse.data<float>() : nullptr;
+  const float* b = bias.defined() ? bias.data<float>() : nullptr;
 #pragma omp parallel for schedule(static) if (N * E >= kParallelMin)
   for (int64_t t = 0; t < N; ++t) {
     const float* lt = l + t * E;
@@ -115,15 +116,17 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
     if (z) z[t] = mx + std::log(sum);
     const float inv = 1.0f / sum;
     for (int64_t e = 0; e < E; ++e) pt[e] *= inv;
-    // Top k by repeated selection (k is small): the largest not yet taken,
-    // the lower index on ties (strict >).
+    // Top k by repeated selection (k is small): the largest score (the
+    // probability, plus the expert's bias) not yet taken, the lower index on
+    // ties (strict >).
+    const auto score = [&](int64_t e) { return b ? pt[e] + b[e] : pt[e]; };
     float total = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e) {
         bool taken = false;
         for (int64_t i = 0; i < j; ++i) taken |= ch[t * k + i] == e;
-        if (!taken && (best < 0 || pt[e] > pt[best])) best = e;
+        if (!taken && (best < 0 || score(e) > score(best))) best = e;
       }
       ch[t * k + j] = int32_t(best);
       w[t * k + j] = pt[best];

@@ -12,7 +12,7 @@
 namespace zt::cpu {
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
-               bool normalize, const Tensor& lse);
+               bool normalize, const Tensor& lse, const Tensor& bias);
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
                         const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse);
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
