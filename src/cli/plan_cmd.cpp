@@ -125,10 +125,6 @@ Command add_plan_command(CLI::App& app) {
     so.world = world;
     so.vary_zero = so.vary_micro_batch = so.vary_recompute = so.vary_schedule = so.vary_offload = !opts->layout_only;
     const std::vector<plan::Candidate> found = plan::search_layouts(cfg, cluster, so);
-    if (found.empty() && cluster.gpu && cfg.model.moe()) {
-      std::cout << "\nno layout: mixture-of-experts models train on CPUs only so far (--cluster cpu plans one)\n";
-      return 1;
-    }
     if (found.empty()) {
       std::cout << "\nno layout of " << world << " devices runs this config within "
                 << double(cluster.memory_bytes) / double(int64_t(1) << 30)

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/activation.h"
+#include "ops/device.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/moe.h"
@@ -61,8 +62,8 @@ void plan_exchange(MoeActivations& a, comm::ProcessGroup& g, int64_t E) {
     source_start[size_t(r)] = R;
     R += a.recv_rows[size_t(r)];
   }
-  a.to_expert_major = act_tensor(Shape{R}, DType::i32, a.probs.device());
-  a.to_source_major = act_tensor(Shape{R}, DType::i32, a.probs.device());
+  a.to_expert_major = act_tensor(Shape{R}, DType::i32, Device::cpu());  // plans live on the host (ops/moe.h)
+  a.to_source_major = act_tensor(Shape{R}, DType::i32, Device::cpu());
   int32_t* to_e = a.to_expert_major.data<int32_t>();
   int32_t* to_s = a.to_source_major.data<int32_t>();
   a.local_offsets.assign(size_t(El + 1), 0);
@@ -87,8 +88,6 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k;
   const DType dt = x.dtype();
   const Device dev = x.device();
-  ZT_CHECK(dev.is_cpu(), "mixture-of-experts blocks run on the CPU only so far (model.n_expert = ", E,
-           " on ", dev.str(), "); set model.n_expert = 0 or train on the CPU");
   const bool ep = experts.parallel();
   const int64_t El = w.experts_in.size(0), Fl = w.experts_out.size(2);
   ZT_CHECK(El * (ep ? experts.group->size() : 1) == E, "moe_forward: ", El, " local experts over ",
@@ -100,8 +99,8 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.weight = act_tensor(Shape{N, k}, DType::f32, dev);
   if (cfg.router_z_loss > 0) a.router_lse = act_tensor(Shape{N}, DType::f32, dev);  // z_t, from the softmax
   ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize, a.router_lse, w.router_bias);
-  a.order = act_tensor(Shape{N * k}, DType::i32, dev);
-  a.where = act_tensor(Shape{N * k}, DType::i32, dev);
+  a.order = act_tensor(Shape{N * k}, DType::i32, Device::cpu());  // the plan, on the host (ops/moe.h)
+  a.where = act_tensor(Shape{N * k}, DType::i32, Device::cpu());
   ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E);
   a.xs = act_tensor(Shape{N * k, C}, dt, dev);
   ops::moe_gather(a.xs, x, a.order, k);
@@ -138,14 +137,18 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.aux_loss = 0.0;
   // [slots (E) | probability sums (E) | tokens | sum of z_t^2]
   std::vector<double> sums(size_t(2 * E + 2), 0.0);
-  const float* p = a.probs.data<float>();
+  // A GPU's probabilities and logsumexps come to the host (N (E + 1) floats,
+  // after the dispatch plan has already waited for the routing).
+  const Tensor probs = ops::on_device(a.probs, Device::cpu(), MemCategory::workspace);
+  const float* p = probs.data<float>();
   for (int64_t e = 0; e < E; ++e) {
     sums[size_t(e)] = double(a.offsets[size_t(e + 1)] - a.offsets[size_t(e)]);
     for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
   }
   sums[size_t(2 * E)] = double(N);
   if (a.router_lse.defined()) {
-    const float* z = a.router_lse.data<float>();
+    const Tensor lse = ops::on_device(a.router_lse, Device::cpu(), MemCategory::workspace);
+    const float* z = lse.data<float>();
     for (int64_t t = 0; t < N; ++t) sums[size_t(2 * E + 1)] += double(z[t]) * double(z[t]);
   }
   if (balance_group && balance_group->size() > 1) {
@@ -245,11 +248,12 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   // the softmax; dx += dlogits Wr.
   Tensor aux;
   if (cfg.router_aux_loss > 0 && a.load_tokens > 0) {  // grad_scale coef E f_e (the balancing group's f_e)
-    aux = Tensor::empty(Shape{E}, DType::f32, dev, MemCategory::workspace);
+    aux = Tensor::empty(Shape{E}, DType::f32, Device::cpu(), MemCategory::workspace);
     float* g = aux.data<float>();
     for (int64_t e = 0; e < E; ++e)
       g[e] = float(double(a.grad_scale) * double(cfg.router_aux_loss) * double(E) * a.load[size_t(e)] /
                    (a.load_tokens * double(k)));
+    aux = ops::on_device(aux, dev, MemCategory::workspace);
   }
   Tensor dlse;  // the z-loss: d(coef z_t^2) / d z_t = 2 coef z_t, times grad_scale
   if (a.router_lse.defined()) {

@@ -1,5 +1,8 @@
 // Mixture-of-experts routing, dispatch and combine: argument validation, then
-// dispatch by device (CPU kernels: backend/cpu/moe.cpp; contract: ops/moe.h).
+// dispatch by device (CPU kernels: backend/cpu/moe.cpp, CUDA:
+// backend/cuda/moe.cu; contract: ops/moe.h). The dispatch plan lives on the
+// host, where it is made and validated; a GPU op uploads the index tensor it
+// reads (no wait: the host copy outlives the upload).
 #include "ops/moe.h"
 
 #include <cstdint>
@@ -8,7 +11,11 @@
 #include "backend/cpu/moe.h"
 #include "core/error.h"
 #include "ops/check.h"
+#include "ops/device.h"
 #include "ops/op_profile.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/moe.h"
+#endif
 
 namespace zt::ops {
 
@@ -37,11 +44,16 @@ void check_cpu(const char* op, const Tensor& on) {
   if (!on.device().is_cpu()) no_backend(op, on.device());
 }
 
-// Rows of tokens: (rows, C), f32 or bf16.
+// Rows of tokens: (rows, C), f32 or bf16 (or f16 on a GPU).
 void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t C) {
   check_shape(op, name, t, Shape{rows, C});
-  check_dtype(op, name, t, {DType::f32, DType::bf16});
+  check_compute_dtype(op, name, t);
 }
+
+#if ZT_WITH_CUDA
+// A plan's index tensor (validated on the host) where a GPU kernel reads it.
+Tensor uploaded(const Tensor& plan, Device device) { return on_device(plan, device, MemCategory::workspace); }
+#endif
 
 }  // namespace
 
@@ -73,6 +85,9 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
                {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"lse", &lse}, {"bias", &bias}});
   check_all_disjoint(op, {{"probs", &probs}, {"choice", &choice}, {"weight", &weight}, {"logits", &logits},
                           {"lse", &lse}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, logits.device())) return cuda::moe_route(probs, choice, weight, logits, normalize, lse, bias);
+#endif
   check_cpu(op, logits);
   cpu::moe_route(probs, choice, weight, logits, normalize, lse, bias);
 }
@@ -108,6 +123,10 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
   check_disjoint_from(op, "dlogits", dlogits,
                       {{"dweight", &dweight}, {"probs", &probs}, {"choice", &choice}, {"weight", &weight},
                        {"aux_dprob", &aux_dprob}, {"dlse", &dlse}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, probs.device()))
+    return cuda::moe_route_backward(dlogits, dweight, probs, choice, weight, normalize, aux_dprob, dlse);
+#endif
   check_cpu(op, probs);
   cpu::moe_route_backward(dlogits, dweight, probs, choice, weight, normalize, aux_dprob, dlse);
 }
@@ -117,17 +136,19 @@ void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int
   const char* op = "moe_dispatch_plan";
   check_ndim(op, "choice", choice, 2);
   check_dtype(op, "choice", choice, {DType::i32});
-  ZT_CHECK(choice.device().is_cpu(), op, ": 'choice' must be on the host, got ", choice.device().str());
   const int64_t NK = choice.numel();
   ZT_CHECK(NK < (int64_t(1) << 31), op, ": ", NK, " slots is too many (limit 2^31)");
   check_slots(op, "order", order, NK);
   check_slots(op, "where", where, NK);
   check_all_disjoint(op, {{"order", &order}, {"where", &where}, {"choice", &choice}});
-  const int32_t* ch = choice.data<int32_t>();
+  // A GPU's choice comes to the host (the step waits for the routing here:
+  // the experts' row counts size their products and exchanges).
+  const Tensor host_choice = on_device(choice, Device::cpu(), MemCategory::workspace);
+  const int32_t* ch = host_choice.data<int32_t>();
   for (int64_t s = 0; s < NK; ++s)
     ZT_CHECK(ch[s] >= 0 && ch[s] < E, op, ": slot ", s, " (token ", s / choice.size(1), ") chose expert ", ch[s],
              ", outside [0, E) with E = ", E);
-  cpu::moe_dispatch_plan(order, where, offsets, choice, E);
+  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E);
 }
 
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {
@@ -141,6 +162,10 @@ void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t 
   check_same_dtype(op, "x", x, "xs", xs);
   check_plan(op, "order", order, N * k);
   check_disjoint(op, "xs", xs, "x", x);
+  check_device(op, x.device(), {{"xs", &xs}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::moe_gather(xs, x, uploaded(order, x.device()), k);
+#endif
   check_cpu(op, x);
   cpu::moe_gather(xs, x, order, k);
 }
@@ -156,6 +181,10 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& wher
   check_same_dtype(op, "dx", dx, "dxs", dxs);
   check_plan(op, "where", where, N * k);
   check_disjoint(op, "dx", dx, "dxs", dxs);
+  check_device(op, dx.device(), {{"dxs", &dxs}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, dx.device())) return cuda::moe_gather_backward(dx, dxs, uploaded(where, dx.device()), k, accumulate);
+#endif
   check_cpu(op, dx);
   cpu::moe_gather_backward(dx, dxs, where, k, accumulate);
 }
@@ -178,6 +207,11 @@ void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, cons
     check_same_dtype(op, "out", out, "residual", residual);
   }
   check_disjoint_from(op, "out", out, {{"ys", &ys}, {"weight", &weight}, {"residual", &residual}});
+  check_device(op, out.device(), {{"ys", &ys}, {"weight", &weight}, {"residual", &residual}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, out.device()))
+    return cuda::moe_combine(out, ys, weight, uploaded(where, out.device()), residual);
+#endif
   check_cpu(op, out);
   cpu::moe_combine(out, ys, weight, where, residual);
 }
@@ -200,6 +234,11 @@ void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor
   }
   check_plan(op, "where", where, N * k);
   check_all_disjoint(op, {{"dys", &dys}, {"dweight", &dweight}, {"dout", &dout}, {"ys", &ys}, {"weight", &weight}});
+  check_device(op, dout.device(), {{"dys", &dys}, {"dweight", &dweight}, {"ys", &ys}, {"weight", &weight}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, dout.device()))
+    return cuda::moe_combine_backward(dys, dweight, dout, ys, weight, uploaded(where, dout.device()));
+#endif
   check_cpu(op, dout);
   cpu::moe_combine_backward(dys, dweight, dout, ys, weight, where);
 }

@@ -10,8 +10,10 @@
 // contiguous run of rows.
 //
 // Dtypes: router logits, probabilities and weights f32; token rows (x, y,
-// their gradients) f32 or bf16, summed in f32 and rounded once. CPU only for
-// now: on another device each op names itself and the device.
+// their gradients) f32 or bf16 (or f16 on a GPU), summed in f32 and rounded
+// once. Devices: the CPU and CUDA GPUs. The dispatch plan (order, where,
+// offsets) is always on the host, where it is made and checked; the ops
+// that read it on a GPU upload it.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +43,10 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
 void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
                         const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse = {});
 
-// The grouping of slots by expert: order and where (N k) i32 as above,
-// offsets (E + 1) of the experts' runs. choice (N, k) i32 on the host, every
-// id in [0, E) (checked).
+// The grouping of slots by expert: order and where (N k) i32 on the host as
+// above, offsets (E + 1) of the experts' runs. choice (N, k) i32, every id in
+// [0, E) (checked); a GPU's is copied to the host first (the caller waits
+// for the routing: the runs' lengths size the experts' products).
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
                        const Tensor& choice, int64_t E);
 

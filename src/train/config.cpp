@@ -442,8 +442,6 @@ void Config::check_layout(const parallel::MeshShape& mesh, Device device) const 
            "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
   ZT_CHECK(mesh.cp == 1 || device.is_cpu(), "context parallelism (parallel.cp = ", mesh.cp, ") runs on the CPU so "
            "far; set train.device = \"cpu\" or parallel.cp = 1");
-  ZT_CHECK(!model.moe() || device.is_cpu(), "mixture-of-experts blocks (model.n_expert = ", model.n_expert,
-           ") run on the CPU so far; set train.device = \"cpu\" or model.n_expert = 0");
   if (mesh.pp > 1)
     parallel::check_pipeline_schedule(parallel::parse_pipeline_schedule(parallel.pp_schedule),
                                       {mesh.pp, grad_accum_steps(mesh.dp), parallel.virtual_stages});

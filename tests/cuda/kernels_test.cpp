@@ -33,6 +33,7 @@
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/embedding.h"
+#include "ops/moe.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 
@@ -978,6 +979,78 @@ TEST_P(CudaKernels, AttentionOnPackedHeads) {
                 cuda::attention_workspace_bytes(packed, scale, atomic_pass));
       EXPECT_TRUE(matches(gdqkv, dqkv, 2e-2, "dqkv"));
     }
+  }
+}
+
+// The mixture-of-experts ops on the GPU: routing (with balancing biases, the
+// z-loss's logsumexp), the dispatch plan from the GPU's choice, the rows'
+// gather and combine and all their backwards, against the CPU. E = 40 spans
+// two passes of a warp's lanes; C = 264 tiles 16-byte packs of either dtype,
+// C = 100 does not.
+TEST_P(CudaKernels, MixtureOfExpertsRoutingAndRows) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(14);
+  for (const int64_t C : {int64_t(264), int64_t(100)}) {
+    const int64_t N = 77, E = 40, k = 3;
+    SCOPED_TRACE(::testing::Message() << "C " << C);
+    const Tensor logits = random_tensor(Shape{N, E}, DType::f32, rng, -3, 3);
+    const Tensor bias = random_tensor(Shape{E}, DType::f32, rng, -0.05, 0.05);
+    Tensor probs = Tensor::empty(Shape{N, E}, DType::f32), choice = Tensor::empty(Shape{N, k}, DType::i32);
+    Tensor weight = Tensor::empty(Shape{N, k}, DType::f32), lse = Tensor::empty(Shape{N}, DType::f32);
+    ops::moe_route(probs, choice, weight, logits, true, lse, bias);
+    Tensor gprobs = gpu_poisoned(Shape{N, E}, DType::f32), gchoice = gpu_poisoned(Shape{N, k}, DType::i32);
+    Tensor gweight = gpu_poisoned(Shape{N, k}, DType::f32), glse = gpu_poisoned(Shape{N}, DType::f32);
+    ops::moe_route(gprobs, gchoice, gweight, to_gpu(logits), true, glse, to_gpu(bias));
+    EXPECT_TRUE(matches(gprobs, probs, 1e-5, "probs"));
+    EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
+    // The same choices where no two scores at the top-k boundary are within
+    // rounding of each other (a random draw: all of them, or nearly).
+    const std::vector<double> got_choice = values_of(gchoice), ref_choice = to_f64(choice);
+    int64_t differ = 0;
+    for (size_t i = 0; i < ref_choice.size(); ++i) differ += got_choice[i] != ref_choice[i];
+    EXPECT_LE(differ, 2) << "choices differing from the CPU's";
+    // From here on both sides take the GPU's routing.
+    choice = to_host(gchoice);
+    weight = to_host(gweight);
+    probs = to_host(gprobs);
+    Tensor order = Tensor::empty(Shape{N * k}, DType::i32), where = Tensor::empty(Shape{N * k}, DType::i32);
+    std::vector<int64_t> offsets, goffsets;
+    ops::moe_dispatch_plan(order, where, offsets, choice, E);
+    Tensor gorder = Tensor::empty(Shape{N * k}, DType::i32), gwhere = Tensor::empty(Shape{N * k}, DType::i32);
+    ops::moe_dispatch_plan(gorder, gwhere, goffsets, gchoice, E);  // the plan of a GPU's choice, on the host
+    EXPECT_EQ(goffsets, offsets);
+    EXPECT_EQ(to_f64(gorder), to_f64(order));
+    EXPECT_EQ(to_f64(gwhere), to_f64(where));
+    // Routing backward, with the balancing loss's and the z-loss's terms.
+    const Tensor dweight = random_tensor(Shape{N, k}, DType::f32, rng), aux = random_tensor(Shape{E}, DType::f32, rng);
+    const Tensor dlse = random_tensor(Shape{N}, DType::f32, rng);
+    Tensor dlogits = Tensor::empty(Shape{N, E}, DType::f32), gdlogits = gpu_poisoned(Shape{N, E}, DType::f32);
+    ops::moe_route_backward(dlogits, dweight, probs, choice, weight, true, aux, dlse);
+    ops::moe_route_backward(gdlogits, to_gpu(dweight), gprobs, gchoice, gweight, true, to_gpu(aux), to_gpu(dlse));
+    EXPECT_TRUE(matches(gdlogits, dlogits, 1e-5, "dlogits"));
+    // Rows.
+    const Tensor x = random_tensor(Shape{N, C}, dt, rng), ys = random_tensor(Shape{N * k, C}, dt, rng);
+    const Tensor dout = random_tensor(Shape{N, C}, dt, rng), residual = random_tensor(Shape{N, C}, dt, rng);
+    const Tensor dx0 = random_tensor(Shape{N, C}, dt, rng);
+    Tensor xs = Tensor::empty(Shape{N * k, C}, dt), gxs = gpu_poisoned(Shape{N * k, C}, dt);
+    ops::moe_gather(xs, x, order, k);
+    ops::moe_gather(gxs, to_gpu(x), gorder, k);
+    EXPECT_EQ(values_of(gxs), to_f64(xs)) << "gather (copies)";
+    Tensor dx = to_host(to_gpu(dx0)), gdx = to_gpu(dx0);
+    ops::moe_gather_backward(dx, ys, where, k, true);
+    ops::moe_gather_backward(gdx, to_gpu(ys), gwhere, k, true);
+    EXPECT_EQ(values_of(gdx), to_f64(dx)) << "gather backward (sums in slot order)";
+    Tensor out = Tensor::empty(Shape{N, C}, dt), gout = gpu_poisoned(Shape{N, C}, dt);
+    ops::moe_combine(out, ys, weight, where, residual);
+    ops::moe_combine(gout, to_gpu(ys), gweight, gwhere, to_gpu(residual));
+    EXPECT_TRUE(matches(gout, out, tol(dt), "combine"));
+    Tensor dys = Tensor::empty(Shape{N * k, C}, dt), gdys = gpu_poisoned(Shape{N * k, C}, dt);
+    Tensor dw = Tensor::empty(Shape{N, k}, DType::f32), gdw = gpu_poisoned(Shape{N, k}, DType::f32);
+    ops::moe_combine_backward(dys, dw, dout, ys, weight, where);
+    ops::moe_combine_backward(gdys, gdw, to_gpu(dout), to_gpu(ys), gweight, gwhere);
+    EXPECT_EQ(values_of(gdys), to_f64(dys)) << "dys (one rounded product)";
+    EXPECT_TRUE(matches(gdw, dw, 1e-5, "dweight"));
   }
 }
 

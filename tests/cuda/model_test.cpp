@@ -157,7 +157,7 @@ TEST_P(GpuModelTest, TwentyTrainingStepsTrackTheCpuAtEveryStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, GpuModelTest, ::testing::Values("gpt2-tiny", "llama3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Arch, GpuModelTest, ::testing::Values("gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"));
 
 }  // namespace
 }  // namespace zt::test

@@ -191,7 +191,7 @@ TEST_P(GpuTrainerTest, OffloadingKeepsTheTraining) {
   EXPECT_LT(plain.back().loss, 0.9 * plain.front().loss) << "it learns";
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, GpuTrainerTest, ::testing::Values("gpt2-tiny", "llama3-tiny"));
+INSTANTIATE_TEST_SUITE_P(Arch, GpuTrainerTest, ::testing::Values("gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"));
 
 }  // namespace
 }  // namespace zt::test

@@ -53,22 +53,6 @@ namespace rk = cuda::rope_kernels;
 
 using namespace emu_util;
 
-template <typename T>
-DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) {
-    return DType::f32;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return DType::bf16;
-  } else {
-    return DType::f16;
-  }
-}
-
-// Blocks for a grid-stride launch over n elements of 256-thread blocks, in
-// place of grid_for (which asks the device): at most 3, so that n > 768 runs
-// the stride loop and its last sweep is partial.
-unsigned stride_grid(int64_t n) { return unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 3)); }
-
 // Embedding of B x T tokens (ids in [0, V)) in C channels; wte / wpe / out
 // of type T, gradients of type G.
 // A tensor-parallel slice: wte holds rows [start, start + rows) of the V

@@ -556,6 +556,14 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   w.sync.arrive_and_wait();
   return other;
 }
+// An int through the same exchange, bit for bit.
+inline int __shfl_xor_sync(unsigned mask, int v, int lane_mask) {
+  float f;
+  std::memcpy(&f, &v, sizeof f);
+  f = __shfl_xor_sync(mask, f, lane_mask);
+  std::memcpy(&v, &f, sizeof v);
+  return v;
+}
 inline float __expf(float x) { return std::exp(x); }
 // Rounded operations the device compiler may not contract into FMAs; nor
 // may the host compiler here (-march=native has FMA, and GCC contracts

@@ -142,7 +142,9 @@ TEST(MoeRoute, BiasMovesTheChoiceButNotTheWeights) {
         }
       }
       EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
-      if (c.N >= 30 && c.E > c.k) EXPECT_GT(moved, 0) << "a bias this large changes some rows' choice";
+      if (c.N >= 30 && c.E > c.k) {
+        EXPECT_GT(moved, 0) << "a bias this large changes some rows' choice";
+      }
     }
   const Tensor logits = random_tensor(Shape{4, 8}, DType::f32, rng, -1.0, 1.0);
   const auto refused = [&](const Tensor& bias) {
@@ -255,6 +257,12 @@ TEST(MoeDispatch, BadExpertIdsAndForeignPlansAreNamed) {
   EXPECT_THAT(error_of([&] { ops::moe_gather(xs, x, bad, 2); }), HasSubstr("'order'[3] = 9 is outside [0, N k)"));
   const Tensor xs_gpu = test::fake_cuda(Shape{4, 3}, DType::f32), x_gpu = test::fake_cuda(Shape{2, 3}, DType::f32);
   EXPECT_THAT(error_of([&] { ops::moe_gather(xs_gpu, x_gpu, bad, 2); }), HasSubstr("moe_gather"));
+  // The plan lives on the host, where it is checked (a GPU op uploads it).
+  const Tensor order_gpu = test::fake_cuda(Shape{4}, DType::i32);
+  EXPECT_THAT(error_of([&] { ops::moe_gather(xs, x, order_gpu, 2); }),
+              HasSubstr("'order' must be on the host (the dispatch plan is read there)"));
+  const Tensor good = test::tensor_from({0, 1, 2, 3}, Shape{4}, DType::i32);
+  EXPECT_THAT(error_of([&] { ops::moe_gather(xs_gpu, x, good, 2); }), HasSubstr("'xs' is on cuda:63"));
 }
 
 struct RowCase {

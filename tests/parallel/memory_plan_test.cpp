@@ -158,7 +158,9 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
       // the blocks' kept tensors of the micro-batches in flight - both
       // counted from what the code keeps: exact.
       EXPECT_EQ(plan.offload, got.peak_bytes[size_t(MemCategory::offload)]) << what;
-      if (!cfg.optim.offload && !cfg.train.offload_activations) EXPECT_EQ(peak(MemCategory::offload), 0) << what;
+      if (!cfg.optim.offload && !cfg.train.offload_activations) {
+        EXPECT_EQ(peak(MemCategory::offload), 0) << what;
+      }
       // The plan leaves out the scalar exchanges' bytes and the ring's
       // transient buffers: two receive slots of k and v (compute dtype) and
       // of their f32 gradients, and this rank's own f32 dk and dv.

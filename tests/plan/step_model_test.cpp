@@ -261,7 +261,9 @@ TEST(Search, TooLittleMemoryLeavesOnlyLayoutsThatShard) {
       EXPECT_TRUE(offloads) << x.mesh.str();
       replicated_offloaded = true;
     }
-    if (offloads) EXPECT_GT(x.step.optimizer_seconds + x.step.offload_seconds, 0.0);
+    if (offloads) {
+      EXPECT_GT(x.step.optimizer_seconds + x.step.offload_seconds, 0.0);
+    }
   }
   EXPECT_TRUE(replicated_offloaded);
   // Not with the host too small for what would wait there.

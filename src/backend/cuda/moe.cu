@@ -1,0 +1,107 @@
+// CUDA mixture-of-experts kernels' launches (the kernels: moe_kernels.cuh).
+#include "backend/cuda/moe.h"
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace zt::cuda {
+
+namespace {
+
+using namespace moe_kernels;
+
+template <typename T>
+const T* cptr(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+template <typename T>
+T* mptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+unsigned route_blocks(int64_t N) { return unsigned((N + kRouteWarps - 1) / kRouteWarps); }
+
+}  // namespace
+
+void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
+               bool normalize, const Tensor& lse, const Tensor& bias) {
+  const int64_t N = logits.size(0);
+  if (N == 0) return;
+  auto launch = [&](auto kernel) {
+    kernel<<<route_blocks(N), kRouteWarps * 32, 0, stream_of(logits)>>>(
+        mptr<float>(probs), mptr<int32_t>(choice), mptr<float>(weight), lse.defined() ? mptr<float>(lse) : nullptr,
+        cptr<float>(logits), cptr<float>(bias), N, int(logits.size(1)), int(choice.size(1)));
+  };
+  normalize ? launch(route_kernel<true>) : launch(route_kernel<false>);
+  ZT_CUDA_CHECK_LAUNCH("route_kernel");
+}
+
+void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
+                        const Tensor& weight, bool normalize, const Tensor& aux_dprob, const Tensor& dlse) {
+  const int64_t N = probs.size(0);
+  if (N == 0) return;
+  auto launch = [&](auto kernel) {
+    kernel<<<route_blocks(N), kRouteWarps * 32, 0, stream_of(probs)>>>(
+        mptr<float>(dlogits), cptr<float>(dweight), cptr<float>(probs), cptr<int32_t>(choice), cptr<float>(weight),
+        cptr<float>(aux_dprob), cptr<float>(dlse), N, int(probs.size(1)), int(choice.size(1)));
+  };
+  normalize ? launch(route_backward_kernel<true>) : launch(route_backward_kernel<false>);
+  ZT_CUDA_CHECK_LAUNCH("route_backward_kernel");
+}
+
+void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {
+  const int64_t NK = xs.size(0), C = xs.size(1);
+  if (NK * C == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "moe_gather", [&] {
+    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(xs), cptr<T>(x)), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      gather_kernel<T, V><<<grid_for(NK * C / V, kThreads, x.device()), kThreads, 0, stream_of(x)>>>(
+          mptr<T>(xs), cptr<T>(x), cptr<int32_t>(order), NK, k, C);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("gather_kernel");
+}
+
+void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& where, int64_t k, bool accumulate) {
+  const int64_t N = dx.size(0), C = dx.size(1);
+  if (N * C == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(dx.dtype(), "moe_gather_backward", [&] {
+    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(dx), cptr<T>(dxs)), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      gather_backward_kernel<T, V><<<grid_for(N * C / V, kThreads, dx.device()), kThreads, 0, stream_of(dx)>>>(
+          mptr<T>(dx), cptr<T>(dxs), cptr<int32_t>(where), N, k, C, accumulate);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("gather_backward_kernel");
+}
+
+void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, const Tensor& where,
+                 const Tensor& residual) {
+  const int64_t N = out.size(0), C = out.size(1), k = weight.size(1);
+  if (N * C == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "moe_combine", [&] {
+    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(out), cptr<T>(ys), cptr<T>(residual)), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      combine_kernel<T, V><<<grid_for(N * C / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
+          mptr<T>(out), cptr<T>(ys), cptr<float>(weight), cptr<int32_t>(where), cptr<T>(residual), N, k, C);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("combine_kernel");
+}
+
+void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor& dout, const Tensor& ys,
+                          const Tensor& weight, const Tensor& where) {
+  const int64_t N = dout.size(0), C = dout.size(1), k = weight.size(1);
+  if (N == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(dout.dtype(), "moe_combine_backward", [&] {
+    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(dys), cptr<T>(dout), cptr<T>(ys)), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      combine_backward_kernel<T, V><<<unsigned(N), kCombineThreads, 0, stream_of(dout)>>>(
+          mptr<T>(dys), mptr<float>(dweight), cptr<T>(dout), cptr<T>(ys), cptr<float>(weight),
+          cptr<int32_t>(where), N, k, C);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("combine_backward_kernel");
+}
+
+}  // namespace zt::cuda
