@@ -73,6 +73,13 @@ void* cublaslt_workspace(Device device);
 // A tensor's stream: the compute stream of its device.
 inline cudaStream_t stream_of(const Tensor& t) { return compute_stream(t.device()); }
 
+// A tensor's memory as a kernel's element type (T may be const); null for an
+// undefined tensor, the kernels' "no such operand".
+template <typename T>
+T* elements(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+
 // Grid size for a grid-stride elementwise kernel over n elements.
 inline unsigned grid_for(int64_t n, int threads, Device device) {
   const int64_t blocks = (n + threads - 1) / threads;

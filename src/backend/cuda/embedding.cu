@@ -17,11 +17,6 @@ namespace {
 
 using namespace embedding_kernels;
 
-template <typename T>
-const T* cptr(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
-}
-
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
@@ -29,11 +24,12 @@ void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wt
   const int64_t T_ = tokens.size(1), N = tokens.numel(), C = wte.size(1);
   if (N * C == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(wte.dtype(), "embedding_forward", [&] {
-    T* op = static_cast<T*>(out.data_ptr());
-    with_pack_width<T>(packs_of_16_fit<T>(C, op, cptr<T>(wte), cptr<T>(wpe)), [&](auto v) {
+    T* op = elements<T>(out);
+    const T *table = elements<const T>(wte), *positions = elements<const T>(wpe);
+    with_pack_width<T>(packs_of_16_fit<T>(C, op, table, positions), [&](auto v) {
       constexpr int V = decltype(v)::value;
       embed_fwd_kernel<T, V><<<grid_for(N * C / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
-          op, tokens.data<int32_t>(), cptr<T>(wte), cptr<T>(wpe), N, T_, C, pos_offset, vocab_start, wte.size(0));
+          op, tokens.data<int32_t>(), table, positions, N, T_, C, pos_offset, vocab_start, wte.size(0));
     });
   });
   ZT_CUDA_CHECK_LAUNCH("embed_fwd_kernel");

@@ -10,15 +10,6 @@ namespace {
 
 using namespace moe_kernels;
 
-template <typename T>
-const T* cptr(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
-}
-template <typename T>
-T* mptr(const Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-
 unsigned route_blocks(int64_t N) { return unsigned((N + kRouteWarps - 1) / kRouteWarps); }
 
 }  // namespace
@@ -29,8 +20,8 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
   if (N == 0) return;
   auto launch = [&](auto kernel) {
     kernel<<<route_blocks(N), kRouteWarps * 32, 0, stream_of(logits)>>>(
-        mptr<float>(probs), mptr<int32_t>(choice), mptr<float>(weight), lse.defined() ? mptr<float>(lse) : nullptr,
-        cptr<float>(logits), cptr<float>(bias), N, int(logits.size(1)), int(choice.size(1)));
+        elements<float>(probs), elements<int32_t>(choice), elements<float>(weight), elements<float>(lse),
+        elements<const float>(logits), elements<const float>(bias), N, int(logits.size(1)), int(choice.size(1)));
   };
   normalize ? launch(route_kernel<true>) : launch(route_kernel<false>);
   ZT_CUDA_CHECK_LAUNCH("route_kernel");
@@ -42,8 +33,9 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
   if (N == 0) return;
   auto launch = [&](auto kernel) {
     kernel<<<route_blocks(N), kRouteWarps * 32, 0, stream_of(probs)>>>(
-        mptr<float>(dlogits), cptr<float>(dweight), cptr<float>(probs), cptr<int32_t>(choice), cptr<float>(weight),
-        cptr<float>(aux_dprob), cptr<float>(dlse), N, int(probs.size(1)), int(choice.size(1)));
+        elements<float>(dlogits), elements<const float>(dweight), elements<const float>(probs),
+        elements<const int32_t>(choice), elements<const float>(weight), elements<const float>(aux_dprob),
+        elements<const float>(dlse), N, int(probs.size(1)), int(choice.size(1)));
   };
   normalize ? launch(route_backward_kernel<true>) : launch(route_backward_kernel<false>);
   ZT_CUDA_CHECK_LAUNCH("route_backward_kernel");
@@ -53,10 +45,12 @@ void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t 
   const int64_t NK = xs.size(0), C = xs.size(1);
   if (NK * C == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "moe_gather", [&] {
-    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(xs), cptr<T>(x)), [&](auto v) {
+    T* out = elements<T>(xs);
+    const T* in = elements<const T>(x);
+    with_pack_width<T>(packs_of_16_fit<T>(C, out, in), [&](auto v) {
       constexpr int V = decltype(v)::value;
       gather_kernel<T, V><<<grid_for(NK * C / V, kThreads, x.device()), kThreads, 0, stream_of(x)>>>(
-          mptr<T>(xs), cptr<T>(x), cptr<int32_t>(order), NK, k, C);
+          out, in, elements<const int32_t>(order), NK, k, C);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("gather_kernel");
@@ -66,10 +60,12 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& wher
   const int64_t N = dx.size(0), C = dx.size(1);
   if (N * C == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(dx.dtype(), "moe_gather_backward", [&] {
-    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(dx), cptr<T>(dxs)), [&](auto v) {
+    T* out = elements<T>(dx);
+    const T* in = elements<const T>(dxs);
+    with_pack_width<T>(packs_of_16_fit<T>(C, out, in), [&](auto v) {
       constexpr int V = decltype(v)::value;
       gather_backward_kernel<T, V><<<grid_for(N * C / V, kThreads, dx.device()), kThreads, 0, stream_of(dx)>>>(
-          mptr<T>(dx), cptr<T>(dxs), cptr<int32_t>(where), N, k, C, accumulate);
+          out, in, elements<const int32_t>(where), N, k, C, accumulate);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("gather_backward_kernel");
@@ -80,10 +76,12 @@ void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, cons
   const int64_t N = out.size(0), C = out.size(1), k = weight.size(1);
   if (N * C == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "moe_combine", [&] {
-    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(out), cptr<T>(ys), cptr<T>(residual)), [&](auto v) {
+    T* o = elements<T>(out);
+    const T *y = elements<const T>(ys), *r = elements<const T>(residual);
+    with_pack_width<T>(packs_of_16_fit<T>(C, o, y, r), [&](auto v) {
       constexpr int V = decltype(v)::value;
       combine_kernel<T, V><<<grid_for(N * C / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
-          mptr<T>(out), cptr<T>(ys), cptr<float>(weight), cptr<int32_t>(where), cptr<T>(residual), N, k, C);
+          o, y, elements<const float>(weight), elements<const int32_t>(where), r, N, k, C);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("combine_kernel");
@@ -94,11 +92,12 @@ void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor
   const int64_t N = dout.size(0), C = dout.size(1), k = weight.size(1);
   if (N == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(dout.dtype(), "moe_combine_backward", [&] {
-    with_pack_width<T>(packs_of_16_fit<T>(C, cptr<T>(dys), cptr<T>(dout), cptr<T>(ys)), [&](auto v) {
+    T* dy = elements<T>(dys);
+    const T *g = elements<const T>(dout), *y = elements<const T>(ys);
+    with_pack_width<T>(packs_of_16_fit<T>(C, dy, g, y), [&](auto v) {
       constexpr int V = decltype(v)::value;
       combine_backward_kernel<T, V><<<unsigned(N), kCombineThreads, 0, stream_of(dout)>>>(
-          mptr<T>(dys), mptr<float>(dweight), cptr<T>(dout), cptr<T>(ys), cptr<float>(weight),
-          cptr<int32_t>(where), N, k, C);
+          dy, elements<float>(dweight), g, y, elements<const float>(weight), elements<const int32_t>(where), N, k, C);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("combine_backward_kernel");

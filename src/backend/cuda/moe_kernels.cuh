@@ -118,6 +118,22 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   for (int e = lane; e < E; e += 32) dlogits[t * E + e] = p[e] * (dprob(e) - mean) + dz * p[e];
 }
 
+// dst's V elements = base's + acc (base null: acc alone), each rounded once.
+// base may be dst itself (an accumulating output).
+template <typename T, int V>
+__device__ __forceinline__ void store_sum(T* dst, const T* base, const float (&acc)[V]) {
+  Pack<T, V> o;
+  if (base != nullptr) {
+    const Pack<T, V> b = load_pack<T, V>(base);
+#pragma unroll
+    for (int v = 0; v < V; ++v) o.v[v] = from_f32<T>(to_f32(b.v[v]) + acc[v]);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) o.v[v] = from_f32<T>(acc[v]);
+  }
+  store_pack<T, V>(dst, o);
+}
+
 // xs (N k, C)[p] = x (N, C)[order[p] / k].
 template <typename T, int V>
 __global__ void gather_kernel(T* xs, const T* x, const int32_t* order, int64_t NK, int64_t k, int64_t C) {
@@ -143,16 +159,7 @@ __global__ void gather_backward_kernel(T* dx, const T* dxs, const int32_t* where
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] += to_f32(s.v[v]);
     }
-    Pack<T, V> o;
-    if (accumulate) {
-      const Pack<T, V> old = load_pack<T, V>(dx + i * V);
-#pragma unroll
-      for (int v = 0; v < V; ++v) o.v[v] = from_f32<T>(to_f32(old.v[v]) + acc[v]);
-    } else {
-#pragma unroll
-      for (int v = 0; v < V; ++v) o.v[v] = from_f32<T>(acc[v]);
-    }
-    store_pack<T, V>(dx + i * V, o);
+    store_sum<T, V>(dx + i * V, accumulate ? dx + i * V : nullptr, acc);
   }
 }
 
@@ -173,16 +180,7 @@ __global__ void combine_kernel(T* out, const T* ys, const float* weight, const i
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] += wj * to_f32(y.v[v]);
     }
-    Pack<T, V> o;
-    if (residual != nullptr) {
-      const Pack<T, V> r = load_pack<T, V>(residual + i * V);
-#pragma unroll
-      for (int v = 0; v < V; ++v) o.v[v] = from_f32<T>(to_f32(r.v[v]) + acc[v]);
-    } else {
-#pragma unroll
-      for (int v = 0; v < V; ++v) o.v[v] = from_f32<T>(acc[v]);
-    }
-    store_pack<T, V>(out + i * V, o);
+    store_sum<T, V>(out + i * V, residual != nullptr ? residual + i * V : nullptr, acc);
   }
 }
 
