@@ -1,6 +1,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <string>
 
 #include "nn/model_config.h"
 
@@ -51,6 +52,11 @@ void ModelConfig::validate() const {
   ZT_CHECK(router_bias_update_rate == 0 || moe(), "model.router_bias_update_rate = ", router_bias_update_rate,
            " balances a mixture of experts, but model.n_expert = 0 (a dense MLP); set model.n_expert > 0 or "
            "router_bias_update_rate = 0");
+  ZT_CHECK(expert_capacity_factor >= 0 && std::isfinite(expert_capacity_factor), "model.expert_capacity_factor = ",
+           expert_capacity_factor, " must be a finite number >= 0 (0: dropless; 1.0 to 1.25 are usual)");
+  ZT_CHECK(expert_capacity_factor == 0 || moe(), "model.expert_capacity_factor = ", expert_capacity_factor,
+           " bounds the experts of a mixture, but model.n_expert = 0 (a dense MLP); set model.n_expert > 0 or "
+           "expert_capacity_factor = 0");
   ZT_CHECK(shared_expert_ff >= 0, "model.shared_expert_ff must be >= 0 (0: no shared expert), got ", shared_expert_ff);
   ZT_CHECK(shared_expert_ff == 0 || moe(), "model.shared_expert_ff = ", shared_expert_ff,
            " adds a shared expert beside a mixture of experts, but model.n_expert = 0 (a dense MLP); set "
@@ -97,10 +103,18 @@ double ModelConfig::train_flops_per_token(int64_t T) const {
 
 std::string moe_summary(const ModelConfig& c) {
   if (!c.moe()) return "";
-  char line[448];
-  char bias[64] = "";
-  if (c.router_bias_update_rate > 0)
-    std::snprintf(bias, sizeof bias, ", balancing bias +-%g a step", double(c.router_bias_update_rate));
+  char line[512];
+  char part[96];
+  std::string extras;  // the optional balancing and capacity settings
+  if (c.router_bias_update_rate > 0) {
+    std::snprintf(part, sizeof part, ", balancing bias +-%g a step", double(c.router_bias_update_rate));
+    extras += part;
+  }
+  if (c.expert_capacity_factor > 0) {
+    std::snprintf(part, sizeof part, ", capacity %g x the mean load (slots over it dropped)",
+                  double(c.expert_capacity_factor));
+    extras += part;
+  }
   std::snprintf(line, sizeof line,
                 "mixture of experts: %lld experts of width %lld per block, each token to its top %lld (%s)%s, "
                 "load-balancing loss x %g, z-loss x %g%s; %.2fM of %.2fM parameters active per token",
@@ -108,7 +122,7 @@ std::string moe_summary(const ModelConfig& c) {
                 c.expert_normalize ? "weights renormalised" : "softmax weights",
                 c.shared_expert() ? (" and a shared expert of width " + std::to_string(c.shared_expert_ff)).c_str() : "",
                 double(c.router_aux_loss),
-                double(c.router_z_loss), bias, double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
+                double(c.router_z_loss), extras.c_str(), double(c.active_params()) / 1e6, double(c.total_params()) / 1e6);
   return line;
 }
 

@@ -28,6 +28,9 @@
 //           step's routed slots, - rate where more (the trainer's, over
 //           every rank's tokens). The biases are model state: checkpoints,
 //           final weights and generation keep them.
+//           expert_capacity_factor = c > 0 bounds each expert's slots in a
+//           routing call of N tokens to ceil(c N k / E), the first come
+//           kept and the rest dropped (nn/moe.h); 0: dropless.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +68,7 @@ struct ModelConfig {
   float router_z_loss = 0.0f;     // router z-loss coefficient (0: none; ST-MoE used 1e-3)
   int64_t shared_expert_ff = 0;   // Fs: the shared expert's hidden width (0: none; n_expert > 0)
   float router_bias_update_rate = 0.0f;  // per-step move of each expert's routing bias (0: none; DeepSeek-V3 1e-3)
+  float expert_capacity_factor = 0.0f;   // c: an expert takes at most ceil(c N k / E) of N tokens' slots (0: dropless)
 
   int64_t head_dim() const { return d_model / n_head; }
   bool moe() const { return n_expert > 0; }

@@ -1,6 +1,7 @@
 #include "nn/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -101,10 +102,11 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize, a.router_lse, w.router_bias);
   a.order = act_tensor(Shape{N * k}, DType::i32, Device::cpu());  // the plan, on the host (ops/moe.h)
   a.where = act_tensor(Shape{N * k}, DType::i32, Device::cpu());
-  ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E);
-  a.xs = act_tensor(Shape{N * k, C}, dt, dev);
-  ops::moe_gather(a.xs, x, a.order, k);
-  a.ys = act_tensor(Shape{N * k, C}, dt, dev);
+  ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E, expert_capacity(cfg, N), &a.routed);
+  const int64_t kept = a.offsets[size_t(E)];  // the sorted rows: N k less what the experts dropped
+  a.xs = act_tensor(Shape{kept, C}, dt, dev);
+  ops::moe_gather(a.xs, x, a.order.slice(0, kept), k);
+  a.ys = act_tensor(Shape{kept, C}, dt, dev);
   Tensor ye;  // the local experts' outputs, in xe's order
   if (ep) {
     plan_exchange(a, *experts.group, E);
@@ -142,7 +144,7 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   const Tensor probs = ops::on_device(a.probs, Device::cpu(), MemCategory::workspace);
   const float* p = probs.data<float>();
   for (int64_t e = 0; e < E; ++e) {
-    sums[size_t(e)] = double(a.offsets[size_t(e + 1)] - a.offsets[size_t(e)]);
+    sums[size_t(e)] = double(a.routed[size_t(e)]);  // the router's choice, before any drop
     for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
   }
   sums[size_t(2 * E)] = double(N);
@@ -176,9 +178,9 @@ void moe_release_selective(MoeActivations& a) {
 
 void moe_recompute_selective(MoeActivations& a, const Tensor& x) {
   if (!a.xe.defined()) {
-    const int64_t NK = a.order.numel(), k = NK / x.size(0);
-    a.xs = act_tensor(Shape{NK, x.size(1)}, x.dtype(), x.device());
-    ops::moe_gather(a.xs, x, a.order, k);
+    const int64_t k = a.order.numel() / x.size(0), kept = a.offsets.back();
+    a.xs = act_tensor(Shape{kept, x.size(1)}, x.dtype(), x.device());
+    ops::moe_gather(a.xs, x, a.order.slice(0, kept), k);
     a.xe = a.xs;
   }
   a.act = act_tensor(Shape{a.h.size(0), a.h.size(1) / 2}, x.dtype(), x.device());
@@ -209,8 +211,9 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
         }
     });
   };
-  // The combine: dys = weight * dout per slot, dweight = <dout, ys>.
-  const Tensor dys = act_tensor(Shape{N * k, C}, dt, dev);
+  // The combine: dys = weight * dout per kept slot, dweight = <dout, ys>.
+  const int64_t kept = a.ys.size(0);
+  const Tensor dys = act_tensor(Shape{kept, C}, dt, dev);
   const Tensor dweight = act_tensor(Shape{N, k}, DType::f32, dev);
   ops::moe_combine_backward(dys, dweight, dout, a.ys, a.weight, a.where);
   a.ys = Tensor();
@@ -240,7 +243,7 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   a.xe = a.xs = Tensor();
   Tensor dxs = dxe;
   if (ep) {
-    dxs = act_tensor(Shape{N * k, C}, dt, dev);
+    dxs = act_tensor(Shape{kept, C}, dt, dev);
     exchange_rows(*experts.group, dxs, a.send_rows, permute_rows(dxe, a.to_source_major), a.recv_rows);
   }
   ops::moe_gather_backward(dx, dxs, a.where, k, false);
@@ -276,10 +279,15 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
   a = MoeActivations{};
 }
 
-std::vector<int64_t> moe_expert_load(const MoeActivations& a) {
-  std::vector<int64_t> load;
-  for (size_t e = 0; e + 1 < a.offsets.size(); ++e) load.push_back(a.offsets[e + 1] - a.offsets[e]);
-  return load;
+std::vector<int64_t> moe_expert_load(const MoeActivations& a) { return a.routed; }
+
+int64_t moe_dropped_slots(const MoeActivations& a) {
+  return a.order.defined() ? a.order.numel() - a.offsets.back() : 0;
+}
+
+int64_t expert_capacity(const ModelConfig& cfg, int64_t N) {
+  if (cfg.expert_capacity_factor <= 0) return -1;
+  return int64_t(std::ceil(double(cfg.expert_capacity_factor) * double(N * cfg.expert_top_k) / double(cfg.n_expert)));
 }
 
 void move_router_bias(std::vector<float>& bias, const std::vector<int64_t>& load, int64_t E, float rate) {

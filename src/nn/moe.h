@@ -24,8 +24,16 @@
 // probability sums are summed over the group: 2E + 1 doubles per block), so
 // the loss and its gradient are those of the single process.
 //
-// The experts' products run per expert on its contiguous run of sorted rows
-// (dropless: no capacity limit, no token dropped).
+// The experts' products run per expert on its contiguous run of sorted rows.
+// Dropless by default; with model.expert_capacity_factor = c > 0 each expert
+// of a routing call (this rank's N tokens of a micro-batch, gathered under
+// sequence parallelism) takes at most ceil(c N k / E) slots, its first ones
+// in slot order (token-major: Switch / GShard's first come, first served),
+// and drops the rest: a dropped slot adds nothing to its token's output (the
+// residual carries the token on) and its weight gets no gradient. The
+// balancing loss, the balancing biases and the load metrics count what the
+// router chose, before the drop. The same in training, evaluation and
+// generation.
 //
 // Expert parallelism (ExpertGroup): the E experts are split over the ep
 // group, rank r holding experts [r E/ep, (r+1) E/ep). Each rank routes its
@@ -89,9 +97,10 @@ struct MoeActivations {
   Tensor choice;                 // (N, k) i32
   Tensor weight;                 // (N, k) f32
   Tensor order, where;           // (N k) i32: the dispatch plan (ops/moe.h)
-  std::vector<int64_t> offsets;  // (E + 1): expert e's sorted rows
-  Tensor xs;                     // (N k, C) the experts' input rows
-  Tensor ys;                     // (N k, C) the experts' outputs
+  std::vector<int64_t> offsets;  // (E + 1): expert e's sorted rows (kept slots)
+  std::vector<int64_t> routed;   // (E): the slots the router gave each expert, before any drop
+  Tensor xs;                     // (K, C) the experts' input rows: the K <= N k kept slots
+  Tensor ys;                     // (K, C) the experts' outputs
   // The rows this rank's experts compute: xs and ys themselves, or under
   // expert parallelism the R rows received, expert-major.
   Tensor xe;                          // (R, C)
@@ -143,8 +152,14 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
                   std::function<MoeWeights()> grads, std::function<ops::GradWrite(const Tensor&, bool expert)> claim,
                   const ExpertGroup& experts = {});
 
-// Per-expert slot counts of a forward (a.offsets' differences): for metrics.
+// Per-expert slot counts of a forward as the router chose them (before any
+// drop): for metrics and the balancing biases.
 std::vector<int64_t> moe_expert_load(const MoeActivations& a);
+// The slots a forward's experts dropped over their capacity (0: dropless).
+int64_t moe_dropped_slots(const MoeActivations& a);
+// The most slots an expert takes in a routing call of N tokens:
+// ceil(expert_capacity_factor N k / E), or -1 (no limit) when the factor is 0.
+int64_t expert_capacity(const ModelConfig& cfg, int64_t N);
 
 // Aux-loss-free balancing's step (ModelConfig::router_bias_update_rate):
 // bias and load (layers, E) row-major, load the step's routed slots per

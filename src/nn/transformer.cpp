@@ -959,7 +959,9 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
         if (expert_load_.empty()) expert_load_.assign(blocks_.size() * load.size(), 0);
         for (size_t e = 0; e < load.size(); ++e) expert_load_[i * load.size() + e] += load[e];
       }
-      const double mean = double(ctx.blocks[i].moe.order.numel()) / double(load.size());
+      const double slots = double(ctx.blocks[i].moe.order.numel());
+      ctx.expert_dropped_max = std::max(ctx.expert_dropped_max, double(moe_dropped_slots(ctx.blocks[i].moe)) / slots);
+      const double mean = slots / double(load.size());
       if (mean > 0)
         ctx.expert_load_max = std::max(ctx.expert_load_max, double(*std::max_element(load.begin(), load.end())) / mean);
     }

@@ -29,15 +29,23 @@ void check_slots(const char* op, const char* name, const Tensor& t, int64_t NK) 
            t.device().str());
 }
 
-// A plan's index tensor read by an op: (N k) i32 on the host, every value a
-// sorted position or slot id in [0, N k) (from moe_dispatch_plan; checked,
-// as rows are read and written through them).
-void check_plan(const char* op, const char* name, const Tensor& t, int64_t NK) {
-  check_slots(op, name, t, NK);
+// A plan's index tensor read by an op: (n) i32 on the host, every value in
+// [lo, hi) (from moe_dispatch_plan; checked, as rows are read and written
+// through them). `range` names the interval in the message.
+void check_plan(const char* op, const char* name, const Tensor& t, int64_t n, int64_t lo, int64_t hi,
+                const char* range) {
+  check_slots(op, name, t, n);
   const int32_t* v = t.data<int32_t>();
-  for (int64_t i = 0; i < NK; ++i)
-    ZT_CHECK(v[i] >= 0 && v[i] < NK, op, ": '", name, "'[", i, "] = ", v[i], " is outside [0, N k) with N k = ", NK,
-             "; pass the plan moe_dispatch_plan made");
+  for (int64_t i = 0; i < n; ++i)
+    ZT_CHECK(v[i] >= lo && v[i] < hi, op, ": '", name, "'[", i, "] = ", v[i], " is outside ", range, " = [", lo,
+             ", ", hi, "); pass the plan moe_dispatch_plan made");
+}
+
+// The slots' sorted positions (N k): each a row of the R sorted rows, or -1
+// for a slot its expert dropped.
+void check_where(const char* op, const Tensor& where, int64_t NK, int64_t R) {
+  ZT_CHECK(R <= NK, op, ": ", R, " sorted rows for ", NK, " slots; a plan keeps at most every slot");
+  check_plan(op, "where", where, NK, -1, R, "[-1, R)");
 }
 
 void check_cpu(const char* op, const Tensor& on) {
@@ -132,12 +140,13 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 }
 
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
-                       const Tensor& choice, int64_t E) {
+                       const Tensor& choice, int64_t E, int64_t capacity, std::vector<int64_t>* routed) {
   const char* op = "moe_dispatch_plan";
   check_ndim(op, "choice", choice, 2);
   check_dtype(op, "choice", choice, {DType::i32});
   const int64_t NK = choice.numel();
   ZT_CHECK(NK < (int64_t(1) << 31), op, ": ", NK, " slots is too many (limit 2^31)");
+  ZT_CHECK(capacity >= -1, op, ": capacity ", capacity, " must be >= 0 slots an expert, or -1 for none");
   check_slots(op, "order", order, NK);
   check_slots(op, "where", where, NK);
   check_all_disjoint(op, {{"order", &order}, {"where", &where}, {"choice", &choice}});
@@ -148,7 +157,7 @@ void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int
   for (int64_t s = 0; s < NK; ++s)
     ZT_CHECK(ch[s] >= 0 && ch[s] < E, op, ": slot ", s, " (token ", s / choice.size(1), ") chose expert ", ch[s],
              ", outside [0, E) with E = ", E);
-  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E);
+  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E, capacity, routed);
 }
 
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {
@@ -158,9 +167,12 @@ void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t 
   const int64_t N = x.size(0), C = x.size(1);
   ZT_CHECK(k >= 1, op, ": k = ", k, " must be >= 1");
   check_rows(op, "x", x, N, C);
-  check_rows(op, "xs", xs, N * k, C);
+  check_ndim(op, "xs", xs, 2);
+  const int64_t R = xs.size(0);
+  ZT_CHECK(R <= N * k, op, ": 'xs' has ", R, " rows, more than the N k = ", N * k, " slots");
+  check_rows(op, "xs", xs, R, C);
   check_same_dtype(op, "x", x, "xs", xs);
-  check_plan(op, "order", order, N * k);
+  check_plan(op, "order", order, R, 0, N * k, "[0, N k)");
   check_disjoint(op, "xs", xs, "x", x);
   check_device(op, x.device(), {{"xs", &xs}});
 #if ZT_WITH_CUDA
@@ -177,9 +189,10 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& wher
   const int64_t N = dx.size(0), C = dx.size(1);
   ZT_CHECK(k >= 1, op, ": k = ", k, " must be >= 1");
   check_rows(op, "dx", dx, N, C);
-  check_rows(op, "dxs", dxs, N * k, C);
+  check_ndim(op, "dxs", dxs, 2);
+  check_rows(op, "dxs", dxs, dxs.size(0), C);
   check_same_dtype(op, "dx", dx, "dxs", dxs);
-  check_plan(op, "where", where, N * k);
+  check_where(op, where, N * k, dxs.size(0));
   check_disjoint(op, "dx", dx, "dxs", dxs);
   check_device(op, dx.device(), {{"dxs", &dxs}});
 #if ZT_WITH_CUDA
@@ -197,11 +210,12 @@ void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, cons
   check_ndim(op, "weight", weight, 2);
   const int64_t N = out.size(0), C = out.size(1), k = weight.size(1);
   check_rows(op, "out", out, N, C);
-  check_rows(op, "ys", ys, N * k, C);
+  check_ndim(op, "ys", ys, 2);
+  check_rows(op, "ys", ys, ys.size(0), C);
   check_same_dtype(op, "out", out, "ys", ys);
   check_shape(op, "weight", weight, Shape{N, k});
   check_dtype(op, "weight", weight, {DType::f32});
-  check_plan(op, "where", where, N * k);
+  check_where(op, where, N * k, ys.size(0));
   if (residual.defined()) {
     check_rows(op, "residual", residual, N, C);
     check_same_dtype(op, "out", out, "residual", residual);
@@ -224,15 +238,17 @@ void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor
   check_ndim(op, "weight", weight, 2);
   const int64_t N = dout.size(0), C = dout.size(1), k = weight.size(1);
   check_rows(op, "dout", dout, N, C);
-  check_rows(op, "ys", ys, N * k, C);
-  check_rows(op, "dys", dys, N * k, C);
+  check_ndim(op, "ys", ys, 2);
+  const int64_t R = ys.size(0);
+  check_rows(op, "ys", ys, R, C);
+  check_rows(op, "dys", dys, R, C);
   check_same_dtype(op, "dout", dout, "ys", ys);
   check_same_dtype(op, "dout", dout, "dys", dys);
   for (auto [name, t] : {NamedTensor{"weight", &weight}, NamedTensor{"dweight", &dweight}}) {
     check_shape(op, name, *t, Shape{N, k});
     check_dtype(op, name, *t, {DType::f32});
   }
-  check_plan(op, "where", where, N * k);
+  check_where(op, where, N * k, R);
   check_all_disjoint(op, {{"dys", &dys}, {"dweight", &dweight}, {"dout", &dout}, {"ys", &ys}, {"weight", &weight}});
   check_device(op, dout.device(), {{"dys", &dys}, {"dweight", &dweight}, {"ys", &ys}, {"weight", &weight}});
 #if ZT_WITH_CUDA

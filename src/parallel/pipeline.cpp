@@ -128,6 +128,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       event("forward", a, start);
       out.aux_weighted += ctx.aux_loss * double(ctx.B * ctx.T);
       out.expert_load_max = std::max(out.expert_load_max, ctx.expert_load_max);
+      out.expert_dropped_max = std::max(out.expert_dropped_max, ctx.expert_dropped_max);
       if (s == S - 1) {
         out.loss_sum += ctx.loss_sum;
         out.loss_tokens += ctx.loss_tokens;

@@ -63,6 +63,7 @@ class PipelineRunner {
     int64_t loss_tokens = 0;
     double aux_weighted = 0;     // MoE: this stage's load-balancing losses times their passes' tokens (B T)
     double expert_load_max = 0;  // MoE: the busiest expert over the mean, worst block and micro-batch here
+    double expert_dropped_max = 0;  // MoE: the largest share of a block's slots dropped, likewise
     double seconds = 0;          // the whole of run(): compute, waits, transfers
     double idle_seconds = 0;     // time blocked waiting for a neighbour's transfer
     double compute_seconds = 0;  // forward + backward passes

@@ -67,6 +67,9 @@ const std::vector<Field>& fields() {
       ZT_F("model", "router_bias_update_rate", model.router_bias_update_rate,
            "aux-loss-free balancing (DeepSeek-V3): each step, every expert's routing bias +- this rate "
            "towards the mean load (0: none)"),
+      ZT_F("model", "expert_capacity_factor", model.expert_capacity_factor,
+           "each expert takes at most ceil(factor x N k / E) of a micro-batch's N tokens' slots, the first come; "
+           "the rest are dropped (0: dropless)"),
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
       ZT_F("train", "device", train.device, "cpu | cuda[:N] | auto (cuda when this machine has a usable GPU, else cpu)"),
@@ -442,6 +445,10 @@ void Config::check_layout(const parallel::MeshShape& mesh, Device device) const 
            "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
   ZT_CHECK(mesh.cp == 1 || device.is_cpu(), "context parallelism (parallel.cp = ", mesh.cp, ") runs on the CPU so "
            "far; set train.device = \"cpu\" or parallel.cp = 1");
+  ZT_CHECK(mesh.cp == 1 || model.expert_capacity_factor == 0, "model.expert_capacity_factor = ",
+           model.expert_capacity_factor, " drops slots by their order in a micro-batch, but context parallelism "
+           "(parallel.cp = ", mesh.cp, ") gives each rank part of every sequence, which would drop others than one "
+           "process does; train dropless (expert_capacity_factor = 0) under context parallelism");
   if (mesh.pp > 1)
     parallel::check_pipeline_schedule(parallel::parse_pipeline_schedule(parallel.pp_schedule),
                                       {mesh.pp, grad_accum_steps(mesh.dp), parallel.virtual_stages});

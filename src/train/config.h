@@ -134,8 +134,8 @@ struct Config {
   void validate() const;
   // What a layout (the mesh's resolved sizes) needs of the config on
   // `device`, beyond validate(): the global batch split over dp in whole
-  // micro-batches, context parallelism on the CPU only (so far), the pipeline
-  // schedule's micro-batches. Pure (the same
+  // micro-batches, context parallelism on the CPU only (so far) and without
+  // an expert capacity, the pipeline schedule's micro-batches. Pure (the same
   // verdict on every rank, before any collective); the trainer and the
   // planner's search both ask it. Throws zt::Error with the fix.
   void check_layout(const parallel::MeshShape& mesh, Device device) const;

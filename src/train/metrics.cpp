@@ -49,6 +49,7 @@ void MetricsLog::write_step(const StepMetrics& m) {
   if (m.expert_load_max > 0) {
     j["router_aux_loss"] = m.router_aux_loss;
     j["expert_load_max"] = m.expert_load_max;
+    j["expert_dropped_max"] = m.expert_dropped_max;
   }
   j["lr"] = m.lr;
   j["grad_norm"] = m.grad_norm;
@@ -148,6 +149,10 @@ std::string format_step_line(const StepMetrics& m) {
   if (m.expert_load_max > 0) {
     std::snprintf(buf, sizeof buf, " | moe aux %.4f, busiest expert %.2fx", m.router_aux_loss, m.expert_load_max);
     line += buf;
+    if (m.expert_dropped_max > 0) {
+      std::snprintf(buf, sizeof buf, ", dropped %.1f%%", 100.0 * m.expert_dropped_max);
+      line += buf;
+    }
   }
   if (m.loss_scale > 0) {
     std::snprintf(buf, sizeof buf, " | loss scale %g", m.loss_scale);

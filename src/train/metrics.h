@@ -38,6 +38,9 @@ struct StepMetrics {
   // (1: balanced; E / k: every token to the same k), worst block,
   // micro-batch and rank (every rank reports the same).
   double expert_load_max = 0;
+  // MoE under a capacity: the largest share of a block's routed slots its
+  // experts dropped, over blocks, micro-batches and ranks (0: none dropped).
+  double expert_dropped_max = 0;
   double lr = 0;
   double grad_norm = 0;        // before clipping
   bool skipped = false;        // non-finite loss or gradient: no update

@@ -323,7 +323,11 @@ StepMetrics Trainer::train_step(int64_t step) {
     loss_sum = comm::sum_exact(mesh_->pp(), res.loss_sum);
     aux_weighted = comm::sum_exact(mesh_->pp(), res.aux_weighted);  // each stage's blocks
     m.expert_load_max = res.expert_load_max;
-    if (cfg_.model.moe()) m.expert_load_max = comm::max_over(mesh_->pp(), m.expert_load_max);  // every stage's blocks
+    m.expert_dropped_max = res.expert_dropped_max;
+    if (cfg_.model.moe()) {  // every stage's blocks
+      m.expert_load_max = comm::max_over(mesh_->pp(), m.expert_load_max);
+      m.expert_dropped_max = comm::max_over(mesh_->pp(), m.expert_dropped_max);
+    }
     m.backward_seconds += res.compute_seconds - res.forward_seconds;  // waiting (the bubble) is in neither
   }
   // No wait for the GPU inside the loop: the micro-batches' losses are read,
@@ -346,6 +350,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     token_losses.push_back(ctx.token_losses);  // backward releases ctx
     aux_weighted += ctx.aux_loss * double(ctx.B * ctx.T);
     m.expert_load_max = std::max(m.expert_load_max, ctx.expert_load_max);
+    m.expert_dropped_max = std::max(m.expert_dropped_max, ctx.expert_dropped_max);
     mk.forward_done = ops::DeviceMark(device);
     mk.head_start = std::move(ctx.head_start);
     dp_->begin_backward(micro + 1 == accum);  // only the last micro-batch reduces (ZeRO < 2)
@@ -369,6 +374,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   if (cfg_.model.moe()) {
     m.router_aux_loss = dp_->sum(aux_weighted) / double(m.tokens);  // dp (x cp) ranks' tokens
     m.expert_load_max = dp_->max(m.expert_load_max);                // the worst rank's
+    m.expert_dropped_max = dp_->max(m.expert_dropped_max);
   }
   m.backward_seconds += seconds_since(t_reduce);
   m.loss = loss_sum / double(m.tokens);

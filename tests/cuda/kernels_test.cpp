@@ -1029,28 +1029,35 @@ TEST_P(CudaKernels, MixtureOfExpertsRoutingAndRows) {
     ops::moe_route_backward(dlogits, dweight, probs, choice, weight, true, aux, dlse);
     ops::moe_route_backward(gdlogits, to_gpu(dweight), gprobs, gchoice, gweight, true, to_gpu(aux), to_gpu(dlse));
     EXPECT_TRUE(matches(gdlogits, dlogits, 1e-5, "dlogits"));
-    // Rows.
-    const Tensor x = random_tensor(Shape{N, C}, dt, rng), ys = random_tensor(Shape{N * k, C}, dt, rng);
-    const Tensor dout = random_tensor(Shape{N, C}, dt, rng), residual = random_tensor(Shape{N, C}, dt, rng);
-    const Tensor dx0 = random_tensor(Shape{N, C}, dt, rng);
-    Tensor xs = Tensor::empty(Shape{N * k, C}, dt), gxs = gpu_poisoned(Shape{N * k, C}, dt);
-    ops::moe_gather(xs, x, order, k);
-    ops::moe_gather(gxs, to_gpu(x), gorder, k);
-    EXPECT_EQ(values_of(gxs), to_f64(xs)) << "gather (copies)";
-    Tensor dx = to_host(to_gpu(dx0)), gdx = to_gpu(dx0);
-    ops::moe_gather_backward(dx, ys, where, k, true);
-    ops::moe_gather_backward(gdx, to_gpu(ys), gwhere, k, true);
-    EXPECT_EQ(values_of(gdx), to_f64(dx)) << "gather backward (sums in slot order)";
-    Tensor out = Tensor::empty(Shape{N, C}, dt), gout = gpu_poisoned(Shape{N, C}, dt);
-    ops::moe_combine(out, ys, weight, where, residual);
-    ops::moe_combine(gout, to_gpu(ys), gweight, gwhere, to_gpu(residual));
-    EXPECT_TRUE(matches(gout, out, tol(dt), "combine"));
-    Tensor dys = Tensor::empty(Shape{N * k, C}, dt), gdys = gpu_poisoned(Shape{N * k, C}, dt);
-    Tensor dw = Tensor::empty(Shape{N, k}, DType::f32), gdw = gpu_poisoned(Shape{N, k}, DType::f32);
-    ops::moe_combine_backward(dys, dw, dout, ys, weight, where);
-    ops::moe_combine_backward(gdys, gdw, to_gpu(dout), to_gpu(ys), gweight, gwhere);
-    EXPECT_EQ(values_of(gdys), to_f64(dys)) << "dys (one rounded product)";
-    EXPECT_TRUE(matches(gdw, dw, 1e-5, "dweight"));
+    // Rows, of every slot and of a plan whose experts take 2 slots each
+    // (the rest dropped: where -1).
+    for (const int64_t capacity : {int64_t(-1), int64_t(2)}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity);
+      ops::moe_dispatch_plan(order, where, offsets, choice, E, capacity);
+      const int64_t R = offsets.back();
+      const Tensor kept = order.slice(0, R);
+      const Tensor x = random_tensor(Shape{N, C}, dt, rng), ys = random_tensor(Shape{R, C}, dt, rng);
+      const Tensor dout = random_tensor(Shape{N, C}, dt, rng), residual = random_tensor(Shape{N, C}, dt, rng);
+      const Tensor dx0 = random_tensor(Shape{N, C}, dt, rng);
+      Tensor xs = Tensor::empty(Shape{R, C}, dt), gxs = gpu_poisoned(Shape{R, C}, dt);
+      ops::moe_gather(xs, x, kept, k);
+      ops::moe_gather(gxs, to_gpu(x), kept, k);
+      EXPECT_EQ(values_of(gxs), to_f64(xs)) << "gather (copies)";
+      Tensor dx = to_host(to_gpu(dx0)), gdx = to_gpu(dx0);
+      ops::moe_gather_backward(dx, ys, where, k, true);
+      ops::moe_gather_backward(gdx, to_gpu(ys), where, k, true);
+      EXPECT_EQ(values_of(gdx), to_f64(dx)) << "gather backward (sums in slot order)";
+      Tensor out = Tensor::empty(Shape{N, C}, dt), gout = gpu_poisoned(Shape{N, C}, dt);
+      ops::moe_combine(out, ys, weight, where, residual);
+      ops::moe_combine(gout, to_gpu(ys), gweight, where, to_gpu(residual));
+      EXPECT_TRUE(matches(gout, out, tol(dt), "combine"));
+      Tensor dys = Tensor::empty(Shape{R, C}, dt), gdys = gpu_poisoned(Shape{R, C}, dt);
+      Tensor dw = Tensor::empty(Shape{N, k}, DType::f32), gdw = gpu_poisoned(Shape{N, k}, DType::f32);
+      ops::moe_combine_backward(dys, dw, dout, ys, weight, where);
+      ops::moe_combine_backward(gdys, gdw, to_gpu(dout), to_gpu(ys), gweight, where);
+      EXPECT_EQ(values_of(gdys), to_f64(dys)) << "dys (one rounded product)";
+      EXPECT_TRUE(matches(gdw, dw, 1e-5, "dweight"));
+    }
   }
 }
 

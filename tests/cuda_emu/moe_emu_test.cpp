@@ -133,12 +133,13 @@ TEST(MoeKernelsEmu, RoutingBackwardMatchesTheCpu) {
 }
 
 // A dispatch plan of N tokens' top-k choices among E experts (drawn, not
-// routed: any plan the CPU makes is one the kernels must follow).
+// routed: any plan the CPU makes is one the kernels must follow); with a
+// capacity of half an expert's mean share, some slots dropped.
 struct Plan {
   Tensor order, where;
   std::vector<int64_t> offsets;
 };
-Plan random_plan(int64_t N, int64_t E, int64_t k, std::mt19937_64& rng) {
+Plan random_plan(int64_t N, int64_t E, int64_t k, bool capacity, std::mt19937_64& rng) {
   Tensor choice = Tensor::empty(Shape{N, k}, DType::i32);
   for (int64_t t = 0; t < N; ++t) {
     std::vector<int32_t> experts(static_cast<size_t>(E));
@@ -147,32 +148,37 @@ Plan random_plan(int64_t N, int64_t E, int64_t k, std::mt19937_64& rng) {
     for (int64_t j = 0; j < k; ++j) choice.data<int32_t>()[t * k + j] = experts[size_t(j)];
   }
   Plan plan{Tensor::empty(Shape{N * k}, DType::i32), Tensor::empty(Shape{N * k}, DType::i32), {}};
-  ops::moe_dispatch_plan(plan.order, plan.where, plan.offsets, choice, E);
+  ops::moe_dispatch_plan(plan.order, plan.where, plan.offsets, choice, E,
+                         capacity ? std::max<int64_t>(1, N * k / (2 * E)) : -1);
   return plan;
 }
 
 template <typename T>
-void rows_case(int64_t N, int64_t C, int64_t E, int64_t k, std::mt19937_64& rng) {
+void rows_case(int64_t N, int64_t C, int64_t E, int64_t k, bool capacity, std::mt19937_64& rng) {
   const DType dt = dtype_of<T>();
-  SCOPED_TRACE(::testing::Message() << "N " << N << " C " << C << " E " << E << " k " << k << " " << dtype_name(dt));
-  const int64_t NK = N * k;
-  const Plan plan = random_plan(N, E, k, rng);
+  SCOPED_TRACE(::testing::Message() << "N " << N << " C " << C << " E " << E << " k " << k << " " << dtype_name(dt)
+                                    << (capacity ? ", capacity" : ""));
+  const Plan plan = random_plan(N, E, k, capacity, rng);
+  const int64_t R = plan.offsets.back();  // the kept slots' rows (N k, dropless)
+  if (capacity && N * k > 2 * E) {
+    EXPECT_LT(R, N * k) << "slots dropped";
+  }
   const int32_t* order = p<int32_t>(plan.order);
   const int32_t* where = p<int32_t>(plan.where);
-  const Tensor x = random_tensor(Shape{N, C}, dt, rng), dxs = random_tensor(Shape{NK, C}, dt, rng);
-  const Tensor ys = random_tensor(Shape{NK, C}, dt, rng), dout = random_tensor(Shape{N, C}, dt, rng);
+  const Tensor x = random_tensor(Shape{N, C}, dt, rng), dxs = random_tensor(Shape{R, C}, dt, rng);
+  const Tensor ys = random_tensor(Shape{R, C}, dt, rng), dout = random_tensor(Shape{N, C}, dt, rng);
   const Tensor residual = random_tensor(Shape{N, C}, dt, rng), dx0 = random_tensor(Shape{N, C}, dt, rng);
   const Tensor weight = random_tensor(Shape{N, k}, DType::f32, rng, 0.0, 1.0);
   // The CPU backend.
-  const Tensor xs = poisoned(Shape{NK, C}, dt);
-  ops::moe_gather(xs, x, plan.order, k);
+  const Tensor xs = poisoned(Shape{R, C}, dt);
+  ops::moe_gather(xs, x, plan.order.slice(0, R), k);
   const Tensor dx = poisoned(Shape{N, C}, dt), dx_acc = copy_of(dx0);
   ops::moe_gather_backward(dx, dxs, plan.where, k, false);
   ops::moe_gather_backward(dx_acc, dxs, plan.where, k, true);
   const Tensor out = poisoned(Shape{N, C}, dt), out_res = poisoned(Shape{N, C}, dt);
   ops::moe_combine(out, ys, weight, plan.where, Tensor());
   ops::moe_combine(out_res, ys, weight, plan.where, residual);
-  const Tensor dys = poisoned(Shape{NK, C}, dt), dweight = poisoned(Shape{N, k}, DType::f32);
+  const Tensor dys = poisoned(Shape{R, C}, dt), dweight = poisoned(Shape{N, k}, DType::f32);
   ops::moe_combine_backward(dys, dweight, dout, ys, weight, plan.where);
 
   auto each_width = [&](auto&& body) {
@@ -182,9 +188,9 @@ void rows_case(int64_t N, int64_t C, int64_t E, int64_t k, std::mt19937_64& rng)
   each_width([&](auto v) {
     constexpr int V = decltype(v)::value;
     SCOPED_TRACE(::testing::Message() << V << " element(s) per load");
-    const Tensor g_xs = poisoned(Shape{NK, C}, dt);
-    emu::launch(dim3(stride_grid(NK * C / V)), mk::kThreads, 0, mk::gather_kernel<T, V>, p<T>(g_xs), p<T>(x), order,
-                NK, k, C);
+    const Tensor g_xs = poisoned(Shape{R, C}, dt);
+    emu::launch(dim3(stride_grid(R * C / V)), mk::kThreads, 0, mk::gather_kernel<T, V>, p<T>(g_xs), p<T>(x), order,
+                R, k, C);
     EXPECT_TRUE(all_close(g_xs, to_f64(xs), 0.0, 0.0)) << "xs (copies)";
     // Slot sums in slot order with one rounding: the CPU's bits.
     const Tensor g_dx = poisoned(Shape{N, C}, dt), g_dx_acc = copy_of(dx0);
@@ -203,7 +209,7 @@ void rows_case(int64_t N, int64_t C, int64_t E, int64_t k, std::mt19937_64& rng)
     EXPECT_TRUE(close(g_out_res, out_res, tol(dt), "out with the residual"));
     // One block per token; dys = w dout is one rounded product (exact), the
     // dots reduce in another order than the CPU's.
-    const Tensor g_dys = poisoned(Shape{NK, C}, dt), g_dweight = poisoned(Shape{N, k}, DType::f32);
+    const Tensor g_dys = poisoned(Shape{R, C}, dt), g_dweight = poisoned(Shape{N, k}, DType::f32);
     emu::launch(dim3(unsigned(N)), mk::kCombineThreads, 0, mk::combine_backward_kernel<T, V>, p<T>(g_dys),
                 p<float>(g_dweight), p<T>(dout), p<T>(ys), p<float>(weight), where, N, k, C);
     EXPECT_TRUE(all_close(g_dys, to_f64(dys), 0.0, 0.0)) << "dys";
@@ -214,12 +220,14 @@ void rows_case(int64_t N, int64_t C, int64_t E, int64_t k, std::mt19937_64& rng)
 TEST(MoeKernelsEmu, GatherCombineAndTheirBackwardsMatchTheCpu) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(33);
-  rows_case<float>(11, 20, 4, 2, rng);     // C not a multiple of a pack
-  rows_case<float>(50, 24, 8, 2, rng);     // packs of 4; the stride loops run
-  rows_case<float>(7, 300, 5, 3, rng);     // rows wider than the combine backward's block
-  rows_case<__nv_bfloat16>(13, 40, 6, 2, rng);
-  rows_case<__nv_bfloat16>(9, 264, 4, 4, rng);  // packs of 8, k = E
-  rows_case<__nv_bfloat16>(3, 18, 3, 1, rng);
+  for (bool capacity : {false, true}) {
+    rows_case<float>(11, 20, 4, 2, capacity, rng);     // C not a multiple of a pack
+    rows_case<float>(50, 24, 8, 2, capacity, rng);     // packs of 4; the stride loops run
+    rows_case<float>(7, 300, 5, 3, capacity, rng);     // rows wider than the combine backward's block
+    rows_case<__nv_bfloat16>(13, 40, 6, 2, capacity, rng);
+    rows_case<__nv_bfloat16>(9, 264, 4, 4, capacity, rng);  // packs of 8, k = E
+    rows_case<__nv_bfloat16>(3, 18, 3, 1, capacity, rng);
+  }
 }
 
 }  // namespace

@@ -246,6 +246,54 @@ TEST(MoeDispatch, GroupsSlotsByExpertInSlotOrder) {
   }
 }
 
+// Under a capacity each expert keeps its first `cap` slots in slot order:
+// the reference is the dropless grouping cut at cap per expert; the dropped
+// slots' where is -1, order's tail past the kept rows -1, and routed counts
+// what the router chose.
+TEST(MoeDispatch, ACapacityKeepsEachExpertsFirstSlots) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(13);
+  for (const RouteCase& c : kRouteCases)
+    for (int64_t cap : {int64_t(0), int64_t(1), (c.N * c.k + c.E - 1) / c.E, c.N * c.k}) {
+      SCOPED_TRACE(testing::Message() << "N " << c.N << " E " << c.E << " k " << c.k << " capacity " << cap);
+      // Skewed logits, so that some experts are over any capacity below N k.
+      Tensor logits = random_tensor(Shape{c.N, c.E}, DType::f32, rng, -1.0, 1.0);
+      for (int64_t t = 0; t < c.N; ++t) logits.data<float>()[t * c.E] += 2.0f;
+      const RouteOut r = route(logits, c.k, true);
+      const int64_t NK = c.N * c.k;
+      Tensor order = Tensor::empty(Shape{NK}, DType::i32), where = Tensor::empty(Shape{NK}, DType::i32);
+      poison(order);
+      poison(where);
+      std::vector<int64_t> offsets, routed{-3};
+      ops::moe_dispatch_plan(order, where, offsets, r.choice, c.E, cap, &routed);
+      const int32_t* ch = r.choice.data<int32_t>();
+      std::vector<int32_t> kept, where_ref(size_t(NK), -1);
+      std::vector<int64_t> offsets_ref{0}, routed_ref(size_t(c.E), 0);
+      for (int64_t e = 0; e < c.E; ++e) {
+        for (int64_t s = 0; s < NK; ++s)
+          if (ch[s] == e && routed_ref[size_t(e)]++ < cap) {
+            where_ref[size_t(s)] = int32_t(kept.size());
+            kept.push_back(int32_t(s));
+          }
+        offsets_ref.push_back(int64_t(kept.size()));
+      }
+      EXPECT_EQ(offsets, offsets_ref);
+      EXPECT_EQ(routed, routed_ref);
+      std::vector<int32_t> order_ref = kept;
+      order_ref.resize(size_t(NK), -1);
+      EXPECT_EQ(std::vector<int32_t>(order.data<int32_t>(), order.data<int32_t>() + NK), order_ref);
+      EXPECT_EQ(std::vector<int32_t>(where.data<int32_t>(), where.data<int32_t>() + NK), where_ref);
+      if (cap == 1 && c.N > c.E) {
+        EXPECT_LT(int64_t(kept.size()), NK) << "a capacity of 1 drops slots";
+      }
+    }
+  const Tensor choice = test::tensor_from({0, 1}, Shape{1, 2}, DType::i32);
+  Tensor order = Tensor::empty(Shape{2}, DType::i32), where = Tensor::empty(Shape{2}, DType::i32);
+  std::vector<int64_t> offsets;
+  EXPECT_THAT(error_of([&] { ops::moe_dispatch_plan(order, where, offsets, choice, 2, -2); }),
+              HasSubstr("capacity -2 must be >= 0 slots an expert, or -1 for none"));
+}
+
 TEST(MoeDispatch, BadExpertIdsAndForeignPlansAreNamed) {
   const Tensor choice = test::tensor_from({0, 3, 1, 4}, Shape{2, 2}, DType::i32);
   Tensor order = Tensor::empty(Shape{4}, DType::i32), where = Tensor::empty(Shape{4}, DType::i32);
@@ -270,16 +318,21 @@ struct RowCase {
 };
 const RowCase kRowCases[] = {{1, 1, 1, 1}, {9, 4, 2, 5}, {40, 8, 2, 64}, {17, 6, 3, 130}, {3, 2, 2, 768}};
 
-// A random plan: a routing of random logits.
+// A random plan: a routing of random logits, dropless or with each expert
+// taking at most half its mean share of the slots (some dropped wherever
+// more than one slot an expert is routed).
 struct Plan {
   RouteOut r;
   Tensor order, where;
   std::vector<int64_t> offsets;
+  int64_t rows() const { return offsets.back(); }  // the kept slots
+  Tensor kept_order() const { return order.slice(0, rows()); }
 };
-Plan random_plan(const RowCase& c, std::mt19937_64& rng) {
+Plan random_plan(const RowCase& c, std::mt19937_64& rng, bool capacity) {
   Plan p{route(random_tensor(Shape{c.N, c.E}, DType::f32, rng, -2.0, 2.0), c.k, true),
          Tensor::empty(Shape{c.N * c.k}, DType::i32), Tensor::empty(Shape{c.N * c.k}, DType::i32), {}};
-  ops::moe_dispatch_plan(p.order, p.where, p.offsets, p.r.choice, c.E);
+  ops::moe_dispatch_plan(p.order, p.where, p.offsets, p.r.choice, c.E,
+                         capacity ? std::max<int64_t>(1, c.N * c.k / (2 * c.E)) : -1);
   return p;
 }
 
@@ -290,38 +343,43 @@ TEST(MoeRows, GatherAndItsBackwardMatchFloat64) {
   auto rng = make_rng(4);
   for (DType dt : {DType::f32, DType::bf16})
     for (const RowCase& c : kRowCases)
-      for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N " << c.N << " k " << c.k << " C " << c.C);
-        const Plan p = random_plan(c, rng);
-        const Tensor x = random_tensor(Shape{c.N, c.C}, dt, rng);
-        Tensor xs = Tensor::empty(Shape{c.N * c.k, c.C}, dt);
-        poison(xs);
-        ops::moe_gather(xs, x, p.order, c.k);
-        const std::vector<double> xv = to_f64(x);
-        std::vector<double> ref;
-        for (int64_t q = 0; q < c.N * c.k; ++q)
-          for (int64_t ch = 0; ch < c.C; ++ch) ref.push_back(xv[size_t(p.order.data<int32_t>()[q] / c.k * c.C + ch)]);
-        EXPECT_TRUE(test::all_close(xs, ref, 0.0, 0.0)) << "gather copies rows bit for bit";
-        const Tensor dxs = random_tensor(Shape{c.N * c.k, c.C}, dt, rng);
-        Tensor dx = random_tensor(Shape{c.N, c.C}, dt, rng);
-        const std::vector<double> before = to_f64(dx), g = to_f64(dxs);
-        if (!accumulate) poison(dx);
-        ops::moe_gather_backward(dx, dxs, p.where, c.k, accumulate);
-        std::vector<double> want(size_t(c.N * c.C)), scale(size_t(c.N * c.C));
-        for (int64_t t = 0; t < c.N; ++t)
-          for (int64_t ch = 0; ch < c.C; ++ch) {
-            double s = accumulate ? before[size_t(t * c.C + ch)] : 0.0, a = std::fabs(s);
-            for (int64_t j = 0; j < c.k; ++j) {
-              const double v = g[size_t(p.where.data<int32_t>()[t * c.k + j] * c.C + ch)];
-              s += v;
-              a += std::fabs(v);
+      for (bool accumulate : {false, true})
+        for (bool capacity : {false, true}) {
+          SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N " << c.N << " k " << c.k << " C " << c.C
+                                          << (capacity ? " capacity" : ""));
+          const Plan p = random_plan(c, rng, capacity);
+          const int64_t R = p.rows();
+          const Tensor x = random_tensor(Shape{c.N, c.C}, dt, rng);
+          Tensor xs = Tensor::empty(Shape{R, c.C}, dt);
+          poison(xs);
+          ops::moe_gather(xs, x, p.kept_order(), c.k);
+          const std::vector<double> xv = to_f64(x);
+          std::vector<double> ref;
+          for (int64_t q = 0; q < R; ++q)
+            for (int64_t ch = 0; ch < c.C; ++ch) ref.push_back(xv[size_t(p.order.data<int32_t>()[q] / c.k * c.C + ch)]);
+          EXPECT_TRUE(test::all_close(xs, ref, 0.0, 0.0)) << "gather copies rows bit for bit";
+          const Tensor dxs = random_tensor(Shape{R, c.C}, dt, rng);
+          Tensor dx = random_tensor(Shape{c.N, c.C}, dt, rng);
+          const std::vector<double> before = to_f64(dx), g = to_f64(dxs);
+          if (!accumulate) poison(dx);
+          ops::moe_gather_backward(dx, dxs, p.where, c.k, accumulate);
+          std::vector<double> want(size_t(c.N * c.C)), scale(size_t(c.N * c.C));
+          for (int64_t t = 0; t < c.N; ++t)
+            for (int64_t ch = 0; ch < c.C; ++ch) {
+              double s = accumulate ? before[size_t(t * c.C + ch)] : 0.0, a = std::fabs(s);
+              for (int64_t j = 0; j < c.k; ++j) {
+                const int64_t q = p.where.data<int32_t>()[t * c.k + j];
+                if (q < 0) continue;  // dropped
+                const double v = g[size_t(q * c.C + ch)];
+                s += v;
+                a += std::fabs(v);
+              }
+              want[size_t(t * c.C + ch)] = s;
+              scale[size_t(t * c.C + ch)] = a;
             }
-            want[size_t(t * c.C + ch)] = s;
-            scale[size_t(t * c.C + ch)] = a;
-          }
-        for (int64_t i = 0; i < c.N * c.C; ++i)
-          ASSERT_LE(std::fabs(load_f64(dx, i) - want[size_t(i)]), rtol_of(dt) * scale[size_t(i)] + 1e-30) << i;
-      }
+          for (int64_t i = 0; i < c.N * c.C; ++i)
+            ASSERT_LE(std::fabs(load_f64(dx, i) - want[size_t(i)]), rtol_of(dt) * scale[size_t(i)] + 1e-30) << i;
+        }
 }
 
 TEST(MoeRows, CombineAndItsBackwardMatchFloat64) {
@@ -329,49 +387,56 @@ TEST(MoeRows, CombineAndItsBackwardMatchFloat64) {
   auto rng = make_rng(5);
   for (DType dt : {DType::f32, DType::bf16})
     for (const RowCase& c : kRowCases)
-      for (bool residual : {false, true}) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N " << c.N << " k " << c.k << " C " << c.C
-                                        << " residual " << residual);
-        const Plan p = random_plan(c, rng);
-        const Tensor ys = random_tensor(Shape{c.N * c.k, c.C}, dt, rng);
-        const Tensor res = residual ? random_tensor(Shape{c.N, c.C}, dt, rng) : Tensor();
-        Tensor out = Tensor::empty(Shape{c.N, c.C}, dt);
-        poison(out);
-        ops::moe_combine(out, ys, p.r.weight, p.where, res);
-        const std::vector<double> y = to_f64(ys), w = to_f64(p.r.weight);
-        const std::vector<double> rv = residual ? to_f64(res) : std::vector<double>(size_t(c.N * c.C), 0.0);
-        const int32_t* wh = p.where.data<int32_t>();
-        for (int64_t t = 0; t < c.N; ++t)
-          for (int64_t ch = 0; ch < c.C; ++ch) {
-            double s = rv[size_t(t * c.C + ch)], a = std::fabs(s);
-            for (int64_t j = 0; j < c.k; ++j) {
-              const double term = w[size_t(t * c.k + j)] * y[size_t(wh[t * c.k + j] * c.C + ch)];
-              s += term;
-              a += std::fabs(term);
-            }
-            ASSERT_LE(std::fabs(load_f64(out, t * c.C + ch) - s), rtol_of(dt) * a + 1e-30) << t << "," << ch;
-          }
-        // Backward.
-        const Tensor dout = random_tensor(Shape{c.N, c.C}, dt, rng);
-        Tensor dys = Tensor::empty(Shape{c.N * c.k, c.C}, dt), dweight = Tensor::empty(Shape{c.N, c.k}, DType::f32);
-        poison(dys);
-        poison(dweight);
-        ops::moe_combine_backward(dys, dweight, dout, ys, p.r.weight, p.where);
-        const std::vector<double> g = to_f64(dout);
-        std::vector<double> dys_ref(size_t(c.N * c.k * c.C)), dw_ref;
-        for (int64_t t = 0; t < c.N; ++t)
-          for (int64_t j = 0; j < c.k; ++j) {
-            const int64_t q = wh[t * c.k + j];
-            double dot = 0, a = 0;
+      for (bool residual : {false, true})
+        for (bool capacity : {false, true}) {
+          SCOPED_TRACE(testing::Message() << dtype_name(dt) << " N " << c.N << " k " << c.k << " C " << c.C
+                                          << " residual " << residual << (capacity ? " capacity" : ""));
+          const Plan p = random_plan(c, rng, capacity);
+          const int64_t R = p.rows();
+          const Tensor ys = random_tensor(Shape{R, c.C}, dt, rng);
+          const Tensor res = residual ? random_tensor(Shape{c.N, c.C}, dt, rng) : Tensor();
+          Tensor out = Tensor::empty(Shape{c.N, c.C}, dt);
+          poison(out);
+          ops::moe_combine(out, ys, p.r.weight, p.where, res);
+          const std::vector<double> y = to_f64(ys), w = to_f64(p.r.weight);
+          const std::vector<double> rv = residual ? to_f64(res) : std::vector<double>(size_t(c.N * c.C), 0.0);
+          const int32_t* wh = p.where.data<int32_t>();
+          for (int64_t t = 0; t < c.N; ++t)
             for (int64_t ch = 0; ch < c.C; ++ch) {
-              dys_ref[size_t(q * c.C + ch)] = w[size_t(t * c.k + j)] * g[size_t(t * c.C + ch)];
-              dot += g[size_t(t * c.C + ch)] * y[size_t(q * c.C + ch)];
-              a += std::fabs(g[size_t(t * c.C + ch)] * y[size_t(q * c.C + ch)]);
+              double s = rv[size_t(t * c.C + ch)], a = std::fabs(s);
+              for (int64_t j = 0; j < c.k; ++j) {
+                if (wh[t * c.k + j] < 0) continue;  // dropped
+                const double term = w[size_t(t * c.k + j)] * y[size_t(wh[t * c.k + j] * c.C + ch)];
+                s += term;
+                a += std::fabs(term);
+              }
+              ASSERT_LE(std::fabs(load_f64(out, t * c.C + ch) - s), rtol_of(dt) * a + 1e-30) << t << "," << ch;
             }
-            EXPECT_LE(std::fabs(load_f64(dweight, t * c.k + j) - dot), 1e-6 * a + 1e-30) << t << "," << j;
-          }
-        EXPECT_TRUE(test::all_close(dys, dys_ref, dt == DType::bf16 ? 0x1p-8 : 1e-7, 0.0));
-      }
+          // Backward.
+          const Tensor dout = random_tensor(Shape{c.N, c.C}, dt, rng);
+          Tensor dys = Tensor::empty(Shape{R, c.C}, dt), dweight = Tensor::empty(Shape{c.N, c.k}, DType::f32);
+          poison(dys);
+          poison(dweight);
+          ops::moe_combine_backward(dys, dweight, dout, ys, p.r.weight, p.where);
+          const std::vector<double> g = to_f64(dout);
+          std::vector<double> dys_ref(size_t(R * c.C)), dw_ref;
+          for (int64_t t = 0; t < c.N; ++t)
+            for (int64_t j = 0; j < c.k; ++j) {
+              const int64_t q = wh[t * c.k + j];
+              if (q < 0) {
+                EXPECT_EQ(load_f64(dweight, t * c.k + j), 0.0) << "a dropped slot's weight gets no gradient";
+                continue;
+              }
+              double dot = 0, a = 0;
+              for (int64_t ch = 0; ch < c.C; ++ch) {
+                dys_ref[size_t(q * c.C + ch)] = w[size_t(t * c.k + j)] * g[size_t(t * c.C + ch)];
+                dot += g[size_t(t * c.C + ch)] * y[size_t(q * c.C + ch)];
+                a += std::fabs(g[size_t(t * c.C + ch)] * y[size_t(q * c.C + ch)]);
+              }
+              EXPECT_LE(std::fabs(load_f64(dweight, t * c.k + j) - dot), 1e-6 * a + 1e-30) << t << "," << j;
+            }
+          EXPECT_TRUE(test::all_close(dys, dys_ref, dt == DType::bf16 ? 0x1p-8 : 1e-7, 0.0));
+        }
 }
 
 }  // namespace

@@ -344,6 +344,24 @@ TEST(ContextParallel, ComposesWithDataTensorAndPipelineParallel) {
   }
 }
 
+// A mesh of this job's ranks, the settings that ask for it, and its name.
+struct MeshLayout {
+  parallel::MeshShape shape;
+  std::vector<std::string> settings;
+  const char* what;
+};
+
+// Case c trained 10 steps on each layout matches the single process.
+void expect_layouts_train_alike(const Case& c, const std::vector<MeshLayout>& layouts) {
+  const int64_t p = comm::world().size();
+  for (const MeshLayout& l : layouts) {
+    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
+    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
+    const Config cfg = case_config(c, 1, l.settings);
+    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
+  }
+}
+
 // A mixture-of-experts model (nn/moe.h) over data, tensor (each expert's
 // hidden width split), context, pipeline and expert parallelism: 10 steps
 // match the single process. Under cp the load-balancing loss counts the whole
@@ -352,12 +370,7 @@ TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
   const int64_t p = comm::world().size();
   if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
   const Case c{"llama3-moe-tiny", false, {"model.router_aux_loss=0.05"}, "llama3 MoE"};
-  struct Layout {
-    parallel::MeshShape shape;
-    std::vector<std::string> settings;
-    const char* what;
-  };
-  std::vector<Layout> layouts = {
+  std::vector<MeshLayout> layouts = {
       {{p, 1, 1, 1, 1}, {"parallel.zero_stage=1"}, "dp, ZeRO-1"},
       {{1, 1, 1, p, 1}, {"parallel.cp=" + std::to_string(p), "train.recompute=full"}, "cp, full recompute"},
   };
@@ -391,12 +404,7 @@ TEST(MixtureOfExperts, DataContextAndPipelineParallelMatchOneProcess) {
                        "tp 2 x pp 2, zero bubble"});
     layouts.push_back({{1, 2, 1, 2, 2}, {"parallel.tp=2", "parallel.cp=2", "parallel.ep=2"}, "tp 2 x cp 2, ep 2"});
   }
-  for (const Layout& l : layouts) {
-    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
-    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
-    const Config cfg = case_config(c, 1, l.settings);
-    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
-  }
+  expect_layouts_train_alike(c, layouts);
 }
 
 // A shared expert (ModelConfig::shared_expert): a block-level MLP beside the
@@ -406,12 +414,7 @@ TEST(MixtureOfExperts, ASharedExpertMatchesOneProcess) {
   const int64_t p = comm::world().size();
   if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
   const Case c{"llama3-moe-tiny", false, {"model.shared_expert_ff=64", "model.router_aux_loss=0.05"}, "llama3 MoE, shared"};
-  struct Layout {
-    parallel::MeshShape shape;
-    std::vector<std::string> settings;
-    const char* what;
-  };
-  std::vector<Layout> layouts = {
+  std::vector<MeshLayout> layouts = {
       {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true", "train.recompute=selective"},
        "tp + SP, selective"},
       {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=1"}, "dp x ep, ZeRO-1"},
@@ -420,12 +423,7 @@ TEST(MixtureOfExperts, ASharedExpertMatchesOneProcess) {
   if (p == 4)
     layouts.push_back({{2, 2, 1, 1, 2}, {"parallel.tp=2", "parallel.ep=2", "train.recompute=full"},
                        "tp 2 x dp 2, ep 2, full recompute"});
-  for (const Layout& l : layouts) {
-    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
-    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
-    const Config cfg = case_config(c, 1, l.settings);
-    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
-  }
+  expect_layouts_train_alike(c, layouts);
 }
 
 // Aux-loss-free balancing: each step's loads summed over every rank (a tp
@@ -441,24 +439,36 @@ TEST(MixtureOfExperts, BalancingBiasesMatchOneProcess) {
   ASSERT_TRUE(std::any_of(reference(c).router_bias.begin(), reference(c).router_bias.end(),
                           [](float b) { return b != 0.0f; }))
       << "ten steps move the biases";
-  struct Layout {
-    parallel::MeshShape shape;
-    std::vector<std::string> settings;
-    const char* what;
-  };
-  std::vector<Layout> layouts = {
+  std::vector<MeshLayout> layouts = {
       {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=1"}, "dp x ep, ZeRO-1"},
       {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true"}, "tp + SP"},
   };
   if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=1f1b"}, "pp 2, 1f1b"});
   if (p == 4)
     layouts.push_back({{1, 2, 1, 2, 2}, {"parallel.tp=2", "parallel.cp=2", "parallel.ep=2"}, "tp 2 x cp 2, ep 2"});
-  for (const Layout& l : layouts) {
-    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
-    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
-    const Config cfg = case_config(c, 1, l.settings);
-    expect_same_training(train_run(cfg, mesh), c, cfg.model, /*one_stage=*/l.shape.pp > 1);
-  }
+  expect_layouts_train_alike(c, layouts);
+}
+
+// A capacity (model.expert_capacity_factor): each routing call drops the
+// slots over it, the first come kept. Data and expert parallelism route
+// each micro-batch whole on one rank, tensor parallelism (+SP) routes the
+// gathered tokens on every tp rank alike, a pipeline stage its own blocks':
+// the same slots dropped as in the single process, so 10 steps match it.
+TEST(MixtureOfExperts, ACapacityDropsAsOneProcessDoes) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  const Case c{"llama3-moe-tiny", false, {"model.expert_capacity_factor=1.0", "model.router_aux_loss=0.05"},
+               "llama3 MoE, capacity 1.0"};
+  std::vector<MeshLayout> layouts = {
+      {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=2"}, "dp x ep, ZeRO-2"},
+      {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true",
+                         "train.recompute=selective"}, "tp + SP, selective"},
+  };
+  if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
+  if (p == 4)
+    layouts.push_back({{2, 2, 1, 1, 2}, {"parallel.tp=2", "parallel.ep=2", "train.recompute=full"},
+                       "tp 2 x dp 2, ep 2, full recompute"});
+  expect_layouts_train_alike(c, layouts);
 }
 
 // tp 2 x dp 2 with ZeRO-3 and every group on one queue (one_queue_group.h),

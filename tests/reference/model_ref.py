@@ -133,11 +133,19 @@ class Reference(torch.nn.Module):
         top_p, top_i = probs.topk(k, dim=-1)
         if cfg["expert_normalize"]:
             top_p = top_p / top_p.sum(-1, keepdim=True)
+        # A capacity: each expert keeps its first ceil(c N k / E) slots in slot
+        # order (token-major), a dropped slot's output is not added.
+        chosen = F.one_hot(top_i, E)  # (N, k, E)
+        c = cfg.get("expert_capacity_factor", 0.0)
+        if c > 0:
+            cap = math.ceil(c * x.shape[0] * k / E)
+            rank = chosen.reshape(-1, E).cumsum(0).reshape(chosen.shape)  # 1 + the slots before, per expert
+            chosen = chosen * (rank <= cap)
         out = torch.zeros_like(x)
         w_in, w_out = self.w(p + "mlp.experts.in.weight"), self.w(p + "mlp.experts.out.weight")
         for e in range(E):
             g, up = (x @ w_in[e].t()).split([Fw, Fw], dim=-1)
-            gate = (top_p * (top_i == e)).sum(-1, keepdim=True)  # 0 where e is not chosen
+            gate = (top_p * chosen[..., e]).sum(-1, keepdim=True)  # 0 where e is not chosen (or dropped)
             out = out + gate * ((F.silu(g) * up) @ w_out[e].t())
         # Switch load balancing: E sum_e f_e P_e, f_e the share of slots (no gradient).
         f = F.one_hot(top_i, E).sum(dim=(0, 1)).to(torch.float32) / (x.shape[0] * k)

@@ -124,6 +124,10 @@ TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
                   "model.router_bias_update_rate = -0.001 must be a finite number >= 0"));
   EXPECT_TRUE(has(error_of(kBase, {"model.router_bias_update_rate=0.001"}),
                   "balances a mixture of experts, but model.n_expert = 0"));
+  EXPECT_TRUE(has(error_of(kBase, with(moe, "model.expert_capacity_factor=-1")),
+                  "model.expert_capacity_factor = -1 must be a finite number >= 0 (0: dropless"));
+  EXPECT_TRUE(has(error_of(kBase, {"model.expert_capacity_factor=1.25"}),
+                  "bounds the experts of a mixture, but model.n_expert = 0"));
   EXPECT_EQ(error_of(kBase, with(with(moe, "parallel.cp=2"), "parallel.pp=2")), "");
   EXPECT_EQ(error_of(kBase, with(moe, "parallel.ep=4")), "");
   EXPECT_TRUE(has(error_of(kBase, with(moe, "parallel.ep=3")), "parallel.ep = 3 must divide model.n_expert = 4"));
@@ -167,6 +171,12 @@ TEST(Config, LayoutChecksNameTheFix) {
   const Config moe = parse_config(kBase, "test.toml", {"model.arch=\"llama3\"", "model.n_kv_head=2", "model.n_expert=4"});
   EXPECT_EQ(layout_error(moe, {1, 1, 1, 1, 1}, Device::cpu()), "");
   EXPECT_EQ(layout_error(moe, {1, 1, 1, 1, 1}, Device::cuda(0)), "") << "experts run on GPUs too";
+  const Config capped = parse_config(kBase, "test.toml", {"model.arch=\"llama3\"", "model.n_kv_head=2",
+                                                          "model.n_expert=4", "model.expert_capacity_factor=1.25"});
+  EXPECT_EQ(layout_error(capped, {2, 1, 1, 1, 2}, Device::cpu()), "");
+  EXPECT_TRUE(has(layout_error(capped, {1, 1, 1, 2, 1}, Device::cpu()),
+                  "model.expert_capacity_factor = 1.25 drops slots by their order in a micro-batch, but context "
+                  "parallelism (parallel.cp = 2)"));
   // Interleaving 2 chunks over pp = 2 needs the micro-batches in multiples of pp: 8 / 4 = 2 is; 8 / (4 x 2) = 1 not.
   const Config il = parse_config(kBase, "test.toml", {"model.n_layer=4", "parallel.pp=2",
                                                       "parallel.pp_schedule=\"interleaved\"", "parallel.virtual_stages=2"});

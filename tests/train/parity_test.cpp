@@ -109,7 +109,7 @@ peak_gflops = 1.0
       {"tied_embeddings", m.tied_embeddings}, {"grad_accum", cfg.grad_accum_steps()}, {"no_decay", no_decay},
       {"n_expert", m.n_expert}, {"expert_top_k", m.expert_top_k}, {"expert_normalize", m.expert_normalize},
       {"router_aux_loss", m.router_aux_loss}, {"router_z_loss", m.router_z_loss},
-      {"shared_expert_ff", m.shared_expert_ff},
+      {"shared_expert_ff", m.shared_expert_ff}, {"expert_capacity_factor", m.expert_capacity_factor},
       {"optim",
        {{"lr", cfg.optim.lr}, {"min_lr", cfg.optim.min_lr}, {"warmup_steps", cfg.optim.warmup_steps},
         {"steps", steps}, {"beta1", cfg.optim.beta1}, {"beta2", cfg.optim.beta2}, {"eps", cfg.optim.eps},
@@ -253,6 +253,22 @@ tied_embeddings = true
 global_batch = 4
 micro_batch = 4
 recompute = "selective"
+)"});
+}
+
+// A capacity (Switch / GShard): each expert takes at most its mean
+// share of a micro-batch's slots, the first come; the reference drops the
+// same slots from its dense algebra (their outputs and gradients), while
+// the balancing loss still counts what the router chose.
+TEST(PyTorchParity, MixtureOfExpertsDropsSlotsOverCapacity) {
+  run_case({"llama3_moe_capacity", R"([model]
+preset = "llama3-moe-tiny"
+expert_capacity_factor = 1.0
+router_aux_loss = 0.05
+[train]
+global_batch = 8
+micro_batch = 4
+recompute = "full"
 )"});
 }
 

@@ -1,10 +1,13 @@
-// Aux-loss-free balancing (model.router_bias_update_rate, DeepSeek-V3): the
-// bias step's arithmetic, the trainer's counting of each step's routed slots
-// (every training forward once: micro-batches summed, recomputation not
-// counted), biases that follow those counts exactly, a run whose experts end
-// up more evenly loaded than the same run without, and the biases kept as
-// model state: checkpoints (exact resume), --init-from, the final model file
-// and generation, and refused by the Hugging Face (Mixtral) export.
+// The routers' load controls. Aux-loss-free balancing
+// (model.router_bias_update_rate, DeepSeek-V3): the bias step's arithmetic,
+// the trainer's counting of each step's routed slots (every training forward
+// once: micro-batches summed, recomputation not counted), biases that follow
+// those counts exactly, a run whose experts end up more evenly loaded than
+// the same run without, and the biases kept as model state: checkpoints
+// (exact resume), --init-from, the final model file and generation, and
+// refused by the Hugging Face (Mixtral) export. A capacity
+// (model.expert_capacity_factor): the step's reported share of dropped slots
+// is what the routed counts and the capacity make it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@
 #include "train/config.h"
 #include "train/data_source.h"
 #include "train/model_file.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace zt::train {
@@ -215,6 +219,40 @@ TEST_F(RouterBalance, CheckpointsModelFilesAndInitFromKeepTheBiases) {
   const std::string out = output_of(convert);
   EXPECT_NE(out.find("balancing biases"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(*root_ / "hf" / "config.json")) << "nothing written";
+}
+
+// One micro-batch a step, so a step's routed counts (taken from the model:
+// no balancing biases here) are one routing call's: each block drops
+// sum_e max(0, n_e - cap) of its N k slots, cap = ceil(c N k / E), and the
+// metrics report the worst block's share, in metrics.jsonl too.
+TEST_F(RouterBalance, TheMetricsSayWhatACapacityDropped) {
+  for (const char* factor : {"0", "1.0", "0.5"}) {
+    SCOPED_TRACE(std::string("capacity factor ") + factor);
+    const Config cfg = config(std::string("drop-") + factor, {std::string("model.expert_capacity_factor=") + factor,
+                                                              "train.global_batch=4", "train.micro_batch=4"});
+    const int64_t L = cfg.model.n_layer, E = cfg.model.n_expert, k = cfg.model.expert_top_k;
+    const int64_t N = cfg.train.micro_batch * cfg.train.seq_len, cap = nn::expert_capacity(cfg.model, N);
+    EXPECT_EQ(cap, cfg.model.expert_capacity_factor > 0
+                       ? int64_t(std::ceil(double(cfg.model.expert_capacity_factor) * double(N * k) / double(E)))
+                       : -1);
+    auto t = trainer(cfg);
+    double worst_seen = 0;
+    for (int64_t s = 0; s < 4; ++s) {
+      const StepMetrics m = t->train_step(s);
+      const std::vector<int64_t> load = t->model().take_expert_load();
+      double worst = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        int64_t dropped = 0;
+        for (int64_t e = 0; e < E; ++e) dropped += cap < 0 ? 0 : std::max<int64_t>(0, load[size_t(l * E + e)] - cap);
+        worst = std::max(worst, double(dropped) / double(N * k));
+      }
+      EXPECT_EQ(m.expert_dropped_max, worst) << "step " << s + 1;
+      worst_seen = std::max(worst_seen, worst);
+    }
+    if (cap > 0) {
+      EXPECT_GT(worst_seen, 0.0) << "a capacity at or under the mean drops slots";
+    }
+  }
 }
 
 }  // namespace

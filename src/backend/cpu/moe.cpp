@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -21,12 +22,12 @@ namespace {
 constexpr int64_t kParallelMin = int64_t(1) << 14;  // elements: below this one thread
 
 template <typename T>
-void gather_rows(T* xs, const T* x, const int32_t* order, int64_t NK, int64_t k, int64_t C) {
-#pragma omp parallel for schedule(static) if (NK * C >= kParallelMin)
-  for (int64_t p = 0; p < NK; ++p) std::copy_n(x + int64_t(order[p] / k) * C, C, xs + p * C);
+void gather_rows(T* xs, const T* x, const int32_t* order, int64_t R, int64_t k, int64_t C) {
+#pragma omp parallel for schedule(static) if (R * C >= kParallelMin)
+  for (int64_t p = 0; p < R; ++p) std::copy_n(x + int64_t(order[p] / k) * C, C, xs + p * C);
 }
 
-// dx[t] (+)= sum_j dxs[where[t k + j]].
+// dx[t] (+)= sum_j dxs[where[t k + j]] over the kept slots (where >= 0).
 template <typename T>
 void gather_backward_rows(T* dx, const T* dxs, const int32_t* where, int64_t N, int64_t k, int64_t C,
                           bool accumulate) {
@@ -38,6 +39,7 @@ void gather_backward_rows(T* dx, const T* dxs, const int32_t* where, int64_t N, 
       T* row = dx + t * C;
       for (int64_t c = 0; c < C; ++c) acc[c] = 0.0f;
       for (int64_t j = 0; j < k; ++j) {
+        if (where[t * k + j] < 0) continue;  // dropped
         const T* src = dxs + int64_t(where[t * k + j]) * C;
         for (int64_t c = 0; c < C; ++c) acc[c] += to_float(src[c]);
       }
@@ -46,7 +48,7 @@ void gather_backward_rows(T* dx, const T* dxs, const int32_t* where, int64_t N, 
   }
 }
 
-// out[t] = residual[t] + sum_j w[t, j] ys[where[t k + j]].
+// out[t] = residual[t] + sum_j w[t, j] ys[where[t k + j]] over the kept slots.
 template <typename T>
 void combine_rows(T* out, const T* ys, const float* w, const int32_t* where, const T* residual, int64_t N,
                   int64_t k, int64_t C) {
@@ -57,6 +59,7 @@ void combine_rows(T* out, const T* ys, const float* w, const int32_t* where, con
     for (int64_t t = 0; t < N; ++t) {
       for (int64_t c = 0; c < C; ++c) acc[c] = 0.0f;
       for (int64_t j = 0; j < k; ++j) {
+        if (where[t * k + j] < 0) continue;  // dropped
         const T* y = ys + int64_t(where[t * k + j]) * C;
         const float wj = w[t * k + j];
         for (int64_t c = 0; c < C; ++c) acc[c] += wj * to_float(y[c]);
@@ -80,6 +83,10 @@ void combine_backward_rows(T* dys, float* dweight, const T* dout, const T* ys, c
     const T* g = dout + t * C;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t p = where[t * k + j];
+      if (p < 0) {  // dropped: no row, no gradient for its weight
+        dweight[t * k + j] = 0.0f;
+        continue;
+      }
       const T* y = ys + p * C;
       T* dy = dys + p * C;
       const float wj = w[t * k + j];
@@ -173,28 +180,39 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 }
 
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
-                       const Tensor& choice, int64_t E) {
+                       const Tensor& choice, int64_t E, int64_t capacity, std::vector<int64_t>* routed) {
   const int64_t NK = choice.numel();
   const int32_t* ch = choice.data<int32_t>();
+  std::vector<int64_t> demand(static_cast<size_t>(E), 0);
+  for (int64_t s = 0; s < NK; ++s) ++demand[size_t(ch[s])];
   offsets.assign(size_t(E + 1), 0);
-  for (int64_t s = 0; s < NK; ++s) ++offsets[size_t(ch[s]) + 1];
-  for (int64_t e = 0; e < E; ++e) offsets[size_t(e + 1)] += offsets[size_t(e)];
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t kept = capacity < 0 ? demand[size_t(e)] : std::min(demand[size_t(e)], capacity);
+    offsets[size_t(e + 1)] = offsets[size_t(e)] + kept;
+  }
   std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
   int32_t* ord = order.data<int32_t>();
   int32_t* wh = where.data<int32_t>();
+  std::fill(ord + offsets[size_t(E)], ord + NK, -1);
   for (int64_t s = 0; s < NK; ++s) {  // slot order within each expert: a stable counting sort
-    const int64_t pos = next[size_t(ch[s])]++;
+    const size_t e = size_t(ch[s]);
+    if (next[e] == offsets[e + 1]) {  // the expert is full: the first come are kept
+      wh[s] = -1;
+      continue;
+    }
+    const int64_t pos = next[e]++;
     ord[pos] = int32_t(s);
     wh[s] = int32_t(pos);
   }
+  if (routed) *routed = std::move(demand);
 }
 
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {
-  const int64_t NK = xs.size(0), C = xs.size(1);
+  const int64_t R = xs.size(0), C = xs.size(1);
   if (x.dtype() == DType::f32)
-    gather_rows(xs.data<float>(), x.data<float>(), order.data<int32_t>(), NK, k, C);
+    gather_rows(xs.data<float>(), x.data<float>(), order.data<int32_t>(), R, k, C);
   else
-    gather_rows(xs.data<bf16>(), x.data<bf16>(), order.data<int32_t>(), NK, k, C);
+    gather_rows(xs.data<bf16>(), x.data<bf16>(), order.data<int32_t>(), R, k, C);
 }
 
 void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& where, int64_t k, bool accumulate) {

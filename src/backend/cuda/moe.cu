@@ -42,15 +42,15 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 }
 
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {
-  const int64_t NK = xs.size(0), C = xs.size(1);
-  if (NK * C == 0) return;
+  const int64_t R = xs.size(0), C = xs.size(1);
+  if (R * C == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(x.dtype(), "moe_gather", [&] {
     T* out = elements<T>(xs);
     const T* in = elements<const T>(x);
     with_pack_width<T>(packs_of_16_fit<T>(C, out, in), [&](auto v) {
       constexpr int V = decltype(v)::value;
-      gather_kernel<T, V><<<grid_for(NK * C / V, kThreads, x.device()), kThreads, 0, stream_of(x)>>>(
-          out, in, elements<const int32_t>(order), NK, k, C);
+      gather_kernel<T, V><<<grid_for(R * C / V, kThreads, x.device()), kThreads, 0, stream_of(x)>>>(
+          out, in, elements<const int32_t>(order), R, k, C);
     });
   });
   ZT_CUDA_CHECK_LAUNCH("gather_kernel");

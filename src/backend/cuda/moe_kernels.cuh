@@ -134,17 +134,18 @@ __device__ __forceinline__ void store_sum(T* dst, const T* base, const float (&a
   store_pack<T, V>(dst, o);
 }
 
-// xs (N k, C)[p] = x (N, C)[order[p] / k].
+// xs (R, C)[p] = x (N, C)[order[p] / k].
 template <typename T, int V>
-__global__ void gather_kernel(T* xs, const T* x, const int32_t* order, int64_t NK, int64_t k, int64_t C) {
-  const int64_t units = NK * C / V;
+__global__ void gather_kernel(T* xs, const T* x, const int32_t* order, int64_t R, int64_t k, int64_t C) {
+  const int64_t units = R * C / V;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = i * V / C, c = i * V - p * C;
     store_pack<T, V>(xs + i * V, load_pack<T, V>(x + int64_t(order[p] / k) * C + c));
   }
 }
 
-// dx (N, C)[t] (+)= sum_j dxs[where[t k + j]], f32 in slot order, one rounding.
+// dx (N, C)[t] (+)= sum_j dxs[where[t k + j]] over the kept slots (where >=
+// 0), f32 in slot order, one rounding.
 template <typename T, int V>
 __global__ void gather_backward_kernel(T* dx, const T* dxs, const int32_t* where, int64_t N, int64_t k, int64_t C,
                                        bool accumulate) {
@@ -155,7 +156,9 @@ __global__ void gather_backward_kernel(T* dx, const T* dxs, const int32_t* where
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
-      const Pack<T, V> s = load_pack<T, V>(dxs + int64_t(where[t * k + j]) * C + c);
+      const int64_t p = where[t * k + j];
+      if (p < 0) continue;  // dropped
+      const Pack<T, V> s = load_pack<T, V>(dxs + p * C + c);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] += to_f32(s.v[v]);
     }
@@ -163,8 +166,8 @@ __global__ void gather_backward_kernel(T* dx, const T* dxs, const int32_t* where
   }
 }
 
-// out (N, C)[t] = residual[t] + sum_j weight[t, j] ys[where[t k + j]]
-// (residual null: 0), f32 in slot order, one rounding.
+// out (N, C)[t] = residual[t] + sum_j weight[t, j] ys[where[t k + j]] over
+// the kept slots (residual null: 0), f32 in slot order, one rounding.
 template <typename T, int V>
 __global__ void combine_kernel(T* out, const T* ys, const float* weight, const int32_t* where, const T* residual,
                                int64_t N, int64_t k, int64_t C) {
@@ -175,8 +178,10 @@ __global__ void combine_kernel(T* out, const T* ys, const float* weight, const i
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
+      const int64_t p = where[t * k + j];
+      if (p < 0) continue;  // dropped
       const float wj = weight[t * k + j];
-      const Pack<T, V> y = load_pack<T, V>(ys + int64_t(where[t * k + j]) * C + c);
+      const Pack<T, V> y = load_pack<T, V>(ys + p * C + c);
 #pragma unroll
       for (int v = 0; v < V; ++v) acc[v] += wj * to_f32(y.v[v]);
     }
@@ -187,7 +192,8 @@ __global__ void combine_kernel(T* out, const T* ys, const float* weight, const i
 // Block t (one token, kCombineThreads threads): for each slot j at p =
 // where[t k + j], dys[p] = weight[t, j] dout[t] and dweight[t, j] =
 // <dout[t], ys[p]> (each thread's units of the row in order, then a block
-// reduction of a fixed shape).
+// reduction of a fixed shape); a dropped slot (p = -1, the same for the whole
+// block) gets dweight 0.
 template <typename T, int V>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_backward_kernel(T* dys, float* dweight, const T* dout, const T* ys, const float* weight,
@@ -198,6 +204,10 @@ __global__ void __launch_bounds__(kCombineThreads)
   const T* g = dout + t * C;
   for (int64_t j = 0; j < k; ++j) {
     const int64_t p = where[t * k + j];
+    if (p < 0) {
+      if (threadIdx.x == 0) dweight[t * k + j] = 0.0f;
+      continue;
+    }
     const float wj = weight[t * k + j];
     const T* y = ys + p * C;
     T* dy = dys + p * C;
