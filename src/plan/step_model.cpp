@@ -57,7 +57,8 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
   // weights in every micro-batch's forward (a tied embedding again at the
   // head) and backward (all but the embedding's, which backward does not
   // read). Then the scalars: the loss, the norm (or ZeRO-0's vote on it),
-  // the memory report and an MoE model's aux loss and busiest expert.
+  // the memory report and an MoE model's aux loss, busiest expert and
+  // dropped share.
   const train::RankParams params = train::rank_params(cfg, at);
   const int64_t zero = cfg.parallel.zero_stage;
   const int64_t P = mesh.dp * mesh.cp, Pe = P / std::max<int64_t>(1, mesh.ep);
@@ -69,7 +70,7 @@ StepVolumes step_volumes(const train::Config& cfg, const parallel::MeshShape& me
   const double zero3 = ring(s * (2.0 * double(params.dense) - emb), P) + ring(s * 2.0 * double(params.experts), Pe);
   v.dp_bytes = reductions * grads + v.dp_gather_bytes + (zero == 3 ? accum * zero3 : 0.0);
   const double gathers = zero == 0 ? 0.0 : zero <= 2 ? 1.0 : 2.0 * accum;  // passes over the sets
-  if (P > 1) v.dp_bytes += 8.0 * double(P - 1) * double(3 + kNumMemCategories + (m.moe() ? 2 : 0));
+  if (P > 1) v.dp_bytes += 8.0 * double(P - 1) * double(3 + kNumMemCategories + (m.moe() ? 3 : 0));
   if (zero >= 1 && params.experts > 0) v.dp_bytes += 8.0 * double(Pe - 1);  // the experts' shards' norm
   v.dp_ops = (reductions + gathers) * double(params.dense_sets + params.expert_sets) + 3;
 

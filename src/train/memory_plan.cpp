@@ -102,8 +102,11 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // What BlockActivations keeps (see nn/transformer.h): (R, C) rows of the
   // residual stream, (N, local width) matmul outputs, f32 statistics.
   const int64_t rows_c = s * R * C;
-  // The MLP's bytes per token: kept (mlp_in, act; or the experts' rows of
-  // nn/moe.h - k copies of xs, h, act, ys - and the f32 router state),
+  // The MLP's bytes of a micro-batch: kept (mlp_in, act; or the experts'
+  // K rows of nn/moe.h - xs, h, act, ys: K = N k dropless, at most E x the
+  // capacity under one - and the router state: f32 probabilities, choice
+  // and weights, and the dispatch plan's two i32 per slot, which a GPU keeps
+  // on the host),
   // rebuilt by selective recompute (act; or xs and act), held for deferred
   // weight gradients (act and d mlp_in; or act, dh, xs, dys and the router's
   // gradient) and in flight in backward (d act; or d act and dxe beside
@@ -113,16 +116,21 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // gradients); its output gradient in flight is smaller than the experts'.
   const int64_t E = m.n_expert, k = m.expert_top_k, Fs = sh.shared_ff;
   const bool moe = m.moe();
-  const int64_t mlp_kept = moe ? s * k * (2 * C + 3 * F) + 4 * E + 16 * k + s * 3 * Fs : s * (W + F);
-  const int64_t mlp_rebuilt = moe ? s * k * (C + F) + s * Fs : s * F;
-  const int64_t mlp_held = moe ? s * k * (2 * C + 3 * F) + s * E + s * 3 * Fs : s * (W + F);
-  const int64_t mlp_gradients = moe ? s * k * (C + F) + 4 * k + (4 + s) * E : s * F;
+  const bool host = parse_device(cfg.train.device).is_cpu();
+  const int64_t cap = moe ? nn::expert_capacity(m, N) : -1;
+  const int64_t K = cap < 0 ? N * k : std::min(N * k, E * cap);  // the experts' rows
+  const int64_t plan_bytes = host ? 8 * N * k : 0;
+  const int64_t mlp_kept =
+      moe ? s * K * (2 * C + 3 * F) + N * (4 * E + 8 * k + s * 3 * Fs) + plan_bytes : N * s * (W + F);
+  const int64_t mlp_rebuilt = moe ? s * K * (C + F) + N * s * Fs : N * s * F;
+  const int64_t mlp_held = moe ? s * K * (2 * C + 3 * F) + N * (s * E + s * 3 * Fs) : N * s * (W + F);
+  const int64_t mlp_gradients = moe ? s * K * (C + F) + N * (4 * k + (4 + s) * E) : N * s * F;
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
-                             N * mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
+                             mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
   // and activation output; full: all but the block's input).
   int64_t rebuilt = 0;
-  if (policy == nn::Recompute::selective) rebuilt = s * N * q + N * mlp_rebuilt + 4 * N * sh.q_heads;
+  if (policy == nn::Recompute::selective) rebuilt = s * N * q + mlp_rebuilt + 4 * N * sh.q_heads;
   if (policy == nn::Recompute::full) rebuilt = full_block - rows_c;
   const int64_t layers = part.last_layer - part.first_layer;
   const int64_t block_kept = full_block - rebuilt;
@@ -136,10 +144,9 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // (the row-parallel layers' two, all N rows; d mlp_in, dq, dk, dv) the
   // deferred weight gradients of a block read (MoE: the experts' own, in
   // mlp_held, instead of mlp_out's output gradient).
-  const int64_t held_block = s * N * ((moe ? 3 : 4) * C + 2 * q + 2 * kv) + N * mlp_held;
+  const int64_t held_block = s * N * ((moe ? 3 : 4) * C + 2 * q + 2 * kv) + mlp_held;
   // The step's host copy of the token ids (i32) per chunk and micro-batch:
   // device memory only when the device is the host.
-  const bool host = parse_device(cfg.train.device).is_cpu();
   const int64_t ids = host ? 4 * N : 0;
   ChunkActivations a;
   a.rows = rows_c;
@@ -150,7 +157,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // written over mlp_in); under sequence parallelism also a norm's output
   // gathered to all N rows and the (N, C) partial input gradient before its
   // reduce-scatter.
-  const int64_t gradients = 2 * rows_c + N * mlp_gradients + (sequence_parallel ? 2 * s * N * C : 0);
+  const int64_t gradients = 2 * rows_c + mlp_gradients + (sequence_parallel ? 2 * s * N * C : 0);
   const int64_t backward = blocks + one_block + ids + rebuilt + gradients;
   // zb's input-gradient pass ends at the first block: the later blocks'
   // held tensors, this block's activations (rebuilt whole under full

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,36 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
       const double ring = l.cp > 1 ? kv * (2 * (2 * double(dtype_size(cfg.compute_dtype())) + 2 * 4) + 2 * 4) : 0;
       EXPECT_LT(peak(MemCategory::comm), 1024.0 + ring) << what;
     }
+}
+
+// A capacity bounds the experts' rows (nn/moe.h): at c = 0.5 each of the 4
+// experts takes at most N k / 8 slots, K = N rows in all, half the dropless
+// N k. The plan counts K; an untrained router asks every expert for more
+// than that, so all of them are full: every block keeps N fewer rows of
+// xs, h, act and ys (s (2C + 3F) bytes a row), in the plan and in the
+// allocator alike.
+TEST(MemoryPlan, ACapacityBoundsTheExpertsRows) {
+  if (comm::world().size() != 1) GTEST_SKIP() << "one process";
+  const std::string run_dir = (fs::temp_directory_path() / ("zt_plan_cap_" + std::to_string(::getpid()))).string();
+  auto config = [&](const char* factor) {
+    return test::fortunes_config("llama3-moe-tiny", {"train.global_batch=4", "train.micro_batch=2", "model.n_layer=4",
+                                                     "train.run_dir=" + run_dir,
+                                                     std::string("model.expert_capacity_factor=") + factor});
+  };
+  const Layout one{1, 1, 1, {}};
+  parallel::MeshCoord coord;
+  const MemStats dropless = measured_peaks(config("0"), one, &coord), capped = measured_peaks(config("0.5"), one, &coord);
+  const double planned_dropless = double(plan_memory(config("0")).activations);
+  const double planned = double(plan_memory(config("0.5")).activations);
+  const double got = double(capped.peak_bytes[size_t(MemCategory::activations)]);
+  const double got_dropless = double(dropless.peak_bytes[size_t(MemCategory::activations)]);
+  std::cout << "activations: dropless planned " << planned_dropless << " measured " << got_dropless
+            << "; capacity 0.5 planned " << planned << " measured " << got << "\n";
+  const nn::ModelConfig& m = config("0.5").model;
+  const double rows = double(2 * 32), saved = double(m.n_layer) * rows * 4.0 * double(2 * m.d_model + 3 * m.d_ff);
+  EXPECT_EQ(planned_dropless - planned, saved);
+  EXPECT_NEAR(got_dropless - got, saved, 0.01 * saved);
+  EXPECT_NEAR(planned, got, 0.06 * got);
 }
 
 // A layout whose largest rank cannot fit stops on every rank with the same
