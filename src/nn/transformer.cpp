@@ -296,18 +296,24 @@ Transformer::BlockParams Transformer::block_views(size_t layer, bool grads) cons
 }
 
 void Transformer::set_router_bias(const std::vector<float>& all_layers) {
-  router_bias_.clear();
-  if (all_layers.empty()) return;
+  if (all_layers.empty()) {
+    router_bias_.clear();
+    return;
+  }
   const size_t E = size_t(cfg_.n_expert);
   ZT_CHECK(cfg_.moe() && all_layers.size() == size_t(cfg_.n_layer) * E, "router biases: ", all_layers.size(),
            " values for a model of ", cfg_.n_layer, " layers x ", cfg_.n_expert,
            " experts (model.n_layer x model.n_expert are wanted)");
+  // Every step sets them again: the tensors are made once and written over.
+  if (router_bias_.size() != blocks_.size()) {
+    router_bias_.clear();
+    for (size_t i = 0; i < blocks_.size(); ++i)
+      router_bias_.push_back(Tensor::empty(Shape{int64_t(E)}, DType::f32, device_, MemCategory::params));
+  }
+  const Tensor host = Tensor::empty(Shape{int64_t(E)}, DType::f32);
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    Tensor b = Tensor::empty(Shape{int64_t(E)}, DType::f32, device_, MemCategory::params);
-    const Tensor host = Tensor::empty(Shape{int64_t(E)}, DType::f32);
     std::copy_n(all_layers.begin() + std::ptrdiff_t((size_t(part_.first_layer) + i) * E), E, host.data<float>());
-    ops::copy(b, host);
-    router_bias_.push_back(b);
+    ops::copy(router_bias_[i], host);  // complete on return: host is reused
   }
 }
 
