@@ -194,17 +194,18 @@ void rows_case(int64_t N, int64_t C, int64_t E, int64_t k, bool capacity, std::m
     EXPECT_TRUE(all_close(g_xs, to_f64(xs), 0.0, 0.0)) << "xs (copies)";
     // Slot sums in slot order with one rounding: the CPU's bits.
     const Tensor g_dx = poisoned(Shape{N, C}, dt), g_dx_acc = copy_of(dx0);
-    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::gather_backward_kernel<T, V>, p<T>(g_dx),
-                p<T>(dxs), where, N, k, C, false);
-    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::gather_backward_kernel<T, V>, p<T>(g_dx_acc),
-                p<T>(dxs), where, N, k, C, true);
+    const float* plain = nullptr;  // no weights: each slot's row itself
+    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::weighted_sum_kernel<T, V>, p<T>(g_dx), p<T>(dxs),
+                plain, where, static_cast<const T*>(nullptr), N, k, C);
+    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::weighted_sum_kernel<T, V>, p<T>(g_dx_acc),
+                p<T>(dxs), plain, where, p<T>(g_dx_acc), N, k, C);
     EXPECT_TRUE(all_close(g_dx, to_f64(dx), 0.0, 0.0)) << "dx";
     EXPECT_TRUE(all_close(g_dx_acc, to_f64(dx_acc), 0.0, 0.0)) << "dx accumulated";
     const Tensor g_out = poisoned(Shape{N, C}, dt), g_out_res = poisoned(Shape{N, C}, dt);
-    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::combine_kernel<T, V>, p<T>(g_out), p<T>(ys),
-                p<float>(weight), where, static_cast<const T*>(nullptr), N, k, C);
-    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::combine_kernel<T, V>, p<T>(g_out_res), p<T>(ys),
-                p<float>(weight), where, p<T>(residual), N, k, C);
+    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::weighted_sum_kernel<T, V>, p<T>(g_out),
+                p<T>(ys), p<float>(weight), where, static_cast<const T*>(nullptr), N, k, C);
+    emu::launch(dim3(stride_grid(N * C / V)), mk::kThreads, 0, mk::weighted_sum_kernel<T, V>, p<T>(g_out_res),
+                p<T>(ys), p<float>(weight), where, p<T>(residual), N, k, C);
     EXPECT_TRUE(close(g_out, out, tol(dt), "out"));
     EXPECT_TRUE(close(g_out_res, out_res, tol(dt), "out with the residual"));
     // One block per token; dys = w dout is one rounded product (exact), the

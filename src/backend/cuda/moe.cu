@@ -12,6 +12,24 @@ using namespace moe_kernels;
 
 unsigned route_blocks(int64_t N) { return unsigned((N + kRouteWarps - 1) / kRouteWarps); }
 
+// out (N, C) = base + the (weighted, or plain when weight is undefined) sum
+// of each token's kept rows: weighted_sum_kernel.
+void weighted_sum(const Tensor& out, const Tensor& rows, const Tensor& weight, const Tensor& where, const Tensor& base,
+                  int64_t k, const char* op) {
+  const int64_t N = out.size(0), C = out.size(1);
+  if (N * C == 0) return;
+  ZT_CUDA_DISPATCH_FLOAT(out.dtype(), op, [&] {
+    T* o = elements<T>(out);
+    const T *r = elements<const T>(rows), *b = elements<const T>(base);
+    with_pack_width<T>(packs_of_16_fit<T>(C, o, r, b), [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      weighted_sum_kernel<T, V><<<grid_for(N * C / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
+          o, r, elements<const float>(weight), elements<const int32_t>(where), b, N, k, C);
+    });
+  });
+  ZT_CUDA_CHECK_LAUNCH("weighted_sum_kernel");
+}
+
 }  // namespace
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
@@ -57,34 +75,12 @@ void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t 
 }
 
 void moe_gather_backward(const Tensor& dx, const Tensor& dxs, const Tensor& where, int64_t k, bool accumulate) {
-  const int64_t N = dx.size(0), C = dx.size(1);
-  if (N * C == 0) return;
-  ZT_CUDA_DISPATCH_FLOAT(dx.dtype(), "moe_gather_backward", [&] {
-    T* out = elements<T>(dx);
-    const T* in = elements<const T>(dxs);
-    with_pack_width<T>(packs_of_16_fit<T>(C, out, in), [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      gather_backward_kernel<T, V><<<grid_for(N * C / V, kThreads, dx.device()), kThreads, 0, stream_of(dx)>>>(
-          out, in, elements<const int32_t>(where), N, k, C, accumulate);
-    });
-  });
-  ZT_CUDA_CHECK_LAUNCH("gather_backward_kernel");
+  weighted_sum(dx, dxs, Tensor(), where, accumulate ? dx : Tensor(), k, "moe_gather_backward");
 }
 
 void moe_combine(const Tensor& out, const Tensor& ys, const Tensor& weight, const Tensor& where,
                  const Tensor& residual) {
-  const int64_t N = out.size(0), C = out.size(1), k = weight.size(1);
-  if (N * C == 0) return;
-  ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "moe_combine", [&] {
-    T* o = elements<T>(out);
-    const T *y = elements<const T>(ys), *r = elements<const T>(residual);
-    with_pack_width<T>(packs_of_16_fit<T>(C, o, y, r), [&](auto v) {
-      constexpr int V = decltype(v)::value;
-      combine_kernel<T, V><<<grid_for(N * C / V, kThreads, out.device()), kThreads, 0, stream_of(out)>>>(
-          o, y, elements<const float>(weight), elements<const int32_t>(where), r, N, k, C);
-    });
-  });
-  ZT_CUDA_CHECK_LAUNCH("combine_kernel");
+  weighted_sum(out, ys, weight, where, residual, weight.size(1), "moe_combine");
 }
 
 void moe_combine_backward(const Tensor& dys, const Tensor& dweight, const Tensor& dout, const Tensor& ys,

@@ -9,7 +9,8 @@
 // units of V elements of one row (V = 1, or a 16-byte pack when packs tile
 // the rows), summing a token's k slots in slot order in f32 and rounding
 // once - the CPU's order, so they give its bits wherever the products
-// round alike. The combine's backward is one block per token: the k slots'
+// round alike (the gather's backward, whose terms are the rows themselves,
+// always). The combine's backward is one block per token: the k slots'
 // dys rows and, per slot, a block reduction of <dout, ys> of a fixed shape.
 #pragma once
 
@@ -144,11 +145,14 @@ __global__ void gather_kernel(T* xs, const T* x, const int32_t* order, int64_t R
   }
 }
 
-// dx (N, C)[t] (+)= sum_j dxs[where[t k + j]] over the kept slots (where >=
-// 0), f32 in slot order, one rounding.
+// out (N, C)[t] = base[t] + sum_j w_j rows[where[t k + j]] over the kept
+// slots (where >= 0), f32 in slot order, one rounding; w_j = weight[t, j],
+// or 1 when weight is null (then each term is the row itself: 1 x is exact).
+// base null: 0; base may be out. The combine (base: the residual) and the
+// gather's backward (rows: dxs; base: dx when accumulating).
 template <typename T, int V>
-__global__ void gather_backward_kernel(T* dx, const T* dxs, const int32_t* where, int64_t N, int64_t k, int64_t C,
-                                       bool accumulate) {
+__global__ void weighted_sum_kernel(T* out, const T* rows, const float* weight, const int32_t* where, const T* base,
+                                    int64_t N, int64_t k, int64_t C) {
   const int64_t units = N * C / V;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i * V / C, c = i * V - t * C;
@@ -158,34 +162,12 @@ __global__ void gather_backward_kernel(T* dx, const T* dxs, const int32_t* where
     for (int64_t j = 0; j < k; ++j) {
       const int64_t p = where[t * k + j];
       if (p < 0) continue;  // dropped
-      const Pack<T, V> s = load_pack<T, V>(dxs + p * C + c);
+      const float wj = weight != nullptr ? weight[t * k + j] : 1.0f;
+      const Pack<T, V> r = load_pack<T, V>(rows + p * C + c);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += to_f32(s.v[v]);
+      for (int v = 0; v < V; ++v) acc[v] += wj * to_f32(r.v[v]);
     }
-    store_sum<T, V>(dx + i * V, accumulate ? dx + i * V : nullptr, acc);
-  }
-}
-
-// out (N, C)[t] = residual[t] + sum_j weight[t, j] ys[where[t k + j]] over
-// the kept slots (residual null: 0), f32 in slot order, one rounding.
-template <typename T, int V>
-__global__ void combine_kernel(T* out, const T* ys, const float* weight, const int32_t* where, const T* residual,
-                               int64_t N, int64_t k, int64_t C) {
-  const int64_t units = N * C / V;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < units; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = i * V / C, c = i * V - t * C;
-    float acc[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t p = where[t * k + j];
-      if (p < 0) continue;  // dropped
-      const float wj = weight[t * k + j];
-      const Pack<T, V> y = load_pack<T, V>(ys + p * C + c);
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += wj * to_f32(y.v[v]);
-    }
-    store_sum<T, V>(out + i * V, residual != nullptr ? residual + i * V : nullptr, acc);
+    store_sum<T, V>(out + i * V, base != nullptr ? base + i * V : nullptr, acc);
   }
 }
 
