@@ -139,13 +139,15 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.aux_loss = 0.0;
   // [slots (E) | probability sums (E) | tokens | sum of z_t^2]
   std::vector<double> sums(size_t(2 * E + 2), 0.0);
+  for (int64_t e = 0; e < E; ++e) sums[size_t(e)] = double(a.routed[size_t(e)]);  // the router's choice, pre-drop
   // A GPU's probabilities and logsumexps come to the host (N (E + 1) floats,
-  // after the dispatch plan has already waited for the routing).
-  const Tensor probs = ops::on_device(a.probs, Device::cpu(), MemCategory::workspace);
-  const float* p = probs.data<float>();
-  for (int64_t e = 0; e < E; ++e) {
-    sums[size_t(e)] = double(a.routed[size_t(e)]);  // the router's choice, before any drop
-    for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
+  // after the dispatch plan has already waited for the routing), only where
+  // a loss reads them.
+  if (cfg.router_aux_loss > 0) {
+    const Tensor probs = ops::on_device(a.probs, Device::cpu(), MemCategory::workspace);
+    const float* p = probs.data<float>();
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
   }
   sums[size_t(2 * E)] = double(N);
   if (a.router_lse.defined()) {

@@ -222,8 +222,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   else
     ckpt_group_ = comm::make_solo_group("ckpt");
   if (cfg_.model.router_bias_update_rate > 0) {
-    progress_.router_bias.assign(size_t(cfg_.model.n_layer * cfg_.model.n_expert), 0.0f);
-    for (auto& c : chunks_) c->set_router_bias(progress_.router_bias);
+    set_router_bias({});  // zeros
     if (mesh_ && mesh_->shape().world() > 1)
       balance_group_ = comm::world().split(0, int(mesh_->world_rank()), "router_bias");
   }
@@ -526,9 +525,8 @@ void Trainer::set_router_bias(const std::vector<float>& bias) {
 }
 
 void Trainer::set_progress(const TrainProgress& p) {
-  const std::vector<float> bias = p.router_bias;
   progress_ = p;
-  set_router_bias(bias);
+  set_router_bias(p.router_bias);
   if (!scaler_)
     progress_.loss_scale = {};
   else if (p.loss_scale.scale > 0)

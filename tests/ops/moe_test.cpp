@@ -86,6 +86,24 @@ std::vector<double> logsumexp_rows(const std::vector<double>& l, int64_t N, int6
   return z;
 }
 
+// The op's choice is each row's top k by `score` (ties to the lower
+// expert) and its weights those experts' float64 probabilities p, over
+// their sum when normalize.
+void expect_top_k_weighted(const RouteOut& r, const std::vector<double>& score, const std::vector<double>& p,
+                           const RouteCase& c, bool normalize) {
+  std::vector<double> w_ref;
+  for (int64_t t = 0; t < c.N; ++t) {
+    const std::vector<int32_t> top = top_k(score, t, c.E, c.k);
+    double S = 0;
+    for (int32_t e : top) S += p[size_t(t * c.E + e)];
+    for (int64_t j = 0; j < c.k; ++j) {
+      EXPECT_EQ(r.choice.data<int32_t>()[t * c.k + j], top[size_t(j)]) << "token " << t << " slot " << j;
+      w_ref.push_back(p[size_t(t * c.E + top[size_t(j)])] / (normalize ? S : 1.0));
+    }
+  }
+  EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
+}
+
 TEST(MoeRoute, SoftmaxTopKAndWeightsMatchFloat64) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(1);
@@ -97,17 +115,7 @@ TEST(MoeRoute, SoftmaxTopKAndWeightsMatchFloat64) {
       const std::vector<double> p = softmax_rows(to_f64(logits), c.N, c.E);
       EXPECT_TRUE(test::all_close(r.probs, p, 1e-6, 1e-9));
       EXPECT_TRUE(test::all_close(r.lse, logsumexp_rows(to_f64(logits), c.N, c.E), 1e-6, 1e-6)) << "logsumexp";
-      std::vector<double> w_ref;
-      for (int64_t t = 0; t < c.N; ++t) {
-        const std::vector<int32_t> top = top_k(p, t, c.E, c.k);
-        double S = 0;
-        for (int32_t e : top) S += p[size_t(t * c.E + e)];
-        for (int64_t j = 0; j < c.k; ++j) {
-          EXPECT_EQ(r.choice.data<int32_t>()[t * c.k + j], top[size_t(j)]) << "token " << t << " slot " << j;
-          w_ref.push_back(p[size_t(t * c.E + top[size_t(j)])] / (normalize ? S : 1.0));
-        }
-      }
-      EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
+      expect_top_k_weighted(r, p, p, c, normalize);
     }
 }
 
@@ -129,19 +137,9 @@ TEST(MoeRoute, BiasMovesTheChoiceButNotTheWeights) {
       std::vector<double> score(size_t(c.N * c.E));
       for (int64_t i = 0; i < c.N * c.E; ++i)
         score[size_t(i)] = double(r.probs.data<float>()[i] + bias.data<float>()[i % c.E]);
-      std::vector<double> w_ref;
+      expect_top_k_weighted(r, score, p, c, normalize);
       int64_t moved = 0;  // rows whose choice the bias changed
-      for (int64_t t = 0; t < c.N; ++t) {
-        const std::vector<int32_t> top = top_k(score, t, c.E, c.k);
-        moved += top != top_k(p, t, c.E, c.k);
-        double S = 0;
-        for (int32_t e : top) S += p[size_t(t * c.E + e)];
-        for (int64_t j = 0; j < c.k; ++j) {
-          EXPECT_EQ(r.choice.data<int32_t>()[t * c.k + j], top[size_t(j)]) << "token " << t << " slot " << j;
-          w_ref.push_back(p[size_t(t * c.E + top[size_t(j)])] / (normalize ? S : 1.0));
-        }
-      }
-      EXPECT_TRUE(test::all_close(r.weight, w_ref, 1e-6, 1e-9));
+      for (int64_t t = 0; t < c.N; ++t) moved += top_k(score, t, c.E, c.k) != top_k(p, t, c.E, c.k);
       if (c.N >= 30 && c.E > c.k) {
         EXPECT_GT(moved, 0) << "a bias this large changes some rows' choice";
       }

@@ -159,6 +159,7 @@ struct Run {
   std::vector<double> losses;
   std::map<std::string, Tensor> weights;  // global tensors after training
   std::vector<float> router_bias;         // the balancing biases after training (empty: none)
+  double expert_dropped_max = 0;          // MoE: the largest share of slots a step dropped
 };
 
 // Moves every weight of `m` one ulp up or down (signs drawn from `seed`):
@@ -180,7 +181,11 @@ Run train_run(const Config& cfg, std::shared_ptr<parallel::Mesh> mesh, uint64_t 
   Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh);
   if (nudge_seed != 0) nudge_by_one_ulp(t.model(), nudge_seed);
   Run r;
-  for (int64_t s = 0; s < cfg.train.steps; ++s) r.losses.push_back(t.train_step(s).loss);
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    const StepMetrics m = t.train_step(s);
+    r.losses.push_back(m.loss);
+    r.expert_dropped_max = std::max(r.expert_dropped_max, m.expert_dropped_max);
+  }
   t.data_parallel().hold_full_params(true);  // ZeRO-3
   for (const std::string& name : param_names(t.model())) r.weights[name] = t.model().global_param(name);
   r.router_bias = t.progress().router_bias;
@@ -459,6 +464,7 @@ TEST(MixtureOfExperts, ACapacityDropsAsOneProcessDoes) {
   if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
   const Case c{"llama3-moe-tiny", false, {"model.expert_capacity_factor=1.0", "model.router_aux_loss=0.05"},
                "llama3 MoE, capacity 1.0"};
+  ASSERT_GT(reference(c).expert_dropped_max, 0.0) << "the single process drops slots: the layouts must drop the same";
   std::vector<MeshLayout> layouts = {
       {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=2"}, "dp x ep, ZeRO-2"},
       {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true",
