@@ -139,7 +139,6 @@ Command add_plan_command(CLI::App& app) {
     std::cout << "\nPredicted (plan/step_model.h): the model's FLOPs at the cluster's step efficiency, the pipeline's "
                  "bubble from its schedule, each dimension's bytes over the links its group spans less what overlaps "
                  "compute. A run's metrics.jsonl gives the measured tokens_per_s and comm_* to compare.\n";
-    if (cluster.gpu) std::cout << "Layouts with context parallelism are left out: it runs on CPUs only so far.\n";
     return 0;
   };
   return c;

@@ -53,7 +53,25 @@ void finalize_at_exit() {
   if (!finalized) MPI_Finalize();
 }
 
+// Both of a send_recv's transfers: done when both are.
+class PairWork : public Work {
+ public:
+  PairWork(WorkHandle a, WorkHandle b) : a_(std::move(a)), b_(std::move(b)) {}
+  bool test() override { return a_->test() && b_->test(); }
+  void wait() override {
+    a_->wait();
+    b_->wait();
+  }
+
+ private:
+  WorkHandle a_, b_;
+};
+
 }  // namespace
+
+WorkHandle ProcessGroup::send_recv(const Tensor& sent, int dst, const Tensor& received, int src, int tag) {
+  return std::make_shared<PairWork>(send(sent, dst, tag), recv(received, src, tag));
+}
 
 std::vector<double> all_gather_doubles(ProcessGroup& g, std::span<const double> mine) {
   if (g.size() == 1) return {mine.begin(), mine.end()};

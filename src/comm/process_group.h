@@ -84,6 +84,15 @@ class ProcessGroup {
   // the group's timeout.
   virtual WorkHandle send(const Tensor& t, int dst, int tag = 0) = 0;
   virtual WorkHandle recv(const Tensor& t, int src, int tag = 0) = 0;
+  // One step of a ring (or any pairing where dst's src is this rank):
+  // `sent` to dst and `received` from src, completing when both have.
+  // Collective over the group: every member calls it, and members issue
+  // their exchanges in one order. The default posts send and recv (tag);
+  // the NCCL group runs a GPU pair as one grouped ncclSend / ncclRecv on its
+  // communication stream, ordered like its collectives - device to device,
+  // no host wait, where send and recv of GPU tensors are staged through host
+  // memory. sent and received: tensors of one device.
+  virtual WorkHandle send_recv(const Tensor& sent, int dst, const Tensor& received, int src, int tag = 0);
   // in and out: size() equal blocks; out block r <- rank r's in block (this rank).
   virtual WorkHandle all_to_all(const Tensor& out, const Tensor& in) = 0;
   // Element counts per peer (size() entries each); blocks are packed in rank order.

@@ -13,8 +13,9 @@
 // So each of the P - 1 remote steps is c x 2c unmasked work on every rank:
 // balanced, where plain contiguous chunks would leave rank 0 idle.
 //
-// Forward: k and v go round the ring (rank r sends to r + 1, receives from
-// r - 1) while the block in hand is computed; the blocks' partial (out, lse)
+// Forward: k and v go round the ring (each step one send_recv of the cp
+// group: rank r sends to r + 1 and receives from r - 1; over NCCL a grouped
+// ncclSend / ncclRecv, device to device) while the block in hand is computed; the blocks' partial (out, lse)
 // are merged in f32: lse = log(e^lse + e^lse_b), out = e^(lse_old - lse) out
 // + e^(lse_b - lse) out_b. P - 1 sends of k and v.
 // Backward: each block's share of the gradient from the final out and lse
@@ -22,9 +23,10 @@
 // travel with k and v and arrive home after P sends.
 //
 //   q, out, dq, dout: (B, 2c, Hq, D)   k, v, dk, dv: (B, 2c, Hkv, D)   lse: (B, Hq, 2c) f32
-//   the local rows of one cp rank, every rank the same shapes; f32 or bf16.
-// CPU tensors (the unmasked block kernel is the CPU's alone so far). With
-// P = 1 the calls are plain causal attention, bit for bit.
+//   the local rows of one cp rank, every rank the same shapes; f32 or bf16
+//   (f16 on GPUs), all on one device (the CPU or this rank's GPU: the blocks,
+//   the merges and the sums are ops, the messages the group's send_recv).
+// With P = 1 the calls are plain causal attention, bit for bit.
 #pragma once
 
 #include <cstdint>

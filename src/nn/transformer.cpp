@@ -100,6 +100,7 @@ Transformer::Transformer(const ModelConfig& cfg, DType compute_dtype, Device dev
   shares_ = nn::tp_shares(cfg_, tp_.size(), tp_.rank(), tp_.experts ? tp_.experts->size() : 1,
                           tp_.experts ? tp_.experts->rank() : 0);
   qkv_form_ = qkv_form(cfg_, shares_, device_);
+  cp_qkv_form_ = qkv_form(cfg_, shares_, device_, /*context_parallel=*/true);
   residual_in_products_ = residual_in_products();
   if (part_.embedding) embed_ = ParamSet(embedding_specs(cfg_, shares_), dtype_, device_, flat_pad_multiple);
   blocks_.reserve(size_t(part_.last_layer - part_.first_layer));
@@ -449,7 +450,8 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     a.k = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
     a.v = act_tensor(Shape{B, T, Hkv, D}, dtype_, device_);
   };
-  if (qkv_form_ == QkvForm::three) {
+  const QkvForm form = form_of(m);
+  if (form == QkvForm::three) {
     separate_heads();
     lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
     lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
@@ -462,7 +464,7 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
     const Tensor qkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
-    if (qkv_form_ == QkvForm::packed) {
+    if (form == QkvForm::packed) {
       a.qkv = qkv;  // attention reads its heads in place, Llama's q and k rotated there
       if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_forward(qkv, Hq, Hkv, rope_rows(m, T), 0);
     } else {  // split: the RoPE pass makes rotated q, k and copied v of it
@@ -757,7 +759,8 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   }
   const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
   Tensor dq, dk, dv, dqkv;
-  if (qkv_form_ == QkvForm::packed) {
+  const QkvForm form = form_of(m);
+  if (form == QkvForm::packed) {
     dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     ops::attention_backward_packed(dqkv, d_att, a.qkv, a.att, a.lse, Hq, Hkv);
     if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_backward(dqkv, Hq, Hkv, rope_rows(m, T), 0);
@@ -771,7 +774,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
       ops::attention_backward(dq, dk, dv, d_att, a.q, a.k, a.v, a.att, a.lse);
   }
   d_att = Tensor();
-  if (qkv_form_ == QkvForm::split) {
+  if (form == QkvForm::split) {
     // The RoPE pass joins the gradients into the fused product's dqkv.
     dqkv = act_tensor(Shape{B, T, H, D}, dtype_, device_);
     ops::rope_split_qkv_backward(dqkv, dq, dk, dv, rope_rows(m, T), 0);
@@ -932,9 +935,6 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
   const TensorParallel m = pass_mode(tp_.sequence_parallel, true);
   if (m.context) {
     const int64_t cp = m.context->size();
-    ZT_CHECK(device_.is_cpu(), "context parallelism (parallel.cp = ", cp, ") runs on the CPU so far; set "
-             "parallel.cp = 1 on ", device_.str());
-    ZT_CHECK(qkv_form_ != QkvForm::packed, "context parallelism's ring takes q, k and v apart; unset ZT_FUSED_QKV=1");
     ZT_CHECK(T % 2 == 0 && T * cp <= cfg_.max_seq_len, "context parallelism: a rank's ", T, " tokens of each "
              "sequence must be its two equal zigzag chunks of a sequence of cp x ", T, " = ", T * cp,
              " <= model.max_seq_len = ", cfg_.max_seq_len, " tokens; set train.seq_len to a multiple of 2 cp within it");
@@ -1035,7 +1035,7 @@ int64_t default_head_chunk_elems(Device device) {
       .value_or(device.is_cpu() ? (int64_t(1) << 26) : (int64_t(1) << 28));
 }
 
-QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device) {
+QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device, bool context_parallel) {
   // Read at each model's construction (not once per process), so a test can
   // build every form in one process.
   const char* what =
@@ -1049,7 +1049,9 @@ QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device) 
   // gradients back): the split's one pass does that and the rotation at once.
   const int64_t form = asked.value_or(device.is_cuda() ? 1 : cfg.arch == Arch::llama3 ? 2 : 0);
   if (shares.kv_replicas > 1 || form == 0) return QkvForm::three;
-  return form == 2 && cfg.arch == Arch::llama3 ? QkvForm::split : QkvForm::packed;
+  const bool llama = cfg.arch == Arch::llama3;
+  if (context_parallel) return llama ? QkvForm::split : QkvForm::three;  // the ring takes q, k, v apart
+  return form == 2 && llama ? QkvForm::split : QkvForm::packed;
 }
 
 bool residual_in_products() {

@@ -159,9 +159,12 @@ int64_t head_chunk_rows(int64_t rows, int64_t vocab_rows, int64_t chunk_elems);
 // ZT_FUSED_QKV=0 asks for three anywhere, 1 for packed also on the CPU
 // (where packed means copies; the tests' way to run it), 2 for Llama's split
 // also on a GPU (an A/B; GPT-2 has no RoPE pass to split with, so it is
-// packed). The memory plan asks the same function.
+// packed). The memory plan asks the same function. A context-parallel pass
+// (context_parallel) takes q, k and v apart (the ring sends k and v and runs
+// its blocks on slices of them): packed becomes split for Llama, three for
+// GPT-2.
 enum class QkvForm { three, split, packed };
-QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device);
+QkvForm qkv_form(const ModelConfig& cfg, const TpShares& shares, Device device, bool context_parallel = false);
 
 // Whether a block half adds its residual connection inside its output
 // product (linear_forward's residual: res_mid = x_in + proj(att), x_out =
@@ -421,6 +424,8 @@ class Transformer {
   ModelPart part_;
   std::unique_ptr<comm::ProcessGroup> kv_group_;  // ranks sharing kv heads (Hkv < tp)
   QkvForm qkv_form_ = QkvForm::three;              // qkv_form(cfg_, shares_, device_)
+  QkvForm cp_qkv_form_ = QkvForm::three;           // the same for a context-parallel pass
+  QkvForm form_of(const TensorParallel& m) const { return m.context ? cp_qkv_form_ : qkv_form_; }
   bool residual_in_products_ = true;               // residual_in_products()
   ParamSet embed_;               // wte (Vp, C) [, wpe (T_max, C)]
   std::vector<ParamSet> blocks_;

@@ -62,13 +62,6 @@ float resolve_scale(const char* op, float scale, int64_t D) {
   return scale > 0.0f ? scale : default_attention_scale(D);
 }
 
-// The unmasked kernel is the CPU's alone so far (context parallelism runs on the CPU).
-void check_mask_on(const char* op, AttentionMask mask, const Device& device) {
-  ZT_CHECK(mask == AttentionMask::causal || device.is_cpu(), op, ": an unmasked key block on ", device.str(),
-           " is not implemented (the CUDA kernels are causal only); run context parallelism (parallel.cp > 1) on "
-           "the CPU");
-}
-
 // Checks qkv (B, T, Hq + 2 Hkv, D), the heads of q, k, v in one tensor, and
 // returns the dims.
 Dims check_packed(const char* op, const Tensor& qkv, int64_t Hq, int64_t Hkv) {
@@ -113,14 +106,13 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   check_device(op, q.device(), {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   check_disjoint_from(op, "out", out, {{"q", &q}, {"k", &k}, {"v", &v}, {"lse", &lse}});
   check_disjoint_from(op, "lse", lse, {{"q", &q}, {"k", &k}, {"v", &v}});
-  check_mask_on(op, mask, q.device());
   const float s = resolve_scale(op, scale, d.D);
   scope.add_flops(forward_flops(d, mask));
   if (q.device().is_cpu()) {
     cpu::attention_forward(out, lse, q, k, v, s, mask == AttentionMask::causal);
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, q.device())) {
-    cuda::attention_forward(out, lse, q, k, v, s);
+    cuda::attention_forward(out, lse, q, k, v, s, cuda::AttentionKernel::automatic, mask == AttentionMask::causal);
 #endif
   } else {
     no_backend(op, q.device());
@@ -174,7 +166,6 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   check_all_disjoint(op, {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   for (const auto& [grad, g] : {NamedTensor{"dq", &dq}, {"dk", &dk}, {"dv", &dv}})
     check_disjoint_from(op, grad, *g, {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  check_mask_on(op, mask, q.device());
   const float s = resolve_scale(op, scale, d.D);
   scope.add_flops(2.5 * forward_flops(d, mask));  // dv, dp, dq, dk and the recomputed scores: 5 products to 2
   if (q.device().is_cpu()) {
@@ -182,7 +173,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 #if ZT_WITH_CUDA
   } else if (use_cuda(op, q.device())) {
     cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, cuda::AttentionKernel::automatic,
-                             deterministic());
+                             deterministic(), mask == AttentionMask::causal);
 #endif
   } else {
     no_backend(op, q.device());
@@ -210,6 +201,34 @@ void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Ten
 #endif
   } else {
     no_backend(op, qkv.device());
+  }
+}
+
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& part_lse, int64_t row0) {
+  const char* op = "attention_merge";
+  OpScope scope(op, out);
+  check_ndim(op, "out", out, 4);
+  check_ndim(op, "part", part, 4);
+  check_dtype(op, "out", out, {DType::f32});
+  check_compute_dtype(op, "part", part);
+  const int64_t B = out.size(0), T = out.size(1), H = out.size(2), D = out.size(3), n = part.size(1);
+  check_shape(op, "part", part, Shape{B, n, H, D});
+  check_shape(op, "lse", lse, Shape{B, H, T});
+  check_dtype(op, "lse", lse, {DType::f32});
+  check_shape(op, "part_lse", part_lse, Shape{B, H, n});
+  check_dtype(op, "part_lse", part_lse, {DType::f32});
+  ZT_CHECK(row0 >= 0 && row0 + n <= T, op, ": rows [", row0, ", ", row0 + n, ") of 'part' ", part.shape().str(),
+           " must lie within the ", T, " rows of 'out' ", out.shape().str());
+  check_device(op, out.device(), {{"lse", &lse}, {"part", &part}, {"part_lse", &part_lse}});
+  check_all_disjoint(op, {{"out", &out}, {"lse", &lse}, {"part", &part}, {"part_lse", &part_lse}});
+  if (out.device().is_cpu()) {
+    cpu::attention_merge(out, lse, part, part_lse, row0);
+#if ZT_WITH_CUDA
+  } else if (use_cuda(op, out.device())) {
+    cuda::attention_merge(out, lse, part, part_lse, row0);
+#endif
+  } else {
+    no_backend(op, out.device());
   }
 }
 

@@ -7,7 +7,7 @@
 //   mask causal (the default): Tk == T and query t sees keys s <= t
 //   mask none: every query sees all Tk >= 1 keys - a block of keys wholly in
 //     the queries' past, as context parallelism's ring hands them over
-//     (parallel/ring_attention.h); CPU only so far
+//     (nn/ring_attention.h)
 //   out: (B, T, Hq, D)
 //   lse: (B, Hq, T) f32: logsumexp over the keys t sees of scale * q_t . k_s
 //   scale: 1/sqrt(D) when scale <= 0 (must be finite)
@@ -50,5 +50,15 @@ void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor
                               float scale = 0.0f);
 void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                const Tensor& lse, int64_t Hq, int64_t Hkv, float scale = 0.0f);
+
+// Context parallelism's merge of one key block's attention into a running
+// result (nn/ring_attention.h): at rows [row0, row0 + n) of
+//   out (B, T, H, D) f32 and lse (B, H, T) f32, from
+//   part (B, n, H, D) (f32 or bf16) and part_lse (B, H, n) f32:
+//   lse' = log(e^lse + e^part_lse)
+//   out' = e^(lse - lse') out + e^(part_lse - lse') part
+// in f32. A running lse of -inf (nothing merged yet) takes the block as it
+// is. The other rows are left alone; part must not overlap out or lse.
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& part_lse, int64_t row0);
 
 }  // namespace zt::ops

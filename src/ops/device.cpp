@@ -70,6 +70,36 @@ void copy(const Tensor& dst, const Tensor& src) {
 #endif
 }
 
+void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols,
+                  int64_t rows) {
+  const char* op = "copy_columns";
+  check_defined(op, "dst", dst);
+  check_defined(op, "src", src);
+  check_same_dtype(op, "dst", dst, "src", src);
+  check_device(op, src.device(), {{"dst", &dst}});
+  ZT_CHECK(rows > 0 && dst.numel() % rows == 0 && src.numel() % rows == 0, op, ": 'dst' ", dst.str(), " and 'src' ",
+           src.str(), " must both split into rows = ", rows, " rows");
+  const int64_t dst_row = dst.numel() / rows, src_row = src.numel() / rows;
+  ZT_CHECK(cols >= 0 && dst_col >= 0 && src_col >= 0 && dst_col + cols <= dst_row && src_col + cols <= src_row, op,
+           ": columns [", dst_col, ", ", dst_col + cols, ") of 'dst' (", dst_row, " a row) and [", src_col, ", ",
+           src_col + cols, ") of 'src' (", src_row, " a row) must lie within their rows");
+  check_disjoint(op, "dst", dst, "src", src);
+  if (cols == 0) return;
+  const size_t elem = dtype_size(src.dtype());
+  const size_t width = size_t(cols) * elem, dst_pitch = size_t(dst_row) * elem, src_pitch = size_t(src_row) * elem;
+  auto* d = static_cast<char*>(dst.data_ptr()) + size_t(dst_col) * elem;
+  const auto* s = static_cast<const char*>(src.data_ptr()) + size_t(src_col) * elem;
+  if (src.device().is_cpu()) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(d + size_t(r) * dst_pitch, s + size_t(r) * src_pitch, width);
+    return;
+  }
+#if ZT_WITH_CUDA
+  cuda::copy_bytes_2d(d, dst_pitch, s, src_pitch, width, size_t(rows), src.device());
+#else
+  no_backend(op, src.device());
+#endif
+}
+
 Tensor to_device(const Tensor& src, Device device, MemCategory category) {
   init_device(device);
   Tensor out = Tensor::empty(src.shape(), src.dtype(), device, category);

@@ -28,6 +28,14 @@ std::string describe_cpu();
 // (shapes may differ); no overlap unless exactly the same tensor. When dst or
 // src is on the host, the host side is complete when this returns.
 void copy(const Tensor& dst, const Tensor& src);
+// A strided copy on one device: for each of `rows` rows,
+//   dst[r, dst_col : dst_col + cols] = src[r, src_col : src_col + cols],
+// dst and src viewed as row-major matrices of `rows` rows (dst.numel() / rows
+// and src.numel() / rows elements a row). Same dtype and device, no overlap.
+// Context parallelism's chunks of each sequence (B rows of T H D elements)
+// and an lse's columns (B H rows of T). On a GPU one 2-D copy ordered on the
+// compute stream (no host wait).
+void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols, int64_t rows);
 // A new tensor on `device` holding src's values (same shape and dtype).
 Tensor to_device(const Tensor& src, Device device, MemCategory category = MemCategory::activations);
 // src itself when it is already on `device`, else to_device.

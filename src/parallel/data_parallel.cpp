@@ -14,7 +14,7 @@ int64_t zero_pad_multiple(int64_t zero_stage, int64_t dp) { return zero_stage >=
 
 DataParallel::DataParallel(std::vector<nn::ParamSet*> sets, comm::ProcessGroup& group,
                            const DataParallelOptions& options, SetGroups own)
-    : sets_(std::move(sets)), group_(&group), opt_(options), own_(std::move(own)), started_(sets_.size(), false) {
+    : sets_(std::move(sets)), group_(&group), own_(std::move(own)), opt_(options), started_(sets_.size(), false) {
   ZT_CHECK(opt_.zero_stage >= 0 && opt_.zero_stage <= 3, "parallel.zero_stage = ", opt_.zero_stage,
            " does not exist (0, 1, 2 or 3)");
   ZT_CHECK(opt_.bucket_bytes >= 4, "the gradient bucket must hold at least one element");

@@ -30,7 +30,7 @@ struct Cluster {
   // share of the host's cores reaches in the offloaded optimizer's passes.
   int64_t host_memory_bytes = 0;
   double host_link_bandwidth = 0, host_memory_bandwidth = 0;
-  bool gpu = true;                  // GPUs (what the trainer runs there: no context parallelism or MoE yet)
+  bool gpu = true;                  // GPUs (else CPUs)
   std::string source;               // where the numbers come from, for the report
   int64_t devices() const { return nodes * devices_per_node; }
 };

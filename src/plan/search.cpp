@@ -27,7 +27,7 @@ Candidate evaluate(const train::Config& cfg, const Cluster& cluster, const paral
                    bool always_step) {
   cfg.validate();
   const parallel::MeshShape mesh = parallel::resolve_mesh_shape(shape, shape.world());
-  cfg.check_layout(mesh, cluster.gpu ? Device::cuda(0) : Device::cpu());
+  cfg.check_layout(mesh);
   Candidate c;
   c.cfg = cfg;
   c.mesh = mesh;

@@ -439,12 +439,10 @@ optim::AdamWConfig Config::adamw() const {
   return a;
 }
 
-void Config::check_layout(const parallel::MeshShape& mesh, Device device) const {
+void Config::check_layout(const parallel::MeshShape& mesh) const {
   ZT_CHECK(train.global_batch % (train.micro_batch * mesh.dp) == 0, "train.global_batch = ", train.global_batch,
            " is not divisible by micro_batch x dp = ", train.micro_batch, " x ", mesh.dp,
            "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
-  ZT_CHECK(mesh.cp == 1 || device.is_cpu(), "context parallelism (parallel.cp = ", mesh.cp, ") runs on the CPU so "
-           "far; set train.device = \"cpu\" or parallel.cp = 1");
   ZT_CHECK(mesh.cp == 1 || model.expert_capacity_factor == 0, "model.expert_capacity_factor = ",
            model.expert_capacity_factor, " drops slots by their order in a micro-batch, but context parallelism "
            "(parallel.cp = ", mesh.cp, ") gives each rank part of every sequence, which would drop others than one "

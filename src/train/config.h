@@ -132,13 +132,13 @@ struct Config {
   // Cross-field checks (batch divisibility, seq_len vs context, ...);
   // throws zt::Error with the fix.
   void validate() const;
-  // What a layout (the mesh's resolved sizes) needs of the config on
-  // `device`, beyond validate(): the global batch split over dp in whole
-  // micro-batches, context parallelism on the CPU only (so far) and without
-  // an expert capacity, the pipeline schedule's micro-batches. Pure (the same
-  // verdict on every rank, before any collective); the trainer and the
-  // planner's search both ask it. Throws zt::Error with the fix.
-  void check_layout(const parallel::MeshShape& mesh, Device device) const;
+  // What a layout (the mesh's resolved sizes) needs of the config beyond
+  // validate(): the global batch split over dp in whole micro-batches,
+  // context parallelism without an expert capacity, the pipeline
+  // schedule's micro-batches. Pure (the same verdict on every rank, before
+  // any collective); the trainer and the planner's search both ask it.
+  // Throws zt::Error with the fix.
+  void check_layout(const parallel::MeshShape& mesh) const;
   // Micro-batches per step on each of dp data-parallel ranks.
   int64_t grad_accum_steps(int64_t dp = 1) const { return train.global_batch / (train.micro_batch * dp); }
   DType compute_dtype() const;

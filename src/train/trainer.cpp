@@ -91,7 +91,7 @@ Trainer::Trainer(const Config& cfg, std::unique_ptr<BatchSource> train, std::uni
   ZT_CHECK(train_ != nullptr, "the trainer needs a training data source");
   const Device device = cfg_.device(mesh_ != nullptr);
   ops::init_device(device);  // a clear error now if this build or machine has no such device
-  cfg_.check_layout(mesh_ ? mesh_->shape() : parallel::MeshShape{}, device);
+  cfg_.check_layout(mesh_ ? mesh_->shape() : parallel::MeshShape{});
   {
     // A run that cannot fit stops now, before allocating, saying what would
     // fit: the plan of the layout's largest rank (a pure function of the

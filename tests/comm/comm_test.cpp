@@ -178,6 +178,40 @@ TEST(Comm, SendRecvRingAndAllToAll) {
   W().barrier()->wait();
 }
 
+// send_recv as context parallelism's ring uses it: P - 1 steps, each rank
+// passing on what it received at the step before (large messages, so a
+// blocking send would deadlock), two tags in flight at once, two alternating
+// buffers; after step s every rank holds rank (me - s)'s data.
+TEST(Comm, SendRecvPassesBlocksRoundTheRing) {
+  const int p = W().size(), me = W().rank();
+  if (p == 1) GTEST_SKIP() << "a ring of several ranks";
+  const int next = (me + 1) % p, prev = (me + p - 1) % p;
+  const int64_t n = int64_t(1) << 20;  // 4 MiB of f32
+  const Tensor own_a = filled(DType::f32, n, me, 3), own_b = filled(DType::bf16, 999, me, 4);
+  Tensor a[2] = {Tensor::empty(Shape{n}, DType::f32), Tensor::empty(Shape{n}, DType::f32)};
+  Tensor b[2] = {Tensor::empty(Shape{999}, DType::bf16), Tensor::empty(Shape{999}, DType::bf16)};
+  for (int i = 0; i < 2; ++i) {
+    poison(a[i]);
+    poison(b[i]);
+  }
+  std::vector<comm::WorkHandle> pending = {W().send_recv(own_a, next, a[0], prev, 21),
+                                           W().send_recv(own_b, next, b[0], prev, 22)};
+  for (int s = 1; s < p; ++s) {
+    const int cur = (s - 1) % 2, nxt = s % 2;
+    for (auto& w : pending) w->wait();
+    pending.clear();
+    if (s < p - 1)
+      pending = {W().send_recv(a[cur], next, a[nxt], prev, 21), W().send_recv(b[cur], next, b[nxt], prev, 22)};
+    const int from = (me - s + p) % p;
+    for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(a[cur].data<float>()[i], value(from, i, 3)) << "step " << s;
+    ASSERT_EQ(a[cur].data<float>()[n - 1], value(from, n - 1, 3)) << "step " << s;
+    const Tensor want_b = filled(DType::bf16, 999, from, 4);
+    ASSERT_EQ(std::memcmp(b[cur].data_ptr(), want_b.data_ptr(), want_b.nbytes()), 0) << "step " << s;
+  }
+  for (auto& w : pending) w->wait();
+  W().barrier()->wait();
+}
+
 TEST(Comm, SplitGroupsAndManyOpsInFlight) {
   const int p = W().size(), me = W().rank();
   // Even and odd ranks, ordered in reverse.

@@ -30,6 +30,7 @@
 #include "ops/adamw.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/device.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/embedding.h"
@@ -861,6 +862,102 @@ TEST_P(CudaKernels, AttentionForwardBackwardGqa) {
       EXPECT_TRUE(matches(gdv, dv, lim, "dv")) << s.T << " " << s.D;
     }
   }
+}
+
+// Context parallelism's pieces on the GPU: unmasked key blocks of c queries
+// x 2c keys and 2c x c (the ring's remote blocks) through the dispatcher
+// (its workspace exactly what the plan counts), the simple kernel and, in
+// bf16 at head dims 64 and 128, cuDNN (which must take them: the ring's fast
+// path); mma, flash and gemm refuse them by name. Then the ring's merge and
+// its strided copies (ops::copy_columns) against the CPU.
+TEST_P(CudaKernels, UnmaskedKeyBlocksMergeAndColumnCopies) {
+  ZT_REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto rng = make_rng(9);
+  struct S { int64_t B, T, Tk, Hq, Hkv, D; };
+  for (S s : {S{2, 64, 128, 4, 2, 64}, S{2, 128, 64, 4, 2, 64}, S{1, 256, 512, 8, 2, 128}, S{1, 37, 74, 3, 1, 32},
+              S{3, 10, 5, 2, 2, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "B " << s.B << " T " << s.T << " Tk " << s.Tk << " Hq " << s.Hq << " Hkv "
+                                      << s.Hkv << " D " << s.D);
+    const auto none = ops::AttentionMask::none;
+    const Tensor q = random_tensor(Shape{s.B, s.T, s.Hq, s.D}, dt, rng);
+    const Tensor k = random_tensor(Shape{s.B, s.Tk, s.Hkv, s.D}, dt, rng);
+    const Tensor v = random_tensor(Shape{s.B, s.Tk, s.Hkv, s.D}, dt, rng);
+    const Tensor dout = random_tensor(q.shape(), dt, rng);
+    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty(Shape{s.B, s.Hq, s.T}, DType::f32);
+    ops::attention_forward(out, lse, q, k, v, 0.0f, none);
+    Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
+    ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, 0.0f, none);
+    const Tensor gq = to_gpu(q), gk = to_gpu(k), gv = to_gpu(v), gdout = to_gpu(dout);
+    const float scale = float(1.0 / std::sqrt(double(s.D)));
+    const cuda::AttentionShape shape = cuda::attention_shape(gq, gk, /*causal=*/false);
+    ASSERT_EQ(shape.keys(), s.Tk);
+    EXPECT_NE(cuda::mma_attention_unsupported(shape).find("unmasked"), std::string::npos);
+    EXPECT_NE(cuda::flash_attention_unsupported(shape).find("unmasked"), std::string::npos);
+    EXPECT_NE(error_of([&] {
+                Tensor o = gpu_poisoned(q.shape(), dt), l = gpu_poisoned(lse.shape(), DType::f32);
+                cuda::attention_forward(o, l, gq, gk, gv, scale, cuda::AttentionKernel::gemm, /*causal=*/false);
+              }).find("causal only"),
+              std::string::npos);
+    const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{});
+    const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{true});
+    if (dt != DType::f32 && (s.D == 64 || s.D == 128))
+      EXPECT_TRUE(cudnn_fwd.empty() && cudnn_bwd.empty()) << "cuDNN refused a ring block: " << cudnn_fwd << "; "
+                                                          << cudnn_bwd;
+    for (const cuda::AttentionKernel kernel :
+         {cuda::AttentionKernel::automatic, cuda::AttentionKernel::simple, cuda::AttentionKernel::cudnn}) {
+      if (kernel == cuda::AttentionKernel::cudnn && !(cudnn_fwd.empty() && cudnn_bwd.empty())) continue;
+      SCOPED_TRACE(kernel == cuda::AttentionKernel::automatic ? "ops (automatic)"
+                   : kernel == cuda::AttentionKernel::simple  ? "simple kernel"
+                                                              : "cuDNN");
+      Tensor gout = gpu_poisoned(q.shape(), dt), glse = gpu_poisoned(lse.shape(), DType::f32);
+      Tensor gdq = gpu_poisoned(q.shape(), dt), gdk = gpu_poisoned(k.shape(), dt), gdv = gpu_poisoned(v.shape(), dt);
+      if (kernel == cuda::AttentionKernel::automatic) {
+        Allocator& alloc = allocator_for(gq.device());
+        for (const bool backward : {false, true}) {
+          const int64_t before = alloc.stats().current(MemCategory::workspace);
+          alloc.reset_window_peak();
+          if (backward) ops::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, 0.0f, none);
+          else ops::attention_forward(gout, glse, gq, gk, gv, 0.0f, none);
+          EXPECT_EQ(alloc.stats().window_peak(MemCategory::workspace) - before,
+                    cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{backward}))
+              << (backward ? "backward" : "forward");
+        }
+      } else {
+        cuda::attention_forward(gout, glse, gq, gk, gv, scale, kernel, /*causal=*/false);
+        cuda::attention_backward(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, scale, kernel, true,
+                                 /*causal=*/false);
+      }
+      const double lim = tol(dt);
+      EXPECT_TRUE(matches(gout, out, lim, "out"));
+      EXPECT_TRUE(matches(glse, lse, 1e-5, "lse"));
+      EXPECT_TRUE(matches(gdq, dq, lim, "dq"));
+      EXPECT_TRUE(matches(gdk, dk, lim, "dk"));
+      EXPECT_TRUE(matches(gdv, dv, lim, "dv"));
+    }
+  }
+  // The merge of a block into a running result at rows [4, 12) of 16, the
+  // first four rows' running lse -inf (nothing merged yet).
+  const int64_t B = 2, T = 16, H = 3, D = 40, n = 8, row0 = 4;
+  Tensor acc = random_tensor(Shape{B, T, H, D}, DType::f32, rng);
+  Tensor acc_lse = random_tensor(Shape{B, H, T}, DType::f32, rng, -3, 3);
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t t = row0; t < row0 + 4; ++t) acc_lse.data<float>()[bh * T + t] = -INFINITY;
+  const Tensor part = random_tensor(Shape{B, n, H, D}, dt, rng);
+  const Tensor part_lse = random_tensor(Shape{B, H, n}, DType::f32, rng, -3, 3);
+  const Tensor g_acc = to_gpu(acc), g_lse = to_gpu(acc_lse);
+  ops::attention_merge(g_acc, g_lse, to_gpu(part), to_gpu(part_lse), row0);
+  ops::attention_merge(acc, acc_lse, part, part_lse, row0);
+  EXPECT_TRUE(matches(g_acc, acc, 1e-6, "merged out"));
+  EXPECT_TRUE(matches(g_lse, acc_lse, 1e-6, "merged lse"));
+  // Columns [5, 12) of each of 6 rows of 20 into columns [1, 8) of rows of 9.
+  const Tensor src = random_tensor(Shape{6, 20}, dt, rng), dst = Tensor::empty(Shape{6, 9}, dt);
+  poison(dst);
+  const Tensor g_dst = to_gpu(dst);
+  ops::copy_columns(g_dst, 1, to_gpu(src), 5, 7, 6);
+  ops::copy_columns(dst, 1, src, 5, 7, 6);
+  const Tensor back = to_host(g_dst);
+  EXPECT_EQ(std::memcmp(back.data_ptr(), dst.data_ptr(), size_t(dst.nbytes())), 0) << "copy_columns";
 }
 
 // q, k, v as the heads of one (B, T, Hq + 2 Hkv, D) tensor and the backward

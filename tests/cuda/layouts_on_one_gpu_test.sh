@@ -7,10 +7,13 @@
 # every step must match the single-GPU run to relative 1e-5, as the CPU
 # layouts match the single process.
 #   dp = 2 (ZeRO-1), tp = 2 with sequence parallelism, pp = 2 (1F1B),
-#   pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2 (ZeRO-3), dp = 4 in
-#   shard groups of 2 (hybrid ZeRO-2); then GPT-2
+#   cp = 2 (ring attention: unmasked key blocks on the GPU, the merge, k and
+#   v round the ring), pp = 2 x tp = 2 (zero bubble), tp = 2 x dp = 2
+#   (ZeRO-3), dp = 4 in shard groups of 2 (hybrid ZeRO-2), cp = 2 x tp = 2
+#   with SP, cp = 2 x dp = 2 (ZeRO-2); then GPT-2
 #   (tied embeddings: the head's copy on the last stage, a vocabulary-parallel
-#   tied head) at tp = 2 with SP, pp = 2 and pp = 2 x tp = 2, and in f16 at
+#   tied head) at tp = 2 with SP, pp = 2, cp = 2 (learned positions: the
+#   shard's rows of wpe and their gradient) and pp = 2 x tp = 2, and in f16 at
 #   tp = 2 (relative 1e-2 to the one-GPU f16 run);
 # and NCCL's rule: two processes on one GPU without comm_backend = mpi
 # stop with a message that names the fix. On a machine with several GPUs
@@ -51,16 +54,20 @@ layouts() {  # layouts BACKEND MAX_PROCESSES
   run "$1" dp2-zero1 2 --set parallel.dp=2 --set parallel.zero_stage=1
   run "$1" tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
   run "$1" pp2-1f1b 2 --set parallel.pp=2 --set parallel.pp_schedule=1f1b
+  run "$1" cp2 2 --set parallel.cp=2
   [ "$2" -ge 4 ] || return 0
   run "$1" pp2-tp2-zb 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.pp_schedule=zb
   run "$1" tp2-dp2-zero3 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero_stage=3
   # Hybrid ZeRO: over NCCL each replica all-reduce queues right behind its
   # reduce-scatter on the one comm stream (DataParallel, shares_one_queue).
   run "$1" dp4-hybrid-zero2 4 --set parallel.dp=4 --set parallel.zero_stage=2 --set parallel.shard_group=2
+  run "$1" cp2-tp2-sp 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+  run "$1" cp2-dp2-zero2 4 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero_stage=2
 }
 gpt2_layouts() {  # gpt2_layouts BACKEND MAX_PROCESSES
   run "$1" gpt2-tp2-sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
   run "$1" gpt2-pp2 2 --set parallel.pp=2
+  run "$1" gpt2-cp2 2 --set parallel.cp=2
   [ "$2" -ge 4 ] || return 0
   run "$1" gpt2-pp2-tp2 4 --set parallel.pp=2 --set parallel.tp=2
 }

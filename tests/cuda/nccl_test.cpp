@@ -119,6 +119,12 @@ TEST_F(NcclGroupTest, ErrorsNameTheProblem) {
             std::string::npos);
   const Tensor elsewhere = fake_cuda(Shape{4}, DType::f32);
   EXPECT_NE(error_of([&] { group_->send(elsewhere, 0, 0); }).find("but this group's GPU is"), std::string::npos);
+  // A ring step runs on NCCL itself and checks the same before launching.
+  const Tensor into = gpu_poisoned(Shape{4}, DType::f32);
+  EXPECT_NE(error_of([&] { group_->send_recv(g, 0, into, 0); }).find("rank 0 is this rank (no peer to talk to)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { group_->send_recv(g, 0, elsewhere, 0); }).find("but this group's GPU is"),
+            std::string::npos);
   const Tensor u = gpu_poisoned(Shape{4}, DType::u16);
   EXPECT_NE(error_of([&] { group_->all_reduce(u); }).find("cannot reduce u16"), std::string::npos);
   const Tensor small = gpu_poisoned(Shape{3}, DType::f32);

@@ -200,6 +200,60 @@ TEST(CudnnSdpaPlan, APlanOfOneEngineConfigurationTriesOnlyThatOne) {
   }
 }
 
+// Context parallelism's ring blocks (nn/ring_attention.h): c queries
+// against 2c keys and 2c queries against c keys, no mask, for GPT-2's and
+// Llama's heads: cuDNN offers fused engines for the forward and both
+// backward algorithms, and the graphs' tensors cover our buffers of those
+// shapes (q, out, lse: T rows; k, v: Tk rows).
+std::vector<Case> ring_block_shapes() {
+  std::vector<Case> cases;
+  const std::pair<const char*, SdpaShape> bases[] = {
+      {"gpt2 c=512", {4, 512, 12, 12, 64, CUDNN_DATA_BFLOAT16, 0.125f}},
+      {"llama c=1024", {1, 1024, 32, 8, 64, CUDNN_DATA_BFLOAT16, 0.125f}},
+      {"d128 f16 c=96", {2, 96, 16, 8, 128, CUDNN_DATA_HALF, 0.088f}}};
+  for (const auto& [name, base] : bases) {
+    SdpaShape more_keys = base, more_queries = base;
+    more_keys.causal = more_queries.causal = false;
+    more_keys.Tk = 2 * base.T;  // c queries x 2c keys
+    more_queries.T = 2 * base.T;
+    more_queries.Tk = base.T;   // 2c queries x c keys
+    cases.push_back({name, more_keys});
+    cases.push_back({name, more_queries});
+  }
+  return cases;
+}
+
+TEST(CudnnSdpaPlan, UnmaskedKeyBlocksHaveFusedEnginesOnH100) {
+  for (const Case& c : ring_block_shapes()) {
+    const std::string what = std::string(c.name) + " T=" + std::to_string(c.shape.T) + " Tk=" +
+                             std::to_string(c.shape.Tk);
+    EXPECT_GT(count_engine_configs(*sdpa_forward_graph(c.shape).graph, h100()), 0) << what << driver_note();
+    for (const SdpaBackward algorithm : {SdpaBackward::deterministic, SdpaBackward::atomic})
+      EXPECT_GT(count_engine_configs(*sdpa_backward_graph(c.shape, algorithm).graph, h100()), 0)
+          << what << (algorithm == SdpaBackward::atomic ? " (atomic dq)" : " (deterministic)") << driver_note();
+  }
+}
+
+TEST(CudnnSdpaPlan, UnmaskedViewsCoverBuffersOfTwoLengths) {
+  SdpaShape s{2, 6, 4, 2, 8, CUDNN_DATA_BFLOAT16, 0.35f};
+  s.causal = false;
+  s.Tk = 10;
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.Tk * s.Hkv * s.D, nlse = s.B * s.Hq * s.T;
+  const SdpaForwardGraph f = sdpa_forward_graph(s);
+  for (auto [uid, n, what] : {std::tuple{f.q, nq, "q"}, {f.k, nkv, "k"}, {f.v, nkv, "v"}, {f.out, nq, "out"},
+                              {f.lse, nlse, "lse"}})
+    expect_dense_view(f.graph->layout(uid), n, std::string("forward ") + what);
+  for (const SdpaBackward algorithm : {SdpaBackward::deterministic, SdpaBackward::atomic}) {
+    const SdpaBackwardGraph b = sdpa_backward_graph(s, algorithm);
+    for (auto [uid, n, what] :
+         {std::tuple{b.q, nq, "q"}, {b.k, nkv, "k"}, {b.v, nkv, "v"}, {b.out, nq, "out"}, {b.dout, nq, "dout"},
+          {b.lse, nlse, "lse"}, {b.dq, nq, "dq"}, {b.dk, nkv, "dk"}, {b.dv, nkv, "dv"}, {b.row_sums, nlse, "sums"}})
+      expect_dense_view(b.graph->layout(uid), n, std::string("backward ") + what);
+    if (algorithm == SdpaBackward::atomic) expect_dense_view(b.graph->layout(b.dq_accum), nq, "dq_accum");
+  }
+  EXPECT_EQ(f.graph->layout(f.k).dims, (std::vector<int64_t>{s.B, s.Hkv, s.D, s.Tk}));
+}
+
 TEST(CudnnSdpaPlan, ARefusedDescriptorNamesTheProblem) {
   Graph g;
   try {

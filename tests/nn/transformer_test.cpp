@@ -392,8 +392,14 @@ TEST(Transformer, QkvFormFollowsTheModelTheDeviceAndTheEnvironment) {
   EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), gpu), QkvForm::packed);
   EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 4, 1), gpu), QkvForm::packed);
   EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), cpu), QkvForm::three);     // attention would copy the heads
+  // A context-parallel pass takes q, k and v apart: Llama's split, GPT-2's three.
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 1, 0), gpu, true), QkvForm::split);
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), gpu, true), QkvForm::three);
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 16, 3), gpu, true), QkvForm::three);
   ::setenv("ZT_FUSED_QKV", "1", 1);
   EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), cpu), QkvForm::packed);
+  EXPECT_EQ(qkv_form(gpt2, tp_shares(gpt2, 1, 0), cpu, true), QkvForm::three);
+  EXPECT_EQ(qkv_form(llama, tp_shares(llama, 1, 0), cpu, true), QkvForm::split);
   EXPECT_EQ(qkv_form(llama, tp_shares(llama, 1, 0), cpu), QkvForm::packed);
   EXPECT_EQ(qkv_form(llama, tp_shares(llama, 16, 3), cpu), QkvForm::three);
   ::setenv("ZT_FUSED_QKV", "2", 1);

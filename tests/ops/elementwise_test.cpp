@@ -12,6 +12,7 @@
 //   float -> int     NaN -> 0, else trunc(value) clamped to the range.
 //   int -> int       clamped to the range.
 #include "ops/elementwise.h"
+#include "ops/device.h"
 
 #include "backend/cpu/elementwise.h"  // sqrt_inplace: a shared CPU primitive
 
@@ -457,6 +458,46 @@ TEST(ElementwiseTest, AddScaleAxpyBadArguments) {
 }
 
 // --- fill ----------------------------------------------------------------------
+
+// ops::copy_columns (ops/device.h) against the element loop it stands for:
+// dst[r, dst_col + j] = src[r, src_col + j] for j < cols, every other element
+// of dst keeping its poisoned bits; a 2-byte and a 4-byte dtype.
+TEST(ElementwiseTest, CopyColumnsIsTheStridedLoop) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(31);
+  const int64_t rows = 5, src_row = 17, dst_row = 9, src_col = 6, dst_col = 2, cols = 7;
+  for (const DType dt : {DType::bf16, DType::f32}) {
+    const Tensor src = test::random_tensor(Shape{rows, src_row}, dt, rng);
+    const Tensor dst = Tensor::empty(Shape{rows, 3, 3}, dt);  // any shape of rows x dst_row elements
+    test::poison(dst);
+    const Tensor before = ops::to_device(dst, Device::cpu());
+    ops::copy_columns(dst, dst_col, src, src_col, cols, rows);
+    const size_t es = dtype_size(dt);
+    const auto* d = static_cast<const unsigned char*>(dst.data_ptr());
+    const auto* b = static_cast<const unsigned char*>(before.data_ptr());
+    const auto* s = static_cast<const unsigned char*>(src.data_ptr());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < dst_row; ++j) {
+        const bool copied = j >= dst_col && j < dst_col + cols;
+        const unsigned char* want =
+            copied ? s + (r * src_row + src_col + j - dst_col) * es : b + (r * dst_row + j) * es;
+        ASSERT_EQ(std::memcmp(d + (r * dst_row + j) * es, want, es), 0)
+            << dtype_name(dt) << " row " << r << " column " << j << (copied ? " (copied)" : " (left alone)");
+      }
+  }
+}
+
+TEST(ElementwiseTest, CopyColumnsBadArguments) {
+  const Tensor src = Tensor::empty(Shape{4, 10}, DType::f32), dst = Tensor::empty(Shape{4, 6}, DType::f32);
+  EXPECT_NE(error_of([&] { ops::copy_columns(dst, 0, src, 5, 6, 4); }).find("must lie within their rows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ops::copy_columns(dst, 0, src, 0, 2, 3); }).find("must both split into rows = 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ops::copy_columns(Tensor::empty(Shape{4, 6}, DType::bf16), 0, src, 0, 2, 4); })
+                .find("copy_columns"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ops::copy_columns(src, 0, src, 5, 5, 4); }).find("copy_columns"), std::string::npos);
+}
 
 TEST(ElementwiseTest, FillEveryDType) {
   ZT_TEST_TRACE_SEED();

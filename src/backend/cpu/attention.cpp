@@ -627,6 +627,31 @@ Heads split_heads(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
   return h;
 }
 
+// The merge of ops::attention_merge; the rows of (b, h) are independent.
+template <typename T>
+void merge_impl(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& part_lse, int64_t row0) {
+  const int64_t B = part.size(0), n = part.size(1), H = part.size(2), D = part.size(3), T_all = out.size(1);
+  const T* ob = part.data<T>();
+  const float* lb = part_lse.data<float>();
+  float* o = out.data<float>();
+  float* l = lse.data<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < n; ++i) {
+        float& run = l[(b * H + h) * T_all + row0 + i];
+        const float blk = lb[(b * H + h) * n + i];
+        const float hi = std::max(run, blk);
+        const float merged = hi + std::log1p(std::exp(std::min(run, blk) - hi));  // log(e^run + e^blk)
+        const float w_run = std::exp(run - merged), w_blk = std::exp(blk - merged);
+        float* dst = o + ((b * T_all + row0 + i) * H + h) * D;
+        const T* src = ob + ((b * n + i) * H + h) * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) dst[d] = w_run * dst[d] + w_blk * to_float(src[d]);
+        run = merged;
+      }
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -659,6 +684,14 @@ void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Ten
   const Heads h = split_heads(qkv, Hq, Hkv), g = empty_heads(qkv, Hq, Hkv);
   attention_backward(g.q, g.k, g.v, dout, h.q, h.k, h.v, out, lse, scale, /*causal=*/true);
   rope_split_qkv(dqkv, g.q, g.k, g.v, Tensor(), 0, /*backward=*/true);
+}
+
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& part_lse, int64_t row0) {
+  if (part.dtype() == DType::bf16) {
+    merge_impl<bf16>(out, lse, part, part_lse, row0);
+  } else {
+    merge_impl<float>(out, lse, part, part_lse, row0);
+  }
 }
 
 }  // namespace zt::cpu

@@ -39,4 +39,9 @@ void attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor
 void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                const Tensor& lse, int64_t Hq, int64_t Hkv, float scale);
 
+// ops::attention_merge: out (B, T, H, D) f32, lse (B, H, T) f32 at rows
+// [row0, row0 + n) merged with part (B, n, H, D) f32 or bf16 and part_lse
+// (B, H, n) f32.
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& part_lse, int64_t row0);
+
 }  // namespace zt::cpu

@@ -1,10 +1,7 @@
-// CUDA causal GQA attention: the dispatcher, and the simple exact version: one warp per query row
-// (forward, dq) or per key row (dk, dv), lanes splitting the head dimension,
-// online softmax in f32, probabilities recomputed from the saved logsumexp in
-// backward. Deterministic: every output element is written once by one warp
-// summing in a fixed order (no atomics). O(T) memory; CUDA-core math.
+// CUDA GQA attention: the dispatcher, the packed calls' head copies, and the
+// launches of the simple exact kernels (attention_simple_kernels.cuh).
 //
-// Layouts: q, out, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T).
+// Layouts: q, out, dq (B, T, Hq, D); k, v, dk, dv (B, Tk, Hkv, D); lse (B, Hq, T).
 #include "backend/cuda/attention.h"
 
 #include <cstdio>
@@ -14,166 +11,18 @@
 #include <string>
 #include <string_view>
 
+#include "backend/cuda/attention_simple_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace zt::cuda {
 
 namespace {
 
-constexpr int kMaxPerLane = 8;  // D <= 256
-constexpr int kWarpsPerBlock = 4;
+using namespace simple_kernels;
 
-struct Dims {
-  int64_t B, T, Hq, Hkv, D;
-};
-
-// Loads row[d] for d = lane + 32 i into regs (0 beyond D).
-template <typename T>
-__device__ __forceinline__ void load_row(float (&r)[kMaxPerLane], const T* row, int64_t D, int lane) {
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int64_t d = lane + 32 * i;
-    r[i] = d < D ? to_f32(row[d]) : 0.0f;
-  }
+Dims dims_of(const Tensor& q, const Tensor& k, bool causal) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(1), causal};
 }
-
-template <typename T>
-__device__ __forceinline__ float dot_row(const float (&a)[kMaxPerLane], const T* row, int64_t D, int lane) {
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int64_t d = lane + 32 * i;
-    if (d < D) s += a[i] * to_f32(row[d]);
-  }
-  return warp_sum(s);
-}
-
-// One warp per (b, h, t).
-template <typename T>
-__global__ void attn_fwd_kernel(T* out, float* lse, const T* q, const T* k, const T* v, Dims d, float scale) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + (threadIdx.x >> 5);  // over (b, h, t)
-  if (row >= d.B * d.Hq * d.T) return;
-  const int64_t t = row % d.T, h = (row / d.T) % d.Hq, b = row / (d.T * d.Hq);
-  const int64_t g = h / (d.Hq / d.Hkv);
-  float qr[kMaxPerLane], acc[kMaxPerLane];
-  load_row(qr, q + ((b * d.T + t) * d.Hq + h) * d.D, d.D, lane);
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t s = 0; s <= t; ++s) {
-    const int64_t kv = ((b * d.T + s) * d.Hkv + g) * d.D;
-    const float score = scale * dot_row(qr, k + kv, d.D, lane);
-    const float m_new = fmaxf(m, score);
-    const float corr = __expf(m - m_new), p = __expf(score - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int64_t dd = lane + 32 * i;
-      acc[i] = acc[i] * corr + (dd < d.D ? p * to_f32(v[kv + dd]) : 0.0f);
-    }
-    m = m_new;
-  }
-  T* o = out + ((b * d.T + t) * d.Hq + h) * d.D;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int64_t dd = lane + 32 * i;
-    if (dd < d.D) o[dd] = from_f32<T>(acc[i] / l);
-  }
-  if (lane == 0) lse[(b * d.Hq + h) * d.T + t] = m + logf(l);
-}
-
-// delta[b, h, t] = dout_t . out_t  (f32)
-template <typename T>
-__global__ void attn_delta_kernel(float* delta, const T* dout, const T* out, Dims d) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + (threadIdx.x >> 5);
-  if (row >= d.B * d.Hq * d.T) return;
-  const int64_t t = row % d.T, h = (row / d.T) % d.Hq, b = row / (d.T * d.Hq);
-  const int64_t off = ((b * d.T + t) * d.Hq + h) * d.D;
-  float o[kMaxPerLane];
-  load_row(o, out + off, d.D, lane);
-  const float s = dot_row(o, dout + off, d.D, lane);
-  if (lane == 0) delta[row] = s;
-}
-
-// dq_t = scale * sum_{s<=t} P_ts (dP_ts - delta_t) k_s; one warp per (b, h, t).
-template <typename T>
-__global__ void attn_dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                               const float* delta, Dims d, float scale) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + (threadIdx.x >> 5);
-  if (row >= d.B * d.Hq * d.T) return;
-  const int64_t t = row % d.T, h = (row / d.T) % d.Hq, b = row / (d.T * d.Hq);
-  const int64_t g = h / (d.Hq / d.Hkv);
-  const int64_t off = ((b * d.T + t) * d.Hq + h) * d.D;
-  float qr[kMaxPerLane], dor[kMaxPerLane], acc[kMaxPerLane];
-  load_row(qr, q + off, d.D, lane);
-  load_row(dor, dout + off, d.D, lane);
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
-  const float L = lse[row], dl = delta[row];
-  for (int64_t s = 0; s <= t; ++s) {
-    const int64_t kv = ((b * d.T + s) * d.Hkv + g) * d.D;
-    const float p = __expf(scale * dot_row(qr, k + kv, d.D, lane) - L);
-    const float ds = p * (dot_row(dor, v + kv, d.D, lane) - dl);
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int64_t dd = lane + 32 * i;
-      if (dd < d.D) acc[i] += ds * to_f32(k[kv + dd]);
-    }
-  }
-  T* o = dq + off;
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int64_t dd = lane + 32 * i;
-    if (dd < d.D) o[dd] = from_f32<T>(scale * acc[i]);
-  }
-}
-
-// dk_s = scale * sum_{h in group, t>=s} dS_ts q_t;  dv_s = sum P_ts dout_t.
-// One warp per (b, g, s).
-template <typename T>
-__global__ void attn_dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const float* lse,
-                                 const float* delta, Dims d, float scale) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + (threadIdx.x >> 5);
-  if (row >= d.B * d.Hkv * d.T) return;
-  const int64_t s = row % d.T, g = (row / d.T) % d.Hkv, b = row / (d.T * d.Hkv);
-  const int64_t group = d.Hq / d.Hkv;
-  const int64_t kv = ((b * d.T + s) * d.Hkv + g) * d.D;
-  float kr[kMaxPerLane], vr[kMaxPerLane], ak[kMaxPerLane], av[kMaxPerLane];
-  load_row(kr, k + kv, d.D, lane);
-  load_row(vr, v + kv, d.D, lane);
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) ak[i] = av[i] = 0.0f;
-  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-    for (int64_t t = s; t < d.T; ++t) {
-      const int64_t qo = ((b * d.T + t) * d.Hq + h) * d.D;
-      const int64_t li = (b * d.Hq + h) * d.T + t;
-      const float p = __expf(scale * dot_row(kr, q + qo, d.D, lane) - lse[li]);
-      const float ds = p * (dot_row(vr, dout + qo, d.D, lane) - delta[li]);
-#pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) {
-        const int64_t dd = lane + 32 * i;
-        if (dd < d.D) {
-          ak[i] += ds * to_f32(q[qo + dd]);
-          av[i] += p * to_f32(dout[qo + dd]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int64_t dd = lane + 32 * i;
-    if (dd < d.D) {
-      dk[kv + dd] = from_f32<T>(scale * ak[i]);
-      dv[kv + dd] = from_f32<T>(av[i]);
-    }
-  }
-}
-
-Dims dims_of(const Tensor& q, const Tensor& k) { return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)}; }
 
 unsigned blocks_for(int64_t rows) { return unsigned((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
@@ -243,6 +92,9 @@ AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, 
                        bool report) {
   const std::string misaligned = aligned ? "" : "a tensor is not 16-byte aligned";
   if (kernel == AttentionKernel::automatic) kernel = environment_choice();
+  ZT_CHECK(s.causal || kernel != AttentionKernel::gemm, "attention: the gemm kernel cannot take this call: it is "
+           "causal only, and this is an unmasked key block (context parallelism); choose cudnn or simple "
+           "(ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
   if (kernel == AttentionKernel::gemm || kernel == AttentionKernel::simple) return kernel;
   if (kernel != AttentionKernel::automatic) {
     const std::string blocker = aligned ? fused_blocker(kernel, pass, scale, s) : misaligned;
@@ -261,7 +113,7 @@ AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, 
     if (fused == AttentionKernel::cudnn) why_not_cudnn = blocker;
   }
   if (chosen == AttentionKernel::automatic)
-    chosen = gemm_attention_fits(s, pass.backward) ? AttentionKernel::gemm : AttentionKernel::simple;
+    chosen = s.causal && gemm_attention_fits(s, pass.backward) ? AttentionKernel::gemm : AttentionKernel::simple;
   if (report) report_choice(pass, chosen, why_not_cudnn);
   return chosen;
 }
@@ -273,8 +125,8 @@ bool all_aligned(std::initializer_list<const Tensor*> all) {
 }
 
 AttentionKernel choose_for_call(AttentionKernel kernel, AttentionPass pass, float scale, const Tensor& q,
-                                const Tensor& k, std::initializer_list<const Tensor*> all) {
-  return choose(kernel, pass, scale, attention_shape(q, k), all_aligned(all), true);
+                                const Tensor& k, bool causal, std::initializer_list<const Tensor*> all) {
+  return choose(kernel, pass, scale, attention_shape(q, k, causal), all_aligned(all), true);
 }
 
 // A packed call (q, k, v the heads of one tensor) for the kernel: cuDNN
@@ -341,8 +193,8 @@ void read_attention_environment() {
   cudnn_read_environment();
 }
 
-AttentionShape attention_shape(const Tensor& q, const Tensor& k) {
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), q.device()};
+AttentionShape attention_shape(const Tensor& q, const Tensor& k, bool causal) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), q.device(), 0, causal, k.size(1)};
 }
 
 AttentionShape packed_attention_shape(const Tensor& qkv, int64_t Hq, int64_t Hkv) {
@@ -389,15 +241,16 @@ void attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Ten
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale, AttentionKernel kernel) {
-  switch (choose_for_call(kernel, AttentionPass{}, scale, q, k, {&out, &lse, &q, &k, &v})) {
-    case AttentionKernel::cudnn: return cudnn_attention_forward(out, lse, q, k, v, scale);
+                       float scale, AttentionKernel kernel, bool causal) {
+  switch (choose_for_call(kernel, AttentionPass{}, scale, q, k, causal, {&out, &lse, &q, &k, &v})) {
+    case AttentionKernel::cudnn:
+      return cudnn_attention_forward(out, lse, q, k, v, scale, kAttentionWorkspaceBudget, causal);
     case AttentionKernel::mma: return mma_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::flash: return flash_attention_forward(out, lse, q, k, v, scale);
     case AttentionKernel::gemm: return gemm_attention_forward(out, lse, q, k, v, scale);
     default: break;
   }
-  const Dims d = dims_of(q, k);
+  const Dims d = dims_of(q, k, causal);
   check_head_dim(d);
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows == 0) return;
@@ -411,20 +264,20 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                        AttentionKernel kernel, bool deterministic) {
-  switch (choose_for_call(kernel, AttentionPass{true, deterministic}, scale, q, k,
+                        AttentionKernel kernel, bool deterministic, bool causal) {
+  switch (choose_for_call(kernel, AttentionPass{true, deterministic}, scale, q, k, causal,
                           {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) {
     case AttentionKernel::cudnn:
       return cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, kAttentionWorkspaceBudget,
-                                      deterministic);
+                                      deterministic, causal);
     case AttentionKernel::mma: return mma_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::flash: return flash_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale);
     case AttentionKernel::gemm: return gemm_attention_backward(dq, dk, dv, dout, q, k, v, lse, scale);
     default: break;
   }
-  const Dims d = dims_of(q, k);
+  const Dims d = dims_of(q, k, causal);
   check_head_dim(d);
-  const int64_t rows = d.B * d.Hq * d.T, kv_rows = d.B * d.Hkv * d.T;
+  const int64_t rows = d.B * d.Hq * d.T, kv_rows = d.B * d.Hkv * d.Tk;
   if (rows == 0) return;
   Tensor delta = Tensor::empty(Shape{rows}, DType::f32, q.device(), MemCategory::workspace);
   attention_delta(delta, dout, out);
@@ -446,7 +299,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 }
 
 void attention_delta(const Tensor& delta, const Tensor& dout, const Tensor& out) {
-  const Dims d{out.size(0), out.size(1), out.size(2), out.size(2), out.size(3)};
+  const Dims d{out.size(0), out.size(1), out.size(2), out.size(2), out.size(3), out.size(1), true};
   const int64_t rows = d.B * d.Hq * d.T;
   if (rows == 0) return;
   ZT_CUDA_DISPATCH_FLOAT(out.dtype(), "attention_delta", [&] {

@@ -1,4 +1,5 @@
-// CUDA causal attention with grouped-query heads (contract: ops/attention.h).
+// CUDA attention with grouped-query heads, causal or over an unmasked key
+// block (contract: ops/attention.h).
 // Host-callable; no CUDA headers.
 #pragma once
 
@@ -28,7 +29,9 @@ namespace zt::cuda {
 //           (attention.cu): the fallback when one head's matrices exceed the
 //           budget, and an implementation to test against.
 // automatic picks cudnn, else mma, else flash, else gemm when it fits, else
-// simple; forward and backward choose separately (all five write the same
+// simple; an unmasked key block (context parallelism's ring: every query sees
+// all Tk keys, Tk != T allowed) runs on cudnn, else simple (mma, flash and
+// gemm are causal only); forward and backward choose separately (all five write the same
 // lse, so any forward pairs with any backward). The environment variable
 // ZT_CUDA_ATTENTION = cudnn | mma | flash | gemm | simple overrides automatic
 // (to compare, or to route around a kernel; a choice that cannot take the
@@ -49,7 +52,7 @@ void read_attention_environment();
 constexpr int64_t kAttentionWorkspaceBudget = int64_t(1) << 30;  // bytes
 
 // What the choice of kernel and a call's workspace depend on: q (B, T, Hq, D)
-// and k (B, T, Hkv, D), their dtype and device.
+// and k (B, Tk, Hkv, D), their dtype and device, the mask.
 struct AttentionShape {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::bf16;
@@ -59,8 +62,11 @@ struct AttentionShape {
   // and this is its row, (Hq + 2 Hkv) D elements: cuDNN reads and writes
   // them in place; the other kernels run on copies (attention_forward_packed).
   int64_t qkv_row = 0;
+  bool causal = true;  // else every query sees all Tk keys
+  int64_t Tk = 0;      // keys when not causal (0: T)
+  int64_t keys() const { return Tk > 0 ? Tk : T; }
 };
-AttentionShape attention_shape(const Tensor& q, const Tensor& k);
+AttentionShape attention_shape(const Tensor& q, const Tensor& k, bool causal = true);
 // The shape of a call on the heads of qkv (B, T, Hq + 2 Hkv, D).
 AttentionShape packed_attention_shape(const Tensor& qkv, int64_t Hq, int64_t Hkv);
 
@@ -83,12 +89,14 @@ struct AttentionPass {
 // Builds and caches cuDNN's plans for the shape.
 int64_t attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass);
 
-// scale is resolved by the ops layer (> 0).
+// scale is resolved by the ops layer (> 0). causal = false: k, v (B, Tk,
+// Hkv, D) an unmasked block (cudnn or simple).
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       float scale, AttentionKernel kernel = AttentionKernel::automatic);
+                       float scale, AttentionKernel kernel = AttentionKernel::automatic, bool causal = true);
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, float scale,
-                        AttentionKernel kernel = AttentionKernel::automatic, bool deterministic = true);
+                        AttentionKernel kernel = AttentionKernel::automatic, bool deterministic = true,
+                        bool causal = true);
 
 // The same with q, k, v as the heads of qkv (B, T, Hq + 2 Hkv, D), and the
 // backward's dq, dk, dv written into dqkv of that shape: a fused qkv
@@ -147,15 +155,21 @@ void cudnn_read_environment();
 int64_t cudnn_attention_workspace_bytes(const AttentionShape& s, float scale, AttentionPass pass,
                                         int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             float scale, int64_t budget = kAttentionWorkspaceBudget);
+                             float scale, int64_t budget = kAttentionWorkspaceBudget, bool causal = true);
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                              float scale, int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
+                              float scale, int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true,
+                              bool causal = true);
 void cudnn_attention_forward_packed(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t Hq, int64_t Hkv,
                                     float scale, int64_t budget = kAttentionWorkspaceBudget);
 void cudnn_attention_backward_packed(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                      const Tensor& lse, int64_t Hq, int64_t Hkv, float scale,
                                      int64_t budget = kAttentionWorkspaceBudget, bool deterministic = true);
+
+// ops::attention_merge (attention_merge.cu): out (B, T, H, D) f32, lse
+// (B, H, T) f32 at rows [row0, row0 + n) merged with part (B, n, H, D) and
+// part_lse (B, H, n) f32; a warp per row.
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& part, const Tensor& part_lse, int64_t row0);
 
 // delta[b, h, t] = dout[b, t, h, :] . out[b, t, h, :] in f32, (B, Hq, T): the
 // softmax-backward row term, shared by the simple and fused backward passes.

@@ -1,4 +1,5 @@
-// Causal GQA attention through cuDNN's fused SDPA (graphs: cudnn_sdpa.h).
+// GQA attention (causal, or an unmasked key block) through cuDNN's fused
+// SDPA (graphs: cudnn_sdpa.h).
 // Plans are built on first use of a shape (cuDNN's heuristics, then its
 // runtime compilation: about a second) and cached per device, shape, dtype,
 // scale, direction and backward algorithm (cudnn_sdpa.h: deterministic, or
@@ -31,8 +32,8 @@ namespace {
 using cudnn::Plan;
 
 // (device, B, T, Hq, Hkv, D, dtype, scale bits, pass: 0 forward, 1 deterministic backward, 2 atomic backward,
-// the packed qkv row or 0)
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, int, int64_t>;
+// the packed qkv row or 0, the keys of an unmasked block or 0 when causal)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t, int, int64_t, int64_t>;
 using Pass = AttentionPass;
 int pass_key(Pass pass) { return !pass.backward ? 0 : pass.deterministic ? 1 : 2; }
 
@@ -82,10 +83,13 @@ std::string static_blocker(const AttentionShape& s) {
 
 // The cached plan for this call, building it on first use.
 const CachedPlan& plan_for(const AttentionShape& a, float scale, Pass pass) {
-  const cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale, a.qkv_row};
+  cudnn::SdpaShape s{a.B, a.T, a.Hq, a.Hkv, a.D, cudnn_type(a.dtype), scale, a.qkv_row};
+  s.causal = a.causal;
+  s.Tk = a.causal ? 0 : a.keys();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
-  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass_key(pass), s.qkv_row};
+  const PlanKey key{a.device.index, s.B, s.T, s.Hq, s.Hkv, s.D, int(s.io), scale_bits, pass_key(pass), s.qkv_row,
+                    s.Tk};
   static std::map<PlanKey, CachedPlan> cache;
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = cache.find(key);
@@ -270,14 +274,14 @@ void backward_on(const AttentionShape& s, const Heads& in, const Heads& grads, c
 }  // namespace
 
 void cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             float scale, int64_t budget) {
-  forward_on(attention_shape(q, k), separate(q, k, v), out, lse, scale, budget);
+                             float scale, int64_t budget, bool causal) {
+  forward_on(attention_shape(q, k, causal), separate(q, k, v), out, lse, scale, budget);
 }
 
 void cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                              float scale, int64_t budget, bool deterministic) {
-  backward_on(attention_shape(q, k), separate(q, k, v), separate(dq, dk, dv), dout, out, lse, scale, budget,
+                              float scale, int64_t budget, bool deterministic, bool causal) {
+  backward_on(attention_shape(q, k, causal), separate(q, k, v), separate(dq, dk, dv), dout, out, lse, scale, budget,
               deterministic);
 }
 
@@ -307,11 +311,12 @@ std::string cudnn_attention_unsupported(const AttentionShape&, float, AttentionP
 int64_t cudnn_attention_workspace_bytes(const AttentionShape&, float, AttentionPass, int64_t) {
   ZT_FAIL("attention: this build has no cuDNN");
 }
-void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t) {
+void cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t,
+                             bool) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 void cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t, bool) {
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, int64_t, bool, bool) {
   ZT_FAIL("attention: this build has no cuDNN; choose another kernel (ZT_CUDA_ATTENTION)");
 }
 void cudnn_attention_forward_packed(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, float, int64_t) {

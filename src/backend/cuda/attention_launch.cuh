@@ -35,8 +35,9 @@ void dispatch(DType dt, int64_t D, F&& fn) {
 }
 
 // Why neither fused kernel can take a shape before shared memory is asked
-// (empty when they can): dtype, head dim, grid limits.
+// (empty when they can): the mask, dtype, head dim, grid limits.
 inline std::string shape_blocker(const AttentionShape& s) {
+  if (!s.causal) return "an unmasked key block (the fused kernels are causal only)";
   if (s.dtype != DType::bf16 && s.dtype != DType::f16)
     return ::zt::detail::concat("dtype ", dtype_name(s.dtype), " (the fused kernels take bf16 or f16)");
   if (s.D != 16 && s.D != 32 && s.D != 64 && s.D != 128)

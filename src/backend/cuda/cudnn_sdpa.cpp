@@ -11,40 +11,50 @@ namespace {
 
 constexpr cudnnDataType_t kF32 = CUDNN_DATA_FLOAT;
 
-// (B, T, H, D) memory as a (b, h, t, d) view: out, dout (and dense virtual tensors).
+// Sequence lengths: n = s.T for query rows (q, out, dout, dq, lse), s.keys()
+// for key rows (k, v, dk, dv).
+// (B, n, H, D) memory as a (b, h, t, d) view: out, dout (and dense virtual tensors).
 Layout rows_of(const SdpaShape& s, int64_t H) {
   return {{s.B, H, s.T, s.D}, {s.T * H * s.D, s.D, H * s.D, 1}};
 }
-// q, k, v and their gradients: (B, T, H, D) memory, or H heads of each
+// q, k, v and their gradients: (B, n, H, D) memory, or H heads of each
 // token's qkv_row elements (a fused product's output), as (b, h, t, d).
 int64_t qkv_row(const SdpaShape& s, int64_t H) { return s.qkv_row > 0 ? s.qkv_row : H * s.D; }
-Layout qkv_rows(const SdpaShape& s, int64_t H) {
+Layout qkv_rows(const SdpaShape& s, int64_t H, int64_t n) {
   const int64_t row = qkv_row(s, H);
-  return {{s.B, H, s.T, s.D}, {s.T * row, s.D, row, 1}};
+  return {{s.B, H, n, s.D}, {n * row, s.D, row, 1}};
 }
 // The same memory as (b, h, d, t): the transposed operand of q k^T and dout v^T.
-Layout qkv_transposed(const SdpaShape& s, int64_t H) {
+Layout qkv_transposed(const SdpaShape& s, int64_t H, int64_t n) {
   const int64_t row = qkv_row(s, H);
-  return {{s.B, H, s.D, s.T}, {s.T * row, s.D, 1, row}};
+  return {{s.B, H, s.D, n}, {n * row, s.D, 1, row}};
 }
-// (B, Hq, T, T) scores, row-major; and the same values read transposed.
-Layout scores(const SdpaShape& s) { return {{s.B, s.Hq, s.T, s.T}, {s.Hq * s.T * s.T, s.T * s.T, s.T, 1}}; }
+// (B, Hq, T, Tk) scores, row-major; and the same values read transposed (Tk, T).
+Layout scores(const SdpaShape& s) {
+  const int64_t T = s.T, Tk = s.keys();
+  return {{s.B, s.Hq, T, Tk}, {s.Hq * T * Tk, T * Tk, Tk, 1}};
+}
 Layout scores_transposed(const SdpaShape& s) {
-  return {{s.B, s.Hq, s.T, s.T}, {s.Hq * s.T * s.T, s.T * s.T, 1, s.T}};
+  const int64_t T = s.T, Tk = s.keys();
+  return {{s.B, s.Hq, Tk, T}, {s.Hq * T * Tk, T * Tk, 1, Tk}};
 }
 // (B, Hq, T, 1) per-row statistics: our lse layout (B, Hq, T).
 Layout row_stats(const SdpaShape& s) { return {{s.B, s.Hq, s.T, 1}, {s.Hq * s.T, s.T, 1, 1}}; }
-// (B, Hq, T, D) per-query-head values (the GQA products before the group sum).
-Layout per_head(const SdpaShape& s) { return {{s.B, s.Hq, s.T, s.D}, {s.Hq * s.T * s.D, s.T * s.D, s.D, 1}}; }
+// (B, Hq, n, D) per-query-head values (the GQA products before the group
+// sum, n = Tk; the atomic dq accumulator, n = T).
+Layout per_head(const SdpaShape& s, int64_t n) { return {{s.B, s.Hq, n, s.D}, {s.Hq * n * s.D, n * s.D, s.D, 1}}; }
 
 void check_shape(const SdpaShape& s) {
   ZT_ASSERT(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0 && s.Hq % s.Hkv == 0, "cuDNN SDPA shape");
+  ZT_ASSERT(s.causal ? s.Tk == 0 || s.Tk == s.T : s.Tk > 0, "cuDNN SDPA keys: Tk = T when causal, > 0 when not");
   ZT_ASSERT(s.io == CUDNN_DATA_BFLOAT16 || s.io == CUDNN_DATA_HALF, "cuDNN SDPA takes bf16 or f16");
   ZT_ASSERT(s.qkv_row == 0 || s.qkv_row >= (s.Hq + 2 * s.Hkv) * s.D, "cuDNN SDPA packed qkv row");
 }
 
-// Scores where the key index exceeds the query index become -inf.
-Uid causal_mask(Graph& g, Uid scores_in, const Layout& layout) {
+// Scores where the key index exceeds the query index become -inf (causal);
+// unmasked, the scores themselves.
+Uid causal_mask(Graph& g, Uid scores_in, const Layout& layout, bool causal) {
+  if (!causal) return scores_in;
   const Uid row = g.virtual_tensor(layout, CUDNN_DATA_INT32), col = g.virtual_tensor(layout, CUDNN_DATA_INT32);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, kF32, scores_in, kNoTensor, kNoTensor, row, /*axis=*/2);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, kF32, scores_in, kNoTensor, kNoTensor, col, /*axis=*/3);
@@ -63,11 +73,11 @@ Uid scaled(Graph& g, Uid x, float factor) {
   return y;
 }
 
-// grad (B, Hkv, T, D) = lhs^T-view @ rhs, summed over each kv head's group of
-// query heads (a per-query-head product, then a reduction) when Hq > Hkv.
+// grad (B, Hkv, Tk, D) = lhs^T-view @ rhs, summed over each kv head's group
+// of query heads (a per-query-head product, then a reduction) when Hq > Hkv.
 void grouped_product(Graph& g, const SdpaShape& s, Uid lhs, Uid rhs, Uid grad) {
   if (s.Hq == s.Hkv) return g.matmul(lhs, rhs, grad);
-  const Uid full = g.virtual_tensor(per_head(s), s.io);
+  const Uid full = g.virtual_tensor(per_head(s, s.keys()), s.io);
   g.matmul(lhs, rhs, full);
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, grad);
 }
@@ -79,16 +89,17 @@ SdpaForwardGraph sdpa_forward_graph(const SdpaShape& s) {
   SdpaForwardGraph f;
   f.graph = std::make_shared<Graph>();
   Graph& g = *f.graph;
-  f.q = g.tensor(qkv_rows(s, s.Hq), s.io);
-  f.k = g.tensor(qkv_transposed(s, s.Hkv), s.io);
-  f.v = g.tensor(qkv_rows(s, s.Hkv), s.io);
+  const int64_t T = s.T, Tk = s.keys();
+  f.q = g.tensor(qkv_rows(s, s.Hq, T), s.io);
+  f.k = g.tensor(qkv_transposed(s, s.Hkv, Tk), s.io);
+  f.v = g.tensor(qkv_rows(s, s.Hkv, Tk), s.io);
   f.out = g.tensor(rows_of(s, s.Hq), s.io);
   f.lse = g.tensor(row_stats(s), kF32);
 
   const Layout sc = scores(s), rs = row_stats(s);
   const Uid qk = g.virtual_tensor(sc, kF32);
   g.matmul(f.q, f.k, qk);
-  const Uid masked = causal_mask(g, scaled(g, qk, s.scale), sc);
+  const Uid masked = causal_mask(g, scaled(g, qk, s.scale), sc, s.causal);
   // softmax with its log-sum-exp: max, x - max, exp, sum, lse = max + log(sum), p = exp / sum
   const Uid row_max = g.virtual_tensor(rs, kF32);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max);
@@ -112,15 +123,16 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm
   SdpaBackwardGraph b;
   b.graph = std::make_shared<Graph>();
   Graph& g = *b.graph;
-  b.q = g.tensor(qkv_rows(s, s.Hq), s.io);
-  b.k = g.tensor(qkv_transposed(s, s.Hkv), s.io);
-  b.v = g.tensor(qkv_transposed(s, s.Hkv), s.io);
+  const int64_t T = s.T, Tk = s.keys();
+  b.q = g.tensor(qkv_rows(s, s.Hq, T), s.io);
+  b.k = g.tensor(qkv_transposed(s, s.Hkv, Tk), s.io);
+  b.v = g.tensor(qkv_transposed(s, s.Hkv, Tk), s.io);
   b.out = g.tensor(rows_of(s, s.Hq), s.io);
   b.dout = g.tensor(rows_of(s, s.Hq), s.io);
   b.lse = g.tensor(row_stats(s), kF32);
-  b.dq = g.tensor(qkv_rows(s, s.Hq), s.io);
-  b.dk = g.tensor(qkv_rows(s, s.Hkv), s.io);
-  b.dv = g.tensor(qkv_rows(s, s.Hkv), s.io);
+  b.dq = g.tensor(qkv_rows(s, s.Hq, T), s.io);
+  b.dk = g.tensor(qkv_rows(s, s.Hkv, Tk), s.io);
+  b.dv = g.tensor(qkv_rows(s, s.Hkv, Tk), s.io);
   b.row_sums = g.tensor(row_stats(s), kF32);
   const Layout sc = scores(s), rs = row_stats(s);
 
@@ -137,7 +149,7 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm
   const Uid shifted = g.virtual_tensor(sc, kF32);
   g.pointwise(CUDNN_POINTWISE_SUB, kF32, scaled(g, qk, s.scale), b.lse, kNoTensor, shifted);
   const Uid p = g.virtual_tensor(sc, kF32);
-  g.pointwise(CUDNN_POINTWISE_EXP, kF32, causal_mask(g, shifted, sc), kNoTensor, kNoTensor, p);
+  g.pointwise(CUDNN_POINTWISE_EXP, kF32, causal_mask(g, shifted, sc, s.causal), kNoTensor, kNoTensor, p);
 
   // dv = p^T dout
   const Uid p_t = g.virtual_tensor(scores_transposed(s), s.io);
@@ -164,12 +176,12 @@ SdpaBackwardGraph sdpa_backward_graph(const SdpaShape& s, SdpaBackward algorithm
   // elements) and runs dq as a second pass. Atomic: cuDNN adds each key
   // tile's share into an f32 accumulator zeroed before the call, then copies
   // it into dq.
-  const Uid k_rows = g.virtual_tensor(qkv_rows(s, s.Hkv), s.io);
+  const Uid k_rows = g.virtual_tensor(qkv_rows(s, s.Hkv, Tk), s.io);
   g.reshape(b.k, k_rows);
   if (algorithm == SdpaBackward::deterministic) {
     g.matmul(ds, k_rows, b.dq);
   } else {
-    b.dq_accum = g.tensor(per_head(s), kF32);
+    b.dq_accum = g.tensor(per_head(s, T), kF32);
     g.matmul(ds, k_rows, b.dq_accum);
     g.pointwise(CUDNN_POINTWISE_IDENTITY, kF32, b.dq_accum, kNoTensor, kNoTensor, b.dq);
   }

@@ -1,10 +1,10 @@
-// cuDNN's fused flash attention (SDPA) as backend graphs: causal, grouped-query,
+// cuDNN's fused flash attention (SDPA) as backend graphs: causal or unmasked, grouped-query,
 // forward with softmax statistics and a deterministic backward. Host-only graph
 // construction (no GPU needed), so plans can be checked ahead of time on the
 // CPU; attention_cudnn.cpp runs them on a GPU.
 //
 // Our layouts, as cuDNN (b, h, s, d) views with strides:
-//   q, out, dq, dout (B, T, Hq, D);  k, v, dk, dv (B, T, Hkv, D), or q, k, v
+//   q, out, dq, dout (B, T, Hq, D);  k, v, dk, dv (B, Tk, Hkv, D), or q, k, v
 //   (and dq, dk, dv) as heads of one (B, T, Hq + 2 Hkv, D) tensor (qkv_row);
 //   lse (B, Hq, T) f32: the natural-log sum of exp of the scaled, masked
 //   scores, which is exactly cuDNN's softmax "stats".
@@ -30,6 +30,11 @@ struct SdpaShape {
   // when they are the heads of one fused qkv product's output, read and
   // written in place.
   int64_t qkv_row = 0;
+  // Causal (query t sees keys s <= t, Tk = T), or every query sees all Tk
+  // keys (a block of context parallelism's ring: no mask nodes).
+  bool causal = true;
+  int64_t Tk = 0;  // keys when not causal (0: T)
+  int64_t keys() const { return Tk > 0 ? Tk : T; }
 };
 
 struct SdpaForwardGraph {

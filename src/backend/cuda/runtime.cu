@@ -262,6 +262,13 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (dst_device.is_cpu() || src_device.is_cpu()) ZT_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void copy_bytes_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                   Device device) {
+  if (width == 0 || rows == 0) return;
+  ZT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
+                                  compute_stream(device)));
+}
+
 void memset_bytes(void* ptr, Device device, int value, size_t bytes) {
   if (bytes == 0) return;
   ZT_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, compute_stream(device)));

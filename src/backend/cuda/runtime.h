@@ -40,6 +40,10 @@ void* comm_stream_handle(Device device);
 // on the compute stream without waiting; a GPU-to-GPU copy is ordered on the
 // destination's compute stream.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Copies `rows` runs of `width` bytes within one GPU's memory, each `pitch`
+// bytes after the last on its side, ordered on the compute stream.
+void copy_bytes_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                   Device device);
 // Sets `bytes` bytes at ptr to `value` on the device's compute stream.
 void memset_bytes(void* ptr, Device device, int value, size_t bytes);
 

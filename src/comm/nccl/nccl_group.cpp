@@ -276,6 +276,32 @@ class NcclGroup : public ProcessGroup {
     return host_->recv(t, src, tag);
   }
 
+  // A ring step of GPU tensors: one grouped send and receive on the comm
+  // stream, after the compute stream's work queued so far (sent's producer,
+  // received's last readers), like a collective.
+  WorkHandle send_recv(const Tensor& sent, int dst, const Tensor& received, int src, int tag) override {
+    if (on_host(sent) && on_host(received)) return host_->send_recv(sent, dst, received, src, tag);
+    const char* name = "send_recv";
+    check_device(name, sent);
+    check_device(name, received);
+    check_peer(name, *this, dst, false);
+    check_peer(name, *this, src, false);
+    return launch(name, int64_t(sent.nbytes()), {sent, received}, [&](cudaStream_t s) {
+      const std::string at = where(name, *this);
+      ZT_NCCL(ncclGroupStart(), at);
+      struct EndGroup {  // as in exchange(): a throwing call still ends the group
+        bool ended = false;
+        ~EndGroup() {
+          if (!ended) (void)ncclGroupEnd();
+        }
+      } group;
+      ZT_NCCL(ncclSend(sent.data_ptr(), sent.nbytes(), ncclUint8, dst, nccl(), s), at);
+      ZT_NCCL(ncclRecv(received.data_ptr(), received.nbytes(), ncclUint8, src, nccl(), s), at);
+      group.ended = true;
+      ZT_NCCL(ncclGroupEnd(), at);
+    });
+  }
+
   WorkHandle all_to_all(const Tensor& out, const Tensor& in) override {
     if (on_host(out) && on_host(in)) return host_->all_to_all(out, in);
     const char* name = "all_to_all";

@@ -25,7 +25,9 @@
 // Point-to-point transfers of GPU tensors (pipelines) go through host memory
 // and the host group (comm/staged_group.h), which matches them by tag: slow
 // (the host waits for the tensor's producers; two copies over the host bus),
-// counted in ops and bytes_sent but not in busy_seconds.
+// counted in ops and bytes_sent but not in busy_seconds. A ring step
+// (send_recv, context parallelism's) is a collective and runs on NCCL: one
+// grouped ncclSend / ncclRecv on the communication stream, device to device.
 #pragma once
 
 #include <memory>
