@@ -112,13 +112,16 @@ std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& c
   }
   // Fastest first, where "as fast" is within 1% (finer than the model
   // predicts): then the lower ZeRO stage and the less recomputation (the
-  // less communication and work left to overlap), the larger micro-batch
-  // (its GEMMs run nearer the rate on GPUs, which the model does not count),
-  // the less memory.
+  // less communication and work left to overlap), the more rows a
+  // micro-batch gives each product (micro_batch x seq_len / cp: its GEMMs
+  // run nearer the rate on GPUs, which the model does not count), the
+  // smaller context-parallel group (a ring the model counts as hidden), the
+  // less memory.
   const auto key = [](const Candidate& c) {
+    const int64_t rows = c.cfg.train.micro_batch * c.cfg.train.seq_len / c.cfg.parallel.cp;
     return std::make_tuple(-int64_t(std::floor(std::log(c.step.tokens_per_second) / std::log(1.01))),
                            c.cfg.parallel.zero_stage, int(c.cfg.recompute()),
-                           int(c.cfg.optim.offload) + int(c.cfg.train.offload_activations), -c.cfg.train.micro_batch,
+                           int(c.cfg.optim.offload) + int(c.cfg.train.offload_activations), -rows, c.cfg.parallel.cp,
                            c.memory.total());
   };
   std::stable_sort(out.begin(), out.end(), [&](const Candidate& a, const Candidate& b) { return key(a) < key(b); });

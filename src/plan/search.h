@@ -41,7 +41,8 @@ struct SearchOptions {
   bool vary_offload = true;
 };
 // Every layout that runs and fits, fastest first (within 1%: the lower ZeRO
-// stage, less recomputation, the larger micro-batch, less memory).
+// stage, less recomputation and offloading, the more rows a micro-batch
+// gives each product, the smaller cp group, less memory).
 std::vector<Candidate> search_layouts(const train::Config& cfg, const Cluster& cluster, const SearchOptions& options);
 
 // The first candidate of each mesh (dp, tp, pp, cp, ep), in order.
