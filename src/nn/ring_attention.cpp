@@ -4,7 +4,6 @@
 #include "nn/ring_attention.h"
 
 #include <initializer_list>
-#include <limits>
 #include <string>
 #include <utility>
 
@@ -36,9 +35,10 @@ Tensor lse_rows_of(const Tensor& lse, int64_t t0, int64_t n) {
   return r;
 }
 
-Tensor f32_zeros(const Shape& shape, Device device, MemCategory category) {
-  Tensor t = Tensor::empty(shape, DType::f32, device, category);
-  ops::fill(t, 0.0);
+// An f32 copy of x on its device: a running sum started from its first term.
+Tensor f32_copy(const Tensor& x, MemCategory category) {
+  Tensor t = Tensor::empty(x.shape(), DType::f32, x.device(), category);
+  ops::cast(t, x);
   return t;
 }
 
@@ -177,14 +177,12 @@ void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Ten
   // The previous rank's k and v arrive while the own block computes.
   std::vector<comm::WorkHandle> pending = {pass_on(cp, k, slot.k[0], kTagK), pass_on(cp, v, slot.v[0], kTagV)};
 
-  // The running result: f32 out, lse from -inf.
-  const Tensor acc = f32_zeros(q.shape(), dev, MemCategory::workspace);
-  const Tensor acc_lse = Tensor::empty(lse.shape(), DType::f32, dev, MemCategory::workspace);
-  ops::fill(acc_lse, -std::numeric_limits<double>::infinity());
-  Tensor part = Tensor::empty(q.shape(), q.dtype(), dev, MemCategory::workspace);
-  Tensor part_lse = Tensor::empty(lse.shape(), DType::f32, dev, MemCategory::workspace);
-  ops::attention_forward(part, part_lse, q, k, v, scale);  // the own block: causal
-  ops::attention_merge(acc, acc_lse, part, part_lse, 0);
+  // The running result starts as the own block's (causal): out in f32, its
+  // lse in the caller's lse, which the merges then update in place.
+  const Tensor part = Tensor::empty(q.shape(), q.dtype(), dev, MemCategory::workspace);
+  const Tensor part_lse = Tensor::empty(lse.shape(), DType::f32, dev, MemCategory::workspace);
+  ops::attention_forward(part, lse, q, k, v, scale);
+  const Tensor acc = f32_copy(part, MemCategory::workspace);
 
   const Tensor q_second = rows_of(q, c, c);
   const Tensor part2 = Tensor::empty(Shape{B, c, Hq, D}, q.dtype(), dev, MemCategory::workspace);
@@ -199,15 +197,13 @@ void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Ten
     if (src < r) {  // every local query sees src's first chunk
       const Tensor kc = rows_of(slot.k[cur], 0, c), vc = rows_of(slot.v[cur], 0, c);
       ops::attention_forward(part, part_lse, q, kc, vc, scale, none);
-      ops::attention_merge(acc, acc_lse, part, part_lse, 0);
+      ops::attention_merge(acc, lse, part, part_lse, 0);
     } else {  // the local second chunk sees both of src's chunks
       ops::attention_forward(part2, part2_lse, q_second, slot.k[cur], slot.v[cur], scale, none);
-      ops::attention_merge(acc, acc_lse, part2, part2_lse, c);
+      ops::attention_merge(acc, lse, part2, part2_lse, c);
     }
-  }
-  wait_all(pending);
+  }  // the last step passes nothing on: pending is empty
   ops::cast(out, acc);
-  ops::copy(lse, acc_lse);
 }
 
 void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -238,32 +234,25 @@ void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Ten
   }
   std::vector<comm::WorkHandle> kv = {pass_on(cp, k, slot.k[0], kTagK), pass_on(cp, v, slot.v[0], kTagV)};
 
-  // The own block (causal) starts dq and this rank's dk, dv, which then go
-  // round the ring collecting every later rank's share.
-  const Tensor dq_acc = f32_zeros(q.shape(), dev, MemCategory::workspace);
-  const Tensor own_dk = f32_zeros(k.shape(), dev, MemCategory::comm);
-  const Tensor own_dv = f32_zeros(k.shape(), dev, MemCategory::comm);
-  {
-    Tensor dq_p = Tensor::empty(q.shape(), dt, dev, MemCategory::workspace);
-    Tensor dk_p = Tensor::empty(k.shape(), dt, dev, MemCategory::workspace);
-    Tensor dv_p = Tensor::empty(k.shape(), dt, dev, MemCategory::workspace);
-    ops::attention_backward(dq_p, dk_p, dv_p, dout, q, k, v, out, lse, scale);
-    add_rows(dq_acc, dq_p, 0);
-    add_rows(own_dk, dk_p, 0);
-    add_rows(own_dv, dv_p, 0);
-  }
+  // A block's gradients in the compute dtype: all rows of q, k, v, or half of them.
+  const Tensor dq_all = Tensor::empty(q.shape(), dt, dev, MemCategory::workspace);
+  const Tensor dk_all = Tensor::empty(k.shape(), dt, dev, MemCategory::workspace);
+  const Tensor dv_all = Tensor::empty(k.shape(), dt, dev, MemCategory::workspace);
+  const Tensor dq_half = Tensor::empty(Shape{B, c, Hq, D}, dt, dev, MemCategory::workspace);
+  const Tensor dk_half = Tensor::empty(Shape{B, c, Hkv, D}, dt, dev, MemCategory::workspace);
+  const Tensor dv_half = Tensor::empty(Shape{B, c, Hkv, D}, dt, dev, MemCategory::workspace);
+
+  // The own block (causal) starts dq and this rank's dk, dv (f32 sums), which
+  // then go round the ring collecting every later rank's share.
+  ops::attention_backward(dq_all, dk_all, dv_all, dout, q, k, v, out, lse, scale);
+  const Tensor dq_acc = f32_copy(dq_all, MemCategory::workspace);
+  const Tensor own_dk = f32_copy(dk_all, MemCategory::comm), own_dv = f32_copy(dv_all, MemCategory::comm);
   std::vector<comm::WorkHandle> grads = {pass_on(cp, own_dk, slot.dk[0], kTagDk),
                                          pass_on(cp, own_dv, slot.dv[0], kTagDv)};
 
   // The local second chunk's rows of q, dout, out, lse (for src > r).
   const Tensor q2 = rows_of(q, c, c), dout2 = rows_of(dout, c, c), out2 = rows_of(out, c, c);
   const Tensor lse2 = lse_rows_of(lse, c, c);
-  const Tensor dq_all = Tensor::empty(q.shape(), dt, dev, MemCategory::workspace);
-  const Tensor dq_half = Tensor::empty(Shape{B, c, Hq, D}, dt, dev, MemCategory::workspace);
-  const Tensor dk_half = Tensor::empty(Shape{B, c, Hkv, D}, dt, dev, MemCategory::workspace);
-  const Tensor dv_half = Tensor::empty(Shape{B, c, Hkv, D}, dt, dev, MemCategory::workspace);
-  const Tensor dk_all = Tensor::empty(k.shape(), dt, dev, MemCategory::workspace);
-  const Tensor dv_all = Tensor::empty(k.shape(), dt, dev, MemCategory::workspace);
   for (int s = 1; s < P; ++s) {
     const int cur = (s - 1) % 2, nxt = s % 2;
     // Slot cur holds rank r - s's k, v and the gradient sums travelling with them.
@@ -287,8 +276,7 @@ void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Ten
     // The sums on to the next rank; at s = P - 1 that is their own rank, and
     // this rank's own dk, dv arrive in slot nxt.
     grads = {pass_on(cp, slot.dk[cur], slot.dk[nxt], kTagDk), pass_on(cp, slot.dv[cur], slot.dv[nxt], kTagDv)};
-  }
-  wait_all(kv);
+  }  // the last step passed no k, v on: kv is empty
   wait_all(grads);
   const int home = (P - 1) % 2;
   ops::cast(dq, dq_acc);

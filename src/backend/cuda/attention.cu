@@ -13,6 +13,7 @@
 
 #include "backend/cuda/attention_simple_kernels.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/runtime.h"
 
 namespace zt::cuda {
 
@@ -149,12 +150,10 @@ int64_t split_bytes(const AttentionShape& s) {
 void copy_head_run(const Tensor& packed, int64_t h0, const Tensor& part, bool into_packed) {
   const size_t es = dtype_size(packed.dtype()), tokens = size_t(packed.size(0) * packed.size(1));
   const size_t width = size_t(part.size(2) * part.size(3)) * es, pitch = size_t(packed.size(2) * packed.size(3)) * es;
-  if (width == 0 || tokens == 0) return;
   char* run = static_cast<char*>(packed.data_ptr()) + size_t(h0 * packed.size(3)) * es;
   void* dst = into_packed ? static_cast<void*>(run) : part.data_ptr();
   const void* src = into_packed ? part.data_ptr() : static_cast<const void*>(run);
-  ZT_CUDA_CHECK(cudaMemcpy2DAsync(dst, into_packed ? pitch : width, src, into_packed ? width : pitch, width, tokens,
-                                  cudaMemcpyDeviceToDevice, stream_of(part)));
+  copy_bytes_2d(dst, into_packed ? pitch : width, src, into_packed ? width : pitch, width, tokens, part.device());
 }
 
 // q, k, v copied out of qkv's heads (workspace: attention_workspace_bytes counts them).

@@ -55,6 +55,28 @@ void cuda_check(cudaError_t e, const char* call, const std::string& where) {
 #define ZT_NCCL(call, where) nccl_check((call), #call, (where))
 #define ZT_CUDART(call, where) cuda_check((call), #call, (where))
 
+// The sends and receives issued while it lives form one NCCL group
+// (ncclGroupStart now, ncclGroupEnd at end()). A call that throws in between
+// still ends the group, in the destructor: else this thread's later NCCL
+// calls would join it and never launch.
+class NcclGroupScope {
+ public:
+  explicit NcclGroupScope(const std::string& where) : where_(where) { ZT_NCCL(ncclGroupStart(), where_); }
+  ~NcclGroupScope() {
+    if (!ended_) (void)ncclGroupEnd();
+  }
+  NcclGroupScope(const NcclGroupScope&) = delete;
+  NcclGroupScope& operator=(const NcclGroupScope&) = delete;
+  void end() {
+    ended_ = true;
+    ZT_NCCL(ncclGroupEnd(), where_);
+  }
+
+ private:
+  std::string where_;
+  bool ended_ = false;
+};
+
 // Reductions: NCCL's types for the dtypes comm reduces (bf16 and f16 rounded
 // to their type at each step, as the MPI backend's user ops do).
 ncclDataType_t reduce_type(DType d) {
@@ -288,17 +310,10 @@ class NcclGroup : public ProcessGroup {
     check_peer(name, *this, src, false);
     return launch(name, int64_t(sent.nbytes()), {sent, received}, [&](cudaStream_t s) {
       const std::string at = where(name, *this);
-      ZT_NCCL(ncclGroupStart(), at);
-      struct EndGroup {  // as in exchange(): a throwing call still ends the group
-        bool ended = false;
-        ~EndGroup() {
-          if (!ended) (void)ncclGroupEnd();
-        }
-      } group;
+      NcclGroupScope group(at);
       ZT_NCCL(ncclSend(sent.data_ptr(), sent.nbytes(), ncclUint8, dst, nccl(), s), at);
       ZT_NCCL(ncclRecv(received.data_ptr(), received.nbytes(), ncclUint8, src, nccl(), s), at);
-      group.ended = true;
-      ZT_NCCL(ncclGroupEnd(), at);
+      group.end();
     });
   }
 
@@ -428,23 +443,14 @@ class NcclGroup : public ProcessGroup {
       const std::string at = where(op, *this);
       char* o = static_cast<char*>(out.data_ptr());
       const char* i = static_cast<const char*>(in.data_ptr());
-      ZT_NCCL(ncclGroupStart(), at);
-      // A send or receive that throws still ends the group: else this
-      // thread's later NCCL calls would join it and never launch.
-      struct EndGroup {
-        bool ended = false;
-        ~EndGroup() {
-          if (!ended) (void)ncclGroupEnd();
-        }
-      } group;
+      NcclGroupScope group(at);
       for (int r = 0; r < size_; ++r) {
         ZT_NCCL(ncclSend(i, size_t(ic[size_t(r)] * es), ncclUint8, r, nccl(), s), at);
         ZT_NCCL(ncclRecv(o, size_t(oc[size_t(r)] * es), ncclUint8, r, nccl(), s), at);
         i += ic[size_t(r)] * es;
         o += oc[size_t(r)] * es;
       }
-      group.ended = true;
-      ZT_NCCL(ncclGroupEnd(), at);
+      group.end();
     });
   }
 
