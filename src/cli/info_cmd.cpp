@@ -52,8 +52,8 @@ Command add_info_command(CLI::App& app) {
       const train::PlanView view = train::context_parallel_view(cfg, train::plan_layout(cfg, ranks));
       if (cfg.parallel.cp > 1)
         std::cout << "\ncontext parallel: cp = " << cfg.parallel.cp << " planned as dp x cp = " << view.layout.dp
-                  << " replicas of seq_len / cp = " << view.cfg.train.seq_len << " tokens (the ring's transient "
-                  << "buffers not counted)";
+                  << " replicas of seq_len / cp = " << view.cfg.train.seq_len << " tokens, with the ring "
+                  << "attention's buffers";
       // The other splits of the processes are splits without cp: listed for a config without it.
       std::cout << train::format_layout_plan(view.cfg, view.layout, device, capacity, cfg.parallel.cp == 1);
     }

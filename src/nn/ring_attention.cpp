@@ -3,6 +3,7 @@
 // moves k, v (and their gradients) round the ring and merges the blocks.
 #include "nn/ring_attention.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -154,6 +155,24 @@ void add_shard_table_rows(const Tensor& table, const Tensor& rows, const Context
   const int64_t c = shard.chunk();
   ops::axpy(table.slice(shard.first_start(), shard.first_start() + c), 1.0f, rows.slice(0, c));
   ops::axpy(table.slice(shard.second_start(), shard.second_start() + c), 1.0f, rows.slice(c, 2 * c));
+}
+
+RingBuffers ring_attention_buffers(int64_t B, int64_t local_len, int64_t Hq, int64_t Hkv, int64_t D, DType dtype,
+                                   int64_t cp) {
+  if (cp <= 1) return {};
+  // Elements of q, of k, of lse (f32); s bytes each in the compute dtype.
+  const int64_t Q = B * local_len * Hq * D, K = B * local_len * Hkv * D, L = B * Hq * local_len;
+  const int64_t s = dtype_size(dtype);
+  // As ring_attention_forward allocates: part, part_lse, acc (f32), q's
+  // second chunk and part2, part2_lse; kc, vc (half of k, v each).
+  const int64_t forward_workspace = Q * s + 4 * L + 4 * Q + Q * s + 2 * L + K * s;
+  // ring_attention_backward: dq/dk/dv_all, the halves, dq_acc (f32), q2,
+  // dout2, out2, lse2; kc, vc.
+  const int64_t backward_workspace = (Q + 2 * K) * s + (Q + 2 * K) * s / 2 + 4 * Q + 3 * Q * s / 2 + 2 * L + K * s;
+  RingBuffers r;
+  r.comm = std::max(4 * K * s, 4 * K * s + 16 * K + 8 * K);
+  r.workspace = std::max(forward_workspace, backward_workspace);
+  return r;
 }
 
 void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Tensor& lse, const Tensor& q,

@@ -77,4 +77,23 @@ void ring_attention_backward(comm::ProcessGroup& cp, const Tensor& dq, const Ten
                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse, float scale = 0.0f);
 
+// The transient buffers one call holds at its largest (bytes; the memory
+// plan's ring terms), for local shapes q (B, 2c, Hq, D), k (B, 2c, Hkv, D)
+// in `dtype` on a cp group of `cp` ranks (0 at cp = 1: plain attention):
+//   comm       the receive slots - forward two of k and of v; backward also
+//              two of the f32 dk, dv sums and this rank's own (4 s + 24
+//              bytes per k element, s = dtype's size);
+//   workspace  the blocks' outputs (all rows and half), the row copies
+//              (q, dout, out, lse's second chunk; the first chunk of a lower
+//              rank's k, v, which every rank but 0 takes), the f32 running
+//              out or dq sum.
+// Each the larger of the two directions (the backward's at every shape the
+// model runs); what the block calls take for themselves (cuDNN's) is the
+// backend's workspace (ops/workspace.h), not counted here.
+struct RingBuffers {
+  int64_t comm = 0, workspace = 0;
+};
+RingBuffers ring_attention_buffers(int64_t B, int64_t local_len, int64_t Hq, int64_t Hkv, int64_t D, DType dtype,
+                                   int64_t cp);
+
 }  // namespace zt::nn

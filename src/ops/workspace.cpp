@@ -13,18 +13,20 @@
 
 namespace zt::ops {
 
-int64_t step_workspace_bytes(Device device, const AttentionDims& a, int64_t rows,
+int64_t step_workspace_bytes(Device device, const std::vector<AttentionDims>& attention, int64_t rows,
                              const std::vector<LinearDims>& linears) {
   if (!device.is_cuda() || device.index >= gpu_count()) return -1;
 #if ZT_WITH_CUDA
   init_device(device);
   int64_t largest = 0;  // of one call
-  if (a.B * a.T * a.Hq * a.D > 0) {
-    const cuda::AttentionShape shape{a.B, a.T, a.Hq, a.Hkv, a.D, a.dtype, device,
-                                     a.packed ? (a.Hq + 2 * a.Hkv) * a.D : 0};
+  for (const AttentionDims& a : attention) {
+    if (a.B * a.T * a.Hq * a.D == 0) continue;
+    const cuda::AttentionShape shape{a.B,    a.T,    a.Hq, a.Hkv, a.D, a.dtype, device,
+                                     a.packed ? (a.Hq + 2 * a.Hkv) * a.D : 0,
+                                     a.causal, a.causal ? 0 : a.keys()};
     const float scale = default_attention_scale(a.D);  // as the model calls attention
-    largest = std::max(cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{}),
-                       cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{true, a.deterministic}));
+    largest = std::max({largest, cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{}),
+                        cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{true, a.deterministic})});
   }
   for (const LinearDims& l : linears)
     largest = std::max(largest, cuda::linear_backward_workspace_bytes(l.out, l.in, rows, l.bias, device));

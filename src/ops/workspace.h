@@ -21,12 +21,15 @@
 
 namespace zt::ops {
 
-// One attention call: q (B, T, Hq, D), k and v (B, T, Hkv, D) in `dtype`.
+// One attention call: q (B, T, Hq, D), k and v (B, keys(), Hkv, D) in `dtype`.
 struct AttentionDims {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
   DType dtype = DType::f32;
   bool deterministic = true;  // the backward's algorithm (core/determinism.h)
   bool packed = false;        // q, k, v the heads of one tensor (attention_forward_packed)
+  bool causal = true;         // else every query sees all keys (the ring's remote blocks)
+  int64_t Tk = 0;             // keys when not causal (0: T)
+  int64_t keys() const { return Tk > 0 ? Tk : T; }
 };
 
 // One linear layer: its weight (out, in), whether it has a bias.
@@ -35,14 +38,15 @@ struct LinearDims {
   bool bias = false;
 };
 
-// The workspace peak of a step whose attention calls have these dims and
+// The workspace peak of a step whose attention calls have these dims (one
+// entry a kind of call; none without blocks) and
 // whose linear layers these, over `rows` rows each, on `device` (bytes), with
 // the kernels the backend picks for them (on a GPU this builds and caches
 // cuDNN's plans for the shape). -1 where it is not planned: on the CPU (each
 // thread's grow-only scratch, sized by the kernels' tiling: 0.8 MiB for the
 // demo, 133 MiB for GPT-2 124M at micro-batch 1 x 256 on 2 threads, 5.6% of
 // its peak), and for a GPU this machine lacks.
-int64_t step_workspace_bytes(Device device, const AttentionDims& attention, int64_t rows,
+int64_t step_workspace_bytes(Device device, const std::vector<AttentionDims>& attention, int64_t rows,
                              const std::vector<LinearDims>& linears);
 
 }  // namespace zt::ops

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "comm/process_group.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "nn/ring_attention.h"
 #include "nn/tensor_parallel.h"
 #include "nn/transformer.h"
 #include "ops/workspace.h"
@@ -247,6 +249,7 @@ PlanView context_parallel_view(const Config& cfg, PlanPlace layout) {
     v.cfg.parallel.cp = 1;
     v.cfg.parallel.dp = layout.dp * cp;
     v.layout.dp *= cp;
+    v.layout.cp = cp;
   }
   return v;
 }
@@ -362,14 +365,31 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const int64_t D = m.head_dim(), q = sh.q_heads * D, kv = sh.kv_heads * D;
   const bool bias = m.has_bias();
   const int64_t mlp_in = m.mlp_in_width() / at.tp;
-  ops::AttentionDims attention;
+  std::vector<ops::AttentionDims> attention;
   std::vector<ops::LinearDims> linears;
   const Device configured = parse_device(cfg.train.device);
   const Device device = configured.is_cuda() ? cfg.device(comm::world_info().size > 1) : configured;
   if (has_blocks) {
-    const nn::QkvForm qkv = nn::qkv_form(m, sh, device);
-    attention = {cfg.train.micro_batch, cfg.train.seq_len, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(),
-                 cfg.train.deterministic, qkv == nn::QkvForm::packed};
+    const nn::QkvForm qkv = nn::qkv_form(m, sh, device, at.cp > 1);
+    const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;  // T: a cp rank's 2c rows
+    const ops::AttentionDims own{B, T, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(), cfg.train.deterministic,
+                                 qkv == nn::QkvForm::packed};
+    attention = {own};
+    if (at.cp > 1) {
+      // The ring's remote blocks (nn/ring_attention.h): all 2c rows against
+      // c keys, and the second chunk's c rows against 2c.
+      ops::AttentionDims all_rows = own, second_chunk = own;
+      all_rows.causal = second_chunk.causal = false;
+      all_rows.Tk = T / 2;
+      second_chunk.T = T / 2;
+      second_chunk.Tk = T;
+      attention.push_back(all_rows);
+      attention.push_back(second_chunk);
+      const nn::RingBuffers ring =
+          nn::ring_attention_buffers(B, T, sh.q_heads, sh.kv_heads, D, cfg.compute_dtype(), at.cp);
+      p.ring_comm = ring.comm;
+      p.ring_workspace = ring.workspace;
+    }
     linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias}};
     if (qkv == nn::QkvForm::three) {
       linears.push_back({q, m.d_model, bias});
@@ -513,13 +533,18 @@ std::string format_memory_against_plan(const MemStats& stats, const MemoryPlan& 
   planned[size_t(MemCategory::grads)] = plan.gradients;
   planned[size_t(MemCategory::optimizer)] = plan.optimizer;
   planned[size_t(MemCategory::activations)] = plan.activations;
-  planned[size_t(MemCategory::workspace)] = plan.workspace;
+  // The ring's: its slots are all a cp run's comm bytes but the scalars';
+  // its workspace sits beside the backend's (not planned on the CPU).
+  if (plan.ring_comm > 0) planned[size_t(MemCategory::comm)] = plan.ring_comm;
+  planned[size_t(MemCategory::workspace)] = plan.workspace >= 0 ? plan.workspace + plan.ring_workspace : -1;
   if (plan.offload_on_device) planned[size_t(MemCategory::offload)] = plan.offload;  // else the host's allocator
   return format_mem_stats(stats, &planned);
 }
 
 std::string describe_layout(const PlanPlace& at) {
-  return "dp " + std::to_string(at.dp) + " x tp " + std::to_string(at.tp) + " x pp " + std::to_string(at.pp);
+  // A context-parallel view's dp counts the cp ranks (context_parallel_view).
+  return "dp " + std::to_string(at.dp / at.cp) + (at.cp > 1 ? " x cp " + std::to_string(at.cp) : "") + " x tp " +
+         std::to_string(at.tp) + " x pp " + std::to_string(at.pp);
 }
 
 std::string describe_place(const PlanPlace& at) {
@@ -535,8 +560,11 @@ std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capac
   const bool in_gib = p.total() >= (int64_t(1) << 30);
   const double unit = double(int64_t(1) << (in_gib ? 30 : 20));
   const int digits = in_gib ? 2 : 1;
-  char b[256], ws[64] = "";
+  char b[256], ws[96] = "";
   if (p.workspace >= 0) std::snprintf(ws, sizeof ws, " + workspace %.*f", digits, double(p.workspace) / unit);
+  if (p.ring_comm + p.ring_workspace > 0)
+    std::snprintf(ws + std::strlen(ws), sizeof ws - std::strlen(ws), " + ring attention %.*f", digits,
+                  double(p.ring_comm + p.ring_workspace) / unit);
   std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f%s = %.*f %s", digits,
                 double(p.weights) / unit, digits, double(p.gradients) / unit, digits, double(p.optimizer) / unit,
                 digits, double(p.activations) / unit, ws, digits, double(p.total()) / unit, in_gib ? "GiB" : "MiB");
@@ -652,13 +680,18 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
       offload.emplace_back("optim.offload = true with train.offload_activations = true", both, layout);
     first_fit(offload);
   }
+  // Under context parallelism (a view: dp counts the cp ranks, seq_len is
+  // a cp rank's) the splits that keep the cp group.
   std::vector<Candidate> splits;
   for (const LayoutPlan& lp : plan_layouts(cfg, layout.dp * layout.tp * layout.pp)) {
-    const PlanPlace& l = lp.layout;
-    if (l.dp == layout.dp && l.tp == layout.tp && l.pp == layout.pp) continue;
+    PlanPlace l = lp.layout;
+    if ((l.dp == layout.dp && l.tp == layout.tp && l.pp == layout.pp) || l.dp % layout.cp != 0) continue;
+    l.cp = layout.cp;
     Config c = cfg;
     c.parallel.dp = l.dp, c.parallel.tp = l.tp, c.parallel.pp = l.pp;
-    splits.emplace_back(zt::detail::concat("parallel.dp = ", l.dp, ", tp = ", l.tp, ", pp = ", l.pp), c, l);
+    splits.emplace_back(zt::detail::concat("parallel.dp = ", l.dp / l.cp, ", tp = ", l.tp, ", pp = ", l.pp,
+                                           l.cp > 1 ? zt::detail::concat(" (cp = ", l.cp, ")") : std::string()),
+                        c, l);
   }
   first_fit(splits);
   if (options.empty())

@@ -30,6 +30,9 @@ namespace zt::train {
 struct PlanPlace {
   int64_t dp = 1, tp = 1, pp = 1;
   int64_t tp_rank = 0, pp_rank = 0;
+  // Context parallelism's group, as context_parallel_view counts it: dp
+  // holds its ranks already; cp > 1 adds the ring attention's buffers.
+  int64_t cp = 1;
 };
 // The sizes of cfg's layout on `world` processes (parallel.dp = 0 takes the
 // rest); throws zt::Error as the mesh would when they do not multiply to it.
@@ -38,9 +41,9 @@ PlanPlace plan_layout(const Config& cfg, int64_t world);
 // A layout with context parallelism as the plan counts it (the identity at
 // parallel.cp = 1): a cp rank holds what a rank of dp x cp data-parallel
 // replicas of seq_len / cp tokens would - weights whole, ZeRO shards over
-// dp x cp, activations of its seq_len / cp rows. Not counted: the ring
-// attention's transient buffers (two k/v-sized receive buffers, f32
-// accumulators of a layer's q, workspace while attention runs).
+// dp x cp, activations of its seq_len / cp rows - plus, while a layer's
+// attention runs, the ring's buffers (layout.cp: MemoryPlan::ring_comm and
+// ring_workspace) and its blocks' backend workspace (causal and unmasked).
 struct PlanView {
   Config cfg;
   PlanPlace layout;
@@ -50,9 +53,9 @@ PlanView context_parallel_view(const Config& cfg, PlanPlace layout);
 // Bytes by category, as the allocator counts them (MemCategory params,
 // grads, optimizer, activations, workspace): each item is that category's
 // peak over a step, so the total bounds the step's peak from above (the
-// categories peak at nearly the same time). The comm category holds only the
-// few bytes of scalar exchanges (loss and norm sums) on the device: not
-// planned. The workspace is the backend's own (ops/workspace.h): asked of
+// categories peak at nearly the same time). The comm category holds the
+// ring's receive slots under context parallelism (ring_comm) and otherwise
+// only the few bytes of scalar exchanges (loss and norm sums): not planned. The workspace is the backend's own (ops/workspace.h): asked of
 // the GPU's backend (cuDNN's plan for the rank's attention shape), -1 (not
 // planned) on the CPU, whose per-thread scratch it leaves out (133 MiB for
 // GPT-2 124M on 2 threads), and off the GPU's machine.
@@ -72,9 +75,14 @@ struct MemoryPlan {
   // host (offload_on_device); a GPU's plan leaves it to the host.
   int64_t offload = 0;
   bool offload_on_device = false;
+  // Context parallelism (PlanPlace::cp > 1): the ring attention's transient
+  // buffers while a layer's attention runs (nn::ring_attention_buffers) -
+  // receive slots in MemCategory::comm, the blocks' outputs, row copies and
+  // f32 sums in workspace, beside the backend's own (`workspace`).
+  int64_t ring_comm = 0, ring_workspace = 0;
   int64_t total() const {
-    return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0) +
-           (offload_on_device ? offload : 0);
+    return weights + gradients + optimizer + activations + std::max<int64_t>(workspace, 0) + ring_comm +
+           ring_workspace + (offload_on_device ? offload : 0);
   }
 };
 // One process running the whole model (no parallelism).

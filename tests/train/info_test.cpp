@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "nn/ring_attention.h"
 #include "ops/device.h"
 #include "train/config.h"
 #include "train/info.h"
@@ -170,6 +171,48 @@ TEST(MemoryPlan, VerdictOnAGpuNamesOffloading) {
   host.train.device = "cpu";
   const int64_t cpu_between = (plan_memory(host).total() * 99) / 100;
   EXPECT_FALSE(has(memory_plan_verdict(host, PlanPlace{}, Device::cpu(), cpu_between), "offload"));
+}
+
+// Context parallelism in the plan: a cp rank is a dp x cp replica of
+// seq_len / cp tokens plus the ring's buffers while a layer's attention runs
+// (their bytes against the allocator: memory_plan_test under mpirun); the
+// layout says its cp group and the verdict's other splits keep it.
+TEST(MemoryPlan, ContextParallelRanksHoldTheRingAndKeepTheirGroup) {
+  const Config cfg = config_of("gpt2-tiny", {"train.global_batch=8", "train.micro_batch=8", "parallel.dp=2",
+                                             "parallel.cp=2"});
+  const PlanView view = context_parallel_view(cfg, PlanPlace{2, 1, 1});
+  EXPECT_EQ(view.layout.dp, 4);
+  EXPECT_EQ(view.layout.cp, 2);
+  EXPECT_EQ(view.cfg.train.seq_len, cfg.train.seq_len / 2);
+  EXPECT_EQ(describe_layout(view.layout), "dp 2 x cp 2 x tp 1 x pp 1");
+  const MemoryPlan plan = plan_memory(view.cfg, view.layout);
+  const nn::ModelConfig& m = cfg.model;
+  const nn::RingBuffers ring = nn::ring_attention_buffers(8, cfg.train.seq_len / 2, m.n_head, m.n_kv_head,
+                                                          m.head_dim(), DType::f32, 2);
+  EXPECT_GT(ring.comm, 0);
+  EXPECT_GT(ring.workspace, 0);
+  EXPECT_EQ(plan.ring_comm, ring.comm);
+  EXPECT_EQ(plan.ring_workspace, ring.workspace);
+  // The same replica without the ring (cp 1 at the view's sizes) holds the rest alike.
+  PlanPlace no_ring = view.layout;
+  no_ring.cp = 1;
+  const MemoryPlan replica = plan_memory(view.cfg, no_ring);
+  EXPECT_EQ(replica.ring_comm + replica.ring_workspace, 0);
+  EXPECT_EQ(plan.total(), replica.total() + ring.comm + ring.workspace);
+  const std::string line = format_memory_plan(plan, Device::cpu(), 0);
+  EXPECT_TRUE(has(line, " + ring attention ")) << line;
+  EXPECT_FALSE(has(format_memory_plan(replica, Device::cpu(), 0), "ring")) << line;
+  // Just past the margin: the other splits the verdict names keep cp = 2
+  // (dp 1 x cp 2 with tp or pp 2; none of the 4 view processes' splits
+  // without it, which would plan seq_len / 2 tokens for a run of seq_len).
+  const std::string v =
+      memory_plan_verdict(view.cfg, view.layout, Device::cpu(), int64_t(double(plan.total()) / 1.03));
+  EXPECT_TRUE(has(v, "every rank of dp 2 x cp 2 x tp 1 x pp 1 needs about weights")) << v;
+  EXPECT_TRUE(has(v, "parallel.dp = 1, tp = 1, pp = 2 (cp = 2) about") ||
+              has(v, "parallel.dp = 1, tp = 2, pp = 1 (cp = 2) about"))
+      << v;
+  EXPECT_FALSE(has(v, "parallel.dp = 4")) << v;
+  EXPECT_FALSE(has(v, "tp = 4")) << v;
 }
 
 // What a training process plans in: a GPU's free memory (the CUDA context,
