@@ -84,15 +84,18 @@ void plan_exchange(MoeActivations& a, comm::ProcessGroup& g, int64_t E) {
 }  // namespace
 
 void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, const Tensor& x,
-                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group,
+                 const Tensor& residual, const MoeWeights& w, const SequenceShards& sequences,
                  const ExpertGroup& experts) {
   const int64_t N = x.size(0), C = x.size(1), E = cfg.n_expert, k = cfg.expert_top_k;
   const DType dt = x.dtype();
   const Device dev = x.device();
-  const bool ep = experts.parallel();
+  const bool ep = experts.parallel(), shared = sequences.parallel();
   const int64_t El = w.experts_in.size(0), Fl = w.experts_out.size(2);
   ZT_CHECK(El * (ep ? experts.group->size() : 1) == E, "moe_forward: ", El, " local experts over ",
            ep ? experts.group->size() : 1, " ranks is not model.n_expert = ", E);
+  const int64_t P = shared ? sequences.group->size() : 1, len = sequences.local_len;
+  ZT_CHECK(!shared || (len > 0 && len % 2 == 0 && N % len == 0), "moe_forward: ", N, " rows are not whole "
+           "sequences of ", len, " zigzag rows (two equal chunks each) on this cp rank");
   const Tensor logits = act_tensor(Shape{N, E}, DType::f32, dev);
   ops::linear_forward(logits, x, w.router, Tensor());
   a.probs = act_tensor(Shape{N, E}, DType::f32, dev);
@@ -100,9 +103,76 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
   a.weight = act_tensor(Shape{N, k}, DType::f32, dev);
   if (cfg.router_z_loss > 0) a.router_lse = act_tensor(Shape{N}, DType::f32, dev);  // z_t, from the softmax
   ops::moe_route(a.probs, a.choice, a.weight, logits, cfg.expert_normalize, a.router_lse, w.router_bias);
+  // The routing on the host (the step waits for it here: the experts' row
+  // counts size their products and exchanges).
+  const Tensor choice = ops::on_device(a.choice, Device::cpu(), MemCategory::workspace);
+  // A capacity under context parallelism counts the micro-batch's slots
+  // (every cp rank's, in token order), so each rank sends how many slots of
+  // each expert its runs - its two chunks of each sequence, in order - hold.
+  const int64_t capacity = expert_capacity(cfg, N * P);
+  const int64_t runs = shared && capacity >= 0 ? 2 * (N / len) : 0, run_slots = runs ? len / 2 * k : 0;
+
+  // The balancing loss's sums in f64, then (context parallelism) summed over
+  // the group in rank order - the same bits on every rank:
+  // [slots (E) | probability sums (E) | tokens | sum of z_t^2 | slots per run and expert (runs E)]
+  std::vector<double> sums(size_t(2 * E + 2 + runs * E), 0.0);
+  const int32_t* ch = choice.data<int32_t>();
+  for (int64_t s = 0; s < N * k; ++s) {
+    ZT_CHECK(ch[s] >= 0 && ch[s] < E, "moe_forward: slot ", s, " (token ", s / k, ") chose expert ", ch[s],
+             ", outside [0, E) with E = ", E);
+    sums[size_t(ch[s])] += 1.0;  // the router's choice, before any drop
+    if (runs) sums[size_t(2 * E + 2 + (s / run_slots) * E + ch[s])] += 1.0;
+  }
+  // A GPU's probabilities and logsumexps come to the host (N (E + 1) floats,
+  // after the routing has already been waited for), only where a loss reads them.
+  if (cfg.router_aux_loss > 0) {
+    const Tensor probs = ops::on_device(a.probs, Device::cpu(), MemCategory::workspace);
+    const float* p = probs.data<float>();
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
+  }
+  sums[size_t(2 * E)] = double(N);
+  if (a.router_lse.defined()) {
+    const Tensor lse = ops::on_device(a.router_lse, Device::cpu(), MemCategory::workspace);
+    const float* z = lse.data<float>();
+    for (int64_t t = 0; t < N; ++t) sums[size_t(2 * E + 1)] += double(z[t]) * double(z[t]);
+  }
+  ops::SlotRuns order_in_batch;
+  if (shared) {
+    const std::vector<double> all = comm::all_gather_doubles(*sequences.group, sums);
+    const size_t width = sums.size();
+    std::fill(sums.begin(), sums.begin() + 2 * E + 2, 0.0);
+    for (size_t r = 0; r < size_t(P); ++r)
+      for (size_t i = 0; i < size_t(2 * E + 2); ++i) sums[i] += all[r * width + i];
+    if (runs) {
+      // Sequence b's chunk q (of 2P) is run 2b of rank q (q < P), else run
+      // 2b + 1 of rank 2P - 1 - q (nn/ring_attention.h); the micro-batch's
+      // slot order is (b, q, token, choice). Each local run's slots ahead
+      // of it: every run before it in that order.
+      const int64_t B = N / len, r = sequences.group->rank();
+      const auto count = [&](int64_t b, int64_t q, int64_t e) {
+        const int64_t rank = q < P ? q : 2 * P - 1 - q, run = 2 * b + (q < P ? 0 : 1);
+        return int64_t(all[size_t(rank) * width + size_t(2 * E + 2 + run * E + e)]);
+      };
+      order_in_batch.start.resize(size_t(runs));
+      order_in_batch.ahead.assign(size_t(runs * E), 0);
+      std::vector<int64_t> ahead(size_t(E), 0);  // of (b, q) in the walk below
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t q = 0; q < 2 * P; ++q) {
+          const int64_t run = q == r ? 2 * b : q == 2 * P - 1 - r ? 2 * b + 1 : -1;
+          if (run >= 0) {
+            order_in_batch.start[size_t(run)] = run * run_slots;
+            std::copy(ahead.begin(), ahead.end(), order_in_batch.ahead.begin() + run * E);
+          }
+          for (int64_t e = 0; e < E; ++e) ahead[size_t(e)] += count(b, q, e);
+        }
+    }
+  }
+
   a.order = act_tensor(Shape{N * k}, DType::i32, Device::cpu());  // the plan, on the host (ops/moe.h)
   a.where = act_tensor(Shape{N * k}, DType::i32, Device::cpu());
-  ops::moe_dispatch_plan(a.order, a.where, a.offsets, a.choice, E, expert_capacity(cfg, N), &a.routed);
+  ops::moe_dispatch_plan(a.order, a.where, a.offsets, choice, E, capacity, &a.routed,
+                         runs ? &order_in_batch : nullptr);
   const int64_t kept = a.offsets[size_t(E)];  // the sorted rows: N k less what the experts dropped
   a.xs = act_tensor(Shape{kept, C}, dt, dev);
   ops::moe_gather(a.xs, x, a.order.slice(0, kept), k);
@@ -133,36 +203,17 @@ void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, c
       ops::linear_forward(rows_of(ye, lo, j), rows_of(a.act, lo, j), w.experts_out.select(j), Tensor());
   if (ep) exchange_rows(*experts.group, a.ys, a.send_rows, permute_rows(ye, a.to_source_major), a.recv_rows);
   ops::moe_combine(out, a.ys, a.weight, a.where, residual);
-  // aux = coef E sum_e f_e P_e in f64: per expert its slots and its
-  // probabilities' sum in token order, then (context parallelism) summed
-  // over the group in rank order - the same bits on every rank.
+  // aux = coef E sum_e f_e P_e.
   a.aux_loss = 0.0;
-  // [slots (E) | probability sums (E) | tokens | sum of z_t^2]
-  std::vector<double> sums(size_t(2 * E + 2), 0.0);
-  for (int64_t e = 0; e < E; ++e) sums[size_t(e)] = double(a.routed[size_t(e)]);  // the router's choice, pre-drop
-  // A GPU's probabilities and logsumexps come to the host (N (E + 1) floats,
-  // after the dispatch plan has already waited for the routing), only where
-  // a loss reads them.
-  if (cfg.router_aux_loss > 0) {
-    const Tensor probs = ops::on_device(a.probs, Device::cpu(), MemCategory::workspace);
-    const float* p = probs.data<float>();
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t t = 0; t < N; ++t) sums[size_t(E + e)] += p[t * E + e];
-  }
-  sums[size_t(2 * E)] = double(N);
-  if (a.router_lse.defined()) {
-    const Tensor lse = ops::on_device(a.router_lse, Device::cpu(), MemCategory::workspace);
-    const float* z = lse.data<float>();
-    for (int64_t t = 0; t < N; ++t) sums[size_t(2 * E + 1)] += double(z[t]) * double(z[t]);
-  }
-  if (balance_group && balance_group->size() > 1) {
-    const std::vector<double> all = comm::all_gather_doubles(*balance_group, sums);
-    std::fill(sums.begin(), sums.end(), 0.0);
-    for (size_t r = 0; r < size_t(balance_group->size()); ++r)
-      for (size_t i = 0; i < sums.size(); ++i) sums[i] += all[r * sums.size() + i];
-  }
   a.load.assign(sums.begin(), sums.begin() + E);
   a.load_tokens = sums[size_t(2 * E)];
+  // Each expert drops what the call asked of it past its capacity (first
+  // come): the call's share, the same on every rank of the group.
+  if (capacity >= 0 && a.load_tokens > 0) {
+    double dropped = 0.0;
+    for (int64_t e = 0; e < E; ++e) dropped += std::max(0.0, sums[size_t(e)] - double(capacity));
+    a.dropped_share = dropped / (a.load_tokens * double(k));
+  }
   if (cfg.router_aux_loss > 0 && a.load_tokens > 0) {
     for (int64_t e = 0; e < E; ++e)
       a.aux_loss += sums[size_t(e)] / (a.load_tokens * double(k)) * sums[size_t(E + e)] / a.load_tokens;
@@ -282,10 +333,6 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
 }
 
 std::vector<int64_t> moe_expert_load(const MoeActivations& a) { return a.routed; }
-
-int64_t moe_dropped_slots(const MoeActivations& a) {
-  return a.order.defined() ? a.order.numel() - a.offsets.back() : 0;
-}
 
 int64_t expert_capacity(const ModelConfig& cfg, int64_t N) {
   if (cfg.expert_capacity_factor <= 0) return -1;

@@ -30,7 +30,11 @@
 // sequence parallelism) takes at most ceil(c N k / E) slots, its first ones
 // in slot order (token-major: Switch / GShard's first come, first served),
 // and drops the rest: a dropped slot adds nothing to its token's output (the
-// residual carries the token on) and its weight gets no gradient. The
+// residual carries the token on) and its weight gets no gradient. Under
+// context parallelism the call is the micro-batch's, N the cp group's
+// tokens and the first come in their order (each rank's counts per chunk
+// and expert travel with the balancing sums: ops::SlotRuns), so a cp rank
+// keeps and drops the slots the single process does. The
 // balancing loss, the balancing biases and the load metrics count what the
 // router chose, before the drop. The same in training, evaluation and
 // generation.
@@ -71,6 +75,16 @@
 #include "ops/grad_write.h"
 
 namespace zt::nn {
+
+// Context parallelism's group (see above): its ranks' zigzag rows of the
+// same sequences (nn/ring_attention.h) make one micro-batch, local_len rows
+// (2c) of each sequence here; a null group or one of size 1: this rank's
+// tokens are the micro-batch's.
+struct SequenceShards {
+  comm::ProcessGroup* group = nullptr;
+  int64_t local_len = 0;
+  bool parallel() const { return group && group->size() > 1; }
+};
 
 // Expert parallelism's group (see above).
 struct ExpertGroup {
@@ -114,6 +128,7 @@ struct MoeActivations {
   Tensor to_source_major;  // (R) i32: the inverse
   std::vector<double> load;      // (E) slots per expert, over the balancing group (f_e = load / (N k) of it)
   double load_tokens = 0.0;      // N over the balancing group
+  double dropped_share = 0.0;    // of the routing call's N k slots (over the group), those over capacity
   float grad_scale = 0.0f;       // the pass's (the aux loss's gradient scale)
   Tensor router_lse;             // (N) f32: z_t = logsumexp of token t's router logits (router_z_loss > 0)
   double aux_loss = 0.0;         // this micro-batch's load-balancing and z-loss, coefficients included
@@ -124,12 +139,14 @@ struct MoeActivations {
 // Under tensor parallelism (experts.tensor) out is this rank's partial sum
 // of the MLP, which the caller reduces over tp, so residual is then another
 // partial sum to add (a shared expert's) or undefined.
-// balance_group: the ranks whose tokens make one micro-batch of the
-// load-balancing loss (the cp group; null: this rank's alone). A collective
-// over it when it has several ranks.
+// sequences: the ranks whose tokens make one micro-batch of the
+// load-balancing loss and of a capacity's first come (the cp group; none:
+// this rank's alone); x's rows then whole local sequences. A collective over
+// it (one all-gather of 2E + 2 doubles, with a capacity 2E more per
+// sequence) when it has several ranks.
 // experts: the expert-parallel group (w holds this rank's E / ep experts).
 void moe_forward(const ModelConfig& cfg, MoeActivations& a, const Tensor& out, const Tensor& x,
-                 const Tensor& residual, const MoeWeights& w, comm::ProcessGroup* balance_group = nullptr,
+                 const Tensor& residual, const MoeWeights& w, const SequenceShards& sequences = {},
                  const ExpertGroup& experts = {});
 // Selective recompute: drop what is cheap to make again (xs, act; under
 // expert parallelism xs only, as xe came over the network), and make it again.
@@ -155,8 +172,7 @@ void moe_backward(const ModelConfig& cfg, MoeActivations& a, const Tensor& dx, c
 // Per-expert slot counts of a forward as the router chose them (before any
 // drop): for metrics and the balancing biases.
 std::vector<int64_t> moe_expert_load(const MoeActivations& a);
-// The slots a forward's experts dropped over their capacity (0: dropless).
-int64_t moe_dropped_slots(const MoeActivations& a);
+
 // The most slots an expert takes in a routing call of N tokens:
 // ceil(expert_capacity_factor N k / E), or -1 (no limit) when the factor is 0.
 int64_t expert_capacity(const ModelConfig& cfg, int64_t N);

@@ -510,13 +510,13 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
       base = shared;
     }
     if (m.size() == 1) {
-      moe_forward(cfg_, a.moe, x_out, ln2, base, p.moe, m.context, experts);
+      moe_forward(cfg_, a.moe, x_out, ln2, base, p.moe, SequenceShards{m.context, T}, experts);
       return x_out;
     }
     // This rank's partial output of all N rows, summed over tp (into this
     // rank's rows under sequence parallelism) as a row-parallel product's, then the residual.
     const Tensor partial = act_tensor(Shape{N, C}, dtype_, device_);
-    moe_forward(cfg_, a.moe, partial, ln2, base, p.moe, m.context, experts);
+    moe_forward(cfg_, a.moe, partial, ln2, base, p.moe, SequenceShards{m.context, T}, experts);
     const Tensor sum = m.sequence_parallel ? x_out : partial;
     wait(start_reduce_rows(m, sum, partial));
     ops::add(x_out, a.res_mid, sum);
@@ -965,11 +965,12 @@ Tensor Transformer::forward_part(ForwardContext& ctx, const Tensor& input, const
         if (expert_load_.empty()) expert_load_.assign(blocks_.size() * load.size(), 0);
         for (size_t e = 0; e < load.size(); ++e) expert_load_[i * load.size() + e] += load[e];
       }
-      const double slots = double(ctx.blocks[i].moe.order.numel());
-      ctx.expert_dropped_max = std::max(ctx.expert_dropped_max, double(moe_dropped_slots(ctx.blocks[i].moe)) / slots);
-      const double mean = slots / double(load.size());
+      // The routing call's (under cp the micro-batch's, as one process counts them).
+      const MoeActivations& moe = ctx.blocks[i].moe;
+      ctx.expert_dropped_max = std::max(ctx.expert_dropped_max, moe.dropped_share);
+      const double mean = moe.load_tokens * double(cfg_.expert_top_k) / double(moe.load.size());
       if (mean > 0)
-        ctx.expert_load_max = std::max(ctx.expert_load_max, double(*std::max_element(load.begin(), load.end())) / mean);
+        ctx.expert_load_max = std::max(ctx.expert_load_max, *std::max_element(moe.load.begin(), moe.load.end()) / mean);
     }
     for (size_t s : block_sets(i)) done(s);
     if (train) {

@@ -105,8 +105,9 @@ struct ForwardContext {
   double loss_sum = 0.0;                  // sum of token losses (f64); unset under defer_loss_sum
   double aux_loss = 0.0;                  // MoE: this part's blocks' load-balancing losses, summed (nn/moe.h);
                                           // the objective counts it B T grad_scale times, as the token losses
-  double expert_load_max = 0.0;           // MoE: the busiest expert's slots over the mean, worst block
-  double expert_dropped_max = 0.0;        // MoE: the share of a block's slots over capacity, worst block
+  // MoE, worst block, of its routing call (under cp the micro-batch's):
+  double expert_load_max = 0.0;           // the busiest expert's slots over the mean
+  double expert_dropped_max = 0.0;        // the share of the slots over capacity
   int64_t loss_tokens = 0;                // tokens with a target >= 0
   std::vector<DeferredWeights> deferred;  // after backward_input: the weight gradients still to compute
   bool weights_pending = false;

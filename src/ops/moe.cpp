@@ -5,6 +5,7 @@
 // reads (no wait: the host copy outlives the upload).
 #include "ops/moe.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -140,7 +141,8 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 }
 
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
-                       const Tensor& choice, int64_t E, int64_t capacity, std::vector<int64_t>* routed) {
+                       const Tensor& choice, int64_t E, int64_t capacity, std::vector<int64_t>* routed,
+                       const SlotRuns* runs) {
   const char* op = "moe_dispatch_plan";
   check_ndim(op, "choice", choice, 2);
   check_dtype(op, "choice", choice, {DType::i32});
@@ -157,7 +159,18 @@ void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int
   for (int64_t s = 0; s < NK; ++s)
     ZT_CHECK(ch[s] >= 0 && ch[s] < E, op, ": slot ", s, " (token ", s / choice.size(1), ") chose expert ", ch[s],
              ", outside [0, E) with E = ", E);
-  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E, capacity, routed);
+  static const std::vector<int64_t> none;
+  if (runs) {
+    const std::vector<int64_t>& st = runs->start;
+    ZT_CHECK(!st.empty() && st.front() == 0 && std::is_sorted(st.begin(), st.end()) && st.back() <= NK &&
+                 runs->ahead.size() == st.size() * size_t(E),
+             op, ": the slot runs (", st.size(), " starting at ", st.empty() ? -1 : st.front(), ", ",
+             runs->ahead.size(), " counts ahead) must start at 0, ascend within the ", NK,
+             " slots and give E = ", E, " counts a run");
+    for (int64_t a : runs->ahead) ZT_CHECK(a >= 0, op, ": a run has ", a, " slots ahead of it; counts are >= 0");
+  }
+  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E, capacity, routed, runs ? runs->start : none,
+                         runs ? runs->ahead : none);
 }
 
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {

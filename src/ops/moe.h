@@ -55,9 +55,22 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 // router asked of it). choice (N, k) i32, every id in [0, E) (checked); a
 // GPU's is copied to the host first (the caller waits for the routing: the
 // runs' lengths size the experts' products).
+// runs: where this rank's slots are pieces of a larger routing call's slot
+// order (context parallelism: a cp rank's zigzag chunks of each sequence),
+// the first come is that call's - see SlotRuns; null: these N k slots are
+// the call.
+struct SlotRuns;
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
                        const Tensor& choice, int64_t E, int64_t capacity = -1,
-                       std::vector<int64_t>* routed = nullptr);
+                       std::vector<int64_t>* routed = nullptr, const SlotRuns* runs = nullptr);
+// The rank's N k slots as runs [start[i], start[i + 1]) (start[0] = 0,
+// ascending, the last run ending at N k), each contiguous in the routing
+// call's slot order, and ahead[i E + e] the slots of expert e before run i's
+// first in that order (every rank's). A slot is kept when fewer than
+// `capacity` of its expert's slots come before it in the call.
+struct SlotRuns {
+  std::vector<int64_t> start, ahead;
+};
 
 // xs (R, C)[p] = x (N, C)[order[p] / k]: each expert's input rows; order
 // (R) the plan's first R entries (R <= N k: the kept slots).

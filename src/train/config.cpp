@@ -443,10 +443,6 @@ void Config::check_layout(const parallel::MeshShape& mesh) const {
   ZT_CHECK(train.global_batch % (train.micro_batch * mesh.dp) == 0, "train.global_batch = ", train.global_batch,
            " is not divisible by micro_batch x dp = ", train.micro_batch, " x ", mesh.dp,
            "; each data-parallel rank runs global_batch / dp sequences in micro-batches");
-  ZT_CHECK(mesh.cp == 1 || model.expert_capacity_factor == 0, "model.expert_capacity_factor = ",
-           model.expert_capacity_factor, " drops slots by their order in a micro-batch, but context parallelism "
-           "(parallel.cp = ", mesh.cp, ") gives each rank part of every sequence, which would drop others than one "
-           "process does; train dropless (expert_capacity_factor = 0) under context parallelism");
   if (mesh.pp > 1)
     parallel::check_pipeline_schedule(parallel::parse_pipeline_schedule(parallel.pp_schedule),
                                       {mesh.pp, grad_accum_steps(mesh.dp), parallel.virtual_stages});

@@ -133,9 +133,8 @@ struct Config {
   // throws zt::Error with the fix.
   void validate() const;
   // What a layout (the mesh's resolved sizes) needs of the config beyond
-  // validate(): the global batch split over dp in whole micro-batches,
-  // context parallelism without an expert capacity, the pipeline
-  // schedule's micro-batches. Pure (the same verdict on every rank, before
+  // validate(): the global batch split over dp in whole micro-batches, the
+  // pipeline schedule's micro-batches. Pure (the same verdict on every rank, before
   // any collective); the trainer and the planner's search both ask it.
   // Throws zt::Error with the fix.
   void check_layout(const parallel::MeshShape& mesh) const;

@@ -92,8 +92,10 @@ struct ChunkActivations {
   int64_t peak() const { return std::max(forward_peak, backward_peak); }
 };
 
+// cp: the context-parallel group whose ranks' tokens make a routing call
+// (an expert capacity counts the micro-batch's: nn/moe.h).
 ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, const nn::ModelPart& part,
-                                   bool sequence_parallel, bool pipelined, nn::Recompute policy) {
+                                   bool sequence_parallel, bool pipelined, nn::Recompute policy, int64_t cp = 1) {
   const nn::ModelConfig& m = cfg.model;
   const int64_t N = cfg.train.micro_batch * cfg.train.seq_len;  // tokens of a micro-batch
   const int64_t R = sequence_parallel ? N / sh.tp : N;          // rows of the residual stream on this rank
@@ -106,7 +108,8 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t rows_c = s * R * C;
   // The MLP's bytes of a micro-batch: kept (mlp_in, act; or the experts'
   // K rows of nn/moe.h - xs, h, act, ys: K = N k dropless, at most E x the
-  // capacity under one - and the router state: f32 probabilities, choice
+  // capacity under one (the micro-batch's under cp: a rank whose slots come
+  // first may keep all of them) - and the router state: f32 probabilities, choice
   // and weights, and the dispatch plan's two i32 per slot, which a GPU keeps
   // on the host),
   // rebuilt by selective recompute (act; or xs and act), held for deferred
@@ -119,7 +122,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t E = m.n_expert, k = m.expert_top_k, Fs = sh.shared_ff;
   const bool moe = m.moe();
   const bool host = parse_device(cfg.train.device).is_cpu();
-  const int64_t cap = moe ? nn::expert_capacity(m, N) : -1;
+  const int64_t cap = moe ? nn::expert_capacity(m, N * cp) : -1;
   const int64_t K = cap < 0 ? N * k : std::min(N * k, E * cap);  // the experts' rows
   const int64_t plan_bytes = host ? 8 * N * k : 0;
   const int64_t mlp_kept =
@@ -406,7 +409,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   // and each backward (zb: its weight pass) releasing it.
   std::vector<ChunkActivations> acts;
   for (const nn::ModelPart& part : parts)
-    acts.push_back(chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute()));
+    acts.push_back(chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute(), at.cp));
   if (at.pp == 1) {
     p.activations = acts.front().peak();
     p.offload += acts.front().host_kept;
@@ -487,7 +490,7 @@ int64_t offloaded_activation_bytes(const Config& cfg, const PlanPlace& at) {
   const bool sp = at.tp > 1 && cfg.parallel.sequence_parallel;
   int64_t bytes = 0;
   for (const nn::ModelPart& part : rank_parts(cfg, at))
-    bytes += chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute()).host_kept;
+    bytes += chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute(), at.cp).host_kept;
   return bytes;
 }
 

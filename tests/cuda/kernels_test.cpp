@@ -901,9 +901,10 @@ TEST_P(CudaKernels, UnmaskedKeyBlocksMergeAndColumnCopies) {
               std::string::npos);
     const std::string cudnn_fwd = cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{});
     const std::string cudnn_bwd = cuda::cudnn_attention_unsupported(shape, scale, cuda::AttentionPass{true});
-    if (dt != DType::f32 && (s.D == 64 || s.D == 128))
+    if (dt != DType::f32 && (s.D == 64 || s.D == 128)) {
       EXPECT_TRUE(cudnn_fwd.empty() && cudnn_bwd.empty()) << "cuDNN refused a ring block: " << cudnn_fwd << "; "
                                                           << cudnn_bwd;
+    }
     for (const cuda::AttentionKernel kernel :
          {cuda::AttentionKernel::automatic, cuda::AttentionKernel::simple, cuda::AttentionKernel::cudnn}) {
       if (kernel == cuda::AttentionKernel::cudnn && !(cudnn_fwd.empty() && cudnn_bwd.empty())) continue;

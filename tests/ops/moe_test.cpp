@@ -292,6 +292,76 @@ TEST(MoeDispatch, ACapacityKeepsEachExpertsFirstSlots) {
               HasSubstr("capacity -2 must be >= 0 slots an expert, or -1 for none"));
 }
 
+// Context parallelism's first come (ops::SlotRuns): a routing call of B
+// sequences of 2P chunks split over P ranks in the zigzag layout (rank r:
+// chunks r and 2P - 1 - r of each sequence, nn/ring_attention.h), each rank
+// planning its own slots with the counts ahead of each of its runs, keeps
+// exactly the slots the whole call keeps. The counts ahead come from a
+// plain prefix count over the whole call's slot order.
+TEST(MoeDispatch, RunsOfACallSplitOverRanksKeepTheCallsSlots) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(17);
+  for (int64_t P : {2, 3, 4})
+    for (int64_t B : {1, 2})
+      for (int64_t k : {1, 2}) {
+        const int64_t E = 4, c = 3, T = 2 * P * c, N = B * T, NK = N * k;
+        SCOPED_TRACE(testing::Message() << "P " << P << " B " << B << " k " << k);
+        Tensor logits = random_tensor(Shape{N, E}, DType::f32, rng, -1.0, 1.0);
+        for (int64_t t = 0; t < N; ++t) logits.data<float>()[t * E + 1] += 1.5f;  // expert 1 over any capacity
+        const RouteOut r = route(logits, k, true);
+        const int64_t cap = (NK + E - 1) / E;  // capacity factor 1
+        Tensor order = Tensor::empty(Shape{NK}, DType::i32), where = Tensor::empty(Shape{NK}, DType::i32);
+        std::vector<int64_t> offsets;
+        ops::moe_dispatch_plan(order, where, offsets, r.choice, E, cap);
+        const int32_t* ch = r.choice.data<int32_t>();
+        const int32_t* call_where = where.data<int32_t>();
+        ASSERT_LT(offsets[size_t(E)], NK) << "the call drops slots";
+        int64_t kept_over_ranks = 0;
+        for (int64_t rank = 0; rank < P; ++rank) {
+          // This rank's tokens: per sequence chunk `rank`, then chunk 2P - 1 - rank.
+          std::vector<int64_t> tokens;
+          ops::SlotRuns runs;
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t q : {rank, 2 * P - 1 - rank}) {
+              const int64_t first = b * T + q * c;
+              runs.start.push_back(int64_t(tokens.size()) * k);
+              for (int64_t e = 0; e < E; ++e)
+                runs.ahead.push_back(std::count(ch, ch + first * k, int32_t(e)));
+              for (int64_t t = first; t < first + c; ++t) tokens.push_back(t);
+            }
+          const int64_t n = int64_t(tokens.size());
+          Tensor local = Tensor::empty(Shape{n, k}, DType::i32);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < k; ++j) local.data<int32_t>()[i * k + j] = ch[tokens[size_t(i)] * k + j];
+          Tensor lorder = Tensor::empty(Shape{n * k}, DType::i32), lwhere = Tensor::empty(Shape{n * k}, DType::i32);
+          poison(lorder);
+          poison(lwhere);
+          std::vector<int64_t> loffsets, routed;
+          ops::moe_dispatch_plan(lorder, lwhere, loffsets, local, E, cap, &routed, &runs);
+          const int32_t* lw = lwhere.data<int32_t>();
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < k; ++j)
+              EXPECT_EQ(lw[i * k + j] >= 0, call_where[tokens[size_t(i)] * k + j] >= 0)
+                  << "rank " << rank << " token " << tokens[size_t(i)] << " choice " << j;
+          for (int64_t e = 0; e < E; ++e)
+            EXPECT_EQ(routed[size_t(e)], std::count(local.data<int32_t>(), local.data<int32_t>() + n * k, int32_t(e)));
+          for (int64_t p = 0; p < loffsets[size_t(E)]; ++p) EXPECT_EQ(lw[lorder.data<int32_t>()[p]], p);
+          kept_over_ranks += loffsets[size_t(E)];
+        }
+        EXPECT_EQ(kept_over_ranks, offsets[size_t(E)]);
+      }
+  // Runs that do not describe the slots are named.
+  const Tensor choice = test::tensor_from({0, 1, 1, 0}, Shape{2, 2}, DType::i32);
+  Tensor order = Tensor::empty(Shape{4}, DType::i32), where = Tensor::empty(Shape{4}, DType::i32);
+  std::vector<int64_t> offsets;
+  const ops::SlotRuns late{{1}, {0, 0}}, short_counts{{0, 2}, {0, 0, 0}}, negative{{0}, {0, -1}};
+  for (const ops::SlotRuns* bad : {&late, &short_counts})
+    EXPECT_THAT(error_of([&] { ops::moe_dispatch_plan(order, where, offsets, choice, 2, 1, nullptr, bad); }),
+                HasSubstr("must start at 0, ascend within the 4 slots and give E = 2 counts a run"));
+  EXPECT_THAT(error_of([&] { ops::moe_dispatch_plan(order, where, offsets, choice, 2, 1, nullptr, &negative); }),
+              HasSubstr("a run has -1 slots ahead of it"));
+}
+
 TEST(MoeDispatch, BadExpertIdsAndForeignPlansAreNamed) {
   const Tensor choice = test::tensor_from({0, 3, 1, 4}, Shape{2, 2}, DType::i32);
   Tensor order = Tensor::empty(Shape{4}, DType::i32), where = Tensor::empty(Shape{4}, DType::i32);

@@ -457,8 +457,10 @@ TEST(MixtureOfExperts, BalancingBiasesMatchOneProcess) {
 // A capacity (model.expert_capacity_factor): each routing call drops the
 // slots over it, the first come kept. Data and expert parallelism route
 // each micro-batch whole on one rank, tensor parallelism (+SP) routes the
-// gathered tokens on every tp rank alike, a pipeline stage its own blocks':
-// the same slots dropped as in the single process, so 10 steps match it.
+// gathered tokens on every tp rank alike, a pipeline stage its own blocks',
+// context parallelism's ranks their zigzag rows with the first come of the
+// whole micro-batch (ops::SlotRuns): the same slots dropped as in the single
+// process, so 10 steps match it and report the same worst share dropped.
 TEST(MixtureOfExperts, ACapacityDropsAsOneProcessDoes) {
   const int64_t p = comm::world().size();
   if (p == 1) GTEST_SKIP() << "needs 2 or more ranks";
@@ -469,12 +471,23 @@ TEST(MixtureOfExperts, ACapacityDropsAsOneProcessDoes) {
       {{p, 1, 1, 1, p}, {"parallel.ep=" + std::to_string(p), "parallel.zero_stage=2"}, "dp x ep, ZeRO-2"},
       {{1, p, 1, 1, 1}, {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true",
                          "train.recompute=selective"}, "tp + SP, selective"},
+      {{1, 1, 1, p, 1}, {"parallel.cp=" + std::to_string(p), "train.recompute=full"}, "cp, full recompute"},
   };
   if (p == 2) layouts.push_back({{1, 1, 2, 1, 1}, {"parallel.pp=2", "parallel.pp_schedule=zb"}, "pp 2, zero bubble"});
-  if (p == 4)
+  if (p == 4) {
     layouts.push_back({{2, 2, 1, 1, 2}, {"parallel.tp=2", "parallel.ep=2", "train.recompute=full"},
                        "tp 2 x dp 2, ep 2, full recompute"});
-  expect_layouts_train_alike(c, layouts);
+    layouts.push_back({{2, 1, 1, 2, 2}, {"parallel.cp=2", "parallel.ep=2", "parallel.zero_stage=1"},
+                       "dp 2 x cp 2, ep 2, ZeRO-1"});
+  }
+  for (const MeshLayout& l : layouts) {
+    SCOPED_TRACE(std::string(c.what) + ", " + l.what + " on " + std::to_string(p) + " ranks");
+    auto mesh = std::make_shared<parallel::Mesh>(l.shape, comm::world());
+    const Config cfg = case_config(c, 1, l.settings);
+    const auto got = train_run(cfg, mesh);
+    expect_same_training(got, c, cfg.model, /*one_stage=*/l.shape.pp > 1);
+    EXPECT_NEAR(got.expert_dropped_max, reference(c).expert_dropped_max, 1e-12);
+  }
 }
 
 // tp 2 x dp 2 with ZeRO-3 and every group on one queue (one_queue_group.h),

@@ -213,6 +213,19 @@ TEST(MemoryPlan, ContextParallelRanksHoldTheRingAndKeepTheirGroup) {
       << v;
   EXPECT_FALSE(has(v, "parallel.dp = 4")) << v;
   EXPECT_FALSE(has(v, "tp = 4")) << v;
+  // An expert capacity counts the micro-batch's slots under cp (nn/moe.h):
+  // at c = 0.5 over 2 ranks a rank whose slots come first may keep all of
+  // its N k, so the bound is the dropless rows; the same tokens as their own
+  // routing call (cp 1) keep at most half.
+  const auto moe_activations = [&](const char* factor, int64_t cp) {
+    const Config moe = config_of("llama3-moe-tiny", {"train.global_batch=8", "train.micro_batch=8", "parallel.dp=2",
+                                                     "parallel.cp=2", std::string("model.expert_capacity_factor=") + factor});
+    PlanView at = context_parallel_view(moe, PlanPlace{2, 1, 1});
+    at.layout.cp = cp;
+    return plan_memory(at.cfg, at.layout).activations;
+  };
+  EXPECT_EQ(moe_activations("0.5", 2), moe_activations("0", 2));
+  EXPECT_LT(moe_activations("0.5", 1), moe_activations("0", 1));
 }
 
 // What a training process plans in: a GPU's free memory (the CUDA context,

@@ -180,27 +180,39 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 }
 
 void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int64_t>& offsets,
-                       const Tensor& choice, int64_t E, int64_t capacity, std::vector<int64_t>* routed) {
+                       const Tensor& choice, int64_t E, int64_t capacity, std::vector<int64_t>* routed,
+                       const std::vector<int64_t>& run_start, const std::vector<int64_t>& run_ahead) {
   const int64_t NK = choice.numel();
   const int32_t* ch = choice.data<int32_t>();
-  std::vector<int64_t> demand(static_cast<size_t>(E), 0);
-  for (int64_t s = 0; s < NK; ++s) ++demand[size_t(ch[s])];
-  offsets.assign(size_t(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t kept = capacity < 0 ? demand[size_t(e)] : std::min(demand[size_t(e)], capacity);
-    offsets[size_t(e + 1)] = offsets[size_t(e)] + kept;
+  // Which slots their experts keep: the first `capacity` of each expert's in
+  // the routing call's order, counting from the slots ahead of each run.
+  std::vector<int64_t> demand(static_cast<size_t>(E), 0), kept(static_cast<size_t>(E), 0);
+  std::vector<uint8_t> keep(static_cast<size_t>(NK), 1);
+  std::vector<int64_t> seen(static_cast<size_t>(E), 0);  // of the current run's expert, in the call
+  const size_t runs = run_start.empty() ? 1 : run_start.size();
+  for (size_t i = 0; i < runs; ++i) {
+    const int64_t begin = run_start.empty() ? 0 : run_start[i];
+    const int64_t end = i + 1 < runs ? run_start[i + 1] : NK;
+    for (int64_t e = 0; e < E; ++e) seen[size_t(e)] = run_ahead.empty() ? 0 : run_ahead[i * size_t(E) + size_t(e)];
+    for (int64_t s = begin; s < end; ++s) {
+      const size_t e = size_t(ch[s]);
+      ++demand[e];
+      keep[size_t(s)] = capacity < 0 || seen[e]++ < capacity;
+      kept[e] += keep[size_t(s)];
+    }
   }
+  offsets.assign(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) offsets[size_t(e + 1)] = offsets[size_t(e)] + kept[size_t(e)];
   std::vector<int64_t> next(offsets.begin(), offsets.end() - 1);
   int32_t* ord = order.data<int32_t>();
   int32_t* wh = where.data<int32_t>();
   std::fill(ord + offsets[size_t(E)], ord + NK, -1);
   for (int64_t s = 0; s < NK; ++s) {  // slot order within each expert: a stable counting sort
-    const size_t e = size_t(ch[s]);
-    if (next[e] == offsets[e + 1]) {  // the expert is full: the first come are kept
+    if (!keep[size_t(s)]) {
       wh[s] = -1;
       continue;
     }
-    const int64_t pos = next[e]++;
+    const int64_t pos = next[size_t(ch[s])]++;
     ord[pos] = int32_t(s);
     wh[s] = int32_t(pos);
   }
