@@ -159,18 +159,16 @@ void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int
   for (int64_t s = 0; s < NK; ++s)
     ZT_CHECK(ch[s] >= 0 && ch[s] < E, op, ": slot ", s, " (token ", s / choice.size(1), ") chose expert ", ch[s],
              ", outside [0, E) with E = ", E);
-  static const std::vector<int64_t> none;
-  if (runs) {
-    const std::vector<int64_t>& st = runs->start;
-    ZT_CHECK(!st.empty() && st.front() == 0 && std::is_sorted(st.begin(), st.end()) && st.back() <= NK &&
-                 runs->ahead.size() == st.size() * size_t(E),
-             op, ": the slot runs (", st.size(), " starting at ", st.empty() ? -1 : st.front(), ", ",
-             runs->ahead.size(), " counts ahead) must start at 0, ascend within the ", NK,
-             " slots and give E = ", E, " counts a run");
-    for (int64_t a : runs->ahead) ZT_CHECK(a >= 0, op, ": a run has ", a, " slots ahead of it; counts are >= 0");
-  }
-  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E, capacity, routed, runs ? runs->start : none,
-                         runs ? runs->ahead : none);
+  // No runs: the slots are the call, one run with none ahead.
+  const SlotRuns whole{{0}, std::vector<int64_t>(size_t(E), 0)};
+  const SlotRuns& r = runs ? *runs : whole;
+  ZT_CHECK(!r.start.empty() && r.start.front() == 0 && std::is_sorted(r.start.begin(), r.start.end()) &&
+               r.start.back() <= NK && r.ahead.size() == r.start.size() * size_t(E),
+           op, ": the slot runs (", r.start.size(), " starting at ", r.start.empty() ? -1 : r.start.front(), ", ",
+           r.ahead.size(), " counts ahead) must start at 0, ascend within the ", NK, " slots and give E = ", E,
+           " counts a run");
+  for (int64_t a : r.ahead) ZT_CHECK(a >= 0, op, ": a run has ", a, " slots ahead of it; counts are >= 0");
+  cpu::moe_dispatch_plan(order, where, offsets, host_choice, E, capacity, routed, r.start, r.ahead);
 }
 
 void moe_gather(const Tensor& xs, const Tensor& x, const Tensor& order, int64_t k) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <tuple>
@@ -563,14 +562,19 @@ std::string format_memory_plan(const MemoryPlan& p, Device device, int64_t capac
   const bool in_gib = p.total() >= (int64_t(1) << 30);
   const double unit = double(int64_t(1) << (in_gib ? 30 : 20));
   const int digits = in_gib ? 2 : 1;
-  char b[256], ws[96] = "";
-  if (p.workspace >= 0) std::snprintf(ws, sizeof ws, " + workspace %.*f", digits, double(p.workspace) / unit);
-  if (p.ring_comm + p.ring_workspace > 0)
-    std::snprintf(ws + std::strlen(ws), sizeof ws - std::strlen(ws), " + ring attention %.*f", digits,
-                  double(p.ring_comm + p.ring_workspace) / unit);
+  char b[256];
+  // The terms a plan has only sometimes: the backend's workspace, the ring's buffers.
+  std::string optional;
+  const auto term = [&](const char* name, int64_t bytes) {
+    std::snprintf(b, sizeof b, " + %s %.*f", name, digits, double(bytes) / unit);
+    optional += b;
+  };
+  if (p.workspace >= 0) term("workspace", p.workspace);
+  if (p.ring_comm + p.ring_workspace > 0) term("ring attention", p.ring_comm + p.ring_workspace);
   std::snprintf(b, sizeof b, "weights %.*f + gradients %.*f + optimizer %.*f + activations %.*f%s = %.*f %s", digits,
                 double(p.weights) / unit, digits, double(p.gradients) / unit, digits, double(p.optimizer) / unit,
-                digits, double(p.activations) / unit, ws, digits, double(p.total()) / unit, in_gib ? "GiB" : "MiB");
+                digits, double(p.activations) / unit, optional.c_str(), digits, double(p.total()) / unit,
+                in_gib ? "GiB" : "MiB");
   std::string out = b;
   if (capacity_bytes > 0) out += " of " + device.str() + "'s " + format_gib(double(capacity_bytes));
   if (p.offload > 0) {

@@ -188,13 +188,11 @@ void moe_dispatch_plan(const Tensor& order, const Tensor& where, std::vector<int
   // the routing call's order, counting from the slots ahead of each run.
   std::vector<int64_t> demand(static_cast<size_t>(E), 0), kept(static_cast<size_t>(E), 0);
   std::vector<uint8_t> keep(static_cast<size_t>(NK), 1);
-  std::vector<int64_t> seen(static_cast<size_t>(E), 0);  // of the current run's expert, in the call
-  const size_t runs = run_start.empty() ? 1 : run_start.size();
-  for (size_t i = 0; i < runs; ++i) {
-    const int64_t begin = run_start.empty() ? 0 : run_start[i];
-    const int64_t end = i + 1 < runs ? run_start[i + 1] : NK;
-    for (int64_t e = 0; e < E; ++e) seen[size_t(e)] = run_ahead.empty() ? 0 : run_ahead[i * size_t(E) + size_t(e)];
-    for (int64_t s = begin; s < end; ++s) {
+  std::vector<int64_t> seen(static_cast<size_t>(E), 0);  // each expert's slots so far in the call
+  for (size_t i = 0; i < run_start.size(); ++i) {
+    const int64_t end = i + 1 < run_start.size() ? run_start[i + 1] : NK;
+    std::copy_n(run_ahead.begin() + std::ptrdiff_t(i) * E, E, seen.begin());
+    for (int64_t s = run_start[i]; s < end; ++s) {
       const size_t e = size_t(ch[s]);
       ++demand[e];
       keep[size_t(s)] = capacity < 0 || seen[e]++ < capacity;
