@@ -84,12 +84,21 @@ struct ChunkActivations {
   // weight pass - each linear layer's input and output gradient - and at
   // the end of the input-gradient pass (that, and the last block's work).
   int64_t held_for_weights = 0, backward_input_peak = 0;
+  // zb: what a block's input-gradient pass holds beyond backward's, the
+  // deferred weight work keeping gradients a backward frees as it goes.
+  int64_t deferred_gradients = 0;
   // train.offload_activations: the blocks' kept tensors, on the host from
   // the forward to the backward (not in `kept`).
   int64_t host_kept = 0;
   int64_t rows = 0;  // one (R, C) tensor of the residual stream: what pipeline stages exchange
   int64_t peak() const { return std::max(forward_peak, backward_peak); }
 };
+
+// The trainer's batch on the host: (B, T) i32 tokens and targets, whole
+// sequences of the cp group's. Device memory only when the device is the host.
+int64_t batch_bytes(const Config& cfg, int64_t cp) {
+  return parse_device(cfg.train.device).is_cpu() ? 8 * cfg.train.micro_batch * cfg.train.seq_len * cp : 0;
+}
 
 // cp: the context-parallel group whose ranks' tokens make a routing call
 // (an expert capacity counts the micro-batch's: nn/moe.h).
@@ -113,8 +122,11 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // on the host),
   // rebuilt by selective recompute (act; or xs and act), held for deferred
   // weight gradients (act and d mlp_in; or act, dh, xs, dys and the router's
-  // gradient) and in flight in backward (d act; or d act and dxe beside
-  // dys, which replaces the freed ys, with dweight and dlogits).
+  // gradient) and in flight in backward (d act; or, beside dys, which
+  // replaces the freed ys, and f32 dweight: with the weight gradients made
+  // at once, one at a time - d act while act lives, dxe once act is freed,
+  // then the router's f32 dlogits and its copy in the compute dtype;
+  // deferred, they all stay: d act and dxe with dlogits and its copy).
   // A shared expert (width Fs here) keeps its mlp_in and act as a dense
   // SwiGLU MLP does (act rebuilt; both held for its deferred weight
   // gradients); its output gradient in flight is smaller than the experts'.
@@ -128,7 +140,9 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
       moe ? s * K * (2 * C + 3 * F) + N * (4 * E + 8 * k + s * 3 * Fs) + plan_bytes : N * s * (W + F);
   const int64_t mlp_rebuilt = moe ? s * K * (C + F) + N * s * Fs : N * s * F;
   const int64_t mlp_held = moe ? s * K * (2 * C + 3 * F) + N * (s * E + s * 3 * Fs) : N * s * (W + F);
-  const int64_t mlp_gradients = moe ? s * K * (C + F) + N * (4 * k + (4 + s) * E) : N * s * F;
+  const int64_t router_gradient = N * E * (4 + (s == 4 ? 0 : s));  // dlogits, and dl unless the dtype is f32
+  const int64_t mlp_gradients = moe ? 4 * N * k + std::max(s * K * std::max(C, F), router_gradient) : N * s * F;
+  const int64_t mlp_gradients_deferred = moe ? 4 * N * k + s * K * (C + F) + router_gradient : mlp_gradients;
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
                              mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
@@ -147,21 +161,51 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // The inputs (ln1 and ln2 as all N rows, att, act) and output gradients
   // (the row-parallel layers' two, all N rows; d mlp_in, dq, dk, dv) the
   // deferred weight gradients of a block read (MoE: the experts' own, in
-  // mlp_held, instead of mlp_out's output gradient).
-  const int64_t held_block = s * N * ((moe ? 3 : 4) * C + 2 * q + 2 * kv) + mlp_held;
+  // mlp_held, instead of mlp_out's output gradient; a shared expert's
+  // output gradient as mlp_out's).
+  const int64_t held_block = s * N * ((moe && Fs == 0 ? 3 : 4) * C + 2 * q + 2 * kv) + mlp_held;
   // The step's host copy of the token ids (i32) per chunk and micro-batch:
   // device memory only when the device is the host.
   const int64_t ids = host ? 4 * N : 0;
   ChunkActivations a;
   a.rows = rows_c;
   a.host_kept = offload ? layers * block_kept : 0;
-  // The gradients in flight in a block's backward: the residual stream's,
-  // one more of width C, one of the MLP's hidden width F (GPT-2's at the
-  // GeLU's input, Llama's at the SwiGLU's output: its input gradient is
-  // written over mlp_in); under sequence parallelism also a norm's output
-  // gathered to all N rows and the (N, C) partial input gradient before its
-  // reduce-scatter.
-  const int64_t gradients = 2 * rows_c + mlp_gradients + (sequence_parallel ? 2 * s * N * C : 0);
+  // The gradients in flight in a block's backward, beyond what it keeps:
+  // the residual stream's, one more of width C (the column-parallel
+  // products' partial input gradient), under sequence parallelism also a
+  // norm's output gathered to all N rows and that partial gradient's N rows
+  // before their reduce-scatter; then the larger of its two halves.
+  // The MLP's: one of the hidden width F (GPT-2's at the GeLU's input,
+  // Llama's at the SwiGLU's output: its input gradient is written over
+  // mlp_in), or the experts' above. The attention's: d att and dq, dk, dv
+  // (packed: dqkv), or split, dq, dk, dv and the dqkv the RoPE pass joins
+  // them into, once the MLP's act (and Llama's mlp_in) are freed.
+  // Under zb's input-gradient pass the weight work's closures keep what a
+  // backward frees as it goes: the MLP's act and d mlp_in (GPT-2's made
+  // apart), the two row-parallel products' output gradients (copies of the
+  // residual stream's, or its gathered rows: each N x C), both norms'
+  // gathered rows under sequence parallelism, and a mixture's router
+  // gradient and the shared expert's output gradient.
+  const nn::QkvForm form = nn::qkv_form(m, sh, parse_device(cfg.train.device), cp > 1);
+  const bool gelu = m.arch == nn::Arch::gpt2;
+  const int64_t rest_of_gradients = 2 * rows_c + (sequence_parallel ? 2 * s * N * C : 0);
+  const int64_t qkv_gradients = s * N * (q + 2 * kv);  // dq, dk, dv; or dqkv
+  const int64_t attention_gradients =  // d att is freed before the split's dqkv is made
+      std::max(s * N * q + qkv_gradients, form == nn::QkvForm::split ? 2 * qkv_gradients : 0);
+  const int64_t dense_freed = moe ? 0 : N * s * (F + (gelu ? 0 : W));  // act, and Llama's mlp_in
+  const int64_t gradients =
+      rest_of_gradients + std::max(mlp_gradients, moe ? 0 : attention_gradients - dense_freed);
+  const int64_t row_gradient = s * N * C;  // a row-parallel product's output gradient kept for its weight work
+  const int64_t mlp_held_gradients = moe ? N * s * E + (Fs > 0 ? row_gradient : 0)  // router; shared expert's
+                                         : row_gradient + (gelu ? N * s * W : 0);      // mlp_out's; GPT-2's d mlp_in
+  const int64_t mlp_deferred_peak =
+      moe ? std::max(mlp_gradients_deferred, mlp_held_gradients + N * s * Fs /*the shared expert's d act*/)
+          : row_gradient + N * s * (gelu ? W : F);
+  const int64_t gradients_deferred =
+      rest_of_gradients + std::max(mlp_deferred_peak, mlp_held_gradients + row_gradient /*proj's*/ +
+                                                          (sequence_parallel ? s * N * C : 0) /*ln1's rows*/ +
+                                                          attention_gradients);
+  a.deferred_gradients = layers > 0 ? gradients_deferred - gradients : 0;
   const int64_t backward = blocks + one_block + ids + rebuilt + gradients;
   // zb's input-gradient pass ends at the first block: the later blocks'
   // held tensors, this block's activations (rebuilt whole under full
@@ -169,16 +213,18 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // and the branch tensor where the residual is not added in the products)
   // and its gradients in flight.
   const int64_t rerun_temporaries = (nn::residual_in_products() ? 1 : 2) * rows_c;
-  const int64_t last_block_of_held = layers > 0 ? full_block - held_block + gradients +
+  const int64_t last_block_of_held = layers > 0 ? full_block - held_block + gradients_deferred +
                                                      (policy == nn::Recompute::full ? rerun_temporaries : 0)
                                                 : 0;
   if (!part.head) {
     a.kept = blocks + ids;
-    // The embedding's backward is a weight pass too: it keeps every token's gradient row.
-    a.held_for_weights = layers * held_block + ids + (part.embedding ? s * N * C : 0);
+    // The embedding's backward is a weight pass too: it keeps every token's
+    // gradient row, made once the first block's gradients in flight are gone.
+    const int64_t embedding_rows = part.embedding ? s * N * C : 0;
+    a.held_for_weights = layers * held_block + ids + embedding_rows;
     a.forward_peak = a.kept + rows_c + one_block;  // the output, until sent
     a.backward_peak = backward;
-    a.backward_input_peak = a.held_for_weights + last_block_of_held;
+    a.backward_input_peak = a.held_for_weights - embedding_rows + last_block_of_held;
     return a;
   }
   const int64_t losses = 4 * N;
@@ -409,15 +455,18 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   std::vector<ChunkActivations> acts;
   for (const nn::ModelPart& part : parts)
     acts.push_back(chunk_activations(cfg, sh, part, sp, at.pp > 1, cfg.recompute(), at.cp));
+  // Under a pipeline every micro-batch of the step is made before its schedule runs.
+  const int64_t accum = cfg.grad_accum_steps(at.dp);
+  const int64_t batch = batch_bytes(cfg, at.cp);
   if (at.pp == 1) {
-    p.activations = acts.front().peak();
+    p.activations = batch + acts.front().peak();
     p.offload += acts.front().host_kept;
     return p;
   }
   const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule);
-  const parallel::PipelineShape shape{at.pp, cfg.grad_accum_steps(at.dp), cfg.parallel.virtual_stages};
+  const parallel::PipelineShape shape{at.pp, accum, cfg.parallel.virtual_stages};
   parallel::check_pipeline_schedule(kind, shape);
-  int64_t live = 0, in_flight = 0, most_in_flight = 0, live_host = 0, most_host = 0;
+  int64_t live = batch * (1 + accum), in_flight = 0, most_in_flight = 0, live_host = 0, most_host = 0;
   const auto schedule = parallel::build_pipeline_schedule(kind, shape);
   for (const parallel::Action& a : schedule[size_t(at.pp_rank)]) {
     const ChunkActivations& c = acts[size_t(a.chunk)];
@@ -436,7 +485,8 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
         --in_flight;
         break;
       case parallel::ActionKind::backward_input:
-        p.activations = std::max(p.activations, live - c.kept + std::max(c.backward_peak, c.backward_input_peak));
+        p.activations = std::max(p.activations, live - c.kept + std::max(c.backward_peak + c.deferred_gradients,
+                                                                         c.backward_input_peak));
         live += c.held_for_weights - c.kept;
         live_host -= c.host_kept;
         break;
@@ -495,7 +545,8 @@ int64_t offloaded_activation_bytes(const Config& cfg, const PlanPlace& at) {
 
 int64_t estimate_activation_bytes(const Config& cfg, nn::Recompute policy) {
   const nn::TpShares sh = nn::tp_shares(cfg.model, 1, 0);
-  return chunk_activations(cfg, sh, nn::ModelPart{0, cfg.model.n_layer, true, true}, false, false, policy).peak();
+  return batch_bytes(cfg, 1) +
+         chunk_activations(cfg, sh, nn::ModelPart{0, cfg.model.n_layer, true, true}, false, false, policy).peak();
 }
 
 int64_t device_capacity_bytes(Device device, int64_t processes_sharing) {

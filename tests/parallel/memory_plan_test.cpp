@@ -149,19 +149,26 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
         EXPECT_NEAR(double(plan.gradients), peak(MemCategory::grads), 0.005 * peak(MemCategory::grads)) << what;
       }
       EXPECT_NEAR(double(plan.optimizer), peak(MemCategory::optimizer), 0.005 * peak(MemCategory::optimizer)) << what;
-      // An analytic model of the blocks, the head and the schedule: within
-      // 4.5% on every rank here (the largest: zb with sequence parallelism,
-      // first stage, 4.4% under; 1f1b over 4 stages, first stage, 3.6% over).
+      // An analytic model of the blocks, the head and the schedule, which
+      // never plans less than the allocator sees but for a few small host
+      // buffers it leaves out (seen: at most 2560 bytes, tp 2), and plans
+      // more only where a pipeline's timing decides: its receives posted
+      // ahead and sends in flight are counted at their most (seen: one
+      // (R, C) row over on most stages), and zb's input-gradient pass at the
+      // larger of its first and last block - within 6% here (the largest:
+      // zb with full recompute, first stage, 5.2% over; it was 5.2% under
+      // and the MoE models 1f1b stages 2.2% over before the experts'
+      // gradients in flight and zb's deferred weight work's were counted).
       // Offloading moves the blocks' kept tensors out of this category
       // exactly as planned (the host's share below is exact), so the
       // model's error in bytes is the one it has without offloading: within
-      // 6% of that plan (seen: the same 30208 bytes over, gpt2-tiny 1f1b
-      // stage 0, with and without).
+      // 6% of that plan.
       Config kept_on_device = view.cfg;
       kept_on_device.train.offload_activations = false;
       const double base = cfg.train.offload_activations ? double(plan_memory(kept_on_device, at).activations)
                                                        : peak(MemCategory::activations);
-      EXPECT_NEAR(double(plan.activations), peak(MemCategory::activations), 0.06 * base) << what;
+      EXPECT_GE(double(plan.activations), peak(MemCategory::activations) - 4096.0) << what;
+      EXPECT_LE(double(plan.activations), peak(MemCategory::activations) + 0.06 * base) << what;
       // Offloading's host memory: the optimizer's state and staging, and
       // the blocks' kept tensors of the micro-batches in flight - both
       // counted from what the code keeps: exact.

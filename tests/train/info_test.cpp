@@ -193,12 +193,15 @@ TEST(MemoryPlan, ContextParallelRanksHoldTheRingAndKeepTheirGroup) {
   EXPECT_GT(ring.workspace, 0);
   EXPECT_EQ(plan.ring_comm, ring.comm);
   EXPECT_EQ(plan.ring_workspace, ring.workspace);
-  // The same replica without the ring (cp 1 at the view's sizes) holds the rest alike.
+  // The same replica without the ring (cp 1 at the view's sizes) holds the
+  // rest alike, but for the trainer's host batch of whole sequences (i32
+  // tokens and targets, twice the view's).
   PlanPlace no_ring = view.layout;
   no_ring.cp = 1;
   const MemoryPlan replica = plan_memory(view.cfg, no_ring);
   EXPECT_EQ(replica.ring_comm + replica.ring_workspace, 0);
-  EXPECT_EQ(plan.total(), replica.total() + ring.comm + ring.workspace);
+  const int64_t other_half_of_the_batch = 2 * 4 * cfg.train.micro_batch * view.cfg.train.seq_len;
+  EXPECT_EQ(plan.total(), replica.total() + ring.comm + ring.workspace + other_half_of_the_batch);
   const std::string line = format_memory_plan(plan, Device::cpu(), 0);
   EXPECT_TRUE(has(line, " + ring attention ")) << line;
   EXPECT_FALSE(has(format_memory_plan(replica, Device::cpu(), 0), "ring")) << line;
