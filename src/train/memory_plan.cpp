@@ -708,7 +708,14 @@ std::string memory_plan_verdict(const Config& cfg, const PlanPlace& layout, Devi
     c.train.micro_batch = mb;
     batches.emplace_back(zt::detail::concat("train.micro_batch = ", mb), c, layout);
   }
-  first_fit(batches);
+  // Under a pipeline the step's micro-batches are all made before its
+  // schedule runs: the rank's share of the batch's tokens and targets,
+  // whatever the micro-batch. Where that alone cannot fit, no smaller one
+  // does (and planning each, a schedule of up to g micro-batches, only
+  // takes time).
+  Config whole_share = cfg;
+  whole_share.train.micro_batch = g;
+  if (layout.pp == 1 || plan_fits(batch_bytes(whole_share, layout.cp), capacity_bytes)) first_fit(batches);
   for (const char* policy : {"selective", "full"}) {
     if (cfg.train.recompute == policy) continue;
     Config c = cfg;
