@@ -169,8 +169,9 @@ RingBuffers ring_attention_buffers(int64_t B, int64_t local_len, int64_t Hq, int
   // ring_attention_backward: dq/dk/dv_all, the halves, dq_acc (f32), q2,
   // dout2, out2, lse2; kc, vc.
   const int64_t backward_workspace = (Q + 2 * K) * s + (Q + 2 * K) * s / 2 + 4 * Q + 3 * Q * s / 2 + 2 * L + K * s;
-  // The backward's slots hold the forward's two k and v and the f32 sums.
-  return {4 * K * s + 2 * 2 * 4 * K + 2 * 4 * K, std::max(forward_workspace, backward_workspace)};
+  // The backward's comm: the forward's two k and v receive slots, two f32
+  // dk and dv sum slots, and the rank's own f32 dk and dv.
+  return {2 * 2 * K * s + 2 * 2 * 4 * K + 2 * 4 * K, std::max(forward_workspace, backward_workspace)};
 }
 
 void ring_attention_forward(comm::ProcessGroup& cp, const Tensor& out, const Tensor& lse, const Tensor& q,

@@ -142,7 +142,6 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t mlp_held = moe ? s * K * (2 * C + 3 * F) + N * (s * E + s * 3 * Fs) : N * s * (W + F);
   const int64_t router_gradient = N * E * (4 + (s == 4 ? 0 : s));  // dlogits, and dl unless the dtype is f32
   const int64_t mlp_gradients = moe ? 4 * N * k + std::max(s * K * std::max(C, F), router_gradient) : N * s * F;
-  const int64_t mlp_gradients_deferred = moe ? 4 * N * k + s * K * (C + F) + router_gradient : mlp_gradients;
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
                              mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
@@ -198,12 +197,12 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t row_gradient = s * N * C;  // a row-parallel product's output gradient kept for its weight work
   const int64_t mlp_held_gradients = moe ? N * s * E + (Fs > 0 ? row_gradient : 0)  // router; shared expert's
                                          : row_gradient + (gelu ? N * s * W : 0);      // mlp_out's; GPT-2's d mlp_in
-  const int64_t mlp_deferred_peak =
-      moe ? std::max(mlp_gradients_deferred, mlp_held_gradients + N * s * Fs /*the shared expert's d act*/)
+  const int64_t mlp_deferred_peak =  // MoE: the experts' all at once, or later the shared expert's d act
+      moe ? std::max(4 * N * k + s * K * (C + F) + router_gradient, mlp_held_gradients + N * s * Fs)
           : row_gradient + N * s * (gelu ? W : F);
   const int64_t gradients_deferred =
       rest_of_gradients + std::max(mlp_deferred_peak, mlp_held_gradients + row_gradient /*proj's*/ +
-                                                          (sequence_parallel ? s * N * C : 0) /*ln1's rows*/ +
+                                                          (sequence_parallel ? row_gradient : 0) /*ln1's rows*/ +
                                                           attention_gradients);
   a.deferred_gradients = layers > 0 ? gradients_deferred - gradients : 0;
   const int64_t backward = blocks + one_block + ids + rebuilt + gradients;

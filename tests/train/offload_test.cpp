@@ -172,14 +172,14 @@ TEST(ActivationOffload, SameLossesAndGradientsUnderEveryRecomputePolicy) {
       EXPECT_EQ(b.current(MemCategory::offload), 0) << "every block came back and was released";
       EXPECT_EQ(a.peak(MemCategory::offload), 0);
       // As planned: the host holds one micro-batch's blocks' kept tensors
-      // (exact here); the device's peak is the analytic model's, within 1%
-      // (seen: 128 bytes under for every model and policy; the mixture of
-      // experts was 8.1% over before its gradients in flight were counted
-      // as its backward frees them).
+      // (exact here); the device's peak is the analytic model's within 512
+      // bytes (seen: 128 under for every model and policy - small host
+      // buffers; the mixture of experts was 8.1% over before its gradients
+      // in flight were counted as its backward frees them).
       const MemoryPlan plan = plan_memory(parse_config(kTiny, "offload test", off));
       EXPECT_EQ(plan.offload, b.peak(MemCategory::offload));
       const double got = double(b.peak(MemCategory::activations));
-      EXPECT_NEAR(double(plan.activations), got, 0.01 * got);
+      EXPECT_NEAR(double(plan.activations), got, 512.0);
       // Each of the step's two micro-batches moved what it kept (the peak
       // holds one: they run one after the other).
       EXPECT_EQ(offloaded.offloaded.back(), 2 * b.peak(MemCategory::offload));
