@@ -130,18 +130,31 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   // A shared expert (width Fs here) keeps its mlp_in and act as a dense
   // SwiGLU MLP does (act rebuilt; both held for its deferred weight
   // gradients); its output gradient in flight is smaller than the experts'.
+  // Expert parallelism moves the K sorted rows to the experts' owners and
+  // back: a rank computes on the rows it receives, K of them where the
+  // routing is balanced (every expert at its capacity: exactly; dropless, a
+  // busier owner holds more) and keeps the exchange's two i32 orders per
+  // received row (on the host); the rows it sent are freed, so selective
+  // recompute rebuilds act alone; backward holds the received output
+  // gradient's rows beside dys, and the input gradient's rows sent back.
   const int64_t E = m.n_expert, k = m.expert_top_k, Fs = sh.shared_ff;
-  const bool moe = m.moe();
+  const bool moe = m.moe(), ep = moe && cfg.parallel.ep > 1;
   const bool host = parse_device(cfg.train.device).is_cpu();
   const int64_t cap = moe ? nn::expert_capacity(m, N * cp) : -1;
   const int64_t K = cap < 0 ? N * k : std::min(N * k, E * cap);  // the experts' rows
-  const int64_t plan_bytes = host ? 8 * N * k : 0;
+  const int64_t plan_bytes = host ? 8 * N * k + (ep ? 8 * K : 0) : 0;
   const int64_t mlp_kept =
       moe ? s * K * (2 * C + 3 * F) + N * (4 * E + 8 * k + s * 3 * Fs) + plan_bytes : N * s * (W + F);
-  const int64_t mlp_rebuilt = moe ? s * K * (C + F) + N * s * Fs : N * s * F;
+  const int64_t mlp_rebuilt = moe ? s * K * ((ep ? 0 : C) + F) + N * s * Fs : N * s * F;
   const int64_t mlp_held = moe ? s * K * (2 * C + 3 * F) + N * (s * E + s * 3 * Fs) : N * s * (W + F);
   const int64_t router_gradient = N * E * (4 + (s == 4 ? 0 : s));  // dlogits, and dl unless the dtype is f32
-  const int64_t mlp_gradients = moe ? 4 * N * k + std::max(s * K * std::max(C, F), router_gradient) : N * s * F;
+  // ep: beside dys, the received dye (two copies while it is permuted), then
+  // dxs and dxe's rows permuted for their way back: 3 s K C at most.
+  const int64_t expert_rows = s * K * C;
+  const int64_t mlp_gradients =
+      !moe ? N * s * F
+      : ep ? 4 * N * k + std::max({expert_rows + s * K * F, 3 * expert_rows, 2 * expert_rows + router_gradient})
+           : 4 * N * k + std::max(s * K * std::max(C, F), router_gradient);
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
                              mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
@@ -198,7 +211,10 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t mlp_held_gradients = moe ? N * s * E + (Fs > 0 ? row_gradient : 0)  // router; shared expert's
                                          : row_gradient + (gelu ? N * s * W : 0);      // mlp_out's; GPT-2's d mlp_in
   const int64_t mlp_deferred_peak =  // MoE: the experts' all at once, or later the shared expert's d act
-      moe ? std::max(4 * N * k + s * K * (C + F) + router_gradient, mlp_held_gradients + N * s * Fs)
+      moe ? std::max(4 * N * k + s * K * (C + F) + (ep ? expert_rows + std::max(2 * expert_rows, expert_rows +
+                                                                                 router_gradient)
+                                                           : router_gradient),
+                     mlp_held_gradients + N * s * Fs)
           : row_gradient + N * s * (gelu ? W : F);
   const int64_t gradients_deferred =
       rest_of_gradients + std::max(mlp_deferred_peak, mlp_held_gradients + row_gradient /*proj's*/ +
@@ -333,16 +349,23 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const std::vector<nn::ModelPart> parts = rank_parts(cfg, at);
   const bool mixed = cfg.compute_dtype() != DType::f32;
 
+  // Expert parallelism: the experts' sets shard over the ranks holding the
+  // same experts (dp x cp / ep: the view's dp counts cp), the rest over the
+  // shard group; hybrid sharding does not combine with it (data_parallel.h).
+  ZT_CHECK(at.dp % cfg.parallel.ep == 0, "parallel.ep = ", cfg.parallel.ep, " does not divide the ", at.dp,
+           " data-parallel ranks (dp x cp) of this layout: each ep group's ranks are data-parallel replicas");
+  const int64_t expert_shard = cfg.parallel.ep > 1 ? at.dp / cfg.parallel.ep : shard;
   // Parameter sets of every chunk, in forward order.
-  int64_t all = 0, in_use = 0, reducing = 0, largest_set = 0;
+  int64_t all = 0, shard_sets = 0, in_use = 0, reducing = 0, certain = 0, largest_set = 0, largest_shard = 0;
   for (const nn::ModelPart& part : parts) {
     int64_t tied = -1;
     std::vector<bool> experts;
     const std::vector<int64_t> sets = chunk_sets(cfg, sh, part, pad, &tied, &experts);
-    std::vector<int64_t> sorted = sets;
-    std::sort(sorted.rbegin(), sorted.rend());
+    const auto shard_of = [&](size_t i) { return experts[i] ? expert_shard : shard; };
     for (size_t i = 0; i < sets.size(); ++i) {
       all += sets[i];
+      shard_sets += sets[i] / shard_of(i);  // equal slices: every set is padded to a multiple of 16 dp
+      largest_shard = std::max(largest_shard, sets[i] / shard_of(i));
       // ZeRO-3 holds a layer's full weights while it runs (a
       // mixture-of-experts block's two sets, its own and its experts') and,
       // without a pipeline, the next set's, prefetched: the trainer turns
@@ -368,18 +391,35 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     // at shard 2); when one chunk holds both ends, the embedding's reduction
     // overlaps the next micro-batch's LM head - the same tied buffer again.
     // A shard group of one adds each buffer to its shard at once: only the
-    // layer being produced is in flight, beside a tied embedding's buffer,
-    // which lives through the whole backward.
-    const int64_t big = sorted[0], next = sorted.size() > 1 ? sorted[1] : 0;
-    largest_set = std::max(largest_set, big);
-    if (shard == 1)
-      reducing = std::max(reducing, tied >= 0 ? big + next : big);
-    else if (both_ends && tied >= 0)
-      reducing = std::max(reducing, 2 * big + big / shard);
-    else
-      reducing = std::max(reducing, big + next + (big + next) / shard);
+    // layer being produced is in flight (under expert parallelism, beside
+    // one of the others reducing), and a tied embedding's buffer, which
+    // lives through the whole backward.
+    // in_flight[i]: set i's buffer with its reduce-scatter result (none at a group of one).
+    std::vector<int64_t> in_flight(sets.size());
+    for (size_t i = 0; i < sets.size(); ++i) in_flight[i] = sets[i] + (shard_of(i) > 1 ? sets[i] / shard_of(i) : 0);
+    // The largest two in flight: a set reducing (in a group of more than
+    // one) beside the largest other set being made.
+    size_t first = 0;
+    for (size_t i = 1; i < sets.size(); ++i)
+      if (in_flight[i] > in_flight[first]) first = i;
+    int64_t second = 0;
+    for (size_t i = 0; i < sets.size(); ++i)
+      if (i != first) second = std::max(second, in_flight[i]);
+    int64_t worst = in_flight[first];
+    for (size_t i = 0; i < sets.size(); ++i)
+      if (shard_of(i) > 1) worst = std::max(worst, in_flight[i] + (i == first ? second : in_flight[first]));
+    std::vector<int64_t> sorted = sets;
+    std::sort(sorted.rbegin(), sorted.rend());
+    largest_set = std::max(largest_set, sorted[0]);
+    if (tied >= 0 && shard == 1) worst = std::max(worst, sorted[0] + (sorted.size() > 1 ? sorted[1] : 0));
+    if (tied >= 0 && both_ends && shard > 1) worst = std::max(worst, sets[size_t(tied)] + in_flight[size_t(tied)]);
+    reducing = std::max(reducing, worst);
+    // What no reduction timing goes below: a shard group of one reduces with
+    // no communication (its buffers in flight are `reducing` exactly); a
+    // larger one allocates the largest layer's reduce-scatter result while
+    // its full buffer lives (data_parallel.cpp).
+    certain = std::max(certain, shard == 1 && expert_shard == 1 ? worst : in_flight[first]);
   }
-  const int64_t shard_sets = all / shard;  // equal slices: every set is padded to a multiple of 16 dp
   MemoryPlan p;
   // RoPE's table per chunk (f32, params).
   const int64_t rope = m.arch == nn::Arch::llama3 ? 4 * m.max_seq_len * m.head_dim() * int64_t(parts.size()) : 0;
@@ -387,18 +427,13 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   // ZeRO-2/3: f32 shards plus the layers in flight; ZeRO-1 full buffers
   // plus shards; ZeRO-0 full buffers.
   p.gradients = 4 * (zero >= 2 ? shard_sets + reducing : zero == 1 ? all + shard_sets : all);
-  // What no reduction timing goes below: a shard group of one reduces with
-  // no communication (its buffers in flight are `reducing` exactly); a
-  // larger one allocates the largest layer's reduce-scatter result while its
-  // full buffer lives (data_parallel.cpp).
-  const int64_t certain = shard == 1 ? reducing : largest_set + largest_set / shard;
   p.gradients_floor = zero >= 2 ? 4 * (shard_sets + certain) : p.gradients;
   const int64_t state_elems = zero >= 1 ? shard_sets : all;
   if (cfg.optim.offload) {
     // On the host: m, v and an f32 master of every element, and one chunk's
     // staging (an f32 gradient and the weights) of the largest shard.
-    const int64_t largest_shard = zero >= 1 ? largest_set / shard : largest_set;
-    p.offload += 12 * state_elems + (4 + s) * std::min(largest_shard, optim::AdamWConfig{}.offload_chunk_elems);
+    const int64_t staged = zero >= 1 ? largest_shard : largest_set;
+    p.offload += 12 * state_elems + (4 + s) * std::min(staged, optim::AdamWConfig{}.offload_chunk_elems);
   } else {
     p.optimizer = (mixed ? 12 : 8) * state_elems;  // m, v (+ f32 master)
   }

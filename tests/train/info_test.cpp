@@ -297,6 +297,22 @@ TEST(MemoryPlan, SplitsOfTheProcessesAndTheVerdictNamesOneThatFits) {
   EXPECT_TRUE(has(v, zt::detail::concat("parallel.dp = ", l.dp, ", tp = ", l.tp, ", pp = ", l.pp, " about "))) << v;
 }
 
+// Expert parallelism: only the splits whose data-parallel ranks the ep
+// groups divide, each rank holding E / ep experts whose sets shard over the
+// ranks holding the same ones (ZeRO-1: dp / ep of them).
+TEST(MemoryPlan, SplitsOfAnExpertParallelRunKeepTheEpGroups) {
+  const Config cfg = config_of("llama3-moe-tiny", {"train.global_batch=8", "train.micro_batch=2", "parallel.ep=2",
+                                                   "parallel.zero_stage=1"});
+  std::vector<std::string> got;
+  for (const LayoutPlan& lp : plan_layouts(cfg, 4)) got.push_back(describe_layout(lp.layout));
+  EXPECT_EQ(got, (std::vector<std::string>{"dp 4 x tp 1 x pp 1", "dp 2 x tp 1 x pp 2", "dp 2 x tp 2 x pp 1"}));
+  EXPECT_THROW(plan_memory(cfg, PlanPlace{1, 4, 1}), Error);
+  // dp 4: the dense sets' optimizer state over 4 ranks, the experts' over 2.
+  const RankParams r = rank_params(cfg, PlanPlace{4, 1, 1});
+  const MemoryPlan p = plan_memory(cfg, PlanPlace{4, 1, 1});
+  EXPECT_EQ(p.optimizer, 8 * (r.dense / 4 + r.experts / 2));
+}
+
 TEST(MemoryPlan, ARunThatCannotFitStopsBeforeAllocating) {
   // 2^26 sequences of 64 tokens: terabytes of activations, more than any
   // host has; the trainer refuses before the model is allocated.
