@@ -120,7 +120,7 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
                {2, 1, 2, {"parallel.zero_stage=2", "parallel.pp_schedule=1f1b", "optim.offload=true",
                           "train.offload_activations=true"}},
                {4, 1, 1, {"parallel.zero_stage=2", kFull}, 1, 4},
-               {2, 2, 1, {"parallel.sequence_parallel=true", kFull}, 1, 2},
+               {2, 2, 1, {"parallel.zero_stage=3", "parallel.sequence_parallel=true", kFull}, 1, 2},
                {2, 1, 2, {"parallel.pp_schedule=zb", kFull}, 1, 2}};
   } else {
     GTEST_SKIP() << "layouts for 1, 2 and 4 ranks";
