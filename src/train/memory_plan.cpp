@@ -267,6 +267,28 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   return a;
 }
 
+// Rank r's actions of a schedule. The planner asks for every stage and
+// tensor-parallel rank of one shape in a row (largest_rank_plan), and a
+// search for thousands of layouts: the last shape's schedule is kept
+// rather than built again per rank (it was a third of `zettatron plan`'s time).
+const std::vector<parallel::Action>& rank_actions(parallel::PipelineSchedule kind, const parallel::PipelineShape& shape,
+                                                 int64_t rank) {
+  thread_local struct {
+    parallel::PipelineSchedule kind{};
+    parallel::PipelineShape shape{0, 0, 0};
+    std::vector<std::vector<parallel::Action>> schedule;
+  } last;
+  const auto key = [](parallel::PipelineSchedule k, const parallel::PipelineShape& s) {
+    return std::make_tuple(k, s.stages, s.micro_batches, s.virtual_stages);
+  };
+  if (key(last.kind, last.shape) != key(kind, shape)) {
+    last.schedule = parallel::build_pipeline_schedule(kind, shape);
+    last.kind = kind;
+    last.shape = shape;
+  }
+  return last.schedule[size_t(rank)];
+}
+
 }  // namespace
 
 std::vector<nn::ModelPart> rank_parts(const Config& cfg, const PlanPlace& at) {
@@ -501,8 +523,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const parallel::PipelineShape shape{at.pp, accum, cfg.parallel.virtual_stages};
   parallel::check_pipeline_schedule(kind, shape);
   int64_t live = batch * (1 + accum), in_flight = 0, most_in_flight = 0, live_host = 0, most_host = 0;
-  const auto schedule = parallel::build_pipeline_schedule(kind, shape);
-  for (const parallel::Action& a : schedule[size_t(at.pp_rank)]) {
+  for (const parallel::Action& a : rank_actions(kind, shape, at.pp_rank)) {
     const ChunkActivations& c = acts[size_t(a.chunk)];
     switch (a.kind) {
       case parallel::ActionKind::forward:
