@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -30,6 +33,14 @@ std::vector<StageLayers> plan_pipeline_stages(const nn::ModelConfig& cfg, int64_
            "parallel.virtual_stages");
   const double block = block_cost(cfg, seq_len), head = 6.0 * double(cfg.vocab_size) * double(cfg.d_model),
                embed = 2.0 * double(cfg.d_model);
+  // The memory planner asks again for every stage and tensor-parallel rank
+  // of a layout: the last answer is kept, keyed by everything it reads.
+  thread_local struct {
+    std::tuple<int64_t, int64_t, double, double, double, std::vector<int64_t>> key{-1, -1, 0, 0, 0, {}};
+    std::vector<StageLayers> stages;
+  } last;
+  auto key = std::make_tuple(L, S, block, head, embed, blocks_per_stage);
+  if (key == last.key) return last.stages;
   std::vector<int64_t> counts = blocks_per_stage;
   if (!counts.empty()) {
     ZT_CHECK(int64_t(counts.size()) == S, "parallel.pp_layers lists ", counts.size(), " stages, but the pipeline has ",
@@ -75,6 +86,8 @@ std::vector<StageLayers> plan_pipeline_stages(const nn::ModelConfig& cfg, int64_
     out.push_back(st);
     first = st.last;
   }
+  last.key = std::move(key);
+  last.stages = out;
   return out;
 }
 
