@@ -522,38 +522,61 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const parallel::PipelineSchedule kind = parallel::parse_pipeline_schedule(cfg.parallel.pp_schedule);
   const parallel::PipelineShape shape{at.pp, accum, cfg.parallel.virtual_stages};
   parallel::check_pipeline_schedule(kind, shape);
-  int64_t live = batch * (1 + accum), in_flight = 0, most_in_flight = 0, live_host = 0, most_host = 0;
-  for (const parallel::Action& a : rank_actions(kind, shape, at.pp_rank)) {
+  const std::vector<parallel::Action>& actions = rank_actions(kind, shape, at.pp_rank);
+  // The transfers, each an (R, C) buffer. The receives the runner holds
+  // while an action runs: those of it and the next kRecvLookahead - 1
+  // actions that take one (a forward but the first stage's, a backward but
+  // the last stage's) - its own lives on beside the copy the chunk works on.
+  // The sends made so far (a forward's output but the last stage's, a
+  // backward's input gradient but the first stage's), each until its
+  // neighbour has taken it: at most one per micro-batch in flight.
+  const int64_t stages = at.pp * cfg.parallel.virtual_stages;
+  const auto stage_of = [&](const parallel::Action& a) { return a.chunk * at.pp + at.pp_rank; };
+  const auto receives = [&](const parallel::Action& a) {
+    if (a.kind == parallel::ActionKind::forward) return stage_of(a) > 0;
+    return a.kind != parallel::ActionKind::backward_weight && stage_of(a) < stages - 1;
+  };
+  const auto sends = [&](const parallel::Action& a) {
+    if (a.kind == parallel::ActionKind::forward) return stage_of(a) < stages - 1;
+    return a.kind != parallel::ActionKind::backward_weight && stage_of(a) > 0;
+  };
+  int64_t in_flight = 0, most_in_flight = 0;
+  for (const parallel::Action& a : actions) {
+    if (a.kind == parallel::ActionKind::forward) most_in_flight = std::max(most_in_flight, ++in_flight);
+    if (a.kind == parallel::ActionKind::backward || a.kind == parallel::ActionKind::backward_weight) --in_flight;
+  }
+  const size_t lookahead = parallel::PipelineRunner::kRecvLookahead;
+  int64_t live = batch * (1 + accum), sent = 0, live_host = 0, most_host = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const parallel::Action& a = actions[i];
     const ChunkActivations& c = acts[size_t(a.chunk)];
+    int64_t transfers = std::min(sent, most_in_flight);
+    for (size_t j = i; j < std::min(actions.size(), i + lookahead); ++j) transfers += receives(actions[j]) ? 1 : 0;
+    const int64_t base = live + transfers * c.rows;
     switch (a.kind) {
       case parallel::ActionKind::forward:
-        p.activations = std::max(p.activations, live + c.forward_peak);
+        p.activations = std::max(p.activations, base + c.forward_peak);
         live += c.kept;
         live_host += c.host_kept;
         most_host = std::max(most_host, live_host);
-        most_in_flight = std::max(most_in_flight, ++in_flight);
         break;
       case parallel::ActionKind::backward:
-        p.activations = std::max(p.activations, live - c.kept + c.backward_peak);
+        p.activations = std::max(p.activations, base - c.kept + c.backward_peak);
         live -= c.kept;
         live_host -= c.host_kept;
-        --in_flight;
         break;
       case parallel::ActionKind::backward_input:
-        p.activations = std::max(p.activations, live - c.kept + std::max(c.backward_peak + c.deferred_gradients,
+        p.activations = std::max(p.activations, base - c.kept + std::max(c.backward_peak + c.deferred_gradients,
                                                                          c.backward_input_peak));
         live += c.held_for_weights - c.kept;
         live_host -= c.host_kept;
         break;
       case parallel::ActionKind::backward_weight:
         live -= c.held_for_weights;
-        --in_flight;
         break;
     }
+    sent += sends(a) ? 1 : 0;
   }
-  // The transfers: the receives posted ahead, and a send per micro-batch in
-  // flight until its neighbour has taken it.
-  p.activations += (int64_t(parallel::PipelineRunner::kRecvLookahead) + most_in_flight) * acts.front().rows;
   p.offload += most_host;
   return p;
 }

@@ -169,13 +169,15 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
       // An analytic model of the blocks, the head and the schedule, which
       // never plans less than the allocator sees but for a few small host
       // buffers it leaves out (seen: at most 2560 bytes, tp 2), and plans
-      // more only where a pipeline's timing decides: its receives posted
-      // ahead and sends in flight are counted at their most (seen: one
-      // (R, C) row over on most stages), and zb's input-gradient pass at the
-      // larger of its first and last block - within 6% here (the largest:
-      // zb with full recompute, first stage, 5.2% over; it was 5.2% under
-      // and the MoE models 1f1b stages 2.2% over before the experts'
-      // gradients in flight and zb's deferred weight work's were counted).
+      // more only where a pipeline's timing decides: its receives are
+      // counted as the runner posts them (every 1f1b stage of 2 matches to
+      // the byte), its sends until the neighbour takes them at their most
+      // (one per micro-batch in flight: seen up to three (R, C) rows over,
+      // 1f1b over 4 stages, first stage), and zb's input-gradient pass at
+      // the larger of its first and last block - within 6% here (the
+      // largest: 3.6%, interleaved, first stage; it was 5.2%, zb with full
+      // recompute, when every rank's receives were counted at
+      // kRecvLookahead and its sends at one per micro-batch in flight).
       // Offloading moves the blocks' kept tensors out of this category
       // exactly as planned (the host's share below is exact), so the
       // model's error in bytes is the one it has without offloading: within
