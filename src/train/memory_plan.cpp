@@ -247,9 +247,12 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   if (pipelined) {
     // The head keeps its input (all rows) and the logits' gradient between
     // forward and backward, as a block keeps its matmul inputs.
-    a.kept = blocks + ids + rows_c /*x_final*/ + head_stats + s * N * C /*head_in*/ + s * N * sh.vocab_rows + losses;
+    const int64_t head_only = head_stats + s * N * C /*head_in*/ + s * N * sh.vocab_rows + losses;
+    a.kept = blocks + ids + rows_c /*x_final*/ + head_only;
     a.held_for_weights = a.kept - blocks + layers * held_block;
-    a.forward_peak = a.kept + std::max(sequence_parallel ? rows_c : 0, one_block);
+    // Offloaded, the last block's kept tensors are on the host before the
+    // head makes its own.
+    a.forward_peak = std::max(a.kept + (sequence_parallel ? rows_c : 0), a.kept - head_only + one_block);
     a.backward_peak = backward + losses;
     a.backward_input_peak = a.held_for_weights + last_block_of_held;
     return a;

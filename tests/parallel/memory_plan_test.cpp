@@ -175,9 +175,12 @@ TEST(MemoryPlan, EveryRankOfEveryLayoutMatchesTheAllocator) {
       // (one per micro-batch in flight: seen up to three (R, C) rows over,
       // 1f1b over 4 stages, first stage), and zb's input-gradient pass at
       // the larger of its first and last block - within 6% here (the
-      // largest: 3.6%, interleaved, first stage; it was 5.2%, zb with full
+      // largest seen: 4.0%, 1f1b over 4 stages, first stage, whose sends
+      // the neighbour took sooner than the bound; it was 5.2%, zb with full
       // recompute, when every rank's receives were counted at
-      // kRecvLookahead and its sends at one per micro-batch in flight).
+      // kRecvLookahead and its sends at one per micro-batch in flight, and
+      // a head stage with offloading counted the last block's kept tensors
+      // beside the head's).
       // Offloading moves the blocks' kept tensors out of this category
       // exactly as planned (the host's share below is exact), so the
       // model's error in bytes is the one it has without offloading: within
