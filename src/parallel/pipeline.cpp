@@ -73,8 +73,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
   auto post_recv = [&](const Action& a) {
     const int64_t s = stage_of(a);
     const bool fwd = a.kind == ActionKind::forward;
-    if (a.kind == ActionKind::backward_weight) return;  // local: nothing to receive
-    if ((fwd && s == 0) || (!fwd && s == S - 1)) return;
+    if (!receives_before(a, s, S)) return;
     const auto key = std::make_tuple(int(a.kind), a.micro_batch, a.chunk);
     if (recvs.count(key)) return;
     Posted pr{Tensor::empty(Shape{R, C}, dtype, device, MemCategory::activations), nullptr};
@@ -120,7 +119,7 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
     nn::ForwardContext& ctx = contexts[size_t(a.chunk)][size_t(a.micro_batch)];
     const PipelineMicroBatch& mb = mbs[size_t(a.micro_batch)];
     if (a.kind == ActionKind::forward) {
-      const Tensor input = s > 0 ? take_recv(a) : Tensor();
+      const Tensor input = receives_before(a, s, S) ? take_recv(a) : Tensor();
       const double start = since(t0);
       const Tensor y = chunk.forward_part(ctx, input, mb.tokens, mb.targets, true, grad_scale);
       out.compute_seconds += since(t0) - start;
@@ -129,11 +128,11 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
       out.aux_weighted += ctx.aux_loss * double(ctx.B * ctx.T);
       out.expert_load_max = std::max(out.expert_load_max, ctx.expert_load_max);
       out.expert_dropped_max = std::max(out.expert_dropped_max, ctx.expert_dropped_max);
-      if (s == S - 1) {
+      if (sends_after(a, s, S)) {
+        sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(a.micro_batch, s + 1, S, false)), y});
+      } else {  // the last stage: the loss
         out.loss_sum += ctx.loss_sum;
         out.loss_tokens += ctx.loss_tokens;
-      } else {
-        sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(a.micro_batch, s + 1, S, false)), y});
       }
       out.peak_in_flight = std::max(out.peak_in_flight, ++in_flight);
     } else if (a.kind == ActionKind::backward_weight) {
@@ -147,12 +146,13 @@ PipelineRunner::StepResult PipelineRunner::run(const std::vector<PipelineMicroBa
     } else {
       const bool split = a.kind == ActionKind::backward_input;
       if (!split && before_backward) before_backward(a.chunk, a.micro_batch == m - 1);
-      const Tensor d_out = s < S - 1 ? take_recv(a) : Tensor();
+      const Tensor d_out = receives_before(a, s, S) ? take_recv(a) : Tensor();
       const double start = since(t0);
       const Tensor d_in = split ? chunk.backward_input(ctx, d_out) : chunk.backward_part(ctx, d_out);
       out.compute_seconds += since(t0) - start;
       event(split ? "backward_input" : "backward", a, start);
-      if (s > 0) sends.push_back({pp_->send(d_in, int((r + p - 1) % p), transfer_tag(a.micro_batch, s - 1, S, true)), d_in});
+      if (sends_after(a, s, S))
+        sends.push_back({pp_->send(d_in, int((r + p - 1) % p), transfer_tag(a.micro_batch, s - 1, S, true)), d_in});
       if (!split) --in_flight;
     }
     reap_sends(false);

@@ -36,6 +36,16 @@ std::string_view action_name(ActionKind k) {
   return "?";
 }
 
+bool receives_before(const Action& a, int64_t stage, int64_t stages) {
+  if (a.kind == ActionKind::forward) return stage > 0;
+  return a.kind != ActionKind::backward_weight && stage < stages - 1;
+}
+
+bool sends_after(const Action& a, int64_t stage, int64_t stages) {
+  if (a.kind == ActionKind::forward) return stage < stages - 1;
+  return a.kind != ActionKind::backward_weight && stage > 0;
+}
+
 void check_pipeline_schedule(PipelineSchedule kind, const PipelineShape& s) {
   const std::string name(pipeline_schedule_name(kind));
   ZT_CHECK(s.stages >= 1 && s.micro_batches >= 1 && s.virtual_stages >= 1, "pipeline: pp = ", s.stages,

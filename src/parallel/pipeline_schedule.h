@@ -56,6 +56,14 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
+// The (R, C) tensors an action moves between neighbouring stages: stage
+// `stage` of `stages` receives one before it (a forward's input from the
+// stage before, a backward's output gradient from the stage after) and
+// sends one after it (its output onward, its input gradient back); a zb
+// weight pass moves none.
+bool receives_before(const Action& a, int64_t stage, int64_t stages);
+bool sends_after(const Action& a, int64_t stage, int64_t stages);
+
 struct PipelineShape {
   int64_t stages = 1;          // p: pipeline ranks
   int64_t micro_batches = 1;   // m

@@ -148,13 +148,16 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t mlp_rebuilt = moe ? s * K * ((ep ? 0 : C) + F) + N * s * Fs : N * s * F;
   const int64_t mlp_held = moe ? s * K * (2 * C + 3 * F) + N * (s * E + s * 3 * Fs) : N * s * (W + F);
   const int64_t router_gradient = N * E * (4 + (s == 4 ? 0 : s));  // dlogits, and dl unless the dtype is f32
-  // ep: beside dys, the received dye (two copies while it is permuted), then
-  // dxs and dxe's rows permuted for their way back: 3 s K C at most.
+  // The experts' gradients beside dys and f32 dweight (4kN): under ep the
+  // received dye throughout (`received`); then d act, dxe, and last the
+  // rows on their way back - under ep dxs with dxe's rows permuted, else
+  // the router's dlogits - with each weight gradient made at once (freeing
+  // act and xe as it goes) or all deferred (keeping them).
   const int64_t expert_rows = s * K * C;
+  const int64_t received = ep ? expert_rows : 0;
+  const int64_t way_back = ep ? std::max(2 * expert_rows, expert_rows + router_gradient) : router_gradient;
   const int64_t mlp_gradients =
-      !moe ? N * s * F
-      : ep ? 4 * N * k + std::max({expert_rows + s * K * F, 3 * expert_rows, 2 * expert_rows + router_gradient})
-           : 4 * N * k + std::max(s * K * std::max(C, F), router_gradient);
+      moe ? 4 * N * k + received + std::max({s * K * F, expert_rows, way_back}) : N * s * F;
   const int64_t full_block = 4 * rows_c /*x_in, ln1, res_mid, ln2*/ + s * N * (2 * q + 2 * kv) /*q, att, k, v*/ +
                              mlp_kept + 4 * (N * sh.q_heads /*lse*/ + 2 * stats * R);
   // What backward rebuilds of one block (selective: attention output, lse
@@ -211,10 +214,7 @@ ChunkActivations chunk_activations(const Config& cfg, const nn::TpShares& sh, co
   const int64_t mlp_held_gradients = moe ? N * s * E + (Fs > 0 ? row_gradient : 0)  // router; shared expert's
                                          : row_gradient + (gelu ? N * s * W : 0);      // mlp_out's; GPT-2's d mlp_in
   const int64_t mlp_deferred_peak =  // MoE: the experts' all at once, or later the shared expert's d act
-      moe ? std::max(4 * N * k + s * K * (C + F) + (ep ? expert_rows + std::max(2 * expert_rows, expert_rows +
-                                                                                 router_gradient)
-                                                           : router_gradient),
-                     mlp_held_gradients + N * s * Fs)
+      moe ? std::max(4 * N * k + s * K * (C + F) + received + way_back, mlp_held_gradients + N * s * Fs)
           : row_gradient + N * s * (gelu ? W : F);
   const int64_t gradients_deferred =
       rest_of_gradients + std::max(mlp_deferred_peak, mlp_held_gradients + row_gradient /*proj's*/ +
@@ -390,6 +390,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     for (size_t i = 0; i < sets.size(); ++i) {
       all += sets[i];
       shard_sets += sets[i] / shard_of(i);  // equal slices: every set is padded to a multiple of 16 dp
+      largest_set = std::max(largest_set, sets[i]);
       largest_shard = std::max(largest_shard, sets[i] / shard_of(i));
       // ZeRO-3 holds a layer's full weights while it runs (a
       // mixture-of-experts block's two sets, its own and its experts') and,
@@ -433,10 +434,7 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     int64_t worst = in_flight[first];
     for (size_t i = 0; i < sets.size(); ++i)
       if (shard_of(i) > 1) worst = std::max(worst, in_flight[i] + (i == first ? second : in_flight[first]));
-    std::vector<int64_t> sorted = sets;
-    std::sort(sorted.rbegin(), sorted.rend());
-    largest_set = std::max(largest_set, sorted[0]);
-    if (tied >= 0 && shard == 1) worst = std::max(worst, sorted[0] + (sorted.size() > 1 ? sorted[1] : 0));
+    if (tied >= 0 && shard == 1) worst = std::max(worst, in_flight[first] + second);  // the two largest sets
     if (tied >= 0 && both_ends && shard > 1) worst = std::max(worst, sets[size_t(tied)] + in_flight[size_t(tied)]);
     reducing = std::max(reducing, worst);
     // What no reduction timing goes below: a shard group of one reduces with
@@ -526,22 +524,17 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
   const parallel::PipelineShape shape{at.pp, accum, cfg.parallel.virtual_stages};
   parallel::check_pipeline_schedule(kind, shape);
   const std::vector<parallel::Action>& actions = rank_actions(kind, shape, at.pp_rank);
-  // The transfers, each an (R, C) buffer. The receives the runner holds
-  // while an action runs: those of it and the next kRecvLookahead - 1
-  // actions that take one (a forward but the first stage's, a backward but
-  // the last stage's) - its own lives on beside the copy the chunk works on.
-  // The sends made so far (a forward's output but the last stage's, a
-  // backward's input gradient but the first stage's), each until its
-  // neighbour has taken it: at most one per micro-batch in flight.
+  // The transfers (parallel::receives_before, sends_after), each an (R, C)
+  // buffer. The receives the runner holds while an action runs: its own,
+  // which lives on beside the copy the chunk works on, and those posted for
+  // the next kRecvLookahead - 1 actions. The sends made so far, each until
+  // its neighbour has taken it: at most one per micro-batch in flight.
   const int64_t stages = at.pp * cfg.parallel.virtual_stages;
-  const auto stage_of = [&](const parallel::Action& a) { return a.chunk * at.pp + at.pp_rank; };
   const auto receives = [&](const parallel::Action& a) {
-    if (a.kind == parallel::ActionKind::forward) return stage_of(a) > 0;
-    return a.kind != parallel::ActionKind::backward_weight && stage_of(a) < stages - 1;
+    return parallel::receives_before(a, a.chunk * at.pp + at.pp_rank, stages);
   };
   const auto sends = [&](const parallel::Action& a) {
-    if (a.kind == parallel::ActionKind::forward) return stage_of(a) < stages - 1;
-    return a.kind != parallel::ActionKind::backward_weight && stage_of(a) > 0;
+    return parallel::sends_after(a, a.chunk * at.pp + at.pp_rank, stages);
   };
   int64_t in_flight = 0, most_in_flight = 0;
   for (const parallel::Action& a : actions) {
