@@ -47,6 +47,7 @@
 #include "ops/device.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/fp8.h"
 #include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -223,6 +224,7 @@ class Bench {
           }
         });
 #endif
+      if (p.name != std::string("head")) fp8_rows(p.name, p.M, p.K, p.N, p.bias, x, w, b, dy);
     }
     // The LM head's weight gradient accumulates into its f32 dW once per
     // chunk: at the chunk's rows (above) and at 4x them (fewer, longer
@@ -239,6 +241,44 @@ class Bench {
                       gemm_tflops_);
       });
     }
+  }
+
+  // The block's products on fp8 (train.fp8; the LM head stays in the
+  // compute dtype): <layer>.forward_fp8, .dgrad_fp8 and .wgrad_fp8 on codes
+  // quantised beforehand (on a GPU the fp8 tensor cores, the transposes of
+  // the K-major operands inside the backward rows), and
+  // .forward_fp8_quantizing with the quantisation of x and W the model runs
+  // before each forward. of_gemm is against the bf16 GEMM rate.
+  void fp8_rows(const char* name, int64_t M, int64_t K, int64_t N, bool bias, const Tensor& x, const Tensor& w,
+                const Tensor& b, const Tensor& dy) {
+    struct Codes {
+      Tensor q, scale_inv;
+    };
+    auto codes = [&](const Tensor& t, DType format) {
+      Codes c{Tensor::empty(t.shape(), format, dev_), empty({1}, DType::f32)};
+      ops::quantize_fp8(c.q, c.scale_inv, t);
+      return c;
+    };
+    const Codes xq = codes(x, DType::f8e4m3), wq = codes(w, DType::f8e4m3), dyq = codes(dy, DType::f8e5m2);
+    Tensor y = empty({M, N}, DType::bf16), dx = empty({M, K}, DType::bf16), dw = zeros({N, K});
+    auto fp8_row = [&](const char* kind, const std::function<void()>& run) {
+      const std::string op = std::string(name) + "." + kind;
+      if (!selected(m_.name, op)) return;
+      guarded(m_.name, op,
+              [&] { print_product(m_.name, op, M, K, N, bias, median_seconds(dev_, run), gemm_tflops_); });
+    };
+    fp8_row("forward_fp8", [&] { ops::fp8_linear_forward(y, xq.q, xq.scale_inv, wq.q, wq.scale_inv, b); });
+    fp8_row("forward_fp8_quantizing", [&] {
+      ops::quantize_fp8(xq.q, xq.scale_inv, x);
+      ops::quantize_fp8(wq.q, wq.scale_inv, w);
+      ops::fp8_linear_forward(y, xq.q, xq.scale_inv, wq.q, wq.scale_inv, b);
+    });
+    fp8_row("dgrad_fp8", [&] {
+      ops::fp8_linear_backward(dx, Tensor(), dyq.q, dyq.scale_inv, {}, {}, wq.q, wq.scale_inv);
+    });
+    fp8_row("wgrad_fp8", [&] {
+      ops::fp8_linear_backward(Tensor(), dw, dyq.q, dyq.scale_inv, xq.q, xq.scale_inv, {}, {});
+    });
   }
 
   // Every algorithm cuBLASLt's heuristic ranks for a product (at most

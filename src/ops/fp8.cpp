@@ -1,6 +1,8 @@
 // Per-tensor fp8 quantisation and the linear layer on fp8 operands: argument
-// validation, then the CPU kernels (backend/cpu/fp8.cpp; contract:
-// ops/fp8.h). The products dequantise to f32 and run the f32 linear ops.
+// validation, then the kernels by device (backend/cpu/fp8.cpp,
+// backend/cuda/fp8.cu; contract: ops/fp8.h). On a GPU the products run on
+// the fp8 tensor cores; on the CPU, and on a GPU for a shape cuBLASLt has no
+// fp8 algorithm for, they dequantise to f32 and run the f32 linear ops.
 #include "ops/fp8.h"
 
 #include <algorithm>
@@ -12,6 +14,9 @@
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/op_profile.h"
+#if ZT_WITH_CUDA
+#include "backend/cuda/fp8.h"
+#endif
 
 namespace zt::ops {
 
@@ -19,13 +24,6 @@ namespace {
 
 constexpr std::initializer_list<DType> kFp8 = {DType::f8e4m3, DType::f8e5m2};
 constexpr std::initializer_list<DType> kWide = {DType::f32, DType::bf16};
-
-// fp8 runs on the CPU so far (its GPU kernels and cuBLASLt's fp8 GEMM are
-// not built yet).
-void check_cpu(const char* op, const Tensor& on) {
-  ZT_CHECK(on.device().is_cpu(), op, ": fp8 runs on the CPU only so far (got ", on.device().str(),
-           "); train without fp8 on a GPU");
-}
 
 void check_scale(const char* op, const char* name, const Tensor& s) {
   check_shape(op, name, s, Shape{1});
@@ -48,7 +46,7 @@ Tensor as_f32(const Tensor& t) {
 }
 
 // A conversion's arguments: `wide` (f32 or bf16) and its codes q (fp8, the
-// same shape) with their scale, on one CPU device, none sharing memory.
+// same shape) with their scale, on one device, none sharing memory.
 void check_conversion(const char* op, const char* wide_name, const Tensor& wide, const Tensor& q,
                       const Tensor& scale_inv) {
   check_defined(op, wide_name, wide);
@@ -57,7 +55,6 @@ void check_conversion(const char* op, const char* wide_name, const Tensor& wide,
   check_dtype(op, "q", q, kFp8);
   check_scale(op, "scale_inv", scale_inv);
   check_device(op, wide.device(), {{"q", &q}, {"scale_inv", &scale_inv}});
-  check_cpu(op, wide);
   check_all_disjoint(op, {{wide_name, &wide}, {"q", &q}, {"scale_inv", &scale_inv}});
 }
 
@@ -91,6 +88,9 @@ void quantize_fp8(const Tensor& q, const Tensor& scale_inv, const Tensor& x) {
   const char* op = "quantize_fp8";
   const OpScope scope(op, x);
   check_conversion(op, "x", x, q, scale_inv);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, x.device())) return cuda::quantize_fp8(q, scale_inv, x);
+#endif
   const float amax = cpu::abs_max(x);
   const float scale = fp8_scale(amax, q.dtype());
   cpu::encode_fp8(q, x, scale);
@@ -101,6 +101,9 @@ void dequantize_fp8(const Tensor& out, const Tensor& q, const Tensor& scale_inv)
   const char* op = "dequantize_fp8";
   const OpScope scope(op, q);
   check_conversion(op, "out", out, q, scale_inv);
+#if ZT_WITH_CUDA
+  if (use_cuda(op, q.device())) return cuda::dequantize_fp8(out, q, scale_inv);
+#endif
   const float s = scale_inv.data<float>()[0];
   if (out.dtype() == DType::f32) {
     cast(out, q);  // every fp8 value is an f32 exactly
@@ -130,8 +133,10 @@ void fp8_linear_forward(const Tensor& y, const Tensor& xq, const Tensor& x_scale
   }
   check_device(op, xq.device(), {{"y", &y}, {"wq", &wq}, {"x_scale_inv", &x_scale_inv},
                                  {"w_scale_inv", &w_scale_inv}, {"b", &b}, {"residual", &residual}});
-  check_cpu(op, xq);
   check_all_disjoint(op, {{"y", &y}, {"xq", &xq}, {"wq", &wq}, {"b", &b}, {"residual", &residual}});
+#if ZT_WITH_CUDA
+  if (use_cuda(op, xq.device()) && cuda::fp8_linear_forward(y, xq, x_scale_inv, wq, w_scale_inv, b, residual)) return;
+#endif
   const Tensor x = dequantized(xq, x_scale_inv), w = dequantized(wq, w_scale_inv);
   if (y.dtype() == DType::f32) return linear_forward(y, x, w, as_f32(b), residual);
   const Tensor wide = Tensor::empty(y.shape(), DType::f32, y.device(), MemCategory::workspace);
@@ -172,10 +177,18 @@ void fp8_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dyq, 
   }
   check_device(op, dyq.device(), {{"dx", &dx}, {"dw", &dw}, {"xq", &xq}, {"wq", &wq}, {"dy_scale_inv", &dy_scale_inv},
                                   {"x_scale_inv", &x_scale_inv}, {"w_scale_inv", &w_scale_inv}});
-  check_cpu(op, dyq);
   check_all_disjoint(op, {{"dx", &dx}, {"dw", &dw}, {"dyq", &dyq}, {"xq", &xq}, {"wq", &wq}});
+  bool dx_done = !dx.defined(), dw_done = !dw.defined();
+#if ZT_WITH_CUDA
+  if (use_cuda(op, dyq.device())) {
+    dx_done = dx_done || cuda::fp8_linear_input_gradient(dx, dyq, dy_scale_inv, wq, w_scale_inv);
+    dw_done = dw_done || cuda::fp8_linear_weight_gradient(dw, dyq, dy_scale_inv, xq, x_scale_inv,
+                                                          weights == GradWrite::overwrite);
+  }
+#endif
+  if (dx_done && dw_done) return;
   const Tensor dy_rows = dequantized(dyq, dy_scale_inv).view(Shape{N, O});
-  if (dx.defined()) {
+  if (!dx_done) {
     const int64_t I = wq.size(1);
     const Tensor w = dequantized(wq, w_scale_inv);
     const Tensor wide = dx.dtype() == DType::f32 ? dx
@@ -183,7 +196,7 @@ void fp8_linear_backward(const Tensor& dx, const Tensor& dw, const Tensor& dyq, 
     matmul(wide.view(Shape{N, I}), dy_rows, w);  // (N, O) (O, I)
     if (dx.dtype() != DType::f32) cast(dx, wide);
   }
-  if (dw.defined()) {
+  if (!dw_done) {
     const Tensor x = dequantized(xq, x_scale_inv).view(Shape{N, xq.size(-1)});
     matmul(dw, dy_rows, x, /*trans_a=*/true, false, 1.0f, weights == GradWrite::accumulate ? 1.0f : 0.0f);
   }

@@ -7,6 +7,7 @@
 #include "ops/device.h"
 #if ZT_WITH_CUDA
 #include "backend/cuda/attention.h"
+#include "backend/cuda/fp8.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/runtime.h"
 #endif
@@ -14,7 +15,7 @@
 namespace zt::ops {
 
 int64_t step_workspace_bytes(Device device, const std::vector<AttentionDims>& attention, int64_t rows,
-                             const std::vector<LinearDims>& linears) {
+                             const std::vector<LinearDims>& linears, bool fp8, DType compute) {
   if (!device.is_cuda() || device.index >= gpu_count()) return -1;
 #if ZT_WITH_CUDA
   init_device(device);
@@ -29,7 +30,9 @@ int64_t step_workspace_bytes(Device device, const std::vector<AttentionDims>& at
                         cuda::attention_workspace_bytes(shape, scale, cuda::AttentionPass{true, a.deterministic})});
   }
   for (const LinearDims& l : linears)
-    largest = std::max(largest, cuda::linear_backward_workspace_bytes(l.out, l.in, rows, l.bias, device));
+    largest = std::max(largest, fp8 ? cuda::fp8_linear_workspace_bytes(l.out, l.in, rows, l.bias, compute,
+                                                                       l.accumulates_dx)
+                                    : cuda::linear_backward_workspace_bytes(l.out, l.in, rows, l.bias, device));
   return int64_t(cuda::cublaslt_workspace_bytes()) + largest;
 #else
   return -1;

@@ -32,21 +32,26 @@ struct AttentionDims {
   int64_t keys() const { return Tk > 0 ? Tk : T; }
 };
 
-// One linear layer: its weight (out, in), whether it has a bias.
+// One linear layer: its weight (out, in), whether it has a bias, whether
+// its input gradient is added into another's (k and v's into q's).
 struct LinearDims {
   int64_t out = 0, in = 0;
   bool bias = false;
+  bool accumulates_dx = false;
 };
 
 // The workspace peak of a step whose attention calls have these dims (one
 // entry a kind of call; none without blocks) and
-// whose linear layers these, over `rows` rows each, on `device` (bytes), with
+// whose linear layers these, over `rows` rows each, on `device` (bytes) -
+// in `compute` dtype, or on fp8 (train.fp8: their operands' codes and
+// transposes, backend/cuda/fp8.h) -, with
 // the kernels the backend picks for them (on a GPU this builds and caches
 // cuDNN's plans for the shape). -1 where it is not planned: on the CPU (each
 // thread's grow-only scratch, sized by the kernels' tiling: 0.8 MiB for the
 // demo, 133 MiB for GPT-2 124M at micro-batch 1 x 256 on 2 threads, 5.6% of
 // its peak), and for a GPU this machine lacks.
 int64_t step_workspace_bytes(Device device, const std::vector<AttentionDims>& attention, int64_t rows,
-                             const std::vector<LinearDims>& linears);
+                             const std::vector<LinearDims>& linears, bool fp8 = false,
+                             DType compute = DType::bf16);
 
 }  // namespace zt::ops

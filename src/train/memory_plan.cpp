@@ -498,12 +498,13 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias}};
     if (qkv == nn::QkvForm::three) {
       linears.push_back({q, m.d_model, bias});
-      linears.push_back({kv, m.d_model, bias});
+      linears.push_back({kv, m.d_model, bias, true});  // k's and v's input gradients add into q's
     } else {
       linears.push_back({q + 2 * kv, m.d_model, bias});
     }
   }
-  p.workspace = ops::step_workspace_bytes(device, attention, cfg.train.micro_batch * cfg.train.seq_len, linears);
+  p.workspace = ops::step_workspace_bytes(device, attention, cfg.train.micro_batch * cfg.train.seq_len, linears,
+                                         cfg.train.fp8, cfg.compute_dtype());
   p.offload_on_device = device.is_cpu();
 
   // Activations: one micro-batch at a time, or under a pipeline schedule

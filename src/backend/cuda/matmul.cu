@@ -85,6 +85,8 @@ cudaDataType_t lt_type(DType t) {
     case DType::f32: return CUDA_R_32F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::f16: return CUDA_R_16F;
+    case DType::f8e4m3: return CUDA_R_8F_E4M3;
+    case DType::f8e5m2: return CUDA_R_8F_E5M2;
     default: break;
   }
   ZT_FAIL("internal: cuBLASLt matmul got dtype ", dtype_name(t));
@@ -122,7 +124,10 @@ struct PlanKey {
   // Row strides of the stored (row-major) matrices and batch strides, in
   // elements (stride_b 0: b shared by the batch).
   int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
-  DType ab = DType::f32, out = DType::f32, bias = DType::f32;
+  // ab: our a's dtype, and b's but in a scaled fp8 product (b_type: e4m3
+  // against e5m2 there).
+  DType ab = DType::f32, b_type = DType::f32, out = DType::f32, bias = DType::f32;
+  bool scaled = false;  // fp8 operands with per-tensor scales (A/B_SCALE_POINTER, set per launch)
   bool has_bias = false;
   bool dgelu = false;  // the DGELU epilogue, its input (pre) laid out like out (ld = ldc)
   bool gelu_aux = false;  // the GELU_AUX(_BIAS) epilogue, its output pre (the GeLU's input) laid out like out
@@ -151,9 +156,9 @@ struct PlanKeyHash {
     mix(uint64_t(k.K));
     mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.has_bias) << 3 | uint64_t(k.dgelu) << 4 |
         uint64_t(k.bgrad) << 5 | uint64_t(k.separate_c) << 6 | uint64_t(k.accumulate) << 7 |
-        uint64_t(k.gelu_aux) << 8);
+        uint64_t(k.gelu_aux) << 8 | uint64_t(k.scaled) << 9);
     for (int64_t v : {k.lda, k.ldb, k.ldc, k.stride_a, k.stride_b, k.stride_c}) mix(uint64_t(v));
-    mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16);
+    mix(uint64_t(k.ab) | uint64_t(k.out) << 8 | uint64_t(k.bias) << 16 | uint64_t(k.b_type) << 24);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_out) << 32 | uint64_t(k.align_bias) << 48);
     mix(uint64_t(k.align_aux) | uint64_t(k.candidate) << 32 | uint64_t(k.tune) << 62);
     mix(k.workspace_bytes);
@@ -183,16 +188,18 @@ struct Plan {
   std::mutex pointer_mu;  // the bias and aux pointers live in `op`: set them and launch under this lock
 };
 
-// A product cuBLAS's own GEMM can run: no epilogue, and C is out (cuBLAS's
-// GEMM has no D apart from C).
+// A product cuBLAS's own GEMM can run: no epilogue, C is out (cuBLAS's
+// GEMM has no D apart from C) and no fp8 scales. Any other product falls
+// back where cuBLASLt refuses it.
 bool epilogue_free(const PlanKey& k) {
-  return !k.has_bias && !k.dgelu && !k.gelu_aux && !k.bgrad && !k.separate_c;
+  return !k.has_bias && !k.dgelu && !k.gelu_aux && !k.bgrad && !k.separate_c && !k.scaled;
 }
 
 std::string describe(const PlanKey& k) {
   return zt::detail::concat("batch ", k.batch, " M ", k.M, " N ", k.N, " K ", k.K, k.trans_a ? " trans_a" : "",
                         k.trans_b ? " trans_b" : "", " ld ", k.lda, "/", k.ldb, "/", k.ldc, " strides ", k.stride_a,
-                        "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab), " -> ",
+                        "/", k.stride_b, "/", k.stride_c, ", ", dtype_name(k.ab),
+                        k.scaled ? zt::detail::concat(" x ", dtype_name(k.b_type), " scaled") : "", " -> ",
                         dtype_name(k.out), k.has_bias ? zt::detail::concat(", ", dtype_name(k.bias), " bias epilogue") : "",
                         k.dgelu ? ", dgelu epilogue" : "", k.gelu_aux ? ", gelu_aux epilogue" : "",
                         k.bgrad ? ", bgradb epilogue" : "",
@@ -347,7 +354,8 @@ thread_local LastAlgorithm t_last;
 // them, to time, when tuning). `bias` is a pointer with the key's bias
 // alignment, `aux` one with its aux alignment: the heuristic reads them from
 // the descriptor.
-std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* aux) {
+std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* aux, const void* a_scale,
+                                const void* b_scale) {
   auto p = std::make_unique<Plan>();
   p->handle = cublaslt_handle(Device::cuda(k.device));
   ZT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -381,11 +389,17 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
                                                    sizeof(aux_type)));
   }
-  const cudaDataType_t ab = lt_type(k.ab), out = lt_type(k.out);
+  if (k.scaled) {  // cuBLASLt's A is our b: its scale is b's
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  }
+  const cudaDataType_t ab = lt_type(k.ab), bt = lt_type(k.scaled ? k.b_type : k.ab), out = lt_type(k.out);
   // Stored shapes, column-major: b (K, N) row-major is (N, K) with its row
   // stride as ld; b (N, K) is (K, N). Likewise a (M, K) is (K, M).
-  p->lay_a = k.trans_b ? make_layout(ab, k.K, k.N, k.ldb, k.batch, k.stride_b)
-                       : make_layout(ab, k.N, k.K, k.ldb, k.batch, k.stride_b);
+  p->lay_a = k.trans_b ? make_layout(bt, k.K, k.N, k.ldb, k.batch, k.stride_b)
+                       : make_layout(bt, k.N, k.K, k.ldb, k.batch, k.stride_b);
   p->lay_b = k.trans_a ? make_layout(ab, k.M, k.K, k.lda, k.batch, k.stride_a)
                        : make_layout(ab, k.K, k.M, k.lda, k.batch, k.stride_a);
   p->lay_c = make_layout(out, k.N, k.M, k.ldc, k.batch, k.stride_c);
@@ -503,23 +517,25 @@ void keep_fastest(Plan& p, const PlanKey& k, void* out, float beta, Device devic
 }
 
 // The cached plan of `k` (made on first use).
-Plan& plan_for(const PlanKey& k, const void* bias, const void* aux) {
+Plan& plan_for(const PlanKey& k, const void* bias, const void* aux, const void* a_scale, const void* b_scale) {
   static std::mutex mu;
   static auto* cache = new std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash>();  // never freed
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(k);
-  if (it == cache->end()) it = cache->emplace(k, make_plan(k, bias, aux)).first;
+  if (it == cache->end()) it = cache->emplace(k, make_plan(k, bias, aux, a_scale, b_scale)).first;
   return *it->second;
 }
 
 // Runs the cached plan of k: out = alpha * op(a) @ op(b) + beta * out (+ bias
 // through the epilogue; times gelu'(aux) with the DGELU one; beta * c instead
-// of beta * out when k.separate_c). Returns false, having launched nothing,
+// of beta * out when k.separate_c; op(a) and op(b) times the f32 scales at
+// a_scale and b_scale (device) when k.scaled). Returns false, having launched nothing,
 // when an epilogue or a separate c is asked for and no algorithm applies it
 // (none offered, or the offered one refused at launch); throws when a plain
 // product finds no algorithm.
 bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, const void* bias, const void* aux,
-                 float alpha_in, float beta_in, Device device, const void* c = nullptr) {
+                 float alpha_in, float beta_in, Device device, const void* c = nullptr, const void* a_scale = nullptr,
+                 const void* b_scale = nullptr) {
   PlanKey k = key;
   const bool scoped = t_candidate >= 0;  // exactly the scope's candidate: no tuning, no switch
   k.candidate = scoped ? t_candidate : 0;
@@ -545,7 +561,7 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
     t_last = LastAlgorithm{.any = true, .cublas = true};
     return true;
   }
-  Plan& p = plan_for(k, bias, aux);
+  Plan& p = plan_for(k, bias, aux, a_scale, b_scale);
   // A candidate asked for by index ends a sweep where the list ends, rather
   // than falling back to another product.
   ZT_CHECK(p.found || k.candidate == 0 || !recorded, "matmul plans ", plan_file() ? plan_file()->path() : "",
@@ -599,6 +615,12 @@ bool launch_plan(const PlanKey& key, const void* a, const void* b, void* out, co
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   if (k.dgelu || k.gelu_aux)
     ZT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  if (k.scaled) {
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    ZT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  }
   return launch();
 }
 
@@ -617,7 +639,7 @@ PlanKey contiguous_key(const GemmDesc& d, DType ab, const void* a, const void* b
   k.stride_a = d.M * d.K;
   k.stride_b = d.b_shared && d.batch > 1 ? 0 : d.K * d.N;
   k.stride_c = d.M * d.N;
-  k.ab = ab, k.out = out_type;
+  k.ab = ab, k.b_type = ab, k.out = out_type;
   k.has_bias = bias != nullptr;
   k.bias = k.has_bias ? bias_type : out_type;
   const size_t es = dtype_size(ab);
@@ -747,7 +769,7 @@ void strided_gemm(const StridedGemm& g, DType ab, const void* a, const void* b, 
   k.trans_a = g.trans_a, k.trans_b = g.trans_b;
   k.lda = g.lda, k.ldb = g.ldb, k.ldc = g.ldc;
   k.stride_a = g.stride_a, k.stride_b = g.stride_b, k.stride_c = g.stride_c;
-  k.ab = ab, k.out = out_type, k.bias = out_type;
+  k.ab = ab, k.b_type = ab, k.out = out_type, k.bias = out_type;
   const size_t es = dtype_size(ab);
   k.align_a = alignment_of(a, g.batch, g.stride_a, es, g.lda);
   k.align_b = alignment_of(b, g.batch, g.stride_b, es, g.ldb);
@@ -840,6 +862,56 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
     beta_bias(out.data_ptr(), out.dtype(), acc32.data_ptr(), DType::f32, nullptr, DType::f32, 1.0f, n, d.N, device);
   }
 }
+
+namespace {
+std::atomic<int64_t> g_fp8_launches{0};  // fp8_matmul_launches
+}  // namespace
+
+bool fp8_matmul(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                const Tensor& b_scale_inv, const Tensor& bias, const Tensor& c, float beta) {
+  const int64_t K = a.size(-1), N = b.size(0), M = K > 0 ? a.numel() / K : 0;
+  if (M == 0 || N == 0 || K == 0) return false;  // nothing for the tensor cores: the caller's path
+  const Device device = out.device();
+  // out (M, N) = a (M, K) @ b (N, K)^T: cuBLASLt's A is b with op T and its B
+  // is a with op N - the "TN" layout, the only one Hopper's fp8 GEMM takes.
+  GemmDesc d;
+  d.M = M, d.N = N, d.K = K, d.trans_b = true;
+  const void* sa = a_scale_inv.data_ptr();
+  const void* sb = b_scale_inv.data_ptr();
+  auto product = [&](void* dst, DType dst_type, const void* bias_p, const void* c_apart, float beta_of) {
+    PlanKey k = contiguous_key(d, a.dtype(), a.data_ptr(), b.data_ptr(), dst_type, dst, bias_p, DType::bf16, device,
+                               c_apart);
+    k.b_type = b.dtype();
+    k.scaled = true;
+    const bool ran = launch_plan(k, a.data_ptr(), b.data_ptr(), dst, bias_p, nullptr, 1.0f, beta_of, device,
+                                 c_apart, sa, sb);
+    if (ran) ++g_fp8_launches;
+    return ran;
+  };
+  const void* prev = c.defined() && beta != 0.0f ? c.data_ptr() : out.data_ptr();
+  const void* c_apart = prev != out.data_ptr() ? prev : nullptr;
+  // The bias epilogue of an fp8 product takes a bf16 bias (cuBLASLt's table
+  // for fp8 with bf16 or f32 D), 16-byte aligned as matmul asks.
+  const bool bias_epilogue = bias.defined() && bias.dtype() == DType::bf16 &&
+                             reinterpret_cast<uintptr_t>(bias.data_ptr()) % 16 == 0;
+  if ((!bias.defined() || bias_epilogue) &&
+      product(out.data_ptr(), out.dtype(), bias.defined() ? bias.data_ptr() : nullptr, c_apart, beta))
+    return true;
+  if (!bias.defined() && c_apart == nullptr) return false;  // a plain product refused: no other form
+  // C = beta * prev + bias in an f32 scratch, the product added onto it
+  // (beta 1, C = D), then rounded once into out: out is not written unless
+  // the product ran.
+  const int64_t n = M * N;
+  Tensor acc32 = Tensor::empty(Shape{n}, DType::f32, device, MemCategory::workspace);
+  beta_bias(acc32.data_ptr(), DType::f32, prev, out.dtype(), bias.defined() ? bias.data_ptr() : nullptr,
+            bias.defined() ? bias.dtype() : DType::f32, beta, n, N, device);
+  if (!product(acc32.data_ptr(), DType::f32, nullptr, nullptr, 1.0f)) return false;
+  ++g_prefilled_launches;
+  beta_bias(out.data_ptr(), out.dtype(), acc32.data_ptr(), DType::f32, nullptr, DType::f32, 1.0f, n, N, device);
+  return true;
+}
+
+int64_t fp8_matmul_launches() { return g_fp8_launches.load(); }
 
 namespace {
 // Whether linear_backward takes the bias gradient from the weight

@@ -75,6 +75,22 @@ bool gelu_epilogue_on();
 // each is read once, on first use otherwise. No GPU needed.
 void read_matmul_environment();
 
+// out (M, N) = [beta * c +] (a sa) (M, K) @ ((b sb) (N, K))^T [+ bias (N)]
+// on the fp8 tensor cores (Hopper): one cuBLASLt product with the operands'
+// scales as its A/B scale pointers. a (..., K) with M = a.numel() / K rows,
+// b (N, K), both K-major (the only fp8 layout cuBLASLt takes: transpose an
+// operand first, fp8.h), f8e4m3 or f8e5m2 and not both e5m2; a_scale_inv,
+// b_scale_inv (1) f32 on the device; out f32 or bf16, rows of N; bias (N)
+// or undefined, in the epilogue when bf16 and 16-byte aligned, else added
+// from an f32 prefill; c out's layout and dtype, or undefined: beta then
+// scales out itself (beta 1: dW's accumulation). f32 accumulation, out
+// rounded once. Returns false, out untouched, where cuBLASLt offers or runs
+// no fp8 algorithm (an empty product, a dimension that is not a multiple of
+// 16, an unaligned operand): the caller dequantises.
+bool fp8_matmul(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, const Tensor& b,
+                const Tensor& b_scale_inv, const Tensor& bias, const Tensor& c, float beta);
+int64_t fp8_matmul_launches();  // fp8 products this process ran on the tensor cores
+
 // dy: (N, OC), x: (N, C), w: (OC, C), same dtype (f32 or bf16).
 // dx: (N, C) overwritten; dw: (OC, C) +=; db: (OC) += (overwrite: dw and db
 // written, not read); each may be undefined. dW runs through
