@@ -44,6 +44,7 @@ echo '      call 2 at once (timeout_s: the budget left less 40 s, at most 600; S
 echo '        bash bench/gpu/call.sh SECONDS kernels attention ncu'
 echo '      call 3 at once, only if 4 minutes are left (the same rule): bash bench/gpu/call.sh SECONDS "ab gpt2 llama"'
 echo '        (each model twice as configured, then under each open switch; ZT_AB picks the switches)'
+echo '        (ZT_AB="train.fp8=true" there: what the fp8 blocks train at, beside the same runs in bf16)'
 echo '      then give the machine back; a step a call skipped for time says "skipped:" in its output'
 echo '      (sources edited after this script make the pack stale: run it last; just before the first call,'
 echo '       sha256sum -c --quiet .gpu-lease/prebuilt.sha256 says nothing when the pack still matches)'
