@@ -1,7 +1,9 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -23,6 +25,7 @@ void to_json(nlohmann::json& j, const LoaderState& s) {
                      {"split", s.split},
                      {"samples_per_epoch", s.samples_per_epoch},
                      {"dataset", s.dataset}};
+  if (!s.blend_counts.empty()) j["blend_counts"] = s.blend_counts;
 }
 
 void from_json(const nlohmann::json& j, LoaderState& s) {
@@ -45,6 +48,8 @@ void from_json(const nlohmann::json& j, LoaderState& s) {
   get("split", s.split);
   get("samples_per_epoch", s.samples_per_epoch);
   get("dataset", s.dataset);
+  s.blend_counts.clear();
+  if (j.contains("blend_counts")) get("blend_counts", s.blend_counts);  // a blend's only
 }
 
 // ---- EpochPermutation -----------------------------------------------------
@@ -85,32 +90,64 @@ uint64_t EpochPermutation::operator()(uint64_t i) const {
 
 DataLoader::DataLoader(const std::string& dir, Split split, int64_t T, uint64_t seed, int dp_rank, int dp_size,
                        LoaderOptions options)
-    : dir_(dir), split_(split), T_(T), seed_(seed), rank_(dp_rank), dp_(dp_size), opts_(options) {
+    : DataLoader(std::vector<BlendPart>{{dir, 1.0}}, split, T, seed, dp_rank, dp_size, options) {}
+
+DataLoader::DataLoader(const std::vector<BlendPart>& parts, Split split, int64_t T, uint64_t seed, int dp_rank,
+                       int dp_size, LoaderOptions options)
+    : split_(split), T_(T), seed_(seed), rank_(dp_rank), dp_(dp_size), opts_(options) {
   ZT_CHECK(T >= 1, "DataLoader: sequence length T must be >= 1, got ", T);
   ZT_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "DataLoader: data-parallel rank ", dp_rank,
            " of ", dp_size, " is out of range");
-  index_ = DatasetIndex::load(dir);
-  const SplitInfo& info = index_.split(split);
-  ZT_CHECK(!info.shards.empty(), "dataset '", dir, "' has no ", split_name(split), " split",
-           split == Split::val ? " (prepared with --val-fraction 0?)" : "");
+  ZT_CHECK(!parts.empty(), "DataLoader: a blend needs at least one dataset");
+  double total = 0.0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ZT_CHECK(parts[i].weight > 0.0 && std::isfinite(parts[i].weight), "dataset ", i + 1, " of the blend ('",
+             parts[i].dir, "') has weight ", parts[i].weight, "; every weight must be a positive number");
+    total += parts[i].weight;
+  }
+  sources_.resize(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Source& src = sources_[i];
+    src.dir = parts[i].dir;
+    src.weight = parts[i].weight / total;
+    open_source(src);
+    const DatasetIndex& a = sources_[0].index;
+    ZT_CHECK(src.index.tokenizer_fingerprint == a.tokenizer_fingerprint && src.index.vocab_size == a.vocab_size,
+             "dataset '", src.dir, "' was prepared with tokenizer ", src.index.tokenizer_name, " (",
+             src.index.vocab_size, " ids, fingerprint ", src.index.tokenizer_fingerprint, ") but '",
+             sources_[0].dir, "' with ", a.tokenizer_name, " (", a.vocab_size, " ids, fingerprint ",
+             a.tokenizer_fingerprint, "): a blend's datasets must share one tokenizer; prepare them with the same "
+             "--tokenizer");
+    S_ += src.S;
+    dir_ += (i == 0 ? "" : " + ") + src.dir;
+  }
+  cursor_.counts.assign(sources_.size(), 0);
+  if (opts_.global_batch > 0) fix_global_batch(opts_.global_batch, "LoaderOptions::global_batch");
+}
+
+void DataLoader::open_source(Source& src) const {
+  const std::string& dir = src.dir;
+  src.index = DatasetIndex::load(dir);
+  const SplitInfo& info = src.index.split(split_);
+  ZT_CHECK(!info.shards.empty(), "dataset '", dir, "' has no ", split_name(split_), " split",
+           split_ == Split::val ? " (prepared with --val-fraction 0?)" : "");
   uint64_t first = 0;
   for (const ShardInfo& sh : info.shards) {
     const std::string path = dir + "/" + sh.file;
-    auto reader = std::make_unique<ShardReader>(path, uint32_t(index_.vocab_size), opts_.verify);
+    auto reader = std::make_unique<ShardReader>(path, uint32_t(src.index.vocab_size), opts_.verify);
     const ShardHeader& h = reader->header();
-    ZT_CHECK(h.token_count == sh.tokens && h.checksum == sh.checksum && h.token_bytes == index_.token_bytes,
+    ZT_CHECK(h.token_count == sh.tokens && h.checksum == sh.checksum && h.token_bytes == src.index.token_bytes,
              "shard '", path, "' does not match index.json (index: ", sh.tokens, " tokens, checksum ",
              hex64(sh.checksum), "; file: ", h.token_count, " tokens, checksum ", hex64(h.checksum),
              "): the folder mixes files of different runs of prepare");
-    shard_first_.push_back(first);
+    src.shard_first.push_back(first);
     first += h.token_count;
-    shards_.push_back(std::move(reader));
+    src.shards.push_back(std::move(reader));
   }
-  shard_first_.push_back(first);
-  ZT_CHECK(first >= uint64_t(T) + 1, "dataset '", dir, "': the ", split_name(split), " split has ", first,
-           " tokens, too few for one sample of T+1 = ", T + 1, " tokens");
-  S_ = (first - 1) / uint64_t(T);
-  if (opts_.global_batch > 0) fix_global_batch(opts_.global_batch, "LoaderOptions::global_batch");
+  src.shard_first.push_back(first);
+  ZT_CHECK(first >= uint64_t(T_) + 1, "dataset '", dir, "': the ", split_name(split_), " split has ", first,
+           " tokens, too few for one sample of T+1 = ", T_ + 1, " tokens");
+  src.S = (first - 1) / uint64_t(T_);
 }
 
 DataLoader::~DataLoader() { stop_prefetch(); }
@@ -130,23 +167,27 @@ void DataLoader::set_global_batch(int64_t G) {
            cursor_.row, " rows of it already taken)");
   stop_prefetch();
   fix_global_batch(G, "set_global_batch");
+  cursor_.rows.clear();  // planned for the old G
 }
 
-uint64_t DataLoader::sample_at(uint64_t q) const {
-  const uint64_t epoch = q / S_, pos = q % S_;
+uint64_t DataLoader::sample_of(size_t i, uint64_t n) const {
+  const uint64_t S = sources_[i].S, epoch = n / S, pos = n % S;
   if (split_ == Split::val) return pos;
-  return EpochPermutation(S_, seed_, epoch)(pos);
+  // The first dataset shuffles by the seed itself (a blend of one is the
+  // plain loader); the others by seeds of their own.
+  const uint64_t seed = i == 0 ? seed_ : seed_ ^ (0x9E3779B97F4A7C15ull * uint64_t(i));
+  return EpochPermutation(S, seed, epoch)(pos);
 }
 
-void DataLoader::read_sample(uint64_t sample, int32_t* out) const {
+void DataLoader::read_sample(const Source& src, uint64_t sample, int32_t* out) const {
   uint64_t t = sample * uint64_t(T_);
   uint64_t left = uint64_t(T_) + 1;
-  size_t k = size_t(std::upper_bound(shard_first_.begin(), shard_first_.end(), t) - shard_first_.begin()) - 1;
+  size_t k = size_t(std::upper_bound(src.shard_first.begin(), src.shard_first.end(), t) - src.shard_first.begin()) - 1;
   while (left > 0) {
-    ZT_ASSERT(k < shards_.size());
-    const uint64_t off = t - shard_first_[k];
-    const uint64_t n = std::min(left, shards_[k]->tokens() - off);
-    shards_[k]->read(off, n, out);
+    ZT_ASSERT(k < src.shards.size());
+    const uint64_t off = t - src.shard_first[k];
+    const uint64_t n = std::min(left, src.shards[k]->tokens() - off);
+    src.shards[k]->read(off, n, out);
     out += n;
     t += n;
     left -= n;
@@ -154,14 +195,58 @@ void DataLoader::read_sample(uint64_t sample, int32_t* out) const {
   }
 }
 
-uint64_t DataLoader::take_row(Cursor& c) const {
-  const uint64_t per = uint64_t(G_ / dp_);
-  const uint64_t q = c.start + uint64_t(rank_) * per + c.row;
-  if (++c.row == per) {
+void DataLoader::plan_batch(Cursor& c) const {
+  const uint64_t per = uint64_t(G_ / dp_), first = uint64_t(rank_) * per;
+  c.rows.clear();
+  c.rows.reserve(per);
+  if (sources_.size() == 1) {
+    for (uint64_t j = 0; j < per; ++j) c.rows.emplace_back(0u, c.start + first + j);
+    return;
+  }
+  // The dataset furthest behind its share takes each position, in order
+  // from the batch's start (the counts there are the cursor's).
+  std::vector<uint64_t> n = c.counts;
+  for (uint64_t j = 0; j < first + per; ++j) {
+    const size_t i = blend_pick(n, c.start + j);
+    if (j >= first) c.rows.emplace_back(uint32_t(i), n[i]);
+    ++n[i];
+  }
+}
+
+size_t DataLoader::blend_pick(const std::vector<uint64_t>& drawn, uint64_t q) const {
+  const double q1 = double(q + 1);
+  size_t best = 0;
+  double best_deficit = -INFINITY;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    const double deficit = sources_[i].weight * q1 - double(drawn[i]);
+    if (deficit > best_deficit) {  // ties: the first listed
+      best = i;
+      best_deficit = deficit;
+    }
+  }
+  return best;
+}
+
+std::pair<uint32_t, uint64_t> DataLoader::next_row(Cursor& c) const {
+  if (c.rows.empty()) plan_batch(c);
+  const std::pair<uint32_t, uint64_t> r = c.rows[size_t(c.row)];
+  if (++c.row == uint64_t(G_ / dp_)) {
+    // The next batch's counts: this one's G positions over every rank.
+    if (sources_.size() == 1) {
+      c.counts[0] += uint64_t(G_);
+    } else {
+      for (uint64_t j = 0; j < uint64_t(G_); ++j) ++c.counts[blend_pick(c.counts, c.start + j)];
+    }
     c.start += uint64_t(G_);
     c.row = 0;
+    c.rows.clear();
   }
-  return q;
+  return r;
+}
+
+void DataLoader::take_row(Cursor& c, int32_t* out) const {
+  const auto [i, n] = next_row(c);
+  read_sample(sources_[i], sample_of(i, n), out);
 }
 
 void DataLoader::start_prefetch() {
@@ -198,7 +283,7 @@ void DataLoader::producer_loop() {
         if (stop_) return;
         slot = tail_ % cap_;
       }
-      read_sample(sample_at(take_row(c)), ring_.data() + slot * row_len);
+      take_row(c, ring_.data() + slot * row_len);
       {
         std::lock_guard<std::mutex> lock(mu_);
         ++tail_;
@@ -235,7 +320,7 @@ void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets) {
   if (opts_.prefetch_rows < 0) {
     row_buf_.resize(row_len);
     for (int64_t b = 0; b < B; ++b) {
-      read_sample(sample_at(take_row(cursor_)), row_buf_.data());
+      take_row(cursor_, row_buf_.data());
       emit(b, row_buf_.data());
     }
     return;
@@ -250,7 +335,7 @@ void DataLoader::next_batch(const Tensor& inputs, const Tensor& targets) {
       slot = head_ % cap_;
     }
     emit(b, ring_.data() + slot * row_len);
-    take_row(cursor_);
+    next_row(cursor_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++head_;
@@ -270,8 +355,20 @@ LoaderState DataLoader::state() const {
   s.dp_size = dp_;
   s.split = split_name(split_);
   s.samples_per_epoch = S_;
-  s.dataset = index_.fingerprint();
+  s.dataset = fingerprint();
+  if (sources_.size() > 1) s.blend_counts = cursor_.counts;
   return s;
+}
+
+std::string DataLoader::fingerprint() const {
+  if (sources_.size() == 1) return sources_[0].index.fingerprint();
+  std::string out;
+  for (const Source& src : sources_) {
+    char w[32];
+    std::snprintf(w, sizeof w, "%.17g", src.weight);
+    out += (out.empty() ? "" : " + ") + src.index.fingerprint() + " x " + w;
+  }
+  return out;
 }
 
 void DataLoader::restore(const LoaderState& s) {
@@ -279,9 +376,9 @@ void DataLoader::restore(const LoaderState& s) {
            " split, this loader reads ", split_name(split_));
   ZT_CHECK(s.seq_len == T_, "DataLoader::restore: the state has sequence length ", s.seq_len,
            ", this loader has T = ", T_, " (samples would differ)");
-  ZT_CHECK(s.dataset == index_.fingerprint() && s.samples_per_epoch == S_, "DataLoader::restore: the state was saved on a different dataset (fingerprint ",
+  ZT_CHECK(s.dataset == fingerprint() && s.samples_per_epoch == S_, "DataLoader::restore: the state was saved on a different dataset (fingerprint ",
            s.dataset, ", ", s.samples_per_epoch, " samples per epoch) than '", dir_, "' (fingerprint ",
-           index_.fingerprint(), ", ", S_, " samples per epoch)");
+           fingerprint(), ", ", S_, " samples per epoch)");
   ZT_CHECK(s.position < S_, "DataLoader::restore: position ", s.position, " is not below samples_per_epoch ", S_);
   int64_t G = s.global_batch;
   if (s.row != 0) {
@@ -293,16 +390,25 @@ void DataLoader::restore(const LoaderState& s) {
     ZT_CHECK(s.row < uint64_t(G / dp_), "DataLoader::restore: row ", s.row, " is outside a rank's ", G / dp_,
              " rows");
   }
+  const uint64_t start = s.epoch * S_ + s.position;
+  uint64_t drawn = 0;
+  for (uint64_t n : s.blend_counts) drawn += n;
+  ZT_CHECK(sources_.size() == 1 ? s.blend_counts.empty() : (s.blend_counts.size() == sources_.size() && drawn == start),
+           "DataLoader::restore: the state's blend_counts (", s.blend_counts.size(), " counts, ", drawn,
+           " samples) do not fit a blend of ", sources_.size(), " datasets at stream position ", start);
   stop_prefetch();
   if (G_ == 0 && G > 0) fix_global_batch(G, "restored state");
   seed_ = s.seed;
-  cursor_.start = s.epoch * S_ + s.position;
+  cursor_.start = start;
   cursor_.row = s.row;
+  cursor_.counts = sources_.size() == 1 ? std::vector<uint64_t>{start} : s.blend_counts;
+  cursor_.rows.clear();
 }
 
 void DataLoader::reset() {
   stop_prefetch();
   cursor_ = Cursor{};
+  cursor_.counts.assign(sources_.size(), 0);
 }
 
 }  // namespace zt::data

@@ -31,6 +31,20 @@
 // only at a global-batch boundary (row == 0), and adopts the saved seed.
 // Every rank has the same state (ranks take rows in lockstep): save it from
 // one rank, restore it on all.
+//
+// Blends. A loader over several prepared datasets (BlendPart: a folder and a
+// weight) draws stream position q from dataset i = the one furthest behind
+// its share, argmax_i (w_i (q + 1) - n_i) with n_i the samples it gave
+// before q (ties: the first listed; w normalised to sum 1): exact
+// proportions (|n_i - w_i q| < 1 at every q) in a fixed, interleaved order.
+// Dataset i's n-th sample is its own stream's: its own epochs of S_i
+// samples, shuffled by (seed of i, epoch) - seed itself for the first, so a
+// blend of one dataset is the plain loader, sample for sample - so a
+// small dataset repeats (upsampled) while a large one is still in its first
+// epoch. The counts n_i at the current global batch's start travel in the
+// state (blend_counts) and restore exactly, at any dp size at a boundary.
+// Every dataset must come from the same tokenizer. The nominal epoch of a
+// blend (samples_per_epoch, state().epoch) is the sum of the S_i.
 #pragma once
 
 #include <condition_variable>
@@ -59,7 +73,8 @@ struct LoaderState {
   int64_t dp_size = 1;            // data-parallel ranks when saved
   std::string split = "train";
   uint64_t samples_per_epoch = 0;  // S
-  std::string dataset;            // DatasetIndex::fingerprint() of the dataset
+  std::string dataset;            // DatasetIndex::fingerprint() of the dataset (a blend: each's, and its weight)
+  std::vector<uint64_t> blend_counts;  // a blend's n_i at the current global batch's start (empty: one dataset)
 };
 void to_json(nlohmann::json& j, const LoaderState& s);
 void from_json(const nlohmann::json& j, LoaderState& s);  // throws zt::Error naming a missing field
@@ -69,6 +84,13 @@ struct LoaderOptions {
   bool verify = true;          // check every shard's checksum and token ids when opening
   int64_t prefetch_rows = 0;   // rows prepared ahead by the background thread; 0: two global
                                // batches' worth of this rank's rows; < 0: no thread
+};
+
+// One dataset of a blend: a folder prepared by `zettatron prepare` and its
+// weight (> 0; the weights are normalised).
+struct BlendPart {
+  std::string dir;
+  double weight = 1.0;
 };
 
 // A bijection of [0, n) chosen by (seed, epoch).
@@ -90,6 +112,10 @@ class DataLoader {
   // every shard of the split (errors name the file). T >= 1, 0 <= dp_rank < dp_size.
   DataLoader(const std::string& dir, Split split, int64_t T, uint64_t seed, int dp_rank, int dp_size,
              LoaderOptions options = {});
+  // A blend of the datasets (one part: the loader above); errors name the
+  // folder and the part.
+  DataLoader(const std::vector<BlendPart>& parts, Split split, int64_t T, uint64_t seed, int dp_rank, int dp_size,
+             LoaderOptions options = {});
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -107,38 +133,61 @@ class DataLoader {
   // Back to epoch 0, position 0 (e.g. to evaluate the validation split from the start).
   void reset();
 
-  int64_t vocab_size() const { return int64_t(index_.vocab_size); }
-  uint32_t eot_token() const { return index_.eot_token; }
+  int64_t vocab_size() const { return int64_t(sources_[0].index.vocab_size); }
+  uint32_t eot_token() const { return sources_[0].index.eot_token; }
   int64_t seq_len() const { return T_; }
   int64_t samples_per_epoch() const { return int64_t(S_); }
   // Input tokens per epoch (S * T; the same number of targets).
   int64_t tokens_per_epoch() const { return int64_t(S_) * T_; }
-  const DatasetIndex& index() const { return index_; }
+  const DatasetIndex& index() const { return sources_[0].index; }
+  // The blend's datasets in order (one for a plain loader), each's samples
+  // handed out to all ranks so far (n_i at the current global batch's start).
+  size_t datasets() const { return sources_.size(); }
+  const std::vector<uint64_t>& samples_drawn() const { return cursor_.counts; }
 
  private:
+  // One dataset: its shards read as one token stream of S T + tail tokens.
+  struct Source {
+    std::string dir;
+    double weight = 1.0;  // normalised
+    DatasetIndex index;
+    std::vector<std::unique_ptr<ShardReader>> shards;
+    std::vector<uint64_t> shard_first;  // first stream token of each shard (+ the total)
+    uint64_t S = 0;
+  };
   struct Cursor {
     uint64_t start = 0;  // stream index of the current global batch's first sample
     uint64_t row = 0;    // rows of this rank's slice already taken
+    std::vector<uint64_t> counts;  // n_i at `start`, one per dataset
+    // This rank's rows of the global batch at `start`: (dataset, its sample
+    // number n); made when the batch's first row is taken.
+    std::vector<std::pair<uint32_t, uint64_t>> rows;
   };
-  uint64_t sample_at(uint64_t stream_index) const;
-  void read_sample(uint64_t sample, int32_t* out) const;  // T + 1 tokens
-  // The stream index of the cursor's row, then advances it one row.
-  uint64_t take_row(Cursor& c) const;
+  void open_source(Source& src) const;
+  // Dataset i's sample of number n (its epochs, its shuffle).
+  uint64_t sample_of(size_t i, uint64_t n) const;
+  void read_sample(const Source& src, uint64_t sample, int32_t* out) const;  // T + 1 tokens
+  // Reads the cursor's next row into out (T + 1 tokens) and advances it.
+  void take_row(Cursor& c, int32_t* out) const;
+  // Advances the cursor one row without reading it.
+  std::pair<uint32_t, uint64_t> next_row(Cursor& c) const;
+  void plan_batch(Cursor& c) const;
+  // The dataset that takes stream position q, given each's samples before it.
+  size_t blend_pick(const std::vector<uint64_t>& drawn, uint64_t q) const;
+  std::string fingerprint() const;
   void fix_global_batch(int64_t G, const char* how);
   void start_prefetch();
   void stop_prefetch();
   void producer_loop();
 
-  std::string dir_;
+  std::string dir_;  // the folder, or the blend's folders joined for messages
   Split split_;
   int64_t T_;
   uint64_t seed_;
   int rank_, dp_;
   LoaderOptions opts_;
-  DatasetIndex index_;
-  std::vector<std::unique_ptr<ShardReader>> shards_;
-  std::vector<uint64_t> shard_first_;  // first stream token of each shard (+ the total)
-  uint64_t S_ = 0;
+  std::vector<Source> sources_;
+  uint64_t S_ = 0;  // samples per (nominal) epoch: the sum of the datasets'
   int64_t G_ = 0;
   Cursor cursor_;  // the consumer's position (what state() reports)
 

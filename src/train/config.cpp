@@ -7,7 +7,9 @@
 #include "parallel/pipeline_stages.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -71,6 +73,9 @@ const std::vector<Field>& fields() {
            "each expert takes at most ceil(factor x N k / E) of a micro-batch's N tokens' slots, the first come; "
            "the rest are dropped (0: dropless)"),
       ZT_F("data", "dir", data.dir, "prepared token shards (zettatron prepare)"),
+      ZT_F("data", "blend", data.blend,
+           "instead of dir, a weighted mix of prepared datasets: \"DIR WEIGHT, DIR WEIGHT, ...\" (weights "
+           "normalised; each dataset shuffled on its own, a small one repeating)"),
       ZT_F("data", "tokenizer", data.tokenizer, "gpt2 | llama3 | path (decoding samples)"),
       ZT_F("train", "device", train.device, "cpu | cuda[:N] | auto (cuda when this machine has a usable GPU, else cpu)"),
       ZT_F("train", "dtype", train.dtype, "f32 | bf16 | f16 (CUDA only; dynamic loss scaling) - master weights stay f32"),
@@ -477,7 +482,12 @@ void Config::validate() const {
            "train.eval_every and train.sample_every must be >= 0 and train.log_every > 0");
   ZT_CHECK(train.eval_batches > 0, "train.eval_batches must be positive");
   ZT_CHECK(train.max_bad_steps > 0, "train.max_bad_steps must be positive");
-  ZT_CHECK(!data.dir.empty(), "data.dir is empty: point it at a prepared dataset (zettatron prepare --output DIR)");
+  ZT_CHECK(!data.dir.empty() || !data.blend.empty(),
+           "data.dir is empty: point it at a prepared dataset (zettatron prepare --output DIR), or list several in "
+           "data.blend");
+  ZT_CHECK(data.dir.empty() || data.blend.empty(), "data.dir = \"", data.dir, "\" and data.blend = \"", data.blend,
+           "\" are both set; train on one dataset (data.dir) or a mix (data.blend), not both");
+  data_parts();  // a malformed blend is named here
   ZT_CHECK(optim.beta1 >= 0 && optim.beta1 < 1 && optim.beta2 >= 0 && optim.beta2 < 1,
            "optim.beta1 and optim.beta2 must be in [0, 1)");
   ZT_CHECK(optim.eps > 0, "optim.eps must be positive");
@@ -548,6 +558,33 @@ Device Config::device(bool multi_process) const {
   if (!gpu_by_local_rank() || !multi_process) return parse_device(train.device);
   const comm::WorldInfo w = comm::world_info();
   return local_gpu(w.local_rank, w.local_size, ops::gpu_count(), parallel.comm_backend);
+}
+
+std::vector<DataPart> Config::data_parts() const {
+  if (data.blend.empty()) return {DataPart{data.dir, 1.0}};
+  const char* form = "write data.blend as \"DIR WEIGHT, DIR WEIGHT, ...\" (e.g. \"data/web 0.7, data/code 0.3\")";
+  std::vector<DataPart> parts;
+  size_t begin = 0;
+  while (begin <= data.blend.size()) {
+    const size_t end = std::min(data.blend.find(',', begin), data.blend.size());
+    std::string entry = data.blend.substr(begin, end - begin);
+    const size_t first = entry.find_first_not_of(" \t"), last = entry.find_last_not_of(" \t");
+    entry = first == std::string::npos ? "" : entry.substr(first, last - first + 1);
+    const size_t n = parts.size() + 1;
+    ZT_CHECK(!entry.empty(), "data.blend entry ", n, " is empty; ", form);
+    const size_t space = entry.find_last_of(" \t");
+    ZT_CHECK(space != std::string::npos, "data.blend entry ", n, " ('", entry, "') has no weight; ", form);
+    const std::string weight = entry.substr(space + 1);
+    std::string dir = entry.substr(0, space);
+    dir.erase(dir.find_last_not_of(" \t") + 1);
+    char* stop = nullptr;
+    const double w = std::strtod(weight.c_str(), &stop);
+    ZT_CHECK(stop != weight.c_str() && *stop == '\0' && std::isfinite(w) && w > 0, "data.blend entry ", n, " ('",
+             entry, "'): the weight '", weight, "' is not a positive number; ", form);
+    parts.push_back({dir, w});
+    begin = end + 1;
+  }
+  return parts;
 }
 
 std::string Config::checkpoint_dir() const {

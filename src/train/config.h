@@ -31,7 +31,16 @@ namespace zt::train {
 
 struct DataSettings {
   std::string dir;                    // prepared shards (`zettatron prepare` output)
+  // Instead of dir: a weighted mix of prepared datasets, "DIR WEIGHT, DIR
+  // WEIGHT, ..." (weights normalised; data/loader.h's blend).
+  std::string blend;
   std::string tokenizer = "gpt2";     // for samples: gpt2, llama3, or a path
+};
+
+// One dataset of the training data and its weight.
+struct DataPart {
+  std::string dir;
+  double weight = 1.0;
 };
 
 struct TrainSettings {
@@ -147,6 +156,9 @@ struct Config {
   // Dynamic loss scaling: its settings, or nullopt when off.
   std::optional<optim::LossScaleConfig> loss_scaling() const;
   std::string checkpoint_dir() const;
+  // The datasets to train on: data.dir with weight 1, or data.blend's
+  // entries in order. Throws zt::Error naming a malformed entry.
+  std::vector<DataPart> data_parts() const;
   // The device this process trains on: train.device, where a bare `cuda`
   // under a multi-process launch means the local rank's GPU (local rank
   // modulo the GPU count when parallel.comm_backend = mpi lets processes

@@ -36,25 +36,33 @@ std::unique_ptr<TextCodec> open_codec(const std::string& tokenizer) {
 }
 
 TrainingData open_training_data(const Config& cfg, int dp_rank, int dp_size) {
-  const data::DatasetIndex index = data::DatasetIndex::load(cfg.data.dir);
-  ZT_CHECK(int64_t(index.vocab_size) <= cfg.model.vocab_size, "the dataset in '", cfg.data.dir, "' uses ",
-           index.vocab_size, " token ids (tokenizer ", index.tokenizer_name, ") but model.vocab_size = ",
-           cfg.model.vocab_size, "; set model.vocab_size >= ", index.vocab_size, " or prepare the data with the "
-           "model's tokenizer");
+  const std::vector<DataPart> parts = cfg.data_parts();
   const int64_t T = cfg.train.seq_len;
+  std::vector<data::BlendPart> train_parts, val_parts;
+  for (const DataPart& part : parts) {
+    const data::DatasetIndex index = data::DatasetIndex::load(part.dir);
+    ZT_CHECK(int64_t(index.vocab_size) <= cfg.model.vocab_size, "the dataset in '", part.dir, "' uses ",
+             index.vocab_size, " token ids (tokenizer ", index.tokenizer_name, ") but model.vocab_size = ",
+             cfg.model.vocab_size, "; set model.vocab_size >= ", index.vocab_size, " or prepare the data with the "
+             "model's tokenizer");
+    train_parts.push_back({part.dir, part.weight});
+    // Validation blends the datasets whose val split holds a sample.
+    if (index.val.tokens > uint64_t(T)) val_parts.push_back({part.dir, part.weight});
+  }
+  const std::string where = parts.size() == 1 ? "'" + parts[0].dir + "'" : "the blend";
   const uint64_t seed = uint64_t(cfg.train.seed);
   TrainingData out;
-  auto train = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::train, T, seed, dp_rank, dp_size);
+  auto train = std::make_unique<data::DataLoader>(train_parts, data::Split::train, T, seed, dp_rank, dp_size);
   train->set_global_batch(cfg.train.global_batch);
   out.train = std::make_unique<LoaderSource>(std::move(train));
   // Validation is read only by evaluations (train.eval_every > 0): without
   // them a split smaller than a micro-batch is no error.
-  if (cfg.train.eval_every > 0 && index.val.tokens > uint64_t(T)) {
+  if (cfg.train.eval_every > 0 && !val_parts.empty()) {
     // Validation is read in order from the start at every evaluation.
-    auto val = std::make_unique<data::DataLoader>(cfg.data.dir, data::Split::val, T, seed, 0, 1);
+    auto val = std::make_unique<data::DataLoader>(val_parts, data::Split::val, T, seed, 0, 1);
     const int64_t needed = cfg.train.micro_batch * cfg.train.eval_batches;
     ZT_CHECK(val->samples_per_epoch() >= cfg.train.micro_batch,
-             "the validation split of '", cfg.data.dir, "' has ", val->samples_per_epoch(), " samples of ", T + 1,
+             "the validation split of ", where, " has ", val->samples_per_epoch(), " samples of ", T + 1,
              " tokens, fewer than one micro-batch (", cfg.train.micro_batch,
              "); prepare with a larger --val-fraction or set train.eval_every = 0");
     val->set_global_batch(std::min<int64_t>(needed, val->samples_per_epoch() / cfg.train.micro_batch *

@@ -17,7 +17,9 @@ struct TrainingData {
   std::unique_ptr<TextCodec> codec;   // null when data.tokenizer is empty
 };
 
-// Opens cfg.data.dir for data-parallel rank dp_rank of dp_size: the train
+// Opens cfg.data.dir (or data.blend's datasets: Config::data_parts; the
+// validation split a blend of those that have one) for data-parallel rank
+// dp_rank of dp_size: the train
 // loader hands out this rank's rows of every global batch (validation is
 // read whole by every rank). Checks that the dataset's vocabulary fits the
 // model and that one global batch fits in an epoch, before any training

@@ -1,7 +1,10 @@
 // DataLoader (data/loader.h): exact epoch coverage across ranks, disjoint
 // rank slices, determinism from the seed, micro-batch equivalence, exact
 // resume from a saved state (also with another data-parallel size at a
-// boundary), the validation split in order, and bad arguments.
+// boundary), the validation split in order, bad arguments, and blends of
+// several datasets (exact proportions, each dataset its own shuffled
+// stream, ranks and micro-batches, resume, a blend of one = the plain
+// loader, their errors).
 //
 // The datasets hold token value == stream position (vocabulary 2^20, u32
 // shards), so every row identifies its sample: sample s starts with s * T.
@@ -366,6 +369,196 @@ TEST(DataLoader, BadArguments) {
   nlohmann::json j = s;
   j.erase("seed");
   EXPECT_NE(error_of([&] { j.get<LoaderState>(); }).find("missing field \"seed\""), std::string::npos);
+}
+
+// A dataset whose train tokens are stream positions plus `offset`: a row's
+// first token says which dataset and which sample it is.
+struct OffsetDataset {
+  test::TempDir dir;
+  OffsetDataset(size_t n, uint32_t offset, size_t m = 0, uint64_t vocab = kVocab) {
+    test::write_dataset(dir.path(), positions(n, offset), positions(m, offset + 200000), vocab, 89);
+  }
+  const std::string& path() const { return dir.path(); }
+};
+
+// Which dataset (by offset) each row came from, and its sample there.
+struct Drawn {
+  std::vector<int> dataset;
+  std::vector<int64_t> sample;
+};
+Drawn drawn_from(const Batch& b, int64_t T, const std::vector<uint32_t>& offsets) {
+  Drawn d;
+  for (size_t r = 0; r < b.inputs.size() / size_t(T); ++r) {
+    const uint32_t first = uint32_t(b.inputs[r * size_t(T)]);
+    int k = int(offsets.size()) - 1;
+    while (k > 0 && first < offsets[size_t(k)]) --k;
+    Batch row;
+    row.inputs.assign(b.inputs.begin() + int64_t(r) * T, b.inputs.begin() + int64_t(r + 1) * T);
+    row.targets.assign(b.targets.begin() + int64_t(r) * T, b.targets.begin() + int64_t(r + 1) * T);
+    d.dataset.push_back(k);
+    d.sample.push_back(samples_of(row, T, offsets[size_t(k)])[0]);
+  }
+  return d;
+}
+
+// Three datasets weighted 5 : 2 : 1 (given unnormalised): at every prefix of
+// the stream each dataset has given its share to within one sample, and the
+// samples of each are its own stream - the first's exactly a plain loader's
+// over it with the same seed, every dataset's epochs permutations of its
+// samples (the small third repeats several times while the first is in its
+// first epoch).
+TEST(DataLoader, BlendDrawsEachDatasetByItsWeight) {
+  const int64_t T = 5;
+  const std::vector<uint32_t> offsets = {0, 300000, 600000};
+  OffsetDataset a(T * 400 + 1, offsets[0]), b(T * 60 + 3, offsets[1]), c(T * 7 + 1, offsets[2]);
+  DataLoader l({{a.path(), 5.0}, {b.path(), 2.0}, {c.path(), 1.0}}, Split::train, T, 31, 0, 1);
+  EXPECT_EQ(l.datasets(), 3u);
+  EXPECT_EQ(l.samples_per_epoch(), 400 + 60 + 7);
+  l.set_global_batch(16);
+  Drawn all;
+  for (int step = 0; step < 20; ++step) {
+    const Drawn d = drawn_from(next(l, 16), T, offsets);
+    all.dataset.insert(all.dataset.end(), d.dataset.begin(), d.dataset.end());
+    all.sample.insert(all.sample.end(), d.sample.begin(), d.sample.end());
+  }
+  const double w[3] = {5.0 / 8, 2.0 / 8, 1.0 / 8};
+  std::vector<int64_t> n(3, 0);
+  std::vector<std::vector<int64_t>> per(3);
+  for (size_t q = 0; q < all.dataset.size(); ++q) {
+    const int k = all.dataset[q];
+    per[size_t(k)].push_back(all.sample[q]);
+    ++n[size_t(k)];
+    for (int i = 0; i < 3; ++i)
+      ASSERT_LT(std::abs(double(n[size_t(i)]) - w[i] * double(q + 1)), 1.0) << "dataset " << i << " at " << q + 1;
+  }
+  EXPECT_EQ(l.samples_drawn(), (std::vector<uint64_t>{200, 80, 40}));
+  // The first dataset's samples are a plain loader's over it, seed 31.
+  DataLoader plain(a.path(), Split::train, T, 31, 0, 1);
+  const std::vector<int64_t> want = samples_of(next(plain, int64_t(per[0].size())), T);
+  EXPECT_EQ(per[0], want);
+  // Each epoch of each dataset is a permutation of its samples.
+  const int64_t S[3] = {400, 60, 7};
+  for (int i = 0; i < 3; ++i)
+    for (size_t e = 0; (e + 1) * size_t(S[i]) <= per[size_t(i)].size(); ++e) {
+      std::set<int64_t> seen(per[size_t(i)].begin() + int64_t(e) * S[i], per[size_t(i)].begin() + int64_t(e + 1) * S[i]);
+      EXPECT_EQ(int64_t(seen.size()), S[i]) << "dataset " << i << " epoch " << e;
+      EXPECT_EQ(*seen.rbegin(), S[i] - 1);
+    }
+  EXPECT_GE(per[2].size(), 5u * 7u) << "the small dataset repeats";
+  // Another seed: the same proportions, another order.
+  DataLoader other({{a.path(), 5.0}, {b.path(), 2.0}, {c.path(), 1.0}}, Split::train, T, 32, 0, 1);
+  other.set_global_batch(16);
+  const Drawn d2 = drawn_from(next(other, 16), T, offsets);
+  EXPECT_EQ(d2.dataset, std::vector<int>(all.dataset.begin(), all.dataset.begin() + 16));
+  EXPECT_NE(d2.sample, std::vector<int64_t>(all.sample.begin(), all.sample.begin() + 16));
+}
+
+// Ranks' slices and micro-batches of a blend put together are the one-process
+// batches; a state saved mid-batch and at a boundary (through JSON, with and
+// without prefetch) continues with the same batches, and at a boundary on
+// another number of ranks.
+TEST(DataLoader, BlendAcrossRanksMicroBatchesAndResume) {
+  const int64_t T = 4, G = 12;
+  const std::vector<uint32_t> offsets = {0, 300000};
+  OffsetDataset a(T * 90 + 1, offsets[0]), b(T * 25 + 2, offsets[1]);
+  const std::vector<BlendPart> parts = {{a.path(), 0.3}, {b.path(), 0.7}};
+  DataLoader one(parts, Split::train, T, 9, 0, 1);
+  one.set_global_batch(G);
+  std::vector<Batch> want;
+  for (int step = 0; step < 12; ++step) want.push_back(next(one, G));
+  for (int dp : {2, 3}) {
+    std::vector<std::unique_ptr<DataLoader>> ranks;
+    for (int r = 0; r < dp; ++r) {
+      ranks.push_back(std::make_unique<DataLoader>(parts, Split::train, T, 9, r, dp));
+      ranks.back()->set_global_batch(G);
+    }
+    for (int step = 0; step < 12; ++step) {
+      Batch joined;
+      for (auto& l : ranks)
+        for (int m = 0; m < 2; ++m) {  // two micro-batches a rank
+          const Batch part = next(*l, G / dp / 2);
+          joined.inputs.insert(joined.inputs.end(), part.inputs.begin(), part.inputs.end());
+          joined.targets.insert(joined.targets.end(), part.targets.begin(), part.targets.end());
+        }
+      ASSERT_EQ(joined, want[size_t(step)]) << "dp " << dp << " step " << step;
+    }
+  }
+  for (int64_t prefetch : {int64_t(0), int64_t(-1)}) {
+    LoaderOptions o;
+    o.prefetch_rows = prefetch;
+    for (int calls : {6, 7}) {  // 3 steps (a boundary), 3.5 steps
+      DataLoader x(parts, Split::train, T, 9, 1, 2, o);
+      x.set_global_batch(G);
+      for (int i = 0; i < calls; ++i) next(x, G / 4);
+      const std::string text = nlohmann::json(x.state()).dump();
+      EXPECT_NE(text.find("blend_counts"), std::string::npos);
+      std::vector<Batch> rest;
+      for (int i = 0; i < 20; ++i) rest.push_back(next(x, G / 4));
+      DataLoader y(parts, Split::train, T, 1234, 1, 2, o);
+      y.restore(nlohmann::json::parse(text).get<LoaderState>());
+      for (int i = 0; i < 20; ++i) ASSERT_EQ(next(y, G / 4), rest[size_t(i)]) << "calls " << calls << " batch " << i;
+    }
+  }
+  // At a boundary of the one-process run, 3 ranks go on with its batches.
+  DataLoader base(parts, Split::train, T, 9, 0, 1);
+  base.set_global_batch(G);
+  for (int step = 0; step < 5; ++step) next(base, G);
+  const LoaderState at5 = base.state();
+  std::vector<std::unique_ptr<DataLoader>> three;
+  for (int r = 0; r < 3; ++r) {
+    three.push_back(std::make_unique<DataLoader>(parts, Split::train, T, 0, r, 3));
+    three.back()->restore(at5);
+  }
+  for (int step = 5; step < 12; ++step) {
+    Batch joined;
+    for (auto& l : three) {
+      const Batch part = next(*l, G / 3);
+      joined.inputs.insert(joined.inputs.end(), part.inputs.begin(), part.inputs.end());
+      joined.targets.insert(joined.targets.end(), part.targets.begin(), part.targets.end());
+    }
+    ASSERT_EQ(joined, want[size_t(step)]) << "step " << step;
+  }
+}
+
+// A blend of one dataset (any weight) is the plain loader: the same batches
+// and the same state, so a checkpoint of either resumes in the other.
+TEST(DataLoader, ABlendOfOneIsThePlainLoader) {
+  const int64_t T = 6;
+  Dataset ds(T * 70 + 2);
+  DataLoader plain(ds.path(), Split::train, T, 3, 1, 2), blend({{ds.path(), 2.5}}, Split::train, T, 3, 1, 2);
+  for (DataLoader* l : {&plain, &blend}) l->set_global_batch(10);
+  for (int i = 0; i < 30; ++i) ASSERT_EQ(next(blend, 5), next(plain, 5)) << "batch " << i;
+  EXPECT_EQ(nlohmann::json(blend.state()), nlohmann::json(plain.state()));
+  EXPECT_EQ(nlohmann::json(plain.state()).dump().find("blend_counts"), std::string::npos);
+}
+
+TEST(DataLoader, BlendErrorsNameTheDatasetAndTheFix) {
+  const int64_t T = 4;
+  OffsetDataset a(T * 40 + 1, 0), b(T * 40 + 1, 300000);
+  OffsetDataset small_vocab(T * 40 + 1, 0, 0, 1u << 16);
+  EXPECT_NE(error_of([&] { DataLoader({{a.path(), 1.0}, {b.path(), 0.0}}, Split::train, T, 1, 0, 1); })
+                .find("dataset 2 of the blend ('" + b.path() + "') has weight 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { DataLoader({{a.path(), 1.0}, {b.path(), -1.0}}, Split::train, T, 1, 0, 1); })
+                .find("every weight must be a positive number"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { DataLoader(std::vector<BlendPart>{}, Split::train, T, 1, 0, 1); })
+                .find("at least one dataset"),
+            std::string::npos);
+  const std::string mixed =
+      error_of([&] { DataLoader({{a.path(), 1.0}, {small_vocab.path(), 1.0}}, Split::train, T, 1, 0, 1); });
+  EXPECT_NE(mixed.find("must share one tokenizer"), std::string::npos) << mixed;
+  EXPECT_NE(mixed.find(small_vocab.path()), std::string::npos) << mixed;
+  // A plain state in a blend, a blend's in another blend, counts that do not add up.
+  DataLoader plain(a.path(), Split::train, T, 1, 0, 1);
+  DataLoader blend({{a.path(), 1.0}, {b.path(), 1.0}}, Split::train, T, 1, 0, 1);
+  DataLoader reweighted({{a.path(), 1.0}, {b.path(), 3.0}}, Split::train, T, 1, 0, 1);
+  next(blend, 4);
+  EXPECT_NE(error_of([&] { blend.restore(plain.state()); }).find("different dataset"), std::string::npos);
+  EXPECT_NE(error_of([&] { reweighted.restore(blend.state()); }).find("different dataset"), std::string::npos);
+  LoaderState bad = blend.state();
+  bad.blend_counts[0] += 1;
+  EXPECT_NE(error_of([&] { blend.restore(bad); }).find("blend_counts"), std::string::npos);
 }
 
 }  // namespace

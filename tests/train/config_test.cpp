@@ -92,6 +92,34 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
   EXPECT_EQ(error_of(kBase, {"metrics.profiler_capture_step=3"}), "");
 }
 
+// data.blend: "DIR WEIGHT, ..." in order, spaces in a folder's name kept;
+// each malformed entry named with the form to write; not beside data.dir.
+TEST(Config, DataBlendListsDatasetsAndWeights) {
+  const Config one = parse_config(kBase, "test.toml");
+  ASSERT_EQ(one.data_parts().size(), 1u);
+  EXPECT_EQ(one.data_parts()[0].dir, "somewhere");
+  EXPECT_EQ(one.data_parts()[0].weight, 1.0);
+  const Config mix =
+      parse_config(kBase, "test.toml", {"data.dir=\"\"", "data.blend=\" data/web 0.7,data/my code\t0.25 , x 1e-3\""});
+  const std::vector<DataPart> parts = mix.data_parts();
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].dir, "data/web");
+  EXPECT_EQ(parts[0].weight, 0.7);
+  EXPECT_EQ(parts[1].dir, "data/my code");
+  EXPECT_EQ(parts[1].weight, 0.25);
+  EXPECT_EQ(parts[2].dir, "x");
+  EXPECT_EQ(parts[2].weight, 1e-3);
+  const std::string no_dir = "data.dir=\"\"";
+  EXPECT_TRUE(has(error_of(kBase, {"data.blend=\"a 1\""}), "are both set; train on one dataset (data.dir) or a mix"));
+  EXPECT_TRUE(has(error_of(kBase, {no_dir, "data.blend=\"a 1, b\""}),
+                  "data.blend entry 2 ('b') has no weight; write data.blend as \"DIR WEIGHT, DIR WEIGHT, ...\""));
+  EXPECT_TRUE(has(error_of(kBase, {no_dir, "data.blend=\"a 1, b heavy\""}),
+                  "data.blend entry 2 ('b heavy'): the weight 'heavy' is not a positive number"));
+  EXPECT_TRUE(has(error_of(kBase, {no_dir, "data.blend=\"a 0\""}), "the weight '0' is not a positive number"));
+  EXPECT_TRUE(has(error_of(kBase, {no_dir, "data.blend=\"a 1,,b 2\""}), "data.blend entry 2 is empty"));
+  EXPECT_TRUE(has(error_of(kBase, {no_dir}), "data.dir is empty"));
+}
+
 // Parallel layouts the model or schedule cannot take: one message naming the
 // setting and the fix, from pure checks (the same on every rank).
 TEST(Config, ParallelLayoutsThatDoNotFitAreRejectedWithTheFix) {
