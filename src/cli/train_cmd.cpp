@@ -91,6 +91,7 @@ Command add_train_command(CLI::App& app) {
       train::TrainingData data = train::open_training_data(cfg, int(mesh->coord().dp), int(shape.dp));
       trainer = std::make_unique<train::Trainer>(cfg, std::move(data.train), std::move(data.val), std::move(data.codec),
                                                  mesh);
+      trainer->set_dataset_validation(std::move(data.val_each));
       const bool main_rank = trainer->is_main_rank();
       if (!resume_from.empty()) {
         const std::string dir = train::restore_checkpoint(*trainer, resume_from);

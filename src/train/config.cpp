@@ -97,6 +97,8 @@ const std::vector<Field>& fields() {
            "cuBLASLt's algorithms and cuBLAS's own GEMM by timing them; a run no longer repeats bit for bit"),
       ZT_F("train", "eval_every", train.eval_every, "steps between evaluations (0: never)"),
       ZT_F("train", "eval_batches", train.eval_batches, "validation micro-batches per evaluation"),
+      ZT_F("train", "eval_each_dataset", train.eval_each_dataset,
+           "with data.blend: each evaluation also takes every dataset's validation loss alone (eval_batches each)"),
       ZT_F("train", "sample_every", train.sample_every, "steps between samples (0: at the end only)"),
       ZT_F("train", "log_every", train.log_every, "steps between console lines"),
       ZT_F("train", "run_dir", train.run_dir, "output directory"),
@@ -488,6 +490,9 @@ void Config::validate() const {
   ZT_CHECK(data.dir.empty() || data.blend.empty(), "data.dir = \"", data.dir, "\" and data.blend = \"", data.blend,
            "\" are both set; train on one dataset (data.dir) or a mix (data.blend), not both");
   data_parts();  // a malformed blend is named here
+  ZT_CHECK(!train.eval_each_dataset || !data.blend.empty(), "train.eval_each_dataset takes each dataset of a "
+           "blend alone, but data.blend is not set (one dataset's loss is val_loss); set it false or list the "
+           "datasets in data.blend");
   ZT_CHECK(optim.beta1 >= 0 && optim.beta1 < 1 && optim.beta2 >= 0 && optim.beta2 < 1,
            "optim.beta1 and optim.beta2 must be in [0, 1)");
   ZT_CHECK(optim.eps > 0, "optim.eps must be positive");

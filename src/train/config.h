@@ -63,6 +63,7 @@ struct TrainSettings {
   bool deterministic = true;          // the same bits every run (false, on a GPU: attention's dq by atomics, tuned matmuls; core/determinism.h)
   int64_t eval_every = 0;             // steps between evaluations (0: never)
   int64_t eval_batches = 4;           // validation micro-batches per evaluation
+  bool eval_each_dataset = false;     // a blend: also each dataset's validation loss, alone
   int64_t sample_every = 0;           // steps between text samples (0: only at the end)
   int64_t log_every = 1;              // steps between console lines
   std::string run_dir = "runs/run";   // where config, metrics.jsonl and checkpoints go

@@ -52,22 +52,29 @@ TrainingData open_training_data(const Config& cfg, int dp_rank, int dp_size) {
   const std::string where = parts.size() == 1 ? "'" + parts[0].dir + "'" : "the blend";
   const uint64_t seed = uint64_t(cfg.train.seed);
   TrainingData out;
+  // A validation loader over `of` (read in order from the start at every
+  // evaluation): eval_batches micro-batches, fewer if the split is short.
+  auto open_val = [&](const std::vector<data::BlendPart>& of, const std::string& what) {
+    auto val = std::make_unique<data::DataLoader>(of, data::Split::val, T, seed, 0, 1);
+    const int64_t needed = cfg.train.micro_batch * cfg.train.eval_batches;
+    ZT_CHECK(val->samples_per_epoch() >= cfg.train.micro_batch,
+             "the validation split of ", what, " has ", val->samples_per_epoch(), " samples of ", T + 1,
+             " tokens, fewer than one micro-batch (", cfg.train.micro_batch,
+             "); prepare with a larger --val-fraction or set train.eval_every = 0");
+    val->set_global_batch(std::min<int64_t>(needed, val->samples_per_epoch() / cfg.train.micro_batch *
+                                                        cfg.train.micro_batch));
+    return std::make_unique<LoaderSource>(std::move(val));
+  };
   auto train = std::make_unique<data::DataLoader>(train_parts, data::Split::train, T, seed, dp_rank, dp_size);
   train->set_global_batch(cfg.train.global_batch);
   out.train = std::make_unique<LoaderSource>(std::move(train));
   // Validation is read only by evaluations (train.eval_every > 0): without
   // them a split smaller than a micro-batch is no error.
   if (cfg.train.eval_every > 0 && !val_parts.empty()) {
-    // Validation is read in order from the start at every evaluation.
-    auto val = std::make_unique<data::DataLoader>(val_parts, data::Split::val, T, seed, 0, 1);
-    const int64_t needed = cfg.train.micro_batch * cfg.train.eval_batches;
-    ZT_CHECK(val->samples_per_epoch() >= cfg.train.micro_batch,
-             "the validation split of ", where, " has ", val->samples_per_epoch(), " samples of ", T + 1,
-             " tokens, fewer than one micro-batch (", cfg.train.micro_batch,
-             "); prepare with a larger --val-fraction or set train.eval_every = 0");
-    val->set_global_batch(std::min<int64_t>(needed, val->samples_per_epoch() / cfg.train.micro_batch *
-                                                        cfg.train.micro_batch));
-    out.val = std::make_unique<LoaderSource>(std::move(val));
+    out.val = open_val(val_parts, where);
+    if (cfg.train.eval_each_dataset)
+      for (const data::BlendPart& part : val_parts)
+        out.val_each.push_back({part.dir, open_val({{part.dir, 1.0}}, "'" + part.dir + "'")});
   }
   if (!cfg.data.tokenizer.empty()) out.codec = open_codec(cfg.data.tokenizer);
   return out;

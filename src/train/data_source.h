@@ -15,6 +15,9 @@ struct TrainingData {
   std::unique_ptr<BatchSource> train;
   std::unique_ptr<BatchSource> val;   // null when the dataset has no validation split
   std::unique_ptr<TextCodec> codec;   // null when data.tokenizer is empty
+  // train.eval_each_dataset: each blended dataset's validation split alone,
+  // named by its folder (Trainer::set_dataset_validation).
+  std::vector<NamedBatchSource> val_each;
 };
 
 // Opens cfg.data.dir (or data.blend's datasets: Config::data_parts; the

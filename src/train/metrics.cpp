@@ -112,8 +112,14 @@ void MetricsLog::write_step(const StepMetrics& m) {
   out_.flush();
 }
 
-void MetricsLog::write_eval(int64_t step, double val_loss, int64_t val_tokens) {
+void MetricsLog::write_eval(int64_t step, double val_loss, int64_t val_tokens,
+                            const std::vector<std::pair<std::string, double>>& by_dataset) {
   nlohmann::json j{{"step", step}, {"val_loss", val_loss}, {"val_tokens", val_tokens}};
+  if (!by_dataset.empty()) {
+    nlohmann::json each = nlohmann::json::object();
+    for (const auto& [name, loss] : by_dataset) each[name] = loss;
+    j["val_loss_by_dataset"] = each;
+  }
   out_ << j.dump() << "\n";
   out_.flush();
 }

@@ -103,7 +103,10 @@ class MetricsLog {
   // append: keep the records already there (a resumed run).
   explicit MetricsLog(const std::string& path, bool append = false);
   void write_step(const StepMetrics& m);
-  void write_eval(int64_t step, double val_loss, int64_t val_tokens);
+  // by_dataset (a blend's datasets alone, train.eval_each_dataset): written
+  // as val_loss_by_dataset {name: loss} when not empty.
+  void write_eval(int64_t step, double val_loss, int64_t val_tokens,
+                  const std::vector<std::pair<std::string, double>>& by_dataset = {});
 
  private:
   std::ofstream out_;

@@ -465,14 +465,18 @@ StepMetrics Trainer::train_step(int64_t step) {
 
 double Trainer::evaluate(int64_t* tokens_out) {
   ZT_CHECK(val_ != nullptr, "evaluate: no validation data");
-  val_->reset();
+  return evaluate(*val_, tokens_out);
+}
+
+double Trainer::evaluate(BatchSource& val, int64_t* tokens_out) {
+  val.reset();
   double loss_sum = 0;
   int64_t tokens = 0;
   if (pipeline_) {
     std::vector<parallel::PipelineMicroBatch> mbs;
     for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
       parallel::PipelineMicroBatch mb{Tensor::empty(inputs_.shape(), DType::i32), Tensor::empty(targets_.shape(), DType::i32)};
-      val_->next(mb.tokens, mb.targets);
+      val.next(mb.tokens, mb.targets);
       mbs.push_back({model_rows(mb.tokens), model_rows(mb.targets)});
     }
     const parallel::PipelineRunner::StepResult r = pipeline_->evaluate(mbs);
@@ -480,7 +484,7 @@ double Trainer::evaluate(int64_t* tokens_out) {
     tokens = int64_t(comm::sum_exact(mesh_->pp(), double(r.loss_tokens)));
   }
   for (int64_t i = 0; !pipeline_ && i < cfg_.train.eval_batches; ++i) {
-    val_->next(inputs_, targets_);
+    val.next(inputs_, targets_);
     nn::ForwardContext ctx;
     loss_sum += model().forward(ctx, model_rows(inputs_), model_rows(targets_), false, 0.0f);
     tokens += ctx.loss_tokens;
@@ -694,11 +698,18 @@ TrainResult Trainer::run(int64_t stop_after) {
       int64_t val_tokens = 0;
       const double val = evaluate(&val_tokens);
       result.final_val_loss = val;
-      if (metrics) metrics->write_eval(m.step, val, val_tokens);
+      std::vector<std::pair<std::string, double>> each;
+      for (NamedBatchSource& s : val_each_) each.emplace_back(s.name, evaluate(*s.source));
+      if (metrics) metrics->write_eval(m.step, val, val_tokens, each);
       char line[128];
       std::snprintf(line, sizeof line, "eval  step %lld | val loss %.4f (%lld tokens)", (long long)m.step, val,
                     (long long)val_tokens);
-      say(line);
+      std::string text = line;
+      for (const auto& [name, loss] : each) {
+        std::snprintf(line, sizeof line, "%.4f", loss);
+        text += " | " + name + " " + line;
+      }
+      say(text);
     }
     if (codec_ && cfg_.sample.count > 0 &&
         ((cfg_.train.sample_every > 0 && m.step % cfg_.train.sample_every == 0) || last)) {

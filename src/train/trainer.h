@@ -38,6 +38,12 @@ class BatchSource {
   virtual void restore(const nlohmann::json& state);
 };
 
+// A validation source with a name (a blended dataset's folder).
+struct NamedBatchSource {
+  std::string name;
+  std::unique_ptr<BatchSource> source;
+};
+
 // How far training has come: what a checkpoint needs besides tensors.
 struct TrainProgress {
   int64_t steps_done = 0;       // optimizer steps completed (including skipped ones)
@@ -89,8 +95,15 @@ class Trainer {
   // One optimizer step (0-based step index): gradients of the global batch,
   // clipping, update. Public so tests can drive training step by step.
   StepMetrics train_step(int64_t step);
-  // Mean validation loss over train.eval_batches micro-batches.
+  // Mean validation loss over train.eval_batches micro-batches (of `source`:
+  // the trainer's validation data by default). Collective over the model's
+  // ranks, like a step.
   double evaluate(int64_t* tokens_out = nullptr);
+  double evaluate(BatchSource& source, int64_t* tokens_out = nullptr);
+  // Each evaluation in run() also takes each of these sources' loss alone
+  // (train.eval_each_dataset: a blend's datasets), logged by name
+  // (metrics.jsonl: val_loss_by_dataset). Every rank must set the same.
+  void set_dataset_validation(std::vector<NamedBatchSource> sources) { val_each_ = std::move(sources); }
   // A sample of text (prompt + continuation).
   std::string sample(uint64_t seed);
 
@@ -167,6 +180,7 @@ class Trainer {
   std::unique_ptr<parallel::PipelineRunner> pipeline_;
   bool main_rank_ = true;
   std::unique_ptr<BatchSource> train_, val_;
+  std::vector<NamedBatchSource> val_each_;
   std::unique_ptr<TextCodec> codec_;
   optim::LrSchedule schedule_;
   std::optional<optim::LossScaler> scaler_;  // dynamic loss scaling, when on (state in progress_)

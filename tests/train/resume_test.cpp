@@ -171,6 +171,44 @@ TEST_F(ResumeTest, ABlendOfDatasetsResumesBitForBit) {
   EXPECT_NE(alone.losses[1], straight.losses[1]);
 }
 
+// train.eval_each_dataset: each evaluation of a blend also logs every
+// dataset's validation loss alone (the datasets with a val split: here the
+// first) - the loss the same model has on that dataset's validation data
+// opened by itself; the blend's own validation blends the val splits there
+// are, so here it is the first's too.
+TEST_F(ResumeTest, EvaluationsOfABlendNameEachDatasetsLoss) {
+  const std::string first = (*root_ / "data").string();
+  const std::string blend = "data.blend=\"" + first + " 3, " + (*root_ / "computers").string() + " 1\"";
+  const Config cfg = config("gpt2-tiny", "f32", "blend-eval-each",
+                            {"data.dir=\"\"", blend, "train.eval_every=3", "train.eval_batches=2",
+                             "train.eval_each_dataset=true"});
+  TrainingData data = open_training_data(cfg);
+  ASSERT_EQ(data.val_each.size(), 1u) << "the second dataset has no validation split";
+  EXPECT_EQ(data.val_each[0].name, first);
+  Trainer t(cfg, std::move(data.train), std::move(data.val), nullptr);
+  t.log = [](const std::string&) {};
+  t.set_dataset_validation(std::move(data.val_each));
+  const TrainResult r = t.run();
+  std::vector<json> evals;
+  std::ifstream in(fs::path(cfg.train.run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (json j = json::parse(line); j.contains("val_loss")) evals.push_back(j);
+  ASSERT_EQ(evals.size(), 2u) << "steps 3 and 6";
+  ASSERT_TRUE(evals[1].contains("val_loss_by_dataset")) << evals[1].dump();
+  EXPECT_EQ(evals[1]["val_loss"].get<double>(), r.final_val_loss);
+  const double logged = evals[1]["val_loss_by_dataset"][first].get<double>();
+  // The trained model on the first dataset's validation split, opened alone.
+  TrainingData alone = open_training_data(config("gpt2-tiny", "f32", "blend-eval-alone",
+                                                 {"train.eval_every=3", "train.eval_batches=2"}));
+  ASSERT_NE(alone.val, nullptr);
+  EXPECT_EQ(t.evaluate(*alone.val), logged);
+  EXPECT_EQ(logged, r.final_val_loss) << "the blend's validation is the one val split there is";
+  // Without a blend the setting is refused with the reason.
+  EXPECT_NE(test::error_of([&] { config("gpt2-tiny", "f32", "x", {"train.eval_each_dataset=true"}); })
+                .find("train.eval_each_dataset takes each dataset of a blend alone"),
+            std::string::npos);
+}
+
 // Offloading (optim.offload: the state in host memory, updated there;
 // train.offload_activations) changes where bytes wait, not what is
 // computed: an offloaded run writes the checkpoints of one without it, byte
