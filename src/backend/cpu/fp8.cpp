@@ -1,6 +1,7 @@
 #include "backend/cpu/fp8.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -10,17 +11,16 @@ namespace zt::cpu {
 
 namespace {
 
+// The max of |x| as the max of the magnitudes' bit patterns: for
+// non-negative floats the integer order is the numeric order, and inf and
+// every NaN lie above all finite values - an integer max that vectorises,
+// with the non-finite case read off the result.
 template <typename T>
 float abs_max_of(const T* x, int64_t n) {
-  float m = 0.0f;
-  bool finite = true;
-#pragma omp parallel for reduction(max : m) reduction(&& : finite) schedule(static) if (n >= (int64_t(1) << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = to_float(x[i]);
-    finite = finite && std::isfinite(v);
-    m = std::max(m, std::fabs(v));
-  }
-  return finite ? m : INFINITY;
+  uint32_t m = 0;
+#pragma omp parallel for reduction(max : m) schedule(static) if (n >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<uint32_t>(to_float(x[i])) & 0x7fffffffu);
+  return m >= 0x7f800000u ? INFINITY : std::bit_cast<float>(m);
 }
 
 template <typename Q, typename T>
