@@ -32,12 +32,15 @@ struct AttentionDims {
   int64_t keys() const { return Tk > 0 ? Tk : T; }
 };
 
-// One linear layer: its weight (out, in), whether it has a bias, whether
-// its input gradient is added into another's (k and v's into q's).
+// One linear layer: its weight (out, in), whether it has a bias, and under
+// fp8 the bytes an element of a (rows, in) workspace its input gradient is
+// made in before it is used: 4 where it is summed into another's (k's and
+// v's into q's, an f32 product), the compute dtype's size for GPT-2's
+// mlp.out (the GeLU's backward reads the product), else 0.
 struct LinearDims {
   int64_t out = 0, in = 0;
   bool bias = false;
-  bool accumulates_dx = false;
+  int64_t fp8_dx_scratch = 0;
 };
 
 // The workspace peak of a step whose attention calls have these dims (one

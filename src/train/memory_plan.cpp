@@ -495,10 +495,12 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
       p.ring_comm = ring.comm;
       p.ring_workspace = ring.workspace;
     }
-    linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias}};
+    // GPT-2's mlp.out makes its fp8 input gradient apart, for the GeLU's backward.
+    const int64_t gelu_dx = m.arch == nn::Arch::gpt2 ? int64_t(dtype_size(cfg.compute_dtype())) : 0;
+    linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias, gelu_dx}};
     if (qkv == nn::QkvForm::three) {
       linears.push_back({q, m.d_model, bias});
-      linears.push_back({kv, m.d_model, bias, true});  // k's and v's input gradients add into q's
+      linears.push_back({kv, m.d_model, bias, 4});  // k's and v's input gradients add into q's (an f32 sum)
     } else {
       linears.push_back({q + 2 * kv, m.d_model, bias});
     }

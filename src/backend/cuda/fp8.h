@@ -35,12 +35,13 @@ bool fp8_linear_weight_gradient(const Tensor& dw, const Tensor& dyq, const Tenso
 // rows) holds at once in a training step (bytes), as nn/parallel_linear.cpp
 // runs it on a GPU: the forward's codes of x and W (and, for an f32 bias,
 // the f32 prefill of (rows, out)); the input gradient's codes of dy and W
-// with W's transpose (and an f32 (rows, in) product when it is added into
-// dx: accumulates_dx); the weight gradient's codes of dy and x with both
+// with W's transpose (and a (rows, in) scratch of dx_scratch bytes an
+// element where the product is made apart: an f32 sum into dx, GPT-2's
+// mlp.out before its GeLU backward); the weight gradient's codes of dy and x with both
 // transposes; each with its scales and, while quantising, the amax pass's
 // partials (at most kMaxPartials floats: an upper bound by a few KiB). The
 // bias gradient's column sums run before, alone. No GPU needed.
 int64_t fp8_linear_workspace_bytes(int64_t out, int64_t in, int64_t rows, bool bias, DType compute,
-                                   bool accumulates_dx);
+                                   int64_t dx_scratch);
 
 }  // namespace zt::cuda
