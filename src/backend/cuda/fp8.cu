@@ -6,6 +6,7 @@
 #include "backend/cuda/fp8.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/colsum.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -18,13 +19,21 @@ namespace {
 
 using namespace fp8_kernels;
 
-// Calls f(T{}) with T the kernel type of an f32 or bf16 tensor.
+// Calls f(T{}, E4M3{}) with T the kernel type of an f32 or bf16 tensor and
+// E4M3 a std::bool_constant: the fp8 format is E4M3 (else E5M2).
 template <typename F>
-void with_wide(DType wide, F&& f) {
+void with_types(DType wide, DType format, F&& f) {
+  auto with_format = [&](auto tag) {
+    if (format == DType::f8e4m3) {
+      f(tag, std::true_type{});
+    } else {
+      f(tag, std::false_type{});
+    }
+  };
   if (wide == DType::bf16) {
-    f(__nv_bfloat16{});
+    with_format(__nv_bfloat16{});
   } else {
-    f(float{});
+    with_format(float{});
   }
 }
 
@@ -37,24 +46,17 @@ void quantize_fp8(const Tensor& q, const Tensor& scale_inv, const Tensor& x) {
   const int parts = int(std::min<int64_t>(grid_for(n, kThreads, device), kMaxPartials));
   const Tensor partials = Tensor::empty(Shape{parts}, DType::f32, device, MemCategory::workspace);
   const Tensor scale = Tensor::empty(Shape{1}, DType::f32, device, MemCategory::workspace);
-  const bool e4m3 = q.dtype() == DType::f8e4m3;
-  with_wide(x.dtype(), [&](auto tag) {
+  with_types(x.dtype(), q.dtype(), [&](auto tag, auto format) {
     using T = decltype(tag);
+    constexpr bool e4m3 = decltype(format)::value;
     abs_max_partials_kernel<T><<<parts, kThreads, 0, s>>>(elements<float>(partials), elements<const T>(x), n);
     ZT_CUDA_CHECK_LAUNCH("abs_max_partials_kernel");
-    auto* scale_kernel = e4m3 ? fp8_scale_kernel<true> : fp8_scale_kernel<false>;
-    scale_kernel<<<1, 1024, 0, s>>>(elements<float>(scale), elements<float>(scale_inv),
-                                    elements<const float>(partials), parts);
+    fp8_scale_kernel<e4m3><<<1, 1024, 0, s>>>(elements<float>(scale), elements<float>(scale_inv),
+                                                elements<const float>(partials), parts);
     ZT_CUDA_CHECK_LAUNCH("fp8_scale_kernel");
     if (n == 0) return;
-    const unsigned grid = grid_for(n, kThreads, device);
-    if (e4m3) {
-      encode_kernel<T, true><<<grid, kThreads, 0, s>>>(elements<uint8_t>(q), elements<const T>(x),
-                                                       elements<const float>(scale), n);
-    } else {
-      encode_kernel<T, false><<<grid, kThreads, 0, s>>>(elements<uint8_t>(q), elements<const T>(x),
-                                                        elements<const float>(scale), n);
-    }
+    encode_kernel<T, e4m3><<<grid_for(n, kThreads, device), kThreads, 0, s>>>(
+        elements<uint8_t>(q), elements<const T>(x), elements<const float>(scale), n);
     ZT_CUDA_CHECK_LAUNCH("encode_kernel");
   });
 }
@@ -64,15 +66,11 @@ void dequantize_fp8(const Tensor& out, const Tensor& q, const Tensor& scale_inv)
   if (n == 0) return;
   cudaStream_t s = stream_of(q);
   const unsigned grid = grid_for(n, kThreads, q.device());
-  with_wide(out.dtype(), [&](auto tag) {
+  with_types(out.dtype(), q.dtype(), [&](auto tag, auto format) {
     using T = decltype(tag);
-    if (q.dtype() == DType::f8e4m3) {
-      dequantize_kernel<T, true><<<grid, kThreads, 0, s>>>(elements<T>(out), elements<const uint8_t>(q),
+    constexpr bool e4m3 = decltype(format)::value;
+    dequantize_kernel<T, e4m3><<<grid, kThreads, 0, s>>>(elements<T>(out), elements<const uint8_t>(q),
                                                            elements<const float>(scale_inv), n);
-    } else {
-      dequantize_kernel<T, false><<<grid, kThreads, 0, s>>>(elements<T>(out), elements<const uint8_t>(q),
-                                                            elements<const float>(scale_inv), n);
-    }
     ZT_CUDA_CHECK_LAUNCH("dequantize_kernel");
   });
 }
