@@ -201,15 +201,16 @@ void DataLoader::plan_batch(Cursor& c) const {
   c.rows.reserve(per);
   if (sources_.size() == 1) {
     for (uint64_t j = 0; j < per; ++j) c.rows.emplace_back(0u, c.start + first + j);
+    c.next_counts = {c.start + uint64_t(G_)};
     return;
   }
-  // The dataset furthest behind its share takes each position, in order
-  // from the batch's start (the counts there are the cursor's).
-  std::vector<uint64_t> n = c.counts;
-  for (uint64_t j = 0; j < first + per; ++j) {
-    const size_t i = blend_pick(n, c.start + j);
-    if (j >= first) c.rows.emplace_back(uint32_t(i), n[i]);
-    ++n[i];
+  // The dataset furthest behind its share takes each of the batch's G
+  // positions in order, from the counts at its start (the cursor's).
+  c.next_counts = c.counts;
+  for (uint64_t j = 0; j < uint64_t(G_); ++j) {
+    const size_t i = blend_pick(c.next_counts, c.start + j);
+    if (j >= first && j < first + per) c.rows.emplace_back(uint32_t(i), c.next_counts[i]);
+    ++c.next_counts[i];
   }
 }
 
@@ -231,12 +232,7 @@ std::pair<uint32_t, uint64_t> DataLoader::next_row(Cursor& c) const {
   if (c.rows.empty()) plan_batch(c);
   const std::pair<uint32_t, uint64_t> r = c.rows[size_t(c.row)];
   if (++c.row == uint64_t(G_ / dp_)) {
-    // The next batch's counts: this one's G positions over every rank.
-    if (sources_.size() == 1) {
-      c.counts[0] += uint64_t(G_);
-    } else {
-      for (uint64_t j = 0; j < uint64_t(G_); ++j) ++c.counts[blend_pick(c.counts, c.start + j)];
-    }
+    c.counts = c.next_counts;
     c.start += uint64_t(G_);
     c.row = 0;
     c.rows.clear();

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/blend.h"
 #include "data/dataset_index.h"
 #include "data/shard.h"
 
@@ -84,13 +85,6 @@ struct LoaderOptions {
   bool verify = true;          // check every shard's checksum and token ids when opening
   int64_t prefetch_rows = 0;   // rows prepared ahead by the background thread; 0: two global
                                // batches' worth of this rank's rows; < 0: no thread
-};
-
-// One dataset of a blend: a folder prepared by `zettatron prepare` and its
-// weight (> 0; the weights are normalised).
-struct BlendPart {
-  std::string dir;
-  double weight = 1.0;
 };
 
 // A bijection of [0, n) chosen by (seed, epoch).
@@ -160,8 +154,10 @@ class DataLoader {
     uint64_t row = 0;    // rows of this rank's slice already taken
     std::vector<uint64_t> counts;  // n_i at `start`, one per dataset
     // This rank's rows of the global batch at `start`: (dataset, its sample
-    // number n); made when the batch's first row is taken.
+    // number n), and the counts after the batch; made when its first row is
+    // taken (plan_batch).
     std::vector<std::pair<uint32_t, uint64_t>> rows;
+    std::vector<uint64_t> next_counts;
   };
   void open_source(Source& src) const;
   // Dataset i's sample of number n (its epochs, its shuffle).
@@ -171,6 +167,7 @@ class DataLoader {
   void take_row(Cursor& c, int32_t* out) const;
   // Advances the cursor one row without reading it.
   std::pair<uint32_t, uint64_t> next_row(Cursor& c) const;
+  // Fills c.rows and c.next_counts for the global batch at c.start.
   void plan_batch(Cursor& c) const;
   // The dataset that takes stream position q, given each's samples before it.
   size_t blend_pick(const std::vector<uint64_t>& drawn, uint64_t q) const;

@@ -565,10 +565,10 @@ Device Config::device(bool multi_process) const {
   return local_gpu(w.local_rank, w.local_size, ops::gpu_count(), parallel.comm_backend);
 }
 
-std::vector<DataPart> Config::data_parts() const {
-  if (data.blend.empty()) return {DataPart{data.dir, 1.0}};
+std::vector<data::BlendPart> Config::data_parts() const {
+  if (data.blend.empty()) return {data::BlendPart{data.dir, 1.0}};
   const char* form = "write data.blend as \"DIR WEIGHT, DIR WEIGHT, ...\" (e.g. \"data/web 0.7, data/code 0.3\")";
-  std::vector<DataPart> parts;
+  std::vector<data::BlendPart> parts;
   size_t begin = 0;
   while (begin <= data.blend.size()) {
     const size_t end = std::min(data.blend.find(',', begin), data.blend.size());

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "data/blend.h"
 #include "nn/model_config.h"
 #include "nn/transformer.h"
 #include "optim/adamw.h"
@@ -35,12 +36,6 @@ struct DataSettings {
   // WEIGHT, ..." (weights normalised; data/loader.h's blend).
   std::string blend;
   std::string tokenizer = "gpt2";     // for samples: gpt2, llama3, or a path
-};
-
-// One dataset of the training data and its weight.
-struct DataPart {
-  std::string dir;
-  double weight = 1.0;
 };
 
 struct TrainSettings {
@@ -159,7 +154,7 @@ struct Config {
   std::string checkpoint_dir() const;
   // The datasets to train on: data.dir with weight 1, or data.blend's
   // entries in order. Throws zt::Error naming a malformed entry.
-  std::vector<DataPart> data_parts() const;
+  std::vector<data::BlendPart> data_parts() const;
   // The device this process trains on: train.device, where a bare `cuda`
   // under a multi-process launch means the local rank's GPU (local rank
   // modulo the GPU count when parallel.comm_backend = mpi lets processes

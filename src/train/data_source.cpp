@@ -36,18 +36,17 @@ std::unique_ptr<TextCodec> open_codec(const std::string& tokenizer) {
 }
 
 TrainingData open_training_data(const Config& cfg, int dp_rank, int dp_size) {
-  const std::vector<DataPart> parts = cfg.data_parts();
+  const std::vector<data::BlendPart> parts = cfg.data_parts();
   const int64_t T = cfg.train.seq_len;
-  std::vector<data::BlendPart> train_parts, val_parts;
-  for (const DataPart& part : parts) {
+  std::vector<data::BlendPart> val_parts;
+  for (const data::BlendPart& part : parts) {
     const data::DatasetIndex index = data::DatasetIndex::load(part.dir);
     ZT_CHECK(int64_t(index.vocab_size) <= cfg.model.vocab_size, "the dataset in '", part.dir, "' uses ",
              index.vocab_size, " token ids (tokenizer ", index.tokenizer_name, ") but model.vocab_size = ",
              cfg.model.vocab_size, "; set model.vocab_size >= ", index.vocab_size, " or prepare the data with the "
              "model's tokenizer");
-    train_parts.push_back({part.dir, part.weight});
     // Validation blends the datasets whose val split holds a sample.
-    if (index.val.tokens > uint64_t(T)) val_parts.push_back({part.dir, part.weight});
+    if (index.val.tokens > uint64_t(T)) val_parts.push_back(part);
   }
   const std::string where = parts.size() == 1 ? "'" + parts[0].dir + "'" : "the blend";
   const uint64_t seed = uint64_t(cfg.train.seed);
@@ -65,7 +64,7 @@ TrainingData open_training_data(const Config& cfg, int dp_rank, int dp_size) {
                                                         cfg.train.micro_batch));
     return std::make_unique<LoaderSource>(std::move(val));
   };
-  auto train = std::make_unique<data::DataLoader>(train_parts, data::Split::train, T, seed, dp_rank, dp_size);
+  auto train = std::make_unique<data::DataLoader>(parts, data::Split::train, T, seed, dp_rank, dp_size);
   train->set_global_batch(cfg.train.global_batch);
   out.train = std::make_unique<LoaderSource>(std::move(train));
   // Validation is read only by evaluations (train.eval_every > 0): without

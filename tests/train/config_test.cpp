@@ -101,7 +101,7 @@ TEST(Config, DataBlendListsDatasetsAndWeights) {
   EXPECT_EQ(one.data_parts()[0].weight, 1.0);
   const Config mix =
       parse_config(kBase, "test.toml", {"data.dir=\"\"", "data.blend=\" data/web 0.7,data/my code\t0.25 , x 1e-3\""});
-  const std::vector<DataPart> parts = mix.data_parts();
+  const std::vector<data::BlendPart> parts = mix.data_parts();
   ASSERT_EQ(parts.size(), 3u);
   EXPECT_EQ(parts[0].dir, "data/web");
   EXPECT_EQ(parts[0].weight, 0.7);

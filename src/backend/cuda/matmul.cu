@@ -124,8 +124,8 @@ struct PlanKey {
   // Row strides of the stored (row-major) matrices and batch strides, in
   // elements (stride_b 0: b shared by the batch).
   int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
-  // ab: our a's dtype, and b's but in a scaled fp8 product (b_type: e4m3
-  // against e5m2 there).
+  // ab: our a's dtype; b_type: our b's, the same but in a scaled fp8 product
+  // (e4m3 against e5m2 there).
   DType ab = DType::f32, b_type = DType::f32, out = DType::f32, bias = DType::f32;
   bool scaled = false;  // fp8 operands with per-tensor scales (A/B_SCALE_POINTER, set per launch)
   bool has_bias = false;
@@ -395,7 +395,7 @@ std::unique_ptr<Plan> make_plan(const PlanKey& k, const void* bias, const void* 
     ZT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale, sizeof(a_scale)));
   }
-  const cudaDataType_t ab = lt_type(k.ab), bt = lt_type(k.scaled ? k.b_type : k.ab), out = lt_type(k.out);
+  const cudaDataType_t ab = lt_type(k.ab), bt = lt_type(k.b_type), out = lt_type(k.out);
   // Stored shapes, column-major: b (K, N) row-major is (N, K) with its row
   // stride as ld; b (N, K) is (K, N). Likewise a (M, K) is (K, M).
   p->lay_a = k.trans_b ? make_layout(bt, k.K, k.N, k.ldb, k.batch, k.stride_b)
@@ -695,6 +695,26 @@ void beta_bias(void* dst, DType dst_type, const void* prev, DType prev_type, con
   });
 }
 
+// out = beta * prev + bias + a product, summed in f32 and rounded once: an
+// f32 C prefilled with beta * prev + bias (prev of out's dtype; bias null:
+// none), the product accumulated onto it by accumulate(dst) (beta 1, C = D =
+// dst; false: it could not run), then rounded into out. An f32 out is its
+// own accumulator unless keep_out (out untouched where the product cannot
+// run). Counts the launches (prefilled_matmul_launches).
+template <typename Accumulate>
+bool prefilled_product(const Tensor& out, const void* prev, const void* bias, DType bias_type, float beta, int64_t n,
+                       int64_t cols, bool keep_out, Accumulate&& accumulate) {
+  const Device device = out.device();
+  const bool in_place = out.dtype() == DType::f32 && !keep_out;
+  const Tensor acc32 = in_place ? Tensor() : Tensor::empty(Shape{n}, DType::f32, device, MemCategory::workspace);
+  void* const dst = in_place ? out.data_ptr() : acc32.data_ptr();
+  beta_bias(dst, DType::f32, prev, out.dtype(), bias, bias_type, beta, n, cols, device);
+  if (!accumulate(dst)) return false;
+  ++g_prefilled_launches;
+  if (!in_place) beta_bias(out.data_ptr(), out.dtype(), dst, DType::f32, nullptr, DType::f32, 1.0f, n, cols, device);
+  return true;
+}
+
 // ---- GEMM throughput probe ----
 
 // p[i] = uniform in [-0.5, 0.5) from a hash of (seed, i), rounded to bf16.
@@ -849,18 +869,11 @@ void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& b
       return;
   }
   // Bias (or c) outside cuBLASLt: C = beta * prev + bias in f32, then C += alpha * op(a) @ op(b).
-  ++g_prefilled_launches;
   GemmDesc acc = d;
   acc.beta = 1.0f;
-  if (out.dtype() == DType::f32) {
-    beta_bias(out.data_ptr(), DType::f32, prev, DType::f32, bias_p, bias_type, d.beta, n, d.N, device);
-    lt_matmul(acc, a.dtype(), a.data_ptr(), b.data_ptr(), DType::f32, out.data_ptr(), nullptr, DType::f32, device);
-  } else {
-    Tensor acc32 = Tensor::empty(Shape{n}, DType::f32, device, MemCategory::workspace);
-    beta_bias(acc32.data_ptr(), DType::f32, prev, out.dtype(), bias_p, bias_type, d.beta, n, d.N, device);
-    lt_matmul(acc, a.dtype(), a.data_ptr(), b.data_ptr(), DType::f32, acc32.data_ptr(), nullptr, DType::f32, device);
-    beta_bias(out.data_ptr(), out.dtype(), acc32.data_ptr(), DType::f32, nullptr, DType::f32, 1.0f, n, d.N, device);
-  }
+  prefilled_product(out, prev, bias_p, bias_type, d.beta, n, d.N, /*keep_out=*/false, [&](void* dst) {
+    return lt_matmul(acc, a.dtype(), a.data_ptr(), b.data_ptr(), DType::f32, dst, nullptr, DType::f32, device);
+  });
 }
 
 namespace {
@@ -898,17 +911,11 @@ bool fp8_matmul(const Tensor& out, const Tensor& a, const Tensor& a_scale_inv, c
       product(out.data_ptr(), out.dtype(), bias.defined() ? bias.data_ptr() : nullptr, c_apart, beta))
     return true;
   if (!bias.defined() && c_apart == nullptr) return false;  // a plain product refused: no other form
-  // C = beta * prev + bias in an f32 scratch, the product added onto it
-  // (beta 1, C = D), then rounded once into out: out is not written unless
-  // the product ran.
-  const int64_t n = M * N;
-  Tensor acc32 = Tensor::empty(Shape{n}, DType::f32, device, MemCategory::workspace);
-  beta_bias(acc32.data_ptr(), DType::f32, prev, out.dtype(), bias.defined() ? bias.data_ptr() : nullptr,
-            bias.defined() ? bias.dtype() : DType::f32, beta, n, N, device);
-  if (!product(acc32.data_ptr(), DType::f32, nullptr, nullptr, 1.0f)) return false;
-  ++g_prefilled_launches;
-  beta_bias(out.data_ptr(), out.dtype(), acc32.data_ptr(), DType::f32, nullptr, DType::f32, 1.0f, n, N, device);
-  return true;
+  // C = beta * prev + bias in an f32 scratch (out is not written unless the
+  // product runs), the product added onto it, rounded once into out.
+  return prefilled_product(out, prev, bias.defined() ? bias.data_ptr() : nullptr,
+                           bias.defined() ? bias.dtype() : DType::f32, beta, M * N, N, /*keep_out=*/true,
+                           [&](void* dst) { return product(dst, DType::f32, nullptr, nullptr, 1.0f); });
 }
 
 int64_t fp8_matmul_launches() { return g_fp8_launches.load(); }
