@@ -26,13 +26,17 @@
 // LinearPrecision::fp8 runs every product on per-tensor-scaled fp8 operands
 // (ops/fp8.h), quantised as they are used: E4M3 inputs and weights, E5M2
 // output gradients; the bias gradient from the unquantised gradient, and the
-// results in the compute dtype. Under tensor parallelism each rank scales
-// its own shard.
+// results in the compute dtype. An input or output gradient passed as one
+// LinearOperand to several products is quantised once (q, k and v's input;
+// the dy of backward_data and backward_weights: RowParallelLinear's
+// backward_data returns it). Under tensor parallelism each rank scales its
+// own shard.
 #pragma once
 
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "nn/linear_operand.h"
 #include "nn/tensor_parallel.h"
 #include "ops/grad_write.h"
 
@@ -49,14 +53,15 @@ class ColumnParallelLinear {
   ColumnParallelLinear(Tensor w, Tensor b, Tensor dw, Tensor db,
                        LinearPrecision precision = LinearPrecision::compute_dtype);
   // y (..., out_local) = x (..., in) W^T + b.
-  void forward(const Tensor& y, const Tensor& x) const;
+  void forward(const Tensor& y, const LinearOperand& x) const;
   // The same into pre, and act = gelu(pre) (ops::linear_gelu_forward: one
   // product on a GPU with ZT_CUDA_GELU_EPILOGUE=1).
-  void forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& x) const;
+  void forward_gelu(const Tensor& act, const Tensor& pre, const LinearOperand& x) const;
   // dx (..., in) = dy W: overwritten, or accumulated (+=) when accumulate_dx.
-  void backward_data(const Tensor& dx, const Tensor& dy, bool accumulate_dx) const;
+  void backward_data(const Tensor& dx, const LinearOperand& dy, bool accumulate_dx) const;
   // dw += dy^T x, db += sum_rows(dy) (GradWrite::overwrite: =).
-  void backward_weights(const Tensor& dy, const Tensor& x, ops::GradWrite write = ops::GradWrite::accumulate) const;
+  void backward_weights(const LinearOperand& dy, const LinearOperand& x,
+                        ops::GradWrite write = ops::GradWrite::accumulate) const;
   // The same layer writing its gradients to other views (a deferred weight
   // pass writes to the buffers current when it runs).
   ColumnParallelLinear with_grads(Tensor dw, Tensor db) const {
@@ -78,7 +83,7 @@ class RowParallelLinear {
   // (y's shape) is added to y: inside the product (one rank's, before the
   // all-reduce, as the bias), or after the reduce-scatter under sequence
   // parallelism.
-  void forward(const Tensor& y, const Tensor& x, const Tensor& residual = {}) const;
+  void forward(const Tensor& y, const LinearOperand& x, const Tensor& residual = {}) const;
   // dy as forward's y (replicated, or this rank's rows under sequence
   // parallelism: gathered here). dx (N, in_local) = dy W (overwritten);
   // dw += dy^T x; db += sum_rows(dy) over all N rows (every rank's db is
@@ -86,13 +91,14 @@ class RowParallelLinear {
   void backward(const Tensor& dx, const Tensor& dy, const Tensor& x) const;
   // The same in two parts (zero-bubble schedules run the second later):
   // backward_data returns the (N, out) gradient backward_weights needs (dy
-  // itself, or the rows gathered under sequence parallelism).
-  Tensor backward_data(const Tensor& dx, const Tensor& dy) const;
+  // itself, or the rows gathered under sequence parallelism; under fp8 with
+  // the codes its product made).
+  LinearOperand backward_data(const Tensor& dx, const Tensor& dy) const;
   // backward_data followed by the backward of the GeLU whose output this
   // layer read: dx = gelu'(pre) * (dy W), pre the GeLU's input (N, in_local).
   // One fused product where the backend has one (ops::matmul_gelu_backward).
-  Tensor backward_data_gelu(const Tensor& dx, const Tensor& dy, const Tensor& pre) const;
-  void backward_weights(const Tensor& dy_rows, const Tensor& x,
+  LinearOperand backward_data_gelu(const Tensor& dx, const Tensor& dy, const Tensor& pre) const;
+  void backward_weights(const LinearOperand& dy_rows, const LinearOperand& x,
                         ops::GradWrite write = ops::GradWrite::accumulate) const;
   RowParallelLinear with_grads(Tensor dw, Tensor db) const {
     return RowParallelLinear(w_, b_, std::move(dw), std::move(db), tp_, precision_);

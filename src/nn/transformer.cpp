@@ -453,9 +453,10 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
   const QkvForm form = form_of(m);
   if (form == QkvForm::three) {
     separate_heads();
-    lin.q.forward(a.q.view(Shape{N, Hq * D}), ln1);
-    lin.k.forward(a.k.view(Shape{N, Hkv * D}), ln1);
-    lin.v.forward(a.v.view(Shape{N, Hkv * D}), ln1);
+    const LinearOperand x = ln1;  // one operand: quantised once under fp8
+    lin.q.forward(a.q.view(Shape{N, Hq * D}), x);
+    lin.k.forward(a.k.view(Shape{N, Hkv * D}), x);
+    lin.v.forward(a.v.view(Shape{N, Hkv * D}), x);
     if (cfg_.arch == Arch::llama3) {
       ops::rope_forward(a.q, a.q, rope_rows(m, T), 0);
       ops::rope_forward(a.k, a.k, rope_rows(m, T), 0);
@@ -640,9 +641,14 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     else
       work();
   };
-  // dres is updated in place below: deferred work keeps its own copy.
-  auto keep = [&](const Tensor& t) {
-    if (!deferred || t.data_ptr() != dres.data_ptr()) return t;
+  // What a weight pass keeps of an operand its data product read: the
+  // operand itself when the pass runs now (under fp8 its codes, made once);
+  // deferred, the tensor alone - a copy when it is dres, which is updated in
+  // place below - so no codes are held through the schedule.
+  auto later = [&](const LinearOperand& op) -> LinearOperand {
+    if (!deferred) return op;
+    const Tensor& t = op.tensor();
+    if (t.data_ptr() != dres.data_ptr()) return op.fresh();
     Tensor c = act_tensor(t.shape(), t.dtype(), device_);
     ops::copy(c, t);
     return c;
@@ -676,7 +682,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
       const int64_t Fs = shares_.shared_ff;
       Tensor d_act = act_tensor(Shape{B, T, Fs}, dtype_, device_);
       const RowParallelLinear out = shared_out(p, layer);
-      const Tensor dy = keep(out.backward_data(d_act.view(Shape{N, Fs}), dout));
+      const LinearOperand dy = later(out.backward_data(d_act.view(Shape{N, Fs}), dout));
       const Tensor act = a.act.view(Shape{N, Fs});
       weights([this, layer, out, dy, act] {
         const BlockParams gn = block_views(layer, true);
@@ -687,10 +693,10 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
       a.mlp_in = Tensor();
       ops::swiglu_backward(d_in, d_act, d_in);
       d_act = Tensor();
-      lin.mlp_in.backward_data(d_partial, d_in.view(Shape{N, 2 * Fs}), true);
+      const LinearOperand dy_in = d_in.view(Shape{N, 2 * Fs});
+      lin.mlp_in.backward_data(d_partial, dy_in, true);
       const ColumnParallelLinear in = lin.mlp_in;
-      const Tensor dy_in = d_in.view(Shape{N, 2 * Fs});
-      weights([this, layer, in, dy_in, ln2] {
+      weights([this, layer, in, dy_in = later(dy_in), ln2] {
         const BlockParams gn = block_views(layer, true);
         in.with_grads(gn.mlp_in_w, Tensor()).backward_weights(dy_in, ln2, claim_grads(block_set(layer), {gn.mlp_in_w}));
       });
@@ -703,9 +709,9 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     else
       d_act = act_tensor(Shape{B, T, F}, dtype_, device_);
     {
-      const Tensor dy = keep(gelu ? lin.mlp_out.backward_data_gelu(d_mlp_in.view(Shape{N, F}), dres,
-                                                                   a.mlp_in.view(Shape{N, F}))
-                                  : lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
+      const LinearOperand dy = later(gelu ? lin.mlp_out.backward_data_gelu(d_mlp_in.view(Shape{N, F}), dres,
+                                                                            a.mlp_in.view(Shape{N, F}))
+                                           : lin.mlp_out.backward_data(d_act.view(Shape{N, F}), dres));
       const Tensor act = a.act.view(Shape{N, F});
       const RowParallelLinear lin_now = lin.mlp_out;
       weights([this, layer, lin_now, dy, act] {
@@ -726,12 +732,12 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
     }
     Tensor ln2;
     gather = start_input(a.ln2, ln2);
-    lin.mlp_in.backward_data(d_partial, d_mlp_in.view(Shape{N, W}), false);
+    const LinearOperand dy = d_mlp_in.view(Shape{N, W});
+    lin.mlp_in.backward_data(d_partial, dy, false);
     reduce = start_reduce_rows(m, d_ln, d_partial);
     {
       const ColumnParallelLinear lin_now = lin.mlp_in;
-      const Tensor dy = d_mlp_in.view(Shape{N, W});
-      weights([this, layer, lin_now, dy, ln2, gather] {
+      weights([this, layer, lin_now, dy = later(dy), ln2, gather] {
         wait(gather);
         const BlockParams gn = block_views(layer, true);
         lin_now.with_grads(gn.mlp_in_w, gn.mlp_in_b)
@@ -748,7 +754,7 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   // Attention half. res_mid = x_in + proj(att(q, k, v)).
   Tensor d_att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
   {
-    const Tensor dy = keep(lin.proj.backward_data(d_att.view(Shape{N, Hq * D}), dres));
+    const LinearOperand dy = later(lin.proj.backward_data(d_att.view(Shape{N, Hq * D}), dres));
     const Tensor att = a.att.view(Shape{N, Hq * D});
     const RowParallelLinear lin_now = lin.proj;
     weights([this, layer, lin_now, dy, att] {
@@ -783,11 +789,11 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
   Tensor ln1;
   if (dqkv.defined()) {
     // d ln1 = dqkv Wqkv (partial over the group), and its weight and bias gradients.
-    const Tensor dqkv2 = dqkv.view(Shape{N, H * D});
+    const LinearOperand dqkv2 = dqkv.view(Shape{N, H * D});
     gather = start_input(a.ln1, ln1);
     lin.qkv.backward_data(d_partial, dqkv2, false);
     reduce = start_reduce_rows(m, d_ln, d_partial);
-    weights([this, layer, lin, dqkv2, ln1, gather] {
+    weights([this, layer, lin, dqkv2 = later(dqkv2), ln1, gather] {
       wait(gather);
       const BlockParams gn = block_views(layer, true);
       lin.qkv.with_grads(gn.wqkv, gn.bqkv)
@@ -798,28 +804,30 @@ void Transformer::block_backward(size_t layer, BlockActivations& a, const Tensor
       ops::rope_backward(dq, dq, rope_rows(m, T), 0);
       ops::rope_backward(dk, dk, rope_rows(m, T), 0);
     }
-    const Tensor dq2 = dq.view(Shape{N, Hq * D}), dk2 = dk.view(Shape{N, Hkv * D}), dv2 = dv.view(Shape{N, Hkv * D});
+    const LinearOperand dq2 = dq.view(Shape{N, Hq * D}), dk2 = dk.view(Shape{N, Hkv * D}),
+                        dv2 = dv.view(Shape{N, Hkv * D});
     // d ln1 = dq Wq + dk Wk + dv Wv (partial over the group), then each slice's weight and bias gradients.
     gather = start_input(a.ln1, ln1);
     lin.q.backward_data(d_partial, dq2, false);
     lin.k.backward_data(d_partial, dk2, true);
     lin.v.backward_data(d_partial, dv2, true);
     reduce = start_reduce_rows(m, d_ln, d_partial);
-    weights([this, layer, lin, dq2, dk2, dv2, ln1, gather] {
+    weights([this, layer, lin, dq2 = later(dq2), dk2 = later(dk2), dv2 = later(dv2), ln1, gather] {
       wait(gather);
       const BlockParams gn = block_views(layer, true);
       const size_t set = block_set(layer);
-      lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, ln1, claim_grads(set, {gn.wq, gn.bq}));
+      const LinearOperand x = ln1;  // one operand: quantised once under fp8
+      lin.q.with_grads(gn.wq, gn.bq).backward_weights(dq2, x, claim_grads(set, {gn.wq, gn.bq}));
       if (kv_group_) {
         // kv heads shared by several ranks: each holds the part of their
         // gradient its query heads produced; the replicas sum them.
         PartialGrads kv({gn.wk, gn.bk, gn.wv, gn.bv}, device_);
-        lin.k.with_grads(kv.view(0), kv.view(1)).backward_weights(dk2, ln1);
-        lin.v.with_grads(kv.view(2), kv.view(3)).backward_weights(dv2, ln1);
+        lin.k.with_grads(kv.view(0), kv.view(1)).backward_weights(dk2, x);
+        lin.v.with_grads(kv.view(2), kv.view(3)).backward_weights(dv2, x);
         kv.reduce_and_add(*kv_group_, blocks_[layer]);
       } else {
-        lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, ln1, claim_grads(set, {gn.wk, gn.bk}));
-        lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, ln1, claim_grads(set, {gn.wv, gn.bv}));
+        lin.k.with_grads(gn.wk, gn.bk).backward_weights(dk2, x, claim_grads(set, {gn.wk, gn.bk}));
+        lin.v.with_grads(gn.wv, gn.bv).backward_weights(dv2, x, claim_grads(set, {gn.wv, gn.bv}));
       }
     });
   }

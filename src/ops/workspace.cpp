@@ -31,7 +31,8 @@ int64_t step_workspace_bytes(Device device, const std::vector<AttentionDims>& at
   }
   for (const LinearDims& l : linears)
     largest = std::max(largest, fp8 ? cuda::fp8_linear_workspace_bytes(l.out, l.in, rows, l.bias, compute,
-                                                                       l.fp8_dx_scratch)
+                                                                       l.fp8_dx_scratch, l.fp8_held_width,
+                                                                       l.fp8_held_codes)
                                     : cuda::linear_backward_workspace_bytes(l.out, l.in, rows, l.bias, device));
   return int64_t(cuda::cublaslt_workspace_bytes()) + largest;
 #else

@@ -36,11 +36,15 @@ struct AttentionDims {
 // fp8 the bytes an element of a (rows, in) workspace its input gradient is
 // made in before it is used: 4 where it is summed into another's (k's and
 // v's into q's, an f32 product), the compute dtype's size for GPT-2's
-// mlp.out (the GeLU's backward reads the product), else 0.
+// mlp.out (the GeLU's backward reads the product), else 0; and the codes
+// of other layers' output gradients alive through its backward (their
+// widths summed, and how many tensors: q, k and v as three products keep
+// each one's from its input gradient to its weight gradient).
 struct LinearDims {
   int64_t out = 0, in = 0;
   bool bias = false;
   int64_t fp8_dx_scratch = 0;
+  int64_t fp8_held_width = 0, fp8_held_codes = 0;
 };
 
 // The workspace peak of a step whose attention calls have these dims (one

@@ -499,8 +499,11 @@ MemoryPlan plan_memory(const Config& cfg, const PlanPlace& at) {
     const int64_t gelu_dx = m.arch == nn::Arch::gpt2 ? int64_t(dtype_size(cfg.compute_dtype())) : 0;
     linears = {{m.d_model, q, bias}, {mlp_in, m.d_model, bias}, {m.d_model, sh.ff, bias, gelu_dx}};
     if (qkv == nn::QkvForm::three) {
-      linears.push_back({q, m.d_model, bias});
-      linears.push_back({kv, m.d_model, bias, 4});  // k's and v's input gradients add into q's (an f32 sum)
+      // k's and v's input gradients add into q's (an f32 sum); each one's
+      // gradient codes are kept from its input gradient to its weight
+      // gradient, run after all three input gradients.
+      linears.push_back({q, m.d_model, bias, 0, 2 * kv, 2});
+      linears.push_back({kv, m.d_model, bias, 4, q + kv, 2});
     } else {
       linears.push_back({q + 2 * kv, m.d_model, bias});
     }

@@ -6,7 +6,8 @@
 // worst here: 13%, the linear layers' own 9-10%); a wrong scale or a
 // swapped operand is off by 100% and more - for GPT-2 and Llama, f32 and
 // bf16, every recompute policy; and the fp8 products are really the ones
-// that ran (the op profile counts them, the bits differ).
+// that ran (the op profile counts them, the bits differ), each operand
+// quantised once however many products read it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,6 +58,14 @@ TEST(Fp8Model, BlocksOnFp8TrackTheComputeDtype) {
         // forward once (twice under full recompute).
         EXPECT_GE(calls(prof, "fp8_linear_forward"), (rc == Recompute::full ? 8 : 4) * c.n_layer);
         EXPECT_GE(calls(prof, "fp8_linear_backward"), 8 * c.n_layer) << "data and weight products";
+        // Each tensor quantised once for every product that reads it: a
+        // block's forward its four inputs (q, k and v share ln1) and each
+        // product's weight; its backward each product's output gradient and
+        // weight (data products), the four inputs (weight products, which
+        // read the data products' gradient codes).
+        const int64_t forwards = rc == Recompute::full ? 2 : 1;
+        const int64_t products = calls(prof, "fp8_linear_forward") / (forwards * c.n_layer);  // 6: q, k, v apart
+        EXPECT_EQ(calls(prof, "quantize_fp8"), (forwards * (4 + products) + 2 * products + 4) * c.n_layer);
         const auto rs = ref.param_sets(), qs = q.param_sets();
         for (size_t i = 0; i < rs.size(); ++i)
           for (size_t j = 0; j < rs[i]->size(); ++j) {

@@ -115,15 +115,18 @@ bool fp8_linear_weight_gradient(const Tensor& dw, const Tensor& dyq, const Tenso
 }
 
 int64_t fp8_linear_workspace_bytes(int64_t out, int64_t in, int64_t rows, bool bias, DType compute,
-                                   int64_t dx_scratch) {
+                                   int64_t dx_scratch, int64_t held_width, int64_t held_codes) {
   constexpr int64_t kScale = 4, kQuantizing = 4 * kMaxPartials + kScale;  // a scale_inv; the amax pass's own
   // The f32 prefill where the bias cannot go into the epilogue (matmul.h's fp8_matmul).
   const int64_t prefill = bias && compute != DType::bf16 ? 4 * rows * out : 0;
   const int64_t forward = rows * in + out * in + 2 * kScale + std::max(kQuantizing, prefill);
+  const int64_t held = rows * held_width + held_codes * kScale;  // other layers' codes, through the backward
   const int64_t input_gradient =
-      rows * out + 2 * out * in + 2 * kScale + dx_scratch * rows * in + kQuantizing;
-  const int64_t weight_gradient = 2 * rows * (out + in) + 2 * kScale + kQuantizing;
-  return std::max({forward, input_gradient, weight_gradient, bias ? colsum_workspace_bytes(rows, out) : 0});
+      held + rows * out + 2 * out * in + 2 * kScale + dx_scratch * rows * in + kQuantizing;
+  const int64_t dy_codes = rows * out + kScale;
+  const int64_t weight_gradient = held + dy_codes + rows * (out + 2 * in) + kScale + kQuantizing;
+  const int64_t bias_gradient = bias ? held + dy_codes + colsum_workspace_bytes(rows, out) : 0;
+  return std::max({forward, input_gradient, weight_gradient, bias_gradient});
 }
 
 }  // namespace zt::cuda

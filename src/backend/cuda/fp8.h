@@ -37,11 +37,14 @@ bool fp8_linear_weight_gradient(const Tensor& dw, const Tensor& dyq, const Tenso
 // the f32 prefill of (rows, out)); the input gradient's codes of dy and W
 // with W's transpose (and a (rows, in) scratch of dx_scratch bytes an
 // element where the product is made apart: an f32 sum into dx, GPT-2's
-// mlp.out before its GeLU backward); the weight gradient's codes of dy and x with both
-// transposes; each with its scales and, while quantising, the amax pass's
-// partials (at most kMaxPartials floats: an upper bound by a few KiB). The
-// bias gradient's column sums run before, alone. No GPU needed.
+// mlp.out before its GeLU backward); the weight gradient's codes of dy (the
+// input gradient's, kept) and x with both transposes; each with its scales
+// and, while quantising, the amax pass's partials (at most kMaxPartials
+// floats: an upper bound by a few KiB). The bias gradient's column sums run
+// first, beside dy's codes. Through the backward, `held_codes` tensors of
+// other layers' codes, `held_width` bytes a row in all, are alive too. No
+// GPU needed.
 int64_t fp8_linear_workspace_bytes(int64_t out, int64_t in, int64_t rows, bool bias, DType compute,
-                                   int64_t dx_scratch);
+                                   int64_t dx_scratch, int64_t held_width = 0, int64_t held_codes = 0);
 
 }  // namespace zt::cuda
