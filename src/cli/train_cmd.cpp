@@ -95,8 +95,15 @@ Command add_train_command(CLI::App& app) {
       const bool main_rank = trainer->is_main_rank();
       if (!resume_from.empty()) {
         const std::string dir = train::restore_checkpoint(*trainer, resume_from);
-        if (main_rank)
+        if (main_rank) {
           std::cout << "restored " << dir << " (step " << trainer->progress().steps_done << ")" << std::endl;
+          const std::vector<std::string> changed = train::settings_changed_since(dir, cfg);
+          if (!changed.empty()) {
+            std::cout << "settings changed since the run that saved it:";
+            for (const std::string& c : changed) std::cout << "\n  " << c;
+            std::cout << std::endl;
+          }
+        }
       }
       if (!opts->init_from.empty()) {
         const std::string dir = train::init_weights_from_checkpoint(*trainer, opts->init_from);

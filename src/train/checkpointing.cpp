@@ -330,6 +330,11 @@ std::string restore_checkpoint(Trainer& t, const std::string& path) {
   return ck.dir();
 }
 
+std::vector<std::string> settings_changed_since(const std::string& path, const Config& now) {
+  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
+  return changed_settings(parse_saved_config(ck.manifest().config, ck.dir() + "/manifest.json (config)"), now);
+}
+
 std::string init_weights_from_checkpoint(Trainer& t, const std::string& path) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   check_model_tensors(t, ck, false);

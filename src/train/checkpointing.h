@@ -48,6 +48,11 @@ class TrainCheckpointer {
 // semantics are kept). Errors list every tensor whose shape differs.
 // Returns the checkpoint's directory.
 std::string restore_checkpoint(Trainer& t, const std::string& path);
+// The settings of `now` that differ from those of the run that wrote the
+// checkpoint at `path` (train/config.h's changed_settings), for the note a
+// resumed run prints: a change of dtype, batch or schedule is allowed, and
+// the user sees it.
+std::vector<std::string> settings_changed_since(const std::string& path, const Config& now);
 
 // Loads only the model weights (fine-tuning from a checkpoint or an imported
 // Hugging Face model); optimizer, progress and data start fresh.

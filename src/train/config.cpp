@@ -7,6 +7,7 @@
 #include "parallel/pipeline_stages.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -360,6 +361,37 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(ss.str(), path, overrides);
 }
 
+namespace {
+
+// A field's value in c as TOML.
+std::string toml_value(const Field& f, Config& c) {
+  std::ostringstream os;
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          os << toml_string(*p);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          os << (*p ? "true" : "false");
+        } else if constexpr (std::is_same_v<T, nn::Arch>) {
+          os << toml_string(std::string(nn::arch_name(*p)));
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          os << *p;
+        } else {
+          // The shortest text that reads back as the same value of the field's own type.
+          char buf[64];
+          const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, *p, std::chars_format::general);
+          std::string s(buf, r.ptr);
+          if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+          os << s;
+        }
+      },
+      f.ref(c));
+  return os.str();
+}
+
+}  // namespace
+
 std::string to_toml(const Config& c_in) {
   Config c = c_in;
   std::ostringstream os;
@@ -371,31 +403,21 @@ std::string to_toml(const Config& c_in) {
       if (std::string(section) == "model" && !c.model_preset.empty())
         os << "preset = " << toml_string(c.model_preset) << "\n";
     }
-    os << f.key << " = ";
-    std::visit(
-        [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, std::string>) {
-            os << toml_string(*p);
-          } else if constexpr (std::is_same_v<T, bool>) {
-            os << (*p ? "true" : "false");
-          } else if constexpr (std::is_same_v<T, nn::Arch>) {
-            os << toml_string(std::string(nn::arch_name(*p)));
-          } else if constexpr (std::is_same_v<T, int64_t>) {
-            os << *p;
-          } else {
-            std::ostringstream num;
-            num.precision(17);
-            num << double(*p);
-            std::string s = num.str();
-            if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
-            os << s;
-          }
-        },
-        f.ref(c));
-    os << "  # " << f.doc << "\n";
+    os << f.key << " = " << toml_value(f, c) << "  # " << f.doc << "\n";
   }
   return os.str();
+}
+
+std::vector<std::string> changed_settings(const Config& before_in, const Config& after_in) {
+  Config before = before_in, after = after_in;
+  std::vector<std::string> out;
+  if (before.model_preset != after.model_preset)
+    out.push_back("model.preset: " + toml_string(before.model_preset) + " -> " + toml_string(after.model_preset));
+  for (const Field& f : fields()) {
+    const std::string a = toml_value(f, before), b = toml_value(f, after);
+    if (a != b) out.push_back(std::string(f.section) + "." + f.key + ": " + a + " -> " + b);
+  }
+  return out;
 }
 
 DType Config::compute_dtype() const {

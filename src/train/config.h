@@ -187,6 +187,9 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 Config parse_saved_config(const std::string& toml_text, const std::string& origin);
 // The resolved configuration as TOML (every key, with the values in force).
 std::string to_toml(const Config& c);
+// The settings whose values differ from `before` to `after`, each as
+// "section.key: before -> after" (TOML values), in the config's order.
+std::vector<std::string> changed_settings(const Config& before, const Config& after);
 // All valid "section.key" names (for help and suggestions).
 std::vector<std::string> config_keys();
 

@@ -253,6 +253,25 @@ TEST(Config, ResolvedTomlRoundTrips) {
   EXPECT_EQ(again.model.n_layer, c.model.n_layer);
 }
 
+// What a resumed run prints: every setting whose value changed, old ->
+// new in TOML, in the config's order; nothing for the same settings (a
+// saved config read back included).
+TEST(Config, ChangedSettingsListEachChangeOnce) {
+  const Config before = parse_config(kBase, "t", {"train.dtype=bf16", "train.fp8=true"});
+  EXPECT_TRUE(changed_settings(before, before).empty());
+  EXPECT_TRUE(changed_settings(parse_saved_config(to_toml(before), "saved"), before).empty());
+  const Config after = parse_config(kBase, "t", {"train.steps=7", "optim.lr=0.001", "sample.prompt=\"hi\""});
+  EXPECT_EQ(changed_settings(before, after),
+            (std::vector<std::string>{"train.dtype: \"bf16\" -> \"f32\"", "train.steps: 3 -> 7",
+                                      "train.fp8: true -> false", "optim.lr: 0.0006 -> 0.001",
+                                      "sample.prompt: \"\" -> \"hi\""}));
+  const Config llama = parse_config(kBase, "t", {"model.preset=llama3-tiny"});
+  const std::vector<std::string> arch = changed_settings(before, llama);
+  ASSERT_GE(arch.size(), 2u);
+  EXPECT_EQ(arch[0], "model.preset: \"gpt2-tiny\" -> \"llama3-tiny\"");
+  EXPECT_EQ(arch[1], "model.arch: \"gpt2\" -> \"llama3\"");
+}
+
 TEST(Config, ShippedConfigsLoad) {
   for (const char* name : {"demo", "bench", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama3-1b",
                            "llama3-3b", "llama3-8b"}) {

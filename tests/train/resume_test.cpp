@@ -248,7 +248,8 @@ TEST_F(ResumeTest, OffloadedRunsWriteAndResumeTheSameState) {
 }
 
 // Another micro-batch size (more accumulation steps) on resume: the same
-// rows make up each global batch, so the losses agree to rounding.
+// rows make up each global batch, so the losses agree to rounding; the
+// change is named.
 TEST_F(ResumeTest, ResumeWithAnotherMicroBatchKeepsTheGlobalBatch) {
   const Config straight_cfg = config("gpt2-tiny", "f32", "mb-straight");
   const TrainResult straight = trainer(straight_cfg)->run();
@@ -257,6 +258,9 @@ TEST_F(ResumeTest, ResumeWithAnotherMicroBatchKeepsTheGlobalBatch) {
   const Config cfg2 = config("gpt2-tiny", "f32", "mb-resumed", {"train.micro_batch=1"});
   auto t = trainer(cfg2);
   restore_checkpoint(*t, resume_path(cfg2, ""));
+  // What `zettatron train --resume` prints: the one setting changed.
+  EXPECT_EQ(settings_changed_since(resume_path(cfg2, ""), cfg2),
+            std::vector<std::string>{"train.micro_batch: 4 -> 1"});
   const TrainResult second = t->run();
   ASSERT_EQ(second.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i)
