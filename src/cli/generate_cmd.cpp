@@ -35,6 +35,7 @@ Command add_generate_command(CLI::App& app) {
   c.app->add_option("--count", opts->count, "Number of samples");
   c.run = [opts] {
     train::LoadedModel loaded = train::load_model_file(opts->checkpoint);
+    std::cerr << "weights: " << loaded.source << std::endl;  // stdout keeps only the samples
     std::unique_ptr<train::TextCodec> codec = train::open_codec(opts->tokenizer.empty() ? loaded.config.data.tokenizer : opts->tokenizer);
     std::vector<uint32_t> prompt =
         opts->prompt.empty() ? std::vector<uint32_t>{codec->eot_token} : codec->encode(opts->prompt);

@@ -116,7 +116,7 @@ Command add_train_command(CLI::App& app) {
       for (const auto& c : trainer->chunks()) chunks.push_back(c.get());
       // A collective over tp (slices) and pp (stages): every rank takes part.
       const std::string path = train::save_model_file(chunks, trainer->pp_group(), cfg, main_rank,
-                                                       trainer->progress().router_bias);
+                                                       trainer->progress().router_bias, trainer->progress().steps_done);
       if (!main_rank) return 0;
       std::cout << "final weights: " << path << "\n"
                 << "try: zettatron generate --checkpoint " << cfg.train.run_dir << " --prompt \"...\"" << std::endl;

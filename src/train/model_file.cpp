@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "ckpt/checkpoint_reader.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "ops/device.h"
@@ -60,7 +61,7 @@ Packed pack(const std::vector<std::pair<std::string, Tensor>>& tensors) {
 }  // namespace
 
 std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, comm::ProcessGroup* pp,
-                            const Config& cfg, bool write, const std::vector<float>& router_bias) {
+                            const Config& cfg, bool write, const std::vector<float>& router_bias, int64_t step) {
   // This rank's whole tensors (assembled from the tensor-parallel slices: a
   // collective over tp), on the host, f32 for the transfer; the head
   // stage's copy of a tied embedding is the embedding stage's.
@@ -118,15 +119,20 @@ std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, c
     tensors.emplace_back(kRouterBiasTensor, b);
   }
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
-  ckpt::write_safetensors(path, tensors, {{"format", "zettatron-model"}, {"arch", std::string(nn::arch_name(cfg.model.arch))}});
+  std::map<std::string, std::string> metadata{{"format", "zettatron-model"},
+                                              {"arch", std::string(nn::arch_name(cfg.model.arch))},
+                                              {"config", to_toml(cfg)}};
+  if (step >= 0) metadata["step"] = std::to_string(step);
+  ckpt::write_safetensors(path, tensors, metadata);
   return path;
 }
 
 namespace {
 
 // Copies every parameter from `lookup` (by global name; nullopt: absent)
-// into the model; one error listing every tensor missing or of another
-// dtype or shape, naming `what` the weights came from and `config`.
+// into the model, cast to the model's dtype; one error listing every tensor
+// missing or of another shape, naming `what` the weights came from and
+// `config`.
 void fill_weights(nn::Transformer& model, const std::function<std::optional<Tensor>(const std::string&)>& lookup,
                   const std::string& what, const std::string& config) {
   std::string mismatches;
@@ -137,10 +143,12 @@ void fill_weights(nn::Transformer& model, const std::function<std::optional<Tens
       const std::optional<Tensor> src = lookup(name);
       if (!src) {
         mismatches += "\n  " + name + ": missing";
-      } else if (src->shape() != dst.shape() || src->dtype() != dst.dtype()) {
+      } else if (src->shape() != dst.shape()) {
         mismatches += "\n  " + name + ": " + what + " has " + std::string(dtype_name(src->dtype())) +
                       src->shape().str() + ", the config needs " + std::string(dtype_name(dst.dtype())) +
                       dst.shape().str();
+      } else if (src->dtype() != dst.dtype()) {
+        ops::cast(dst, *src);  // both on the host here (the loaded model is a CPU one)
       } else {
         ops::copy(dst, *src);  // to the model's device
       }
@@ -150,45 +158,83 @@ void fill_weights(nn::Transformer& model, const std::function<std::optional<Tens
 
 }  // namespace
 
+namespace {
+
+// The f32 master weights of a checkpoint and its own config.
+LoadedModel load_checkpoint_weights(const std::string& path) {
+  const ModelCheckpoint ck = read_model_checkpoint(path);
+  const std::map<std::string, Tensor> weights(ck.tensors.begin(), ck.tensors.end());
+  LoadedModel out;
+  out.config = ck.config;
+  out.model = std::make_unique<nn::Transformer>(out.config.model, DType::f32);
+  fill_weights(
+      *out.model,
+      [&](const std::string& name) -> std::optional<Tensor> {
+        auto it = weights.find(name);
+        return it == weights.end() ? std::nullopt : std::optional<Tensor>(it->second);
+      },
+      ck.dir, "the config saved with it");
+  out.model->set_router_bias(saved_router_bias(ck.state));
+  out.source = "checkpoint " + ck.dir;
+  return out;
+}
+
+// The step of a run directory's latest checkpoint; -1: none.
+int64_t latest_checkpoint_step(const fs::path& dir) {
+  if (!fs::exists(dir / "checkpoints" / "latest")) return -1;
+  return ckpt::Checkpoint::open((dir / "checkpoints").string()).manifest().step;
+}
+
+}  // namespace
+
 LoadedModel load_model_file(const std::string& run_dir) {
   const fs::path dir(run_dir);
   const fs::path cfg_path = dir / "config.toml", weights_path = dir / "model.safetensors";
-  LoadedModel out;
   if (!fs::exists(weights_path) && (fs::exists(dir / "manifest.json") || fs::exists(dir / "latest") ||
-                                    fs::exists(dir / "checkpoints" / "latest"))) {
-    // A checkpoint, or a run that has checkpoints but no final weights (yet):
-    // its f32 master weights and its own config.
-    const ModelCheckpoint ck = read_model_checkpoint(run_dir);
-    const std::map<std::string, Tensor> weights(ck.tensors.begin(), ck.tensors.end());
-    out.config = ck.config;
-    out.model = std::make_unique<nn::Transformer>(out.config.model, DType::f32);
-    fill_weights(
-        *out.model,
-        [&](const std::string& name) -> std::optional<Tensor> {
-          auto it = weights.find(name);
-          return it == weights.end() ? std::nullopt : std::optional<Tensor>(it->second);
-        },
-        ck.dir, "the config saved with it");
-    out.model->set_router_bias(saved_router_bias(ck.state));
-    return out;
-  }
-  ZT_CHECK(fs::exists(cfg_path), "'", run_dir, "' has no config.toml: pass the run directory of a finished run");
+                                    fs::exists(dir / "checkpoints" / "latest")))
+    // A checkpoint, or a run that has checkpoints but no final weights (yet).
+    return load_checkpoint_weights(run_dir);
   ZT_CHECK(fs::exists(weights_path), "'", run_dir,
            "' has no model.safetensors: the run did not finish (the trainer writes it at the end)");
-  out.config = load_config(cfg_path.string());
-  out.model = std::make_unique<nn::Transformer>(out.config.model, out.config.compute_dtype());
   const auto file = ckpt::SafetensorsFile::open(weights_path.string());
+  const std::map<std::string, std::string>& meta = file.metadata();
+  // A file that records its step (since 2026-12-07) yields to a later
+  // checkpoint of the same directory: a resumed run that stopped before its
+  // end left its newest weights there.
+  const auto step_it = meta.find("step");
+  const int64_t step = step_it == meta.end() ? -1 : std::stoll(step_it->second);
+  const int64_t checkpoint_step = step >= 0 ? latest_checkpoint_step(dir) : -1;
+  if (checkpoint_step > step) {
+    LoadedModel newer = load_checkpoint_weights((dir / "checkpoints").string());
+    newer.source += " (step " + std::to_string(checkpoint_step) + ", newer than " + weights_path.string() +
+                    " at step " + std::to_string(step) + ")";
+    return newer;
+  }
+  // The file's own config (since 2026-12-07), else the run's config.toml:
+  // a later run in the same directory rewrites config.toml when it starts.
+  LoadedModel out;
+  const auto cfg_it = meta.find("config");
+  std::string config_origin = weights_path.string() + " (its config)";
+  if (cfg_it != meta.end()) {
+    out.config = parse_saved_config(cfg_it->second, config_origin);
+  } else {
+    ZT_CHECK(fs::exists(cfg_path), "'", run_dir, "' has no config.toml: pass the run directory of a finished run");
+    out.config = load_config(cfg_path.string());
+    config_origin = cfg_path.string();
+  }
+  out.model = std::make_unique<nn::Transformer>(out.config.model, out.config.compute_dtype());
+  out.source = weights_path.string() + (step >= 0 ? " (step " + std::to_string(step) + ")" : "");
   fill_weights(
       *out.model,
       [&](const std::string& name) -> std::optional<Tensor> {
         return file.contains(name) ? std::optional<Tensor>(file.tensor(name)) : std::nullopt;
       },
-      weights_path.string(), cfg_path.string());
+      weights_path.string(), config_origin);
   if (file.contains(kRouterBiasTensor)) {
     const Tensor b = file.tensor(kRouterBiasTensor);
     ZT_CHECK(b.dtype() == DType::f32 && b.shape() == Shape({out.config.model.n_layer, out.config.model.n_expert}),
              weights_path.string(), ": router_bias is ", dtype_name(b.dtype()), b.shape().str(), ", but ",
-             cfg_path.string(), " needs f32 (n_layer, n_expert) = (", out.config.model.n_layer, ", ",
+             config_origin, " needs f32 (n_layer, n_expert) = (", out.config.model.n_layer, ", ",
              out.config.model.n_expert, ")");
     out.model->set_router_bias(std::vector<float>(b.data<float>(), b.data<float>() + b.numel()));
   }

@@ -22,16 +22,23 @@ std::string save_model_file(const nn::Transformer& model, const Config& cfg, boo
 // its chunks; the tensors travel to pipeline rank 0, which writes when
 // write = true. A collective over pp (and tp).
 // router_bias: the routing biases of every block (TrainProgress::router_bias),
-// saved as the tensor "router_bias" (n_layer, E) f32 when not empty.
+// saved as the tensor "router_bias" (n_layer, E) f32 when not empty. The
+// file's metadata holds the run's config (TOML) and, for step >= 0, the
+// steps done: the file describes itself whatever later runs write beside it.
 std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, comm::ProcessGroup* pp,
-                            const Config& cfg, bool write, const std::vector<float>& router_bias = {});
+                            const Config& cfg, bool write, const std::vector<float>& router_bias = {},
+                            int64_t step = -1);
 
 struct LoadedModel {
   Config config;
   std::unique_ptr<nn::Transformer> model;
+  std::string source;  // what the weights were read from, for the user
 };
-// Reads DIR/config.toml and DIR/model.safetensors; errors name the missing
-// file or the tensors whose shapes do not match the config. Without
+// Reads DIR/model.safetensors with the config in its metadata (files
+// written before 2026-12-07: DIR/config.toml); errors name the missing file
+// or the tensors whose shapes do not match the config (another dtype is
+// cast). Where DIR also has a checkpoint of a later step than the file's (a
+// resumed run that stopped early), that checkpoint is read instead. Without
 // model.safetensors, DIR may be a checkpoint (or a run with checkpoints):
 // the weights (f32 masters) and config come from it. The routing biases
 // too, where the run kept them.

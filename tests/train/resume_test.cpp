@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,11 +20,13 @@
 #include "ckpt/checkpoint_writer.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "ops/elementwise.h"
 #include "test_util.h"
 #include "train/hf_reference.h"
 #include "train/checkpointing.h"
 #include "train/config.h"
 #include "train/data_source.h"
+#include "train/model_file.h"
 #include "train/trainer.h"
 
 namespace zt::train {
@@ -245,6 +248,61 @@ TEST_F(ResumeTest, OffloadedRunsWriteAndResumeTheSameState) {
       EXPECT_TRUE(shard(b) == shard(plain_cfg)) << (first_offloaded ? "offloaded, then not" : "then offloaded");
     }
   }
+}
+
+// The final model file describes itself: a later run in the same directory
+// rewrites config.toml when it starts (here: another dtype and steps), and
+// the file still loads with the config and step it was written with; a
+// file without them (written before 2026-12-07) takes config.toml's, cast
+// to its dtype; and a checkpoint of a later step (a resumed run that
+// stopped before its end) is read instead of the file.
+TEST_F(ResumeTest, ModelFileDescribesItselfAndYieldsToALaterCheckpoint) {
+  const Config cfg = config("gpt2-tiny", "bf16", "model-file", {"train.steps=4"});
+  auto first = trainer(cfg);
+  first->run();
+  save_model_file(std::vector<const nn::Transformer*>{&first->model()}, nullptr, cfg, true, {}, 4);
+  const fs::path dir = cfg.train.run_dir;
+  auto params = [](const nn::Transformer& m) {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const nn::ParamSet* set : m.param_sets())
+      for (size_t i = 0; i < set->size(); ++i) out.emplace_back(set->spec(i).name, m.global_param(set->spec(i).name));
+    return out;
+  };
+  auto equal_after_cast = [](const Tensor& got, const Tensor& want) {
+    const Tensor c = Tensor::empty(want.shape(), want.dtype());
+    ops::cast(c, got);
+    return std::memcmp(c.data_ptr(), want.data_ptr(), want.nbytes()) == 0;
+  };
+  const Config later = config("gpt2-tiny", "f32", "model-file", {"train.steps=6"});
+  std::ofstream(dir / "config.toml") << to_toml(later);
+  {
+    const LoadedModel m = load_model_file(dir.string());
+    EXPECT_EQ(m.config.train.dtype, "bf16");
+    EXPECT_EQ(m.config.train.steps, 4);
+    EXPECT_EQ(m.source, (dir / "model.safetensors").string() + " (step 4)");
+    for (const auto& [name, t] : params(first->model()))
+      EXPECT_TRUE(equal_after_cast(m.model->global_param(name), t)) << name;
+  }
+  {
+    ckpt::write_safetensors((dir / "model.safetensors").string(), params(first->model()),
+                            {{"format", "zettatron-model"}, {"arch", "gpt2"}});
+    const LoadedModel m = load_model_file(dir.string());
+    EXPECT_EQ(m.config.train.dtype, "f32") << "config.toml's";
+    EXPECT_EQ(m.model->compute_dtype(), DType::f32);
+    EXPECT_EQ(m.source, (dir / "model.safetensors").string());
+    for (const auto& [name, t] : params(first->model()))
+      EXPECT_TRUE(equal_after_cast(m.model->global_param(name), t)) << name;
+    save_model_file(std::vector<const nn::Transformer*>{&first->model()}, nullptr, cfg, true, {}, 4);
+  }
+  auto resumed = trainer(later);
+  restore_checkpoint(*resumed, resume_path(later, ""));
+  resumed->run();  // to step 6, checkpointed; no model file written
+  const LoadedModel m = load_model_file(dir.string());
+  EXPECT_EQ(m.source, "checkpoint " + (dir / "checkpoints" / "step_00000006").string() + " (step 6, newer than " +
+                          (dir / "model.safetensors").string() + " at step 4)");
+  EXPECT_EQ(m.config.train.steps, 6);
+  for (const auto& [name, t] : params(resumed->model()))
+    EXPECT_TRUE(equal_after_cast(m.model->global_param(name), t)) << name << ": the f32 master rounds to it";
 }
 
 // Another micro-batch size (more accumulation steps) on resume: the same
