@@ -120,7 +120,8 @@ MpiGroup::MpiGroup(MPI_Comm comm, std::string name, double timeout_seconds) : co
   // No comm thread yet: this collective cannot race with queued ones.
   mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, world_ranks_.data(), 1, MPI_INT, comm_),
             where("create", *this));
-  thread_ = std::make_unique<CommThread>([this](double s) { add_busy(s); });
+  thread_ = std::make_unique<CommThread>(
+      [this](const std::string& op, auto start, auto end) { add_busy(op, start, end); });
   watch({thread_.get(), [t = thread_.get()] { return t->in_flight(); }, name_, world_ranks_, world_rank, timeout_});
 }
 
@@ -208,7 +209,7 @@ namespace {
 class P2pWork : public Work {
  public:
   P2pWork(std::string what, std::vector<MPI_Request> reqs, Tensor keep, double timeout,
-          std::function<void(double)> on_busy, std::function<void(double)> on_wait)
+          BusyCallback on_busy, std::function<void(double)> on_wait)
       : what_(std::move(what)), reqs_(std::move(reqs)), keep_(std::move(keep)), timeout_(timeout),
         on_busy_(std::move(on_busy)), on_wait_(std::move(on_wait)), posted_(Clock::now()) {}
   ~P2pWork() override {
@@ -245,14 +246,15 @@ class P2pWork : public Work {
     if (!flag) return false;
     done_ = true;
     keep_ = Tensor();
-    if (on_busy_) on_busy_(std::chrono::duration<double>(Clock::now() - posted_).count());
+    if (on_busy_) on_busy_(what_, posted_, Clock::now());
     return true;
   }
   std::string what_;
   std::vector<MPI_Request> reqs_;
   Tensor keep_;
   double timeout_;
-  std::function<void(double)> on_busy_, on_wait_;
+  BusyCallback on_busy_;
+  std::function<void(double)> on_wait_;
   Clock::time_point posted_;
   std::mutex mu_;
   bool done_ = false;
@@ -281,7 +283,8 @@ WorkHandle MpiGroup::post_p2p(const char* op, const Tensor& t, int peer, int tag
   const std::string what = std::string(op) + (sending ? " to rank " : " from rank ") + std::to_string(peer) +
                            " (world rank " + std::to_string(world_ranks_[size_t(peer)]) + ", tag " +
                            std::to_string(tag) + ", " + std::to_string(n) + " bytes) on group '" + name_ + "'";
-  return std::make_shared<P2pWork>(what, std::move(reqs), t, timeout_, [this](double s) { add_busy(s); },
+  return std::make_shared<P2pWork>(what, std::move(reqs), t, timeout_,
+                                   [this](const std::string& op, auto start, auto end) { add_busy(op, start, end); },
                                    [this](double s) { add_wait(s); });
 }
 

@@ -13,6 +13,7 @@
 #include "comm/mpi_group.h"
 #include "comm/solo_group.h"
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace zt::comm {
 
@@ -133,7 +134,14 @@ void ProcessGroup::count_op(int64_t bytes_sent) {
   stats_.bytes_sent += bytes_sent;
 }
 
-void ProcessGroup::add_busy(double seconds) {
+void ProcessGroup::add_busy(const std::string& op, std::chrono::steady_clock::time_point start,
+                            std::chrono::steady_clock::time_point end) {
+  trace_span("comm " + name_, op, start, end);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.busy_seconds += std::chrono::duration<double>(end - start).count();
+}
+
+void ProcessGroup::add_busy_seconds(double seconds) {
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.busy_seconds += seconds;
 }

@@ -21,6 +21,7 @@
 // hanging.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -124,7 +125,12 @@ class ProcessGroup {
   // counts the ones that have finished since.
   virtual void update_stats() const {}
   void count_op(int64_t bytes_sent);
-  void add_busy(double seconds);
+  // An operation `op` in flight from start to end: its time, and a span on
+  // the track "comm NAME" while a trace is on (core/trace.h).
+  void add_busy(const std::string& op, std::chrono::steady_clock::time_point start,
+                std::chrono::steady_clock::time_point end);
+  // Time in flight measured elsewhere (NCCL: on the device; not in a trace).
+  void add_busy_seconds(double seconds);
   void add_wait(double seconds);
   int rank_ = 0, size_ = 1;
   std::string name_;

@@ -20,7 +20,7 @@ void QueuedWork::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
-void QueuedWork::run(const std::function<void(double)>& on_busy) {
+void QueuedWork::run(const BusyCallback& on_busy) {
   std::exception_ptr err;
   const auto t0 = Clock::now();
   try {
@@ -28,7 +28,7 @@ void QueuedWork::run(const std::function<void(double)>& on_busy) {
   } catch (...) {
     err = std::current_exception();
   }
-  if (on_busy) on_busy(std::chrono::duration<double>(Clock::now() - t0).count());
+  if (on_busy) on_busy(op_, t0, Clock::now());
   fn_ = nullptr;  // drop the tensors it holds as soon as it is done
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -38,7 +38,7 @@ void QueuedWork::run(const std::function<void(double)>& on_busy) {
   cv_.notify_all();
 }
 
-CommThread::CommThread(std::function<void(double)> on_busy) : on_busy_(std::move(on_busy)) {
+CommThread::CommThread(BusyCallback on_busy) : on_busy_(std::move(on_busy)) {
   thread_ = std::thread([this] { loop(); });
 }
 

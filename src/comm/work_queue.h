@@ -17,6 +17,10 @@
 
 namespace zt::comm {
 
+// Told of each operation run: its name, when it started and when it ended.
+using BusyCallback = std::function<void(const std::string& op, std::chrono::steady_clock::time_point start,
+                                        std::chrono::steady_clock::time_point end)>;
+
 // An operation queued on a comm thread.
 class QueuedWork : public Work {
  public:
@@ -28,7 +32,7 @@ class QueuedWork : public Work {
   // Runs the operation (on the comm thread), reports how long it ran to
   // on_busy, then marks it complete - in that order, so a caller returning
   // from wait() sees the operation in the counters.
-  void run(const std::function<void(double)>& on_busy);
+  void run(const BusyCallback& on_busy);
 
  private:
   std::string op_;
@@ -51,7 +55,7 @@ class DoneWork : public Work {
 // what is in flight (op name and start time) through in_flight().
 class CommThread {
  public:
-  explicit CommThread(std::function<void(double)> on_busy);
+  explicit CommThread(BusyCallback on_busy);
   ~CommThread();  // runs what is queued, then stops
   void enqueue(std::shared_ptr<QueuedWork> w);
   // The operation running now and since when (empty op when idle).
@@ -63,7 +67,7 @@ class CommThread {
 
  private:
   void loop();
-  std::function<void(double)> on_busy_;
+  BusyCallback on_busy_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<QueuedWork>> queue_;

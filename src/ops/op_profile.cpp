@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "core/allocator.h"
@@ -12,17 +13,30 @@ namespace zt::ops {
 
 namespace {
 
+// A GPU op's marks, read once its work is done (shared by the totals and the trace).
+using SharedMark = std::shared_ptr<const DeviceMark>;
+
 struct PendingGpuOp {  // timed on the GPU, not yet read
   const char* name;
-  DeviceMark start, end;
+  SharedMark start, end;
   int64_t workspace_bytes, cache_misses;
   double flops;
+};
+
+struct PendingTraceOp {  // a GPU op of the trace, not yet read
+  const char* name;
+  SharedMark start, end;
 };
 
 struct Profile {
   std::mutex mu;
   std::map<std::string, OpTotal> totals;
   std::vector<PendingGpuOp> pending;
+  // The trace's GPU ops and the mark they are placed from (its host time
+  // since the trace's origin, microseconds).
+  std::vector<PendingTraceOp> trace_pending;
+  DeviceMark trace_mark;
+  double trace_mark_us = 0;
 };
 
 std::atomic<bool> g_enabled{false};
@@ -53,7 +67,7 @@ std::vector<OpTotal> take_op_profile() {
   Profile& p = profile();
   std::lock_guard<std::mutex> lock(p.mu);
   for (const PendingGpuOp& op : p.pending)
-    add(p, op.name, op.end.seconds_since(op.start), op.workspace_bytes, op.cache_misses, op.flops);
+    add(p, op.name, op.end->seconds_since(*op.start), op.workspace_bytes, op.cache_misses, op.flops);
   p.pending.clear();
   std::vector<OpTotal> out;
   for (auto& [name, t] : p.totals) out.push_back(t);
@@ -64,8 +78,36 @@ std::vector<OpTotal> take_op_profile() {
   return out;
 }
 
+void begin_op_trace(Device device) {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.trace_pending.clear();
+  p.trace_mark = DeviceMark(device);
+  p.trace_mark_us = std::chrono::duration<double, std::micro>(TraceClock::now() - trace_origin()).count();
+}
+
+void end_op_trace() {
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mu);
+  for (const PendingTraceOp& op : p.trace_pending)
+    trace_span_us("ops", op.name, p.trace_mark_us + 1e6 * op.start->seconds_since(p.trace_mark),
+                  1e6 * op.end->seconds_since(*op.start));
+  p.trace_pending.clear();
+  p.trace_mark = DeviceMark();
+}
+
+void trace_device_span(const std::string& track, const std::string& name, const DeviceMark& start,
+                       const DeviceMark& end) {
+  if (!trace_on()) return;
+  Profile& p = profile();
+  std::lock_guard<std::mutex> lock(p.mu);
+  trace_span_us(track, name, p.trace_mark_us + 1e6 * start.seconds_since(p.trace_mark),
+                1e6 * end.seconds_since(start));
+}
+
 OpScope::OpScope(const char* name, const Tensor& on) {
-  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  const bool profiled = g_enabled.load(std::memory_order_relaxed);
+  if (!profiled && !trace_on()) return;
   if (t_depth++ > 0) {
     --t_depth;  // nested: the outer op holds the time
     return;
@@ -78,6 +120,8 @@ OpScope::OpScope(const char* name, const Tensor& on) {
     workspace_at_start_ = stats.current(MemCategory::workspace);
     misses_at_start_ = stats.num_system_allocs;
     start_ = DeviceMark(device_);
+    host_start_ = TraceClock::now();
+    profiled_ = profiled;
     name_ = name;
   } catch (...) {  // a device that cannot be timed: the op reports the problem itself
     --t_depth;
@@ -95,10 +139,15 @@ OpScope::~OpScope() {
     const int64_t misses = stats.num_system_allocs - misses_at_start_;
     DeviceMark end(device_);
     if (end.on_gpu()) {
+      const SharedMark s = std::make_shared<const DeviceMark>(std::move(start_)),
+                       e = std::make_shared<const DeviceMark>(std::move(end));
       std::lock_guard<std::mutex> lock(p.mu);
-      p.pending.push_back({name_, std::move(start_), std::move(end), workspace, misses, flops_});
+      if (trace_on() && p.trace_mark.on_gpu()) p.trace_pending.push_back({name_, s, e});
+      if (profiled_) p.pending.push_back({name_, s, e, workspace, misses, flops_});
       return;
     }
+    trace_span("ops", name_, host_start_, TraceClock::now());
+    if (!profiled_) return;
     const double seconds = end.seconds_since(start_);
     std::lock_guard<std::mutex> lock(p.mu);
     add(p, name_, seconds, workspace, misses, flops_);

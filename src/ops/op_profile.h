@@ -16,7 +16,11 @@
 // do arithmetic worth a rate say how much (add_flops: a matrix product
 // 2 M N K, attention its causal products), so the table gives each its
 // achieved TFLOP/s beside the device's own GEMM rate.
-// Off by default; a scope then costs one relaxed atomic load.
+// Off by default; a scope then costs two relaxed atomic loads.
+//
+// While a trace is on (core/trace.h), every op is also a span on the "ops"
+// track: a CPU op by the host clock, a GPU op by events resolved in
+// end_op_trace, placed from a mark made at begin_op_trace.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/trace.h"
 #include "ops/device.h"
 
 namespace zt::ops {
@@ -43,6 +48,17 @@ bool op_profile_enabled();
 // flight), largest time first; clears them.
 std::vector<OpTotal> take_op_profile();
 
+// The trace's GPU ops (core/trace.h must be on first): begin_op_trace marks
+// `device`'s stream at the trace's start; end_op_trace waits for the ops
+// timed since and adds their spans, each placed at the mark's host time
+// plus its device time since the mark.
+void begin_op_trace(Device device);
+void end_op_trace();
+// A span of `track` between two marks of the trace's device, placed the
+// same way (waits for the marks' work). Nothing while no trace is on.
+void trace_device_span(const std::string& track, const std::string& name, const DeviceMark& start,
+                       const DeviceMark& end);
+
 // Times one op from construction to destruction (see above), on the device
 // of `on` (the op's output; the host if undefined: validation reports it).
 // `name` must outlive the profile (a string literal).
@@ -57,9 +73,11 @@ class OpScope {
   void add_flops(double flops) { flops_ += flops; }
 
  private:
-  const char* name_ = nullptr;  // null: not timing (profile off, or nested in another op)
+  const char* name_ = nullptr;  // null: not timing (profile and trace off, or nested in another op)
+  bool profiled_ = false;       // the totals (else only the trace)
   Device device_;
   DeviceMark start_;
+  TraceClock::time_point host_start_;
   int64_t workspace_at_start_ = 0;  // bytes live in the device's workspace category
   int64_t misses_at_start_ = 0;     // the allocator's cache misses so far
   double flops_ = 0;

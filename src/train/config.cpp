@@ -129,6 +129,7 @@ const std::vector<Field>& fields() {
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
       ZT_F("metrics", "pipeline_trace_step", metrics.pipeline_trace_step, "with pp > 1: write RUN_DIR/pipeline_trace.json (Chrome trace, open in Perfetto) of this step (0: none)"),
+      ZT_F("metrics", "trace_step", metrics.trace_step, "write RUN_DIR/trace.json (Chrome trace, open in Perfetto): this step's phases, ops and communication on every rank (0: none)"),
       ZT_F("metrics", "profiler_capture_step", metrics.profiler_capture_step, "on a GPU: a profiler started with capture off (ncu --profile-from-start off, nsys --capture-range=cudaProfilerApi) records this step's kernels alone (0: none)"),
       ZT_F("metrics", "op_profile", metrics.op_profile, "time every op (GPU: events) and report the time per op in metrics.jsonl and at the end"),
       ZT_F("parallel", "dp", parallel.dp, "data-parallel size (0: every process not used by tp x pp x cp)"),
@@ -525,6 +526,7 @@ void Config::validate() const {
            "sample.top_k, sample.tokens and sample.count must be >= 0");
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
   ZT_CHECK(metrics.pipeline_trace_step >= 0, "metrics.pipeline_trace_step must be >= 0 (0: no trace)");
+  ZT_CHECK(metrics.trace_step >= 0, "metrics.trace_step must be >= 0 (0: no trace)");
   ZT_CHECK(metrics.profiler_capture_step >= 0, "metrics.profiler_capture_step must be >= 0 (0: no capture), not ",
            metrics.profiler_capture_step);
   ZT_CHECK(metrics.profiler_capture_step <= train.steps, "metrics.profiler_capture_step = ",

@@ -97,6 +97,7 @@ struct SampleSettings {
 struct MetricsSettings {
   double peak_gflops = 0;             // device peak for MFU; 0 = measure sgemm at startup (CPU)
   int64_t pipeline_trace_step = 0;    // pp > 1: write RUN_DIR/pipeline_trace.json of this step (0: none)
+  int64_t trace_step = 0;             // write RUN_DIR/trace.json: this step's timeline on every rank (0: none)
   int64_t profiler_capture_step = 0;  // a profiler started with capture off records this step's kernels (0: none)
   bool op_profile = false;            // time every op: per-op totals per step and for the run (ops/op_profile.h)
 };

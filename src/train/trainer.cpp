@@ -25,6 +25,7 @@
 #include "ops/op_profile.h"
 #include "train/checkpointing.h"
 #include "train/generate.h"
+#include "train/step_trace.h"
 
 namespace zt::train {
 
@@ -275,6 +276,9 @@ StepMetrics Trainer::train_step(int64_t step) {
   const double loss_scale = scaler_ ? m.loss_scale : 1.0;
   const float grad_scale = float(loss_scale / double(m.tokens));
   const Device device = model().device();
+  // metrics.trace_step: this step's timeline (train/step_trace.h).
+  const bool tracing = cfg_.metrics.trace_step == m.step;
+  if (tracing) begin_step_trace(device);
   // metrics.profiler_capture_step: this step's launches, from its first to
   // its optimizer's, are what a profiler started with capture off records.
   const bool capture = cfg_.metrics.profiler_capture_step == m.step;
@@ -302,9 +306,11 @@ StepMetrics Trainer::train_step(int64_t step) {
       mbs.push_back({model_rows(mb.tokens), model_rows(mb.targets)});
     }
     m.data_seconds += seconds_since(t0);
+    trace_span("host", "data", t0, Clock::now());
     t0 = Clock::now();
     const parallel::PipelineRunner::StepResult res = pipeline_->run(mbs, grad_scale);
     pipeline_->sync_tied_embedding();  // both copies' shares summed before the dp reduction
+    trace_span("host", "pipeline schedule", t0, Clock::now());
     m.forward_seconds += res.forward_seconds;
     m.pp_run_seconds = res.seconds;
     m.pp_compute_seconds = res.compute_seconds;
@@ -341,6 +347,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     auto t0 = Clock::now();
     train_->next(inputs_, targets_);
     m.data_seconds += seconds_since(t0);
+    trace_span("host", "data", t0, Clock::now());
     MicroBatchMarks& mk = marks.emplace_back();
     mk.start = ops::DeviceMark(device);
     nn::ForwardContext ctx;
@@ -358,12 +365,19 @@ StepMetrics Trainer::train_step(int64_t step) {
     dp_->set_prefetch(0);
     mk.backward_done = ops::DeviceMark(device);
   }
-  for (const MicroBatchMarks& mk : marks) {
+  for (size_t i = 0; i < marks.size(); ++i) {
     // The whole model's LM head runs in the forward pass with its own
     // backward fused in: counted apart, so that "fwd" is the blocks' forward.
+    const MicroBatchMarks& mk = marks[i];
     m.forward_seconds += mk.head_start.seconds_since(mk.start);
     m.head_seconds += mk.forward_done.seconds_since(mk.head_start);
     m.backward_seconds += mk.backward_done.seconds_since(mk.forward_done);
+    if (tracing) {
+      const std::string mb = " (micro-batch " + std::to_string(i + 1) + ")";
+      ops::trace_device_span("step", "forward" + mb, mk.start, mk.head_start);
+      ops::trace_device_span("step", "head + its backward" + mb, mk.head_start, mk.forward_done);
+      ops::trace_device_span("step", "backward" + mb, mk.forward_done, mk.backward_done);
+    }
   }
   for (const Tensor& l : token_losses) loss_sum += nn::sum_token_losses(l);
   for (auto& c : chunks_) c->finish_grads();  // every set is finished when reported ready: a safety net
@@ -376,6 +390,7 @@ StepMetrics Trainer::train_step(int64_t step) {
     m.expert_dropped_max = dp_->max(m.expert_dropped_max);
   }
   m.backward_seconds += seconds_since(t_reduce);
+  trace_span("host", "gradient reduction: the rest", t_reduce, Clock::now());
   m.loss = loss_sum / double(m.tokens);
   const auto t_opt = Clock::now();
   if (before_update) before_update(step);
@@ -414,6 +429,7 @@ StepMetrics Trainer::train_step(int64_t step) {
   }
   if (capture) ops::profiler_capture(device, false);
   m.optimizer_seconds = seconds_since(t_opt);
+  trace_span("host", "norm, optimizer step", t_opt, Clock::now());
   m.step_seconds = seconds_since(t_step);
   progress_.tokens_seen += m.tokens;
   progress_.steps_done = step + 1;
@@ -459,6 +475,18 @@ StepMetrics Trainer::train_step(int64_t step) {
   if (ep_group()) {  // the experts' all-to-alls
     m.ep_comm.size = ep_group()->size();
     m.ep_comm.add(ep_group()->stats(), ep_start);
+  }
+  if (tracing) {
+    const std::vector<RankTrace> ranks = end_step_trace(device, mesh_.get());  // a collective over the mesh
+    if (main_rank_) {
+      std::error_code ec;
+      std::filesystem::create_directories(cfg_.train.run_dir, ec);  // train_step may run without run()
+      const std::string path = cfg_.train.run_dir + "/trace.json";
+      std::ofstream out(path);
+      out << chrome_trace_json(ranks);
+      ZT_CHECK(out.good(), "metrics.trace_step: cannot write ", path);
+      log("trace of step " + std::to_string(m.step) + ": " + path + " (open in https://ui.perfetto.dev)");
+    }
   }
   return m;
 }

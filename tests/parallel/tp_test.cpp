@@ -12,7 +12,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "comm/process_group.h"
@@ -575,6 +577,38 @@ TEST(TensorParallel, BytesPerStepFollowTheRingVolumes) {
     EXPECT_EQ(m.tp_comm.size, p);
     EXPECT_GT(m.tp_comm.busy_seconds, 0.0);
     RecordProperty(sp ? "bytes_sp" : "bytes_tp", std::to_string(m.tp_comm.bytes));
+  }
+}
+
+// metrics.trace_step under tensor parallelism: the main rank writes every
+// rank's timeline, each rank a process with its ops and a "comm tp" track
+// holding one span per operation the tp groups ran in the step (the same
+// count on every rank: collectives).
+TEST(TensorParallel, TraceStepHoldsEveryRanksCommunication) {
+  const int64_t p = comm::world().size();
+  if (p == 1) GTEST_SKIP() << "one rank sends nothing";
+  const Config cfg = tiny("gpt2-tiny", {"parallel.tp=" + std::to_string(p), "parallel.sequence_parallel=true",
+                                        "metrics.trace_step=2"});
+  TrainingData data = open_training_data(cfg, 0, 1);
+  Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh_of(p));
+  t.log = [](const std::string&) {};
+  t.train_step(0);
+  int64_t ops_before = 0, ops_after = 0;
+  for (comm::ProcessGroup* g : t.model().comm_groups()) ops_before += g->stats().ops;
+  t.train_step(1);
+  for (comm::ProcessGroup* g : t.model().comm_groups()) ops_after += g->stats().ops;
+  if (comm::world().rank() != 0) return;
+  std::ifstream in(fs::path(cfg.train.run_dir) / "trace.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::map<int64_t, std::map<std::string, int64_t>> spans;  // rank -> track -> spans
+  for (const nlohmann::json& e : j.at("traceEvents"))
+    if (e.at("ph") == "X") ++spans[e.at("pid").get<int64_t>()][e.at("cat").get<std::string>()];
+  ASSERT_EQ(int64_t(spans.size()), p);
+  for (const auto& [rank, tracks] : spans) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    // Less the trace's own gather over tp after its end (the lengths, then the bytes).
+    EXPECT_EQ(tracks.count("comm tp") ? tracks.at("comm tp") : 0, ops_after - ops_before - 2);
+    EXPECT_GT(tracks.count("ops") ? tracks.at("ops") : 0, 0);
   }
 }
 

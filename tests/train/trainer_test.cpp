@@ -16,6 +16,7 @@
 #include "data/dataset_index.h"
 #include "data/shard.h"
 #include "ops/elementwise.h"
+#include "core/trace.h"
 #include "ops/op_profile.h"
 #include "test_util.h"
 #include "train/config.h"
@@ -168,6 +169,65 @@ TEST(Trainer, OpProfileReportsTimePerOpInTheMetricsAndAtTheEnd) {
     EXPECT_EQ(steps, 3);
     fs::remove_all(dir);
   }
+}
+
+// metrics.trace_step: RUN_DIR/trace.json is a Chrome trace of that step
+// alone: every op the step's op profile counts is one span on the "ops"
+// track (the outermost ones: no two overlap), each micro-batch's forward,
+// head and backward one span each on the "step" track in that order, and the
+// host's data loading, reduction and optimizer on "host" - all inside the
+// step; no trace is written for a run without it.
+TEST(Trainer, TraceStepWritesThatStepsTimeline) {
+  const fs::path dir = fs::temp_directory_path() / ("zt_trace_" + std::to_string(test::test_seed()));
+  fs::remove_all(dir);
+  const Config cfg = parse_config(kTiny, "tiny",
+                                  {"train.steps=3", "metrics.trace_step=2", "train.run_dir=" + dir.string()});
+  Trainer t(cfg, std::make_unique<RandomBatches>(cfg.model.vocab_size, 5), nullptr, nullptr);
+  ops::enable_op_profile(true);  // as run() does under metrics.op_profile: the step's totals to compare with
+  std::vector<StepMetrics> steps;
+  for (int64_t s = 0; s < 3; ++s) {
+    steps.push_back(t.train_step(s));
+    EXPECT_EQ(fs::exists(dir / "trace.json"), s >= 1) << "after step " << s + 1;
+  }
+  ops::enable_op_profile(false);
+  EXPECT_FALSE(trace_on()) << "the trace ends with its step";
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "trace.json"));
+  std::map<std::string, std::vector<nlohmann::json>> by_track;
+  std::map<int64_t, std::string> track_of_tid;
+  for (const nlohmann::json& e : j.at("traceEvents")) {
+    ASSERT_EQ(e.at("pid").get<int64_t>(), 0) << "one process, rank 0";
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      track_of_tid[e.at("tid").get<int64_t>()] = e.at("args").at("name").get<std::string>();
+    if (e.at("ph") == "X") by_track[e.at("cat").get<std::string>()].push_back(e);
+  }
+  EXPECT_EQ(track_of_tid, (std::map<int64_t, std::string>{{0, "step"}, {1, "host"}, {2, "ops"}}));
+  const double step_us = 1e6 * steps[1].step_seconds;
+  std::map<std::string, int64_t> calls;
+  double previous_end = -1;
+  for (const nlohmann::json& e : by_track["ops"]) {
+    ++calls[e.at("name").get<std::string>()];
+    const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+    EXPECT_GE(ts, previous_end - 1e-3) << e.dump() << ": ops on one thread, the outermost only";
+    EXPECT_GE(dur, 0.0);
+    EXPECT_LE(ts + dur, step_us) << e.dump();
+    previous_end = ts + dur;
+  }
+  std::map<std::string, int64_t> profiled;
+  for (const ops::OpTotal& o : steps[1].op_totals) profiled[o.name] = o.calls;
+  EXPECT_EQ(calls, profiled);
+  const int64_t micro = cfg.grad_accum_steps(1);
+  std::vector<std::string> phases;
+  for (const nlohmann::json& e : by_track["step"]) phases.push_back(e.at("name").get<std::string>());
+  std::vector<std::string> expected;
+  for (int64_t i = 1; i <= micro; ++i)
+    for (const char* phase : {"forward", "head + its backward", "backward"})
+      expected.push_back(std::string(phase) + " (micro-batch " + std::to_string(i) + ")");
+  EXPECT_EQ(phases, expected);
+  std::map<std::string, int64_t> host;
+  for (const nlohmann::json& e : by_track["host"]) ++host[e.at("name").get<std::string>()];
+  EXPECT_EQ(host, (std::map<std::string, int64_t>{
+                      {"data", micro}, {"gradient reduction: the rest", 1}, {"norm, optimizer step", 1}}));
+  fs::remove_all(dir);
 }
 
 // Unigram entropy (nats/token) of a prepared split, from its shards.

@@ -393,7 +393,7 @@ class NcclGroup : public ProcessGroup {
       if (cuda::event_state(p.done.get()) != cuda::EventState::complete) return {p.op, p.issued};
       float ms = 0.0f;
       if (cudaEventElapsedTime(&ms, p.start.get(), p.done.get()) == cudaSuccess)
-        add_busy(double(ms) * 1e-3);
+        add_busy_seconds(double(ms) * 1e-3);
       else
         (void)cudaGetLastError();  // no time, and no error left for the next launch check
       pending_.pop_front();
