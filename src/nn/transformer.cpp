@@ -1232,11 +1232,20 @@ void Transformer::logits(const Tensor& out, const Tensor& tokens) {
   logits_part(out, Tensor(), tokens);
 }
 
-Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens) {
+void Transformer::last_logits(const Tensor& out, const Tensor& tokens) {
+  ZT_CHECK(whole(), "last_logits() needs the whole model (not one pipeline stage): a pipeline runs logits_part per "
+                    "stage");
+  logits_part(out, Tensor(), tokens, true);
+}
+
+Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens, bool last_only) {
   check_batch(tokens, Tensor());
-  const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, N = B * T, Vp = cfg_.padded_vocab();
-  ZT_CHECK(!part_.head || (out.defined() && out.shape() == (Shape{B, T, Vp}) && out.dtype() == DType::f32),
-           "logits output must be f32 (B, T, padded_vocab) = (", B, ", ", T, ", ", Vp, "), got ", out.str());
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, Vp = cfg_.padded_vocab();
+  const Shape out_shape = last_only ? Shape{B, Vp} : Shape{B, T, Vp};
+  ZT_CHECK(!part_.head || (out.defined() && out.shape() == out_shape && out.dtype() == DType::f32),
+           "logits output must be f32 ", out_shape.str(), " (B", last_only ? "" : ", T", ", padded_vocab), got ",
+           out.str());
+  int64_t N = B * T;
   const TensorParallel m = pass_mode(false);  // any number of tokens: the rows stay whole
   Tensor x = part_input(m, input, tokens, N);
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -1246,6 +1255,13 @@ Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Te
     for (size_t s : block_sets(i)) done(s);
   }
   if (!part_.head) return x;
+  if (last_only) {  // the head's rows: each sequence's last
+    const Tensor rows = x.view(Shape{B, T, C});
+    Tensor last = act_tensor(Shape{B, C}, x.dtype(), device_);
+    for (int64_t b = 0; b < B; ++b) ops::copy(last.slice(b, b + 1), rows.select(b).slice(T - 1, T));
+    x = last;
+    N = B;
+  }
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
   Tensor lnf = act_tensor(Shape{N, C}, dtype_, device_);
   Tensor mean = layernorm ? stat_tensor(N, device_) : Tensor(), rstd = stat_tensor(N, device_);

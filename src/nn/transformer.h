@@ -320,11 +320,16 @@ class Transformer {
   // evaluation tools and generation; uses no gradient state. Under tensor
   // parallelism every rank of the group calls it and gets all of them.
   void logits(const Tensor& out, const Tensor& tokens);
-  // One pipeline stage's part of logits(): input (B T, C) from the previous
-  // stage (undefined on the embedding stage); returns this stage's output
-  // (B T, C), or writes out (B, T, Vp) f32 on the head stage (and returns
-  // undefined). Rows are never sharded here (no sequence parallelism).
-  Tensor logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens);
+  // Each sequence's last position's logits, out (B, Vp) f32 - generation's:
+  // the final norm and the head run on those B rows alone (the same values
+  // as logits()' last rows).
+  void last_logits(const Tensor& out, const Tensor& tokens);
+  // One pipeline stage's part of logits() (last_only: of last_logits()):
+  // input (B T, C) from the previous stage (undefined on the embedding
+  // stage); returns this stage's output (B T, C), or writes out (B, T, Vp)
+  // (last_only: (B, Vp)) f32 on the head stage (and returns undefined). Rows
+  // are never sharded here (no sequence parallelism).
+  Tensor logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens, bool last_only = false);
 
  private:
   struct BlockParams {  // views into one ParamSet; undefined where the arch has none

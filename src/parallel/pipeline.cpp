@@ -213,9 +213,9 @@ Tensor PipelineRunner::last_logits(const Tensor& tokens) {
       const Tensor y = chunk.logits_part(Tensor(), input, tokens);
       sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(0, s + 1, S, false)), y});
     } else {
-      Tensor out = Tensor::empty(Shape{1, T, Vp}, DType::f32, first.device(), MemCategory::activations);
-      chunk.logits_part(out, input, tokens);
-      row = ops::to_device(out.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu()).view(Shape{Vp});
+      Tensor out = Tensor::empty(Shape{1, Vp}, DType::f32, first.device(), MemCategory::activations);
+      chunk.logits_part(out, input, tokens, true);  // the last position's alone
+      row = ops::to_device(out, Device::cpu()).view(Shape{Vp});
     }
   }
   for (auto& [w, t] : sends) w->wait();

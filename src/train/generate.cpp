@@ -14,11 +14,9 @@ namespace zt::train {
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
                                const SamplingOptions& opt) {
   const LastLogitsFn last_logits = [&model](const Tensor& tokens) {
-    const int64_t T = tokens.size(1), Vp = model.config().padded_vocab();
-    Tensor logits = Tensor::empty(Shape{1, T, Vp}, DType::f32, model.device());
-    model.logits(logits, tokens);
-    // Only the last position's row is read, on the host.
-    return ops::to_device(logits.view(Shape{T, Vp}).slice(T - 1, T), Device::cpu());
+    Tensor logits = Tensor::empty(Shape{1, model.config().padded_vocab()}, DType::f32, model.device());
+    model.last_logits(logits, tokens);  // the head on the last position alone
+    return ops::to_device(logits, Device::cpu());
   };
   return generate(last_logits, model.config(), prompt, opt);
 }

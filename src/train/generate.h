@@ -21,8 +21,9 @@ struct SamplingOptions {
 // vocabulary) f32 on the host.
 using LastLogitsFn = std::function<Tensor(const Tensor& tokens)>;
 
-// Returns prompt + generated tokens. Each step recomputes the logits of the
-// last max_seq_len tokens (no KV cache: simple and exact; fine for samples).
+// Returns prompt + generated tokens. Each step runs the blocks over the
+// last max_seq_len tokens (no KV cache: simple and exact) and the LM head on
+// the last position alone (Transformer::last_logits).
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
                                const SamplingOptions& opt);
 // The same over any forward pass (a pipeline's, where each rank holds one

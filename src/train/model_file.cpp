@@ -1,5 +1,6 @@
 #include "train/model_file.h"
 
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -119,9 +120,13 @@ std::string save_model_file(const std::vector<const nn::Transformer*>& chunks, c
     tensors.emplace_back(kRouterBiasTensor, b);
   }
   const std::string path = (fs::path(cfg.train.run_dir) / "model.safetensors").string();
+  // The run's config without its directory: the same training in another
+  // directory writes the same bytes.
+  Config described = cfg;
+  described.train.run_dir = "";
   std::map<std::string, std::string> metadata{{"format", "zettatron-model"},
                                               {"arch", std::string(nn::arch_name(cfg.model.arch))},
-                                              {"config", to_toml(cfg)}};
+                                              {"config", to_toml(described)}};
   if (step >= 0) metadata["step"] = std::to_string(step);
   ckpt::write_safetensors(path, tensors, metadata);
   return path;
@@ -202,7 +207,13 @@ LoadedModel load_model_file(const std::string& run_dir) {
   // checkpoint of the same directory: a resumed run that stopped before its
   // end left its newest weights there.
   const auto step_it = meta.find("step");
-  const int64_t step = step_it == meta.end() ? -1 : std::stoll(step_it->second);
+  int64_t step = -1;
+  if (step_it != meta.end()) {
+    const std::string& text = step_it->second;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
+    ZT_CHECK(ec == std::errc() && end == text.data() + text.size() && step >= 0, weights_path.string(),
+             ": its metadata's step '", text, "' is not a step count; remove the \"step\" entry or rewrite the file");
+  }
   const int64_t checkpoint_step = step >= 0 ? latest_checkpoint_step(dir) : -1;
   if (checkpoint_step > step) {
     LoadedModel newer = load_checkpoint_weights((dir / "checkpoints").string());

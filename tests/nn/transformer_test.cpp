@@ -299,6 +299,40 @@ TEST(Transformer, PipelinePartsChainedEqualTheWholeModel) {
   }
 }
 
+// last_logits (generation's): each sequence's last position's logits, the
+// final norm and head run on those rows alone - the values of logits()' last
+// rows (the head's product over other rows: to rounding), for dense, MoE,
+// f32 and bf16 models; and a pipeline's head stage gives the same.
+TEST(Transformer, LastLogitsAreTheLastRowsOfLogits) {
+  for (const char* preset : {"gpt2-tiny", "llama3-tiny", "llama3-moe-tiny"})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(preset) + " " + std::string(dtype_name(dt)));
+      const ModelConfig c = test_model(preset);
+      Transformer m(c, dt);
+      m.init_weights(5);
+      auto rng = test::make_rng(19);
+      const int64_t B = 3, T = 11, Vp = c.padded_vocab();
+      const Tensor tokens = test::random_tokens(Shape{B, T}, c.vocab_size, rng);
+      const Tensor all = Tensor::empty(Shape{B, T, Vp}, DType::f32), last = Tensor::empty(Shape{B, Vp}, DType::f32);
+      test::poison(last);
+      m.logits(all, tokens);
+      m.last_logits(last, tokens);
+      for (int64_t b = 0; b < B; ++b)
+        EXPECT_TRUE(test::all_close(last.select(b), test::to_f64(all.select(b).select(T - 1)), 1e-5, 1e-5))
+            << "sequence " << b;
+      // The same through two pipeline parts.
+      const ModelPart cuts[] = {{0, 1, true, false}, {1, c.n_layer, false, true}};
+      Transformer first(c, dt, Device::cpu(), 1, TensorParallel{}, cuts[0]),
+          second(c, dt, Device::cpu(), 1, TensorParallel{}, cuts[1]);
+      first.init_weights(5);
+      second.init_weights(5);
+      const Tensor staged = Tensor::empty(Shape{B, Vp}, DType::f32);
+      test::poison(staged);
+      second.logits_part(staged, first.logits_part(Tensor(), Tensor(), tokens, true), tokens, true);
+      EXPECT_TRUE(test::all_close(staged, test::to_f64(last), 0, 0));
+    }
+}
+
 // head_keeps_dlogits splits the LM head's work like a block's (pipeline head
 // stages): the same loss, known after forward, and the same gradients, bit
 // for bit, whether backward runs whole or as backward_input + backward_weight
