@@ -98,10 +98,10 @@ Command add_train_command(CLI::App& app) {
         if (main_rank) {
           std::cout << "restored " << dir << " (step " << trainer->progress().steps_done << ")" << std::endl;
           const std::vector<std::string> changed = train::settings_changed_since(dir, cfg);
-          if (!changed.empty()) {
-            std::cout << "settings changed since the run that saved it:";
-            for (const std::string& c : changed) std::cout << "\n  " << c;
-            std::cout << std::endl;
+          if (!changed.empty()) {  // said with the run's header: console and train.log
+            std::string note = "settings changed since the checkpoint's run:";
+            for (const std::string& c : changed) note += "\n  " + c;
+            trainer->start_notes.push_back(note);
           }
         }
       }

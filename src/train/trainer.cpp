@@ -690,6 +690,7 @@ TrainResult Trainer::run(int64_t stop_after) {
   if (resumed)
     say("resuming after step " + std::to_string(first_step) + " (" + std::to_string(progress_.tokens_seen) +
         " tokens seen)");
+  for (const std::string& note : start_notes) say(note);
 
   TrainResult result;
   result.steps = first_step;

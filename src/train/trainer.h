@@ -159,6 +159,9 @@ class Trainer {
   std::function<void(int64_t step)> before_update;
   // Console output (default: stdout and run_dir/train.log).
   std::function<void(const std::string&)> log;
+  // Lines run() says with its header (console and train.log): what the
+  // caller set up, e.g. the settings a resumed run changed.
+  std::vector<std::string> start_notes;
 
  private:
   // Aux-loss-free balancing after an optimizer step: the step's routed slots
