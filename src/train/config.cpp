@@ -527,6 +527,10 @@ void Config::validate() const {
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");
   ZT_CHECK(metrics.pipeline_trace_step >= 0, "metrics.pipeline_trace_step must be >= 0 (0: no trace)");
   ZT_CHECK(metrics.trace_step >= 0, "metrics.trace_step must be >= 0 (0: no trace)");
+  for (const auto& [key, step] : {std::pair<const char*, int64_t>{"trace_step", metrics.trace_step},
+                                  {"pipeline_trace_step", metrics.pipeline_trace_step}})
+    ZT_CHECK(step <= train.steps, "metrics.", key, " = ", step, " comes after the run's last step (train.steps = ",
+             train.steps, "), so no trace would be written; pick a step from 1 to ", train.steps, ", or 0 for none");
   ZT_CHECK(metrics.profiler_capture_step >= 0, "metrics.profiler_capture_step must be >= 0 (0: no capture), not ",
            metrics.profiler_capture_step);
   ZT_CHECK(metrics.profiler_capture_step <= train.steps, "metrics.profiler_capture_step = ",

@@ -691,6 +691,11 @@ TrainResult Trainer::run(int64_t stop_after) {
     say("resuming after step " + std::to_string(first_step) + " (" + std::to_string(progress_.tokens_seen) +
         " tokens seen)");
   for (const std::string& note : start_notes) say(note);
+  for (const auto& [key, step] : {std::pair<const char*, int64_t>{"trace_step", cfg_.metrics.trace_step},
+                                  {"pipeline_trace_step", cfg_.metrics.pipeline_trace_step}})
+    if (step > 0 && step <= first_step)
+      say(std::string("note: metrics.") + key + " = " + std::to_string(step) + " was before this run resumed (after "
+          "step " + std::to_string(first_step) + "): no trace is written; pick a later step");
 
   TrainResult result;
   result.steps = first_step;

@@ -90,6 +90,12 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"metrics.profiler_capture_step=4"}),
                   "metrics.profiler_capture_step = 4 comes after the run's last step (train.steps = 3)"));
   EXPECT_EQ(error_of(kBase, {"metrics.profiler_capture_step=3"}), "");
+  EXPECT_TRUE(has(error_of(kBase, {"metrics.trace_step=4"}),
+                  "metrics.trace_step = 4 comes after the run's last step (train.steps = 3), so no trace would be "
+                  "written; pick a step from 1 to 3, or 0 for none"));
+  EXPECT_TRUE(has(error_of(kBase, {"metrics.pipeline_trace_step=5"}),
+                  "metrics.pipeline_trace_step = 5 comes after the run's last step"));
+  EXPECT_EQ(error_of(kBase, {"metrics.trace_step=3", "metrics.pipeline_trace_step=1"}), "");
 }
 
 // data.blend: "DIR WEIGHT, ..." in order, spaces in a folder's name kept;
