@@ -136,7 +136,7 @@ void ProcessGroup::count_op(int64_t bytes_sent) {
 
 void ProcessGroup::add_busy(const std::string& op, std::chrono::steady_clock::time_point start,
                             std::chrono::steady_clock::time_point end) {
-  trace_span("comm " + name_, op, start, end);
+  if (trace_on()) trace_span("comm " + name_, op, start, end);
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.busy_seconds += std::chrono::duration<double>(end - start).count();
 }

@@ -146,7 +146,7 @@ OpScope::~OpScope() {
       if (profiled_) p.pending.push_back({name_, s, e, workspace, misses, flops_});
       return;
     }
-    trace_span("ops", name_, host_start_, TraceClock::now());
+    if (trace_on()) trace_span("ops", name_, host_start_, TraceClock::now());
     if (!profiled_) return;
     const double seconds = end.seconds_since(start_);
     std::lock_guard<std::mutex> lock(p.mu);
