@@ -2,7 +2,10 @@
 // as a Chrome trace (RUN_DIR/trace.json; open it in https://ui.perfetto.dev)
 // - each rank a process, each track (core/trace.h) a thread:
 //   step       the trainer's compute phases by micro-batch (forward, head,
-//              backward), placed by the device's clock like the ops
+//              backward), placed by the device's clock like the ops; under
+//              a pipeline its schedule's actions on this rank (forward,
+//              backward or its input and weight passes, recv_wait) by the
+//              host's
 //   host       what the host waits for or runs itself: data loading, the
 //              end of the gradient reduction, the optimizer step, a
 //              pipeline's schedule

@@ -311,6 +311,15 @@ StepMetrics Trainer::train_step(int64_t step) {
     const parallel::PipelineRunner::StepResult res = pipeline_->run(mbs, grad_scale);
     pipeline_->sync_tied_embedding();  // both copies' shares summed before the dp reduction
     trace_span("host", "pipeline schedule", t0, Clock::now());
+    if (tracing) {
+      // The schedule's actions on this rank (seconds since it began, on the host clock).
+      const double t0_us = std::chrono::duration<double, std::micro>(t0 - trace_origin()).count();
+      for (const parallel::PipelineEvent& e : pipeline_->events())
+        trace_span_us("step",
+                      e.name + (e.micro_batch >= 0 ? " (micro-batch " + std::to_string(e.micro_batch + 1) + ")" : "") +
+                          (chunks_.size() > 1 ? " chunk " + std::to_string(e.chunk) : ""),
+                      t0_us + 1e6 * e.start, 1e6 * (e.end - e.start));
+    }
     m.forward_seconds += res.forward_seconds;
     m.pp_run_seconds = res.seconds;
     m.pp_compute_seconds = res.compute_seconds;

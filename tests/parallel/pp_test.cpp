@@ -10,9 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "comm/process_group.h"
 #include "core/allocator.h"
@@ -329,6 +332,35 @@ TEST(PipelineTrainer, LayoutsWithDataAndTensorParallelismMatchOneProcess) {
       EXPECT_GT(mt.pp_bubble_theory, 0.0);
     }
   }
+}
+
+// metrics.trace_step under a pipeline: each rank's "step" track holds its
+// schedule's actions - a forward and a backward of every micro-batch (1F1B).
+TEST(PipelineTrainer, TraceStepHoldsEachRanksSchedule) {
+  const int64_t p = comm::world().size();
+  if (p != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = test::fortunes_dataset().string() + "_trace";
+  const Config cfg = pp_config("gpt2-tiny", {"parallel.pp=2", "parallel.pp_schedule=1f1b", "metrics.trace_step=2",
+                                             "train.steps=2", "train.run_dir=" + dir});
+  auto mesh = std::make_shared<parallel::Mesh>(parallel::MeshShape{1, 1, 2, 1, 1}, comm::world());
+  TrainingData data = open_training_data(cfg, 0, 1);
+  Trainer t(cfg, std::move(data.train), nullptr, nullptr, mesh);
+  t.log = [](const std::string&) {};
+  t.train_step(0);
+  t.train_step(1);
+  if (comm::world().rank() != 0) return;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/trace.json"));
+  std::map<int64_t, std::multiset<std::string>> steps;  // rank -> its schedule's actions
+  for (const nlohmann::json& e : j.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("cat") == "step")
+      steps[e.at("pid").get<int64_t>()].insert(e.at("name").get<std::string>());
+  ASSERT_EQ(steps.size(), 2u);
+  const int64_t micro = cfg.grad_accum_steps(1);
+  for (const auto& [rank, names] : steps)
+    for (int64_t m = 1; m <= micro; ++m)
+      for (const char* action : {"forward", "backward"})
+        EXPECT_EQ(names.count(std::string(action) + " (micro-batch " + std::to_string(m) + ")"), 1u)
+            << "rank " << rank << " " << action << " " << m;
 }
 
 // fp8 blocks under every kind of layout of 2 ranks. Pipelines: zero
