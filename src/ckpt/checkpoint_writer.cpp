@@ -188,6 +188,12 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   return (fs::path(root) / name).string();
 }
 
+std::optional<int64_t> latest_checkpoint_step(const std::string& root) {
+  const auto latest = latest_checkpoint(root);
+  if (!latest) return std::nullopt;
+  return step_of_dir_name(fs::path(*latest).filename().string());
+}
+
 std::vector<std::string> prune_checkpoints(const std::string& root, const RetentionPolicy& policy) {
   std::vector<std::string> removed;
   std::error_code ec;

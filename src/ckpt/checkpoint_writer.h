@@ -84,6 +84,8 @@ std::vector<int64_t> list_checkpoints(const std::string& root);
 
 // The directory root/latest points to, or nullopt when there is no `latest`.
 std::optional<std::string> latest_checkpoint(const std::string& root);
+// Its step, from its name (no file of it opened); nullopt without `latest`.
+std::optional<int64_t> latest_checkpoint_step(const std::string& root);
 
 // Which checkpoints to keep: the newest keep_last (0: all) and every step
 // that is a multiple of keep_every (0: none beyond the newest) - and always

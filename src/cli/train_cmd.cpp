@@ -95,15 +95,8 @@ Command add_train_command(CLI::App& app) {
       const bool main_rank = trainer->is_main_rank();
       if (!resume_from.empty()) {
         const std::string dir = train::restore_checkpoint(*trainer, resume_from);
-        if (main_rank) {
+        if (main_rank)
           std::cout << "restored " << dir << " (step " << trainer->progress().steps_done << ")" << std::endl;
-          const std::vector<std::string> changed = train::settings_changed_since(dir, cfg);
-          if (!changed.empty()) {  // said with the run's header: console and train.log
-            std::string note = "settings changed since the checkpoint's run:";
-            for (const std::string& c : changed) note += "\n  " + c;
-            trainer->start_notes.push_back(note);
-          }
-        }
       }
       if (!opts->init_from.empty()) {
         const std::string dir = train::init_weights_from_checkpoint(*trainer, opts->init_from);

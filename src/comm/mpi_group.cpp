@@ -120,8 +120,7 @@ MpiGroup::MpiGroup(MPI_Comm comm, std::string name, double timeout_seconds) : co
   // No comm thread yet: this collective cannot race with queued ones.
   mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, world_ranks_.data(), 1, MPI_INT, comm_),
             where("create", *this));
-  thread_ = std::make_unique<CommThread>(
-      [this](const std::string& op, auto start, auto end) { add_busy(op, start, end); });
+  thread_ = std::make_unique<CommThread>(on_busy());
   watch({thread_.get(), [t = thread_.get()] { return t->in_flight(); }, name_, world_ranks_, world_rank, timeout_});
 }
 
@@ -283,9 +282,7 @@ WorkHandle MpiGroup::post_p2p(const char* op, const Tensor& t, int peer, int tag
   const std::string what = std::string(op) + (sending ? " to rank " : " from rank ") + std::to_string(peer) +
                            " (world rank " + std::to_string(world_ranks_[size_t(peer)]) + ", tag " +
                            std::to_string(tag) + ", " + std::to_string(n) + " bytes) on group '" + name_ + "'";
-  return std::make_shared<P2pWork>(what, std::move(reqs), t, timeout_,
-                                   [this](const std::string& op, auto start, auto end) { add_busy(op, start, end); },
-                                   [this](double s) { add_wait(s); });
+  return std::make_shared<P2pWork>(what, std::move(reqs), t, timeout_, on_busy(), [this](double s) { add_wait(s); });
 }
 
 WorkHandle MpiGroup::send(const Tensor& t, int dst, int tag) {

@@ -35,6 +35,10 @@ class MpiGroup : public ProcessGroup {
 
  private:
   WorkHandle submit(const char* op, int64_t bytes_sent, std::function<void()> fn);
+  // This group's add_busy, for its comm thread and its point-to-point transfers.
+  BusyCallback on_busy() {
+    return [this](const std::string& op, auto start, auto end) { add_busy(op, start, end); };
+  }
   // send / recv: posted at once (MPI_Isend / MPI_Irecv), not queued.
   WorkHandle post_p2p(const char* op, const Tensor& t, int peer, int tag);
   MPI_Comm comm_;

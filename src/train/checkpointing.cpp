@@ -327,12 +327,18 @@ std::string restore_checkpoint(Trainer& t, const std::string& path) {
            ", beyond train.steps = ", t.config().train.steps, "; raise train.steps to train further");
   t.train_data().restore(state["data"]);
   t.set_progress(p);
+  // The settings changed since the checkpoint's run, said with the run's header.
+  std::string note;
+  try {
+    for (const std::string& c : changed_settings(parse_saved_config(ck.manifest().config, where + " (config)"),
+                                                 t.config()))
+      note += "\n  " + c;
+    if (!note.empty()) note = "settings changed since the checkpoint's run:" + note;
+  } catch (const Error& e) {  // a config this version cannot read: resuming needs only the weights and state
+    note = std::string("settings since the checkpoint's run not compared: ") + e.what();
+  }
+  if (!note.empty()) t.start_notes.push_back(note);
   return ck.dir();
-}
-
-std::vector<std::string> settings_changed_since(const std::string& path, const Config& now) {
-  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
-  return changed_settings(parse_saved_config(ck.manifest().config, ck.dir() + "/manifest.json (config)"), now);
 }
 
 std::string init_weights_from_checkpoint(Trainer& t, const std::string& path) {

@@ -45,14 +45,12 @@ class TrainCheckpointer {
 // Restores everything a checkpoint holds into a freshly built trainer (same
 // model shapes): weights, optimizer state, progress, data position. The
 // checkpoint's batch geometry may differ in micro_batch (the global batch
-// semantics are kept). Errors list every tensor whose shape differs.
+// semantics are kept). Errors list every tensor whose shape differs. The
+// settings that differ from the checkpoint's run (changed_settings: a
+// change of dtype, batch or schedule is allowed) become a start note of the
+// trainer (Trainer::start_notes), said with the run's header.
 // Returns the checkpoint's directory.
 std::string restore_checkpoint(Trainer& t, const std::string& path);
-// The settings of `now` that differ from those of the run that wrote the
-// checkpoint at `path` (train/config.h's changed_settings), for the note a
-// resumed run prints: a change of dtype, batch or schedule is allowed, and
-// the user sees it.
-std::vector<std::string> settings_changed_since(const std::string& path, const Config& now);
 
 // Loads only the model weights (fine-tuning from a checkpoint or an imported
 // Hugging Face model); optimizer, progress and data start fresh.

@@ -7,7 +7,7 @@
 #include <map>
 #include <optional>
 
-#include "ckpt/checkpoint_reader.h"
+#include "ckpt/checkpoint_writer.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "ops/device.h"
@@ -184,12 +184,6 @@ LoadedModel load_checkpoint_weights(const std::string& path) {
   return out;
 }
 
-// The step of a run directory's latest checkpoint; -1: none.
-int64_t latest_checkpoint_step(const fs::path& dir) {
-  if (!fs::exists(dir / "checkpoints" / "latest")) return -1;
-  return ckpt::Checkpoint::open((dir / "checkpoints").string()).manifest().step;
-}
-
 }  // namespace
 
 LoadedModel load_model_file(const std::string& run_dir) {
@@ -214,7 +208,9 @@ LoadedModel load_model_file(const std::string& run_dir) {
     ZT_CHECK(ec == std::errc() && end == text.data() + text.size() && step >= 0, weights_path.string(),
              ": its metadata's step '", text, "' is not a step count; remove the \"step\" entry or rewrite the file");
   }
-  const int64_t checkpoint_step = step >= 0 ? latest_checkpoint_step(dir) : -1;
+  // The checkpoint's step from its name: opening it checks every file's checksum.
+  const int64_t checkpoint_step =
+      step >= 0 ? ckpt::latest_checkpoint_step((dir / "checkpoints").string()).value_or(-1) : -1;
   if (checkpoint_step > step) {
     LoadedModel newer = load_checkpoint_weights((dir / "checkpoints").string());
     newer.source += " (step " + std::to_string(checkpoint_step) + ", newer than " + weights_path.string() +
