@@ -130,6 +130,15 @@ inline Tensor random_tokens(const Shape& shape, int64_t vocab, std::mt19937_64& 
   return t;
 }
 
+// Columns [first, end) of a (B, T) i32 token tensor: (B, end - first).
+inline Tensor token_columns(const Tensor& tokens, int64_t first, int64_t end) {
+  const int64_t B = tokens.size(0), T = tokens.size(1), n = end - first;
+  Tensor out = Tensor::empty(Shape{B, n}, DType::i32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t) out.data<int32_t>()[b * n + t] = tokens.data<int32_t>()[b * T + first + t];
+  return out;
+}
+
 // Fills an output with NaN (float dtypes) or 0xA5 bytes (integers), so an
 // element the kernel fails to write is caught.
 inline void poison(const Tensor& t) {

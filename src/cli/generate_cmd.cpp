@@ -1,5 +1,7 @@
 // `zettatron generate --checkpoint DIR --prompt TEXT`
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -19,6 +21,8 @@ Command add_generate_command(CLI::App& app) {
     int64_t top_k = 40;
     uint64_t seed = 0;
     int64_t count = 1;
+    bool no_kv_cache = false;
+    bool ignore_eot = false;
   };
   auto opts = std::make_shared<Opts>();
   Command c;
@@ -33,23 +37,36 @@ Command add_generate_command(CLI::App& app) {
   c.app->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens (0: all)");
   c.app->add_option("--seed", opts->seed, "Sampling seed");
   c.app->add_option("--count", opts->count, "Number of samples");
+  c.app->add_flag("--ignore-eot", opts->ignore_eot, "Keep sampling past the end-of-text token (all --tokens tokens)");
+  c.app->add_flag("--no-kv-cache", opts->no_kv_cache,
+                  "Run each step's whole window again instead of keeping keys and values (slower; for comparison)");
   c.run = [opts] {
     train::LoadedModel loaded = train::load_model_file(opts->checkpoint);
     std::cerr << "weights: " << loaded.source << std::endl;  // stdout keeps only the samples
     std::unique_ptr<train::TextCodec> codec = train::open_codec(opts->tokenizer.empty() ? loaded.config.data.tokenizer : opts->tokenizer);
     std::vector<uint32_t> prompt =
         opts->prompt.empty() ? std::vector<uint32_t>{codec->eot_token} : codec->encode(opts->prompt);
+    nn::Transformer& model = *loaded.model;
+    int64_t generated = 0;
+    const auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < opts->count; ++i) {
       train::SamplingOptions so;
       so.max_new_tokens = opts->tokens;
       so.temperature = opts->temperature;
       so.top_k = opts->top_k;
       so.seed = opts->seed + uint64_t(i);
-      so.stop_token = int64_t(codec->eot_token);
-      std::vector<uint32_t> out = train::generate(*loaded.model, prompt, so);
+      so.stop_token = opts->ignore_eot ? -1 : int64_t(codec->eot_token);
+      std::vector<uint32_t> out = opts->no_kv_cache ? train::generate(train::window_last_logits(model), model.config(), prompt, so)
+                                                    : train::generate(model, prompt, so);
+      generated += int64_t(out.size() - prompt.size());
       if (opts->prompt.empty()) out.erase(out.begin());
       std::cout << codec->decode(out) << "\n---" << std::endl;
     }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // stderr, as the weights line: stdout keeps only the samples.
+    std::fprintf(stderr, "generated %lld tokens in %.3f s (%.1f tokens/s, %s; prompt %zu tokens)\n",
+                 static_cast<long long>(generated), seconds, double(generated) / seconds,
+                 opts->no_kv_cache ? "each window run again" : "KV cache", prompt.size());
     return 0;
   };
   return c;

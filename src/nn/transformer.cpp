@@ -415,7 +415,7 @@ comm::WorkHandle Transformer::start_reduce_rows(const TensorParallel& m, const T
   return m.group->all_reduce(partial);
 }
 
-Tensor Transformer::embed(const TensorParallel& m, const Tensor& tokens) const {
+Tensor Transformer::embed(const TensorParallel& m, const Tensor& tokens, int64_t pos_offset) const {
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, C = cfg_.d_model;
   Tensor x = act_tensor(Shape{B, T, C}, dtype_, device_);
   // Each rank looks up the tokens of its vocabulary rows; the positions are
@@ -423,7 +423,7 @@ Tensor Transformer::embed(const TensorParallel& m, const Tensor& tokens) const {
   Tensor wpe = cfg_.learned_positions() && m.rank() == 0 ? embed_.param(1) : Tensor();
   if (wpe.defined() && m.context) wpe = shard_table_rows(wpe, pass_shard(m, T));  // the rows' positions
   const ops::VocabSlice slice = m.size() > 1 ? ops::VocabSlice{shares_.vocab_start, cfg_.vocab_size} : ops::VocabSlice{};
-  ops::embedding_forward(x, tokens, embed_.param(0), wpe, 0, slice);
+  ops::embedding_forward(x, tokens, embed_.param(0), wpe, pos_offset, slice);
   const Tensor rows = x.view(Shape{N, C});
   if (m.size() == 1) return rows;
   Tensor out = m.sequence_parallel ? act_tensor(Shape{N / m.size(), C}, dtype_, device_) : rows;
@@ -432,12 +432,13 @@ Tensor Transformer::embed(const TensorParallel& m, const Tensor& tokens) const {
 }
 
 Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T,
-                                  const TensorParallel& m) const {
+                                  const TensorParallel& m, KvCache* cache) const {
   const BlockParams p = block_views(layer, false);
   const BlockLinears lin = block_linears(layer, m);
   const int64_t C = cfg_.d_model, D = cfg_.head_dim(), Hq = shares_.q_heads, Hkv = shares_.kv_heads, N = B * T;
   const int64_t R = x_in.size(0), W = cfg_.mlp_in_width() / shares_.tp, F = shares_.ff;
   const bool layernorm = norm_kind() == ops::NormKind::layernorm;
+  const int64_t pos = cache ? cache->length() : 0;  // the rows' first position
   a.x_in = x_in;
   // Attention half: ln1 -> q, k, v -> RoPE -> attention -> proj (+ x_in) -> ln2.
   a.ln1 = act_tensor(Shape{R, C}, dtype_, device_);
@@ -458,8 +459,8 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     lin.k.forward(a.k.view(Shape{N, Hkv * D}), x);
     lin.v.forward(a.v.view(Shape{N, Hkv * D}), x);
     if (cfg_.arch == Arch::llama3) {
-      ops::rope_forward(a.q, a.q, rope_rows(m, T), 0);
-      ops::rope_forward(a.k, a.k, rope_rows(m, T), 0);
+      ops::rope_forward(a.q, a.q, rope_rows(m, T), pos);
+      ops::rope_forward(a.k, a.k, rope_rows(m, T), pos);
     }
   } else {
     const int64_t H = Hq + 2 * Hkv;  // heads of the fused product's output
@@ -467,13 +468,22 @@ Tensor Transformer::block_forward(size_t layer, BlockActivations& a, const Tenso
     lin.qkv.forward(qkv.view(Shape{N, H * D}), ln1);
     if (form == QkvForm::packed) {
       a.qkv = qkv;  // attention reads its heads in place, Llama's q and k rotated there
-      if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_forward(qkv, Hq, Hkv, rope_rows(m, T), 0);
+      if (cfg_.arch == Arch::llama3) ops::rope_packed_qkv_forward(qkv, Hq, Hkv, rope_rows(m, T), pos);
     } else {  // split: the RoPE pass makes rotated q, k and copied v of it
       separate_heads();
-      ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_rows(m, T), 0);
+      ops::rope_split_qkv_forward(a.q, a.k, a.v, qkv, rope_rows(m, T), pos);
     }
   }
-  attention_forward(a, B, T, m);
+  if (cache) {  // the rows' keys and values join the cache's, then attention reads them there
+    if (a.qkv.defined())
+      cache->store_packed(int64_t(layer), a.qkv, Hq);
+    else
+      cache->store(int64_t(layer), a.k, a.v);
+  }
+  if (pos > 0)
+    cached_attention(layer, a, B, T, *cache);
+  else  // no earlier positions: the rows attend to each other alone, as without a cache
+    attention_forward(a, B, T, m);
   // Each half's residual connection inside its output product (the
   // product's C), or in passes of its own (residual_in_products).
   Tensor branch;  // the unfused form's output of proj, then of mlp_out
@@ -557,6 +567,28 @@ void Transformer::attention_forward(BlockActivations& a, int64_t B, int64_t T, c
     ops::attention_forward_packed(a.att, a.lse, a.qkv, Hq, Hkv);
   else
     ops::attention_forward(a.att, a.lse, a.q, a.k, a.v);
+}
+
+void Transformer::cached_attention(size_t layer, BlockActivations& a, int64_t B, int64_t T, KvCache& cache) const {
+  const int64_t D = cfg_.head_dim(), Hq = shares_.q_heads, pos = cache.length(), block = int64_t(layer);
+  Tensor q = a.q;
+  if (a.qkv.defined()) {  // the query heads apart (the keys they meet are the cache's, not qkv's)
+    q = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
+    ops::copy_columns(q, 0, a.qkv, 0, Hq * D, B * T);
+  }
+  a.att = act_tensor(Shape{B, T, Hq, D}, dtype_, device_);
+  a.lse = Tensor();  // inference: no backward reads it
+  const Tensor lse = stat_tensor(Hq, device_).view(Shape{1, Hq, 1});
+  // Row t of each sequence sees positions [0, pos + t]: unmasked attention
+  // of that row against the cache's first pos + t + 1 positions (a decode
+  // step's one row at once; a longer continuation row by row).
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const Shape row{1, 1, Hq, D};
+      ops::attention_forward(a.att.select(b).slice(t, t + 1).view(row), lse, q.select(b).slice(t, t + 1).view(row),
+                             cache.keys(block, b, pos + t + 1), cache.values(block, b, pos + t + 1), 0.0f,
+                             ops::AttentionMask::none);
+    }
 }
 
 void Transformer::release_for_policy(BlockActivations& a) const {
@@ -911,10 +943,10 @@ double sum_token_losses(const Tensor& token_losses) {
 }
 
 Tensor Transformer::part_input(const TensorParallel& m, const Tensor& input, const Tensor& tokens,
-                               int64_t rows) const {
+                               int64_t rows, int64_t pos_offset) const {
   if (part_.embedding) {
     need(0);
-    Tensor x = embed(m, tokens);
+    Tensor x = embed(m, tokens, pos_offset);
     done(0);
     return x;
   }
@@ -1238,7 +1270,21 @@ void Transformer::last_logits(const Tensor& out, const Tensor& tokens) {
   logits_part(out, Tensor(), tokens, true);
 }
 
-Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens, bool last_only) {
+void Transformer::last_logits(const Tensor& out, const Tensor& tokens, KvCache& cache) {
+  ZT_CHECK(whole(), "last_logits() needs the whole model (not one pipeline stage): a pipeline runs logits_part per "
+                    "stage, each with its own cache");
+  logits_part(out, Tensor(), tokens, true, &cache);
+}
+
+KvCache Transformer::make_kv_cache(int64_t batch, int64_t capacity) const {
+  ZT_CHECK(capacity >= 0 && capacity <= cfg_.max_seq_len, "a KV cache holds up to model.max_seq_len = ",
+           cfg_.max_seq_len, " positions (the model has no position past them); asked for ", capacity);
+  return KvCache(int64_t(blocks_.size()), batch, capacity > 0 ? capacity : cfg_.max_seq_len, shares_.kv_heads,
+                 cfg_.head_dim(), dtype_, device_);
+}
+
+Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens, bool last_only,
+                                KvCache* cache) {
   check_batch(tokens, Tensor());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = cfg_.d_model, Vp = cfg_.padded_vocab();
   const Shape out_shape = last_only ? Shape{B, Vp} : Shape{B, T, Vp};
@@ -1246,14 +1292,29 @@ Tensor Transformer::logits_part(const Tensor& out, const Tensor& input, const Te
            "logits output must be f32 ", out_shape.str(), " (B", last_only ? "" : ", T", ", padded_vocab), got ",
            out.str());
   int64_t N = B * T;
+  const int64_t pos = cache ? cache->length() : 0;
+  if (cache) {
+    ZT_CHECK(cache->blocks() == int64_t(blocks_.size()) && cache->batch() == B &&
+                 cache->kv_heads() == shares_.kv_heads && cache->head_dim() == cfg_.head_dim() &&
+                 cache->dtype() == dtype_ && cache->device() == device_,
+             "this KV cache (", cache->blocks(), " blocks, ", cache->batch(), " sequences, ", cache->kv_heads(),
+             " kv heads of ", cache->head_dim(), ", ", dtype_name(cache->dtype()), " on ", cache->device().str(),
+             ") is not this model's for ", B, " sequences (", blocks_.size(), " blocks, ", shares_.kv_heads,
+             " kv heads of ", cfg_.head_dim(), ", ", dtype_name(dtype_), " on ", device_.str(),
+             "): make it with make_kv_cache(", B, ")");
+    ZT_CHECK(pos + T <= cache->capacity(), "the KV cache holds ", pos, " of its ", cache->capacity(),
+             " positions; ", T, " more tokens do not fit: clear() it and run the last ", cache->capacity(),
+             " tokens again");
+  }
   const TensorParallel m = pass_mode(false);  // any number of tokens: the rows stay whole
-  Tensor x = part_input(m, input, tokens, N);
+  Tensor x = part_input(m, input, tokens, N, pos);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     BlockActivations a;
     for (size_t s : block_sets(i)) need(s);
-    x = block_forward(i, a, x, B, T, m);
+    x = block_forward(i, a, x, B, T, m, cache);
     for (size_t s : block_sets(i)) done(s);
   }
+  if (cache) cache->advance(T);
   if (!part_.head) return x;
   if (last_only) {  // the head's rows: each sequence's last
     const Tensor rows = x.view(Shape{B, T, C});

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/kv_cache.h"
 #include "nn/model_config.h"
 #include "nn/moe.h"
 #include "nn/parallel_linear.h"
@@ -324,12 +325,27 @@ class Transformer {
   // the final norm and the head run on those B rows alone (the same values
   // as logits()' last rows).
   void last_logits(const Tensor& out, const Tensor& tokens);
+  // Incremental decoding: tokens (B, T) are each sequence's positions
+  // [cache.length(), cache.length() + T); they attend to the cached keys and
+  // values of the positions before them and to each other (causally), their
+  // own are added to the cache, and out (B, Vp) f32 gets each sequence's
+  // last position's logits - last_logits() of the whole sequences, to
+  // rounding (products over fewer rows; a first call on an empty cache runs
+  // the same attention as last_logits). Positions past the cache's capacity
+  // are an error: clear it and run the last capacity tokens again.
+  void last_logits(const Tensor& out, const Tensor& tokens, KvCache& cache);
+  // A cache for this model's (part's) blocks: `batch` sequences of up to
+  // `capacity` positions (0: model.max_seq_len, the most there is).
+  KvCache make_kv_cache(int64_t batch, int64_t capacity = 0) const;
   // One pipeline stage's part of logits() (last_only: of last_logits()):
   // input (B T, C) from the previous stage (undefined on the embedding
   // stage); returns this stage's output (B T, C), or writes out (B, T, Vp)
   // (last_only: (B, Vp)) f32 on the head stage (and returns undefined). Rows
-  // are never sharded here (no sequence parallelism).
-  Tensor logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens, bool last_only = false);
+  // are never sharded here (no sequence parallelism). With a cache (this
+  // part's, make_kv_cache) the tokens continue its sequences, as for
+  // last_logits with a cache.
+  Tensor logits_part(const Tensor& out, const Tensor& input, const Tensor& tokens, bool last_only = false,
+                     KvCache* cache = nullptr);
 
  private:
   struct BlockParams {  // views into one ParamSet; undefined where the arch has none
@@ -364,13 +380,21 @@ class Transformer {
   // Sums a partial (N, C) over the group into out: out (R, C) rows under
   // sequence parallelism, else out == partial (all-reduced in place).
   comm::WorkHandle start_reduce_rows(const TensorParallel& m, const Tensor& out, const Tensor& partial) const;
-  Tensor embed(const TensorParallel& m, const Tensor& tokens) const;  // (R, C)
+  // (R, C); GPT-2's positions start at pos_offset (a KV cache's length).
+  Tensor embed(const TensorParallel& m, const Tensor& tokens, int64_t pos_offset = 0) const;
   // A part's input rows: the embeddings of `tokens` (host or device) on the
   // embedding part, else `input` (rows, C) from the previous stage, checked,
   // on the device.
-  Tensor part_input(const TensorParallel& m, const Tensor& input, const Tensor& tokens, int64_t rows) const;
+  Tensor part_input(const TensorParallel& m, const Tensor& input, const Tensor& tokens, int64_t rows,
+                    int64_t pos_offset = 0) const;
+  // cache: the rows are positions [cache->length(), + T) of its sequences
+  // (RoPE's angles there; attention over the cached positions too), and
+  // their keys and values are stored in it (not advanced: the pass does).
   Tensor block_forward(size_t layer, BlockActivations& a, const Tensor& x_in, int64_t B, int64_t T,
-                       const TensorParallel& m) const;
+                       const TensorParallel& m, KvCache* cache = nullptr) const;
+  // Attention of the new rows' q (a.q, or a.qkv's query heads) against the
+  // cached keys and values of block `layer`, theirs stored first: a.att, a.lse.
+  void cached_attention(size_t layer, BlockActivations& a, int64_t B, int64_t T, KvCache& cache) const;
   void release_for_policy(BlockActivations& a) const;
   void recompute_for_backward(size_t layer, BlockActivations& a, int64_t B, int64_t T, const TensorParallel& m) const;
   // How a write into these gradient views of param_sets()[set] goes this

@@ -21,14 +21,21 @@ struct SamplingOptions {
 // vocabulary) f32 on the host.
 using LastLogitsFn = std::function<Tensor(const Tensor& tokens)>;
 
-// Returns prompt + generated tokens. Each step runs the blocks over the
-// last max_seq_len tokens (no KV cache: simple and exact) and the LM head on
-// the last position alone (Transformer::last_logits).
+// Returns prompt + generated tokens. Each token sees the last max_seq_len
+// tokens before it. The model keeps their keys and values (nn/kv_cache.h):
+// the prompt runs once, then each new token alone - until the sequence
+// outgrows the context, after which every step runs the last max_seq_len
+// tokens afresh (positions past the model's are not defined). Under tensor
+// parallelism every rank of the group calls it and gets the same tokens.
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
                                const SamplingOptions& opt);
-// The same over any forward pass (a pipeline's, where each rank holds one
-// stage: every rank calls it and gets the same tokens).
+// The same over any forward pass, given each step's window - the last
+// max_seq_len tokens - whole (a pipeline's, where each rank holds one stage:
+// every rank calls it and gets the same tokens).
 std::vector<uint32_t> generate(const LastLogitsFn& last_logits, const nn::ModelConfig& cfg,
                                const std::vector<uint32_t>& prompt, const SamplingOptions& opt);
+// The model's last logits of each whole window, no cache kept (the second
+// form above then runs every step's window again: for comparison).
+LastLogitsFn window_last_logits(nn::Transformer& model);
 
 }  // namespace zt::train

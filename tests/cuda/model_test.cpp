@@ -13,6 +13,7 @@
 #include "cuda/cuda_test_util.h"
 #include "nn/transformer.h"
 #include "optim/adamw.h"
+#include "train/generate.h"
 
 namespace zt::test {
 namespace {
@@ -87,6 +88,43 @@ TEST_P(GpuModelTest, LossAndGradientsMatchTheCpuModel) {
     const double err = grad_rel_error(gpu_model, cpu_model);
     EXPECT_LT(err, f32 ? 1e-4 : 5e-2) << GetParam() << " " << dtype_name(dt) << " gradient relative error";
   }
+}
+
+// Incremental decoding on the GPU (its qkv form: one product whose key and
+// value heads are copied into the cache; each new row's attention against
+// the cache, unmasked): every step's last logits against the CPU model's
+// logits of the whole sequence, and generation samples the CPU's tokens.
+TEST_P(GpuModelTest, DecodingWithAKvCacheMatchesTheCpuModel) {
+  ZT_REQUIRE_GPU();
+  const ModelConfig c = tiny(GetParam());
+  const int64_t B = 2, T = 24, Vp = c.padded_vocab();
+  const Batch b = random_batch(c, B, T, 5);
+  Transformer cpu_model(c, DType::f32);
+  cpu_model.init_weights(7);
+  Tensor cpu_logits = Tensor::empty(Shape{B, T, Vp}, DType::f32);
+  cpu_model.logits(cpu_logits, b.tokens);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(std::string(GetParam()) + " " + std::string(dtype_name(dt)));
+    Transformer gpu_model(c, dt, gpu());
+    gpu_model.init_weights(7);
+    nn::KvCache cache = gpu_model.make_kv_cache(B);
+    for (int64_t end : {T - 4, T - 2, T - 1, T}) {  // a prompt, two rows at once, then one by one
+      const Tensor last = gpu_poisoned(Shape{B, Vp}, DType::f32);
+      gpu_model.last_logits(last, token_columns(b.tokens, cache.length(), end), cache);
+      const Tensor got = to_host(last);
+      for (int64_t bi = 0; bi < B; ++bi)
+        EXPECT_TRUE(rel_error_within(got.select(bi), values_of(cpu_logits.select(bi).select(end - 1)),
+                                     dt == DType::f32 ? 1e-5 : 1.5e-2, "cached logits"))
+            << "sequence " << bi << ", position " << end - 1;
+    }
+  }
+  train::SamplingOptions opt;
+  opt.max_new_tokens = 40;
+  opt.top_k = 0;
+  opt.seed = 3;
+  Transformer gpu_model(c, DType::f32, gpu());
+  gpu_model.init_weights(7);
+  EXPECT_EQ(train::generate(gpu_model, {1, 2, 3}, opt), train::generate(cpu_model, {1, 2, 3}, opt));
 }
 
 TEST_P(GpuModelTest, RecomputePoliciesGiveBitwiseEqualGradients) {

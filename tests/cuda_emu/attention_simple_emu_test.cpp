@@ -5,7 +5,7 @@
 // and attention_merge.cu's launch shapes, against the CPU backend (itself
 // checked against float64 in tests/ops/attention_test.cpp). Causal calls and
 // unmasked key blocks of fewer and more keys than queries (context
-// parallelism's c x 2c and 2c x c blocks), GQA groups of 1, 2 and 3, head
+// parallelism's c x 2c and 2c x c blocks, a decoding step's 1 x n), GQA groups of 1, 2 and 3, head
 // dims under, at and over a warp's 32 lanes, f32 and bf16. Outputs are
 // poisoned first; every element is compared.
 #include "cuda_emu/warp_emulator.h"  // first: it defines what the kernel headers emulate
@@ -32,8 +32,10 @@ struct Case {
   int64_t B, T, Hq, Hkv, D;
   int64_t Tk;  // 0: causal
 };
+// The last: a KV cache's decoding step, one query row against 70 cached keys.
 constexpr Case kCases[] = {{2, 7, 4, 2, 24, 0},  {1, 33, 2, 1, 64, 0}, {2, 5, 4, 2, 40, 9},
-                           {1, 12, 3, 3, 16, 6}, {1, 3, 3, 1, 72, 35}, {2, 8, 2, 2, 32, 16}};
+                           {1, 12, 3, 3, 16, 6}, {1, 3, 3, 1, 72, 35}, {2, 8, 2, 2, 32, 16},
+                           {1, 1, 8, 2, 64, 70}};
 
 unsigned warp_blocks(int64_t rows) { return unsigned((rows + sk::kWarpsPerBlock - 1) / sk::kWarpsPerBlock); }
 

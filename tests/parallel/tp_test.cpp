@@ -140,6 +140,16 @@ TEST(TensorParallel, LogitsLossAndGradientsMatchOneProcess) {
     ref.logits(lr, tokens);
     tp.logits(lt, tokens);
     EXPECT_LT(rel_l2(lt, lr), 1e-5) << "logits";
+    {  // Decoding with a KV cache of each rank's kv heads: T - 2 tokens, then one, then one.
+      nn::KvCache cache = tp.make_kv_cache(B);
+      const Tensor last = Tensor::empty(Shape{B, Vp}, DType::f32);
+      for (int64_t end : {T - 2, T - 1, T}) {
+        test::poison(last);
+        tp.last_logits(last, test::token_columns(tokens, cache.length(), end), cache);
+        for (int64_t b = 0; b < B; ++b)
+          EXPECT_LT(rel_l2(last.select(b), lr.select(b).select(end - 1)), 1e-5) << "cached logits of position " << end - 1;
+      }
+    }
     nn::ForwardContext cr, ct;
     const float scale = 1.0f / float(B * T);
     const double loss_ref = ref.forward(cr, tokens, targets, true, scale);

@@ -381,6 +381,25 @@ TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
   EXPECT_EQ(run_cli("generate --checkpoint " + (*root_ / "cli-crashed-async").string() +
                     " --tokenizer gpt2 --tokens 4 --prompt hello"),
             0);
+  // With its KV cache and running each window again: the same sample, all
+  // 40 tokens past any end-of-text (--ignore-eot), its count on stderr.
+  auto text_of = [](const fs::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const std::string mode : {"cached", "again"}) {
+    const fs::path out = *root_ / ("sample-" + mode);
+    const std::string cmd = std::string(kBin) + " generate --checkpoint " + e.string() +
+                            " --tokenizer gpt2 --tokens 40 --ignore-eot --seed 5 --prompt hello" +
+                            (mode == "again" ? " --no-kv-cache" : "") + " > " + out.string() + ".out 2> " +
+                            out.string() + ".err";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << text_of(out.string() + ".err");
+    const std::string err = text_of(out.string() + ".err");
+    EXPECT_NE(err.find(mode == "cached" ? "KV cache;" : "each window run again;"), std::string::npos) << err;
+    EXPECT_NE(err.find("generated 40 tokens in"), std::string::npos) << err;
+  }
+  EXPECT_EQ(text_of(*root_ / "sample-cached.out"), text_of(*root_ / "sample-again.out"));
+  EXPECT_GT(text_of(*root_ / "sample-cached.out").size(), 40u);
 
   // Resuming with no checkpoint, or with a run that would overwrite later ones.
   const fs::path d = *root_ / "cli-none";

@@ -87,7 +87,8 @@ std::string fused_blocker(AttentionKernel kernel, AttentionPass pass, float scal
 
 // The kernel for a call: `kernel`, else ZT_CUDA_ATTENTION, else the first
 // fused kernel that takes it, else gemm where its workspace fits, else
-// simple. The fused kernels need 16-byte-aligned tensors (`aligned`).
+// simple (at once for a decoding step's single unmasked query row). The
+// fused kernels need 16-byte-aligned tensors (`aligned`).
 // `report`: say the automatic choice (calls do; the memory plan's query not).
 AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, const AttentionShape& s, bool aligned,
                        bool report) {
@@ -105,7 +106,16 @@ AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, 
   }
   std::string why_not_cudnn;
   AttentionKernel chosen = AttentionKernel::automatic;
+  // A decoding step's one query row against a KV cache (unmasked, one more
+  // key each step): cuDNN would build a plan for each key count (about a
+  // second each), and a fused kernel's tiles of queries would hold one row.
+  // The simple kernel's warp per query row takes it as it comes.
+  if (!s.causal && s.T == 1) {
+    chosen = AttentionKernel::simple;
+    why_not_cudnn = "a single query row, as a KV cache's decoding step";
+  }
   for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash}) {
+    if (chosen != AttentionKernel::automatic) break;
     const std::string blocker = aligned ? fused_blocker(fused, pass, scale, s) : misaligned;
     if (blocker.empty()) {
       chosen = fused;

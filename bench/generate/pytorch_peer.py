@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""The PyTorch peer of the generation benchmark: the GPT-2-style model of
+configs/bench.toml (6 layers, width 384, 6 heads, 256 positions, GPT-2
+vocabulary, fp32, tied embeddings), random weights, sampling one sequence
+with a KV cache the way Hugging Face's GPT-2 does it (each layer's past keys
+and values concatenated with the new row's; the head on the last position;
+top-k with temperature), in inference mode on all cores. Prints one JSON
+line: tokens/s (median of the runs after a warm-up), the thread count."""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.fc, self.fc_out = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+        self.H = H
+
+    def forward(self, x, past):
+        """x (1, T, C) at the positions after past's; past: (k, v) (1, H, P, D) or None."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
+        if T > 1:  # the prompt: causal among its rows (no past then)
+            att = att + torch.full((T, T), float("-inf")).triu(1)
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc_out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), (k, v)
+
+
+class GPT(nn.Module):
+    def __init__(self, V, T, L, C, H):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.blocks = nn.ModuleList(Block(C, H) for _ in range(L))
+        self.lnf = nn.LayerNorm(C)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        nn.init.normal_(self.wpe.weight, std=0.02)
+
+    def forward(self, idx, pos, pasts):
+        """The last position's logits of idx (1, T) at positions [pos, pos + T), and the new pasts."""
+        x = self.wte(idx) + self.wpe(torch.arange(pos, pos + idx.shape[1]))
+        new = []
+        for b, past in zip(self.blocks, pasts):
+            x, kv = b(x, past)
+            new.append(kv)
+        return self.lnf(x[:, -1]) @ self.wte.weight.t(), new
+
+
+def generate(model, prompt, tokens, temperature, top_k, generator):
+    idx, pos, pasts = prompt, 0, [None] * len(model.blocks)
+    out = []
+    for _ in range(tokens):
+        logits, pasts = model(idx, pos, pasts)
+        pos += idx.shape[1]
+        vals, ids = torch.topk(logits[0] / temperature, top_k)
+        pick = ids[torch.multinomial(vals.softmax(-1), 1, generator=generator)]
+        out.append(int(pick))
+        idx = pick.view(1, 1)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--width", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--prompt", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=250)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args()
+    assert a.prompt + a.tokens <= a.seq, "the benchmark stays within the model's positions"
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT(a.vocab, a.seq, a.layers, a.width, a.heads).eval()
+    prompt = torch.randint(0, a.vocab, (1, a.prompt))
+    generator = torch.Generator().manual_seed(1)
+    times = []
+    with torch.inference_mode():
+        for run in range(a.runs + 1):
+            t0 = time.perf_counter()
+            generate(model, prompt, a.tokens, 0.8, 40, generator)
+            if run > 0:  # the first run pays for allocation and warm-up
+                times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    print(json.dumps({"peer": "pytorch", "version": torch.__version__, "threads": torch.get_num_threads(),
+                      "seconds": seconds, "tokens_per_s": a.tokens / seconds}))
+
+
+if __name__ == "__main__":
+    main()
