@@ -182,8 +182,8 @@ TEST(MatmulTest, AlphaBetaAccumulateIntoPrefilledOut) {
   const float ab[][2] = {{1.0f, 1.0f}, {-1.5f, 0.5f}, {0.25f, -2.0f}, {2.0f, 0.0f}, {0.0f, 1.0f}, {0.0f, 0.0f}};
   for (const auto& combo : kCombos)
     for (const auto& p : ab)
-      for (int t = 0; t < 4; ++t) {
-        MatmulCase c{{}, 13, 22, 31};
+      for (int t = 0; t < 8; ++t) {
+        MatmulCase c{{}, t & 4 ? 1 : 13, 22, 31};  // one row: the sgemv path
         c.ta = t & 1, c.tb = t & 2;
         c.alpha = p[0], c.beta = p[1];
         c.in = combo.in, c.out = combo.out;
@@ -323,6 +323,33 @@ TEST(MatmulTest, ResultDoesNotDependOnThreadCount) {
   omp_set_num_threads(threads);
   ops::matmul(o2, a, b);
   EXPECT_EQ(std::memcmp(o1.data_ptr(), o2.data_ptr(), o1.nbytes()), 0);
+}
+
+// One-row products (a decoding step's; sgemv, not sgemm): large enough that
+// OpenBLAS threads them, every transpose, against float64, and the same bits
+// on one thread and on all.
+TEST(MatmulTest, OneRowProductsMatchAndDoNotDependOnThreadCount) {
+  ZT_TEST_TRACE_SEED();
+  auto rng = make_rng(10);
+  for (const auto& combo : kCombos)
+    for (int t = 0; t < 4; ++t) {
+      MatmulCase c{{}, 1, 3001, 517};
+      c.ta = t & 1, c.tb = t & 2;
+      c.in = combo.in, c.out = combo.out;
+      check_matmul(c, rng);
+      const Tensor a = random_tensor(c.ta ? Shape{c.K, 1} : Shape{1, c.K}, c.in, rng);
+      const Tensor b = random_tensor(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, c.in, rng);
+      Tensor o1 = Tensor::empty(Shape{1, c.N}, c.out), o2 = Tensor::empty(Shape{1, c.N}, c.out);
+      poison(o1);
+      poison(o2);
+      const int threads = omp_get_max_threads();
+      omp_set_num_threads(1);
+      ops::matmul(o1, a, b, c.ta, c.tb);
+      omp_set_num_threads(std::max(2, threads));
+      ops::matmul(o2, a, b, c.ta, c.tb);
+      omp_set_num_threads(threads);
+      EXPECT_EQ(std::memcmp(o1.data_ptr(), o2.data_ptr(), o1.nbytes()), 0) << c.str();
+    }
 }
 
 // Runs fn, expects zt::Error whose message contains every string in `parts`.

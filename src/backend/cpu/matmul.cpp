@@ -16,6 +16,10 @@
 //   into panels (rows of out, columns of out, or the reduction dim, which then
 //   accumulates into C with beta = 1; whichever allows the widest panel);
 //   panels along M or N leave the other operand widened once for all panels.
+// One row (M = 1, a decoding step's products): our own kernel instead of
+//   sgemm (gemm_one_row): B read once in its own dtype, each output summed on
+//   one thread in a fixed order, so the bits do not depend on the thread
+//   count (OpenBLAS's do for M = 1, sgemm and sgemv alike).
 // Batches: many small products run one single-threaded sgemm per entry on the
 //   OpenMP threads (OpenBLAS's OpenMP build stays on one thread inside a
 //   parallel region); large ones run one threaded sgemm after another. A 2-D
@@ -30,6 +34,7 @@
 
 #include <cblas.h>
 #include <cstdint>
+#include <cstring>
 #include <omp.h>
 
 #include <algorithm>
@@ -39,6 +44,7 @@
 
 #include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/scratch.h"
+#include "backend/cpu/simd.h"
 
 namespace zt::cpu {
 
@@ -174,6 +180,87 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
+// x (K) = op(A)'s one row in f32.
+template <typename TA>
+void row_of_a(const GemmDesc& d, const TA* a, int64_t lda, float* x) {
+  for (int64_t k = 0; k < d.K; ++k) x[k] = to_float(d.trans_a ? a[k * lda] : a[k]);
+}
+
+// One row of out (M = 1: a decoding step's products): out (N) = alpha * x
+// op(B) + beta * prev + bias, x op(A)'s row. Each output's sum runs in f32
+// lanes in a fixed order on one thread: the same bits on any number of
+// threads (OpenBLAS's sgemm and sgemv with M = 1 give other bits on other
+// thread counts). B is read once, in its own dtype: sgemm would pack it
+// first (OpenBLAS's incopy: twice the product's own time), after a bf16 B's
+// widening. prev: out itself or a separate c, read only when beta != 0.
+template <typename TOut, typename TBias, typename TA, typename TB>
+void gemm_one_row(const GemmDesc& d, const TA* a, int64_t lda, const TB* b, int64_t ldb, TOut* out,
+                  const TBias* bias, const TOut* prev, bool par) {
+  using namespace simd;
+  const int64_t N = d.N, K = d.K;
+  float* x = thread_scratch(size_t(K), 0);
+  row_of_a(d, a, lda, x);
+  auto finish = [&](int64_t j, float sum) {
+    float base = d.beta != 0.0f ? d.beta * to_float(prev[j]) : 0.0f;
+    if (bias) base += to_float(bias[j]);
+    const float r = d.alpha * sum + base;
+    if constexpr (std::is_same_v<TOut, bf16>)
+      out[j].bits = narrow1(r);
+    else
+      out[j] = r;
+  };
+  // Tasks of fixed outputs on all threads for a large product (no parallel
+  // region at all for a small one: even an if(false) region costs microseconds).
+  const bool threaded = par && N * K >= kParallelMin && !omp_in_parallel();
+  auto for_tasks = [threaded](int64_t tasks, const auto& task) {
+    if (!threaded) {
+      for (int64_t t = 0; t < tasks; ++t) task(t);
+      return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  };
+  if (d.trans_b) {  // B (N, K): each output a dot product of one of its rows with x
+    constexpr int64_t kRows = 16;  // outputs per task
+    for_tasks((N + kRows - 1) / kRows, [&](int64_t t) {
+      for (int64_t j = t * kRows; j < std::min(N, (t + 1) * kRows); ++j) {
+        const TB* row = b + j * ldb;
+        f32v acc0{}, acc1{};
+        int64_t k = 0;
+        for (; k + kV2 <= K; k += kV2) {
+          acc0 += load(row + k) * load(x + k);
+          acc1 += load(row + k + kV) * load(x + k + kV);
+        }
+        for (; k + kV <= K; k += kV) acc0 += load(row + k) * load(x + k);
+        if (k < K) acc1 += load_partial(row + k, K - k) * load_partial(x + k, K - k);
+        finish(j, hsum(acc0 + acc1));
+      }
+    });
+  } else {  // B (K, N): a block of outputs at a time, x's elements times B's rows added in k order
+    constexpr int64_t kVecs = 8, kCols = kVecs * kV;  // outputs per task
+    for_tasks((N + kCols - 1) / kCols, [&](int64_t t) {
+      const int64_t j0 = t * kCols, cols = std::min(kCols, N - j0);
+      f32v acc[kVecs] = {};
+      if (cols == kCols) {
+        for (int64_t k = 0; k < K; ++k) {
+          const TB* row = b + k * ldb + j0;
+          const f32v xk = splat(x[k]);
+          for (int64_t v = 0; v < kVecs; ++v) acc[v] += load(row + v * kV) * xk;
+        }
+      } else {
+        for (int64_t k = 0; k < K; ++k) {
+          const TB* row = b + k * ldb + j0;
+          const f32v xk = splat(x[k]);
+          for (int64_t v = 0; v * kV < cols; ++v) acc[v] += load_partial(row + v * kV, std::min(kV, cols - v * kV)) * xk;
+        }
+      }
+      float sums[kCols];
+      std::memcpy(sums, acc, sizeof sums);
+      for (int64_t c = 0; c < cols; ++c) finish(j0 + c, sums[c]);
+    });
+  }
+}
+
 // One product out (M, N) = alpha * op(A) @ op(B) + beta * prev + bias, prev
 // out itself, or c (M, N) when given (then read by the prefill, never written).
 // A is stored (M, K) or (K, M) per d.trans_a, B (K, N) or (N, K) per d.trans_b.
@@ -185,6 +272,24 @@ void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, 
   constexpr bool wc = std::is_same_v<TOut, bf16>;  // out needs an f32 tile
   const int64_t M = d.M, N = d.N, K = d.K;
   if (M == 0 || N == 0) return;
+  if (M == 1 && K > 0) {
+    const TOut* prev = c ? c : out;
+    auto run = [&]<typename TA, typename TB>(const TA* a, const TB* b) {
+      gemm_one_row<TOut, TBias>(d, a, A.ld, b, B.ld, out, bias, prev, par);
+    };
+    if (A.bf) {
+      if (B.bf)
+        run(static_cast<const bf16*>(A.p), static_cast<const bf16*>(B.p));
+      else
+        run(static_cast<const bf16*>(A.p), static_cast<const float*>(B.p));
+    } else {
+      if (B.bf)
+        run(static_cast<const float*>(A.p), static_cast<const bf16*>(B.p));
+      else
+        run(static_cast<const float*>(A.p), static_cast<const float*>(B.p));
+    }
+    return;
+  }
 
   // Panel extents: whole problem unless the scratch would exceed the budget.
   int64_t pm = M, pn = N, pk = std::max<int64_t>(K, 1);
