@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "cli/commands.h"
 #include "train/data_source.h"
@@ -16,6 +17,7 @@ Command add_generate_command(CLI::App& app) {
     std::string checkpoint;
     std::string prompt;
     std::string tokenizer;
+    std::string device;
     int64_t tokens = 64;
     double temperature = 0.8;
     int64_t top_k = 40;
@@ -31,6 +33,8 @@ Command add_generate_command(CLI::App& app) {
                     "Run directory (config.toml + model.safetensors, or its latest checkpoint) or a checkpoint")
       ->required();
   c.app->add_option("--tokenizer", opts->tokenizer, "gpt2, llama3 or a tokenizer file (default: the run's)");
+  c.app->add_option("--device", opts->device,
+                    "cpu, cuda or cuda:N (default: the run's train.device where this machine has it, else cpu)");
   c.app->add_option("--prompt", opts->prompt, "Prompt text (default: the end-of-text token)");
   c.app->add_option("--tokens", opts->tokens, "Tokens to generate")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   c.app->add_option("--temperature", opts->temperature, "Softmax temperature")->check(CLI::PositiveNumber);
@@ -41,8 +45,12 @@ Command add_generate_command(CLI::App& app) {
   c.app->add_flag("--no-kv-cache", opts->no_kv_cache,
                   "Run each step's whole window again instead of keeping keys and values (slower; for comparison)");
   c.run = [opts] {
-    train::LoadedModel loaded = train::load_model_file(opts->checkpoint);
-    std::cerr << "weights: " << loaded.source << std::endl;  // stdout keeps only the samples
+    std::optional<Device> device;
+    if (!opts->device.empty()) device = parse_device(opts->device);
+    train::LoadedModel loaded = train::load_model_file(opts->checkpoint, device);
+    // stderr: stdout keeps only the samples.
+    std::cerr << "weights: " << loaded.source << " on " << loaded.model->device().str() << " in "
+              << dtype_name(loaded.model->compute_dtype()) << std::endl;
     std::unique_ptr<train::TextCodec> codec = train::open_codec(opts->tokenizer.empty() ? loaded.config.data.tokenizer : opts->tokenizer);
     std::vector<uint32_t> prompt =
         opts->prompt.empty() ? std::vector<uint32_t>{codec->eot_token} : codec->encode(opts->prompt);

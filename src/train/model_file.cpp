@@ -153,7 +153,13 @@ void fill_weights(nn::Transformer& model, const std::function<std::optional<Tens
                       src->shape().str() + ", the config needs " + std::string(dtype_name(dst.dtype())) +
                       dst.shape().str();
       } else if (src->dtype() != dst.dtype()) {
-        ops::cast(dst, *src);  // both on the host here (the loaded model is a CPU one)
+        if (dst.device().is_cpu()) {
+          ops::cast(dst, *src);
+        } else {  // cast on the host, where the file's tensor is, then copied
+          const Tensor cast = Tensor::empty(dst.shape(), dst.dtype());
+          ops::cast(cast, *src);
+          ops::copy(dst, cast);
+        }
       } else {
         ops::copy(dst, *src);  // to the model's device
       }
@@ -165,13 +171,31 @@ void fill_weights(nn::Transformer& model, const std::function<std::optional<Tens
 
 namespace {
 
+// Where a loaded model runs: `asked`, else the run's device where this
+// machine has it (a bare "cuda": the first GPU), else the CPU.
+Device inference_device(const Config& cfg, std::optional<Device> asked) {
+  if (asked) return *asked;
+  const Device run = parse_device(cfg.train.device);
+  return run.is_cuda() && run.index < ops::gpu_count() ? run : Device::cpu();
+}
+
+// An inference model of `cfg` on `device`, in `dtype` (f32 for f16 on a
+// CPU, which has no f16 kernels): no gradient buffers (a model allocates
+// and zeroes them when it is built).
+std::unique_ptr<nn::Transformer> inference_model(const nn::ModelConfig& cfg, DType dtype, Device device) {
+  if (dtype == DType::f16 && device.is_cpu()) dtype = DType::f32;
+  auto model = std::make_unique<nn::Transformer>(cfg, dtype, device);
+  for (nn::ParamSet* s : model->param_sets()) s->release_grads();
+  return model;
+}
+
 // The f32 master weights of a checkpoint and its own config.
-LoadedModel load_checkpoint_weights(const std::string& path) {
+LoadedModel load_checkpoint_weights(const std::string& path, std::optional<Device> device) {
   const ModelCheckpoint ck = read_model_checkpoint(path);
   const std::map<std::string, Tensor> weights(ck.tensors.begin(), ck.tensors.end());
   LoadedModel out;
   out.config = ck.config;
-  out.model = std::make_unique<nn::Transformer>(out.config.model, DType::f32);
+  out.model = inference_model(out.config.model, DType::f32, inference_device(out.config, device));
   fill_weights(
       *out.model,
       [&](const std::string& name) -> std::optional<Tensor> {
@@ -186,13 +210,13 @@ LoadedModel load_checkpoint_weights(const std::string& path) {
 
 }  // namespace
 
-LoadedModel load_model_file(const std::string& run_dir) {
+LoadedModel load_model_file(const std::string& run_dir, std::optional<Device> device) {
   const fs::path dir(run_dir);
   const fs::path cfg_path = dir / "config.toml", weights_path = dir / "model.safetensors";
   if (!fs::exists(weights_path) && (fs::exists(dir / "manifest.json") || fs::exists(dir / "latest") ||
                                     fs::exists(dir / "checkpoints" / "latest")))
     // A checkpoint, or a run that has checkpoints but no final weights (yet).
-    return load_checkpoint_weights(run_dir);
+    return load_checkpoint_weights(run_dir, device);
   ZT_CHECK(fs::exists(weights_path), "'", run_dir,
            "' has no model.safetensors: the run did not finish (the trainer writes it at the end)");
   const auto file = ckpt::SafetensorsFile::open(weights_path.string());
@@ -212,7 +236,7 @@ LoadedModel load_model_file(const std::string& run_dir) {
   const int64_t checkpoint_step =
       step >= 0 ? ckpt::latest_checkpoint_step((dir / "checkpoints").string()).value_or(-1) : -1;
   if (checkpoint_step > step) {
-    LoadedModel newer = load_checkpoint_weights((dir / "checkpoints").string());
+    LoadedModel newer = load_checkpoint_weights((dir / "checkpoints").string(), device);
     newer.source += " (step " + std::to_string(checkpoint_step) + ", newer than " + weights_path.string() +
                     " at step " + std::to_string(step) + ")";
     return newer;
@@ -229,7 +253,7 @@ LoadedModel load_model_file(const std::string& run_dir) {
     out.config = load_config(cfg_path.string());
     config_origin = cfg_path.string();
   }
-  out.model = std::make_unique<nn::Transformer>(out.config.model, out.config.compute_dtype());
+  out.model = inference_model(out.config.model, out.config.compute_dtype(), inference_device(out.config, device));
   out.source = weights_path.string() + (step >= 0 ? " (step " + std::to_string(step) + ")" : "");
   fill_weights(
       *out.model,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/process_group.h"
@@ -41,7 +42,10 @@ struct LoadedModel {
 // resumed run that stopped early), that checkpoint is read instead. Without
 // model.safetensors, DIR may be a checkpoint (or a run with checkpoints):
 // the weights (f32 masters) and config come from it. The routing biases
-// too, where the run kept them.
-LoadedModel load_model_file(const std::string& run_dir);
+// too, where the run kept them. The model is for inference: it holds no
+// gradient buffers. It runs on `device`, or (nullopt) on the run's own
+// (train.device) where this machine has it, else on the CPU; in the run's
+// compute dtype (f32 from a checkpoint's masters, and for f16 on a CPU).
+LoadedModel load_model_file(const std::string& run_dir, std::optional<Device> device = Device::cpu());
 
 }  // namespace zt::train

@@ -1,7 +1,8 @@
 #!/bin/bash
 # `zettatron train` on a GPU, end to end, in bf16 (llama3-tiny, 10 steps,
 # a checkpoint every 2 steps):
-#   1. the run learns, and draws its samples on the GPU;
+#   1. the run learns, and draws its samples on the GPU; `generate` samples
+#      from its weights on the GPU and on the CPU;
 #   2. stopped after step 4 and resumed in a fresh process, steps 5..10 give
 #      the same losses to the last printed digit (exact resume: every kernel is
 #      deterministic, cuBLASLt's plans and cuDNN's graphs included);
@@ -50,6 +51,17 @@ if [ "${ZT_CUDA_KERNEL_RACES:-1}" != 0 ]; then
   done
 fi
 echo "the GPU run accounts for its kernel races and its memory"
+
+# `generate` runs the trained model where the run ran (its KV cache on the
+# GPU), or on the CPU when asked.
+for dev in "" cpu; do
+  "$bin" generate --checkpoint "$tmp/ref" ${dev:+--device $dev} --tokens 40 --ignore-eot --seed 3 --prompt hello \
+    > "$tmp/gen$dev.out" 2> "$tmp/gen$dev.err" || { echo "FAIL: generate ${dev:-on the GPU}"; cat "$tmp/gen$dev.err"; exit 1; }
+  want=$([ -z "$dev" ] && echo "on cuda:0 in bf16" || echo "on cpu in bf16")
+  grep -q "^weights: .* $want" "$tmp/gen$dev.err" && grep -q "^generated 40 tokens in .* KV cache" "$tmp/gen$dev.err" \
+    || { echo "FAIL: generate ${dev:-on the GPU} did not say '$want' and 40 tokens"; cat "$tmp/gen$dev.err"; exit 1; }
+done
+echo "generate samples on the GPU (the run's device) and on the CPU: $(grep -h '^generated' "$tmp/gen.err")"
 
 "$bin" train "$tmp/cfg.toml" "${gpu[@]}" --set train.run_dir="$tmp/a" --stop-after 4 > "$tmp/a.log" 2>&1
 test "$(cat "$tmp/a/checkpoints/latest")" = step_00000004
