@@ -5,7 +5,7 @@
 //   matmul:           2*M*N*K flops per call (per batch entry, times the batch)
 //   linear_forward:   2*N*OC*C flops (+ bias), peer sgemm(N, OC, C)
 //   linear_backward:  4*N*OC*C flops (dx and dw; db rides along), peer sgemm(N, OC, C)
-//   linear_one_row:   one row (a decoding step), 2*OC*C flops, peer sgemm(1, OC, C)
+//   linear_decodeR:   R = 1 or 4 rows (a decoding step of R sequences), 2*R*OC*C flops, peer sgemm(R, OC, C)
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -57,20 +57,20 @@ void bm_linear_forward(benchmark::State& state, int64_t C, int64_t OC, bool bias
   bench::report(state, 2.0 * double(kTokens) * double(OC) * double(C), 0, peer);
 }
 
-// A decoding step's product: one row through the layer (y = x W^T + b,
-// x (1, C)), against OpenBLAS's sgemm on the same (1, OC, C); GB/s counts the
-// weight bytes read.
-void bm_linear_one_row(benchmark::State& state, int64_t C, int64_t OC, bool bias, DType in) {
-  const Tensor x = bench::uniform_tensor(Shape{1, C}, in, 3);
+// A decoding step's product: a row a sequence through the layer (y = x W^T
+// + b, x (rows, C)), against OpenBLAS's sgemm on the same (rows, OC, C); GB/s
+// counts the weight bytes read.
+void bm_linear_decode(benchmark::State& state, int64_t rows, int64_t C, int64_t OC, bool bias, DType in) {
+  const Tensor x = bench::uniform_tensor(Shape{rows, C}, in, 3);
   const Tensor w = bench::uniform_tensor(Shape{OC, C}, in, 4);
   const Tensor b = bias ? bench::uniform_tensor(Shape{OC}, DType::f32, 5) : Tensor();
-  const Tensor y = Tensor::empty(Shape{1, OC}, in);
-  const double peer = bench::sgemm_gflops(1, OC, C);
+  const Tensor y = Tensor::empty(Shape{rows, OC}, in);
+  const double peer = bench::sgemm_gflops(rows, OC, C);
   for (auto _ : state) {
     ops::linear_forward(y, x, w, b);
     benchmark::DoNotOptimize(y.data_ptr());
   }
-  bench::report(state, 2.0 * double(OC) * double(C), double(w.nbytes()), peer);
+  bench::report(state, 2.0 * double(rows) * double(OC) * double(C), double(w.nbytes()), peer);
 }
 
 // Gradients as a bf16 model with fp32 master grads would hold them: dx in the
@@ -135,10 +135,11 @@ int register_all() {
                                    l.OC, l.bias, in)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(("linear_one_row/" + dt(in) + "/" + l.name).c_str(), bm_linear_one_row, l.C,
-                                   l.OC, l.bias, in)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      for (int64_t rows : {1, 4})
+        benchmark::RegisterBenchmark(("linear_decode" + std::to_string(rows) + "/" + dt(in) + "/" + l.name).c_str(),
+                                     bm_linear_decode, rows, l.C, l.OC, l.bias, in)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
     }
     // bf16 inputs with an f32 out (fp32 gradient accumulation).
     if (in == DType::bf16) {

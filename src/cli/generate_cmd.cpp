@@ -40,7 +40,8 @@ Command add_generate_command(CLI::App& app) {
   c.app->add_option("--temperature", opts->temperature, "Softmax temperature")->check(CLI::PositiveNumber);
   c.app->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens (0: all)");
   c.app->add_option("--seed", opts->seed, "Sampling seed");
-  c.app->add_option("--count", opts->count, "Number of samples");
+  c.app->add_option("--count", opts->count, "Number of samples (drawn together: seeds seed, seed + 1, ...)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
   c.app->add_flag("--ignore-eot", opts->ignore_eot, "Keep sampling past the end-of-text token (all --tokens tokens)");
   c.app->add_flag("--no-kv-cache", opts->no_kv_cache,
                   "Run each step's whole window again instead of keeping keys and values (slower; for comparison)");
@@ -55,17 +56,25 @@ Command add_generate_command(CLI::App& app) {
     std::vector<uint32_t> prompt =
         opts->prompt.empty() ? std::vector<uint32_t>{codec->eot_token} : codec->encode(opts->prompt);
     nn::Transformer& model = *loaded.model;
-    int64_t generated = 0;
+    train::SamplingOptions so;
+    so.max_new_tokens = opts->tokens;
+    so.temperature = opts->temperature;
+    so.top_k = opts->top_k;
+    so.seed = opts->seed;  // sample i: seed + i
+    so.stop_token = opts->ignore_eot ? -1 : int64_t(codec->eot_token);
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < opts->count; ++i) {
-      train::SamplingOptions so;
-      so.max_new_tokens = opts->tokens;
-      so.temperature = opts->temperature;
-      so.top_k = opts->top_k;
-      so.seed = opts->seed + uint64_t(i);
-      so.stop_token = opts->ignore_eot ? -1 : int64_t(codec->eot_token);
-      std::vector<uint32_t> out = opts->no_kv_cache ? train::generate(train::window_last_logits(model), model.config(), prompt, so)
-                                                    : train::generate(model, prompt, so);
+    std::vector<std::vector<uint32_t>> samples;
+    if (opts->no_kv_cache) {
+      for (int64_t i = 0; i < opts->count; ++i) {
+        train::SamplingOptions one = so;
+        one.seed = so.seed + uint64_t(i);
+        samples.push_back(train::generate(train::window_last_logits(model), model.config(), prompt, one));
+      }
+    } else {  // all samples at once, one KV cache of count sequences
+      samples = train::generate_samples(model, prompt, so, opts->count);
+    }
+    int64_t generated = 0;
+    for (std::vector<uint32_t>& out : samples) {
       generated += int64_t(out.size() - prompt.size());
       if (opts->prompt.empty()) out.erase(out.begin());
       std::cout << codec->decode(out) << "\n---" << std::endl;

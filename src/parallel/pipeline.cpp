@@ -193,35 +193,43 @@ PipelineRunner::StepResult PipelineRunner::evaluate(const std::vector<PipelineMi
   return out;
 }
 
-Tensor PipelineRunner::last_logits(const Tensor& tokens) {
+Tensor PipelineRunner::last_logits(const Tensor& tokens, std::vector<nn::KvCache>* caches) {
   const int64_t p = pp_->size(), r = pp_->rank(), v = int64_t(chunks_.size()), S = p * v;
   const nn::Transformer& first = *chunks_.front();
-  ZT_CHECK(tokens.defined() && tokens.ndim() == 2 && tokens.size(0) == 1, "last_logits takes one (1, T) token row, got ",
-           tokens.str());
-  const int64_t T = tokens.size(1), C = first.config().d_model, Vp = first.config().padded_vocab();
-  Tensor row;  // the head stage's last row; the other ranks receive it
+  ZT_CHECK(tokens.defined() && tokens.ndim() == 2, "last_logits takes (B, T) token rows, got ", tokens.str());
+  ZT_CHECK(!caches || int64_t(caches->size()) == v, "last_logits: ", caches ? caches->size() : 0,
+           " KV caches for this rank's ", v, " chunks: make them with make_kv_caches");
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = first.config().d_model, Vp = first.config().padded_vocab();
+  Tensor rows;  // the head stage's last rows; the other ranks receive them
   std::vector<std::pair<comm::WorkHandle, Tensor>> sends;
   for (int64_t c = 0; c < v; ++c) {
     const int64_t s = c * p + r;
     Tensor input;
     if (s > 0) {
-      input = Tensor::empty(Shape{T, C}, first.compute_dtype(), first.device(), MemCategory::activations);
+      input = Tensor::empty(Shape{B * T, C}, first.compute_dtype(), first.device(), MemCategory::activations);
       pp_->recv(input, int((r + p - 1) % p), transfer_tag(0, s, S, false))->wait();
     }
     nn::Transformer& chunk = *chunks_[size_t(c)];
+    nn::KvCache* cache = caches ? &(*caches)[size_t(c)] : nullptr;
     if (s < S - 1) {
-      const Tensor y = chunk.logits_part(Tensor(), input, tokens);
+      const Tensor y = chunk.logits_part(Tensor(), input, tokens, false, cache);
       sends.push_back({pp_->send(y, int((r + 1) % p), transfer_tag(0, s + 1, S, false)), y});
     } else {
-      Tensor out = Tensor::empty(Shape{1, Vp}, DType::f32, first.device(), MemCategory::activations);
-      chunk.logits_part(out, input, tokens, true);  // the last position's alone
-      row = ops::to_device(out, Device::cpu()).view(Shape{Vp});
+      Tensor out = Tensor::empty(Shape{B, Vp}, DType::f32, first.device(), MemCategory::activations);
+      chunk.logits_part(out, input, tokens, true, cache);  // the last positions' alone
+      rows = ops::to_device(out, Device::cpu());
     }
   }
   for (auto& [w, t] : sends) w->wait();
-  if (!row.defined()) row = Tensor::empty(Shape{Vp}, DType::f32, Device::cpu(), MemCategory::activations);
-  pp_->broadcast(row, int(p - 1))->wait();
-  return row;
+  if (!rows.defined()) rows = Tensor::empty(Shape{B, Vp}, DType::f32, Device::cpu(), MemCategory::activations);
+  pp_->broadcast(rows, int(p - 1))->wait();
+  return rows;
+}
+
+std::vector<nn::KvCache> PipelineRunner::make_kv_caches(int64_t batch, int64_t capacity) const {
+  std::vector<nn::KvCache> caches;
+  for (const auto* chunk : chunks_) caches.push_back(chunk->make_kv_cache(batch, capacity));
+  return caches;
 }
 
 void PipelineRunner::sync_tied_embedding() {

@@ -79,11 +79,14 @@ class PipelineRunner {
   // in order; loss_sum / loss_tokens on the last rank.
   StepResult evaluate(const std::vector<PipelineMicroBatch>& micro_batches);
 
-  // Inference: the logits of the last position of tokens (1, T) i32, as
-  // (padded vocabulary) f32 on the host, on every pipeline rank (each stage
-  // runs its chunks in order; the head stage broadcasts the row). A
-  // collective over the pipeline (and tensor-parallel) group.
-  Tensor last_logits(const Tensor& tokens);
+  // Inference: the logits of each sequence's last position of tokens
+  // (B, T) i32, as (B, padded vocabulary) f32 on the host, on every pipeline
+  // rank (each stage runs its chunks in order; the head stage broadcasts the
+  // rows). A collective over the pipeline (and tensor-parallel) group. With
+  // caches (make_kv_caches(B[, positions]): one per chunk of this rank) the tokens
+  // continue their sequences (nn::Transformer::last_logits with a cache).
+  Tensor last_logits(const Tensor& tokens, std::vector<nn::KvCache>* caches = nullptr);
+  std::vector<nn::KvCache> make_kv_caches(int64_t batch, int64_t capacity = 0) const;
 
   // Sums the tied embedding's gradient over the first and last rank (each
   // holds a share); a no-op without tied embeddings or with one rank.

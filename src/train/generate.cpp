@@ -12,85 +12,131 @@
 namespace zt::train {
 namespace {
 
-// The logits of the last position of `seq` given the tokens before it:
-// (padded vocabulary) f32 on the host.
-using NextLogitsFn = std::function<Tensor(const std::vector<uint32_t>& seq)>;
+// The logits of each sequence's last position given the tokens before it:
+// (sequences, padded vocabulary) f32 on the host. The sequences are of one
+// length.
+using NextLogitsFn = std::function<Tensor(const std::vector<std::vector<uint32_t>>& seqs)>;
 
-// tokens[first, end) of seq as a (1, T) i32 row on the host.
-Tensor token_row(const std::vector<uint32_t>& seq, size_t first) {
-  const int64_t T = int64_t(seq.size() - first);
-  Tensor tokens = Tensor::empty(Shape{1, T}, DType::i32);
-  for (int64_t t = 0; t < T; ++t) tokens.data<int32_t>()[t] = int32_t(seq[first + size_t(t)]);
+// Tokens [first, end) of each sequence as a (B, T) i32 tensor on the host.
+Tensor token_rows(const std::vector<std::vector<uint32_t>>& seqs, size_t first) {
+  const int64_t B = int64_t(seqs.size()), T = int64_t(seqs.front().size() - first);
+  Tensor tokens = Tensor::empty(Shape{B, T}, DType::i32);
+  int32_t* out = tokens.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) out[b * T + t] = int32_t(seqs[size_t(b)][first + size_t(t)]);
   return tokens;
 }
 
-// The window of seq each step sees: its last max_seq_len tokens.
-size_t window_start(const std::vector<uint32_t>& seq, const nn::ModelConfig& cfg) {
-  return seq.size() > size_t(cfg.max_seq_len) ? seq.size() - size_t(cfg.max_seq_len) : 0;
+// The window each step sees: the last max_seq_len tokens of a sequence of n.
+size_t window_start(size_t n, const nn::ModelConfig& cfg) {
+  return n > size_t(cfg.max_seq_len) ? n - size_t(cfg.max_seq_len) : 0;
 }
 
-std::vector<uint32_t> sample(const NextLogitsFn& next_logits, const nn::ModelConfig& cfg,
-                             const std::vector<uint32_t>& prompt, const SamplingOptions& opt) {
+// The token sampled from one row of logits at `step`: top-k over the real
+// vocabulary, then softmax with temperature (f64), drawn with the Philox
+// stream of `seed`. order: scratch of V entries.
+int64_t pick_token(const float* logits, int64_t V, const SamplingOptions& opt, uint64_t seed, int64_t step,
+                   std::vector<int64_t>& order) {
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  const double max_logit = logits[order[0]];
+  std::vector<double> p(static_cast<size_t>(k));
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += p[size_t(i)] = std::exp((logits[order[size_t(i)]] - max_logit) / opt.temperature);
+  const double u = double(philox_uniform_at(seed, 0, uint64_t(step))) * sum;
+  double acc = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    acc += p[size_t(i)];
+    if (u < acc) return order[size_t(i)];
+  }
+  return order[size_t(k - 1)];
+}
+
+// `count` samples of the prompt, sample i drawn with seed opt.seed + i. The
+// sequences advance together: one that stopped goes on being fed (so all
+// stay of one length) but its tokens after the stop are dropped.
+std::vector<std::vector<uint32_t>> sample(const NextLogitsFn& next_logits, const nn::ModelConfig& cfg,
+                                          const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
+                                          int64_t count) {
   ZT_CHECK(!prompt.empty(), "generate: the prompt must contain at least one token");
   ZT_CHECK(opt.temperature > 0, "generate: temperature must be positive");
-  std::vector<uint32_t> seq = prompt;
+  ZT_CHECK(count >= 1, "generate: count must be at least 1, got ", count);
+  std::vector<std::vector<uint32_t>> seqs(size_t(count), prompt);
+  std::vector<size_t> ends(size_t(count), 0);  // 0: not stopped; else the length up to the stop token
   const int64_t V = cfg.vocab_size, Vp = cfg.padded_vocab();
   std::vector<int64_t> order(static_cast<size_t>(V));
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
-    const Tensor last_row = next_logits(seq);
-    ZT_CHECK(last_row.numel() == Vp && last_row.dtype() == DType::f32 && last_row.device().is_cpu(),
-             "generate: the logits function must return the last position's ", Vp, " f32 logits on the host, got ",
-             last_row.str());
-    const float* last = last_row.data<float>();
-    // Top-k over the real vocabulary, then softmax with temperature (f64).
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int64_t a, int64_t b) { return last[a] > last[b] || (last[a] == last[b] && a < b); });
-    const double max_logit = last[order[0]];
-    std::vector<double> p(static_cast<size_t>(k));
-    double sum = 0;
-    for (int64_t i = 0; i < k; ++i) sum += p[size_t(i)] = std::exp((last[order[size_t(i)]] - max_logit) / opt.temperature);
-    const double u = double(philox_uniform_at(opt.seed, 0, uint64_t(step))) * sum;
-    double acc = 0;
-    int64_t pick = order[size_t(k - 1)];
-    for (int64_t i = 0; i < k; ++i) {
-      acc += p[size_t(i)];
-      if (u < acc) {
-        pick = order[size_t(i)];
-        break;
-      }
+    const Tensor logits = next_logits(seqs);
+    ZT_CHECK(logits.numel() == count * Vp && logits.dtype() == DType::f32 && logits.device().is_cpu(),
+             "generate: the logits function must return the last position's ", Vp, " f32 logits of each of ", count,
+             " sequences on the host, got ", logits.str());
+    bool all_stopped = true;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t pick = pick_token(logits.data<float>() + i * Vp, V, opt, opt.seed + uint64_t(i), step, order);
+      std::vector<uint32_t>& seq = seqs[size_t(i)];
+      seq.push_back(uint32_t(pick));
+      if (ends[size_t(i)] == 0 && opt.stop_token >= 0 && pick == opt.stop_token) ends[size_t(i)] = seq.size();
+      all_stopped = all_stopped && ends[size_t(i)] != 0;
     }
-    seq.push_back(uint32_t(pick));
-    if (opt.stop_token >= 0 && pick == opt.stop_token) break;
+    if (all_stopped) break;
   }
-  return seq;
+  for (int64_t i = 0; i < count; ++i)
+    if (ends[size_t(i)] != 0) seqs[size_t(i)].resize(ends[size_t(i)]);
+  return seqs;
 }
 
 }  // namespace
 
-std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
-                               const SamplingOptions& opt) {
-  const nn::ModelConfig& cfg = model.config();
-  nn::KvCache cache = model.make_kv_cache(1);
-  Tensor logits = Tensor::empty(Shape{1, cfg.padded_vocab()}, DType::f32, model.device());
-  const NextLogitsFn next_logits = [&](const std::vector<uint32_t>& seq) {
-    // The cache holds seq but its last token while that fits; else the
-    // window runs again from an empty cache.
-    size_t first = cache.length();
-    if (first + 1 != seq.size() || first >= size_t(cache.capacity())) {
-      cache.clear();
-      first = window_start(seq, cfg);
+int64_t kv_cache_positions(const nn::ModelConfig& cfg, const std::vector<uint32_t>& prompt,
+                           const SamplingOptions& opt) {
+  // The last token drawn never runs: prompt + max_new_tokens - 1 positions.
+  const int64_t needed = int64_t(prompt.size()) + std::max<int64_t>(opt.max_new_tokens - 1, 0);
+  return std::clamp<int64_t>(needed, 1, cfg.max_seq_len);
+}
+
+std::vector<std::vector<uint32_t>> generate_samples(const DecodeFn& decode, const nn::ModelConfig& cfg,
+                                                    const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
+                                                    int64_t count) {
+  // The caches hold each sequence's first `cached` tokens (0: none, or a
+  // window past its first). While they hold all but the last and it fits,
+  // the last token alone runs; else the window runs from empty caches.
+  size_t cached = 0;
+  const NextLogitsFn next_logits = [&](const std::vector<std::vector<uint32_t>>& seqs) {
+    const size_t n = seqs.front().size();
+    if (cached > 0 && cached + 1 == n && n <= size_t(cfg.max_seq_len)) {
+      cached = n;
+      return decode(token_rows(seqs, n - 1), false);
     }
-    model.last_logits(logits, token_row(seq, first), cache);
+    const size_t first = window_start(n, cfg);
+    cached = first == 0 ? n : 0;
+    return decode(token_rows(seqs, first), true);
+  };
+  return sample(next_logits, cfg, prompt, opt, count);
+}
+
+std::vector<std::vector<uint32_t>> generate_samples(nn::Transformer& model, const std::vector<uint32_t>& prompt,
+                                                    const SamplingOptions& opt, int64_t count) {
+  ZT_CHECK(count >= 1, "generate: count must be at least 1, got ", count);
+  nn::KvCache cache = model.make_kv_cache(count, kv_cache_positions(model.config(), prompt, opt));
+  Tensor logits = Tensor::empty(Shape{count, model.config().padded_vocab()}, DType::f32, model.device());
+  const DecodeFn decode = [&](const Tensor& tokens, bool restart) {
+    if (restart) cache.clear();
+    model.last_logits(logits, tokens, cache);
     return ops::to_device(logits, Device::cpu());
   };
-  return sample(next_logits, cfg, prompt, opt);
+  return generate_samples(decode, model.config(), prompt, opt, count);
+}
+
+std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
+                               const SamplingOptions& opt) {
+  return generate_samples(model, prompt, opt, 1).front();
 }
 
 LastLogitsFn window_last_logits(nn::Transformer& model) {
   return [&model](const Tensor& tokens) {
-    Tensor logits = Tensor::empty(Shape{1, model.config().padded_vocab()}, DType::f32, model.device());
+    Tensor logits = Tensor::empty(Shape{tokens.size(0), model.config().padded_vocab()}, DType::f32, model.device());
     model.last_logits(logits, tokens);  // the head on the last position alone
     return ops::to_device(logits, Device::cpu());
   };
@@ -98,8 +144,10 @@ LastLogitsFn window_last_logits(nn::Transformer& model) {
 
 std::vector<uint32_t> generate(const LastLogitsFn& last_logits, const nn::ModelConfig& cfg,
                                const std::vector<uint32_t>& prompt, const SamplingOptions& opt) {
-  return sample([&](const std::vector<uint32_t>& seq) { return last_logits(token_row(seq, window_start(seq, cfg))); },
-                cfg, prompt, opt);
+  const NextLogitsFn next_logits = [&](const std::vector<std::vector<uint32_t>>& seqs) {
+    return last_logits(token_rows(seqs, window_start(seqs.front().size(), cfg)));
+  };
+  return sample(next_logits, cfg, prompt, opt, 1).front();
 }
 
 }  // namespace zt::train

@@ -17,9 +17,15 @@ struct SamplingOptions {
   int64_t stop_token = -1;   // stop after emitting this token (-1: never)
 };
 
-// The logits of the last position of a (1, T) i32 token row: (padded
-// vocabulary) f32 on the host.
+// The logits of each sequence's last position of (B, T) i32 tokens:
+// (B, padded vocabulary) f32 on the host (generate passes B = 1).
 using LastLogitsFn = std::function<Tensor(const Tensor& tokens)>;
+
+// The logits of each sequence's last position of tokens (B, T) i32 that
+// continue the sequences fed since the last restart (restart: from an empty
+// cache), as (B, padded vocabulary) f32 on the host: a model's or a
+// pipeline's forward over its KV caches.
+using DecodeFn = std::function<Tensor(const Tensor& tokens, bool restart)>;
 
 // Returns prompt + generated tokens. Each token sees the last max_seq_len
 // tokens before it. The model keeps their keys and values (nn/kv_cache.h):
@@ -29,9 +35,24 @@ using LastLogitsFn = std::function<Tensor(const Tensor& tokens)>;
 // parallelism every rank of the group calls it and gets the same tokens.
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,
                                const SamplingOptions& opt);
+// `count` samples of the prompt at once (one cache of count sequences, the
+// products over count rows): sample i is drawn with seed opt.seed + i and
+// ends at its own stop token - the tokens `count` calls of generate() with
+// those seeds give, to rounding.
+std::vector<std::vector<uint32_t>> generate_samples(nn::Transformer& model, const std::vector<uint32_t>& prompt,
+                                                    const SamplingOptions& opt, int64_t count);
+// The positions a KV cache for sampling `prompt` needs: those the steps run
+// (prompt and the tokens drawn but the last), at most max_seq_len.
+int64_t kv_cache_positions(const nn::ModelConfig& cfg, const std::vector<uint32_t>& prompt,
+                           const SamplingOptions& opt);
+// The same over any cached forward of `count` sequences (a pipeline's,
+// where each rank holds its stages' caches: every rank calls it and gets the
+// same tokens).
+std::vector<std::vector<uint32_t>> generate_samples(const DecodeFn& decode, const nn::ModelConfig& cfg,
+                                                    const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
+                                                    int64_t count);
 // The same over any forward pass, given each step's window - the last
-// max_seq_len tokens - whole (a pipeline's, where each rank holds one stage:
-// every rank calls it and gets the same tokens).
+// max_seq_len tokens - whole, no cache (for comparison; a pipeline's too).
 std::vector<uint32_t> generate(const LastLogitsFn& last_logits, const nn::ModelConfig& cfg,
                                const std::vector<uint32_t>& prompt, const SamplingOptions& opt);
 // The model's last logits of each whole window, no cache kept (the second

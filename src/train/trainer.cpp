@@ -576,7 +576,7 @@ void Trainer::set_progress(const TrainProgress& p) {
     progress_.loss_scale = scaler_->initial();
 }
 
-std::string Trainer::sample(uint64_t seed) {
+std::vector<std::string> Trainer::samples(uint64_t seed, int64_t count) {
   ZT_CHECK(codec_ != nullptr, "sample: no tokenizer");
   std::vector<uint32_t> prompt =
       cfg_.sample.prompt.empty() ? std::vector<uint32_t>{codec_->eot_token} : codec_->encode(cfg_.sample.prompt);
@@ -586,14 +586,28 @@ std::string Trainer::sample(uint64_t seed) {
   opt.top_k = cfg_.sample.top_k;
   opt.seed = seed;
   opt.stop_token = int64_t(codec_->eot_token);
-  // Under pipeline parallelism every rank of the pipeline runs its stages
-  // for each token and gets the head stage's logits.
-  std::vector<uint32_t> out =
-      pipeline_ ? generate([this](const Tensor& tokens) { return pipeline_->last_logits(tokens); }, cfg_.model, prompt, opt)
-                : generate(model(), prompt, opt);
-  if (cfg_.sample.prompt.empty()) out.erase(out.begin());
-  if (!out.empty() && out.back() == codec_->eot_token) out.pop_back();
-  return codec_->decode(out);
+  // The samples are drawn together (KV caches of count sequences). Under
+  // pipeline parallelism every rank of the pipeline runs its stages over
+  // their caches for each token and gets the head stage's logits.
+  std::vector<std::vector<uint32_t>> tokens;
+  if (pipeline_) {
+    std::vector<nn::KvCache> caches = pipeline_->make_kv_caches(count, kv_cache_positions(cfg_.model, prompt, opt));
+    const DecodeFn decode = [&](const Tensor& t, bool restart) {
+      if (restart)
+        for (nn::KvCache& c : caches) c.clear();
+      return pipeline_->last_logits(t, &caches);
+    };
+    tokens = generate_samples(decode, cfg_.model, prompt, opt, count);
+  } else {
+    tokens = generate_samples(model(), prompt, opt, count);
+  }
+  std::vector<std::string> texts;
+  for (std::vector<uint32_t>& out : tokens) {
+    if (cfg_.sample.prompt.empty()) out.erase(out.begin());
+    if (!out.empty() && out.back() == codec_->eot_token) out.pop_back();
+    texts.push_back(codec_->decode(out));
+  }
+  return texts;
 }
 
 namespace {
@@ -766,10 +780,9 @@ TrainResult Trainer::run(int64_t stop_after) {
         return first.dp == 0 && first.cp == 0;  // this rank's ep group holds the main replica's (dp, cp) place
       }();
       if (main_rank_ || main_ep || ((tp_group() || pipeline_) && mesh_->coord().dp == 0 && mesh_->coord().cp == 0))
-        for (int64_t s = 0; s < cfg_.sample.count; ++s) {
-          const std::string text = sample(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u + uint64_t(s));
+        for (const std::string& text :
+             samples(uint64_t(cfg_.train.seed) * 1000003u + uint64_t(m.step) * 131u, cfg_.sample.count))
           say("sample (step " + std::to_string(m.step) + "): " + text);
-        }
       dp_->hold_full_params(false);
     }
     if (stopping) {

@@ -104,8 +104,9 @@ class Trainer {
   // (train.eval_each_dataset: a blend's datasets), logged by name
   // (metrics.jsonl: val_loss_by_dataset). Every rank must set the same.
   void set_dataset_validation(std::vector<NamedBatchSource> sources) { val_each_ = std::move(sources); }
-  // A sample of text (prompt + continuation).
-  std::string sample(uint64_t seed);
+  // `count` samples of text (prompt + continuation), sample i drawn with
+  // seed + i.
+  std::vector<std::string> samples(uint64_t seed, int64_t count);
 
   // The whole model, or under pipeline parallelism this rank's first chunk
   // (chunks() has all of them).

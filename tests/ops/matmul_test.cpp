@@ -325,31 +325,43 @@ TEST(MatmulTest, ResultDoesNotDependOnThreadCount) {
   EXPECT_EQ(std::memcmp(o1.data_ptr(), o2.data_ptr(), o1.nbytes()), 0);
 }
 
-// One-row products (a decoding step's; sgemv, not sgemm): large enough that
-// OpenBLAS threads them, every transpose, against float64, and the same bits
-// on one thread and on all.
-TEST(MatmulTest, OneRowProductsMatchAndDoNotDependOnThreadCount) {
+// Products of a few rows (a decoding step's: one row a sequence; our own
+// kernel, not sgemm): large enough that they run threaded, every transpose,
+// against float64, and the same bits on one thread and on all; then every
+// row count up to the kernel's limit and one past it, with a bias and beta.
+TEST(MatmulTest, FewRowProductsMatchAndDoNotDependOnThreadCount) {
   ZT_TEST_TRACE_SEED();
   auto rng = make_rng(10);
   for (const auto& combo : kCombos)
-    for (int t = 0; t < 4; ++t) {
-      MatmulCase c{{}, 1, 3001, 517};
-      c.ta = t & 1, c.tb = t & 2;
-      c.in = combo.in, c.out = combo.out;
-      check_matmul(c, rng);
-      const Tensor a = random_tensor(c.ta ? Shape{c.K, 1} : Shape{1, c.K}, c.in, rng);
-      const Tensor b = random_tensor(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, c.in, rng);
-      Tensor o1 = Tensor::empty(Shape{1, c.N}, c.out), o2 = Tensor::empty(Shape{1, c.N}, c.out);
-      poison(o1);
-      poison(o2);
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);
-      ops::matmul(o1, a, b, c.ta, c.tb);
-      omp_set_num_threads(std::max(2, threads));
-      ops::matmul(o2, a, b, c.ta, c.tb);
-      omp_set_num_threads(threads);
-      EXPECT_EQ(std::memcmp(o1.data_ptr(), o2.data_ptr(), o1.nbytes()), 0) << c.str();
-    }
+    for (int64_t M : {1, 3, 8})
+      for (int t = 0; t < 4; ++t) {
+        MatmulCase c{{}, M, 3001, 517};
+        c.ta = t & 1, c.tb = t & 2;
+        c.in = combo.in, c.out = combo.out;
+        check_matmul(c, rng);
+        const Tensor a = random_tensor(c.ta ? Shape{c.K, M} : Shape{M, c.K}, c.in, rng);
+        const Tensor b = random_tensor(c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, c.in, rng);
+        Tensor o1 = Tensor::empty(Shape{M, c.N}, c.out), o2 = Tensor::empty(Shape{M, c.N}, c.out);
+        poison(o1);
+        poison(o2);
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        ops::matmul(o1, a, b, c.ta, c.tb);
+        omp_set_num_threads(std::max(2, threads));
+        ops::matmul(o2, a, b, c.ta, c.tb);
+        omp_set_num_threads(threads);
+        EXPECT_EQ(std::memcmp(o1.data_ptr(), o2.data_ptr(), o1.nbytes()), 0) << c.str();
+      }
+  for (const auto& combo : kCombos)
+    for (int64_t M = 1; M <= 9; ++M)
+      for (int t = 0; t < 4; ++t) {
+        MatmulCase c{{}, M, 45, 37};  // K and N not multiples of any vector width
+        c.ta = t & 1, c.tb = t & 2;
+        c.in = combo.in, c.out = combo.out;
+        c.bias = true, c.bias_dt = DType::f32;
+        c.alpha = 0.5f, c.beta = M % 2 ? 0.0f : 1.5f;
+        check_matmul(c, rng);
+      }
 }
 
 // Runs fn, expects zt::Error whose message contains every string in `parts`.

@@ -211,6 +211,26 @@ TEST(Pipeline, LastLogitsAndSamplesEqualTheWholeModel) {
       const auto expected = train::generate(whole, prompt, opt);
       const auto sampled = train::generate([&](const Tensor& t) { return runner.last_logits(t); }, c, prompt, opt);
       EXPECT_EQ(sampled, expected);
+      // Three samples together over the stages' KV caches, past the
+      // context (12 positions): those of the whole model drawn together.
+      nn::ModelConfig short_context = c;
+      short_context.max_seq_len = 12;
+      opt.max_new_tokens = 14;
+      std::vector<nn::KvCache> caches = runner.make_kv_caches(3);
+      const train::DecodeFn decode = [&](const Tensor& t, bool restart) {
+        if (restart)
+          for (nn::KvCache& k : caches) k.clear();
+        return runner.last_logits(t, &caches);
+      };
+      nn::KvCache whole_cache = whole.make_kv_cache(3, 12);
+      const train::DecodeFn whole_decode = [&](const Tensor& t, bool restart) {
+        if (restart) whole_cache.clear();
+        Tensor out = Tensor::empty(Shape{3, c.padded_vocab()}, DType::f32);
+        whole.last_logits(out, t, whole_cache);
+        return out;
+      };
+      EXPECT_EQ(train::generate_samples(decode, short_context, prompt, opt, 3),
+                train::generate_samples(whole_decode, short_context, prompt, opt, 3));
     }
   }
 }

@@ -16,10 +16,10 @@
 //   into panels (rows of out, columns of out, or the reduction dim, which then
 //   accumulates into C with beta = 1; whichever allows the widest panel);
 //   panels along M or N leave the other operand widened once for all panels.
-// One row (M = 1, a decoding step's products): our own kernel instead of
-//   sgemm (gemm_one_row): B read once in its own dtype, each output summed on
-//   one thread in a fixed order, so the bits do not depend on the thread
-//   count (OpenBLAS's do for M = 1, sgemm and sgemv alike).
+// A few rows (M <= 8, a decoding step's products): our own kernel instead of
+//   sgemm (gemm_few_rows): B read once in its own dtype for all rows, each
+//   output summed on one thread in a fixed order, so the bits do not depend
+//   on the thread count (OpenBLAS's do for M = 1, sgemm and sgemv alike).
 // Batches: many small products run one single-threaded sgemm per entry on the
 //   OpenMP threads (OpenBLAS's OpenMP build stays on one thread inside a
 //   parallel region); large ones run one threaded sgemm after another. A 2-D
@@ -41,6 +41,7 @@
 #include <atomic>
 #include <bit>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/scratch.h"
@@ -180,38 +181,43 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
-// x (K) = op(A)'s one row in f32.
+constexpr int64_t kFewRows = 8;  // products of up to this many rows run in gemm_few_rows
+
+// x (M, K) = op(A)'s rows in f32, dense.
 template <typename TA>
-void row_of_a(const GemmDesc& d, const TA* a, int64_t lda, float* x) {
-  for (int64_t k = 0; k < d.K; ++k) x[k] = to_float(d.trans_a ? a[k * lda] : a[k]);
+void rows_of_a(const GemmDesc& d, const TA* a, int64_t lda, float* x) {
+  for (int64_t m = 0; m < d.M; ++m)
+    for (int64_t k = 0; k < d.K; ++k) x[m * d.K + k] = to_float(d.trans_a ? a[k * lda + m] : a[m * lda + k]);
 }
 
-// One row of out (M = 1: a decoding step's products): out (N) = alpha * x
-// op(B) + beta * prev + bias, x op(A)'s row. Each output's sum runs in f32
-// lanes in a fixed order on one thread: the same bits on any number of
-// threads (OpenBLAS's sgemm and sgemv with M = 1 give other bits on other
-// thread counts). B is read once, in its own dtype: sgemm would pack it
-// first (OpenBLAS's incopy: twice the product's own time), after a bf16 B's
-// widening. prev: out itself or a separate c, read only when beta != 0.
-template <typename TOut, typename TBias, typename TA, typename TB>
-void gemm_one_row(const GemmDesc& d, const TA* a, int64_t lda, const TB* b, int64_t ldb, TOut* out,
-                  const TBias* bias, const TOut* prev, bool par) {
+// A few rows of out (M <= kFewRows: a decoding step's products, one row a
+// sequence): out (M, N) = alpha * x op(B) + beta * prev + bias, x op(A)'s
+// rows. Each output's sum runs in f32 lanes in a fixed order on one thread:
+// the same bits on any number of threads (OpenBLAS's sgemm and sgemv with
+// M = 1 give other bits on other thread counts). B is read once, in its own
+// dtype, each element used for all M rows: sgemm would pack it first
+// (OpenBLAS's incopy: twice the product's own time at M = 1), after a bf16
+// B's widening. prev: out itself or a separate c, read only when beta != 0.
+template <int kM, typename TOut, typename TBias, typename TA, typename TB>
+void gemm_few_rows(const GemmDesc& d, const TA* a, int64_t lda, const TB* b, int64_t ldb, TOut* out,
+                   const TBias* bias, const TOut* prev, bool par) {
   using namespace simd;
   const int64_t N = d.N, K = d.K;
-  float* x = thread_scratch(size_t(K), 0);
-  row_of_a(d, a, lda, x);
-  auto finish = [&](int64_t j, float sum) {
-    float base = d.beta != 0.0f ? d.beta * to_float(prev[j]) : 0.0f;
+  float* x = thread_scratch(size_t(kM * K), 0);
+  rows_of_a(d, a, lda, x);
+  auto finish = [&](int64_t m, int64_t j, float sum) {
+    const int64_t o = m * N + j;
+    float base = d.beta != 0.0f ? d.beta * to_float(prev[o]) : 0.0f;
     if (bias) base += to_float(bias[j]);
     const float r = d.alpha * sum + base;
     if constexpr (std::is_same_v<TOut, bf16>)
-      out[j].bits = narrow1(r);
+      out[o].bits = narrow1(r);
     else
-      out[j] = r;
+      out[o] = r;
   };
   // Tasks of fixed outputs on all threads for a large product (no parallel
   // region at all for a small one: even an if(false) region costs microseconds).
-  const bool threaded = par && N * K >= kParallelMin && !omp_in_parallel();
+  const bool threaded = par && kM * N * K >= kParallelMin && !omp_in_parallel();
   auto for_tasks = [threaded](int64_t tasks, const auto& task) {
     if (!threaded) {
       for (int64_t t = 0; t < tasks; ++t) task(t);
@@ -220,45 +226,67 @@ void gemm_one_row(const GemmDesc& d, const TA* a, int64_t lda, const TB* b, int6
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tasks; ++t) task(t);
   };
-  if (d.trans_b) {  // B (N, K): each output a dot product of one of its rows with x
-    constexpr int64_t kRows = 16;  // outputs per task
+  if (d.trans_b) {  // B (N, K): output (m, j) the dot product of B's row j with x's row m
+    // Two accumulators per row for one row (hides the add latency), one for more.
+    constexpr int kAcc = kM == 1 ? 2 : 1;
+    constexpr int64_t kRows = 16;  // B rows per task
     for_tasks((N + kRows - 1) / kRows, [&](int64_t t) {
       for (int64_t j = t * kRows; j < std::min(N, (t + 1) * kRows); ++j) {
         const TB* row = b + j * ldb;
-        f32v acc0{}, acc1{};
+        f32v acc[kM][kAcc] = {};
         int64_t k = 0;
-        for (; k + kV2 <= K; k += kV2) {
-          acc0 += load(row + k) * load(x + k);
-          acc1 += load(row + k + kV) * load(x + k + kV);
+        for (; k + kAcc * kV <= K; k += kAcc * kV)
+          for (int u = 0; u < kAcc; ++u) {
+            const f32v bv = load(row + k + u * kV);
+            for (int m = 0; m < kM; ++m) acc[m][u] += bv * load(x + m * K + k + u * kV);
+          }
+        for (; k < K; k += kV) {
+          const int64_t n = std::min(kV, K - k);
+          const f32v bv = load_partial(row + k, n);
+          for (int m = 0; m < kM; ++m) acc[m][0] += bv * load_partial(x + m * K + k, n);
         }
-        for (; k + kV <= K; k += kV) acc0 += load(row + k) * load(x + k);
-        if (k < K) acc1 += load_partial(row + k, K - k) * load_partial(x + k, K - k);
-        finish(j, hsum(acc0 + acc1));
+        for (int m = 0; m < kM; ++m) {
+          f32v sum = acc[m][0];
+          for (int u = 1; u < kAcc; ++u) sum += acc[m][u];
+          finish(m, j, hsum(sum));
+        }
       }
     });
-  } else {  // B (K, N): a block of outputs at a time, x's elements times B's rows added in k order
-    constexpr int64_t kVecs = 8, kCols = kVecs * kV;  // outputs per task
+  } else {  // B (K, N): a block of columns at a time, x's elements times B's rows added in k order
+    constexpr int64_t kVecs = kM == 1 ? 8 : kM <= 2 ? 4 : 2, kCols = kVecs * kV;  // columns per task
     for_tasks((N + kCols - 1) / kCols, [&](int64_t t) {
       const int64_t j0 = t * kCols, cols = std::min(kCols, N - j0);
-      f32v acc[kVecs] = {};
-      if (cols == kCols) {
-        for (int64_t k = 0; k < K; ++k) {
-          const TB* row = b + k * ldb + j0;
-          const f32v xk = splat(x[k]);
-          for (int64_t v = 0; v < kVecs; ++v) acc[v] += load(row + v * kV) * xk;
+      f32v acc[kM][kVecs] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        const TB* row = b + k * ldb + j0;
+        f32v bv[kVecs];
+        if (cols == kCols) {
+          for (int64_t v = 0; v < kVecs; ++v) bv[v] = load(row + v * kV);
+        } else {
+          for (int64_t v = 0; v < kVecs; ++v)
+            bv[v] = v * kV < cols ? load_partial(row + v * kV, std::min(kV, cols - v * kV)) : f32v{};
         }
-      } else {
-        for (int64_t k = 0; k < K; ++k) {
-          const TB* row = b + k * ldb + j0;
-          const f32v xk = splat(x[k]);
-          for (int64_t v = 0; v * kV < cols; ++v) acc[v] += load_partial(row + v * kV, std::min(kV, cols - v * kV)) * xk;
+        for (int m = 0; m < kM; ++m) {
+          const f32v xk = splat(x[m * K + k]);
+          for (int64_t v = 0; v < kVecs; ++v) acc[m][v] += bv[v] * xk;
         }
       }
-      float sums[kCols];
-      std::memcpy(sums, acc, sizeof sums);
-      for (int64_t c = 0; c < cols; ++c) finish(j0 + c, sums[c]);
+      for (int m = 0; m < kM; ++m) {
+        float sums[kCols];
+        std::memcpy(sums, acc[m], sizeof sums);
+        for (int64_t c = 0; c < cols; ++c) finish(m, j0 + c, sums[c]);
+      }
     });
   }
+}
+
+// gemm_few_rows for this product's M (1 .. kFewRows).
+template <typename TOut, typename TBias, typename TA, typename TB>
+void gemm_few_rows_of(const GemmDesc& d, const TA* a, int64_t lda, const TB* b, int64_t ldb, TOut* out,
+                      const TBias* bias, const TOut* prev, bool par) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((d.M == I + 1 ? gemm_few_rows<I + 1, TOut, TBias>(d, a, lda, b, ldb, out, bias, prev, par) : void()), ...);
+  }(std::make_integer_sequence<int, int(kFewRows)>());
 }
 
 // One product out (M, N) = alpha * op(A) @ op(B) + beta * prev + bias, prev
@@ -272,10 +300,10 @@ void gemm_one(const GemmDesc& d, const Operand& A, const Operand& B, TOut* out, 
   constexpr bool wc = std::is_same_v<TOut, bf16>;  // out needs an f32 tile
   const int64_t M = d.M, N = d.N, K = d.K;
   if (M == 0 || N == 0) return;
-  if (M == 1 && K > 0) {
+  if (M <= kFewRows && K > 0) {
     const TOut* prev = c ? c : out;
     auto run = [&]<typename TA, typename TB>(const TA* a, const TB* b) {
-      gemm_one_row<TOut, TBias>(d, a, A.ld, b, B.ld, out, bias, prev, par);
+      gemm_few_rows_of<TOut, TBias>(d, a, A.ld, b, B.ld, out, bias, prev, par);
     };
     if (A.bf) {
       if (B.bf)
