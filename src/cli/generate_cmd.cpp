@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "ops/device.h"
 #include "train/data_source.h"
 #include "train/generate.h"
 #include "train/model_file.h"
@@ -21,6 +22,7 @@ Command add_generate_command(CLI::App& app) {
     int64_t tokens = 64;
     double temperature = 0.8;
     int64_t top_k = 40;
+    double top_p = 1.0;
     uint64_t seed = 0;
     int64_t count = 1;
     bool no_kv_cache = false;
@@ -34,11 +36,16 @@ Command add_generate_command(CLI::App& app) {
       ->required();
   c.app->add_option("--tokenizer", opts->tokenizer, "gpt2, llama3 or a tokenizer file (default: the run's)");
   c.app->add_option("--device", opts->device,
-                    "cpu, cuda or cuda:N (default: the run's train.device where this machine has it, else cpu)");
+                    "cpu, cuda, cuda:N or auto (a GPU if there is one; default: the run's train.device where this machine has it, else cpu)");
   c.app->add_option("--prompt", opts->prompt, "Prompt text (default: the end-of-text token)");
   c.app->add_option("--tokens", opts->tokens, "Tokens to generate")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  c.app->add_option("--temperature", opts->temperature, "Softmax temperature")->check(CLI::PositiveNumber);
-  c.app->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens (0: all)");
+  c.app->add_option("--temperature", opts->temperature, "Softmax temperature (0: the most likely token, greedy)")
+      ->check(CLI::NonNegativeNumber);
+  c.app->add_option("--top-k", opts->top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  c.app->add_option("--top-p", opts->top_p,
+                    "Of those, the most likely whose probabilities sum to this (nucleus sampling; 1: all)")
+      ->check(CLI::Range(0.0, 1.0));
   c.app->add_option("--seed", opts->seed, "Sampling seed");
   c.app->add_option("--count", opts->count, "Number of samples (drawn together: seeds seed, seed + 1, ...)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 16));
@@ -47,7 +54,10 @@ Command add_generate_command(CLI::App& app) {
                   "Run each step's whole window again instead of keeping keys and values (slower; for comparison)");
   c.run = [opts] {
     std::optional<Device> device;
-    if (!opts->device.empty()) device = parse_device(opts->device);
+    if (opts->device == "auto")
+      device = ops::gpu_count() > 0 ? Device::cuda(0) : Device::cpu();
+    else if (!opts->device.empty())
+      device = parse_device(opts->device);
     train::LoadedModel loaded = train::load_model_file(opts->checkpoint, device);
     // stderr: stdout keeps only the samples.
     std::cerr << "weights: " << loaded.source << " on " << loaded.model->device().str() << " in "
@@ -60,6 +70,7 @@ Command add_generate_command(CLI::App& app) {
     so.max_new_tokens = opts->tokens;
     so.temperature = opts->temperature;
     so.top_k = opts->top_k;
+    so.top_p = opts->top_p;
     so.seed = opts->seed;  // sample i: seed + i
     so.stop_token = opts->ignore_eot ? -1 : int64_t(codec->eot_token);
     const auto start = std::chrono::steady_clock::now();

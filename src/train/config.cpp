@@ -124,8 +124,10 @@ const std::vector<Field>& fields() {
       ZT_F("optim", "grad_clip", optim.grad_clip, "max global gradient norm (0: off)"),
       ZT_F("sample", "prompt", sample.prompt, "prompt text (empty: end-of-text token)"),
       ZT_F("sample", "tokens", sample.tokens, "tokens per sample"),
-      ZT_F("sample", "temperature", sample.temperature, "softmax temperature"),
+      ZT_F("sample", "temperature", sample.temperature, "softmax temperature (0: the most likely token)"),
       ZT_F("sample", "top_k", sample.top_k, "keep the k most likely tokens (0: all)"),
+      ZT_F("sample", "top_p", sample.top_p,
+           "keep the most likely tokens whose probabilities sum to this (nucleus sampling; 1: all)"),
       ZT_F("sample", "count", sample.count, "samples per sampling point"),
       ZT_F("metrics", "peak_gflops", metrics.peak_gflops, "device peak for MFU (0: measure sgemm on CPU)"),
       ZT_F("metrics", "pipeline_trace_step", metrics.pipeline_trace_step, "with pp > 1: write RUN_DIR/pipeline_trace.json (Chrome trace, open in Perfetto) of this step (0: none)"),
@@ -521,7 +523,10 @@ void Config::validate() const {
   ZT_CHECK(optim.eps > 0, "optim.eps must be positive");
   ZT_CHECK(optim.weight_decay >= 0, "optim.weight_decay must be >= 0");
   ZT_CHECK(optim.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 disables clipping)");
-  ZT_CHECK(sample.temperature > 0, "sample.temperature must be positive");
+  ZT_CHECK(sample.temperature >= 0 && std::isfinite(sample.temperature),
+           "sample.temperature must be >= 0 (0: the most likely token), got ", sample.temperature);
+  ZT_CHECK(sample.top_p > 0 && sample.top_p <= 1, "sample.top_p must be in (0, 1] (1: no nucleus filtering), got ",
+           sample.top_p);
   ZT_CHECK(sample.top_k >= 0 && sample.tokens >= 0 && sample.count >= 0,
            "sample.top_k, sample.tokens and sample.count must be >= 0");
   ZT_CHECK(metrics.peak_gflops >= 0, "metrics.peak_gflops must be >= 0");

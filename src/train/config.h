@@ -89,8 +89,9 @@ struct OptimSettings {
 struct SampleSettings {
   std::string prompt = "";            // empty: start from the end-of-text token
   int64_t tokens = 64;                // tokens to generate per sample
-  double temperature = 1.0;
+  double temperature = 1.0;           // 0: the most likely token (greedy)
   int64_t top_k = 40;                 // 0: no top-k filtering
+  double top_p = 1.0;                 // nucleus: the most likely tokens whose probability reaches it (1: all)
   int64_t count = 2;                  // samples per sampling point
 };
 

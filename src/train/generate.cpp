@@ -32,26 +32,44 @@ size_t window_start(size_t n, const nn::ModelConfig& cfg) {
   return n > size_t(cfg.max_seq_len) ? n - size_t(cfg.max_seq_len) : 0;
 }
 
-// The token sampled from one row of logits at `step`: top-k over the real
-// vocabulary, then softmax with temperature (f64), drawn with the Philox
-// stream of `seed`. order: scratch of V entries.
+// sample_token with scratch for the vocabulary's order (V entries).
 int64_t pick_token(const float* logits, int64_t V, const SamplingOptions& opt, uint64_t seed, int64_t step,
                    std::vector<int64_t>& order) {
+  auto before = [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (opt.temperature == 0) {  // greedy
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (before(v, best)) best = v;
+    return best;
+  }
+  order.resize(size_t(V));
   std::iota(order.begin(), order.end(), 0);
   const int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   const double max_logit = logits[order[0]];
   std::vector<double> p(static_cast<size_t>(k));
   double sum = 0;
   for (int64_t i = 0; i < k; ++i) sum += p[size_t(i)] = std::exp((logits[order[size_t(i)]] - max_logit) / opt.temperature);
+  // Nucleus: the fewest most likely whose share reaches top_p.
+  int64_t kept = k;
+  if (opt.top_p < 1) {
+    double acc = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      acc += p[size_t(i)];
+      if (acc >= opt.top_p * sum) {
+        kept = i + 1;
+        sum = acc;
+        break;
+      }
+    }
+  }
   const double u = double(philox_uniform_at(seed, 0, uint64_t(step))) * sum;
   double acc = 0;
-  for (int64_t i = 0; i < k; ++i) {
+  for (int64_t i = 0; i < kept; ++i) {
     acc += p[size_t(i)];
     if (u < acc) return order[size_t(i)];
   }
-  return order[size_t(k - 1)];
+  return order[size_t(kept - 1)];
 }
 
 // `count` samples of the prompt, sample i drawn with seed opt.seed + i. The
@@ -61,12 +79,14 @@ std::vector<std::vector<uint32_t>> sample(const NextLogitsFn& next_logits, const
                                           const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
                                           int64_t count) {
   ZT_CHECK(!prompt.empty(), "generate: the prompt must contain at least one token");
-  ZT_CHECK(opt.temperature > 0, "generate: temperature must be positive");
+  ZT_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "generate: temperature must be >= 0 (0: greedy), got ",
+           opt.temperature);
+  ZT_CHECK(opt.top_p > 0 && opt.top_p <= 1, "generate: top_p must be in (0, 1], got ", opt.top_p);
   ZT_CHECK(count >= 1, "generate: count must be at least 1, got ", count);
   std::vector<std::vector<uint32_t>> seqs(size_t(count), prompt);
   std::vector<size_t> ends(size_t(count), 0);  // 0: not stopped; else the length up to the stop token
   const int64_t V = cfg.vocab_size, Vp = cfg.padded_vocab();
-  std::vector<int64_t> order(static_cast<size_t>(V));
+  std::vector<int64_t> order;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     const Tensor logits = next_logits(seqs);
     ZT_CHECK(logits.numel() == count * Vp && logits.dtype() == DType::f32 && logits.device().is_cpu(),
@@ -88,6 +108,11 @@ std::vector<std::vector<uint32_t>> sample(const NextLogitsFn& next_logits, const
 }
 
 }  // namespace
+
+int64_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opt, uint64_t seed, int64_t step) {
+  std::vector<int64_t> order;
+  return pick_token(logits, vocab, opt, seed, step, order);
+}
 
 int64_t kv_cache_positions(const nn::ModelConfig& cfg, const std::vector<uint32_t>& prompt,
                            const SamplingOptions& opt) {

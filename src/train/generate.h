@@ -11,11 +11,18 @@ namespace zt::train {
 
 struct SamplingOptions {
   int64_t max_new_tokens = 64;
-  double temperature = 1.0;
+  double temperature = 1.0;  // 0: the most likely token (greedy; ties to the lowest id)
   int64_t top_k = 40;        // 0: sample from the whole vocabulary
+  double top_p = 1.0;        // nucleus: of those, the most likely whose probabilities reach top_p (1: all)
   uint64_t seed = 0;         // sampling RNG (Philox stream)
   int64_t stop_token = -1;   // stop after emitting this token (-1: never)
 };
+
+// The token drawn from one position's logits (the first `vocab` of them) at
+// `step` of the Philox stream of `seed`: the top_k most likely, of those the
+// fewest most likely whose probabilities (softmax at the temperature, f64)
+// sum to top_p of theirs, one drawn in proportion to its probability.
+int64_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& opt, uint64_t seed, int64_t step);
 
 // The logits of each sequence's last position of (B, T) i32 tokens:
 // (B, padded vocabulary) f32 on the host (generate passes B = 1).

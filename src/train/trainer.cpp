@@ -584,6 +584,7 @@ std::vector<std::string> Trainer::samples(uint64_t seed, int64_t count) {
   opt.max_new_tokens = cfg_.sample.tokens;
   opt.temperature = cfg_.sample.temperature;
   opt.top_k = cfg_.sample.top_k;
+  opt.top_p = cfg_.sample.top_p;
   opt.seed = seed;
   opt.stop_token = int64_t(codec_->eot_token);
   // The samples are drawn together (KV caches of count sequences). Under

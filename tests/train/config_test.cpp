@@ -74,6 +74,10 @@ TEST(Config, InconsistentSettingsAreRejectedWithTheFix) {
   EXPECT_TRUE(has(error_of(kBase, {"model.arch=\"llama3\"", "model.n_kv_head=3"}),
                   "model.n_kv_head = 3 does not divide model.n_head = 4"));
   EXPECT_TRUE(has(error_of(kBase, {"train.seq_len=65"}), "longer than the model's context"));
+  EXPECT_TRUE(has(error_of(kBase, {"sample.top_p=0"}), "sample.top_p must be in (0, 1] (1: no nucleus filtering)"));
+  EXPECT_TRUE(has(error_of(kBase, {"sample.top_p=1.5"}), "sample.top_p must be in (0, 1]"));
+  EXPECT_TRUE(has(error_of(kBase, {"sample.temperature=-0.5"}), "sample.temperature must be >= 0 (0: the most likely"));
+  EXPECT_NO_THROW(parse_config(kBase, "t", {"sample.temperature=0", "sample.top_p=0.9"}));
   EXPECT_TRUE(has(error_of(kBase, {"train.micro_batch=3"}),
                   "train.global_batch = 8 is not divisible by train.micro_batch = 3"));
   EXPECT_TRUE(has(error_of(kBase, {"train.dtype=\"f16\""}), "train.dtype"));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -105,6 +106,78 @@ TEST(Generate, SizesItsKvCacheToTheTokensItRuns) {
   const auto cached = generate(m, prompt, opt);
   EXPECT_EQ(cached.size(), prompt.size() + 5);
   EXPECT_EQ(cached, generate(window_last_logits(m), c, prompt, opt));
+}
+
+// One position's draw: greedy at temperature 0 (ties to the lowest id);
+// else the top k, then the nucleus - the fewest most likely whose
+// probabilities reach top_p of theirs - each drawn in proportion to its
+// probability (4000 draws, different seeds).
+TEST(Generate, SampleTokenKeepsTheTopKThenTheNucleus) {
+  const std::vector<double> probs = {0.4, 0.25, 0.15, 0.1, 0.06, 0.04};
+  std::vector<float> logits;
+  for (double p : probs) logits.push_back(float(std::log(p)) + 3.0f);  // softmax is shift-invariant
+  const int64_t V = int64_t(logits.size());
+  // The share of 4000 draws that are each token.
+  auto shares = [&](const SamplingOptions& opt) {
+    std::vector<double> n(size_t(V), 0.0);
+    for (uint64_t seed = 0; seed < 4000; ++seed) n[size_t(sample_token(logits.data(), V, opt, seed, 5))] += 1.0 / 4000;
+    return n;
+  };
+  // Each kept token's share within 0.03 (5 standard deviations) of its
+  // probability renormalised over the kept ones; the others never drawn.
+  auto expect_shares = [&](const SamplingOptions& opt, size_t kept) {
+    const std::vector<double> got = shares(opt);
+    double total = 0;
+    for (size_t i = 0; i < kept; ++i) total += probs[i];
+    for (size_t i = 0; i < size_t(V); ++i)
+      EXPECT_NEAR(got[i], i < kept ? probs[i] / total : 0.0, i < kept ? 0.03 : 0.0)
+          << "token " << i << " (top_k " << opt.top_k << ", top_p " << opt.top_p << ")";
+  };
+  SamplingOptions opt;
+  opt.top_k = 0;
+  expect_shares(opt, 6);
+  opt.top_k = 3;
+  expect_shares(opt, 3);
+  opt.top_k = 0;
+  opt.top_p = 0.6;  // 0.4 < 0.6 <= 0.65
+  expect_shares(opt, 2);
+  opt.top_p = 0.3;  // the most likely alone
+  expect_shares(opt, 1);
+  opt.top_k = 3;
+  opt.top_p = 0.8;  // of the top 3 (0.8): 0.5, then 0.8125 >= 0.8
+  expect_shares(opt, 2);
+  opt.temperature = 0;
+  opt.top_p = 1;
+  EXPECT_EQ(sample_token(logits.data(), V, opt, 1, 0), 0);
+  logits[3] = logits[0];  // a tie: the lower id
+  EXPECT_EQ(sample_token(logits.data(), V, opt, 2, 0), 0);
+  logits[0] -= 1.0f;
+  EXPECT_EQ(sample_token(logits.data(), V, opt, 3, 0), 3);
+}
+
+// Greedy generation (temperature 0): at each step the most likely token of
+// the whole sequence's last logits, whatever the seed.
+TEST(Generate, GreedyTakesTheMostLikelyTokenEachStep) {
+  const nn::ModelConfig c = nn::model_preset("gpt2-tiny");
+  nn::Transformer m(c, DType::f32);
+  m.init_weights(21);
+  std::vector<uint32_t> want = {9, 4, 6};
+  const size_t prompt = want.size();
+  for (int step = 0; step < 10; ++step) {
+    Tensor tokens = Tensor::empty(Shape{1, int64_t(want.size())}, DType::i32);
+    for (size_t t = 0; t < want.size(); ++t) tokens.data<int32_t>()[t] = int32_t(want[t]);
+    Tensor logits = Tensor::empty(Shape{1, c.padded_vocab()}, DType::f32);
+    m.last_logits(logits, tokens);
+    const float* l = logits.data<float>();
+    want.push_back(uint32_t(std::max_element(l, l + c.vocab_size) - l));
+  }
+  SamplingOptions opt;
+  opt.max_new_tokens = 10;
+  opt.temperature = 0;
+  for (uint64_t seed : {1, 99}) {
+    opt.seed = seed;
+    EXPECT_EQ(generate(m, std::vector<uint32_t>(want.begin(), want.begin() + std::ptrdiff_t(prompt)), opt), want);
+  }
 }
 
 }  // namespace
