@@ -12,58 +12,49 @@ import math
 import statistics
 import time
 
+import os
+import sys
+
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, C, H):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.fc, self.fc_out = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-        self.H = H
-
-    def forward(self, x, past):
-        """x (1, T, C) at the positions after past's; past: (k, v) (1, H, P, D) or None."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
-        if T > 1:  # the prompt: causal among its rows (no past then)
-            att = att + torch.full((T, T), float("-inf")).triu(1)
-        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + self.proj(y)
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), (k, v)
+# The training benchmark's GPT-2 modules (the same parameters), run here a
+# step at a time over a cache.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train"))
+from pytorch_peer import GPT  # noqa: E402
 
 
-class GPT(nn.Module):
-    def __init__(self, V, T, L, C, H):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        self.blocks = nn.ModuleList(Block(C, H) for _ in range(L))
-        self.lnf = nn.LayerNorm(C)
-        nn.init.normal_(self.wte.weight, std=0.02)
-        nn.init.normal_(self.wpe.weight, std=0.02)
+def block_step(b, x, past):
+    """One block of x (1, T, C) at the positions after past's; past: (k, v) (1, H, P, D) or None.
+    Returns the block's output and the new (k, v)."""
+    B, T, C = x.shape
+    q, k, v = b.qkv(b.ln1(x)).split(C, dim=2)
+    q, k, v = (t.view(B, T, b.H, C // b.H).transpose(1, 2) for t in (q, k, v))
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(C // b.H)
+    if T > 1:  # the prompt: causal among its rows (no past then)
+        att = att + torch.full((T, T), float("-inf")).triu(1)
+    y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+    x = x + b.proj(y)
+    return x + b.fc_out(F.gelu(b.fc(b.ln2(x)), approximate="tanh")), (k, v)
 
-    def forward(self, idx, pos, pasts):
-        """The last position's logits of idx (1, T) at positions [pos, pos + T), and the new pasts."""
-        x = self.wte(idx) + self.wpe(torch.arange(pos, pos + idx.shape[1]))
-        new = []
-        for b, past in zip(self.blocks, pasts):
-            x, kv = b(x, past)
-            new.append(kv)
-        return self.lnf(x[:, -1]) @ self.wte.weight.t(), new
+
+def step(model, idx, pos, pasts):
+    """The last position's logits of idx (1, T) at positions [pos, pos + T), and the new pasts."""
+    x = model.wte(idx) + model.wpe(torch.arange(pos, pos + idx.shape[1]))
+    new = []
+    for b, past in zip(model.blocks, pasts):
+        x, kv = block_step(b, x, past)
+        new.append(kv)
+    return model.lnf(x[:, -1]) @ model.wte.weight.t(), new
 
 
 def generate(model, prompt, tokens, temperature, top_k, generator):
     idx, pos, pasts = prompt, 0, [None] * len(model.blocks)
     out = []
     for _ in range(tokens):
-        logits, pasts = model(idx, pos, pasts)
+        logits, pasts = step(model, idx, pos, pasts)
         pos += idx.shape[1]
         vals, ids = torch.topk(logits[0] / temperature, top_k)
         pick = ids[torch.multinomial(vals.softmax(-1), 1, generator=generator)]

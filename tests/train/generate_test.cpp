@@ -13,6 +13,13 @@
 namespace zt::train {
 namespace {
 
+// A tiny preset with a 16-position context, which the tests' samplings outgrow.
+nn::ModelConfig short_context(const char* preset) {
+  nn::ModelConfig c = nn::model_preset(preset);
+  c.max_seq_len = 16;
+  return c;
+}
+
 // Generation with the cache samples what recomputing each window samples -
 // past the model's context too, where both run the last max_seq_len tokens
 // again each step: the same tokens (the logits agree to rounding, far below
@@ -20,10 +27,9 @@ namespace {
 TEST(Generate, WithTheKvCacheSamplesWhatRecomputingEachWindowSamples) {
   for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
     SCOPED_TRACE(preset);
-    nn::ModelConfig c = nn::model_preset(preset);
-    c.max_seq_len = 16;
-    nn::Transformer m(c, DType::f32);
+    nn::Transformer m(short_context(preset), DType::f32);
     m.init_weights(13);
+    const nn::ModelConfig& c = m.config();
     const std::vector<uint32_t> prompt = {3, 1, 4, 1, 5};
     SamplingOptions opt;
     opt.max_new_tokens = 30;  // 35 tokens: past the 16 positions
@@ -51,10 +57,9 @@ TEST(Generate, WithTheKvCacheSamplesWhatRecomputingEachWindowSamples) {
 TEST(Generate, SamplesDrawnTogetherAreThoseDrawnOneAtATime) {
   for (const char* preset : {"gpt2-tiny", "llama3-tiny"}) {
     SCOPED_TRACE(preset);
-    nn::ModelConfig c = nn::model_preset(preset);
-    c.max_seq_len = 16;
-    nn::Transformer m(c, DType::f32);
+    nn::Transformer m(short_context(preset), DType::f32);
     m.init_weights(13);
+    const nn::ModelConfig& c = m.config();
     const std::vector<uint32_t> prompt = {2, 7, 1, 8};
     SamplingOptions opt;
     opt.max_new_tokens = 24;
