@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <span>
+#include <string>
 
 #include "cli/commands.h"
 #include "ops/device.h"
@@ -12,6 +14,43 @@
 #include "train/model_file.h"
 
 namespace zt::cli {
+
+namespace {
+
+// Writes text to stdout as it comes, holding back a UTF-8 character whose
+// bytes have not all come yet (a byte-level token may end inside one).
+class Utf8Stream {
+ public:
+  void write(const std::string& bytes) {
+    pending_ += bytes;
+    const size_t n = complete_prefix();
+    std::cout.write(pending_.data(), std::streamsize(n));
+    std::cout.flush();
+    pending_.erase(0, n);
+  }
+  // Writes what is held back.
+  void finish() {
+    std::cout << pending_;
+    pending_.clear();
+  }
+
+ private:
+  // The bytes of pending_ up to a last character that is incomplete (all of
+  // them when it is complete, or not UTF-8 at all).
+  size_t complete_prefix() const {
+    const size_t n = pending_.size();
+    size_t lead = n;
+    while (lead > 0 && n - lead < 4 && (uint8_t(pending_[lead - 1]) & 0xC0) == 0x80) --lead;
+    if (lead == 0) return n;
+    const uint8_t b = uint8_t(pending_[lead - 1]);
+    const size_t need = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 1;
+    return n - (lead - 1) < need ? lead - 1 : n;
+  }
+
+  std::string pending_;
+};
+
+}  // namespace
 
 Command add_generate_command(CLI::App& app) {
   struct Opts {
@@ -73,6 +112,21 @@ Command add_generate_command(CLI::App& app) {
     so.top_p = opts->top_p;
     so.seed = opts->seed;  // sample i: seed + i
     so.stop_token = opts->ignore_eot ? -1 : int64_t(codec->eot_token);
+    // One sample drawn with the cache is written as its tokens come (the
+    // prompt first); several are written when all are drawn. A sample's
+    // end-of-text token is not written.
+    const bool stream = opts->count == 1 && !opts->no_kv_cache;
+    const int64_t stop = so.stop_token;
+    auto sample_text = [&](std::vector<uint32_t> out) {
+      if (opts->prompt.empty()) out.erase(out.begin());
+      if (!out.empty() && stop >= 0 && out.back() == uint32_t(stop)) out.pop_back();
+      return codec->decode(out);
+    };
+    Utf8Stream streamed;
+    if (stream && !opts->prompt.empty()) streamed.write(codec->decode(prompt));
+    const train::TokenFn on_token = [&](int64_t, uint32_t token) {
+      if (int64_t(token) != stop) streamed.write(codec->decode(std::span<const uint32_t>(&token, 1)));
+    };
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::vector<uint32_t>> samples;
     if (opts->no_kv_cache) {
@@ -82,13 +136,16 @@ Command add_generate_command(CLI::App& app) {
         samples.push_back(train::generate(train::window_last_logits(model), model.config(), prompt, one));
       }
     } else {  // all samples at once, one KV cache of count sequences
-      samples = train::generate_samples(model, prompt, so, opts->count);
+      samples = train::generate_samples(model, prompt, so, opts->count, stream ? on_token : train::TokenFn{});
     }
     int64_t generated = 0;
-    for (std::vector<uint32_t>& out : samples) {
+    for (const std::vector<uint32_t>& out : samples) {
       generated += int64_t(out.size() - prompt.size());
-      if (opts->prompt.empty()) out.erase(out.begin());
-      std::cout << codec->decode(out) << "\n---" << std::endl;
+      if (stream)
+        streamed.finish();
+      else
+        std::cout << sample_text(out);
+      std::cout << "\n---" << std::endl;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // stderr, as the weights line: stdout keeps only the samples.

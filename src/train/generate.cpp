@@ -77,7 +77,7 @@ int64_t pick_token(const float* logits, int64_t V, const SamplingOptions& opt, u
 // stay of one length) but its tokens after the stop are dropped.
 std::vector<std::vector<uint32_t>> sample(const NextLogitsFn& next_logits, const nn::ModelConfig& cfg,
                                           const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
-                                          int64_t count) {
+                                          int64_t count, const TokenFn& on_token = {}) {
   ZT_CHECK(!prompt.empty(), "generate: the prompt must contain at least one token");
   ZT_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "generate: temperature must be >= 0 (0: greedy), got ",
            opt.temperature);
@@ -97,7 +97,9 @@ std::vector<std::vector<uint32_t>> sample(const NextLogitsFn& next_logits, const
       const int64_t pick = pick_token(logits.data<float>() + i * Vp, V, opt, opt.seed + uint64_t(i), step, order);
       std::vector<uint32_t>& seq = seqs[size_t(i)];
       seq.push_back(uint32_t(pick));
-      if (ends[size_t(i)] == 0 && opt.stop_token >= 0 && pick == opt.stop_token) ends[size_t(i)] = seq.size();
+      if (ends[size_t(i)] != 0) continue;  // stopped: fed on, not reported
+      if (on_token) on_token(i, uint32_t(pick));
+      if (opt.stop_token >= 0 && pick == opt.stop_token) ends[size_t(i)] = seq.size();
       all_stopped = all_stopped && ends[size_t(i)] != 0;
     }
     if (all_stopped) break;
@@ -123,7 +125,7 @@ int64_t kv_cache_positions(const nn::ModelConfig& cfg, const std::vector<uint32_
 
 std::vector<std::vector<uint32_t>> generate_samples(const DecodeFn& decode, const nn::ModelConfig& cfg,
                                                     const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
-                                                    int64_t count) {
+                                                    int64_t count, const TokenFn& on_token) {
   // The caches hold each sequence's first `cached` tokens (0: none, or a
   // window past its first). While they hold all but the last and it fits,
   // the last token alone runs; else the window runs from empty caches.
@@ -138,11 +140,12 @@ std::vector<std::vector<uint32_t>> generate_samples(const DecodeFn& decode, cons
     cached = first == 0 ? n : 0;
     return decode(token_rows(seqs, first), true);
   };
-  return sample(next_logits, cfg, prompt, opt, count);
+  return sample(next_logits, cfg, prompt, opt, count, on_token);
 }
 
 std::vector<std::vector<uint32_t>> generate_samples(nn::Transformer& model, const std::vector<uint32_t>& prompt,
-                                                    const SamplingOptions& opt, int64_t count) {
+                                                    const SamplingOptions& opt, int64_t count,
+                                                    const TokenFn& on_token) {
   ZT_CHECK(count >= 1, "generate: count must be at least 1, got ", count);
   nn::KvCache cache = model.make_kv_cache(count, kv_cache_positions(model.config(), prompt, opt));
   Tensor logits = Tensor::empty(Shape{count, model.config().padded_vocab()}, DType::f32, model.device());
@@ -151,7 +154,7 @@ std::vector<std::vector<uint32_t>> generate_samples(nn::Transformer& model, cons
     model.last_logits(logits, tokens, cache);
     return ops::to_device(logits, Device::cpu());
   };
-  return generate_samples(decode, model.config(), prompt, opt, count);
+  return generate_samples(decode, model.config(), prompt, opt, count, on_token);
 }
 
 std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_t>& prompt,

@@ -34,6 +34,10 @@ using LastLogitsFn = std::function<Tensor(const Tensor& tokens)>;
 // pipeline's forward over its KV caches.
 using DecodeFn = std::function<Tensor(const Tensor& tokens, bool restart)>;
 
+// Called with each token a sample draws as it is drawn (up to and with its
+// stop token): sample index, token.
+using TokenFn = std::function<void(int64_t sample, uint32_t token)>;
+
 // Returns prompt + generated tokens. Each token sees the last max_seq_len
 // tokens before it. The model keeps their keys and values (nn/kv_cache.h):
 // the prompt runs once, then each new token alone - until the sequence
@@ -47,7 +51,8 @@ std::vector<uint32_t> generate(nn::Transformer& model, const std::vector<uint32_
 // ends at its own stop token - the tokens `count` calls of generate() with
 // those seeds give, to rounding.
 std::vector<std::vector<uint32_t>> generate_samples(nn::Transformer& model, const std::vector<uint32_t>& prompt,
-                                                    const SamplingOptions& opt, int64_t count);
+                                                    const SamplingOptions& opt, int64_t count,
+                                                    const TokenFn& on_token = {});
 // The positions a KV cache for sampling `prompt` needs: those the steps run
 // (prompt and the tokens drawn but the last), at most max_seq_len.
 int64_t kv_cache_positions(const nn::ModelConfig& cfg, const std::vector<uint32_t>& prompt,
@@ -57,7 +62,7 @@ int64_t kv_cache_positions(const nn::ModelConfig& cfg, const std::vector<uint32_
 // same tokens).
 std::vector<std::vector<uint32_t>> generate_samples(const DecodeFn& decode, const nn::ModelConfig& cfg,
                                                     const std::vector<uint32_t>& prompt, const SamplingOptions& opt,
-                                                    int64_t count);
+                                                    int64_t count, const TokenFn& on_token = {});
 // The same over any forward pass, given each step's window - the last
 // max_seq_len tokens - whole, no cache (for comparison; a pipeline's too).
 std::vector<uint32_t> generate(const LastLogitsFn& last_logits, const nn::ModelConfig& cfg,

@@ -400,6 +400,18 @@ TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
   }
   EXPECT_EQ(text_of(*root_ / "sample-cached.out"), text_of(*root_ / "sample-again.out"));
   EXPECT_GT(text_of(*root_ / "sample-cached.out").size(), 40u);
+  // Two samples drawn together (written when both are drawn) are the two
+  // drawn alone (written as their tokens come) with seeds 5 and 6.
+  const std::string two = std::string(kBin) + " generate --checkpoint " + e.string() +
+                          " --tokenizer gpt2 --tokens 40 --ignore-eot --seed 5 --count 2 --prompt hello > " +
+                          (*root_ / "sample-two.out").string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(two.c_str()), 0);
+  const std::string six = std::string(kBin) + " generate --checkpoint " + e.string() +
+                          " --tokenizer gpt2 --tokens 40 --ignore-eot --seed 6 --prompt hello > " +
+                          (*root_ / "sample-six.out").string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(six.c_str()), 0);
+  EXPECT_EQ(text_of(*root_ / "sample-two.out"),
+            text_of(*root_ / "sample-cached.out") + text_of(*root_ / "sample-six.out"));
 
   // Resuming with no checkpoint, or with a run that would overwrite later ones.
   const fs::path d = *root_ / "cli-none";
