@@ -1,11 +1,13 @@
 #!/usr/bin/python3
-"""The PyTorch peer of the generation benchmark: the GPT-2-style model of
-configs/bench.toml (6 layers, width 384, 6 heads, 256 positions, GPT-2
-vocabulary, fp32, tied embeddings), random weights, sampling one sequence
+"""The PyTorch peer of the generation benchmark: a GPT-2-style model (by
+default that of configs/bench.toml: 6 layers, width 384, 6 heads, 256
+positions, GPT-2 vocabulary, fp32, tied embeddings; --device cuda --dtype
+bf16 and GPT-2 124M's sizes on a GPU), random weights, sampling one sequence
 with a KV cache the way Hugging Face's GPT-2 does it (each layer's past keys
 and values concatenated with the new row's; the head on the last position;
-top-k with temperature), in inference mode on all cores. Prints one JSON
-line: tokens/s (median of the runs after a warm-up), the thread count."""
+top-k with temperature), in inference mode, on all cores or the GPU. Prints
+one JSON line: tokens/s (median of the runs after a warm-up), the thread
+count."""
 import argparse
 import json
 import math
@@ -34,7 +36,7 @@ def block_step(b, x, past):
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
     att = (q @ k.transpose(-2, -1)) / math.sqrt(C // b.H)
     if T > 1:  # the prompt: causal among its rows (no past then)
-        att = att + torch.full((T, T), float("-inf")).triu(1)
+        att = att + torch.full((T, T), float("-inf"), device=x.device, dtype=x.dtype).triu(1)
     y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
     x = x + b.proj(y)
     return x + b.fc_out(F.gelu(b.fc(b.ln2(x)), approximate="tanh")), (k, v)
@@ -42,7 +44,7 @@ def block_step(b, x, past):
 
 def step(model, idx, pos, pasts):
     """The last position's logits of idx (1, T) at positions [pos, pos + T), and the new pasts."""
-    x = model.wte(idx) + model.wpe(torch.arange(pos, pos + idx.shape[1]))
+    x = model.wte(idx) + model.wpe(torch.arange(pos, pos + idx.shape[1], device=idx.device))
     new = []
     for b, past in zip(model.blocks, pasts):
         x, kv = block_step(b, x, past)
@@ -56,7 +58,7 @@ def generate(model, prompt, tokens, temperature, top_k, generator):
     for _ in range(tokens):
         logits, pasts = step(model, idx, pos, pasts)
         pos += idx.shape[1]
-        vals, ids = torch.topk(logits[0] / temperature, top_k)
+        vals, ids = torch.topk(logits[0].float() / temperature, top_k)
         pick = ids[torch.multinomial(vals.softmax(-1), 1, generator=generator)]
         out.append(int(pick))
         idx = pick.view(1, 1)
@@ -74,14 +76,17 @@ def main():
     ap.add_argument("--tokens", type=int, default=250)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
     assert a.prompt + a.tokens <= a.seq, "the benchmark stays within the model's positions"
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.vocab, a.seq, a.layers, a.width, a.heads).eval()
-    prompt = torch.randint(0, a.vocab, (1, a.prompt))
-    generator = torch.Generator().manual_seed(1)
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    model = GPT(a.vocab, a.seq, a.layers, a.width, a.heads).to(device=a.device, dtype=dtype).eval()
+    prompt = torch.randint(0, a.vocab, (1, a.prompt)).to(a.device)
+    generator = torch.Generator(device=a.device).manual_seed(1)
     times = []
     with torch.inference_mode():
         for run in range(a.runs + 1):
@@ -91,6 +96,7 @@ def main():
                 times.append(time.perf_counter() - t0)
     seconds = statistics.median(times)
     print(json.dumps({"peer": "pytorch", "version": torch.__version__, "threads": torch.get_num_threads(),
+                      "device": a.device, "dtype": a.dtype,
                       "seconds": seconds, "tokens_per_s": a.tokens / seconds}))
 
 

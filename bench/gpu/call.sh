@@ -17,11 +17,11 @@ seconds=${1:-}
   exit 2
 }
 shift
-[ $# -gt 0 ] || { echo "call.sh: no step given (tests, bench, kernels, attention, ncu, ab; then models)"; exit 2; }
+[ $# -gt 0 ] || { echo "call.sh: no step given (tests, bench, kernels, attention, generate, ncu, ab; then models)"; exit 2; }
 for step in "$@"; do  # before anything runs: a typo would cost a run.sh's build first
   read -r -a words <<< "$step"
-  [[ ${words[0]:-} =~ ^(tests|attention|kernels|bench|ab|ncu|all)$ ]] \
-    || { echo "call.sh: step '$step' does not start with tests, attention, kernels, bench, ab, ncu or all"; exit 2; }
+  [[ ${words[0]:-} =~ ^(tests|attention|kernels|generate|bench|ab|ncu|all)$ ]] \
+    || { echo "call.sh: step '$step' does not start with tests, attention, kernels, generate, bench, ab, ncu or all"; exit 2; }
 done
 export ZT_CALL_DEADLINE=$(( $(date +%s) + seconds ))
 status=0

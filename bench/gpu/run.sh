@@ -14,7 +14,9 @@
 # attention_peer.py). `kernels` times the step's memory-bound ops (norms, the
 # fused classifier, activations, embedding, AdamW, ...) against the device's
 # copy rate and PyTorch's eager kernels (bench/gpu/kernels_bench.cpp,
-# kernels_peer.py), and each product with every algorithm cuBLASLt ranks for it. Logs go to $OUT (or ./bench-gpu-out).
+# kernels_peer.py), and each product with every algorithm cuBLASLt ranks for it. `generate` samples
+# from GPT-2 124M with the KV cache against PyTorch's cached loop (bench/generate/run.sh cuda).
+# Logs go to $OUT (or ./bench-gpu-out).
 # The norms' backward in one pass and in two on its blocks write the same
 # bits, so training races them per shape (backend/cuda/kernel_race.h);
 # ZT_CUDA_NORM_BACKWARD=one_pass or two_pass pins one. `kernels` times both
@@ -72,7 +74,7 @@
 # switches above; see the ab block below for the form). `ncu` reads Nsight
 # Compute's counters of the kernel bench rows ZT_NCU_OPS names (the ncu block
 # below; not part of `all`).
-#   usage: bash bench/gpu/run.sh [tests|attention|kernels|bench|ab|ncu|all] [gpt2|llama ...]
+#   usage: bash bench/gpu/run.sh [tests|attention|kernels|generate|bench|ab|ncu|all] [gpt2|llama ...]
 #   (default all, both models; `ncu` is not part of all)
 # A lease has 15 minutes of device time in all, its start included, and 10
 # minutes a call: run scripts/gpu/prepare_lease.sh here first (the build is
@@ -464,6 +466,15 @@ if [ -z "${ZT_CUDA_ATTENTION:-}" ]; then
     echo "ATTENTION TEST FAILED on this GPU ($log): benchmarks run with ZT_CUDA_ATTENTION=$ZT_CUDA_ATTENTION"
   fi
 fi
+if [ "$what" = generate ] || [ "$what" = all ]; then
+  # Sampling 250 tokens from GPT-2 124M in bf16 with the KV cache (and each
+  # window run again), against PyTorch's Hugging Face-style cached loop on
+  # this GPU (bench/generate/run.sh cuda).
+  step_cap=240 bounded 60 "generation bench" env ZT_BIN=./build-gpu/bin/zettatron bash bench/generate/run.sh 250 cuda bf16 \
+    > "$out/generate.log" 2>&1 || said_failed $? "generation bench" "$out/generate.log" 30
+  tail -8 "$out/generate.log"
+fi
+[ "$what" = generate ] && exit 0
 if [ "$what" = attention ] || [ "$what" = all ]; then
   : > "$out/attention-zt.jsonl"
   # one process each: a faulting kernel spoils only its rows (cudnn-packed: q, k, v read in place from one tensor)

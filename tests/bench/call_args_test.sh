@@ -33,6 +33,9 @@ expect "names a model inside it" env OUT="$tmp/out" ZT_CALL_DEADLINE=$later ZT_A
 expect "names a model inside it" env OUT="$tmp/out" ZT_CALL_DEADLINE=$later ZT_AB="gpt2:llama:ZT_B=1" \
   bash "$src/bench/gpu/run.sh" ab
 expect "is not NAME=VALUE" env OUT="$tmp/out" ZT_CALL_DEADLINE=$later ZT_AB="llama:ZT_B" bash "$src/bench/gpu/run.sh" ab
+# The generation bench refuses a device or dtype it has no peer for before it trains.
+expect "unknown device 'gpu'; valid: cpu, cuda" bash "$src/bench/generate/run.sh" 10 gpu
+expect "dtype 'f16' is not f32 or bf16" bash "$src/bench/generate/run.sh" 10 cpu f16
 # (run.sh packs its logs into an archive on exit: the build's would be in it)
 for archive in "$tmp"/out/*.tgz; do
   [ -e "$archive" ] || continue
