@@ -35,13 +35,14 @@ echo 'carry: [".debs", ".gpu-lease", ".cache/zettatron", "data/fortunes-gpt2"]'
 # simulation with stub binaries at those times took 447 s for call 1): call 1
 # 450-520 s (tests 150-170 s within their 170 s cap; the bench 280-340 s, its
 # benchmark runs their own micro-batch probes), call 2 kernels 60-90 s and
-# attention 25-45 s, ncu 60-120 s; `ab` (about 150 s a model) fits a lease
+# attention 25-45 s, generate (a one-step training run, then 6 samplings and
+# PyTorch's: not timed on a GPU yet) 60-120 s, ncu 60-120 s; `ab` (about 150 s a model) fits a lease
 # that ran short elsewhere. The machine goes back 30 s after a call: issue
 # each call at once.
 echo 'then, call 1 (timeout_s 590):'
 echo '        ZT_GPU_TESTS_SECONDS=170 bash bench/gpu/call.sh 570 tests "bench gpt2 llama"'
 echo '      call 2 at once (timeout_s: the budget left less 40 s, at most 600; SECONDS = timeout_s less 20):'
-echo '        bash bench/gpu/call.sh SECONDS kernels attention ncu'
+echo '        bash bench/gpu/call.sh SECONDS kernels attention generate ncu'
 echo '      call 3 at once, only if 4 minutes are left (the same rule): bash bench/gpu/call.sh SECONDS "ab gpt2 llama"'
 echo '        (each model twice as configured, then under each open switch; ZT_AB picks the switches)'
 echo '        (ZT_AB="train.fp8=true" there: what the fp8 blocks train at, beside the same runs in bf16)'
