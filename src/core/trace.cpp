@@ -39,20 +39,20 @@ TraceClock::time_point trace_origin() {
   return t.origin;
 }
 
-void trace_span(const std::string& track, const std::string& name, TraceClock::time_point start,
+void trace_span(std::string_view track, std::string_view name, TraceClock::time_point start,
                 TraceClock::time_point end) {
   if (!trace_on()) return;
   Trace& t = the_trace();
   std::lock_guard<std::mutex> lock(t.mu);
   using us = std::chrono::duration<double, std::micro>;
-  t.spans.push_back({track, name, us(start - t.origin).count(), us(end - start).count()});
+  t.spans.push_back({std::string(track), std::string(name), us(start - t.origin).count(), us(end - start).count()});
 }
 
-void trace_span_us(const std::string& track, const std::string& name, double start_us, double dur_us) {
+void trace_span_us(std::string_view track, std::string_view name, double start_us, double dur_us) {
   if (!trace_on()) return;
   Trace& t = the_trace();
   std::lock_guard<std::mutex> lock(t.mu);
-  t.spans.push_back({track, name, start_us, dur_us});
+  t.spans.push_back({std::string(track), std::string(name), start_us, dur_us});
 }
 
 std::vector<TraceSpan> trace_end() {

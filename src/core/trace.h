@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace zt {
@@ -26,10 +27,10 @@ void trace_begin();
 bool trace_on();
 TraceClock::time_point trace_origin();
 // A span from `start` to `end` (host clock); ignored while the trace is off.
-void trace_span(const std::string& track, const std::string& name, TraceClock::time_point start,
+void trace_span(std::string_view track, std::string_view name, TraceClock::time_point start,
                 TraceClock::time_point end);
 // A span placed by other means (a device's clock), in microseconds since the origin.
-void trace_span_us(const std::string& track, const std::string& name, double start_us, double dur_us);
+void trace_span_us(std::string_view track, std::string_view name, double start_us, double dur_us);
 // Turns recording off and returns the spans, in recording order.
 std::vector<TraceSpan> trace_end();
 
