@@ -1,13 +1,18 @@
-// `zettatron generate --checkpoint DIR --prompt TEXT`
+// `zettatron generate --checkpoint DIR [--prompt TEXT | --prompt-file PATH]`
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "ops/device.h"
 #include "train/data_source.h"
 #include "train/generate.h"
@@ -56,6 +61,7 @@ Command add_generate_command(CLI::App& app) {
   struct Opts {
     std::string checkpoint;
     std::string prompt;
+    std::string prompt_file;
     std::string tokenizer;
     std::string device;
     int64_t tokens = 64;
@@ -76,7 +82,9 @@ Command add_generate_command(CLI::App& app) {
   c.app->add_option("--tokenizer", opts->tokenizer, "gpt2, llama3 or a tokenizer file (default: the run's)");
   c.app->add_option("--device", opts->device,
                     "cpu, cuda, cuda:N or auto (a GPU if there is one; default: the run's train.device where this machine has it, else cpu)");
-  c.app->add_option("--prompt", opts->prompt, "Prompt text (default: the end-of-text token)");
+  auto* prompt_opt = c.app->add_option("--prompt", opts->prompt, "Prompt text (default: the end-of-text token)");
+  c.app->add_option("--prompt-file", opts->prompt_file, "Read the prompt text from this file ('-': standard input)")
+      ->excludes(prompt_opt);
   c.app->add_option("--tokens", opts->tokens, "Tokens to generate")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   c.app->add_option("--temperature", opts->temperature, "Softmax temperature (0: the most likely token, greedy)")
       ->check(CLI::NonNegativeNumber);
@@ -97,6 +105,17 @@ Command add_generate_command(CLI::App& app) {
       device = ops::gpu_count() > 0 ? Device::cuda(0) : Device::cpu();
     else if (!opts->device.empty())
       device = parse_device(opts->device);
+    if (!opts->prompt_file.empty()) {  // read before the model loads: a bad path fails at once
+      std::ifstream file;
+      if (opts->prompt_file != "-") {
+        file.open(opts->prompt_file, std::ios::binary);
+        ZT_CHECK(file.good(), "--prompt-file: cannot read '", opts->prompt_file, "' (", std::strerror(errno), ")");
+      }
+      std::istream& in = opts->prompt_file == "-" ? std::cin : file;
+      opts->prompt.assign(std::istreambuf_iterator<char>(in), {});
+      ZT_CHECK(!opts->prompt.empty(), "--prompt-file: '", opts->prompt_file,
+               "' is empty; leave the option out to start from the end-of-text token");
+    }
     train::LoadedModel loaded = train::load_model_file(opts->checkpoint, device);
     // stderr: stdout keeps only the samples.
     std::cerr << "weights: " << loaded.source << " on " << loaded.model->device().str() << " in "

@@ -412,6 +412,18 @@ TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
   ASSERT_EQ(std::system(six.c_str()), 0);
   EXPECT_EQ(text_of(*root_ / "sample-two.out"),
             text_of(*root_ / "sample-cached.out") + text_of(*root_ / "sample-six.out"));
+  // The prompt read from a file (and from standard input) is the prompt given inline.
+  { std::ofstream(*root_ / "prompt.txt") << "hello"; }
+  for (const std::string from : {"--prompt-file " + (*root_ / "prompt.txt").string(),
+                                 "--prompt-file - < " + (*root_ / "prompt.txt").string()}) {
+    const fs::path out = *root_ / "sample-file.out";
+    const std::string cmd = std::string(kBin) + " generate --checkpoint " + e.string() +
+                            " --tokenizer gpt2 --tokens 40 --ignore-eot --seed 5 " + from + " > " + out.string() +
+                            " 2>/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << from;
+    EXPECT_EQ(text_of(out), text_of(*root_ / "sample-cached.out")) << from;
+  }
+  EXPECT_NE(run_cli("generate --checkpoint " + e.string() + " --prompt-file " + (*root_ / "no-such-prompt").string()), 0);
 
   // Resuming with no checkpoint, or with a run that would overwrite later ones.
   const fs::path d = *root_ / "cli-none";
