@@ -13,7 +13,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "ops/device.h"
+#include "train/config.h"
 #include "train/data_source.h"
 #include "train/generate.h"
 #include "train/model_file.h"
@@ -101,10 +101,7 @@ Command add_generate_command(CLI::App& app) {
                   "Run each step's whole window again instead of keeping keys and values (slower; for comparison)");
   c.run = [opts] {
     std::optional<Device> device;
-    if (opts->device == "auto")
-      device = ops::gpu_count() > 0 ? Device::cuda(0) : Device::cpu();
-    else if (!opts->device.empty())
-      device = parse_device(opts->device);
+    if (!opts->device.empty()) device = parse_device(train::resolve_auto_device(opts->device));
     if (!opts->prompt_file.empty()) {  // read before the model loads: a bad path fails at once
       std::ifstream file;
       if (opts->prompt_file != "-") {

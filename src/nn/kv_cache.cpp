@@ -30,17 +30,14 @@ void KvCache::check_room(const char* op, int64_t block, int64_t T) const {
            length_, " of its ", capacity_, "; clear() it and run the last ", capacity_, " tokens again");
 }
 
-Tensor KvCache::keys(int64_t block, int64_t b, int64_t end) const {
+Tensor KvCache::positions(const std::vector<Tensor>& kv, int64_t block, int64_t b, int64_t end) const {
   ZT_ASSERT(block >= 0 && block < blocks() && b >= 0 && b < batch_ && end >= 1 && end <= capacity_,
-            "KV cache keys out of range");
-  return k_[size_t(block)].select(b).slice(0, end).view(Shape{1, end, kv_heads_, head_dim_});
+            "KV cache positions out of range");
+  return kv[size_t(block)].select(b).slice(0, end).view(Shape{1, end, kv_heads_, head_dim_});
 }
 
-Tensor KvCache::values(int64_t block, int64_t b, int64_t end) const {
-  ZT_ASSERT(block >= 0 && block < blocks() && b >= 0 && b < batch_ && end >= 1 && end <= capacity_,
-            "KV cache values out of range");
-  return v_[size_t(block)].select(b).slice(0, end).view(Shape{1, end, kv_heads_, head_dim_});
-}
+Tensor KvCache::keys(int64_t block, int64_t b, int64_t end) const { return positions(k_, block, b, end); }
+Tensor KvCache::values(int64_t block, int64_t b, int64_t end) const { return positions(v_, block, b, end); }
 
 void KvCache::store(int64_t block, const Tensor& k, const Tensor& v) {
   const int64_t T = k.ndim() == 4 ? k.size(1) : 0;

@@ -50,6 +50,8 @@ class KvCache {
   void advance(int64_t T);
 
  private:
+  // Sequence b's positions [0, end) of block `block` of kv (k_ or v_).
+  Tensor positions(const std::vector<Tensor>& kv, int64_t block, int64_t b, int64_t end) const;
   // Checks that T new positions fit and block is one of the cache's.
   void check_room(const char* op, int64_t block, int64_t T) const;
 

@@ -337,7 +337,7 @@ Config parse_toml(const std::string& toml_text, const std::string& origin, const
     c.model.n_kv_head = c.model.n_head;
   // "auto": this machine's GPU when it has a usable one, else the CPU, so one
   // config trains wherever it runs (resolved here: the rest sees cpu or cuda).
-  if (c.train.device == "auto") c.train.device = ops::gpu_count() > 0 ? "cuda" : "cpu";
+  c.train.device = resolve_auto_device(c.train.device);
   if (check_all)
     c.validate();
   else
@@ -590,6 +590,11 @@ Device local_gpu(int local_rank, int local_size, int gpus, const std::string& co
            "CUDA_VISIBLE_DEVICES set per rank), set train.device = \"cuda:0\": each process then takes its own "
            "first GPU");
   return Device::cuda(local_rank % gpus);
+}
+
+std::string resolve_auto_device(const std::string& device) {
+  if (device != "auto") return device;
+  return ops::gpu_count() > 0 ? "cuda" : "cpu";
 }
 
 Device Config::device(bool multi_process) const {

@@ -176,6 +176,9 @@ struct Config {
 // own GPU (srun --gpus-per-task=1: every process sees one GPU, cuda:0),
 // which Config::device takes as placed, as is.
 Device local_gpu(int local_rank, int local_size, int gpus, const std::string& comm_backend);
+// A device setting with "auto" resolved: "cuda" when this machine has a
+// usable GPU, else "cpu"; any other setting as it is.
+std::string resolve_auto_device(const std::string& device);
 
 // Reads a TOML file and applies `overrides` ("section.key=value", value in
 // TOML syntax or a bare string). Throws zt::Error naming the file and key.

@@ -59,7 +59,6 @@ TEST(Generate, SamplesDrawnTogetherAreThoseDrawnOneAtATime) {
     SCOPED_TRACE(preset);
     nn::Transformer m(short_context(preset), DType::f32);
     m.init_weights(13);
-    const nn::ModelConfig& c = m.config();
     const std::vector<uint32_t> prompt = {2, 7, 1, 8};
     SamplingOptions opt;
     opt.max_new_tokens = 24;

@@ -414,7 +414,7 @@ TEST_F(ResumeTest, FreshProcessResumeAndCrashDuringSave) {
             text_of(*root_ / "sample-cached.out") + text_of(*root_ / "sample-six.out"));
   // The prompt read from a file (and from standard input) is the prompt given inline.
   { std::ofstream(*root_ / "prompt.txt") << "hello"; }
-  for (const std::string from : {"--prompt-file " + (*root_ / "prompt.txt").string(),
+  for (const std::string& from : {"--prompt-file " + (*root_ / "prompt.txt").string(),
                                  "--prompt-file - < " + (*root_ / "prompt.txt").string()}) {
     const fs::path out = *root_ / "sample-file.out";
     const std::string cmd = std::string(kBin) + " generate --checkpoint " + e.string() +

@@ -104,18 +104,17 @@ AttentionKernel choose(AttentionKernel kernel, AttentionPass pass, float scale, 
              "; choose another (ZT_CUDA_ATTENTION), or unset ZT_CUDA_ATTENTION to let Zettatron choose");
     return kernel;
   }
-  std::string why_not_cudnn;
-  AttentionKernel chosen = AttentionKernel::automatic;
   // A decoding step's one query row against a KV cache (unmasked, one more
   // key each step): cuDNN would build a plan for each key count (about a
   // second each), and a fused kernel's tiles of queries would hold one row.
   // The simple kernel's warp per query row takes it as it comes.
   if (!s.causal && s.T == 1) {
-    chosen = AttentionKernel::simple;
-    why_not_cudnn = "a single query row, as a KV cache's decoding step";
+    if (report) report_choice(pass, AttentionKernel::simple, "a single query row, as a KV cache's decoding step");
+    return AttentionKernel::simple;
   }
+  std::string why_not_cudnn;
+  AttentionKernel chosen = AttentionKernel::automatic;
   for (const AttentionKernel fused : {AttentionKernel::cudnn, AttentionKernel::mma, AttentionKernel::flash}) {
-    if (chosen != AttentionKernel::automatic) break;
     const std::string blocker = aligned ? fused_blocker(fused, pass, scale, s) : misaligned;
     if (blocker.empty()) {
       chosen = fused;
